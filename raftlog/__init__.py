@@ -1,0 +1,1 @@
+"""raftmq raftlog package."""

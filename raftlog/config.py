@@ -1,0 +1,66 @@
+"""Settings of one replicated-log node: every key with its default and unit, in one place.
+
+Values only; validation here, no I/O. The broker's settings embed this object.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1 << 20
+
+
+class FlushPolicy(enum.Enum):
+    """When journal bytes reach the disk (RocketMQ's flushDiskType)."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"  # fsync in the background every flush_interval_ms
+    SYNC_FLUSH = "SYNC_FLUSH"  # an entry is fsynced on a node before that node counts toward commit
+
+
+@dataclass(frozen=True, slots=True)
+class RaftLogConfig:
+    node_id: str  # this node's raft address, "host:port"; also the bind address
+    peers: tuple[str, ...]  # the other members' raft addresses
+    data_dir: Path
+    flush_policy: FlushPolicy = FlushPolicy.ASYNC_FLUSH
+    flush_interval_ms: int = 5
+    max_entry_bytes: int = 8 * MIB  # one submission (a broker record batch) at most
+    batch_max_bytes: int = 1 * MIB  # group commit: bytes packed into one raft entry
+    batch_linger_ms: float = 0.0  # extra wait for more submissions; 0 = pack what is queued
+    max_pending_bytes: int = 64 * MIB  # submitted but not yet committed, before QueueFullError
+    segment_bytes: int = 256 * MIB  # journal segment file size
+    cache_bytes: int = 32 * MIB  # recently written/read records kept in memory
+    election_timeout_min_ms: int = 300
+    election_timeout_max_ms: int = 600
+    heartbeat_ms: int = 50
+    leader_fallback_ms: int = 1500  # a leader without a majority of answers steps down after this
+    reconnect_ms: int = 500
+    connection_timeout_ms: int = 3500
+    max_inflight_bytes_per_peer: int = 16 * MIB  # replication bytes queued to one slow follower
+    password: str | None = None  # encrypts raft traffic (needs `cryptography`)
+
+    def __post_init__(self) -> None:
+        if self.node_id in self.peers:
+            raise ValueError(f"peers must not contain this node ({self.node_id})")
+        if len(set(self.peers)) != len(self.peers):
+            raise ValueError(f"duplicate peers in {self.peers}")
+        for addr in (self.node_id, *self.peers):
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"raft address {addr!r} is not host:port")
+        if self.batch_max_bytes > self.max_entry_bytes:
+            raise ValueError("batch_max_bytes must not exceed max_entry_bytes")
+        if not 0 < self.heartbeat_ms * 3 < self.election_timeout_min_ms:
+            raise ValueError("election_timeout_min_ms must exceed 3 x heartbeat_ms")
+        if self.election_timeout_max_ms <= self.election_timeout_min_ms:
+            raise ValueError("election_timeout_max_ms must exceed election_timeout_min_ms")
+        if self.connection_timeout_ms < self.election_timeout_max_ms:
+            raise ValueError("connection_timeout_ms must be >= election_timeout_max_ms")
+        if self.flush_interval_ms <= 0 or self.segment_bytes < MIB:
+            raise ValueError("flush_interval_ms must be > 0 and segment_bytes >= 1 MiB")
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(sorted((self.node_id, *self.peers)))

@@ -1,0 +1,64 @@
+"""The value types that cross the raftlog API: a stored record, a committed position, a status.
+
+Plain frozen values with no behaviour beyond accessors; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One journal record: a Raft entry as stored, `command` being pysyncobj's command bytes."""
+
+    index: int
+    term: int
+    command: bytes
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Where a submission landed: entry (term, index) and its slot among the entry's chunks."""
+
+    term: int
+    index: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A committed data entry as readers see it: the submissions packed into it, in order."""
+
+    index: int
+    term: int
+    chunks: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    node_id: str
+    role: Role
+    term: int
+    leader: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogStatus:
+    node_id: str
+    role: Role
+    term: int
+    leader: str | None
+    commit_index: int
+    applied_index: int
+    first_index: int
+    last_index: int
+    match_index: dict[str, int] = field(default_factory=dict)
+    pending_bytes: int = 0

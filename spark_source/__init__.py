@@ -1,0 +1,1 @@
+"""raftmq spark_source package."""
