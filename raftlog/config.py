@@ -30,6 +30,8 @@ class RaftLogConfig:
     batch_max_bytes: int = 1 * MIB  # group commit: bytes packed into one raft entry
     batch_linger_ms: float = 0.0  # extra wait for more submissions; 0 = pack what is queued
     max_pending_bytes: int = 64 * MIB  # submitted but not yet committed, before QueueFullError
+    max_chunks_per_entry: int = 4096
+    commit_timeout_ms: int = 10_000  # a submission not committed by then fails as outcome-unknown
     segment_bytes: int = 256 * MIB  # journal segment file size
     cache_bytes: int = 32 * MIB  # recently written/read records kept in memory
     election_timeout_min_ms: int = 300

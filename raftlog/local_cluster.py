@@ -1,0 +1,203 @@
+"""Start, kill, restart and query standalone replicated-log processes on 127.0.0.1.
+
+The harness of the raftlog tests and benchmarks: real processes, real ports, real files. It only
+talks to 127.0.0.1 and every wait in it is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+from raftlog.standalone import AUTHKEY
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports that were free a moment ago (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class ControlError(RuntimeError):
+    pass
+
+
+@dataclass
+class NodeProc:
+    raft_addr: str
+    control_port: int
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    conn: Connection | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """n nodes under `root`; node i keeps its data in root/node<i>."""
+
+    root: Path
+    size: int = 3
+    flush: str = "ASYNC_FLUSH"
+    extra_args: tuple[str, ...] = ()
+    nodes: list[NodeProc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ports = free_ports(2 * self.size)
+        for i in range(self.size):
+            d = self.root / f"node{i}"
+            self.nodes.append(
+                NodeProc(
+                    f"127.0.0.1:{ports[2 * i]}", ports[2 * i + 1], d, self.root / f"node{i}.log"
+                )
+            )
+
+    def start(self, i: int) -> None:
+        n = self.nodes[i]
+        assert not n.alive, f"node {i} already runs"
+        peers = ",".join(m.raft_addr for m in self.nodes if m is not n)
+        cmd = [
+            sys.executable,
+            "-m",
+            "raftlog.standalone",
+            "--id",
+            n.raft_addr,
+            "--peers",
+            peers,
+            "--data",
+            str(n.data_dir),
+            "--control-port",
+            str(n.control_port),
+            "--flush",
+            self.flush,
+            *self.extra_args,
+        ]
+        self.root.mkdir(parents=True, exist_ok=True)
+        logf = open(n.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        try:
+            n.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=_child_env())
+        finally:
+            logf.close()
+        n.conn = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if not n.alive:
+                raise ControlError(f"node {i} exited at start; see {n.log_path}:\n{self.tail(i)}")
+            try:
+                n.conn = Client(("127.0.0.1", n.control_port), authkey=AUTHKEY)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise ControlError(f"node {i} did not open its control port; see {n.log_path}")
+
+    def start_all(self) -> None:
+        for i in range(self.size):
+            self.start(i)
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        n = self.nodes[i]
+        if n.conn is not None:
+            n.conn.close()
+            n.conn = None
+        if n.proc is not None and n.proc.poll() is None:
+            n.proc.send_signal(sig)
+            try:
+                n.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                n.proc.kill()
+                n.proc.wait(timeout=5)
+
+    def stop(self, i: int) -> None:
+        self.kill(i, signal.SIGTERM)
+
+    def wipe(self, i: int) -> None:
+        assert not self.nodes[i].alive
+        shutil.rmtree(self.nodes[i].data_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        for i in range(self.size):
+            self.kill(i)
+
+    def call(self, i: int, req: dict[str, Any], timeout_s: float = 60.0) -> Any:
+        n = self.nodes[i]
+        if n.conn is None:
+            raise ControlError(f"node {i} is not running")
+        n.conn.send(req)
+        if not n.conn.poll(timeout_s):
+            raise ControlError(f"node {i} did not answer {req['op']} within {timeout_s}s")
+        status, value = n.conn.recv()
+        if status != "ok":
+            raise ControlError(f"node {i}: {value}")
+        return value
+
+    def status(self, i: int) -> dict[str, Any]:
+        return dict(self.call(i, {"op": "status"}, timeout_s=10))
+
+    def leader(self, timeout_s: float = 10.0, exclude: frozenset[int] = frozenset()) -> int:
+        """Index of a node that is leader with its no-op applied (ready to take writes)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for i, n in enumerate(self.nodes):
+                if i in exclude or not n.alive:
+                    continue
+                try:
+                    if self.status(i)["leader_ready"]:
+                        return i
+                except (ControlError, OSError, EOFError):
+                    continue
+            time.sleep(0.02)
+        raise ControlError(f"no ready leader within {timeout_s}s")
+
+    def read_all(self, i: int, upto: int) -> list[tuple[int, int, tuple[bytes, ...]]]:
+        """Every committed entry of node i from its first index through `upto`."""
+        out: list[tuple[int, int, tuple[bytes, ...]]] = []
+        start = self.status(i)["first_index"]
+        while start <= upto:
+            batch = self.call(i, {"op": "read_from", "start": start, "max_entries": 2000})
+            if not batch:
+                break
+            out.extend(e for e in batch if e[0] <= upto)
+            start = batch[-1][0] + 1
+        return out
+
+    def tail(self, i: int, lines: int = 30) -> str:
+        try:
+            return "\n".join(
+                self.nodes[i].log_path.read_text(errors="replace").splitlines()[-lines:]
+            )
+        except OSError:
+            return ""
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env

@@ -1,0 +1,479 @@
+"""Every touch of pysyncobj's internals lives here, behind an exact version check.
+
+pysyncobj runs elections; this module replaces what it gets wrong for a message store: the
+journal (ours, on disk, checksummed), the wire (protocol 5, no zlib), log replication (monotonic
+nextIndex, no truncation of matching entries, per-peer flow control) and compaction (never: the
+journal is the CommitLog). Nothing outside raftlog/ may import this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pysyncobj
+import pysyncobj.pickle
+import pysyncobj.syncobj
+import pysyncobj.tcp_server
+import pysyncobj.transport
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.journal import Journal
+from pysyncobj.version import VERSION
+
+from raftlog.config import FlushPolicy, RaftLogConfig
+from raftlog.journal import SegmentJournal
+from raftlog.meta import MetaStore, RaftMeta
+from raftlog.record import Role
+
+PINNED_VERSION = "0.3.17"
+if VERSION != PINNED_VERSION:  # the overrides below name mangled private members of this release
+    raise ImportError(
+        f"raftlog needs pysyncobj=={PINNED_VERSION} exactly, found {VERSION}: "
+        "its private members are patched here; re-check every override before moving the pin"
+    )
+
+log = logging.getLogger("raftlog.raft")
+
+# pysyncobj's states and command types (syncobj.py: _RAFT_STATE, _COMMAND_TYPE).
+_FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
+ROLE_OF_STATE = {_FOLLOWER: Role.FOLLOWER, _CANDIDATE: Role.CANDIDATE, _LEADER: Role.LEADER}
+_MAX_APPLY_BYTES = 8 << 20  # entries read per apply step, so one tick never materialises the log
+_MAX_APPLY_COUNT = 4096
+_MAX_SEND_COUNT = 4096
+_NEVER = 1 << 62
+
+_patch_lock = threading.Lock()
+_patched = False
+
+
+def install_patches() -> None:
+    """Process-wide switches; every raftmq process installs them before creating a node."""
+    global _patched
+    with _patch_lock:
+        if _patched:
+            return
+        from raftlog.wire import FramedConnection
+
+        # Protocol 5: bytes are not round-tripped through latin-1 str (research/raft.md 2).
+        setattr(pysyncobj.pickle, "__protocol", 5)
+        original_create = pysyncobj.syncobj.createJournal
+
+        def create_journal(journal_file: Any = None) -> Any:
+            # Our nodes pass the journal object itself through SyncObjConf.journalFile.
+            if isinstance(journal_file, Journal):
+                return journal_file
+            return original_create(journal_file)
+
+        pysyncobj.syncobj.createJournal = create_journal
+        pysyncobj.transport.TcpConnection = FramedConnection
+        pysyncobj.tcp_server.TcpConnection = FramedConnection
+        _patched = True
+
+
+class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
+    """pysyncobj's Journal interface over SegmentJournal + MetaStore.
+
+    pysyncobj indexes its journal like a list (position 0 = first entry); our overrides read by
+    Raft index instead, so only `[0]`, `[-1]`, `len()` and `add()` remain on pysyncobj's side.
+    """
+
+    def __init__(self, journal: SegmentJournal, meta_store: MetaStore) -> None:
+        self.journal = journal
+        self._meta_store = meta_store
+        self._meta = meta_store.load()
+        self._commit_index = self._meta.commit_index
+        self._commit_saved = self._commit_index
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        self.journal.append(idx, term, command)
+
+    def clear(self) -> None:
+        raise RuntimeError("raftlog journals are never cleared by pysyncobj (snapshots are off)")
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        self.journal.truncate_suffix(self.journal.first_index + entryFrom)
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        raise RuntimeError("raftlog journals are never compacted by pysyncobj (snapshots are off)")
+
+    def __getitem__(self, item: int) -> tuple[bytes, int, int]:
+        if not isinstance(item, int):
+            raise TypeError("raftlog journal positions are ints; slices go through the overrides")
+        j = self.journal
+        index = j.first_index + item if item >= 0 else j.last_index + 1 + item
+        r = j.get(index)
+        return (r.command, r.index, r.term)
+
+    def __len__(self) -> int:
+        return len(self.journal)
+
+    def _destroy(self) -> None:
+        self.onOneSecondTimer()
+        self.journal.close()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._commit_index = raftCommitIndex
+
+    def getRaftCommitIndex(self) -> int:
+        # A torn tail can leave the stored commit index past the journal's end.
+        return max(1, min(self._commit_index, self.journal.last_index))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
+        # Raft: term and vote are durable before any message that reflects them is sent.
+        self._meta = RaftMeta(term, votedForNodeId, self._commit_index)
+        self._meta_store.store(self._meta)
+        self._commit_saved = self._commit_index
+
+    def getCurrentTerm(self) -> int:
+        return self._meta.current_term
+
+    def getVotedForNodeId(self) -> str | None:
+        return self._meta.voted_for
+
+    def onOneSecondTimer(self) -> None:
+        # The commit index is only a restart hint (followers relearn it): once a second is enough.
+        if self._commit_index != self._commit_saved:
+            self._meta = RaftMeta(self._meta.current_term, self._meta.voted_for, self._commit_index)
+            self._meta_store.store(self._meta)
+            self._commit_saved = self._commit_index
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A consistent-enough read of the node's Raft state for status and role tracking."""
+
+    role: Role
+    term: int
+    leader: str | None
+    commit_index: int
+    applied_index: int
+    noop_index: int | None
+    match_index: dict[str, int]
+
+
+def make_conf(cfg: RaftLogConfig, journal: JournalAdapter) -> SyncObjConf:
+    return SyncObjConf(
+        bindAddress=cfg.node_id,
+        password=cfg.password,
+        journalFile=journal,
+        # Send on every new entry (ms latency); group commit above makes entries big.
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=cfg.heartbeat_ms / 1000,
+        autoTickPeriod=min(0.01, cfg.heartbeat_ms / 4000),
+        appendEntriesBatchSizeBytes=cfg.batch_max_bytes * 2,
+        sendBufferSize=4 << 20,
+        recvBufferSize=4 << 20,
+        raftMinTimeout=cfg.election_timeout_min_ms / 1000,
+        raftMaxTimeout=cfg.election_timeout_max_ms / 1000,
+        leaderFallbackTimeout=cfg.leader_fallback_ms / 1000,
+        connectionTimeout=cfg.connection_timeout_ms / 1000,
+        connectionRetryTime=cfg.reconnect_ms / 1000,
+        # The journal is the CommitLog: pysyncobj must never snapshot or compact it.
+        logCompactionMinEntries=_NEVER,
+        logCompactionMinTime=_NEVER,
+        commandsQueueSize=100_000,
+        commandsWaitLeader=False,
+        maxBindRetries=15,  # the stock default retries forever, silently, on a busy port
+        bindRetryTime=0.2,
+        dynamicMembershipChange=False,
+    )
+
+
+class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
+    """A pysyncobj node whose replication path is ours. Methods named `_SyncObj__x` override
+    pysyncobj's private `__x` (name mangling makes that the attribute pysyncobj looks up)."""
+
+    def __init__(
+        self,
+        cfg: RaftLogConfig,
+        journal: JournalAdapter,
+        on_tick: Callable[[], None],
+    ) -> None:
+        install_patches()
+        # Everything the overrides use must exist before SyncObj.__init__ starts the tick thread.
+        self._rm_cfg = cfg
+        self._rm_journal = journal.journal
+        self._rm_sync_flush = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
+        self._rm_restart_commit: int | None = journal.getRaftCommitIndex()
+        self._rm_max_inflight = cfg.max_inflight_bytes_per_peer
+        self._rm_send_bytes = cfg.batch_max_bytes * 2
+        self._rm_warned_gap: set[str] = set()
+        self._rm_tick_calls: collections.deque[Callable[[], None]] = collections.deque(maxlen=64)
+        super().__init__(cfg.node_id, list(cfg.peers), make_conf(cfg, journal))
+        transport = self._SyncObj__transport
+        for name in ("add", "remove", "set_version"):  # unauthenticated admin commands: refused
+            transport.setOnUtilityMessageCallback(name, _refuse_utility)
+        self.addOnTickCallback(self._rm_run_tick_calls)
+        self.addOnTickCallback(on_tick)
+
+    # ---- API used by ReplicatedLog (any thread) ----------------------------------------------
+
+    def submit_command(self, command: bytes, callback: Callable[[Any, int], None]) -> None:
+        # A full wake-up pipe means a wake-up is already pending; the command is queued anyway.
+        with contextlib.suppress(BlockingIOError):
+            self._applyCommand(command, callback)
+
+    def is_leader(self) -> bool:
+        return bool(self._SyncObj__raftState == _LEADER)
+
+    def leader_id(self) -> str | None:
+        leader = self._SyncObj__raftLeader
+        return leader.id if leader is not None else None
+
+    def applying_index(self) -> int:
+        """Index of the entry being applied; valid only inside a commit callback (tick thread):
+        pysyncobj runs callbacks before it advances raftLastApplied."""
+        return int(self._SyncObj__raftLastApplied) + 1
+
+    def applied_index(self) -> int:
+        return int(self._SyncObj__raftLastApplied)
+
+    def role_key(self) -> tuple[int, int, str | None]:
+        return (self._SyncObj__raftState, self._SyncObj__raftCurrentTerm, self.leader_id())
+
+    def view(self) -> NodeView:
+        leader = self._SyncObj__raftLeader
+        return NodeView(
+            role=ROLE_OF_STATE[self._SyncObj__raftState],
+            term=self._SyncObj__raftCurrentTerm,
+            leader=leader.id if leader is not None else None,
+            commit_index=self._SyncObj__raftCommitIndex,
+            applied_index=self._SyncObj__raftLastApplied,
+            noop_index=self._SyncObj__noopIDx,
+            match_index={n.id: i for n, i in list(self._SyncObj__raftMatchIndex.items())},
+        )
+
+    def transfer_to(self, node_id: str | None, timeout_s: float = 2.0) -> bool:
+        """Ask a caught-up follower to take over (Raft TimeoutNow). True if the request was sent.
+
+        pysyncobj's transport is not thread-safe, so the request runs in the tick thread."""
+        done = threading.Event()
+        result: list[bool] = []
+
+        def cb(res: Any, err: int) -> None:
+            result.append(err == FAIL_REASON.SUCCESS)
+            done.set()
+
+        self._rm_tick_calls.append(lambda: self.transferLeadership(node=node_id, callback=cb))
+        done.wait(timeout_s)
+        return bool(result and result[0])
+
+    def _rm_run_tick_calls(self) -> None:
+        while self._rm_tick_calls:
+            self._rm_tick_calls.popleft()()
+
+    # ---- overrides (tick thread) ----------------------------------------------------------------
+
+    def _SyncObj__getEntries(
+        self, fromIDx: int | None, count: int | None = None, maxSizeBytes: int | None = None
+    ) -> list[tuple[bytes, int, int]]:
+        j = self._rm_journal
+        if fromIDx is None or fromIDx < j.first_index or fromIDx > j.last_index:
+            return []
+        records = j.read_range(
+            fromIDx,
+            max_bytes=maxSizeBytes if maxSizeBytes is not None else _MAX_APPLY_BYTES,
+            max_count=min(count if count is not None else _MAX_APPLY_COUNT, _MAX_APPLY_COUNT),
+        )
+        return [(r.command, r.index, r.term) for r in records]
+
+    def _SyncObj__applyLogEntries(self) -> bool:
+        if self._rm_restart_commit is not None:
+            # Applying is a no-op for our entries (readers read the journal), so a restart resumes
+            # at the stored commit index instead of re-reading the whole CommitLog.
+            start = self._rm_restart_commit
+            self._rm_restart_commit = None
+            if start > self._SyncObj__raftLastApplied:
+                self._SyncObj__raftLastApplied = start
+                self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, start)
+        return bool(SyncObj._SyncObj__applyLogEntries(self))
+
+    def _SyncObj__tryLogCompaction(self) -> None:
+        return None
+
+    def _SyncObj__onBecomeLeader(self) -> None:
+        SyncObj._SyncObj__onBecomeLeader(self)
+        if self._rm_sync_flush:
+            self._rm_journal.sync()  # the leader counts its own no-op: durable first
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "append_entries" and "prevLogIdx" in message and "transmission" not in message:
+            self._rm_on_append_entries(node, message)
+        elif kind == "next_node_idx" and self._SyncObj__raftState == _LEADER:
+            self._rm_on_next_node_idx(node, message)
+        else:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _SyncObj__sendAppendEntries(self) -> None:
+        """Leader: stream each follower what it lacks from the journal, bounded per peer."""
+        period = self._SyncObj__conf.appendEntriesPeriod
+        now = time.monotonic()
+        self._SyncObj__newAppendEntriesTime = now + period
+        j = self._rm_journal
+        term = self._SyncObj__raftCurrentTerm
+        commit = self._SyncObj__raftCommitIndex
+        transport = self._SyncObj__transport
+        connected = self._SyncObj__connectedNodes
+        next_index = self._SyncObj__raftNextIndex
+        for node in self._SyncObj__otherNodes | self._SyncObj__readonlyNodes:
+            if node not in connected:
+                continue
+            conn = transport._connections.get(node)
+            nxt = next_index[node]
+            prev = nxt - 1
+            if prev < j.first_index:
+                if node.id not in self._rm_warned_gap:  # retention passed this follower's log end
+                    self._rm_warned_gap.add(node.id)
+                    log.error(
+                        "raft.follower_behind_retention peer=%s next_index=%d first_index=%d",
+                        node.id,
+                        nxt,
+                        j.first_index,
+                    )
+                continue
+            heartbeat_due = True
+            while True:
+                if conn is not None and conn.getSendBufferSize() > self._rm_max_inflight:
+                    break  # the follower is slow: what is queued already keeps its timer alive
+                last = j.last_index
+                if nxt > last and not heartbeat_due:
+                    break
+                records = (
+                    j.read_range(nxt, max_bytes=self._rm_send_bytes, max_count=_MAX_SEND_COUNT)
+                    if nxt <= last
+                    else []
+                )
+                transport.send(
+                    node,
+                    {
+                        "type": "append_entries",
+                        "term": term,
+                        "commit_index": commit,
+                        "entries": [(r.command, r.index, r.term) for r in records],
+                        "prevLogIdx": nxt - 1,
+                        "prevLogTerm": j.term_at(nxt - 1),
+                    },
+                )
+                heartbeat_due = False
+                if records:
+                    nxt = records[-1].index + 1
+                    next_index[node] = nxt
+                if node not in connected or time.monotonic() - now > period:
+                    break
+
+    # ---- our replication handlers ---------------------------------------------------------------
+
+    def _rm_on_append_entries(self, node: Any, msg: dict[str, Any]) -> None:
+        """Follower side of AppendEntries as the Raft paper has it: truncate only on conflict."""
+        term = msg["term"]
+        if term < self._SyncObj__raftCurrentTerm:
+            return  # a deposed leader; it learns the new term from the new leader's traffic
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__transferInProgress = False
+        if not self._SyncObj__transferInProgress:
+            self._SyncObj__raftElectionDeadline = (
+                time.monotonic() + self._SyncObj__generateRaftTimeout()
+            )
+        if self._SyncObj__raftLeader != node:
+            self._SyncObj__onLeaderChanged()
+        self._SyncObj__raftLeader = node
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+        self._SyncObj__setState(_FOLLOWER)
+        leader_commit = msg["commit_index"]
+        self._SyncObj__leaderCommitIndex = leader_commit
+
+        j = self._rm_journal
+        prev, prev_term = msg["prevLogIdx"], msg["prevLogTerm"]
+        if prev > j.last_index or prev < j.first_index:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+            return
+        if j.term_at(prev) != prev_term:
+            # Skip the whole conflicting term run in one round trip instead of one entry per trip.
+            back = max(_first_index_of_term_run(j, prev), self._SyncObj__raftCommitIndex + 1)
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, reset=True)
+            return
+
+        last_new = prev
+        appended = False
+        for command, idx, entry_term in msg["entries"]:
+            if idx <= j.last_index:
+                if j.term_at(idx) == entry_term:
+                    last_new = idx  # already have it (a re-sent range): never truncate a match
+                    continue
+                if idx <= self._SyncObj__raftCommitIndex:
+                    log.critical(
+                        "raft.refused_committed_truncation node=%s index=%d commit_index=%d",
+                        self._rm_cfg.node_id,
+                        idx,
+                        self._SyncObj__raftCommitIndex,
+                    )
+                    return
+                last = j.last_index
+                j.truncate_suffix(idx)
+                log.warning(
+                    "raft.truncated_uncommitted node=%s from_index=%d to_index=%d count=%d",
+                    self._rm_cfg.node_id,
+                    idx,
+                    last,
+                    last - idx + 1,
+                )
+            j.append(idx, entry_term, command)
+            appended = True
+            last_new = idx
+        if appended and self._rm_sync_flush:
+            j.sync()  # SYNC_FLUSH: durable before this node counts toward the commit
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_new + 1, success=True)
+        # Commit only what this message proved we share with the leader.
+        commit = min(leader_commit, last_new)
+        if commit > self._SyncObj__raftCommitIndex:
+            self._SyncObj__raftCommitIndex = commit
+            self._SyncObj__raftLog.setRaftCommitIndex(commit)
+
+    def _rm_on_next_node_idx(self, node: Any, msg: dict[str, Any]) -> None:
+        """Leader side of the ack: nextIndex never rewinds on success (no re-sent ranges)."""
+        next_index = self._SyncObj__raftNextIndex
+        match_index = self._SyncObj__raftMatchIndex
+        if node not in next_index:
+            return
+        reported = msg["next_node_idx"]
+        if msg["success"]:
+            match_index[node] = max(match_index[node], reported - 1)
+            next_index[node] = max(next_index[node], reported)
+        elif msg["reset"]:
+            if reported - 1 < match_index[node]:
+                # The follower lost entries it had acknowledged (restart after ASYNC_FLUSH).
+                log.warning(
+                    "raft.peer_lost_acked_entries peer=%s match_index=%d peer_next=%d",
+                    node.id,
+                    match_index[node],
+                    reported,
+                )
+                match_index[node] = reported - 1
+            next_index[node] = reported
+        self._SyncObj__lastResponseTime[node] = time.monotonic()
+
+
+def _first_index_of_term_run(j: SegmentJournal, index: int) -> int:
+    """Smallest i <= index with term_at(i) == term_at(index) (terms never decrease in a log)."""
+    term = j.term_at(index)
+    lo, hi = j.first_index, index
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if j.term_at(mid) == term:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _refuse_utility(args: Any, callback: Callable[[Any, int], None]) -> None:
+    callback(None, FAIL_REASON.REQUEST_DENIED)
