@@ -1,0 +1,142 @@
+"""The NameServer process: `python -m namesrv.server --listen 127.0.0.1:9876 [--config FILE]`.
+
+Runs the gRPC service and the expiry scan thread; SIGTERM or SIGINT stops both cleanly (exit 0).
+Once serving it prints one line `namesrv.started listen=HOST:PORT` to stdout (the bound port when
+port 0 was asked for). Every setting is also a flag and a RAFTMQ_NAMESRV_<KEY> variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from client.pb import namesrv_pb2_grpc
+from client.settings import SettingsError, add_settings_flags, flag_overrides
+from namesrv import settings as settings_mod
+from namesrv.route_table import RouteTable
+from namesrv.service import NameServerService
+from namesrv.settings import NameServerSettings
+
+_log = logging.getLogger("namesrv")
+
+
+class NameServer:
+    """One NameServer: gRPC server + expiry scan thread. start() then stop(), once each."""
+
+    def __init__(self, settings: NameServerSettings) -> None:
+        self.settings = settings
+        self.service = NameServerService(RouteTable(settings.broker_expiry_ms))
+        self.failed = threading.Event()  # set if the scan thread died; the process must exit
+        self._stop = threading.Event()
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=settings.max_workers, thread_name_prefix="namesrv-rpc"
+            ),
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_message_bytes),
+                ("grpc.so_reuseport", 0),  # two servers must never share a port silently
+            ],
+        )
+        namesrv_pb2_grpc.add_NameServerServicer_to_server(self.service, self._server)
+        self._scanner = threading.Thread(target=self._scan, name="namesrv-expiry", daemon=True)
+        self.address = ""
+
+    def start(self) -> str:
+        """Bind, serve, start scanning; return the bound "host:port"."""
+        host = self.settings.listen.rpartition(":")[0]
+        try:
+            port = self._server.add_insecure_port(self.settings.listen)
+        except RuntimeError as exc:  # grpc raises on bind failure in recent versions
+            self._server.stop(0)
+            raise OSError(f"cannot listen on {self.settings.listen}: {exc}") from exc
+        if port == 0:
+            self._server.stop(0)
+            raise OSError(f"cannot listen on {self.settings.listen} (address in use?)")
+        self._server.start()
+        self._scanner.start()
+        self.address = f"{host}:{port}"
+        return self.address
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
+        if self._scanner.is_alive():
+            self._scanner.join(timeout=5)
+
+    def _scan(self) -> None:
+        interval_s = self.settings.scan_interval_ms / 1000
+        while not self._stop.wait(interval_s):
+            try:
+                self.service.expire()
+            except Exception:
+                _log.critical("namesrv.scan_failed", exc_info=True)
+                self.failed.set()
+                return
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m namesrv.server",
+        description="raftmq NameServer: broker routes and liveness, in memory.",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML file; its [namesrv] section is read"
+    )
+    add_settings_flags(parser, NameServerSettings, settings_mod.ENV_PREFIX)
+    ns = parser.parse_args(argv)
+    return ns.config, flag_overrides(ns, NameServerSettings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, overrides = parse_args(argv)
+    try:
+        settings = settings_mod.load(config, overrides)
+    except SettingsError as exc:
+        print(f"namesrv: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        _log.info("namesrv.signal signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    server = NameServer(settings)
+    try:
+        address = server.start()
+    except OSError as exc:
+        _log.error("namesrv.listen_failed listen=%s error=%s", settings.listen, exc)
+        return 1
+    _log.info(
+        "namesrv.started listen=%s broker_expiry_ms=%d scan_interval_ms=%d",
+        address,
+        settings.broker_expiry_ms,
+        settings.scan_interval_ms,
+    )
+    print(f"namesrv.started listen={address}", flush=True)
+    while not stop.wait(0.5) and not server.failed.is_set():
+        pass
+    server.stop()
+    _log.info("namesrv.stopped listen=%s", address)
+    return 1 if server.failed.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
