@@ -1,0 +1,340 @@
+"""The dispatcher (RocketMQ's ReputMessageService) as a pure state machine: committed entry in,
+rows out. It never reads a clock, a random source or anything but its arguments and never writes:
+the same entries in the same order give equal outputs on every replica."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from broker.errors import BrokerInputError, DispatchGapError, MalformedBatchError
+from broker.message import tag_hash, validate_group, validate_producer_id, validate_topic
+from broker.record_batch import (
+    CommitOffset,
+    Kind,
+    ProduceBatch,
+    ResetOffsets,
+    TopicConfigChange,
+    TopicOp,
+    decode_with_offsets,
+)
+from broker.rows import (
+    NO_TIME_MS,
+    Appended,
+    Applied,
+    BatchOrigin,
+    ChunkOutcome,
+    CQBatch,
+    CQRow,
+    Duplicate,
+    KeyRow,
+    OffsetRow,
+    ProducerRow,
+    ProducerState,
+    QueueHead,
+    Rejected,
+    SequenceGap,
+    StoredRange,
+    TimeRow,
+    TopicRow,
+)
+from broker.topic_config import TopicConfig, validate_topic_config
+from raftlog.record import Entry
+
+MAX_SEQUENCE = (1 << 64) - 1
+
+
+class DispatchState(Protocol):
+    """What the dispatcher reads: the store, or the store plus outputs not yet written."""
+
+    @property
+    def dispatched_index(self) -> int: ...
+
+    def queue_head(self, topic: str, queue_id: int) -> QueueHead | None: ...
+
+    def producer_state(
+        self, producer_id: str, topic: str, queue_id: int
+    ) -> ProducerState | None: ...
+
+    def topic(self, name: str) -> TopicConfig | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutput:
+    """Everything one committed entry changes. ConsumeQueue and key-index rows come per batch,
+    by column (CQBatch); cq_rows()/key_rows() expand them. Entries without chunks (Raft's own)
+    change nothing but the dispatched index."""
+
+    raft_index: int
+    term: int
+    outcomes: tuple[ChunkOutcome, ...] = ()  # one per chunk, in slot order
+    cq_batches: tuple[CQBatch, ...] = ()
+    time_rows: tuple[TimeRow, ...] = ()
+    queue_heads: tuple[QueueHead, ...] = ()  # final head of each queue the entry appended to
+    offset_rows: tuple[OffsetRow, ...] = ()
+    producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
+    topic_rows: tuple[TopicRow, ...] = ()
+
+    @property
+    def errors(self) -> tuple[Rejected, ...]:
+        return tuple(o for o in self.outcomes if isinstance(o, Rejected))
+
+    def cq_rows(self) -> tuple[CQRow, ...]:
+        return tuple(row for batch in self.cq_batches for row in batch.rows())
+
+    def key_rows(self) -> tuple[KeyRow, ...]:
+        return tuple(row for batch in self.cq_batches for row in batch.key_rows())
+
+
+class PendingState:
+    """A DispatchState over a base state plus outputs absorbed since: lets the dispatcher run
+    ahead of the store, e.g. over several entries written in one transaction."""
+
+    def __init__(self, base: DispatchState) -> None:
+        self._base = base
+        self._index = base.dispatched_index
+        self._heads: dict[tuple[str, int], QueueHead] = {}
+        self._producers: dict[tuple[str, str, int], ProducerState] = {}
+        self._topics: dict[str, TopicConfig | None] = {}
+
+    @property
+    def dispatched_index(self) -> int:
+        return self._index
+
+    def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
+        head = self._heads.get((topic, queue_id))
+        return head if head is not None else self._base.queue_head(topic, queue_id)
+
+    def producer_state(self, producer_id: str, topic: str, queue_id: int) -> ProducerState | None:
+        state = self._producers.get((producer_id, topic, queue_id))
+        return (
+            state if state is not None else self._base.producer_state(producer_id, topic, queue_id)
+        )
+
+    def topic(self, name: str) -> TopicConfig | None:
+        if name in self._topics:
+            return self._topics[name]
+        return self._base.topic(name)
+
+    def absorb(self, out: DispatchOutput) -> None:
+        if out.raft_index != self._index + 1:
+            raise DispatchGapError(self._index + 1, out.raft_index)
+        self._index = out.raft_index
+        for head in out.queue_heads:
+            self._heads[head.topic, head.queue_id] = head
+        for p in out.producer_rows:
+            self._producers[p.producer_id, p.topic, p.queue_id] = p.state
+        for t in out.topic_rows:
+            self._topics[t.name] = t.config
+
+
+class _EntryWork:
+    """Rows of the entry being dispatched, and the state as of the chunk being looked at."""
+
+    def __init__(self, state: DispatchState) -> None:
+        self.state = state
+        self.outcomes: list[ChunkOutcome] = []
+        self.cq_batches: list[CQBatch] = []
+        self.time_rows: list[TimeRow] = []
+        self.heads: dict[tuple[str, int], QueueHead] = {}
+        self.offset_rows: list[OffsetRow] = []
+        self.producers: dict[tuple[str, str, int], ProducerRow] = {}
+        self.topics: dict[str, TopicRow] = {}
+
+    def queue_head(self, topic: str, queue_id: int) -> QueueHead:
+        head = self.heads.get((topic, queue_id)) or self.state.queue_head(topic, queue_id)
+        return head if head is not None else QueueHead(topic, queue_id, 0, NO_TIME_MS)
+
+    def producer_state(self, producer_id: str, topic: str, queue_id: int) -> ProducerState | None:
+        row = self.producers.get((producer_id, topic, queue_id))
+        return (
+            row.state
+            if row is not None
+            else self.state.producer_state(producer_id, topic, queue_id)
+        )
+
+    def topic(self, name: str) -> TopicConfig | None:
+        row = self.topics.get(name)
+        return row.config if row is not None else self.state.topic(name)
+
+
+class Dispatcher:
+    """Assigns queue offsets and derives rows. Offsets come from the per-queue next offset, not
+    from the leader: every replica derives the same rows, and a submission that failed on the
+    leader leaves no hole in the queue."""
+
+    def __init__(self, *, recent_batches_per_producer: int = 5) -> None:
+        if not 1 <= recent_batches_per_producer <= 64:
+            raise ValueError("recent_batches_per_producer must be within 1..64")
+        self._recent = recent_batches_per_producer
+
+    def apply(self, entry: Entry, state: DispatchState) -> DispatchOutput:
+        expected = state.dispatched_index + 1
+        if entry.index != expected:
+            raise DispatchGapError(expected, entry.index)
+        if not entry.chunks:
+            return DispatchOutput(entry.index, entry.term)
+        work = _EntryWork(state)
+        for slot, chunk in enumerate(entry.chunks):
+            try:
+                record, offsets = decode_with_offsets(chunk)
+            except MalformedBatchError as exc:
+                work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                continue
+            try:
+                if isinstance(record, ProduceBatch):
+                    self._produce(work, entry.index, slot, record, offsets)
+                elif isinstance(record, CommitOffset):
+                    self._commit(work, slot, record)
+                elif isinstance(record, ResetOffsets):
+                    self._reset(work, slot, record)
+                else:
+                    self._topic_change(work, slot, record)
+            except BrokerInputError as exc:  # names and ranges checked alike on every replica
+                work.outcomes.append(Rejected(slot, str(exc)))
+        return DispatchOutput(
+            raft_index=entry.index,
+            term=entry.term,
+            outcomes=tuple(work.outcomes),
+            cq_batches=tuple(work.cq_batches),
+            time_rows=tuple(work.time_rows),
+            queue_heads=tuple(work.heads.values()),
+            offset_rows=tuple(work.offset_rows),
+            producer_rows=tuple(work.producers.values()),
+            topic_rows=tuple(work.topics.values()),
+        )
+
+    def _produce(
+        self,
+        work: _EntryWork,
+        raft_index: int,
+        slot: int,
+        batch: ProduceBatch,
+        chunk_offsets: tuple[int, ...],
+    ) -> None:
+        topic, queue_id, messages = batch.topic, batch.queue_id, batch.messages
+        validate_topic(topic, allow_system=True)
+        count = len(messages)
+        gap: SequenceGap | None = None
+        producer = batch.producer
+        prev: ProducerState | None = None
+        if producer is not None:
+            validate_producer_id(producer.producer_id)
+            first_seq = producer.first_sequence
+            last_seq = first_seq + count - 1
+            if last_seq > MAX_SEQUENCE:
+                work.outcomes.append(
+                    Rejected(slot, f"sequences {first_seq}..{last_seq} exceed {MAX_SEQUENCE}")
+                )
+                return
+            prev = work.producer_state(producer.producer_id, topic, queue_id)
+            if prev is not None:
+                if last_seq <= prev.last_sequence:
+                    stored = _find_original(prev, first_seq, count)
+                    work.outcomes.append(Duplicate(slot, topic, queue_id, stored))
+                    return
+                if first_seq <= prev.last_sequence:
+                    work.outcomes.append(
+                        Rejected(
+                            slot,
+                            f"producer {producer.producer_id!r} sequences {first_seq}..{last_seq} "
+                            f"overlap the last stored sequence {prev.last_sequence}; "
+                            "retry exactly the batch that was sent before",
+                        )
+                    )
+                    return
+                if first_seq > prev.last_sequence + 1:
+                    gap = SequenceGap(prev.last_sequence + 1, first_seq)
+
+        head = work.queue_head(topic, queue_id)
+        first = head.next_offset
+        ts = batch.store_timestamp_ms
+        hashes: dict[str | None, int] = {}
+        tag_hashes = []
+        for m in messages:
+            h = hashes.get(m.tags)
+            if h is None:
+                h = hashes[m.tags] = tag_hash(m.tags)
+            tag_hashes.append(h)
+        keys: tuple[tuple[str, ...], ...] = ()
+        if any(m.keys for m in messages):
+            # A key repeated in one message gives one index row; empty keys give none.
+            keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
+        work.cq_batches.append(
+            CQBatch(
+                topic,
+                queue_id,
+                first,
+                raft_index,
+                slot,
+                ts,
+                chunk_offsets,
+                tuple([len(m.body) for m in messages]),
+                tuple(tag_hashes),
+                keys,
+            )
+        )
+        time_ms = head.time_index_ms
+        if ts > time_ms:
+            work.time_rows.append(TimeRow(topic, queue_id, ts, first))
+            time_ms = ts
+        work.heads[topic, queue_id] = QueueHead(topic, queue_id, first + count, time_ms)
+        if producer is not None:
+            origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
+            recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
+            work.producers[producer.producer_id, topic, queue_id] = ProducerRow(
+                producer.producer_id,
+                topic,
+                queue_id,
+                ProducerState(producer.first_sequence + count - 1, ts, recent),
+            )
+        work.outcomes.append(
+            Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
+        )
+
+    @staticmethod
+    def _commit(work: _EntryWork, slot: int, rec: CommitOffset) -> None:
+        validate_group(rec.group)
+        validate_topic(rec.topic, allow_system=True)
+        work.offset_rows.append(OffsetRow(rec.group, rec.topic, rec.queue_id, rec.offset))
+        work.outcomes.append(Applied(slot, Kind.COMMIT_OFFSET))
+
+    @staticmethod
+    def _reset(work: _EntryWork, slot: int, rec: ResetOffsets) -> None:
+        validate_group(rec.group)
+        validate_topic(rec.topic, allow_system=True)
+        for queue_id in sorted(rec.offsets):
+            work.offset_rows.append(
+                OffsetRow(rec.group, rec.topic, queue_id, rec.offsets[queue_id], reset=True)
+            )
+        work.outcomes.append(Applied(slot, Kind.RESET_OFFSETS, f"{len(rec.offsets)} queues"))
+
+    @staticmethod
+    def _topic_change(work: _EntryWork, slot: int, rec: TopicConfigChange) -> None:
+        cfg = rec.config
+        if rec.op is TopicOp.DELETE:
+            validate_topic(cfg.name, allow_system=True)
+            if work.topic(cfg.name) is None:
+                work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, "absent; nothing deleted"))
+                return
+            work.topics[cfg.name] = TopicRow(cfg.name, None)
+            work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, "deleted"))
+            return
+        validate_topic_config(cfg)
+        if rec.op is TopicOp.CREATE and work.topic(cfg.name) is not None:
+            work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, "exists; unchanged"))
+            return
+        work.topics[cfg.name] = TopicRow(cfg.name, cfg)
+        work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, rec.op.name.lower() + "d"))
+
+
+def _find_original(state: ProducerState, first_seq: int, count: int) -> StoredRange | None:
+    """Where a retried batch's messages were stored, if one remembered batch holds them all."""
+    last_seq = first_seq + count - 1
+    for origin in reversed(state.recent):
+        if origin.first_sequence <= first_seq and last_seq < origin.first_sequence + origin.count:
+            skip = first_seq - origin.first_sequence
+            return StoredRange(
+                origin.first_offset + skip, count, origin.raft_index, origin.slot, skip
+            )
+    return None

@@ -1,0 +1,189 @@
+"""The dispatch loop: one thread follows the committed log, runs the Dispatcher and writes outputs
+to the MessageStore, several entries per transaction. It decides nothing, and on any failure it
+stops loudly rather than skip an entry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from broker.errors import DispatcherStoppedError
+from broker.rows import Rejected
+from broker.store import MessageStore
+from raftlog.record import Entry
+
+log = logging.getLogger("broker.dispatcher")
+
+MIB = 1 << 20
+
+
+class CommittedLog(Protocol):
+    """The part of raftlog's ReplicatedLog the dispatcher follows."""
+
+    @property
+    def committed_index(self) -> int: ...
+
+    def wait_committed(self, index: int, timeout_s: float) -> bool: ...
+
+    def read_from(self, start: int, *, max_bytes: int, max_entries: int) -> list[Entry]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherSettings:
+    max_batch_entries: int = 256  # entries dispatched per lmdb transaction, at most
+    max_batch_bytes: int = 16 * MIB  # entry bytes read per transaction (one entry may exceed it)
+    poll_timeout_ms: int = 100  # longest wait for a commit before checking for stop()
+
+    def __post_init__(self) -> None:
+        if self.max_batch_entries < 1 or self.max_batch_bytes < 1 or self.poll_timeout_ms < 1:
+            raise ValueError("dispatcher batch limits and poll timeout must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchProgress:
+    """What one transaction dispatched: for answering producers and waking long polls."""
+
+    dispatched_index: int
+    outputs: tuple[DispatchOutput, ...]
+    queue_next_offsets: Mapping[tuple[str, int], int]  # (topic, queue id) -> max offset exclusive
+
+
+ProgressListener = Callable[[DispatchProgress], None]
+
+
+class DispatcherThread:
+    """Follows `rlog` from the store's dispatched index. Start it once; stop() it to leave."""
+
+    def __init__(
+        self,
+        rlog: CommittedLog,
+        store: MessageStore,
+        *,
+        dispatcher: Dispatcher | None = None,
+        settings: DispatcherSettings | None = None,
+        on_progress: ProgressListener | None = None,
+        name: str = "broker-dispatcher",
+    ) -> None:
+        self._log = rlog
+        self._store = store
+        self._dispatcher = dispatcher if dispatcher is not None else Dispatcher()
+        self._settings = settings if settings is not None else DispatcherSettings()
+        self._listeners: list[ProgressListener] = [on_progress] if on_progress else []
+        self._cond = threading.Condition()  # guards _index, _failure; notified on progress
+        self._index = store.dispatched_index
+        self._failure: BaseException | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        with self._cond:
+            self._cond.notify_all()
+
+    def __enter__(self) -> DispatcherThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping.is_set()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the thread stopped itself, if it did (a gap, a full store, a bug)."""
+        return self._failure
+
+    def add_listener(self, listener: ProgressListener) -> None:
+        """Listeners run on the dispatcher thread after each transaction: keep them quick."""
+        self._listeners.append(listener)
+
+    # ---- waiting (any thread) -----------------------------------------------------------------
+
+    @property
+    def dispatched_index(self) -> int:
+        return self._index
+
+    def wait_dispatched(self, index: int, timeout_s: float) -> bool:
+        """Block until `index` is dispatched (its rows are readable); False on timeout."""
+        return self._wait(lambda: self._index >= index, timeout_s)
+
+    def wait_for_message(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """Long polling: block until the queue holds a message at `offset` (or beyond)."""
+        return self._wait(lambda: self._store.queue_bounds(topic, queue_id)[1] > offset, timeout_s)
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not ready():
+                if self._failure is not None or self._stopping.is_set():
+                    raise DispatcherStoppedError(
+                        f"the dispatcher is not running (failure: {self._failure!r})"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        s = self._settings
+        poll_s = s.poll_timeout_ms / 1000
+        try:
+            while not self._stopping.is_set():
+                nxt = self._index + 1
+                if not self._log.wait_committed(nxt, poll_s):
+                    continue
+                entries = self._log.read_from(
+                    nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
+                )
+                if entries:
+                    self._dispatch(entries[: s.max_batch_entries])
+        except Exception as exc:
+            log.exception("broker.dispatcher_failed index=%d", self._index)
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
+
+    def _dispatch(self, entries: list[Entry]) -> None:
+        pending = PendingState(self._store)
+        outputs: list[DispatchOutput] = []
+        for entry in entries:
+            out = self._dispatcher.apply(entry, pending)
+            pending.absorb(out)
+            outputs.append(out)
+            for err in out.outcomes:
+                if isinstance(err, Rejected):
+                    log.warning(
+                        "broker.chunk_rejected index=%d slot=%d reason=%s",
+                        out.raft_index,
+                        err.slot,
+                        err.reason,
+                    )
+        self._store.apply(outputs)
+        heads = {(h.topic, h.queue_id): h.next_offset for o in outputs for h in o.queue_heads}
+        progress = DispatchProgress(outputs[-1].raft_index, tuple(outputs), heads)
+        with self._cond:
+            self._index = progress.dispatched_index
+            self._cond.notify_all()
+        for listener in list(self._listeners):
+            try:
+                listener(progress)
+            except Exception:
+                log.exception("broker.dispatch_listener_failed index=%d", progress.dispatched_index)

@@ -1,0 +1,289 @@
+"""Message value types, RocketMQ's naming and property rules, tag hashes and message ids.
+
+Pure values and checks: nothing here does I/O, reads a clock or keeps state. Validation raises
+typed errors whose text names the rule and the limit, so a client can fix its request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from broker.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
+
+MIB = 1 << 20
+
+# RocketMQ's Validators / TopicValidator: the same character set for topics and groups.
+_NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
+MAX_TOPIC_CHARS = 127
+MAX_GROUP_CHARS = 255
+MAX_PRODUCER_ID_BYTES = 128  # an lmdb key holds it with a topic: 511 bytes at most in all
+
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+SYSTEM_TOPIC_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX, "rmq_sys_")
+SYSTEM_TOPICS = frozenset(
+    {
+        "TBW102",
+        "SCHEDULE_TOPIC_XXXX",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+        "RMQ_SYS_TRACE_TOPIC",
+    }
+)
+
+# RocketMQ's MessageConst.STRING_HASH_SET: names the system sets itself; a client may not.
+SYSTEM_PROPERTY_NAMES = frozenset(
+    {
+        "TRACE_ON", "MSG_REGION", "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC",
+        "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID",
+        "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "RECONSUME_TIME",
+        "UNIQ_KEY", "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET",
+        "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO", "EXTEND_UNIQ_INFO",
+        "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME",
+        "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET", "TIMER_DELAY_MS",
+        "TIMER_DELAY_SEC", "TIMER_DELIVER_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES", "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY", "TIMER_DEL_MS",
+        "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP", "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID", "__CRC32#", "__SHARDINGKEY", "TRACE_CONTEXT",
+        "__transactionId__", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    }
+)  # fmt: skip
+SYSTEM_PROPERTY_PREFIX = "__RMQ."  # RocketMQ's transient properties ("__RMQ.TRANSIENT.")
+
+# Java's Character.isISOControl, which RocketMQ's proxy refuses in keys, tags and properties.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_STRING_BYTES = 0xFFFE  # the record batch frames short strings with a u16 length
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What a producer sends. `properties` are the user's; the broker itself may add reserved
+    system names (retry counts, origin topic) that validate_message refuses from clients."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as a consumer sees it: where it is in its queue and in the replicated log."""
+
+    message: Message
+    broker_group: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    store_timestamp_ms: int
+    raft_index: int
+    slot: int  # the chunk (group-commit submission) of the raft entry holding the batch
+    position: int  # the message's place in that chunk's batch
+
+    @property
+    def topic(self) -> str:
+        return self.message.topic
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLimits:
+    """Message limits with RocketMQ's defaults (maxMessageSize, the proxy's property limits)."""
+
+    max_message_bytes: int = 4 * MIB  # body
+    max_user_property_bytes: int = 16 * 1024  # names + values + tag + keys, utf-8
+    max_user_properties: int = 128
+    max_property_name_bytes: int = 255
+    max_keys: int = 32
+    max_born_host_bytes: int = 255
+    allow_empty_body: bool = False  # RocketMQ refuses empty bodies by default
+
+
+def _utf8_len(s: str) -> int:
+    return len(s.encode("utf-8"))
+
+
+def _has_control(s: str) -> bool:
+    return _CONTROL_RE.search(s) is not None
+
+
+def validate_topic(name: str, *, allow_system: bool = False) -> None:
+    """RocketMQ's topic rules; system topics are refused unless `allow_system` (broker-internal)."""
+    if not name:
+        raise InvalidNameError("topic name is empty")
+    if len(name) > MAX_TOPIC_CHARS:
+        raise InvalidNameError(
+            f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_CHARS}"
+        )
+    if _NAME_RE.fullmatch(name) is None:
+        raise InvalidNameError(
+            f"topic name {name!r} may only contain letters, digits, '%', '|', '_' and '-'"
+        )
+    if not allow_system and is_system_topic(name):
+        raise InvalidNameError(f"topic {name!r} is a system topic; clients cannot use it directly")
+
+
+def is_system_topic(name: str) -> bool:
+    return name in SYSTEM_TOPICS or name.startswith(SYSTEM_TOPIC_PREFIXES)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_TOPIC_PREFIX + group
+
+
+def validate_group(name: str) -> None:
+    """RocketMQ's consumer/producer group rules (Validators.checkGroup)."""
+    if not name:
+        raise InvalidNameError("group name is empty")
+    if len(name) > MAX_GROUP_CHARS:
+        raise InvalidNameError(
+            f"group name is {len(name)} characters; the limit is {MAX_GROUP_CHARS}"
+        )
+    if _NAME_RE.fullmatch(name) is None:
+        raise InvalidNameError(
+            f"group name {name!r} may only contain letters, digits, '%', '|', '_' and '-'"
+        )
+
+
+def validate_producer_id(producer_id: str) -> None:
+    if not producer_id or not producer_id.isprintable() or producer_id.strip() != producer_id:
+        raise InvalidNameError(
+            f"producer id {producer_id!r} must be non-empty printable text without edge spaces"
+        )
+    size = _utf8_len(producer_id)
+    if size > MAX_PRODUCER_ID_BYTES:
+        raise InvalidNameError(f"producer id is {size} bytes; the limit is {MAX_PRODUCER_ID_BYTES}")
+
+
+def validate_property_name(name: str, limits: MessageLimits) -> None:
+    if not name or not name.strip():
+        raise InvalidMessageError("a property name is empty or blank")
+    if name in SYSTEM_PROPERTY_NAMES or name.startswith(SYSTEM_PROPERTY_PREFIX):
+        raise InvalidMessageError(f"property name {name!r} is reserved for the system")
+    if not name.isprintable():
+        raise InvalidMessageError(f"property name {name!r} contains unprintable characters")
+    size = _utf8_len(name)
+    if size > limits.max_property_name_bytes:
+        raise InvalidMessageError(
+            f"property name is {size} bytes; the limit is {limits.max_property_name_bytes} "
+            "(max_property_name_bytes)"
+        )
+
+
+def validate_message(
+    msg: Message, limits: MessageLimits, *, allow_system_topic: bool = False
+) -> None:
+    """Refuse a message a RocketMQ broker would refuse; the error text names the rule."""
+    validate_topic(msg.topic, allow_system=allow_system_topic)
+    size = len(msg.body)
+    if size == 0 and not limits.allow_empty_body:
+        raise InvalidMessageError("message body is empty")
+    if size > limits.max_message_bytes:
+        raise InvalidMessageError(
+            f"message body is {size} bytes; the limit is {limits.max_message_bytes} "
+            "(max_message_bytes)"
+        )
+    if not INT32_MIN <= msg.flag <= INT32_MAX:
+        raise InvalidMessageError(f"message flag {msg.flag} does not fit a signed 32-bit int")
+    if not INT64_MIN <= msg.born_timestamp_ms <= INT64_MAX:
+        raise InvalidMessageError(f"born_timestamp_ms {msg.born_timestamp_ms} is out of range")
+    host_bytes = _utf8_len(msg.born_host)
+    if host_bytes > limits.max_born_host_bytes or _has_control(msg.born_host):
+        raise InvalidMessageError(
+            f"born_host must be printable and at most {limits.max_born_host_bytes} bytes"
+        )
+    user_bytes = 0
+    if msg.tags is not None:
+        if not msg.tags.strip():
+            raise InvalidMessageError("tag is blank; send None for no tag")
+        if "|" in msg.tags:
+            raise InvalidMessageError(f"tag {msg.tags!r} contains '|' (the subscription separator)")
+        if _has_control(msg.tags):
+            raise InvalidMessageError(f"tag {msg.tags!r} contains control characters")
+        user_bytes += _utf8_len(msg.tags)
+    if len(msg.keys) > limits.max_keys:
+        raise InvalidMessageError(
+            f"message has {len(msg.keys)} keys; the limit is {limits.max_keys} (max_keys)"
+        )
+    for key in msg.keys:
+        if not key.strip():
+            raise InvalidMessageError("a message key is empty or blank")
+        if _has_control(key):
+            raise InvalidMessageError(f"message key {key!r} contains control characters")
+        user_bytes += _utf8_len(key)
+    if len(msg.properties) > limits.max_user_properties:
+        raise InvalidMessageError(
+            f"message has {len(msg.properties)} properties; the limit is "
+            f"{limits.max_user_properties} (max_user_properties)"
+        )
+    for name, value in msg.properties.items():
+        validate_property_name(name, limits)
+        if _has_control(value):
+            raise InvalidMessageError(f"the value of property {name!r} contains control characters")
+        user_bytes += _utf8_len(name) + _utf8_len(value)
+    if user_bytes > limits.max_user_property_bytes:
+        raise InvalidMessageError(
+            f"tag, keys and properties take {user_bytes} bytes; the limit is "
+            f"{limits.max_user_property_bytes} (max_user_property_bytes)"
+        )
+
+
+def tag_hash(tag: str | None) -> int:
+    """Stable unsigned 64-bit hash of a tag for ConsumeQueue rows; 0 means "no tag" (as in
+    RocketMQ). Must never change: replicas and stores written by older versions compare it."""
+    if not tag:
+        return 0
+    return int.from_bytes(hashlib.blake2b(tag.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+# ---- message ids -------------------------------------------------------------------------------
+
+_ID_HEX_CHARS = 32  # raft index (16) + slot (8) + position (8)
+_ID_RE = re.compile(r"[0-9A-F]{32}")
+
+
+@dataclass(frozen=True, slots=True)
+class MessageId:
+    """Where a message lives on every replica of its broker group."""
+
+    broker_group: str
+    raft_index: int
+    slot: int
+    position: int
+
+
+def encode_msg_id(broker_group: str, raft_index: int, slot: int, position: int) -> str:
+    """`<broker group>-<index:016X><slot:08X><position:08X>`: fixed-width hex, so the ids of one
+    group sort in log order and the group name may itself contain '-'."""
+    if not broker_group or not broker_group.isprintable() or " " in broker_group:
+        raise InvalidNameError(f"broker group {broker_group!r} must be printable, without spaces")
+    if not (0 <= raft_index < 1 << 64 and 0 <= slot < 1 << 32 and 0 <= position < 1 << 32):
+        raise ValueError(f"message id fields out of range: {raft_index}, {slot}, {position}")
+    return f"{broker_group}-{raft_index:016X}{slot:08X}{position:08X}"
+
+
+def decode_msg_id(msg_id: str) -> MessageId:
+    cut = len(msg_id) - _ID_HEX_CHARS
+    group, sep, tail = msg_id[: cut - 1], msg_id[cut - 1 : cut], msg_id[cut:]
+    if cut < 2 or sep != "-" or _ID_RE.fullmatch(tail) is None:
+        raise InvalidMessageIdError(
+            f"{msg_id!r} is not a message id (<broker group>-<32 upper-case hex digits>)"
+        )
+    if not group.isprintable() or " " in group:
+        raise InvalidMessageIdError(f"{msg_id!r} names an invalid broker group")
+    return MessageId(group, int(tail[:16], 16), int(tail[16:24], 16), int(tail[24:], 16))

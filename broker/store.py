@@ -1,0 +1,483 @@
+"""The lmdb shell: MessageStore keeps what the dispatcher derives (ConsumeQueue, indexes, offsets,
+producer table, topics); MessageReader fetches message bytes from the Raft log. It decides nothing,
+never copies bodies, never fsyncs: the Raft journal is the truth and dispatch resumes from it."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from broker.dispatch import DispatchOutput
+from broker.errors import DispatchGapError, MalformedBatchError, StoreError, StoreFullError
+from broker.message import StoredMessage, encode_msg_id
+from broker.record_batch import ProduceHeader, decode_message_at, decode_produce_header
+from broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
+from broker.topic_config import Permission, TopicConfig
+from raftlog.record import Entry
+
+GIB = 1 << 30
+FORMAT_VERSION = b"1"
+
+# Big-endian everywhere in keys, so lmdb's byte order is numeric order and a range scan reads
+# a queue (or a queue's time index) in order.
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+# raft index, slot, position, chunk offset, body bytes, tag hash, store ts
+_CQ_VALUE = struct.Struct(">QIIIIQQ")
+_QUEUE_VALUE = struct.Struct(">QQq")  # next offset, min offset, time index ms
+_PRODUCER_HEAD = struct.Struct(">QQB")  # last sequence, last store ts, #recent
+_ORIGIN = struct.Struct(">QIQQI")  # first sequence, count, first offset, raft index, slot
+_TOPIC_VALUE = struct.Struct(">HHBB")  # read queues, write queues, perm, flags
+_BATCH_KEY = struct.Struct(">QI")  # raft index, slot
+_BATCH_VALUE = struct.Struct(">IQ")  # queue id, first offset (topic bytes follow)
+_KEY_VALUE = struct.Struct(">Q")  # store ts (key text follows, to rule out hash collisions)
+
+_ORDERED, _AUTO_CREATED = 0x01, 0x02
+_META_INDEX = b"dispatched_index"
+_META_FORMAT = b"format"
+_KEY_HASH_BYTES = 16  # user keys may be long; lmdb keys are at most 511 bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueScan:
+    """Rows read from a queue and the offset to continue from (past rows skipped by a filter)."""
+
+    rows: list[CQRow]
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyHit:
+    queue_id: int
+    queue_offset: int
+    store_timestamp_ms: int
+
+
+def _queue_prefix(topic: str, queue_id: int) -> bytes:
+    # Topic names never contain NUL (the dispatcher refuses invalid names), so prefixes of
+    # different queues never overlap.
+    return topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
+
+
+def _key_prefix(topic: str, key: str) -> bytes:
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=_KEY_HASH_BYTES).digest()
+    return topic.encode("utf-8") + b"\0" + digest
+
+
+def _offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    return group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
+
+
+def _producer_key(producer_id: str, topic: str, queue_id: int) -> bytes:
+    pid = producer_id.encode("utf-8")
+    return _U32.pack(len(pid)) + pid + _queue_prefix(topic, queue_id)
+
+
+def _encode_producer(state: ProducerState) -> bytes:
+    head = _PRODUCER_HEAD.pack(
+        state.last_sequence, state.last_store_timestamp_ms, len(state.recent)
+    )
+    parts = [head]
+    parts.extend(
+        _ORIGIN.pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
+        for o in state.recent
+    )
+    return b"".join(parts)
+
+
+def _decode_producer(value: bytes) -> ProducerState:
+    last_seq, last_ts, n = _PRODUCER_HEAD.unpack_from(value, 0)
+    recent = tuple(
+        BatchOrigin(*_ORIGIN.unpack_from(value, _PRODUCER_HEAD.size + i * _ORIGIN.size))
+        for i in range(n)
+    )
+    return ProducerState(last_seq, last_ts, recent)
+
+
+def _encode_topic(cfg: TopicConfig) -> bytes:
+    flags = (_ORDERED if cfg.ordered else 0) | (_AUTO_CREATED if cfg.auto_created else 0)
+    return _TOPIC_VALUE.pack(cfg.read_queue_nums, cfg.write_queue_nums, int(cfg.perm), flags)
+
+
+def _decode_topic(name: bytes, value: bytes) -> TopicConfig:
+    read_n, write_n, perm, flags = _TOPIC_VALUE.unpack(value)
+    return TopicConfig(
+        name.decode("utf-8"),
+        read_n,
+        write_n,
+        Permission(perm),
+        bool(flags & _ORDERED),
+        bool(flags & _AUTO_CREATED),
+    )
+
+
+class MessageStore:
+    """One node's indexes in an lmdb environment. Any thread may read; one thread (the
+    dispatcher's) writes. Implements the dispatcher's DispatchState."""
+
+    def __init__(
+        self, path: str | Path, *, map_size_bytes: int = 4 * GIB, max_readers: int = 256
+    ) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._env = lmdb.open(
+            str(self.path),
+            map_size=map_size_bytes,
+            max_dbs=12,
+            max_readers=max_readers,  # concurrent read transactions: one per reading thread
+            sync=False,
+            metasync=False,
+            readahead=False,  # rows are read by key; readahead wastes page cache on big stores
+        )
+        db = self._env.open_db
+        self._cq = db(b"consume_queue")
+        self._queues = db(b"queues")
+        self._keys = db(b"key_index")
+        self._time = db(b"time_index")
+        self._offsets = db(b"consumer_offsets")
+        self._producers = db(b"producers")
+        self._topics = db(b"topics")
+        self._batches = db(b"batches")
+        self._meta = db(b"meta")
+        with self._env.begin(write=True) as txn:
+            fmt = txn.get(_META_FORMAT, db=self._meta)
+            if fmt is None:
+                txn.put(_META_FORMAT, FORMAT_VERSION, db=self._meta)
+            elif fmt != FORMAT_VERSION:
+                raise StoreError(
+                    f"store at {self.path} has format {fmt!r}; this build reads "
+                    f"{FORMAT_VERSION!r}: delete it and let the dispatcher rebuild it from the log"
+                )
+            raw = txn.get(_META_INDEX, db=self._meta)
+        self._dispatched_index = _U64.unpack(raw)[0] if raw is not None else 0
+
+    def close(self) -> None:
+        self._env.close()
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writes (the dispatcher thread only) ------------------------------------------------
+
+    @property
+    def dispatched_index(self) -> int:
+        """The last raft index whose rows are in the store; dispatch resumes after it."""
+        return self._dispatched_index
+
+    def apply(self, outputs: DispatchOutput | Iterable[DispatchOutput]) -> None:
+        """Write dispatch outputs, in index order and without gaps, in one transaction."""
+        batch = [outputs] if isinstance(outputs, DispatchOutput) else list(outputs)
+        if not batch:
+            return
+        index = self._dispatched_index
+        try:
+            with self._env.begin(write=True) as txn:
+                for out in batch:
+                    if out.raft_index != index + 1:
+                        raise DispatchGapError(index + 1, out.raft_index)
+                    self._write(txn, out)
+                    index = out.raft_index
+                txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
+        except lmdb.MapFullError as exc:
+            raise StoreFullError(
+                f"the store at {self.path} is full ({self._env.info()['map_size']} bytes); "
+                "restart with a larger map_size_bytes"
+            ) from exc
+        self._dispatched_index = index
+
+    def _write(self, txn: Any, out: DispatchOutput) -> None:
+        put = txn.put
+        pack_u64, pack_cq = _U64.pack, _CQ_VALUE.pack
+        for b in out.cq_batches:
+            prefix = _queue_prefix(b.topic, b.queue_id)
+            first, index, slot, ts = b.first_offset, b.raft_index, b.slot, b.store_timestamp_ms
+            items = [
+                (prefix + pack_u64(first + i), pack_cq(index, slot, i, at, size, tag, ts))
+                for i, (at, size, tag) in enumerate(
+                    zip(b.chunk_offsets, b.body_sizes, b.tag_hashes, strict=True)
+                )
+            ]
+            with txn.cursor(db=self._cq) as cur:
+                cur.putmulti(items)
+            put(
+                _BATCH_KEY.pack(index, slot),
+                _BATCH_VALUE.pack(b.queue_id, first) + b.topic.encode("utf-8"),
+                db=self._batches,
+            )
+        for head in out.queue_heads:
+            key = _queue_prefix(head.topic, head.queue_id)
+            old = txn.get(key, db=self._queues)
+            min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
+            value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
+            put(key, value, db=self._queues)
+        for k in out.key_rows():
+            put(
+                _key_prefix(k.topic, k.key) + _U32.pack(k.queue_id) + pack_u64(k.queue_offset),
+                _KEY_VALUE.pack(k.store_timestamp_ms) + k.key.encode("utf-8"),
+                db=self._keys,
+            )
+        for t in out.time_rows:
+            put(
+                _queue_prefix(t.topic, t.queue_id) + pack_u64(t.store_timestamp_ms),
+                pack_u64(t.queue_offset),
+                db=self._time,
+            )
+        for o in out.offset_rows:
+            put(_offset_key(o.group, o.topic, o.queue_id), pack_u64(o.offset), db=self._offsets)
+        for p in out.producer_rows:
+            put(
+                _producer_key(p.producer_id, p.topic, p.queue_id),
+                _encode_producer(p.state),
+                db=self._producers,
+            )
+        for row in out.topic_rows:
+            name = row.name.encode("utf-8")
+            if row.config is None:
+                txn.delete(name, db=self._topics)
+            else:
+                put(name, _encode_topic(row.config), db=self._topics)
+
+    # ---- the dispatcher's view (DispatchState) ------------------------------------------------
+
+    def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+        if raw is None:
+            return None
+        next_offset, _, time_ms = _QUEUE_VALUE.unpack(raw)
+        return QueueHead(topic, queue_id, next_offset, time_ms)
+
+    def producer_state(self, producer_id: str, topic: str, queue_id: int) -> ProducerState | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_producer_key(producer_id, topic, queue_id), db=self._producers)
+        return _decode_producer(raw) if raw is not None else None
+
+    def topic(self, name: str) -> TopicConfig | None:
+        key = name.encode("utf-8")
+        with self._env.begin() as txn:
+            raw = txn.get(key, db=self._topics)
+        return _decode_topic(key, raw) if raw is not None else None
+
+    # ---- reads (any thread) ------------------------------------------------------------------
+
+    def topics(self) -> list[TopicConfig]:
+        with self._env.begin() as txn:
+            return [_decode_topic(k, v) for k, v in txn.cursor(db=self._topics)]
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, max offset exclusive); (0, 0) for a queue that never had a message."""
+        with self._env.begin() as txn:
+            raw = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+        if raw is None:
+            return (0, 0)
+        next_offset, min_offset, _ = _QUEUE_VALUE.unpack(raw)
+        return (min_offset, next_offset)
+
+    def read_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tag_hashes: Iterable[int] | None = None,
+    ) -> list[CQRow]:
+        """Up to max_count rows from `offset` on, in offset order; with `tag_hashes`, only rows
+        whose tag hash is one of them (the broker-side half of RocketMQ's tag filter)."""
+        return self.scan_queue(topic, queue_id, offset, max_count, tag_hashes).rows
+
+    def scan_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tag_hashes: Iterable[int] | None = None,
+        *,
+        max_scan_rows: int = 16_000,
+    ) -> QueueScan:
+        """read_queue plus where to continue: a filter may skip many rows, so the scan stops
+        after max_scan_rows rows (RocketMQ's maxFilterMessageCount) and says where it got to."""
+        if max_count <= 0 or max_scan_rows <= 0:
+            raise ValueError("max_count and max_scan_rows must be positive")
+        wanted = frozenset(tag_hashes) if tag_hashes is not None else None
+        prefix = _queue_prefix(topic, queue_id)
+        plen = len(prefix)
+        rows: list[CQRow] = []
+        next_offset = max(offset, 0)
+        scanned = 0
+        unpack_u64, unpack_cq = _U64.unpack_from, _CQ_VALUE.unpack
+        with self._env.begin() as txn, txn.cursor(db=self._cq) as cur:
+            if not cur.set_range(prefix + _U64.pack(next_offset)):
+                return QueueScan(rows, next_offset)
+            for key, value in cur.iternext():
+                if not key.startswith(prefix):
+                    break
+                (queue_offset,) = unpack_u64(key, plen)
+                index, slot, position, at, size, tag, ts = unpack_cq(value)
+                next_offset = queue_offset + 1
+                scanned += 1
+                if wanted is None or tag in wanted:
+                    rows.append(
+                        CQRow(
+                            topic, queue_id, queue_offset, index, slot, position, at, size, tag, ts
+                        )
+                    )
+                    if len(rows) >= max_count:
+                        break
+                if scanned >= max_scan_rows:
+                    break
+        return QueueScan(rows, next_offset)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset whose store time is >= timestamp_ms (RocketMQ's searchOffset).
+        Before the first message: the queue's min offset. After the last: the max offset
+        (exclusive), where the next message will go. An empty queue: its min (== max).
+        Store times are taken as made monotonic per queue by the dispatcher."""
+        low, high = self.queue_bounds(topic, queue_id)
+        if low == high:
+            return low
+        with self._env.begin() as txn, txn.cursor(db=self._time) as cur:
+            prefix = _queue_prefix(topic, queue_id)
+            if not cur.set_range(prefix + _U64.pack(max(timestamp_ms, 0))):
+                return high
+            key = cur.key()
+            if not key.startswith(prefix):
+                return high
+            found: int = _U64.unpack(cur.value())[0]
+        return min(max(found, low), high)
+
+    def lookup_key(
+        self,
+        topic: str,
+        key: str,
+        max_count: int,
+        *,
+        begin_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> list[KeyHit]:
+        """Messages of `topic` carrying `key`, by (queue id, offset), optionally only those
+        stored within [begin_ms, end_ms]."""
+        prefix = _key_prefix(topic, key)
+        plen = len(prefix)
+        key_b = key.encode("utf-8")
+        hits: list[KeyHit] = []
+        with self._env.begin() as txn, txn.cursor(db=self._keys) as cur:
+            if not cur.set_range(prefix):
+                return hits
+            for k, v in cur.iternext():
+                if len(hits) >= max_count or not k.startswith(prefix):
+                    break
+                if v[_KEY_VALUE.size :] != key_b:
+                    continue  # a hash collision with another key
+                (ts,) = _KEY_VALUE.unpack_from(v)
+                if (begin_ms is not None and ts < begin_ms) or (end_ms is not None and ts > end_ms):
+                    continue
+                queue_id = _U32.unpack_from(k, plen)[0]
+                hits.append(KeyHit(queue_id, _U64.unpack_from(k, plen + 4)[0], ts))
+        return hits
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The group's committed offset for the queue; None if it never committed one."""
+        with self._env.begin() as txn:
+            raw = txn.get(_offset_key(group, topic, queue_id), db=self._offsets)
+        return _U64.unpack(raw)[0] if raw is not None else None
+
+    def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
+        prefix = group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0"
+        out: dict[int, int] = {}
+        with self._env.begin() as txn, txn.cursor(db=self._offsets) as cur:
+            if not cur.set_range(prefix):
+                return out
+            for k, v in cur.iternext():
+                if not k.startswith(prefix) or len(k) != len(prefix) + 4:
+                    break
+                out[_U32.unpack_from(k, len(prefix))[0]] = _U64.unpack(v)[0]
+        return out
+
+    def cq_row_at(self, raft_index: int, slot: int, position: int) -> CQRow | None:
+        """The ConsumeQueue row of the message at (raft index, slot, position), i.e. the one a
+        message id names; None if no appended batch is there."""
+        with self._env.begin() as txn:
+            raw = txn.get(_BATCH_KEY.pack(raft_index, slot), db=self._batches)
+            if raw is None:
+                return None
+            queue_id, first = _BATCH_VALUE.unpack_from(raw)
+            topic = raw[_BATCH_VALUE.size :].decode("utf-8")
+            prefix = _queue_prefix(topic, queue_id)
+            value = txn.get(prefix + _U64.pack(first + position), db=self._cq)
+        if value is None:
+            return None
+        index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
+        if (index, row_slot, row_pos) != (raft_index, slot, position):
+            return None  # the position is past the end of that batch
+        return CQRow(topic, queue_id, first + position, index, row_slot, row_pos, at, size, tag, ts)
+
+
+class MessageReader:
+    """Turns ConsumeQueue rows into messages by reading their entries from the replicated log.
+    Within one call each entry is read once and each batch header parsed once; each message is
+    decoded alone, from the byte offset its row keeps, so a pull of 32 messages from a batch of
+    1000 decodes 32. Nothing is cached between calls (memory stays bounded)."""
+
+    def __init__(self, broker_group: str, read_entry: Callable[[int], Entry]) -> None:
+        self.broker_group = broker_group
+        self._read_entry = read_entry
+
+    def read(self, rows: Sequence[CQRow]) -> list[StoredMessage]:
+        entries: dict[int, Entry] = {}
+        headers: dict[tuple[int, int], tuple[bytes, ProduceHeader]] = {}
+        out: list[StoredMessage] = []
+        for row in rows:
+            key = (row.raft_index, row.slot)
+            cached = headers.get(key)
+            if cached is None:
+                entry = entries.get(row.raft_index)
+                if entry is None:
+                    entry = entries[row.raft_index] = self._read_entry(row.raft_index)
+                cached = headers[key] = self._header(entry, row)
+            chunk, header = cached
+            if row.position >= header.count:
+                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
+            try:
+                msg = decode_message_at(chunk, header, row.chunk_offset_bytes)
+            except MalformedBatchError as exc:
+                raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
+            # The row and the log must agree; if not, the store is wrong and nothing is served.
+            if (header.queue_id, len(msg.body)) != (row.queue_id, row.body_bytes):
+                raise StoreError(f"{row} does not match the message in the log")
+            out.append(
+                StoredMessage(
+                    msg,
+                    self.broker_group,
+                    row.queue_id,
+                    row.queue_offset,
+                    encode_msg_id(self.broker_group, row.raft_index, row.slot, row.position),
+                    row.store_timestamp_ms,
+                    row.raft_index,
+                    row.slot,
+                    row.position,
+                )
+            )
+        return out
+
+    @staticmethod
+    def _header(entry: Entry, row: CQRow) -> tuple[bytes, ProduceHeader]:
+        if entry.index != row.raft_index or row.slot >= len(entry.chunks):
+            raise StoreError(f"{row} points at a missing chunk of entry {entry.index}")
+        chunk = entry.chunks[row.slot]
+        try:
+            header = decode_produce_header(chunk)
+        except MalformedBatchError as exc:
+            raise StoreError(f"{row} points at a chunk that is not a produce batch: {exc}") from exc
+        if header.topic != row.topic:
+            raise StoreError(f"{row} points at a batch for topic {header.topic!r}")
+        return chunk, header

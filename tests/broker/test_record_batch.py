@@ -1,0 +1,222 @@
+"""The record batch codec: round trips, one encoding per value, and malformed bytes refused with
+MalformedBatchError only."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from broker.errors import MalformedBatchError
+from broker.message import Message
+from broker.record_batch import (
+    BrokerRecord,
+    CommitOffset,
+    ProduceBatch,
+    ProducerSequence,
+    ResetOffsets,
+    TopicConfigChange,
+    TopicOp,
+    decode,
+    decode_message_at,
+    decode_produce_header,
+    decode_with_offsets,
+    encode,
+)
+from broker.topic_config import Permission, TopicConfig
+
+text = st.text(max_size=20)  # any unicode except lone surrogates (which utf-8 cannot carry)
+u32 = st.integers(0, (1 << 32) - 1)
+u64 = st.integers(0, (1 << 64) - 1)
+
+
+@st.composite
+def produce_batches(draw: st.DrawFn) -> ProduceBatch:
+    topic = draw(text)
+    messages = draw(
+        st.lists(
+            st.builds(
+                Message,
+                topic=st.just(topic),
+                body=st.binary(max_size=64),
+                tags=st.none() | text,
+                keys=st.lists(text, max_size=3).map(tuple),
+                properties=st.dictionaries(text, text, max_size=4),
+                flag=st.integers(-(1 << 31), (1 << 31) - 1),
+                born_timestamp_ms=st.integers(-(1 << 63), (1 << 63) - 1),
+                born_host=text,
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    producer = draw(st.none() | st.builds(ProducerSequence, text, u64))
+    return ProduceBatch(topic, draw(u32), draw(u64), tuple(messages), producer)
+
+
+topic_configs = st.builds(
+    TopicConfig,
+    name=text,
+    read_queue_nums=st.integers(0, 0xFFFF),
+    write_queue_nums=st.integers(0, 0xFFFF),
+    perm=st.integers(0, 7).map(Permission),
+    ordered=st.booleans(),
+    auto_created=st.booleans(),
+)
+
+records: st.SearchStrategy[BrokerRecord] = st.one_of(
+    produce_batches(),
+    st.builds(CommitOffset, text, text, u32, u64),
+    st.builds(ResetOffsets, text, text, st.dictionaries(u32, u64, max_size=6)),
+    st.builds(TopicConfigChange, st.sampled_from(TopicOp), topic_configs),
+)
+
+
+@given(records)
+def test_round_trip(record: BrokerRecord) -> None:
+    data = encode(record)
+    assert data[1] == 1  # version byte
+    assert decode(data) == record
+    assert decode(memoryview(data)) == record
+
+
+@given(records, st.data())
+def test_truncation_and_trailing_bytes_are_refused(
+    record: BrokerRecord, data: st.DataObject
+) -> None:
+    raw = encode(record)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(MalformedBatchError):
+        decode(raw[:cut])
+    with pytest.raises(MalformedBatchError):
+        decode(raw + data.draw(st.binary(min_size=1, max_size=8)))
+
+
+def _decode_or_malformed(raw: bytes) -> None:
+    try:
+        value = decode(raw)
+    except MalformedBatchError:
+        return
+    # whatever decodes has exactly one encoding: the bytes it came from
+    assert encode(value) == raw
+
+
+@given(records, st.data())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_corruption_never_raises_anything_else(record: BrokerRecord, data: st.DataObject) -> None:
+    raw = bytearray(encode(record))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    _decode_or_malformed(bytes(raw))
+
+
+@given(st.binary(max_size=200))
+@example(b"")
+@example(b"\x01")
+@example(b"\x01\x02")
+@example(b"\x01\x01")
+@example(b"\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff")
+@example(b"\x03\x01\x00\x00\x00\x00\xff\xff\xff\x0f")
+@example(b"\x04\x01\x09")
+def test_random_bytes_never_raise_anything_else(raw: bytes) -> None:
+    _decode_or_malformed(raw)
+
+
+@given(st.binary(max_size=200))
+def test_random_produce_bodies(tail: bytes) -> None:
+    _decode_or_malformed(b"\x01\x01" + tail)
+
+
+def test_invalid_utf8_is_malformed() -> None:
+    raw = bytearray(encode(CommitOffset("g", "t", 0, 1)))
+    raw[4] = 0xFF  # the group's only byte
+    with pytest.raises(MalformedBatchError, match="utf-8"):
+        decode(bytes(raw))
+
+
+def test_unknown_kind_and_version() -> None:
+    with pytest.raises(MalformedBatchError, match="kind"):
+        decode(b"\x09\x01")
+    with pytest.raises(MalformedBatchError, match="version"):
+        decode(b"\x01\x07" + b"\0" * 30)
+
+
+def test_encoder_refuses_what_the_format_cannot_carry() -> None:
+    m = Message("t", b"x")
+    with pytest.raises(ValueError, match="at least one"):
+        encode(ProduceBatch("t", 0, 0, ()))
+    with pytest.raises(ValueError, match="topic"):
+        encode(ProduceBatch("u", 0, 0, (m,)))
+    with pytest.raises(ValueError):
+        encode(ProduceBatch("t", 1 << 32, 0, (m,)))
+    with pytest.raises(ValueError):
+        encode(ProduceBatch("t", 0, -1, (m,)))
+    with pytest.raises(ValueError):
+        encode(CommitOffset("g", "t", 0, -1))
+    with pytest.raises(ValueError):
+        encode(ProduceBatch("t", 0, 0, (Message("t", b"x", tags="x" * 70_000),)))
+
+
+def _thousand_messages() -> ProduceBatch:
+    messages = tuple(
+        Message(
+            "Orders",
+            os.urandom(1024),
+            "TagA",
+            (f"order-{i}",),
+            {"region": "eu"},
+            0,
+            1_700_000_000_000,
+            "10.0.0.7:40112",
+        )
+        for i in range(1000)
+    )
+    return ProduceBatch("Orders", 3, 1_700_000_000_001, messages, ProducerSequence("p-1", 0))
+
+
+def test_speed_smoke() -> None:
+    """A loose regression guard; tests/broker/bench_record_batch.py measures."""
+    batch = _thousand_messages()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        assert decode(encode(batch)) == batch
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.1, f"1000 x 1 KiB encode+decode took {best * 1e3:.1f} ms"
+
+
+@given(produce_batches())
+def test_each_message_decodes_alone_from_its_offset(batch: ProduceBatch) -> None:
+    raw = encode(batch)
+    record, offsets = decode_with_offsets(raw)
+    assert record == batch and len(offsets) == len(batch.messages)
+    header = decode_produce_header(raw)
+    assert (header.topic, header.queue_id, header.count) == (
+        batch.topic,
+        batch.queue_id,
+        len(batch.messages),
+    )
+    for at, m in zip(offsets, batch.messages, strict=True):
+        assert decode_message_at(raw, header, at) == m
+
+
+@given(produce_batches(), st.integers(-5, 5_000))
+def test_any_offset_gives_a_message_or_malformed(batch: ProduceBatch, at: int) -> None:
+    raw = encode(batch)
+    header = decode_produce_header(raw)
+    with contextlib.suppress(MalformedBatchError):  # anything else fails the test
+        decode_message_at(raw, header, at)
+
+
+def test_non_produce_records_have_no_offsets() -> None:
+    assert decode_with_offsets(encode(CommitOffset("g", "t", 1, 2))) == (
+        CommitOffset("g", "t", 1, 2),
+        (),
+    )
+    with pytest.raises(MalformedBatchError):
+        decode_produce_header(encode(CommitOffset("g", "t", 1, 2)))
