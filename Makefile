@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*; touch $@
 
 deps: debs $(STAMP)
+	@bash scripts/gen_proto.sh
 
 debs:
 	@./scripts/ensure_debs.sh $(DEBS)

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -47,6 +48,7 @@ class NodeProc:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     conn: Connection | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def alive(self) -> bool:
@@ -143,10 +145,16 @@ class LocalCluster:
         n = self.nodes[i]
         if n.conn is None:
             raise ControlError(f"node {i} is not running")
-        n.conn.send(req)
-        if not n.conn.poll(timeout_s):
-            raise ControlError(f"node {i} did not answer {req['op']} within {timeout_s}s")
-        status, value = n.conn.recv()
+        with n.lock:  # one request/answer at a time per pipe, whichever thread asks
+            conn = n.conn
+            if conn is None:
+                raise ControlError(f"node {i} is not running")
+            conn.send(req)
+            if not conn.poll(timeout_s):
+                n.conn = None  # an unanswered pipe is out of step; the next call reconnects
+                conn.close()
+                raise ControlError(f"node {i} did not answer {req['op']} within {timeout_s}s")
+            status, value = conn.recv()
         if status != "ok":
             raise ControlError(f"node {i}: {value}")
         return value

@@ -190,6 +190,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     """A pysyncobj node whose replication path is ours. Methods named `_SyncObj__x` override
     pysyncobj's private `__x` (name mangling makes that the attribute pysyncobj looks up)."""
 
+    # pysyncobj's private state that the overrides read and write (declared for the type checker).
+    _SyncObj__raftLastApplied: int
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLeader: Any
+
     def __init__(
         self,
         cfg: RaftLogConfig,

@@ -8,6 +8,7 @@ raft traffic. `python -m raftlog.standalone --help`.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import random
@@ -145,7 +146,7 @@ class Controller:
                     errors += 1
                 time.sleep(0.01)
                 continue
-            fut.add_done_callback(lambda f, s=started: on_done(s, f))
+            fut.add_done_callback(functools.partial(on_done, started))
             n += 1
             if sample_rss and now - last_rss > 0.5:
                 max_rss = max(max_rss, _rss_bytes())

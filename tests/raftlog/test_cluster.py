@@ -191,6 +191,7 @@ def test_corrupted_record_is_detected_not_served(cluster: LocalCluster) -> None:
     data[len(data) // 2] ^= 0xFF
     sealed.write_bytes(bytes(data))
     cluster.start(follower)
+    wait_converged(cluster, [follower], upto)
     with pytest.raises(ControlError, match="CorruptJournalError"):
         cluster.read_all(follower, upto)
 
