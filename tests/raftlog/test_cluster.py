@@ -80,6 +80,10 @@ def test_replicates_same_history_to_every_node(cluster: LocalCluster) -> None:
 def test_follower_refuses_writes_with_leader_hint(cluster: LocalCluster) -> None:
     leader = cluster.leader()
     follower = (leader + 1) % 3
+    leader_addr = cluster.nodes[leader].raft_addr
+    deadline = time.monotonic() + 10  # a follower learns the leader from its first append
+    while cluster.status(follower)["leader"] != leader_addr and time.monotonic() < deadline:
+        time.sleep(0.02)
     res = cluster.call(follower, {"op": "submit", "payloads": [b"x"]})
     assert res[0][0] == "err" and res[0][1] == "NotLeaderError"
     assert cluster.nodes[leader].raft_addr in res[0][2]
