@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker.errors import BrokerInputError, DispatchGapError, MalformedBatchError
-from broker.message import tag_hash, validate_group, validate_producer_id, validate_topic
+from broker.filter_tag import tag_hash
+from broker.message import validate_group, validate_producer_id, validate_topic
 from broker.record_batch import (
     CommitOffset,
     Kind,

@@ -6,7 +6,6 @@ typed errors whose text names the rule and the limit, so a client can fix its re
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -241,14 +240,6 @@ def validate_message(
             f"tag, keys and properties take {user_bytes} bytes; the limit is "
             f"{limits.max_user_property_bytes} (max_user_property_bytes)"
         )
-
-
-def tag_hash(tag: str | None) -> int:
-    """Stable unsigned 64-bit hash of a tag for ConsumeQueue rows; 0 means "no tag" (as in
-    RocketMQ). Must never change: replicas and stores written by older versions compare it."""
-    if not tag:
-        return 0
-    return int.from_bytes(hashlib.blake2b(tag.encode("utf-8"), digest_size=8).digest(), "big")
 
 
 # ---- message ids -------------------------------------------------------------------------------

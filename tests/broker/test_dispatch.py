@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from broker.errors import DispatchGapError
-from broker.message import tag_hash
+from broker.filter_tag import tag_hash
 from broker.record_batch import Kind, TopicConfigChange, TopicOp, encode
 from broker.rows import (
     Appended,

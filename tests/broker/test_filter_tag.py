@@ -60,12 +60,6 @@ def test_tag_hash_is_pinned() -> None:
     assert tag_hash("TagA") != tag_hash("TagB")
 
 
-def test_tag_hash_agrees_with_the_broker_message_module() -> None:
-    message = pytest.importorskip("broker.message")
-    for tag in (None, "", "TagA", "订单", "a" * 300):
-        assert message.tag_hash(tag) == tag_hash(tag)
-
-
 tags = st.text(
     alphabet=st.characters(blacklist_categories=["Cs"], blacklist_characters="|"), max_size=12
 )

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
+from broker.filter_tag import tag_hash
 from broker.message import (
     Message,
     MessageLimits,
@@ -15,7 +16,6 @@ from broker.message import (
     encode_msg_id,
     is_system_topic,
     retry_topic,
-    tag_hash,
     validate_group,
     validate_message,
     validate_topic,

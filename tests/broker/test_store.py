@@ -11,7 +11,8 @@ import pytest
 
 from broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from broker.errors import DispatchGapError, StoreError, StoreFullError
-from broker.message import decode_msg_id, tag_hash
+from broker.filter_tag import tag_hash
+from broker.message import decode_msg_id
 from broker.record_batch import TopicConfigChange, TopicOp, encode
 from broker.rows import Appended
 from broker.store import KeyHit, MessageReader, MessageStore

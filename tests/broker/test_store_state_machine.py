@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from broker.message import tag_hash
+from broker.filter_tag import tag_hash
 from broker.store import MessageStore
 
 from .support import InProcessLog, commit, produce, reset
