@@ -224,3 +224,17 @@ def test_sync_flush_cluster_commits(tmp_path: Path) -> None:
         acked, failed = submit_all(c, leader, [f"s{i}".encode() for i in range(100)])
         assert failed == 0
         check_logs(c, [0, 1, 2], acked)
+
+
+def test_leadership_transfer_moves_the_leader_and_loses_nothing(cluster: LocalCluster) -> None:
+    leader = cluster.leader()
+    acked, failed = submit_all(cluster, leader, [f"t{i}".encode() for i in range(50)])
+    assert failed == 0
+    target = (leader + 1) % 3
+    assert cluster.call(leader, {"op": "transfer", "target": cluster.nodes[target].raft_addr})
+    new_leader = cluster.leader(timeout_s=10)
+    assert new_leader == target
+    more, failed = submit_all(cluster, new_leader, [f"u{i}".encode() for i in range(50)])
+    assert failed == 0
+    acked.update(more)
+    check_logs(cluster, [0, 1, 2], acked)
