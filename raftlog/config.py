@@ -15,7 +15,7 @@ MIB = 1 << 20
 class FlushPolicy(enum.Enum):
     """When journal bytes reach the disk (RocketMQ's flushDiskType)."""
 
-    ASYNC_FLUSH = "ASYNC_FLUSH"  # fsync in the background every flush_interval_ms
+    ASYNC_FLUSH = "ASYNC_FLUSH"  # group fsync at most every flush_interval_ms (tick thread)
     SYNC_FLUSH = "SYNC_FLUSH"  # an entry is fsynced on a node before that node counts toward commit
 
 
