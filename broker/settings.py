@@ -1,0 +1,214 @@
+"""BrokerSettings: every key of a broker node with its default and unit.
+
+Loaded by client.settings.load_settings from the `[broker]` section of a TOML file, then
+RAFTMQ_BROKER_<KEY> environment variables, then flags. Values, parsing and validation only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.settings import load_settings, setting, settings_class
+from raftlog.config import FlushPolicy, RaftLogConfig
+
+ENV_PREFIX = "RAFTMQ_BROKER_"
+MIB = 1 << 20
+GIB = 1 << 30
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One node of the broker group: its id, gRPC address and Raft address."""
+
+    node_id: str
+    address: str
+    raft_address: str
+
+
+def _check_host_port(value: str, what: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not host:port")
+
+
+def parse_members(text: str) -> tuple[Member, ...]:
+    """`n0=GRPC_HOST:PORT/RAFT_HOST:PORT,n1=...`: the whole group, this node included."""
+    members: list[Member] = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        node_id, eq, addrs = item.partition("=")
+        address, slash, raft_address = addrs.partition("/")
+        if not eq or not slash or not node_id.strip():
+            raise ValueError(f"member {item!r} must look like n0=GRPC_HOST:PORT/RAFT_HOST:PORT")
+        _check_host_port(address, f"member {node_id} gRPC address")
+        _check_host_port(raft_address, f"member {node_id} raft address")
+        members.append(Member(node_id.strip(), address.strip(), raft_address.strip()))
+    for attr in ("node_id", "address", "raft_address"):
+        values = [getattr(m, attr) for m in members]
+        if len(set(values)) != len(values):
+            raise ValueError(f"members repeat a {attr}: {text!r}")
+    return tuple(members)
+
+
+@settings_class
+class BrokerSettings:
+    cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
+    broker_group: str = setting(
+        default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
+    )
+    node_id: str = setting(default="n0", unit="", doc="this node's id among `members`")
+    members: str = setting(
+        default="n0=127.0.0.1:10911/127.0.0.1:20911",
+        unit="id=host:port/host:port,...",
+        doc="every node of the group, this one included: id=gRPC address/Raft address",
+    )
+    listen: str = setting(
+        default="",
+        unit="host:port",
+        doc='gRPC bind address; "" = this node\'s address in `members`',
+    )
+    data_dir: Path = setting(default=Path("data/broker"), unit="path", doc="journal and indexes")
+    namesrv_addresses: str = setting(
+        default="127.0.0.1:9876", unit="host:port,...", doc="NameServers to register with"
+    )
+    controller_addresses: str = setting(
+        default="", unit="host:port,...", doc='controllers to report role changes to; "" = none'
+    )
+    heartbeat_interval_ms: int = setting(
+        default=30_000, unit="ms", doc="registration with every NameServer (and on role change)"
+    )
+    auto_create_topic: bool = setting(
+        default=True, unit="", doc="a send to an unknown topic creates it (RocketMQ: true)"
+    )
+    default_queue_nums: int = setting(
+        default=8, unit="queues", doc="read and write queues of an auto-created topic"
+    )
+    max_message_bytes: int = setting(
+        default=4 * MIB, unit="bytes", doc="largest message body accepted"
+    )
+    max_batch_messages: int = setting(
+        default=4096, unit="messages", doc="most messages in one send request"
+    )
+    send_timeout_ms: int = setting(
+        default=10_000, unit="ms", doc="longest wait for a majority commit before OUTCOME_UNKNOWN"
+    )
+    long_poll_max_ms: int = setting(
+        default=30_000, unit="ms", doc="longest hold of a pull request (the client asks less)"
+    )
+    pull_max_messages: int = setting(
+        default=1024, unit="messages", doc="most messages answered to one pull"
+    )
+    pull_max_bytes: int = setting(
+        default=8 * MIB, unit="bytes", doc="most body bytes answered to one pull"
+    )
+    max_workers: int = setting(
+        default=128, unit="threads", doc="gRPC handler threads (long polls hold one each)"
+    )
+    flush_policy: FlushPolicy = setting(
+        default=FlushPolicy.ASYNC_FLUSH, unit="", doc="ASYNC_FLUSH or SYNC_FLUSH"
+    )
+    flush_interval_ms: int = setting(default=5, unit="ms", doc="ASYNC_FLUSH: group fsync period")
+    batch_max_bytes: int = setting(
+        default=1 * MIB, unit="bytes", doc="group commit: bytes packed into one Raft entry"
+    )
+    segment_bytes: int = setting(default=256 * MIB, unit="bytes", doc="journal segment size")
+    election_timeout_min_ms: int = setting(
+        default=300, unit="ms", doc="Raft election timeout, lower bound"
+    )
+    election_timeout_max_ms: int = setting(
+        default=600, unit="ms", doc="Raft election timeout, upper bound"
+    )
+    raft_password: str = setting(
+        default="", unit="", doc='encrypts Raft traffic between the nodes; "" = plain'
+    )
+    store_map_size_bytes: int = setting(
+        default=8 * GIB, unit="bytes", doc="lmdb map size of the indexes (sparse file)"
+    )
+    shutdown_grace_ms: int = setting(
+        default=3_000, unit="ms", doc="on SIGTERM, in-flight calls get this long to finish"
+    )
+    log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        members = parse_members(self.members)
+        if self.node_id not in {m.node_id for m in members}:
+            raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")
+        if self.listen:
+            _check_host_port(self.listen, "listen")
+        for addr in _split(self.namesrv_addresses):
+            _check_host_port(addr, "NameServer address")
+        if not _split(self.namesrv_addresses):
+            raise ValueError("namesrv_addresses must name at least one NameServer")
+        for addr in _split(self.controller_addresses):
+            _check_host_port(addr, "controller address")
+        positive = {
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "max_message_bytes": self.max_message_bytes,
+            "max_batch_messages": self.max_batch_messages,
+            "send_timeout_ms": self.send_timeout_ms,
+            "long_poll_max_ms": self.long_poll_max_ms,
+            "pull_max_messages": self.pull_max_messages,
+            "pull_max_bytes": self.pull_max_bytes,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{key} must be > 0")
+        if not 1 <= self.default_queue_nums <= 1024:
+            raise ValueError("default_queue_nums must be within 1..1024")
+        if not 4 <= self.max_workers <= 4096:
+            raise ValueError("max_workers must be within 4..4096")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        self.raft_config()  # the Raft keys are checked by raftlog's own rules
+
+    @property
+    def member_list(self) -> tuple[Member, ...]:
+        return parse_members(self.members)
+
+    @property
+    def me(self) -> Member:
+        return next(m for m in self.member_list if m.node_id == self.node_id)
+
+    @property
+    def namesrv_list(self) -> tuple[str, ...]:
+        return _split(self.namesrv_addresses)
+
+    @property
+    def controller_list(self) -> tuple[str, ...]:
+        return _split(self.controller_addresses)
+
+    def raft_config(self) -> RaftLogConfig:
+        me = self.me
+        return RaftLogConfig(
+            node_id=me.raft_address,
+            peers=tuple(m.raft_address for m in self.member_list if m.node_id != self.node_id),
+            data_dir=self.data_dir / "raft",
+            flush_policy=self.flush_policy,
+            flush_interval_ms=self.flush_interval_ms,
+            # A send request carries up to max_message_bytes of body plus framing and properties.
+            max_entry_bytes=max(8 * MIB, 2 * self.max_message_bytes),
+            batch_max_bytes=self.batch_max_bytes,
+            commit_timeout_ms=self.send_timeout_ms,
+            segment_bytes=self.segment_bytes,
+            election_timeout_min_ms=self.election_timeout_min_ms,
+            election_timeout_max_ms=self.election_timeout_max_ms,
+            connection_timeout_ms=max(3500, self.election_timeout_max_ms),
+            password=self.raft_password or None,
+        )
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def load(
+    file: Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BrokerSettings:
+    """BrokerSettings from file [broker] < RAFTMQ_BROKER_* < overrides (flags)."""
+    return load_settings(BrokerSettings, file, ENV_PREFIX, overrides, environ=environ)
