@@ -1,0 +1,66 @@
+"""OutcomeBook: the outcome of each chunk of recently dispatched entries, for answering the
+request that submitted it (stored at these offsets, a duplicate, or refused).
+
+A bounded window of entries; it never decides anything, it only hands the dispatcher's verdict
+to the waiting request handler.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from broker.dispatcher_thread import DispatchProgress
+from broker.rows import ChunkOutcome
+
+
+class OutcomeBook:
+    """Listener of the DispatcherThread. A request that knows its (raft index, slot) waits here
+    until that entry is dispatched. Entries older than the last `max_entries` are forgotten: a
+    request that waits that late gets None (its outcome is then unknown, which is safe to
+    retry with the same producer sequence)."""
+
+    def __init__(self, dispatched_index: int, *, max_entries: int = 8192) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self._max_entries = max_entries
+        self._cond = threading.Condition()
+        self._dispatched = dispatched_index
+        self._by_index: collections.OrderedDict[int, tuple[ChunkOutcome, ...]] = (
+            collections.OrderedDict()
+        )
+        self._failed: BaseException | None = None
+
+    def record(self, progress: DispatchProgress) -> None:
+        with self._cond:
+            for out in progress.outputs:
+                if out.outcomes:
+                    self._by_index[out.raft_index] = out.outcomes
+            while len(self._by_index) > self._max_entries:
+                self._by_index.popitem(last=False)
+            self._dispatched = max(self._dispatched, progress.dispatched_index)
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """The dispatcher stopped: wake every waiter with this error."""
+        with self._cond:
+            self._failed = exc
+            self._cond.notify_all()
+
+    def wait(self, raft_index: int, slot: int, timeout_s: float) -> ChunkOutcome | None:
+        """The outcome of chunk `slot` of entry `raft_index`, once dispatched; None on timeout or
+        when the entry has already been forgotten. Raises the dispatcher's failure, if any."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._dispatched < raft_index:
+                if self._failed is not None:
+                    raise self._failed
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            outcomes = self._by_index.get(raft_index)
+        if outcomes is None or slot >= len(outcomes):
+            return None
+        return outcomes[slot]

@@ -1,0 +1,176 @@
+"""The broker node process: `python -m broker.server [--config FILE] [--<key> VALUE ...]`.
+
+Runs one node of a broker group: the replicated log, the dispatcher, the gRPC Broker service and
+the NameServer registration. Once serving it prints `broker.started listen=HOST:PORT node=ID
+group=GROUP` to stdout. SIGTERM or SIGINT: hand leadership off, unregister, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from broker import settings as settings_mod
+from broker.convert import topic_to_pb
+from broker.node import BrokerNode
+from broker.registration import Registrar
+from broker.service import ROLE_TO_PB, BrokerService
+from broker.settings import BrokerSettings
+from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
+from client.settings import SettingsError, add_settings_flags, flag_overrides
+from raftlog.record import RoleChange
+
+_log = logging.getLogger("broker")
+
+WIRE_OVERHEAD_BYTES = 1 << 20  # request framing and properties beyond the message bodies
+
+
+class BrokerServer:
+    """A BrokerNode behind a gRPC server, registered with the NameServers. Build it on the main
+    thread; start() then stop(), once each."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.node = BrokerNode(settings)
+        wire_max = 2 * settings.max_message_bytes + WIRE_OVERHEAD_BYTES
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=settings.max_workers, thread_name_prefix="broker-rpc"
+            ),
+            options=[
+                ("grpc.max_receive_message_length", wire_max),
+                ("grpc.max_send_message_length", max(wire_max, settings.pull_max_bytes * 2)),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=settings.max_workers * 4,
+        )
+        broker_pb2_grpc.add_BrokerServicer_to_server(BrokerService(self.node), self._server)
+        self.registrar = Registrar(
+            settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
+        )
+        self.node.add_role_listener(self._on_role_change)
+        self.node.add_topic_listener(self.registrar.poke)
+        self.address = ""
+
+    def _registration(self) -> namesrv_pb2.RegisterBrokerRequest:
+        st = self.node.status()
+        return namesrv_pb2.RegisterBrokerRequest(
+            cluster=self.settings.cluster,
+            broker_group=self.node.group,
+            node_id=self.node.me.node_id,
+            address=self.node.me.address,
+            raft_address=self.node.me.raft_address,
+            role=ROLE_TO_PB.get(st.role, common_pb2.ROLE_UNSPECIFIED),
+            term=st.term,
+            topics=[topic_to_pb(t) for t in self.node.topics()],
+        )
+
+    def _on_role_change(self, change: RoleChange) -> None:
+        self.registrar.poke()
+
+    def start(self) -> str:
+        listen = self.settings.listen or self.node.me.address
+        host = listen.rpartition(":")[0]
+        try:
+            port = self._server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {listen}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"cannot listen on {listen} (address in use?)")
+        self.node.start()
+        self._server.start()
+        self.registrar.start()
+        self.address = f"{host}:{port}"
+        return self.address
+
+    def stop(self) -> None:
+        # Hand leadership off first so writers move on without errors, then stop serving.
+        if self.node.rlog.is_leader():
+            try:
+                self.node.rlog.transfer_leadership(timeout_s=2.0)
+            except Exception:
+                _log.exception("broker.transfer_on_stop_failed")
+        self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
+        self.registrar.stop(
+            namesrv_pb2.UnregisterBrokerRequest(
+                cluster=self.settings.cluster,
+                broker_group=self.node.group,
+                node_id=self.node.me.node_id,
+            )
+        )
+        self.node.close()
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m broker.server",
+        description="raftmq broker node: one member of a Raft-replicated broker group.",
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="TOML file; its [broker] section is read"
+    )
+    add_settings_flags(parser, BrokerSettings, settings_mod.ENV_PREFIX)
+    ns = parser.parse_args(argv)
+    return ns.config, flag_overrides(ns, BrokerSettings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, overrides = parse_args(argv)
+    try:
+        settings = settings_mod.load(config, overrides)
+    except SettingsError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        _log.info("broker.signal signal=%s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = BrokerServer(settings)
+    try:
+        address = server.start()
+    except OSError as exc:
+        _log.error("broker.listen_failed error=%s", exc)
+        server.node.close()
+        return 1
+    _log.info(
+        "broker.started listen=%s node=%s group=%s members=%s",
+        address,
+        settings.node_id,
+        settings.broker_group,
+        settings.members,
+    )
+    print(
+        f"broker.started listen={address} node={settings.node_id} group={settings.broker_group}",
+        flush=True,
+    )
+    while not stop.wait(0.5):
+        failure = server.node.dispatcher.failure
+        if failure is not None:
+            _log.critical("broker.dispatcher_failed error=%s; stopping", failure)
+            server.stop()
+            return 1
+    server.stop()
+    _log.info("broker.stopped listen=%s", address)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

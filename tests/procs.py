@@ -1,0 +1,167 @@
+"""Real processes for tests: start a raftmq role on loopback, wait for its `started` line, stop it.
+
+Tests use these instead of in-process servers so that what is tested is what a user runs.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports that were free a moment ago (the kernel picks them)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[str] | None = None
+    started_line: str = ""
+    restarts: int = field(default=0)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self, ready_prefix: str, timeout_s: float = 60.0) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        env["PYTHONPATH"] = str(ROOT)
+        with open(self.log, "a") as err:
+            self.popen = subprocess.Popen(
+                [sys.executable, *self.argv],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        assert self.popen.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        line = ""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.popen.stdout], [], [], 0.5)
+            if ready:
+                line = self.popen.stdout.readline()
+                break
+            if self.popen.poll() is not None:
+                break
+        if not line.startswith(ready_prefix):
+            self.kill()
+            raise AssertionError(f"{self.name} did not start: {line!r}\n{self.tail()}")
+        self.started_line = line.strip()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                try:
+                    self.popen.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait; the exit code."""
+        self.kill(signal.SIGTERM)
+        return self.popen.returncode if self.popen is not None else None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05
+) -> object:
+    """Poll until `predicate()` is truthy (exceptions count as not yet); its value."""
+    deadline = time.monotonic() + timeout_s
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception as exc:
+            last_exc = exc
+        else:
+            if value:
+                return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last_exc!r})")
+
+
+def namesrv_proc(tmp: Path, name: str, port: int, extra: Sequence[str] = ()) -> Proc:
+    return Proc(
+        name,
+        ["-m", "namesrv.server", "--listen", f"127.0.0.1:{port}", *extra],
+        tmp / f"{name}.log",
+    )
+
+
+@dataclass
+class GroupLayout:
+    """Ports of one broker group of three nodes on loopback."""
+
+    group: str
+    grpc_ports: list[int]
+    raft_ports: list[int]
+
+    @property
+    def members(self) -> str:
+        return ",".join(
+            f"n{i}=127.0.0.1:{g}/127.0.0.1:{r}"
+            for i, (g, r) in enumerate(zip(self.grpc_ports, self.raft_ports, strict=True))
+        )
+
+    def address(self, i: int) -> str:
+        return f"127.0.0.1:{self.grpc_ports[i]}"
+
+
+def broker_procs(
+    tmp: Path, layout: GroupLayout, namesrvs: Sequence[str], extra: Sequence[str] = ()
+) -> list[Proc]:
+    procs = []
+    for i in range(len(layout.grpc_ports)):
+        name = f"{layout.group}-n{i}"
+        argv = [
+            "-m",
+            "broker.server",
+            "--broker-group",
+            layout.group,
+            "--node-id",
+            f"n{i}",
+            "--members",
+            layout.members,
+            "--data-dir",
+            str(tmp / name),
+            "--namesrv-addresses",
+            ",".join(namesrvs),
+            "--heartbeat-interval-ms",
+            "1000",
+            *extra,
+        ]
+        procs.append(Proc(name, argv, tmp / f"{name}.log"))
+    return procs
