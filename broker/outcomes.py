@@ -25,42 +25,55 @@ class OutcomeBook:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self._max_entries = max_entries
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._dispatched = dispatched_index
         self._by_index: collections.OrderedDict[int, tuple[ChunkOutcome, ...]] = (
             collections.OrderedDict()
         )
         self._failed: BaseException | None = None
+        # One event per awaited raft index: a dispatch wakes only the requests it answers (a
+        # shared condition woke every waiting handler thread on every transaction).
+        self._waiters: dict[int, threading.Event] = {}
 
     def record(self, progress: DispatchProgress) -> None:
-        with self._cond:
+        with self._lock:
             for out in progress.outputs:
                 if out.outcomes:
                     self._by_index[out.raft_index] = out.outcomes
             while len(self._by_index) > self._max_entries:
                 self._by_index.popitem(last=False)
             self._dispatched = max(self._dispatched, progress.dispatched_index)
-            self._cond.notify_all()
+            ready = [i for i in self._waiters if i <= self._dispatched]
+            for i in ready:
+                self._waiters.pop(i).set()
 
     def fail(self, exc: BaseException) -> None:
         """The dispatcher stopped: wake every waiter with this error."""
-        with self._cond:
+        with self._lock:
             self._failed = exc
-            self._cond.notify_all()
+            for event in self._waiters.values():
+                event.set()
+            self._waiters.clear()
 
     def wait(self, raft_index: int, slot: int, timeout_s: float) -> ChunkOutcome | None:
         """The outcome of chunk `slot` of entry `raft_index`, once dispatched; None on timeout or
         when the entry has already been forgotten. Raises the dispatcher's failure, if any."""
         deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._dispatched < raft_index:
+        while True:
+            with self._lock:
                 if self._failed is not None:
                     raise self._failed
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-            outcomes = self._by_index.get(raft_index)
+                if self._dispatched >= raft_index:
+                    outcomes = self._by_index.get(raft_index)
+                    break
+                event = self._waiters.get(raft_index)
+                if event is None:
+                    event = self._waiters[raft_index] = threading.Event()
+            left = deadline - time.monotonic()
+            if left <= 0 or not event.wait(left):
+                with self._lock:
+                    if self._dispatched < raft_index:
+                        return None
         if outcomes is None or slot >= len(outcomes):
             return None
         return outcomes[slot]

@@ -165,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure = server.node.dispatcher.failure
         if failure is not None:
             _log.critical("broker.dispatcher_failed error=%s; stopping", failure)
+            server.node.outcomes.fail(failure)
             server.stop()
             return 1
     server.stop()

@@ -1,0 +1,72 @@
+"""OutcomeBook hands the dispatcher's verdict of a chunk to the request waiting for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker.dispatch import DispatchOutput
+from broker.dispatcher_thread import DispatchProgress
+from broker.outcomes import OutcomeBook
+from broker.rows import Rejected
+
+
+def progress(*indexes: int) -> DispatchProgress:
+    outs = tuple(
+        DispatchOutput(i, 1, outcomes=(Rejected(0, f"e{i}s0"), Rejected(1, f"e{i}s1")))
+        for i in indexes
+    )
+    return DispatchProgress(max(indexes), outs, {})
+
+
+def test_waiter_gets_the_outcome_of_its_slot_once_dispatched() -> None:
+    book = OutcomeBook(0)
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(book.wait(2, 1, 5.0)))
+    t.start()
+    time.sleep(0.05)
+    book.record(progress(1))
+    time.sleep(0.05)
+    assert got == [], "entry 2 is not dispatched yet"
+    book.record(progress(2))
+    t.join(5)
+    assert got == [Rejected(1, "e2s1")]
+
+
+def test_already_dispatched_answers_at_once_and_timeouts_return_none() -> None:
+    book = OutcomeBook(0)
+    book.record(progress(1, 2))
+    assert book.wait(1, 0, 0.0) == Rejected(0, "e1s0")
+    started = time.monotonic()
+    assert book.wait(3, 0, 0.1) is None
+    assert time.monotonic() - started >= 0.09
+    assert book.wait(2, 5, 0.1) is None, "a slot the entry does not have"
+
+
+def test_window_is_bounded_and_old_entries_are_forgotten() -> None:
+    book = OutcomeBook(0, max_entries=2)
+    book.record(progress(1, 2, 3))
+    assert book.wait(1, 0, 0.0) is None
+    assert book.wait(3, 0, 0.0) == Rejected(0, "e3s0")
+
+
+def test_failure_wakes_waiters_with_the_error() -> None:
+    book = OutcomeBook(0)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            book.wait(5, 0, 5.0)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.05)
+    book.fail(RuntimeError("dispatcher died"))
+    t.join(5)
+    assert [str(e) for e in errors] == ["dispatcher died"]
+    with pytest.raises(RuntimeError):
+        book.wait(6, 0, 0.0)
