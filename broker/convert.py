@@ -49,15 +49,18 @@ def topic_to_pb(cfg: TopicConfig) -> common_pb2.TopicConfig:
 
 
 def message_from_pb(topic: str, m: common_pb2.Message) -> Message:
+    # Copying an empty protobuf map or list costs more than asking for its length first.
+    props = m.properties
+    keys = m.keys
     return Message(
-        topic=topic,
-        body=m.body,
-        tags=m.tags or None,
-        keys=tuple(m.keys),
-        properties=dict(m.properties),
-        flag=m.flag,
-        born_timestamp_ms=m.born_timestamp_ms,
-        born_host=m.born_host,
+        topic,
+        m.body,
+        m.tags or None,
+        tuple(keys) if len(keys) else (),
+        dict(props) if len(props) else {},
+        m.flag,
+        m.born_timestamp_ms,
+        m.born_host,
     )
 
 
