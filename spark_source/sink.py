@@ -1,0 +1,210 @@
+"""The `raftmq` Spark sink: rows (value, key, topic, tags, properties) sent exactly once.
+
+Each task sends its rows with the broker's idempotent producer under an id derived from (query
+id, micro-batch id, partition id), with per-queue sequences from 0 in row order (sink_plan.py),
+so a replayed micro-batch is answered "duplicate" and stored nothing twice. Writers hold options
+and plain values only; channels are opened inside write() on the executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+from client.pb import common_pb2
+from client.queue_selector import PublishQueues
+from spark_source import cluster
+from spark_source.options import TOPIC, SinkOptions, parse_sink_options
+from spark_source.sink_plan import (
+    SequenceChunker,
+    choose_queue,
+    job_producer_id,
+    stream_producer_id,
+)
+
+_log = logging.getLogger("spark_source")
+
+SINK_COLUMNS = ("value", "key", "topic", "tags", "properties")
+
+
+class SinkSchemaError(ValueError):
+    """The DataFrame written to raftmq lacks `value`, has a column of the wrong type, or an extra
+    column."""
+
+
+@dataclass(frozen=True)
+class SinkCommit(WriterCommitMessage):
+    producer_id: str
+    partition_id: int
+    stored: int
+    duplicates: int
+
+
+def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
+    """Refuse a DataFrame the sink cannot write, before any task runs."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    extra = sorted(set(fields) - set(SINK_COLUMNS))
+    if extra:
+        raise SinkSchemaError(
+            f"column(s) {', '.join(extra)} are not written by the raftmq sink; select only "
+            f"{', '.join(SINK_COLUMNS)} (value is required)"
+        )
+    if "value" not in fields:
+        raise SinkSchemaError("the raftmq sink needs a `value` column (binary or string)")
+    text_or_bytes = (StringType(), BinaryType())
+    for name in ("value", "key"):
+        if name in fields and fields[name] not in text_or_bytes:
+            raise SinkSchemaError(f"column `{name}` must be binary or string, not {fields[name]}")
+    for name in ("topic", "tags"):
+        if name in fields and fields[name] != StringType():
+            raise SinkSchemaError(f"column `{name}` must be a string, not {fields[name]}")
+    if "properties" in fields and not (
+        isinstance(fields["properties"], MapType)
+        and fields["properties"].keyType == StringType()
+        and fields["properties"].valueType == StringType()
+    ):
+        raise SinkSchemaError(
+            f"column `properties` must be map<string,string>, not {fields['properties']}"
+        )
+    if opts.topic is None and "topic" not in fields:
+        raise SinkSchemaError(
+            f"say where to write: a `topic` column or the {TOPIC!r} option (which wins)"
+        )
+
+
+def _text(value: object, column: str, row: int) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SinkSchemaError(f"row {row}: column `{column}` is not UTF-8") from None
+    raise SinkSchemaError(f"row {row}: column `{column}` holds {type(value).__name__}")
+
+
+def write_partition(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], producer_id: str, partition_id: int
+) -> SinkCommit:
+    """Send one task's rows; returns once every chunk is acknowledged (stored or duplicate)."""
+    namesrv = cluster.NameServers(opts.namesrv)
+    sender = cluster.ChunkSender(namesrv, producer_id, opts.send_timeout_ms / 1000)
+    chunker: SequenceChunker[common_pb2.Message] = SequenceChunker()
+    publish: dict[str, PublishQueues] = {}
+    row = 0
+    born_ms = time.time_ns() // 1_000_000
+    for batch in batches:
+        cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+        values = cols["value"]
+        keys = cols.get("key")
+        topics = cols.get("topic")
+        tags = cols.get("tags")
+        props = cols.get("properties")
+        for i in range(batch.num_rows):
+            raw = values[i]
+            if raw is None:
+                raise SinkSchemaError(f"row {row}: `value` is null; the raftmq sink needs a body")
+            body = raw.encode("utf-8") if isinstance(raw, str) else raw
+            topic = opts.topic or (topics[i] if topics is not None else None)
+            if not topic:
+                raise SinkSchemaError(f"row {row}: `topic` is null and no topic option is set")
+            key = _text(keys[i], "key", row) if keys is not None else None
+            queues = publish.get(topic)
+            if queues is None:
+                queues = publish[topic] = PublishQueues.of(topic, sender.route(topic).write_queues)
+            msg = common_pb2.Message(
+                body=body,
+                tags=(tags[i] or "") if tags is not None else "",
+                keys=[key] if key else [],
+                properties=dict(props[i] or ()) if props is not None else {},
+                born_timestamp_ms=born_ms,
+            )
+            for chunk in chunker.add(choose_queue(queues, key, partition_id, row), msg, len(body)):
+                sender.submit(chunk)
+            row += 1
+    for chunk in chunker.flush():
+        sender.submit(chunk)
+    totals = sender.drain()
+    return SinkCommit(producer_id, partition_id, totals.stored, totals.duplicates)
+
+
+def _task() -> TaskContext:
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("the raftmq sink's write() must run inside a Spark task")
+    return ctx
+
+
+class RaftMQBatchWriter(DataSourceArrowWriter):
+    """df.write: one producer id per (job, partition); task retries of the job deduplicate."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        self.opts = parse_sink_options(options)
+        if overwrite:
+            raise ValueError("the raftmq sink only appends; use mode('append')")
+        check_sink_schema(schema, self.opts)
+        self.job_id = uuid.uuid4().hex  # made once on the driver, shared by every task
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        pid = _task().partitionId()
+        return write_partition(self.opts, iterator, job_producer_id(self.job_id, pid), pid)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _log_totals("batch", self.job_id, messages)
+
+
+class RaftMQStreamWriter(DataSourceStreamArrowWriter):
+    """writeStream: one producer id per (query, micro-batch, partition)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        self.opts = parse_sink_options(options)
+        check_sink_schema(schema, self.opts)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        ctx = _task()
+        query_id = ctx.getLocalProperty("sql.streaming.queryId")
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId")
+        if not query_id or batch_id is None:
+            raise RuntimeError(
+                "the raftmq stream writer found no streaming query id / batch id in the task; "
+                "exactly-once needs them"
+            )
+        pid = ctx.partitionId()
+        producer = stream_producer_id(query_id, int(batch_id), pid)
+        return write_partition(self.opts, iterator, producer, pid)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_totals("stream", str(batchId), messages)
+        if self.opts.failpoint_after_write_batch == batchId:
+            raise RuntimeError(
+                f"failpoint.afterWriteBatch: failing micro-batch {batchId} after its rows were "
+                "stored (test hook)"
+            )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Rows already stored stay; the replay of this batch finds them as duplicates.
+        _log.warning("spark_source.sink_abort batch=%s", batchId)
+
+
+def _log_totals(kind: str, ident: str, messages: list[WriterCommitMessage | None]) -> None:
+    done = [m for m in messages if isinstance(m, SinkCommit)]
+    _log.info(
+        "spark_source.sink_commit kind=%s id=%s tasks=%d stored=%d duplicates=%d",
+        kind,
+        ident,
+        len(done),
+        sum(m.stored for m in done),
+        sum(m.duplicates for m in done),
+    )

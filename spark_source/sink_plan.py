@@ -1,0 +1,123 @@
+"""Exactly-once plan of the raftmq Spark sink: producer ids, queue choice and sequence chunks.
+
+Pure: a Spark task's rows become (queue, first_sequence, messages) chunks, deterministically, so
+a replayed task sends the same sequences to the same queues and the broker's idempotent producer
+table stores nothing twice. Never does I/O and never depends on timing or arrival of answers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from client.queue_selector import PublishQueues, select_by_key
+from client.rebalance import QueueRef
+
+T = TypeVar("T")
+
+MAX_CHUNK_MESSAGES = 512  # messages per SendMessage: one Raft entry amortises its cost
+MAX_CHUNK_BYTES = 1 << 20  # body bytes per SendMessage; well under the broker's wire limit
+MAX_PRODUCER_ID_CHARS = 128  # the broker's limit (bytes of UTF-8; ours are ASCII)
+_ID_PART = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _part(text: str) -> str:
+    return _ID_PART.sub("_", text)
+
+
+def stream_producer_id(query_id: str, batch_id: int, partition_id: int) -> str:
+    """The idempotent producer id of one task of one micro-batch: a replay of the batch (same
+    query id, batch id and partition) gets the same id, any other task a different one."""
+    if batch_id < 0 or partition_id < 0:
+        raise ValueError("batch and partition ids are >= 0")
+    pid = f"spark-{_part(query_id)}-b{batch_id}-p{partition_id}"
+    if len(pid) > MAX_PRODUCER_ID_CHARS:
+        raise ValueError(f"producer id {pid!r} is longer than {MAX_PRODUCER_ID_CHARS}")
+    return pid
+
+
+def job_producer_id(job_id: str, partition_id: int) -> str:
+    """The producer id of one task of a batch write (`df.write`): task retries of the same job
+    share it; another job never does."""
+    if partition_id < 0:
+        raise ValueError("partition ids are >= 0")
+    pid = f"spark-job-{_part(job_id)}-p{partition_id}"
+    if len(pid) > MAX_PRODUCER_ID_CHARS:
+        raise ValueError(f"producer id {pid!r} is longer than {MAX_PRODUCER_ID_CHARS}")
+    return pid
+
+
+def choose_queue(
+    queues: PublishQueues, key: str | None, partition_id: int, row_index: int
+) -> QueueRef:
+    """A keyed row goes where its key hashes (ordered per key); others round robin, starting at
+    the partition id so that tasks do not all begin on the same queue."""
+    if key:
+        return select_by_key(queues, key)
+    return queues.queues[(partition_id + row_index) % len(queues.queues)]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk(Generic[T]):
+    """Messages for one queue carrying sequences first_sequence .. first_sequence + len - 1."""
+
+    queue: QueueRef
+    first_sequence: int
+    items: tuple[T, ...]
+
+
+@dataclass(slots=True)
+class _Buffer(Generic[T]):
+    next_sequence: int = 0
+    items: list[T] = field(default_factory=list)
+    size_bytes: int = 0
+
+
+class SequenceChunker(Generic[T]):
+    """Groups a task's messages per queue into chunks with consecutive sequences from 0.
+
+    A chunk closes before a message that would take it past `max_bytes` and when it holds
+    `max_messages`; so the same messages in the same order always give the same chunks."""
+
+    def __init__(
+        self, *, max_messages: int = MAX_CHUNK_MESSAGES, max_bytes: int = MAX_CHUNK_BYTES
+    ) -> None:
+        if max_messages < 1 or max_bytes < 1:
+            raise ValueError("chunk limits must be positive")
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._buffers: dict[QueueRef, _Buffer[T]] = {}
+
+    def add(self, queue: QueueRef, item: T, size_bytes: int) -> list[Chunk[T]]:
+        """Buffer one message; the chunks that closed (0, 1 or 2)."""
+        buf = self._buffers.get(queue)
+        if buf is None:
+            buf = self._buffers[queue] = _Buffer()
+        out: list[Chunk[T]] = []
+        if buf.items and buf.size_bytes + size_bytes > self.max_bytes:
+            out.append(self._close(queue, buf))
+        buf.items.append(item)
+        buf.size_bytes += size_bytes
+        if len(buf.items) >= self.max_messages:
+            out.append(self._close(queue, buf))
+        return out
+
+    def flush(self) -> Iterator[Chunk[T]]:
+        """The chunks still open, in queue order."""
+        for queue in sorted(self._buffers):
+            buf = self._buffers[queue]
+            if buf.items:
+                yield self._close(queue, buf)
+
+    def sequences_used(self) -> dict[QueueRef, int]:
+        return {q: b.next_sequence for q, b in self._buffers.items()}
+
+    @staticmethod
+    def _close(queue: QueueRef, buf: _Buffer[T]) -> Chunk[T]:
+        chunk = Chunk(queue, buf.next_sequence, tuple(buf.items))
+        buf.next_sequence += len(buf.items)
+        buf.items = []
+        buf.size_bytes = 0
+        return chunk

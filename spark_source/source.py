@@ -1,0 +1,340 @@
+"""The `raftmq` Spark data source: batch and micro-batch readers over topics' queues, and the
+entry point that hands out the sink's writers.
+
+Shell around planning.py: the driver asks the cluster for routes and queue bounds and lets the
+pure planner decide; executors pull the exact ranges. Readers hold only options and plain values,
+never a channel (Spark pickles them); offsets live in Spark's checkpoint, never on the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from client.errors import RaftMQError, TopicNotFoundError
+from client.rebalance import QueueRef
+from spark_source import cluster
+from spark_source import offsets as offsets_json
+from spark_source.options import (
+    ASSIGN,
+    FORMAT,
+    OptionError,
+    PositionKind,
+    SourceOptions,
+    SubscriptionKind,
+    parse_source_options,
+)
+from spark_source.planning import (
+    QueueBounds,
+    QueueRange,
+    backlog,
+    check_start,
+    hold_back,
+    plan_end,
+    plan_ranges,
+    resolve_position,
+    time_lookups,
+)
+from spark_source.schema import SCHEMA, to_record_batch
+
+_log = logging.getLogger("spark_source")
+
+ROUTE_TTL_MS = 1000  # an idle 0-second trigger polls constantly; routes change rarely
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One queue's offsets [begin, end) and where its group's nodes were at planning time."""
+
+    topic: str
+    broker_group: str
+    queue_id: int
+    begin: int
+    end: int
+    addresses: tuple[str, ...]
+
+    @property
+    def range(self) -> QueueRange:
+        return QueueRange(
+            QueueRef(self.topic, self.broker_group, self.queue_id), self.begin, self.end
+        )
+
+
+class ClusterView:
+    """Driver-side metadata: routes of the subscribed topics (cached for ROUTE_TTL_MS) and queue
+    bounds (always fresh). Lives on the driver's reader only; never pickled."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.namesrv = cluster.NameServers(opts.namesrv)
+        self.routes: dict[str, cluster.TopicRoute] = {}
+        self._routes_at_ms = -(10**18)
+
+    def refresh_routes(self, now_ms: int, *, strict: bool) -> dict[str, cluster.TopicRoute]:
+        """Routes of the subscribed topics. `strict`: an unknown topic raises (query start);
+        otherwise a topic that vanished keeps its last route and its queues keep their offsets."""
+        if not strict and now_ms - self._routes_at_ms < ROUTE_TTL_MS:
+            return self.routes
+        sub = self.opts.subscription
+        if sub.kind is SubscriptionKind.PATTERN:
+            topics = sub.pick_topics(self.namesrv.all_topics())
+        else:
+            topics = list(sub.topics)
+        routes: dict[str, cluster.TopicRoute] = {}
+        for t in topics:
+            try:
+                routes[t] = self.namesrv.route(t)
+            except RaftMQError as exc:
+                if strict:
+                    raise
+                _log.warning("spark_source.route_failed topic=%s error=%s", t, exc)
+                if t in self.routes:
+                    routes[t] = self.routes[t]
+        self.routes = routes
+        self._routes_at_ms = now_ms
+        return routes
+
+    def queues(self) -> list[QueueRef]:
+        sub = self.opts.subscription
+        out = [q for r in self.routes.values() for q in r.read_queues]
+        if sub.kind is SubscriptionKind.ASSIGN:
+            wanted = set(sub.queues)
+            out = [q for q in out if q in wanted]
+        return sorted(out)
+
+    def check_assignment(self) -> None:
+        sub = self.opts.subscription
+        if sub.kind is not SubscriptionKind.ASSIGN:
+            return
+        have = set(self.queues())
+        for q in sub.queues:
+            if q not in have:
+                raise OptionError(
+                    f"{ASSIGN} names {q.topic}/{q.broker_group}/{q.queue_id}, which the route of "
+                    f"topic {q.topic!r} does not have"
+                )
+
+    def bounds(self) -> dict[QueueRef, QueueBounds]:
+        return cluster.queue_bounds(self.routes, self.queues())
+
+    def resolve(self, which: str, bounds: Mapping[QueueRef, QueueBounds]) -> dict[QueueRef, int]:
+        position = self.opts.starting if which == "start" else self.opts.ending
+        lookups = time_lookups(position, sorted(bounds))
+        found = cluster.offsets_for_times(self.routes, lookups) if lookups else {}
+        fallback = PositionKind.EARLIEST if which == "start" else PositionKind.LATEST
+        return resolve_position(position, bounds, found, fallback=fallback)
+
+    def partition(self, rng: QueueRange) -> RangePartition:
+        route = self.routes.get(rng.queue.topic)
+        addrs = route.addresses(rng.queue.broker_group) if route else ()
+        q = rng.queue
+        return RangePartition(q.topic, q.broker_group, q.queue_id, rng.begin, rng.end, addrs)
+
+
+def check_topics_exist(opts: SourceOptions) -> None:
+    """Fail before any work when a named topic is unknown (subscribe / assign)."""
+    if opts.subscription.kind is SubscriptionKind.PATTERN:
+        return
+    view = ClusterView(opts)
+    view.refresh_routes(_now_ms(), strict=True)
+    view.check_assignment()
+
+
+def read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: the partition's rows as Arrow batches (channels from the process pool)."""
+    namesrv = cluster.NameServers(opts.namesrv)
+    for messages in cluster.pull_range(
+        namesrv,
+        part.range,
+        part.addresses,
+        tag_expression=opts.tag_expression,
+        batch_size=opts.pull_batch_size,
+        poll_timeout_ms=opts.poll_timeout_ms,
+        fail_on_data_loss=opts.fail_on_data_loss,
+    ):
+        yield to_record_batch(messages)
+
+
+class RaftMQBatchReader(DataSourceReader):
+    """spark.read: startingOffsets (default earliest) to endingOffsets (default latest)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.opts = parse_source_options(options, streaming=False)
+        for w in self.opts.warnings:
+            _log.warning("spark_source.option %s", w)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        view = ClusterView(self.opts)
+        view.refresh_routes(_now_ms(), strict=True)
+        view.check_assignment()
+        bounds = view.bounds()
+        missing = sorted(set(view.queues()) - set(bounds))
+        if missing:
+            q = missing[0]
+            raise RuntimeError(
+                f"no node of broker group {q.broker_group} answered for {q.topic}/{q.queue_id}; "
+                "a batch read needs every queue's bounds (is the group running?)"
+            )
+        start = view.resolve("start", bounds)
+        end = view.resolve("end", bounds)
+        for q, offset in start.items():
+            # A start before retention's cut or past the end is data loss, as in a stream.
+            start[q] = check_start(
+                q, offset, bounds[q], fail_on_data_loss=self.opts.fail_on_data_loss
+            )
+        return [view.partition(r) for r in plan_ranges(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.opts, partition)
+
+
+class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """spark.readStream: offsets {topic: {group: {queue: next offset}}} in Spark's checkpoint."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.opts = parse_source_options(options, streaming=True)
+        self._view: ClusterView | None = None
+        self._target: dict[QueueRef, int] | None = None
+        self._last_batch_ms = _now_ms()
+        self._latest: dict[QueueRef, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get the options only; the driver's metadata cache stays on the driver.
+        state = dict(self.__dict__)
+        state["_view"] = None
+        return state
+
+    def _cluster(self) -> ClusterView:
+        if self._view is None:
+            self._view = ClusterView(self.opts)
+        return self._view
+
+    def initialOffset(self) -> dict[str, Any]:
+        view = self._cluster()
+        view.refresh_routes(_now_ms(), strict=True)
+        view.check_assignment()
+        bounds = view.bounds()
+        return offsets_json.to_json_dict(view.resolve("start", bounds))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        view = self._cluster()
+        view.refresh_routes(_now_ms(), strict=False)
+        self._target = {q: b.max_offset for q, b in view.bounds().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = offsets_json.from_json_dict(start, what="checkpointed offsets")
+        now = _now_ms()
+        view = self._cluster()
+        view.refresh_routes(now, strict=False)
+        bounds = view.bounds()
+        self._latest = {q: b.max_offset for q, b in bounds.items()}
+        moved: dict[QueueRef, int] = {}
+        for q, offset in begin.items():
+            b = bounds.get(q)
+            if b is not None:
+                ok = check_start(q, offset, b, fail_on_data_loss=self.opts.fail_on_data_loss)
+                if ok < offset:  # the queue shrank: go on from its end, with no rows this batch
+                    moved[q] = ok
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = plan_end(begin, bounds, max_rows=max_rows, target=self._target)
+        end.update(moved)
+        if (
+            self._target is None
+            and hold_back(
+                backlog(begin, end),
+                min_rows=self.opts.min_offsets_per_trigger,
+                last_batch_ms=self._last_batch_ms,
+                now_ms=now,
+                max_trigger_delay_ms=self.opts.max_trigger_delay_ms,
+            )
+            and not (set(end) - set(begin))
+        ):
+            return offsets_json.to_json_dict(begin)
+        if end != begin:
+            self._last_batch_ms = now
+        return offsets_json.to_json_dict(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return None if self._latest is None else offsets_json.to_json_dict(self._latest)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = offsets_json.from_json_dict(start, what="checkpointed offsets")
+        stop = offsets_json.from_json_dict(end, what="checkpointed offsets")
+        ranges = plan_ranges(begin, stop)
+        if not ranges:
+            return []
+        view = self._cluster()
+        view.refresh_routes(_now_ms(), strict=False)
+        return [view.partition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: offsets live in the checkpoint, not in a consumer group."""
+
+    def stop(self) -> None:
+        self._view = None
+
+
+class RaftMQDataSource(DataSource):
+    """Format "raftmq": read topics (batch and streaming) and write to them exactly once."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RaftMQBatchReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        reader = RaftMQStreamReader(self.options)
+        check_topics_exist(reader.opts)
+        return reader
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark_source.sink import RaftMQBatchWriter
+
+        return RaftMQBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark_source.sink import RaftMQStreamWriter
+
+        return RaftMQStreamWriter(self.options, schema, overwrite)
+
+
+__all__ = ["RaftMQDataSource", "TopicNotFoundError"]
