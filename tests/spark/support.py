@@ -72,13 +72,16 @@ class Cluster:
         assert isinstance(found, str)
         return found
 
-    def create_topic(self, topic: str, queues: int = 4, groups: Sequence[str] = GROUPS) -> None:
+    def create_topic(
+        self, topic: str, queues: int = 4, groups: Sequence[str] = GROUPS, *, wait: bool = True
+    ) -> None:
         for g in groups:
             cfg = common_pb2.TopicConfig(
                 topic=topic, read_queue_nums=queues, write_queue_nums=queues
             )
             call(self.stub(self.leader(g)).CreateTopic, broker_pb2.CreateTopicRequest(config=cfg))
-        self.wait_route(topic, {g: queues for g in groups})
+        if wait:
+            self.wait_route(topic, {g: queues for g in groups})
 
     def update_topic(self, topic: str, group: str, queues: int) -> None:
         cfg = common_pb2.TopicConfig(topic=topic, read_queue_nums=queues, write_queue_nums=queues)

@@ -1,0 +1,340 @@
+"""Pure planning of the Spark source and sink: offset JSON round trips in one fixed order, option
+validation messages, backlog-proportional limits, new and vanished queues, AvailableNow caps,
+minOffsetsPerTrigger, data-loss decisions, and the sink's deterministic chunks and ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client.queue_selector import PublishQueues
+from client.rebalance import QueueRef
+from spark_source import offsets as oj
+from spark_source.options import (
+    OptionError,
+    PositionKind,
+    SubscriptionKind,
+    parse_sink_options,
+    parse_source_options,
+)
+from spark_source.planning import (
+    DataLossError,
+    QueueBounds,
+    QueueRange,
+    backlog,
+    check_start,
+    hold_back,
+    plan_end,
+    plan_ranges,
+    proportional,
+    resolve_position,
+    time_lookups,
+)
+from spark_source.sink_plan import (
+    SequenceChunker,
+    choose_queue,
+    job_producer_id,
+    stream_producer_id,
+)
+
+NS = {"nameServer": "127.0.0.1:9876"}
+
+queue_refs = st.builds(
+    QueueRef,
+    st.sampled_from(["orders", "b", "a-1", "z"]),
+    st.sampled_from(["broker-a", "broker-b", "broker-c"]),
+    st.integers(min_value=0, max_value=40),
+)
+
+
+def q(topic: str, group: str, qid: int) -> QueueRef:
+    return QueueRef(topic, group, qid)
+
+
+# ---- offsets JSON -------------------------------------------------------------------------------
+
+
+@given(st.dictionaries(queue_refs, st.integers(min_value=0, max_value=2**62)))
+def test_offsets_round_trip_and_canonical_text(values: dict[QueueRef, int]) -> None:
+    text = oj.serialize(values)
+    assert oj.parse(text) == values
+    # Insertion order of the input never shows in the text; Spark compares the strings.
+    shuffled = dict(sorted(values.items(), key=lambda kv: (kv[1], kv[0].queue_id), reverse=True))
+    assert oj.serialize(shuffled) == text
+    # What the Spark runner does with our dict (json.dumps without sort_keys) is stable too.
+    assert json.dumps(oj.to_json_dict(shuffled)) == json.dumps(oj.to_json_dict(values))
+
+
+def test_queue_ids_sort_numerically() -> None:
+    values = {q("t", "broker-a", 10): 1, q("t", "broker-a", 2): 2, q("t", "broker-a", 1): 3}
+    assert oj.serialize(values) == '{"t":{"broker-a":{"1":3,"2":2,"10":1}}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "not valid JSON"),
+        ("[1]", "JSON object"),
+        ('{"t": 1}', "must map broker group names"),
+        ('{"t": {"g": {"01": 1}}}', "queue id '01'"),
+        ('{"t": {"g": {"-1": 1}}}', "queue id '-1'"),
+        ('{"t": {"g": {"1": "5"}}}', "must be an integer"),
+        ('{"t": {"g": {"1": true}}}', "must be an integer"),
+        ('{"t": {"g": {"1": 1.5}}}', "must be an integer"),
+    ],
+)
+def test_malformed_offsets_say_where(text: str, message: str) -> None:
+    with pytest.raises(oj.OffsetsFormatError, match=message):
+        oj.parse(text)
+
+
+def test_assignment_parses_sorted_and_rejects_garbage() -> None:
+    got = oj.parse_assignment('{"t": {"broker-b": [1, 0], "broker-a": [3]}}')
+    assert got == (q("t", "broker-a", 3), q("t", "broker-b", 0), q("t", "broker-b", 1))
+    for bad in ("{}", '{"t": []}', '{"t": {"g": []}}', '{"t": {"g": ["x"]}}', "nope"):
+        with pytest.raises(oj.OffsetsFormatError):
+            oj.parse_assignment(bad)
+
+
+# ---- options --------------------------------------------------------------------------------------
+
+
+def test_options_defaults_and_kafka_names() -> None:
+    stream = parse_source_options({**NS, "subscribe": "b, a,a"}, streaming=True)
+    assert stream.subscription.kind is SubscriptionKind.SUBSCRIBE
+    assert stream.subscription.topics == ("a", "b")
+    assert stream.starting.kind is PositionKind.LATEST and stream.fail_on_data_loss
+    batch = parse_source_options({**NS, "subscribe": "a"}, streaming=False)
+    assert batch.starting.kind is PositionKind.EARLIEST and batch.ending.kind is PositionKind.LATEST
+    # Spark lower-cases keys; we accept either.
+    lowered = parse_source_options(
+        {"nameserver": "h:1;h:2", "subscribepattern": "ord.*", "maxoffsetspertrigger": "10"},
+        streaming=True,
+    )
+    assert lowered.namesrv == ("h:1", "h:2") and lowered.max_offsets_per_trigger == 10
+    assert lowered.subscription.pick_topics(["orders", "x", "ordx", "orders"]) == ["orders", "ordx"]
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"subscribe": "a"}, True, "'nameServer' is required"),
+        ({**NS}, True, "exactly one of"),
+        ({**NS, "subscribe": "a", "assign": '{"a": {"g": [0]}}'}, True, "subscribe and assign"),
+        ({**NS, "subscribe": "a", "subscribePattern": "a.*"}, True, "exactly one of"),
+        ({**NS, "subscribePattern": "("}, True, "not a regular expression"),
+        ({**NS, "subscribe": "bad topic!"}, True, "may only contain"),
+        ({**NS, "subscribe": "a", "startingOffsets": "{"}, True, "not valid JSON"),
+        ({**NS, "subscribe": "a", "startingOffsets": "newest"}, True, "earliest, latest"),
+        (
+            {**NS, "subscribe": "a", "startingOffsets": '{"b": {"g": {"0": 1}}}'},
+            True,
+            "does not read",
+        ),
+        ({**NS, "subscribe": "a", "startingOffsets": '{"a": {"g": {"0": -3}}}'}, True, "-3"),
+        ({**NS, "subscribe": "a", "endingOffsets": "latest"}, True, "for batch queries"),
+        ({**NS, "subscribe": "a", "endingOffsets": '{"a": {"g": {"0": -2}}}'}, False, "-2"),
+        ({**NS, "subscribe": "a", "startingOffsets": "latest"}, False, "would read nothing"),
+        (
+            {**NS, "subscribe": "a", "startingOffsets": "earliest", "startingTimestamp": "5"},
+            True,
+            "at most one",
+        ),
+        ({**NS, "subscribe": "a", "startingTimestamp": "soon"}, True, "must be an integer"),
+        ({**NS, "subscribe": "a", "maxOffsetsPerTrigger": "0"}, True, "within 1"),
+        (
+            {**NS, "subscribe": "a", "maxOffsetsPerTrigger": "5", "minOffsetsPerTrigger": "9"},
+            True,
+            "above",
+        ),
+        ({**NS, "subscribe": "a", "maxTriggerDelay": "5m"}, True, "only applies with"),
+        (
+            {**NS, "subscribe": "a", "minOffsetsPerTrigger": "5", "maxTriggerDelay": "soon"},
+            True,
+            "duration",
+        ),
+        ({**NS, "subscribe": "a", "failOnDataLoss": "yes"}, True, "true or false"),
+        ({**NS, "subscribe": "a", "subExpression": "||"}, True, "not a tag expression"),
+        (
+            {**NS, "subscribe": "a", "maxOffsetPerTrigger": "5"},
+            True,
+            "did you mean 'maxOffsetsPerTrigger'",
+        ),
+        ({"nameServer": "localhost", "subscribe": "a"}, True, "not host:port"),
+        (
+            {**NS, "assign": '{"a": {"g": [0]}}', "startingOffsets": '{"a": {"g": {"1": 0}}}'},
+            True,
+            "leaves out",
+        ),
+    ],
+)
+def test_bad_source_options(options: dict[str, str], streaming: bool, message: str) -> None:
+    with pytest.raises(OptionError, match=message):
+        parse_source_options(options, streaming=streaming)
+
+
+def test_batch_ignores_trigger_limits_with_a_warning() -> None:
+    opts = parse_source_options(
+        {**NS, "subscribe": "a", "maxOffsetsPerTrigger": "5"}, streaming=False
+    )
+    assert opts.max_offsets_per_trigger is None
+    assert any("maxOffsetsPerTrigger" in w for w in opts.warnings)
+
+
+def test_sink_options() -> None:
+    got = parse_sink_options({**NS, "topic": "out", "checkpointLocation": "/x", "__x": "y"})
+    assert got.topic == "out" and got.namesrv == ("127.0.0.1:9876",)
+    with pytest.raises(OptionError, match="unknown option 'subscribe'"):
+        parse_sink_options({**NS, "subscribe": "a"})
+    with pytest.raises(OptionError, match="system topic|may only contain"):
+        parse_sink_options({**NS, "topic": "bad topic"})
+
+
+# ---- positions and ranges -------------------------------------------------------------------------
+
+
+A0, A1, B0 = q("t", "broker-a", 0), q("t", "broker-a", 1), q("t", "broker-b", 0)
+BOUNDS = {A0: QueueBounds(5, 50), A1: QueueBounds(0, 10), B0: QueueBounds(0, 0)}
+
+
+def test_resolve_positions() -> None:
+    opts = parse_source_options(
+        {**NS, "subscribe": "t", "startingOffsets": '{"t": {"broker-a": {"0": -1, "1": 3}}}'},
+        streaming=True,
+    )
+    assert resolve_position(opts.starting, BOUNDS, {}, fallback=PositionKind.EARLIEST) == {
+        A0: 50,
+        A1: 3,
+        B0: 0,
+    }
+    ts = parse_source_options(
+        {**NS, "subscribe": "t", "startingOffsetsByTimestamp": '{"t": {"broker-b": {"0": 77}}}'},
+        streaming=True,
+    )
+    assert time_lookups(ts.starting, sorted(BOUNDS)) == {B0: 77}
+    got = resolve_position(ts.starting, BOUNDS, {B0: 0}, fallback=PositionKind.LATEST)
+    assert got == {A0: 50, A1: 10, B0: 0}
+    unknown = parse_source_options(
+        {**NS, "subscribe": "t", "startingOffsets": '{"t": {"broker-z": {"0": 1}}}'},
+        streaming=True,
+    )
+    with pytest.raises(OptionError, match="broker-z/0, which the route"):
+        resolve_position(unknown.starting, BOUNDS, {}, fallback=PositionKind.EARLIEST)
+
+
+@given(
+    st.dictionaries(queue_refs, st.integers(min_value=0, max_value=10**6)), st.integers(0, 10**6)
+)
+def test_proportional_split_properties(available: dict[QueueRef, int], limit: int) -> None:
+    shares = proportional(available, limit)
+    total = sum(available.values())
+    assert set(shares) == set(available)
+    assert sum(shares.values()) == min(limit, total)
+    for queue, share in shares.items():
+        assert 0 <= share <= available[queue]
+        if total > limit:
+            exact = limit * available[queue] / total
+            assert abs(share - exact) < 1.0 + 1e-9
+    assert proportional(available, limit) == shares  # deterministic
+
+
+def test_plan_end_limits_new_and_vanished_queues() -> None:
+    start = {A0: 10, A1: 0, q("t", "broker-c", 0): 7}  # broker-c is down: not in the bounds
+    end = plan_end(start, BOUNDS, max_rows=20)
+    # Backlogs 40 and 10 share 20 as 16 + 4; B0 is new and enters at its first offset.
+    assert end == {A0: 26, A1: 4, B0: 0, q("t", "broker-c", 0): 7}
+    assert backlog(start, end) == 20
+    assert plan_ranges(start, end) == [QueueRange(A0, 10, 26), QueueRange(A1, 0, 4)]
+    # Without a limit everything; with an AvailableNow target nothing past it, nothing new.
+    assert plan_end(start, BOUNDS, max_rows=None)[A0] == 50
+    capped = plan_end(start, BOUNDS, max_rows=None, target={A0: 30})
+    assert capped == {A0: 30, A1: 0, q("t", "broker-c", 0): 7}
+    assert plan_ranges(start, plan_end(start, {}, max_rows=5)) == []
+
+
+@given(
+    st.dictionaries(queue_refs, st.tuples(st.integers(0, 1000), st.integers(0, 1000))),
+    st.one_of(st.none(), st.integers(1, 3000)),
+)
+def test_plan_end_never_goes_back_or_past_the_end(
+    spans: dict[QueueRef, tuple[int, int]], limit: int | None
+) -> None:
+    bounds = {k: QueueBounds(0, a + b) for k, (a, b) in spans.items()}
+    start = {k: a for k, (a, _) in spans.items() if a % 3}  # some queues are new
+    end = plan_end(start, bounds, max_rows=limit)
+    for k, offset in start.items():
+        assert offset <= end[k] <= bounds[k].max_offset
+    rows = backlog(start, end)
+    assert limit is None or rows <= limit
+    assert all(r.count > 0 for r in plan_ranges(start, end))
+    assert sum(r.count for r in plan_ranges(start, end)) == rows
+
+
+def test_min_offsets_per_trigger_waits_until_the_delay() -> None:
+    kw = {"min_rows": 100, "last_batch_ms": 1_000, "max_trigger_delay_ms": 5_000}
+    assert hold_back(99, now_ms=2_000, **kw)
+    assert not hold_back(100, now_ms=2_000, **kw)
+    assert not hold_back(1, now_ms=6_000, **kw)
+    assert not hold_back(0, min_rows=None, last_batch_ms=0, now_ms=0, max_trigger_delay_ms=1)
+
+
+def test_data_loss_decisions() -> None:
+    b = QueueBounds(100, 200)
+    assert check_start(A0, 150, b, fail_on_data_loss=True) == 150
+    with pytest.raises(DataLossError, match="failOnDataLoss=false"):
+        check_start(A0, 50, b, fail_on_data_loss=True)
+    assert check_start(A0, 50, b, fail_on_data_loss=False) == 100
+    with pytest.raises(DataLossError, match="ends at 200"):
+        check_start(A0, 300, b, fail_on_data_loss=True)
+    assert check_start(A0, 300, b, fail_on_data_loss=False) == 200
+
+
+# ---- sink plan ----------------------------------------------------------------------------------
+
+
+def test_producer_ids_are_deterministic_and_distinct() -> None:
+    qid = "5f2c8a7e-3a63-4d5e-9a4e-1f0c2b3d4e5f"
+    assert stream_producer_id(qid, 7, 1) == stream_producer_id(qid, 7, 1)
+    ids = {stream_producer_id(qid, b, p) for b in range(3) for p in range(3)}
+    assert len(ids) == 9 and all(len(i) <= 128 for i in ids)
+    assert job_producer_id("abc", 0) != job_producer_id("abc", 1)
+    assert stream_producer_id("a b/c", 0, 0) == "spark-a_b_c-b0-p0"
+
+
+PUB = PublishQueues.of("out", [q("out", g, i) for g in ("broker-a", "broker-b") for i in range(2)])
+
+
+def test_queue_choice() -> None:
+    keyed = {choose_queue(PUB, "order-1", p, i) for p in range(3) for i in range(5)}
+    assert len(keyed) == 1  # one key, one queue, whatever the task or row
+    spread = [choose_queue(PUB, None, 1, i) for i in range(4)]
+    assert spread == [PUB.queues[1], PUB.queues[2], PUB.queues[3], PUB.queues[0]]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300)), max_size=200))
+def test_chunks_have_consecutive_sequences_and_replay_identically(
+    rows: list[tuple[int, int]],
+) -> None:
+    def plan() -> list[tuple[QueueRef, int, tuple[int, ...]]]:
+        chunker: SequenceChunker[int] = SequenceChunker(max_messages=7, max_bytes=1000)
+        out = []
+        for n, (qi, size) in enumerate(rows):
+            for c in chunker.add(PUB.queues[qi], n, size):
+                out.append((c.queue, c.first_sequence, c.items))
+        out.extend((c.queue, c.first_sequence, c.items) for c in chunker.flush())
+        return out
+
+    chunks = plan()
+    assert chunks == plan()
+    per_queue: dict[QueueRef, list[int]] = {}
+    for queue, first, items in chunks:
+        assert 1 <= len(items) <= 7
+        assert first == len(per_queue.get(queue, []))  # sequences 0.. with no gap
+        per_queue.setdefault(queue, []).extend(items)
+        assert len(items) == 1 or sum(rows[i][1] for i in items) <= 1000
+    # Every row lands once, in its queue, in row order.
+    for qi, queue in enumerate(PUB.queues):
+        assert per_queue.get(queue, []) == [n for n, (r, _) in enumerate(rows) if r == qi]
