@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker import record_batch
 from broker.dispatcher_thread import DispatcherThread, DispatchProgress
@@ -27,7 +27,7 @@ from broker.errors import (
     StoreFullError,
 )
 from broker.errors import InvalidNameError as BrokerInvalidNameError
-from broker.filter_sql92 import FilterSyntaxError, compile_filter
+from broker.filter_sql92 import Filter, FilterSyntaxError, compile_filter
 from broker.filter_tag import parse_tag_expression
 from broker.message import (
     Message,
@@ -52,7 +52,7 @@ from broker.record_batch import (
 )
 from broker.rows import Appended, Applied, ChunkOutcome, CQRow, Duplicate, Rejected
 from broker.settings import BrokerSettings, Member
-from broker.store import MessageReader, MessageStore
+from broker.store import MessageReader, MessageStore, RawPart
 from broker.topic_config import TopicConfig, validate_topic_config
 from client.errors import (
     BrokerUnavailableError,
@@ -101,6 +101,7 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    raw_parts: list[RawPart] = field(default_factory=list)  # instead of messages, when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +525,7 @@ class BrokerNode:
         allow_follower_read: bool,
         max_bytes: int,
         deadline: float,
+        raw: bool = False,
     ) -> PullResult:
         """Messages of one queue from `offset` on. When the queue holds nothing at `offset`, the
         request waits (long polling) until a message arrives or `max_wait_ms` passes."""
@@ -558,6 +560,21 @@ class BrokerNode:
             scan = self.store.scan_queue(
                 topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL
             )
+            if raw:
+                keep = _sql_keep(sql_filter) if sql_filter is not None else None
+                try:
+                    parts, cut_at = self.reader.raw_parts(scan.rows, max_bytes, keep)
+                except StoreError as exc:
+                    raise InternalError(
+                        f"node {self.me.node_id} cannot serve {topic}/{queue_id}: {exc}"
+                    ) from exc
+                next_offset = scan.next_offset if cut_at is None else cut_at
+                if parts:
+                    return PullResult(PullStatus.FOUND, [], next_offset, low, high, parts)
+                offset = next_offset
+                if offset < high or deadline - time.monotonic() <= 0:
+                    return PullResult(PullStatus.NO_MATCHED_MSG, [], offset, low, high)
+                continue
             rows, next_offset = _cut_by_bytes(scan.rows, max_bytes, scan.next_offset)
             try:
                 messages = self.reader.read(rows) if rows else []
@@ -692,6 +709,13 @@ def _check_name(check: Callable[..., None], name: str, **kwargs: bool) -> None:
         raise InvalidNameError(str(exc)) from exc
     except BrokerInputError as exc:
         raise InvalidArgumentError(str(exc)) from exc
+
+
+def _sql_keep(sql_filter: Filter) -> Callable[[Message], bool]:
+    def keep(m: Message) -> bool:
+        return sql_filter.matches(m.properties, m.tags)
+
+    return keep
 
 
 def _cut_by_bytes(rows: list[CQRow], max_bytes: int, scan_next: int) -> tuple[list[CQRow], int]:

@@ -91,6 +91,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             allow_follower_read=request.allow_follower_read,
             max_bytes=request.max_bytes,
             deadline=_deadline(context),
+            raw=request.raw_batches,
         )
         return broker_pb2.PullMessageResponse(
             status=_PULL_STATUS[result.status],
@@ -99,6 +100,18 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             min_offset=result.min_offset,
             max_offset=result.max_offset,
             node_id=self.node.me.node_id,
+            batches=[
+                broker_pb2.RawBatch(
+                    raft_index=p.raft_index,
+                    slot=p.slot,
+                    first_offset=p.first_offset,
+                    store_timestamp_ms=p.store_timestamp_ms,
+                    chunk=p.chunk,
+                    positions=p.positions,
+                    byte_offsets=p.byte_offsets,
+                )
+                for p in result.raw_parts
+            ],
         )
 
     @rpc_errors

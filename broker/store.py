@@ -15,7 +15,7 @@ import lmdb
 
 from broker.dispatch import DispatchOutput
 from broker.errors import DispatchGapError, MalformedBatchError, StoreError, StoreFullError
-from broker.message import StoredMessage, encode_msg_id
+from broker.message import Message, StoredMessage, encode_msg_id
 from broker.record_batch import ProduceHeader, decode_message_at, decode_produce_header
 from broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from broker.topic_config import Permission, TopicConfig
@@ -50,6 +50,20 @@ class QueueScan:
 
     rows: list[CQRow]
     next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawPart:
+    """Some messages of one stored produce batch, served as the log holds them: the reader
+    decodes them (broker/raw_batch.py), the broker does no per-message work."""
+
+    raft_index: int
+    slot: int
+    first_offset: int  # queue offset of the batch's position 0
+    store_timestamp_ms: int
+    chunk: bytes
+    positions: list[int]
+    byte_offsets: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,6 +482,53 @@ class MessageReader:
                 )
             )
         return out
+
+    def raw_parts(
+        self,
+        rows: Sequence[CQRow],
+        max_bytes: int,
+        keep: Callable[[Message], bool] | None = None,
+    ) -> tuple[list[RawPart], int | None]:
+        """The rows' messages as parts of their stored batches, in row order, while the chunks
+        fit in max_bytes (at least one). `keep` (a property filter) decodes each message to test
+        it. Returns the parts and the offset of the first row left out (None: all were used)."""
+        entries: dict[int, Entry] = {}
+        parts: list[RawPart] = []
+        total = 0
+        cur: RawPart | None = None
+        header: ProduceHeader | None = None
+        for row in rows:
+            if cur is None or (cur.raft_index, cur.slot) != (row.raft_index, row.slot):
+                entry = entries.get(row.raft_index)
+                if entry is None:
+                    entry = entries[row.raft_index] = self._read_entry(row.raft_index)
+                chunk, header = self._header(entry, row)
+                if parts and total + len(chunk) > max_bytes:
+                    return [p for p in parts if p.positions], row.queue_offset
+                total += len(chunk)
+                cur = RawPart(
+                    row.raft_index,
+                    row.slot,
+                    row.queue_offset - row.position,
+                    row.store_timestamp_ms,
+                    chunk,
+                    [],
+                    [],
+                )
+                parts.append(cur)
+            assert header is not None
+            if row.position >= header.count:
+                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
+            if keep is not None:
+                try:
+                    msg = decode_message_at(cur.chunk, header, row.chunk_offset_bytes)
+                except MalformedBatchError as exc:
+                    raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
+                if not keep(msg):
+                    continue
+            cur.positions.append(row.position)
+            cur.byte_offsets.append(row.chunk_offset_bytes)
+        return [p for p in parts if p.positions], None
 
     @staticmethod
     def _header(entry: Entry, row: CQRow) -> tuple[bytes, ProduceHeader]:
