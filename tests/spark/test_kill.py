@@ -1,0 +1,149 @@
+"""Exactly once across a SIGKILL of the Spark driver: a stream from a topic on both broker groups
+into parquet runs in its own process, is killed in the middle of a micro-batch (offsets written,
+commit not), messages keep arriving, and the query restarts from its checkpoint (in the shared
+session): every message is in the output exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.procs import ROOT, wait_until
+from tests.spark.support import GROUPS, Cluster, spark_env
+
+QUEUES = 4
+
+
+def _batch_ids(d: Path) -> set[int]:
+    return {int(p.name) for p in d.iterdir() if p.name.isdigit()} if d.is_dir() else set()
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid and every process below it (the JVM and its Python workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _kill_tree(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{p}").exists() and _alive(p) for p in pids)
+
+    wait_until(gone, 30, "the killed driver's processes to exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _send_round(cluster: Cluster, topic: str, start: int, per_queue: int) -> set[bytes]:
+    bodies: set[bytes] = set()
+    for g in GROUPS:
+        for qid in range(QUEUES):
+            batch = [f"{g}-{qid}-{start + i}".encode() for i in range(per_queue)]
+            cluster.send(topic, g, qid, batch)
+            bodies.update(batch)
+    return bodies
+
+
+def test_sigkill_mid_batch_then_restart_is_exactly_once(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    topic = "spark-kill"
+    cluster.create_topic(topic, queues=QUEUES)
+    expected = _send_round(cluster, topic, 0, 250)  # 2000 messages over 8 queues
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    env = {**os.environ, **spark_env(), "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.spark.stream_driver",
+            cluster.namesrv_address,
+            topic,
+            str(ck),
+            str(out),
+            "200",
+            "200",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "driver.log", "w"),  # noqa: SIM115
+        text=True,
+        start_new_session=True,
+    )
+    tree: list[int] = []
+    try:
+        sent_at = 250
+
+        def mid_batch() -> bool:
+            nonlocal sent_at, expected
+            if driver.poll() is not None:
+                raise AssertionError(f"driver exited: {(tmp_path / 'driver.log').read_text()}")
+            offsets, commits = _batch_ids(ck / "offsets"), _batch_ids(ck / "commits")
+            if commits and sent_at < 400:  # live traffic while the query runs
+                expected |= _send_round(cluster, topic, sent_at, 25)
+                sent_at += 25
+            return bool(offsets) and max(offsets) >= 2 and max(offsets) not in commits
+
+        wait_until(mid_batch, 240, "a micro-batch in flight", interval_s=0.01)
+        tree = _descendants(driver.pid)
+        _kill_tree(tree)
+        in_flight = max(_batch_ids(ck / "offsets"))
+        assert in_flight not in _batch_ids(ck / "commits"), "the kill must land mid-batch"
+    finally:
+        if driver.poll() is None:
+            _kill_tree(_descendants(driver.pid))
+        driver.wait(timeout=30)
+    expected |= _send_round(cluster, topic, sent_at, 25)
+    # Restart from the checkpoint: the batch in flight is replayed, then everything else.
+    q = (
+        spark.readStream.format("raftmq")
+        .option("nameServer", cluster.namesrv_address)
+        .option("subscribe", topic)
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    started = time.monotonic()
+    assert q.awaitTermination(240), "the restarted query did not finish"
+    assert q.exception() is None
+    assert any(p["batchId"] == in_flight for p in q.recentProgress)
+    rows = spark.read.parquet(str(out)).select("value", "brokerName", "queueId", "queueOffset")
+    got = rows.collect()
+    assert len(got) == len(expected), f"{len(got)} rows for {len(expected)} messages"
+    assert {bytes(r.value) for r in got} == expected
+    assert len({(r.brokerName, r.queueId, r.queueOffset) for r in got}) == len(expected)
+    assert time.monotonic() - started < 240
