@@ -6,13 +6,17 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
 
+from broker.consumer_registry import ConsumerRegistry, RegistryFullError
 from broker.convert import message_from_pb, stored_to_pb, topic_from_pb, topic_to_pb
+from broker.errors import BrokerInputError
+from broker.message import validate_group
 from broker.node import BrokerNode, PullStatus
-from client.errors import InvalidArgumentError, rpc_errors
+from client.errors import InvalidArgumentError, InvalidNameError, QueueFullError, rpc_errors
 from client.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftlog.record import Role
 
@@ -30,6 +34,17 @@ DEADLINE_MARGIN_S = 0.2  # answer a long poll this long before the caller's dead
 MAX_STATUS_TOPICS = 1000  # GetBrokerStatus lists at most this many topics
 
 
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _check_group(group: str) -> None:
+    try:
+        validate_group(group)
+    except BrokerInputError as exc:
+        raise InvalidNameError(str(exc)) from exc
+
+
 def _deadline(context: grpc.ServicerContext) -> float:
     left = context.time_remaining()
     if left is None:
@@ -40,6 +55,40 @@ def _deadline(context: grpc.ServicerContext) -> float:
 class BrokerService(broker_pb2_grpc.BrokerServicer):
     def __init__(self, node: BrokerNode) -> None:
         self.node = node
+        self._consumers = ConsumerRegistry()
+        self._consumers_lock = threading.Lock()
+
+    @rpc_errors
+    def Heartbeat(
+        self, request: broker_pb2.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.HeartbeatResponse:
+        _check_group(request.consumer_group)
+        if not request.client_id or len(request.client_id) > 255:
+            raise InvalidArgumentError("client_id must be 1..255 characters")
+        with self._consumers_lock:
+            if request.leaving:
+                self._consumers.leave(request.consumer_group, request.client_id)
+            else:
+                try:
+                    self._consumers.heartbeat(
+                        request.consumer_group,
+                        request.client_id,
+                        tuple(request.topics),
+                        request.expiry_ms,
+                        _monotonic_ms(),
+                    )
+                except RegistryFullError as exc:
+                    raise QueueFullError(str(exc)) from exc
+        return broker_pb2.HeartbeatResponse()
+
+    @rpc_errors
+    def GetConsumerList(
+        self, request: broker_pb2.GetConsumerListRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.GetConsumerListResponse:
+        _check_group(request.consumer_group)
+        with self._consumers_lock:
+            ids = self._consumers.members(request.consumer_group, _monotonic_ms())
+        return broker_pb2.GetConsumerListResponse(client_ids=ids)
 
     @rpc_errors
     def SendMessage(

@@ -1,0 +1,40 @@
+"""ConsumerRegistry: live members by heartbeat, expiry with time passed in, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.consumer_registry import ConsumerRegistry, RegistryFullError
+
+
+def test_members_are_sorted_and_expire() -> None:
+    r = ConsumerRegistry()
+    r.heartbeat("g", "c2", ("t",), 1000, now_ms=0)
+    r.heartbeat("g", "c1", ("t",), 1000, now_ms=500)
+    assert r.members("g", now_ms=900) == ["c1", "c2"]
+    assert r.members("g", now_ms=1000) == ["c1"], "c2's heartbeat expired at 1000"
+    r.heartbeat("g", "c1", ("t",), 1000, now_ms=1400)
+    assert r.members("g", now_ms=2300) == ["c1"]
+    assert r.members("g", now_ms=2400) == []
+    assert r.members("other", now_ms=0) == []
+
+
+def test_leave_removes_at_once() -> None:
+    r = ConsumerRegistry()
+    r.heartbeat("g", "c1", (), 10_000, now_ms=0)
+    r.heartbeat("g", "c2", (), 10_000, now_ms=0)
+    assert r.leave("g", "c1")
+    assert not r.leave("g", "c1")
+    assert r.members("g", now_ms=1) == ["c2"]
+
+
+def test_bounds() -> None:
+    r = ConsumerRegistry(max_groups=1, max_clients_per_group=2)
+    r.heartbeat("g", "a", (), 100, now_ms=0)
+    r.heartbeat("g", "b", (), 100, now_ms=0)
+    with pytest.raises(RegistryFullError):
+        r.heartbeat("g", "c", (), 100, now_ms=50)
+    with pytest.raises(RegistryFullError):
+        r.heartbeat("h", "a", (), 100, now_ms=50)
+    r.heartbeat("g", "c", (), 100, now_ms=100)  # a and b expired: room again
+    assert r.members("g", now_ms=100) == ["c"]
