@@ -165,3 +165,55 @@ def broker_procs(
         ]
         procs.append(Proc(name, argv, tmp / f"{name}.log"))
     return procs
+
+
+@dataclass
+class Cluster:
+    """NameServers and broker groups of three nodes as real processes on loopback."""
+
+    tmp: Path
+    namesrvs: list[Proc]
+    namesrv_addresses: list[str]
+    groups: dict[str, tuple[GroupLayout, list[Proc]]]
+
+    @property
+    def namesrv(self) -> str:
+        return ",".join(self.namesrv_addresses)
+
+    def procs(self) -> list[Proc]:
+        return [*self.namesrvs, *(p for _, ps in self.groups.values() for p in ps)]
+
+    def close(self) -> None:
+        for p in self.procs():
+            p.kill()
+
+
+def start_cluster(
+    tmp: Path,
+    groups: Sequence[str] = ("broker-a", "broker-b"),
+    namesrvs: int = 2,
+    broker_args: Sequence[str] = (),
+) -> Cluster:
+    ports = free_ports(namesrvs + 6 * len(groups))
+    ns_ports, rest = ports[:namesrvs], ports[namesrvs:]
+    ns_procs = [
+        namesrv_proc(tmp, f"ns{i}", p, ["--broker-expiry-ms", "5000", "--scan-interval-ms", "200"])
+        for i, p in enumerate(ns_ports)
+    ]
+    addrs = [f"127.0.0.1:{p}" for p in ns_ports]
+    layout: dict[str, tuple[GroupLayout, list[Proc]]] = {}
+    for i, g in enumerate(groups):
+        chunk = rest[6 * i : 6 * i + 6]
+        gl = GroupLayout(g, chunk[:3], chunk[3:])
+        layout[g] = (gl, broker_procs(tmp, gl, addrs, broker_args))
+    cluster = Cluster(tmp, ns_procs, addrs, layout)
+    try:
+        for p in ns_procs:
+            p.start("namesrv.started")
+        for _, ps in layout.values():
+            for p in ps:
+                p.start("broker.started")
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster

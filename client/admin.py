@@ -1,0 +1,282 @@
+"""Admin: topics, routes, cluster and broker status, group lag, offset resets by time, message
+queries. Every call goes to the right broker group's leader (found through the NameServers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from client.errors import (
+    MessageNotFoundError,
+    NotLeaderError,
+    RaftMQError,
+    TopicNotFoundError,
+    from_rpc_error,
+)
+from client.messages import ReceivedMessage
+from client.offsets import BrokerOffsets
+from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
+from client.producer import _split
+from client.rebalance import QueueRef
+from client.routes import ChannelPool, RouteCache, TopicRoute
+
+T = TypeVar("T")
+RPC_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    queue: QueueRef
+    committed: int | None  # None: the group never committed on this queue
+    max_offset: int
+
+    @property
+    def lag(self) -> int:
+        return self.max_offset - (self.committed or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    cluster: str
+    broker_group: str
+    leader_node_id: str
+    leader_address: str
+    term: int
+    nodes: tuple[namesrv_pb2.BrokerNode, ...]
+
+
+class Admin:
+    """A context manager; thread-safe."""
+
+    def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
+        self._pool = ChannelPool()
+        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- cluster ------------------------------------------------------------------------------
+
+    def groups(self) -> list[GroupInfo]:
+        info = self.routes.cluster_info()
+        return sorted(
+            (
+                GroupInfo(
+                    c.name,
+                    g.broker_group,
+                    g.leader_node_id,
+                    g.leader_address,
+                    g.term,
+                    tuple(g.nodes),
+                )
+                for c in info.clusters
+                for g in c.groups
+            ),
+            key=lambda g: g.broker_group,
+        )
+
+    def broker_status(self, address: str) -> broker_pb2.BrokerStatus:
+        return self._rpc(
+            lambda: self._stub(address).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=RPC_TIMEOUT_S
+            )
+        )
+
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        return self._pool.broker(address)
+
+    @staticmethod
+    def _rpc(fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def _on_leader(self, group: GroupInfo, fn: Callable[[broker_pb2_grpc.BrokerStub], T]) -> T:
+        """`fn` on the group's leader, following one NOT_LEADER hint."""
+        address = group.leader_address
+        if not address:
+            raise NotLeaderError.for_node("-", group.broker_group, "")
+        try:
+            return self._rpc(lambda: fn(self._stub(address)))
+        except NotLeaderError as exc:
+            if not exc.leader_hint:
+                raise
+            hint = exc.leader_hint
+        return self._rpc(lambda: fn(self._stub(hint)))
+
+    def _select(self, broker_groups: Sequence[str] | None) -> list[GroupInfo]:
+        groups = self.groups()
+        if broker_groups:
+            known = {g.broker_group for g in groups}
+            missing = sorted(set(broker_groups) - known)
+            if missing:
+                raise RaftMQError(
+                    f"unknown broker group(s) {', '.join(missing)}; "
+                    f"known: {', '.join(sorted(known))}"
+                )
+            groups = [g for g in groups if g.broker_group in broker_groups]
+        if not groups:
+            raise RaftMQError("no broker group is registered with the NameServers yet")
+        return groups
+
+    # ---- topics -------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        topic: str,
+        *,
+        queues: int = 8,
+        ordered: bool = False,
+        perm: common_pb2.Permission = common_pb2.PERM_READ_WRITE,
+        broker_groups: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Create the topic on every (or the named) broker group; the groups it is on."""
+        cfg = common_pb2.TopicConfig(
+            topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm, ordered=ordered
+        )
+        done = []
+        for g in self._select(broker_groups):
+            self._on_leader(
+                g,
+                lambda s: s.CreateTopic(
+                    broker_pb2.CreateTopicRequest(config=cfg), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            done.append(g.broker_group)
+        self.routes.invalidate(topic)
+        return done
+
+    def update_topic(
+        self,
+        topic: str,
+        *,
+        queues: int,
+        ordered: bool = False,
+        broker_groups: Sequence[str] | None = None,
+    ) -> list[str]:
+        cfg = common_pb2.TopicConfig(
+            topic=topic, read_queue_nums=queues, write_queue_nums=queues, ordered=ordered
+        )
+        done = []
+        for g in self._select(broker_groups):
+            self._on_leader(
+                g,
+                lambda s: s.UpdateTopic(
+                    broker_pb2.UpdateTopicRequest(config=cfg), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            done.append(g.broker_group)
+        self.routes.invalidate(topic)
+        return done
+
+    def delete_topic(self, topic: str) -> list[str]:
+        """Delete the topic from every group that has it; the groups it was deleted from."""
+        done = []
+        for g in self._select(None):
+            try:
+                self._on_leader(
+                    g,
+                    lambda s: s.DeleteTopic(
+                        broker_pb2.DeleteTopicRequest(topic=topic), timeout=RPC_TIMEOUT_S
+                    ),
+                )
+                done.append(g.broker_group)
+            except TopicNotFoundError:
+                continue
+        if not done:
+            raise TopicNotFoundError.for_topic(topic, auto_create=True)
+        self.routes.invalidate(topic)
+        return done
+
+    def list_topics(self) -> dict[str, list[tuple[str, common_pb2.TopicConfig]]]:
+        """topic -> [(broker group, config)] as each group's leader reports it."""
+        out: dict[str, list[tuple[str, common_pb2.TopicConfig]]] = {}
+        for g in self._select(None):
+            resp = self._on_leader(
+                g, lambda s: s.ListTopics(broker_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
+            )
+            for cfg in resp.topics:
+                out.setdefault(cfg.topic, []).append((g.broker_group, cfg))
+        return dict(sorted(out.items()))
+
+    def route(self, topic: str) -> TopicRoute:
+        return self.routes.route(topic, refresh=True)
+
+    # ---- groups and offsets -------------------------------------------------------------------
+
+    def group_lag(self, group: str, topic: str) -> list[QueueLag]:
+        offsets = BrokerOffsets(group, self.routes, self._pool)
+        out = []
+        for q in self.route(topic).read_queues():
+            committed = offsets.committed(q)
+            out.append(QueueLag(q, committed, offsets.bounds(q)[1]))
+        return out
+
+    def reset_offsets_to_time(
+        self, group: str, topic: str, timestamp_ms: int
+    ) -> dict[QueueRef, int]:
+        """RocketMQ's message backtracking on every group that has the topic. Consumers of the
+        group pick the new offsets up when their queues are next assigned or restarted."""
+        route = self.route(topic)
+        out: dict[QueueRef, int] = {}
+        by_name = {g.broker_group: g for g in self._select(None)}
+        for name in sorted(route.groups):
+            g = by_name.get(name)
+            if g is None:
+                continue
+            resp = self._on_leader(
+                g,
+                lambda s: s.ResetOffsetsToTimestamp(
+                    broker_pb2.ResetOffsetsToTimestampRequest(
+                        consumer_group=group, topic=topic, timestamp_ms=timestamp_ms
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                ),
+            )
+            for o in resp.offsets:
+                out[QueueRef(topic, name, o.queue_id)] = o.offset
+        return out
+
+    # ---- messages -----------------------------------------------------------------------------
+
+    def message_by_id(self, msg_id: str) -> ReceivedMessage:
+        group_name = msg_id[:-33] if len(msg_id) > 33 else ""
+        for g in self._select(None):
+            if group_name and g.broker_group != group_name:
+                continue
+            resp = self._on_leader(
+                g,
+                lambda s: s.QueryMessageById(
+                    broker_pb2.QueryMessageByIdRequest(msg_id=msg_id), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            return ReceivedMessage.from_pb(resp.message)
+        raise MessageNotFoundError.for_id(msg_id)
+
+    def messages_by_key(self, topic: str, key: str, max_count: int = 64) -> list[ReceivedMessage]:
+        out: list[ReceivedMessage] = []
+        route = self.route(topic)
+        by_name = {g.broker_group: g for g in self._select(None)}
+        for name in sorted(route.groups):
+            g = by_name.get(name)
+            if g is None:
+                continue
+            resp = self._on_leader(
+                g,
+                lambda s: s.QueryMessagesByKey(
+                    broker_pb2.QueryMessagesByKeyRequest(topic=topic, key=key, max_count=max_count),
+                    timeout=RPC_TIMEOUT_S,
+                ),
+            )
+            out.extend(ReceivedMessage.from_pb(m) for m in resp.messages)
+        return out

@@ -1,0 +1,182 @@
+"""PullConsumer: the application assigns queues (or subscribes to a topic), seeks, and polls;
+fetchers prefetch ahead into a bounded buffer. Offsets are committed only when asked (commit()),
+to the broker group as replicated state."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterable, Sequence
+
+from client.errors import InvalidArgumentError, OffsetOutOfRangeError
+from client.fetcher import Fetched, FetchSettings, QueueFetcher
+from client.messages import ReceivedMessage
+from client.offsets import BrokerOffsets, StartFrom
+from client.producer import _split
+from client.rebalance import QueueRef
+from client.routes import ChannelPool, RouteCache
+
+
+class PullConsumer:
+    """Thread-safe for one polling thread plus any number of seek/commit callers."""
+
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        group: str,
+        *,
+        start_from: StartFrom = StartFrom.LATEST,
+        tag_expression: str = "*",
+        sql_expression: str = "",
+        max_prefetch_messages: int = 20_000,
+        max_messages_per_pull: int = 1024,
+        long_poll_ms: int = 2_000,
+        allow_follower_read: bool = True,
+    ) -> None:
+        self.group = group
+        self._pool = ChannelPool()
+        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+        self._offsets = BrokerOffsets(group, self.routes, self._pool)
+        self._start_from = start_from
+        self._settings = FetchSettings(
+            group,
+            tag_expression,
+            sql_expression,
+            max_messages_per_pull,
+            long_poll_ms,
+            allow_follower_read,
+        )
+        self._max_prefetch = max_prefetch_messages
+        self._cond = threading.Condition()
+        self._buffer: collections.deque[Fetched] = collections.deque()
+        self._buffered = 0
+        self._fetchers: dict[QueueRef, QueueFetcher] = {}
+        self._positions: dict[QueueRef, int] = {}  # next offset poll() will return per queue
+        self._closed = False
+
+    # ---- assignment ---------------------------------------------------------------------------
+
+    def queues_of(self, topic: str) -> list[QueueRef]:
+        return self.routes.route(topic, refresh=True).read_queues()
+
+    def subscribe(self, topic: str) -> list[QueueRef]:
+        """Assign every readable queue of `topic` (on every broker group)."""
+        queues = self.queues_of(topic)
+        self.assign([*self._fetchers, *queues])
+        return queues
+
+    def assign(self, queues: Iterable[QueueRef]) -> None:
+        wanted = set(queues)
+        for q in [q for q in self._fetchers if q not in wanted]:
+            self._fetchers.pop(q).stop()
+            self._positions.pop(q, None)
+        for q in sorted(wanted - set(self._fetchers)):
+            start = self._offsets.start_offset(q, self._start_from, self._offsets.committed(q))
+            self._positions[q] = start
+            f = QueueFetcher(
+                q, start, self._settings, self.routes, self._pool, self._deliver, self._reset
+            )
+            self._fetchers[q] = f
+            f.start()
+
+    def assignment(self) -> list[QueueRef]:
+        return sorted(self._fetchers)
+
+    def _fetcher(self, q: QueueRef) -> QueueFetcher:
+        f = self._fetchers.get(q)
+        if f is None:
+            raise InvalidArgumentError(f"queue {q} is not assigned to this consumer")
+        return f
+
+    # ---- positions ----------------------------------------------------------------------------
+
+    def seek(self, q: QueueRef, offset: int) -> None:
+        f = self._fetcher(q)
+        with self._cond:
+            self._positions[q] = offset
+            f.seek(offset)
+
+    def seek_to_beginning(self, q: QueueRef) -> None:
+        self.seek(q, self._offsets.bounds(q)[0])
+
+    def seek_to_end(self, q: QueueRef) -> None:
+        self.seek(q, self._offsets.bounds(q)[1])
+
+    def seek_to_timestamp(self, q: QueueRef, timestamp_ms: int) -> None:
+        self.seek(q, self._offsets.for_timestamp(q, timestamp_ms))
+
+    def position(self, q: QueueRef) -> int:
+        self._fetcher(q)
+        return self._positions[q]
+
+    def committed(self, q: QueueRef) -> int | None:
+        return self._offsets.committed(q)
+
+    def commit(self) -> None:
+        """Commit the position of every assigned queue (what poll() has returned so far)."""
+        with self._cond:
+            offsets = dict(self._positions)
+        self._offsets.commit(offsets)
+
+    # ---- polling ------------------------------------------------------------------------------
+
+    def _deliver(self, fetched: Fetched) -> None:
+        with self._cond:
+            while self._buffered >= self._max_prefetch and not self._closed:
+                self._cond.wait(0.5)
+            self._buffer.append(fetched)
+            self._buffered += len(fetched.messages)
+            self._cond.notify_all()
+
+    def _reset(self, q: QueueRef, err: OffsetOutOfRangeError) -> int:
+        return self._offsets.reset_for(q, err, self._start_from)
+
+    def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
+        """Messages in offset order per queue; [] if none arrives within timeout_ms."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        out: list[ReceivedMessage] = []
+        with self._cond:
+            while not self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return out
+                self._cond.wait(left)
+            while self._buffer and len(out) < max_messages:
+                fetched = self._buffer[0]
+                f = self._fetchers.get(fetched.queue)
+                if f is None or f.epoch != fetched.epoch:
+                    self._buffer.popleft()  # unassigned or seeked since it was fetched
+                    self._buffered -= len(fetched.messages)
+                    continue
+                room = max_messages - len(out)
+                take = fetched.messages[:room]
+                out.extend(take)
+                if len(take) == len(fetched.messages):
+                    self._buffer.popleft()
+                    self._positions[fetched.queue] = fetched.next_offset
+                else:
+                    self._buffer[0] = Fetched(
+                        fetched.queue, fetched.epoch, fetched.messages[room:], fetched.next_offset
+                    )
+                    self._positions[fetched.queue] = take[-1].queue_offset + 1
+                self._buffered -= len(take)
+            self._cond.notify_all()
+        return out
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for f in self._fetchers.values():
+            f.stop(join=False)
+        for f in self._fetchers.values():
+            f.stop()
+        self._fetchers.clear()
+        self._pool.close()
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,336 @@
+"""PushConsumer: a listener called for every message, on a bounded pool of threads.
+
+Clustering: the group's members (heartbeats to every node of every broker group) share the
+topic's queues by a deterministic allocation, recomputed every rebalance period; offsets are
+committed to the broker groups. Broadcasting: every member reads every queue and keeps its own
+offsets in a local file. A queue's committed offset never passes a message whose listener has
+not returned SUCCESS (RocketMQ's ProcessQueue): a crash redelivers, never skips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from client.errors import OffsetOutOfRangeError, RaftMQError, from_rpc_error
+from client.fetcher import Fetched, FetchSettings, QueueFetcher
+from client.messages import ReceivedMessage
+from client.offsets import BrokerOffsets, FileOffsets, StartFrom
+from client.pb import broker_pb2
+from client.producer import _split
+from client.rebalance import AllocationStrategy, QueueRef, allocate, plan_rebalance
+from client.routes import ChannelPool, RouteCache
+from client.scheduler import Scheduler
+
+log = logging.getLogger("raftmq.consumer")
+
+
+class ConsumeResult(enum.Enum):
+    SUCCESS = "success"
+    RECONSUME_LATER = "reconsume_later"
+
+
+class MessageModel(enum.Enum):
+    CLUSTERING = "clustering"
+    BROADCASTING = "broadcasting"
+
+
+Listener = Callable[[ReceivedMessage], "ConsumeResult | None"]
+
+
+@dataclass(slots=True)
+class _ProcessQueue:
+    """Offsets handed to the listener and not yet done, in offset order (dict keeps insertion
+    order and messages arrive in offset order), and the offset after the last one fetched."""
+
+    inflight: dict[int, None] = field(default_factory=dict)
+    fetched_until: int = 0
+    dropped: bool = False
+
+    def consumed_offset(self) -> int:
+        return next(iter(self.inflight)) if self.inflight else self.fetched_until
+
+
+class PushConsumer:
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        group: str,
+        topic: str,
+        listener: Listener,
+        *,
+        tag_expression: str = "*",
+        sql_expression: str = "",
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        allocation: AllocationStrategy = AllocationStrategy.AVERAGELY,
+        start_from: StartFrom = StartFrom.LATEST,
+        consume_threads: int = 8,
+        max_inflight_per_queue: int = 1_000,
+        rebalance_interval_ms: int = 20_000,
+        heartbeat_interval_ms: int = 10_000,
+        commit_interval_ms: int = 1_000,
+        max_reconsume_times: int = 16,
+        long_poll_ms: int = 2_000,
+        offset_file: Path | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.group = group
+        self.topic = topic
+        self.client_id = client_id or f"{uuid.uuid4().hex[:12]}"
+        self._listener = listener
+        self._model = message_model
+        self._allocation = allocation
+        self._start_from = start_from
+        self._max_inflight = max_inflight_per_queue
+        self._rebalance_s = rebalance_interval_ms / 1000
+        self._heartbeat_ms = heartbeat_interval_ms
+        self._commit_s = commit_interval_ms / 1000
+        self._max_reconsume = max_reconsume_times
+        self._pool = ChannelPool()
+        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+        self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
+        self._file_offsets: FileOffsets | None = None
+        if message_model is MessageModel.BROADCASTING:
+            path = offset_file or Path.home() / ".raftmq" / "offsets" / f"{group}.{topic}.json"
+            self._file_offsets = FileOffsets(path)
+        self._settings = FetchSettings(
+            group, tag_expression, sql_expression, 256, long_poll_ms, True
+        )
+        self._executor = ThreadPoolExecutor(consume_threads, thread_name_prefix="consume")
+        self._scheduler = Scheduler("raftmq-consumer-timer")
+        self._lock = threading.Condition()
+        self._fetchers: dict[QueueRef, QueueFetcher] = {}
+        self._pqs: dict[QueueRef, _ProcessQueue] = {}
+        self._rebalance_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self.rebalances = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> PushConsumer:
+        if self._started:
+            return self
+        self._started = True
+        self.routes.route(self.topic)  # fail fast on an unknown topic
+        if self._model is MessageModel.CLUSTERING:
+            self._heartbeat()
+            self._scheduler.every(self._heartbeat_ms / 1000, self._heartbeat)
+        self.rebalance()
+        self._scheduler.every(self._rebalance_s, self.rebalance)
+        self._scheduler.every(self._commit_s, self.commit)
+        return self
+
+    def close(self) -> None:
+        """Stop fetching, let running listeners finish, commit, leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        self._scheduler.close()
+        for f in self._fetchers.values():
+            f.stop(join=False)
+        for f in self._fetchers.values():
+            f.stop()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.commit()
+        except RaftMQError as exc:
+            log.warning("consumer.final_commit_failed error=%s", exc.message)
+        if self._model is MessageModel.CLUSTERING:
+            self._heartbeat(leaving=True)
+        self._pool.close()
+
+    def __enter__(self) -> PushConsumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def assignment(self) -> list[QueueRef]:
+        return sorted(self._fetchers)
+
+    # ---- membership and rebalance -------------------------------------------------------------
+
+    def _all_nodes(self) -> list[str]:
+        route = self.routes.route(self.topic)
+        return sorted({a for g in route.groups.values() for a in g.addresses})
+
+    def _heartbeat(self, leaving: bool = False) -> None:
+        req = broker_pb2.HeartbeatRequest(
+            consumer_group=self.group,
+            client_id=self.client_id,
+            topics=[self.topic],
+            expiry_ms=3 * self._heartbeat_ms,
+            leaving=leaving,
+        )
+        try:
+            nodes = self._all_nodes()
+        except RaftMQError as exc:
+            log.warning("consumer.heartbeat_no_route error=%s", exc.message)
+            return
+        calls = [self._pool.broker(a).Heartbeat.future(req, timeout=3) for a in nodes]
+        for c in calls:
+            with contextlib.suppress(grpc.RpcError):  # a dead node: the others carry it
+                c.result()
+
+    def _members(self) -> list[str]:
+        req = broker_pb2.GetConsumerListRequest(consumer_group=self.group)
+        members: set[str] = set()
+        route = self.routes.route(self.topic)
+        for g in route.groups.values():
+            for address in g.addresses[:1] or ():
+                try:
+                    out = self._pool.broker(address).GetConsumerList(req, timeout=3)
+                    members.update(out.client_ids)
+                except grpc.RpcError as exc:
+                    log.info(
+                        "consumer.member_list_failed node=%s error=%s",
+                        address,
+                        from_rpc_error(exc).message,
+                    )
+        members.add(self.client_id)
+        return sorted(members)
+
+    def rebalance(self) -> None:
+        if self._closed:
+            return
+        with self._rebalance_lock:
+            try:
+                queues = self.routes.route(self.topic, refresh=True).read_queues()
+                if self._model is MessageModel.BROADCASTING:
+                    mine = queues
+                else:
+                    mine = allocate(self._allocation, queues, self._members(), self.client_id)
+            except RaftMQError as exc:
+                log.warning("consumer.rebalance_failed error=%s", exc.message)
+                return
+            plan = plan_rebalance(self._fetchers, mine)
+            if not plan.start and not plan.stop:
+                return
+            self.rebalances += 1
+            log.info(
+                "consumer.rebalance client=%s start=%d stop=%d keep=%d",
+                self.client_id,
+                len(plan.start),
+                len(plan.stop),
+                len(plan.keep),
+            )
+            for q in plan.stop:
+                self._fetchers.pop(q).stop()
+                with self._lock:
+                    pq = self._pqs.pop(q, None)
+                if pq is not None:
+                    pq.dropped = True
+                    self._commit_offsets({q: pq.consumed_offset()})
+            for q in plan.start:
+                try:
+                    start = self._start_offset(q)
+                except RaftMQError as exc:
+                    log.warning("consumer.start_offset_failed queue=%s error=%s", q, exc.message)
+                    continue
+                with self._lock:
+                    self._pqs[q] = _ProcessQueue(fetched_until=start)
+                f = QueueFetcher(
+                    q, start, self._settings, self.routes, self._pool, self._deliver, self._reset
+                )
+                self._fetchers[q] = f
+                f.start()
+
+    def _start_offset(self, q: QueueRef) -> int:
+        committed = (
+            self._file_offsets.committed(q)
+            if self._file_offsets is not None
+            else self._broker_offsets.committed(q)
+        )
+        return self._broker_offsets.start_offset(q, self._start_from, committed)
+
+    def _reset(self, q: QueueRef, err: OffsetOutOfRangeError) -> int:
+        new = self._broker_offsets.reset_for(q, err, self._start_from)
+        with self._lock:
+            pq = self._pqs.get(q)
+            if pq is not None and not pq.inflight:
+                pq.fetched_until = new
+        return new
+
+    # ---- consuming ----------------------------------------------------------------------------
+
+    def _deliver(self, fetched: Fetched) -> None:
+        with self._lock:
+            pq = self._pqs.get(fetched.queue)
+            if pq is None or pq.dropped:
+                return
+            while len(pq.inflight) >= self._max_inflight and not pq.dropped and not self._closed:
+                self._lock.wait(0.5)
+            if pq.dropped or self._closed:
+                return
+            for m in fetched.messages:
+                pq.inflight[m.queue_offset] = None
+            pq.fetched_until = fetched.next_offset
+        for m in fetched.messages:
+            try:
+                self._executor.submit(self._consume, pq, m, 0)
+            except RuntimeError:  # shutting down
+                return
+
+    def _consume(self, pq: _ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
+        if pq.dropped:
+            return
+        try:
+            result = self._listener(m)
+        except Exception:
+            log.exception("consumer.listener_failed msg_id=%s", m.msg_id)
+            result = ConsumeResult.RECONSUME_LATER
+        if result is ConsumeResult.RECONSUME_LATER and attempt < self._max_reconsume:
+            delay = min(1.0 * (attempt + 1), 30.0)
+            self._scheduler.call_later(delay, lambda: self._resubmit(pq, m, attempt + 1))
+            return
+        if result is ConsumeResult.RECONSUME_LATER:
+            log.warning(
+                "consumer.gave_up msg_id=%s attempts=%d (no dead-letter queue yet: skipped)",
+                m.msg_id,
+                attempt + 1,
+            )
+        with self._lock:
+            pq.inflight.pop(m.queue_offset, None)
+            self._lock.notify_all()
+
+    def _resubmit(self, pq: _ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
+        # Closing: the offset stays uncommitted and the message comes again.
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(self._consume, pq, m, attempt)
+
+    def commit(self) -> None:
+        with self._lock:
+            offsets = {q: pq.consumed_offset() for q, pq in self._pqs.items()}
+        if offsets:
+            self._commit_offsets(offsets)
+
+    def _commit_offsets(self, offsets: dict[QueueRef, int]) -> None:
+        try:
+            if self._file_offsets is not None:
+                self._file_offsets.commit(offsets)
+            else:
+                self._broker_offsets.commit(offsets)
+        except RaftMQError as exc:
+            log.warning("consumer.commit_failed error=%s", exc.message)
+
+
+def wait_idle(consumer: PushConsumer, timeout_s: float) -> bool:
+    """Test and tool helper: True once no message is in a listener or waiting for one."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with consumer._lock:
+            if all(not pq.inflight for pq in consumer._pqs.values()):
+                return True
+        time.sleep(0.02)
+    return False

@@ -1,0 +1,178 @@
+"""The pull loop of one queue, shared by PullConsumer and PushConsumer: long-polling pulls of
+raw record batches from the group's leader (a follower when the leader is away and follower
+reads are allowed), a client-side recheck of the tag filter, and a bounded hand-over.
+
+It owns no offsets beyond "where to fetch next"; consumers decide what is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from broker.filter_tag import TagFilter, parse_tag_expression
+from client.errors import (
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    RaftMQError,
+    from_rpc_error,
+)
+from client.messages import ReceivedMessage
+from client.pb import broker_pb2
+from client.raw_batch import decode_batches
+from client.rebalance import QueueRef
+from client.routes import ChannelPool, RouteCache
+
+log = logging.getLogger("raftmq.consumer")
+
+MAX_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSettings:
+    group: str
+    tag_expression: str = "*"
+    sql_expression: str = ""  # SQL92 property filter, evaluated by the broker
+    max_messages_per_pull: int = 256
+    long_poll_ms: int = 2_000  # short enough to notice a stop or seek promptly
+    allow_follower_read: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    queue: QueueRef
+    epoch: int  # the queue's epoch when fetched: a seek since then makes it stale
+    messages: list[ReceivedMessage]
+    next_offset: int  # where to fetch after these (filtered-out messages included)
+
+
+OutOfRange = Callable[[QueueRef, OffsetOutOfRangeError], int]  # -> offset to continue from
+
+
+class QueueFetcher:
+    """One thread pulling one queue from `offset` on, handing each non-empty answer to `deliver`
+    (which may block: that is the back-pressure). stop() ends it; seek() restarts its position."""
+
+    def __init__(
+        self,
+        queue: QueueRef,
+        offset: int,
+        settings: FetchSettings,
+        routes: RouteCache,
+        pool: ChannelPool,
+        deliver: Callable[[Fetched], None],
+        on_out_of_range: OutOfRange,
+    ) -> None:
+        self.queue = queue
+        self._offset = offset
+        self._epoch = 0
+        self._settings = settings
+        self._routes = routes
+        self._pool = pool
+        self._deliver = deliver
+        self._out_of_range = on_out_of_range
+        self._tags: TagFilter = parse_tag_expression(settings.tag_expression or "*")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"fetch-{queue}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, join: bool = True) -> None:
+        self._stop.set()
+        if join and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self._settings.long_poll_ms / 1000 + 5)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def seek(self, offset: int) -> None:
+        with self._lock:
+            self._offset = offset
+            self._epoch += 1
+
+    def _address(self, use_follower: bool) -> str:
+        if use_follower:
+            nodes = self._routes.nodes(self.queue.topic, self.queue.broker_group)
+            for a in nodes[1:]:
+                return a
+        return self._routes.leader(self.queue.topic, self.queue.broker_group)
+
+    def _run(self) -> None:
+        s = self._settings
+        failures = 0
+        use_follower = False
+        while not self._stop.is_set():
+            with self._lock:
+                offset, epoch = self._offset, self._epoch
+            req = broker_pb2.PullMessageRequest(
+                consumer_group=s.group,
+                topic=self.queue.topic,
+                queue_id=self.queue.queue_id,
+                offset=offset,
+                max_count=s.max_messages_per_pull,
+                filter_type=broker_pb2.SQL92 if s.sql_expression else broker_pb2.TAG,
+                filter_expression=s.sql_expression or s.tag_expression,
+                max_wait_ms=s.long_poll_ms,
+                allow_follower_read=s.allow_follower_read,
+                raw_batches=True,
+            )
+            try:
+                address = self._address(use_follower)
+                resp = self._pool.broker(address).PullMessage(
+                    req, timeout=s.long_poll_ms / 1000 + 5
+                )
+                stored = decode_batches(resp.batches, self.queue.broker_group, self.queue.queue_id)
+                messages = [ReceivedMessage.from_stored(m) for m in stored]
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, OffsetOutOfRangeError):
+                    new = self._out_of_range(self.queue, err)
+                    log.warning(
+                        "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d",
+                        self.queue,
+                        offset,
+                        new,
+                    )
+                    with self._lock:
+                        if self._epoch == epoch:
+                            self._offset = new
+                    continue
+                failures = self._backoff(err, failures)
+                use_follower = s.allow_follower_read and failures % 2 == 1
+                continue
+            except RaftMQError as err:  # no route or no leader known
+                failures = self._backoff(err, failures)
+                use_follower = s.allow_follower_read and failures % 2 == 1
+                continue
+            except Exception as exc:  # a batch that does not decode: never skip it silently
+                log.error(
+                    "consumer.fetch_failed queue=%s offset=%d error=%s", self.queue, offset, exc
+                )
+                failures = self._backoff(None, failures)
+                continue
+            failures = 0
+            use_follower = False
+            if not self._tags.is_all:
+                messages = [m for m in messages if self._tags.matches(m.tags)]  # hash collisions
+            with self._lock:
+                if self._epoch != epoch:
+                    continue  # seeked meanwhile
+                self._offset = resp.next_offset
+            if messages:
+                self._deliver(Fetched(self.queue, epoch, messages, resp.next_offset))
+
+    def _backoff(self, err: RaftMQError | None, failures: int) -> int:
+        failures += 1
+        if isinstance(err, NotLeaderError) or err is None or err.retryable:
+            self._routes.invalidate(self.queue.topic)
+        if err is not None and not err.retryable:
+            log.warning("consumer.pull_failed queue=%s error=%s", self.queue, err.message)
+        self._stop.wait(min(MAX_BACKOFF_S, 0.05 * (2 ** min(failures, 5))))
+        return failures

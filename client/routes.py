@@ -1,0 +1,296 @@
+"""Routes for the SDK: a bounded gRPC channel pool and a route cache over several NameServers.
+
+The cache asks the NameServers in turn (each is independent and any may be down), keeps a topic's
+route for refresh_interval_ms, and drops it at once when a broker says NOT_LEADER or cannot be
+reached. It never guesses a leader: without one a group is reported as having none.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from client.errors import (
+    BrokerUnavailableError,
+    NoRouteError,
+    NotLeaderError,
+    RaftMQError,
+    from_rpc_error,
+)
+from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from client.queue_selector import PublishQueues
+from client.rebalance import QueueRef
+
+MIB = 1 << 20
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * MIB),
+    ("grpc.max_send_message_length", 64 * MIB),
+    ("grpc.enable_retries", 0),  # the SDK retries itself, idempotently
+]
+NAMESRV_TIMEOUT_S = 3.0
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class ChannelPool:
+    """One channel per address, at most `max_channels` (least recently used closed first)."""
+
+    def __init__(self, max_channels: int = 256) -> None:
+        if max_channels < 1:
+            raise ValueError("max_channels must be >= 1")
+        self._max = max_channels
+        self._lock = threading.Lock()
+        self._channels: collections.OrderedDict[str, grpc.Channel] = collections.OrderedDict()
+        self._brokers: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._namesrvs: dict[str, namesrv_pb2_grpc.NameServerStub] = {}
+
+    def channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is not None:
+                self._channels.move_to_end(address)
+                return ch
+            ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = ch
+            while len(self._channels) > self._max:
+                old, old_ch = self._channels.popitem(last=False)
+                self._brokers.pop(old, None)
+                self._namesrvs.pop(old, None)
+                old_ch.close()
+            return ch
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        stub = self._brokers.get(address)
+        if stub is None:
+            stub = self._brokers[address] = broker_pb2_grpc.BrokerStub(self.channel(address))
+        return stub
+
+    def namesrv(self, address: str) -> namesrv_pb2_grpc.NameServerStub:
+        stub = self._namesrvs.get(address)
+        if stub is None:
+            stub = self._namesrvs[address] = namesrv_pb2_grpc.NameServerStub(self.channel(address))
+        return stub
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+            self._brokers.clear()
+            self._namesrvs.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRoute:
+    """One broker group as a route names it: its leader and every node, leader first."""
+
+    broker_group: str
+    leader_address: str  # "" = no leader known
+    addresses: tuple[str, ...]
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueData:
+    broker_group: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int  # common_pb2.Permission
+    ordered: bool
+
+    @property
+    def writable(self) -> bool:
+        return self.perm in (
+            common_pb2.PERM_UNSPECIFIED,
+            common_pb2.PERM_READ_WRITE,
+            common_pb2.PERM_WRITE_ONLY,
+        )
+
+    @property
+    def readable(self) -> bool:
+        return self.perm in (
+            common_pb2.PERM_UNSPECIFIED,
+            common_pb2.PERM_READ_WRITE,
+            common_pb2.PERM_READ_ONLY,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    topic: str
+    queues: tuple[QueueData, ...]
+    groups: dict[str, GroupRoute]
+    fetched_ms: int
+
+    def write_queues(self) -> list[QueueRef]:
+        return [
+            QueueRef(self.topic, q.broker_group, i)
+            for q in self.queues
+            if q.writable
+            for i in range(q.write_queue_nums)
+        ]
+
+    def read_queues(self) -> list[QueueRef]:
+        return sorted(
+            QueueRef(self.topic, q.broker_group, i)
+            for q in self.queues
+            if q.readable
+            for i in range(q.read_queue_nums)
+        )
+
+    def publish_queues(self) -> PublishQueues:
+        queues = self.write_queues()
+        if not queues:
+            raise NoRouteError(
+                f"topic {self.topic!r} has no writable queue on any broker group",
+                details={"topic": self.topic},
+            )
+        return PublishQueues.of(self.topic, queues)
+
+    def group(self, broker_group: str) -> GroupRoute | None:
+        return self.groups.get(broker_group)
+
+
+def _route_from_pb(r: namesrv_pb2.TopicRouteData, now_ms: int) -> TopicRoute:
+    groups: dict[str, GroupRoute] = {}
+    for g in r.groups:
+        nodes = sorted(g.nodes, key=lambda n: (not n.is_leader, n.node_id))
+        groups[g.broker_group] = GroupRoute(
+            g.broker_group,
+            g.leader_address,
+            tuple(n.address for n in nodes if n.address),
+            g.term,
+        )
+    queues = tuple(
+        QueueData(q.broker_group, q.read_queue_nums, q.write_queue_nums, q.perm, q.ordered)
+        for q in r.queues
+    )
+    return TopicRoute(r.topic, queues, groups, now_ms)
+
+
+class RouteCache:
+    """Topic routes from the NameServers, cached for refresh_interval_ms. Thread-safe."""
+
+    def __init__(
+        self,
+        namesrv_addresses: Sequence[str],
+        pool: ChannelPool,
+        *,
+        refresh_interval_ms: int = 30_000,
+        max_topics: int = 10_000,
+        clock_ms: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        addrs = tuple(a.strip() for a in namesrv_addresses if a.strip())
+        if not addrs:
+            raise ValueError("at least one NameServer address is needed")
+        self.namesrv_addresses = addrs
+        self._pool = pool
+        self._refresh_ms = refresh_interval_ms
+        self._max_topics = max_topics
+        self._clock = clock_ms
+        self._lock = threading.Lock()
+        self._routes: collections.OrderedDict[str, TopicRoute] = collections.OrderedDict()
+        self._preferred = 0  # the NameServer that answered last
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The topic's route; fetched when absent, stale, or `refresh`. Raises NoRouteError when
+        no NameServer knows the topic, BrokerUnavailableError when none answers."""
+        now = self._clock()
+        with self._lock:
+            cached = self._routes.get(topic)
+        if cached is not None and not refresh and now - cached.fetched_ms < self._refresh_ms:
+            return cached
+        try:
+            fresh = self._fetch(topic)
+        except BrokerUnavailableError:
+            if cached is not None:
+                return cached  # stale beats nothing while every NameServer is away
+            raise
+        with self._lock:
+            self._routes[topic] = fresh
+            self._routes.move_to_end(topic)
+            while len(self._routes) > self._max_topics:
+                self._routes.popitem(last=False)
+        return fresh
+
+    def leader(self, topic: str, broker_group: str, *, refresh: bool = False) -> str:
+        """The gRPC address of the group's leader as the NameServers last said."""
+        g = self.route(topic, refresh=refresh).group(broker_group)
+        if g is None or not g.leader_address:
+            raise NotLeaderError.for_node("-", broker_group, "")
+        return g.leader_address
+
+    def nodes(self, topic: str, broker_group: str) -> tuple[str, ...]:
+        """Every node of the group, leader first."""
+        g = self.route(topic).group(broker_group)
+        return g.addresses if g is not None else ()
+
+    def invalidate(self, topic: str | None = None) -> None:
+        """Forget a topic's route (or every route) so the next use fetches it again."""
+        with self._lock:
+            if topic is None:
+                self._routes.clear()
+            else:
+                self._routes.pop(topic, None)
+
+    def call_namesrv(self, fn: Callable[[namesrv_pb2_grpc.NameServerStub], object]) -> object:
+        """`fn(stub)` on the NameServers in turn until one answers. A typed error that is the
+        caller's fault (unknown topic, bad name) is raised at once; unreachable ones are skipped."""
+        n = len(self.namesrv_addresses)
+        failures: list[str] = []
+        no_route: NoRouteError | None = None
+        start = self._preferred
+        for k in range(n):
+            i = (start + k) % n
+            addr = self.namesrv_addresses[i]
+            try:
+                out = fn(self._pool.namesrv(addr))
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if isinstance(err, NoRouteError):
+                    no_route = err  # another NameServer may have heard from the brokers
+                    continue
+                if err.retryable or isinstance(err, BrokerUnavailableError):
+                    failures.append(f"{addr}: {err.message}")
+                    continue
+                self._preferred = i
+                raise err from None
+            self._preferred = i
+            return out
+        if no_route is not None:
+            raise no_route
+        raise BrokerUnavailableError(
+            "no NameServer answered (" + "; ".join(failures) + "); check that at least one of "
+            f"{', '.join(self.namesrv_addresses)} is running",
+            details={"namesrv_addresses": ",".join(self.namesrv_addresses)},
+        )
+
+    def _fetch(self, topic: str) -> TopicRoute:
+        req = namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic)
+        try:
+            out = self.call_namesrv(lambda s: s.GetRouteInfoByTopic(req, timeout=NAMESRV_TIMEOUT_S))
+        except NoRouteError:
+            raise NoRouteError.for_topic(topic, self.namesrv_addresses) from None
+        except RaftMQError:
+            raise
+        assert isinstance(out, namesrv_pb2.TopicRouteData)
+        return _route_from_pb(out, self._clock())
+
+    def cluster_info(self) -> namesrv_pb2.ClusterInfo:
+        req = namesrv_pb2.GetClusterInfoRequest()
+        out = self.call_namesrv(lambda s: s.GetClusterInfo(req, timeout=NAMESRV_TIMEOUT_S))
+        assert isinstance(out, namesrv_pb2.ClusterInfo)
+        return out
+
+    def all_topics(self) -> list[str]:
+        req = namesrv_pb2.GetAllTopicsRequest()
+        out = self.call_namesrv(lambda s: s.GetAllTopics(req, timeout=NAMESRV_TIMEOUT_S))
+        assert isinstance(out, namesrv_pb2.GetAllTopicsResponse)
+        return list(out.topics)
