@@ -1,0 +1,341 @@
+"""`raftmq` subcommands for data: topic create|list|route|delete, produce, consume,
+group lag|reset, message get. Each handler takes the parsed args (with `namesrv` from the
+top-level parser) and returns an exit code; typed errors are printed by client/cli.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from client.admin import Admin
+from client.consumer_pull import PullConsumer
+from client.errors import InvalidArgumentError
+from client.messages import OutgoingMessage, ReceivedMessage, SendResult
+from client.offsets import StartFrom
+from client.producer import Producer
+
+console = Console()
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _namesrv(args: argparse.Namespace) -> str:
+    value = getattr(args, "namesrv", None) or os.environ.get("RAFTMQ_NAMESRV")
+    return str(value or "127.0.0.1:9876,127.0.0.1:9877")
+
+
+def parse_time_ms(text: str) -> int:
+    """Milliseconds since the epoch from `1700000000000`, an ISO time, or `-10m`/`-2h`/`-30s`."""
+    text = text.strip()
+    if text.lstrip("-").isdigit() and not text.startswith("-"):
+        return int(text)
+    if text.startswith("-") and text[-1] in "smhd" and text[1:-1].isdigit():
+        unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
+        return time.time_ns() // 1_000_000 - int(text[1:-1]) * unit * 1000
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"time {text!r} is not ms since the epoch, an ISO time (2026-11-22T10:00:00) "
+            "or a relative time like -10m"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return int(when.timestamp() * 1000)
+
+
+def _fmt_ms(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
+
+
+# ---- topic ---------------------------------------------------------------------------------------
+
+
+def topic_create(args: argparse.Namespace) -> int:
+    groups = [g for g in (args.groups or "").split(",") if g] or None
+    with Admin(_namesrv(args)) as admin:
+        done = admin.create_topic(
+            args.topic, queues=args.queues, ordered=args.ordered, broker_groups=groups
+        )
+    console.print(
+        f"[green]topic {args.topic}[/] created on {', '.join(done)} ({args.queues} queues each)"
+    )
+    return 0
+
+
+def topic_list(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        topics = admin.list_topics()
+    table = Table(title="topics")
+    for col in ("topic", "broker groups", "queues (r/w)", "ordered"):
+        table.add_column(col)
+    for name, entries in topics.items():
+        table.add_row(
+            name,
+            ", ".join(g for g, _ in entries),
+            ", ".join(f"{c.read_queue_nums}/{c.write_queue_nums}" for _, c in entries),
+            "yes" if any(c.ordered for _, c in entries) else "",
+        )
+    console.print(table)
+    return 0
+
+
+def topic_route(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        route = admin.route(args.topic)
+    table = Table(title=f"route of {args.topic}")
+    for col in ("broker group", "leader", "nodes", "term", "read queues", "write queues"):
+        table.add_column(col)
+    for q in route.queues:
+        g = route.group(q.broker_group)
+        table.add_row(
+            q.broker_group,
+            (g.leader_address if g else "") or "[red]none[/]",
+            ", ".join(g.addresses) if g else "",
+            str(g.term if g else 0),
+            str(q.read_queue_nums),
+            str(q.write_queue_nums),
+        )
+    console.print(table)
+    return 0
+
+
+def topic_delete(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        done = admin.delete_topic(args.topic)
+    console.print(f"topic {args.topic} deleted from {', '.join(done)}")
+    return 0
+
+
+# ---- produce / consume ---------------------------------------------------------------------------
+
+
+def produce(args: argparse.Namespace) -> int:
+    if args.count < 1 or args.size < 1 or args.batch < 1:
+        raise InvalidArgumentError("--count, --size and --batch must be at least 1")
+    text: bytes | None = args.message.encode() if args.message is not None else None
+    size: int = args.size
+    pad = b"x" * size
+
+    def body_of(i: int) -> bytes:
+        if text is not None:
+            return text
+        head = f"{i:012d} ".encode()
+        return (head + pad)[: max(size, len(head))]
+
+    keys = [args.key] if args.key else []
+    results: list[SendResult] = []
+    started = time.monotonic()
+    interval = 1.0 / args.rate if args.rate else 0.0
+    with Producer(_namesrv(args)) as p, _progress() as progress:
+        task = progress.add_task(f"producing to {args.topic}", total=args.count)
+        sent = 0
+        pending = []
+        while sent < args.count:
+            n = min(args.batch, args.count - sent)
+            if args.batch > 1:
+                msgs = [
+                    OutgoingMessage(body_of(sent + i), args.tags, tuple(keys)) for i in range(n)
+                ]
+                pending.extend(p.send_batch_async(args.topic, msgs))
+            else:
+                pending.append(p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys))
+            sent += n
+            if len(pending) >= 1024:
+                results.extend(f.result() for f in pending)
+                pending.clear()
+            progress.update(task, completed=sent)
+            if interval:
+                time.sleep(max(0.0, started + sent * interval - time.monotonic()))
+        results.extend(f.result() for f in pending)
+    elapsed = time.monotonic() - started
+    groups = sorted({r.broker_group for r in results})
+    console.print(
+        f"[green]{len(results)} messages[/] acknowledged in {elapsed:.2f} s "
+        f"({len(results) / max(elapsed, 1e-9):,.0f} msg/s) on {', '.join(groups)}"
+    )
+    if results and args.show_ids:
+        for r in results[:20]:
+            console.print(f"  {r.msg_id}  {r.broker_group}#{r.queue_id}@{r.queue_offset}")
+    return 0
+
+
+def consume(args: argparse.Namespace) -> int:
+    start = StartFrom.EARLIEST if args.from_beginning else StartFrom.LATEST
+    got = 0
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    with PullConsumer(_namesrv(args), args.group, start_from=start, tag_expression=args.tags) as c:
+        c.subscribe(args.topic)
+        try:
+            while args.max == 0 or got < args.max:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                batch = c.poll(500, max_messages=(args.max - got) if args.max else 10_000)
+                for m in batch:
+                    _print_message(m, args.quiet)
+                got += len(batch)
+                if batch:
+                    c.commit()
+        except KeyboardInterrupt:
+            pass
+        c.commit()
+    console.print(f"[green]{got} messages[/] consumed by group {args.group}")
+    return 0
+
+
+def _print_message(m: ReceivedMessage, quiet: bool) -> None:
+    if quiet:
+        return
+    body = m.body[:80].decode("utf-8", "replace")
+    tags = f" tags={m.tags}" if m.tags else ""
+    console.print(
+        f"{m.broker_group}#{m.queue_id}@{m.queue_offset} {m.msg_id}{tags} {body!r}",
+        highlight=False,
+    )
+
+
+# ---- group and message ---------------------------------------------------------------------------
+
+
+def group_lag(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        lags = admin.group_lag(args.group, args.topic)
+    table = Table(title=f"group {args.group} on {args.topic}")
+    for col in ("queue", "committed", "max offset", "lag"):
+        table.add_column(col, justify="right" if col != "queue" else "left")
+    total = 0
+    for q in lags:
+        total += q.lag
+        table.add_row(
+            str(q.queue),
+            "-" if q.committed is None else str(q.committed),
+            str(q.max_offset),
+            str(q.lag),
+        )
+    table.add_row("[bold]total[/]", "", "", f"[bold]{total}[/]")
+    console.print(table)
+    return 0
+
+
+def group_reset(args: argparse.Namespace) -> int:
+    ms = parse_time_ms(args.to_time)
+    with Admin(_namesrv(args)) as admin:
+        offsets = admin.reset_offsets_to_time(args.group, args.topic, ms)
+    table = Table(title=f"group {args.group} reset to {_fmt_ms(ms)}")
+    table.add_column("queue")
+    table.add_column("new offset", justify="right")
+    for q, off in sorted(offsets.items()):
+        table.add_row(str(q), str(off))
+    console.print(table)
+    console.print("running consumers of the group pick the new offsets up when restarted")
+    return 0
+
+
+def message_get(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        if args.id:
+            found = [admin.message_by_id(args.id)]
+        else:
+            if not args.topic:
+                raise InvalidArgumentError("--key needs --topic")
+            found = admin.messages_by_key(args.topic, args.key)
+    table = Table(title="messages")
+    for col in ("msg id", "queue", "offset", "tags", "keys", "stored", "body"):
+        table.add_column(col)
+    for m in found:
+        table.add_row(
+            m.msg_id,
+            f"{m.broker_group}#{m.queue_id}",
+            str(m.queue_offset),
+            m.tags or "",
+            ",".join(m.keys),
+            _fmt_ms(m.store_timestamp_ms),
+            m.body[:60].decode("utf-8", "replace"),
+        )
+    console.print(table)
+    return 0 if found else 1
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+# ---- parser --------------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    topic = subparsers.add_parser("topic", help="create, list, route, delete topics")
+    tsub = topic.add_subparsers(dest="topic_command", required=True)
+    p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")
+    p.add_argument("topic")
+    p.add_argument("--queues", type=int, default=8, help="read and write queues per group")
+    p.add_argument("--ordered", action="store_true", help="senders use a sharding key")
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.set_defaults(func=topic_create)
+    p = tsub.add_parser("list", help="every topic with its groups and queues")
+    p.set_defaults(func=topic_list)
+    p = tsub.add_parser("route", help="a topic's route: groups, leaders, queues")
+    p.add_argument("topic")
+    p.set_defaults(func=topic_route)
+    p = tsub.add_parser("delete", help="delete a topic from every group")
+    p.add_argument("topic")
+    p.set_defaults(func=topic_delete)
+
+    p = subparsers.add_parser("produce", help="send messages (a progress bar shows the work)")
+    p.add_argument("topic")
+    p.add_argument("--count", type=int, default=1)
+    p.add_argument("--size", type=int, default=100, help="body bytes of generated messages")
+    p.add_argument("--message", default=None, help="send this text instead of generated bodies")
+    p.add_argument("--batch", type=int, default=1, help="messages per batch send (1 = single)")
+    p.add_argument("--tags", default=None)
+    p.add_argument("--key", default=None)
+    p.add_argument("--rate", type=float, default=0.0, help="messages per second (0 = as fast)")
+    p.add_argument("--show-ids", action="store_true", help="print the first message ids")
+    p.set_defaults(func=produce)
+
+    p = subparsers.add_parser("consume", help="read messages as a consumer group")
+    p.add_argument("topic")
+    p.add_argument("--group", required=True)
+    p.add_argument("--from-beginning", action="store_true", help="a new group starts at the start")
+    p.add_argument("--max", type=int, default=0, help="stop after this many (0 = until Ctrl-C)")
+    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
+    p.add_argument("--tags", default="*", help='tag expression, e.g. "TagA || TagB"')
+    p.add_argument("--quiet", action="store_true", help="count only, print no messages")
+    p.set_defaults(func=consume)
+
+    group = subparsers.add_parser("group", help="consumer group lag and offset resets")
+    gsub = group.add_subparsers(dest="group_command", required=True)
+    p = gsub.add_parser("lag", help="committed offset, max offset and lag per queue")
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    p.set_defaults(func=group_lag)
+    p = gsub.add_parser("reset", help="reset a group's offsets to a time (backtracking)")
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--to-time", required=True, help="ms since the epoch, ISO time, or -10m")
+    p.set_defaults(func=group_reset)
+
+    msg = subparsers.add_parser("message", help="look messages up")
+    msub = msg.add_subparsers(dest="message_command", required=True)
+    p = msub.add_parser("get", help="by message id or by key")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--id")
+    g.add_argument("--key")
+    p.add_argument("--topic", default=None, help="with --key")
+    p.set_defaults(func=message_get)
