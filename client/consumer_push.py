@@ -108,6 +108,8 @@ class PushConsumer:
         )
         self._executor = ThreadPoolExecutor(consume_threads, thread_name_prefix="consume")
         self._scheduler = Scheduler("raftmq-consumer-timer")
+        # Heartbeats on their own thread: a slow rebalance must not let membership expire.
+        self._heartbeats = Scheduler("raftmq-consumer-heartbeat")
         self._lock = threading.Condition()
         self._fetchers: dict[QueueRef, QueueFetcher] = {}
         self._pqs: dict[QueueRef, _ProcessQueue] = {}
@@ -125,7 +127,7 @@ class PushConsumer:
         self.routes.route(self.topic)  # fail fast on an unknown topic
         if self._model is MessageModel.CLUSTERING:
             self._heartbeat()
-            self._scheduler.every(self._heartbeat_ms / 1000, self._heartbeat)
+            self._heartbeats.every(self._heartbeat_ms / 1000, self._heartbeat)
         self.rebalance()
         self._scheduler.every(self._rebalance_s, self.rebalance)
         self._scheduler.every(self._commit_s, self.commit)
@@ -137,6 +139,7 @@ class PushConsumer:
             return
         self._closed = True
         self._scheduler.close()
+        self._heartbeats.close()
         for f in self._fetchers.values():
             f.stop(join=False)
         for f in self._fetchers.values():
@@ -170,7 +173,7 @@ class PushConsumer:
             consumer_group=self.group,
             client_id=self.client_id,
             topics=[self.topic],
-            expiry_ms=3 * self._heartbeat_ms,
+            expiry_ms=max(3 * self._heartbeat_ms, 3_000),
             leaving=leaving,
         )
         try:
@@ -178,10 +181,9 @@ class PushConsumer:
         except RaftMQError as exc:
             log.warning("consumer.heartbeat_no_route error=%s", exc.message)
             return
-        calls = [self._pool.broker(a).Heartbeat.future(req, timeout=3) for a in nodes]
-        for c in calls:
+        for a in nodes:
             with contextlib.suppress(grpc.RpcError):  # a dead node: the others carry it
-                c.result()
+                self._pool.broker(a).Heartbeat(req, timeout=2)
 
     def _members(self) -> list[str]:
         req = broker_pb2.GetConsumerListRequest(consumer_group=self.group)
@@ -226,7 +228,8 @@ class PushConsumer:
                 len(plan.keep),
             )
             for q in plan.stop:
-                self._fetchers.pop(q).stop()
+                # No join: a fetcher may sit in a long poll; what it still fetches is dropped.
+                self._fetchers.pop(q).stop(join=False)
                 with self._lock:
                     pq = self._pqs.pop(q, None)
                 if pq is not None:

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -99,6 +99,7 @@ class Producer:
         max_block_ms: int = 10_000,
         max_message_bytes: int = 4 * MIB,
         route_refresh_ms: int = 30_000,
+        max_io_threads: int = 32,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise ValueError("batch_max_messages must be within 1..4096")
@@ -120,6 +121,8 @@ class Producer:
             _split(namesrv_addresses), self._pool, refresh_interval_ms=route_refresh_ms
         )
         self._scheduler = Scheduler("raftmq-producer-timer")
+        # One blocking call per busy queue at a time; more threads than that only wait.
+        self._io = ThreadPoolExecutor(max_io_threads, thread_name_prefix="raftmq-producer-io")
         self._lock = threading.Condition()
         self._queues: dict[QueueRef, _QueueState] = {}
         self._buffered = 0
@@ -229,6 +232,7 @@ class Producer:
         self.flush(timeout_s)
         self._closed = True
         self._scheduler.close()
+        self._io.shutdown(wait=True)
         self._pool.close()
 
     def __enter__(self) -> Producer:
@@ -371,17 +375,17 @@ class Producer:
             first_sequence=req.first_sequence if self.idempotent else 0,
             timeout_ms=int(self._timeout_s * 1000),
         )
+        try:
+            self._io.submit(self._call, req, wire)
+        except RuntimeError:  # closed meanwhile
+            self._finish(req, BrokerUnavailableError("the producer is closed"))
+
+    def _call(self, req: _Request, wire: broker_pb2.SendMessageRequest) -> None:
+        # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
+        # whenever none is running, which cost ~3 ms per send here (measured with cProfile).
         left = max(0.05, req.deadline - time.monotonic())
         try:
-            call = self._pool.broker(req.address).SendMessage.future(wire, timeout=left)
-        except Exception as exc:  # the channel refused the call outright
-            self._failed(req, BrokerUnavailableError(f"cannot call {req.address}: {exc}"))
-            return
-        call.add_done_callback(lambda f: self._done(req, f))
-
-    def _done(self, req: _Request, call: grpc.Future[broker_pb2.SendMessageResponse]) -> None:
-        try:
-            resp = call.result()
+            resp = self._pool.broker(req.address).SendMessage(wire, timeout=left)
         except grpc.RpcError as exc:
             self._failed(req, from_rpc_error(exc), rpc=exc)
             return

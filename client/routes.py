@@ -11,7 +11,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -128,6 +128,7 @@ class TopicRoute:
     queues: tuple[QueueData, ...]
     groups: dict[str, GroupRoute]
     fetched_ms: int
+    _publish: list[PublishQueues] = field(default_factory=list, compare=False, repr=False)
 
     def write_queues(self) -> list[QueueRef]:
         return [
@@ -146,13 +147,17 @@ class TopicRoute:
         )
 
     def publish_queues(self) -> PublishQueues:
+        """The writable queues, sorted once per route (a send asks for them every time)."""
+        if self._publish:
+            return self._publish[0]
         queues = self.write_queues()
         if not queues:
             raise NoRouteError(
                 f"topic {self.topic!r} has no writable queue on any broker group",
                 details={"topic": self.topic},
             )
-        return PublishQueues.of(self.topic, queues)
+        self._publish.append(PublishQueues.of(self.topic, queues))
+        return self._publish[0]
 
     def group(self, broker_group: str) -> GroupRoute | None:
         return self.groups.get(broker_group)
