@@ -459,6 +459,10 @@ class BrokerNode:
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
         timeout_s = (timeout_ms or self.settings.send_timeout_ms) / 1000
+        if self.settings.debug_ack_before_commit:
+            # The bug the chaos checker must catch: acknowledged before a majority has it.
+            self._submit(payload)
+            return queue_id, [SendOutcome("", queue_id, -1, False) for _ in messages]
         outcome = self._replicate([payload], min(timeout_s, self.settings.send_timeout_ms / 1000))[
             0
         ]

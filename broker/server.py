@@ -143,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if settings.debug_ack_before_commit:
+        _log.critical(
+            "broker.debug_ack_before_commit=true: sends are acknowledged BEFORE the majority "
+            "commit and can be lost; never use this outside the chaos suite's self-test"
+        )
     server = BrokerServer(settings)
     try:
         address = server.start()

@@ -132,6 +132,12 @@ class BrokerSettings:
         default=3_000, unit="ms", doc="on SIGTERM, in-flight calls get this long to finish"
     )
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+    debug_ack_before_commit: bool = setting(
+        default=False,
+        unit="",
+        doc="DEBUG ONLY, loses acknowledged messages: answer a send once the leader queued it, "
+        "before the majority commit (shows that the chaos checker catches such a bug)",
+    )
 
     def __post_init__(self) -> None:
         members = parse_members(self.members)
