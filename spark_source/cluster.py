@@ -18,7 +18,6 @@ from typing import Any
 
 import grpc
 
-from broker.filter_tag import parse_tag_expression
 from client.errors import (
     Fault,
     NoRouteError,
@@ -264,15 +263,18 @@ def pull_range(
     batch_size: int,
     poll_timeout_ms: int,
     fail_on_data_loss: bool,
-) -> Iterator[list[common_pb2.StoredMessage]]:
-    """The messages of `rng` in offset order, in lists of at most `batch_size`.
+) -> Iterator[Sequence[broker_pb2.RawBatch]]:
+    """The raw record batches holding `rng`, pull answer by pull answer, in offset order; they
+    may hold offsets at or past `rng.end` and messages the tag filter refuses (the caller drops
+    both: schema.to_record_batch).
 
-    Any node of the group may answer (committed data is the same on every replica); a node that
-    lags behind the planned end, fails or is gone is skipped for the next. Gives up after
-    `poll_timeout_ms` without progress."""
+    Pulls ask for raw record batches (the broker sends stored chunks untouched; we decode), and
+    the next pull is in flight while the caller converts the current one. Any node of the group
+    may answer (committed data is the same on every replica); a node that lags behind the
+    planned end, fails or is gone is skipped for the next. Gives up after `poll_timeout_ms`
+    without progress."""
     q = rng.queue
     where = f"{q.topic}/{q.broker_group}/{q.queue_id}"
-    tag_filter = parse_tag_expression(tag_expression)
     nodes = list(addresses)
     node = 0
     misses = 0  # failed tries since the last progress; a full round refreshes the route
@@ -280,101 +282,113 @@ def pull_range(
     offset = rng.begin
     shorter_at: int | None = None  # a node said the queue ends before `offset`
     last_error = ""
+    prefetch: tuple[int, str, grpc.Future[Any]] | None = None
     deadline = time.monotonic() + poll_timeout_ms / 1000
-    while offset < rng.end:
-        if time.monotonic() > deadline:
-            if shorter_at is not None:
-                if fail_on_data_loss:
-                    raise DataLossError(
-                        f"{where} ends at {shorter_at} but the plan reads up to {rng.end} "
-                        "(was the topic deleted and created again?); set failOnDataLoss=false "
-                        "to skip the missing offsets"
-                    )
-                return
-            raise TimeoutError(
-                f"reading {where} offsets {offset}..{rng.end - 1}: no progress for "
-                f"{poll_timeout_ms} ms (pollTimeoutMs); last error: {last_error}"
-            )
-        if not nodes or misses >= len(nodes):
-            # Every known node failed once: the route may have changed (restart, new leader).
-            time.sleep(_sleep_for(rounds))
-            rounds += 1
-            misses = 0
-            try:
-                nodes = list(namesrv.route(q.topic).addresses(q.broker_group)) or nodes
-            except RaftMQError as exc:
-                last_error = str(exc)
-            if not nodes:
-                continue
-        addr = nodes[node % len(nodes)]
+
+    def start(addr: str, at: int, wait_ms: int) -> grpc.Future[Any]:
         req = broker_pb2.PullMessageRequest(
             consumer_group=SOURCE_GROUP,
             topic=q.topic,
             queue_id=q.queue_id,
-            offset=offset,
-            max_count=min(batch_size, rng.end - offset),
+            offset=at,
+            max_count=min(batch_size, rng.end - at),
             filter_type=broker_pb2.TAG,
             filter_expression=tag_expression,
-            # Wait on the broker only after a node came up short: a filtered scan that reaches the
-            # queue's end would otherwise be held for nothing.
-            max_wait_ms=PULL_WAIT_MS if misses else 0,
+            max_wait_ms=wait_ms,
             allow_follower_read=True,
             max_bytes=PULL_MAX_BYTES,
+            raw_batches=True,
         )
         stub = broker_pb2_grpc.BrokerStub(channel(addr))
-        try:
-            resp = _call(stub.PullMessage, req, PULL_WAIT_MS / 1000 + RPC_TIMEOUT_S)
-        except OffsetOutOfRangeError as exc:
-            low, high = exc.min_offset, exc.max_offset
-            if low is not None and high is not None and offset < low:
-                # Retention deleted what the plan names; that is the same on every node.
-                bounds = QueueBounds(low, max(low, high))
-                offset = min(
-                    check_start(q, offset, bounds, fail_on_data_loss=fail_on_data_loss), rng.end
+        return stub.PullMessage.future(req, timeout=wait_ms / 1000 + RPC_TIMEOUT_S)
+
+    try:
+        while offset < rng.end:
+            if time.monotonic() > deadline:
+                if shorter_at is not None:
+                    if fail_on_data_loss:
+                        raise DataLossError(
+                            f"{where} ends at {shorter_at} but the plan reads up to {rng.end} "
+                            "(was the topic deleted and created again?); set "
+                            "failOnDataLoss=false to skip the missing offsets"
+                        )
+                    return
+                raise TimeoutError(
+                    f"reading {where} offsets {offset}..{rng.end - 1}: no progress for "
+                    f"{poll_timeout_ms} ms (pollTimeoutMs); last error: {last_error}"
                 )
-                deadline = time.monotonic() + poll_timeout_ms / 1000
-                continue
-            # This node has not applied up to `offset` yet, or the queue shrank: try another.
-            shorter_at = high
-            last_error = str(exc)
-            node += 1
-            misses += 1
-            continue
-        except RaftMQError as exc:
-            if exc.fault is Fault.CALLER:
-                raise
-            last_error = str(exc)
-            if isinstance(exc, NotLeaderError) and exc.leader_hint and exc.leader_hint not in nodes:
-                nodes.insert(0, exc.leader_hint)
-                node = 0
+            if not nodes or misses >= len(nodes):
+                # Every known node failed once: the route may have changed (restart, leader).
+                time.sleep(_sleep_for(rounds))
+                rounds += 1
+                misses = 0
+                try:
+                    nodes = list(namesrv.route(q.topic).addresses(q.broker_group)) or nodes
+                except RaftMQError as exc:
+                    last_error = str(exc)
+                if not nodes:
+                    continue
+            addr = nodes[node % len(nodes)]
+            if prefetch is not None and prefetch[:2] == (offset, addr):
+                fut = prefetch[2]
             else:
+                if prefetch is not None:
+                    prefetch[2].cancel()
+                # Wait on the broker only after a node came up short: a filtered scan that
+                # reaches the queue's end would otherwise be held for nothing.
+                fut = start(addr, offset, PULL_WAIT_MS if misses else 0)
+            prefetch = None
+            try:
+                try:
+                    resp = fut.result()
+                except grpc.RpcError as rpc_exc:
+                    raise from_rpc_error(rpc_exc) from None
+            except OffsetOutOfRangeError as exc:
+                low, high = exc.min_offset, exc.max_offset
+                if low is not None and high is not None and offset < low:
+                    # Retention deleted what the plan names; that is the same on every node.
+                    bounds = QueueBounds(low, max(low, high))
+                    ok = check_start(q, offset, bounds, fail_on_data_loss=fail_on_data_loss)
+                    offset = min(ok, rng.end)
+                    deadline = time.monotonic() + poll_timeout_ms / 1000
+                    continue
+                # This node has not applied up to `offset` yet, or the queue shrank.
+                shorter_at = high
+                last_error = str(exc)
                 node += 1
-            misses += 1
-            continue
-        assert isinstance(resp, broker_pb2.PullMessageResponse)
-        if resp.status in (broker_pb2.FOUND, broker_pb2.NO_MATCHED_MSG):
-            batch = [
-                m
-                for m in resp.messages
-                if m.queue_offset < rng.end and tag_filter.matches(m.message.tags or None)
-            ]
-            if batch:
-                yield batch
-            offset = max(offset + 1, resp.next_offset)
+                misses += 1
+                continue
+            except RaftMQError as exc:
+                if exc.fault is Fault.CALLER:
+                    raise
+                last_error = str(exc)
+                hint = exc.leader_hint if isinstance(exc, NotLeaderError) else ""
+                if hint and hint not in nodes:
+                    nodes.insert(0, hint)
+                    node = 0
+                else:
+                    node += 1
+                misses += 1
+                continue
+            if resp.status == broker_pb2.NO_NEW_MSG and resp.next_offset <= offset:
+                # Nothing at `offset` on this node: it is behind the planned end.
+                last_error = f"node {addr} has nothing at offset {offset} yet"
+                node += 1
+                misses += 1
+                continue
+            # FOUND, NO_MATCHED_MSG, or NO_NEW_MSG after the filter skipped to the node's end.
+            nxt = max(offset + 1, resp.next_offset)
+            if nxt < rng.end:
+                prefetch = (nxt, addr, start(addr, nxt, 0))
+            offset = nxt
             misses = rounds = 0
             shorter_at = None
             deadline = time.monotonic() + poll_timeout_ms / 1000
-        elif resp.next_offset > offset:
-            # NO_NEW_MSG after the filter skipped to the node's end: that is progress.
-            offset = resp.next_offset
-            misses = rounds = 0
-            shorter_at = None
-            deadline = time.monotonic() + poll_timeout_ms / 1000
-        else:
-            # NO_NEW_MSG at `offset`: this node is behind the planned end.
-            last_error = f"node {addr} has nothing at offset {offset} yet"
-            node += 1
-            misses += 1
+            if resp.batches:
+                yield resp.batches
+    finally:
+        if prefetch is not None:
+            prefetch[2].cancel()
 
 
 # ---- executor side: idempotent sends ------------------------------------------------------------
@@ -385,6 +399,9 @@ class SendTotals:
     stored: int = 0
     duplicates: int = 0
     chunks: int = 0
+
+
+_InFlight = tuple["grpc.Future[Any]", Chunk[common_pb2.Message]]
 
 
 class ChunkSender:
@@ -399,9 +416,7 @@ class ChunkSender:
         self.totals = SendTotals()
         self._routes: dict[str, TopicRoute] = {}
         self._leaders: dict[tuple[str, str], str] = {}
-        self._inflight: OrderedDict[QueueRef, tuple[grpc.Future[Any], Chunk[common_pb2.Message]]] = (
-            OrderedDict()
-        )
+        self._inflight: OrderedDict[QueueRef, _InFlight] = OrderedDict()
 
     def route(self, topic: str) -> TopicRoute:
         r = self._routes.get(topic)

@@ -31,6 +31,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from broker.filter_tag import parse_tag_expression
 from client.errors import RaftMQError, TopicNotFoundError
 from client.rebalance import QueueRef
 from spark_source import cluster
@@ -167,7 +168,8 @@ def check_topics_exist(opts: SourceOptions) -> None:
 def read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
     """Executor side: the partition's rows as Arrow batches (channels from the process pool)."""
     namesrv = cluster.NameServers(opts.namesrv)
-    for messages in cluster.pull_range(
+    tag_filter = parse_tag_expression(opts.tag_expression)
+    for raw in cluster.pull_range(
         namesrv,
         part.range,
         part.addresses,
@@ -176,7 +178,16 @@ def read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordB
         poll_timeout_ms=opts.poll_timeout_ms,
         fail_on_data_loss=opts.fail_on_data_loss,
     ):
-        yield to_record_batch(messages)
+        batch = to_record_batch(
+            raw,
+            part.topic,
+            part.broker_group,
+            part.queue_id,
+            end_offset=part.end,
+            tag_filter=tag_filter,
+        )
+        if batch.num_rows:
+            yield batch
 
 
 class RaftMQBatchReader(DataSourceReader):

@@ -5,6 +5,7 @@ session): every message is in the output exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,10 +46,8 @@ def _descendants(pid: int) -> list[int]:
 
 def _kill_tree(pids: list[int]) -> None:
     for p in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def gone() -> bool:
         return not any(Path(f"/proc/{p}").exists() and _alive(p) for p in pids)

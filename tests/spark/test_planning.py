@@ -99,7 +99,7 @@ def test_assignment_parses_sorted_and_rejects_garbage() -> None:
             oj.parse_assignment(bad)
 
 
-# ---- options --------------------------------------------------------------------------------------
+# ---- options ------------------------------------------------------------------------------------
 
 
 def test_options_defaults_and_kafka_names() -> None:
@@ -189,11 +189,11 @@ def test_sink_options() -> None:
     assert got.topic == "out" and got.namesrv == ("127.0.0.1:9876",)
     with pytest.raises(OptionError, match="unknown option 'subscribe'"):
         parse_sink_options({**NS, "subscribe": "a"})
-    with pytest.raises(OptionError, match="system topic|may only contain"):
+    with pytest.raises(OptionError, match=r"system topic|may only contain"):
         parse_sink_options({**NS, "topic": "bad topic"})
 
 
-# ---- positions and ranges -------------------------------------------------------------------------
+# ---- positions and ranges -----------------------------------------------------------------------
 
 
 A0, A1, B0 = q("t", "broker-a", 0), q("t", "broker-a", 1), q("t", "broker-b", 0)

@@ -59,7 +59,7 @@ def test_failure_after_write_then_restart_stores_each_result_once(
     # Micro-batches 0 and 1 are written; batch 1 fails in commit(), after the broker stored its
     # rows and before Spark records the batch as committed.
     first = _pipeline(spark, cluster, src, dst, ck, **{"failpoint.afterWriteBatch": "1"})
-    with pytest.raises(Exception, match="failpoint.afterWriteBatch"):
+    with pytest.raises(Exception, match=r"failpoint\.afterWriteBatch"):
         first.awaitTermination(180)
     stored = cluster.read_topic(dst)
     assert len(stored) == 400  # two batches of 200 stored before the failure

@@ -1,0 +1,302 @@
+"""Benchmarks of the raftmq Spark source and sink on a local cluster (a NameServer and broker
+groups broker-a and broker-b of 3 nodes each, all on 127.0.0.1) and a local[2] SparkSession.
+
+Results (one JSON line each, also written to bench/results/spark.json):
+- source rows/s into Spark's no-op sink, 1 KiB values: batch read and AvailableNow stream;
+- micro-batch latency (triggerExecution p50/p90) with a 500 ms trigger under steady traffic;
+- sink rows/s: a DataFrame of 1 KiB values written with the exactly-once sink.
+
+Run: `make bench-spark` or `.venv/bin/python bench/spark_bench.py [--rows 200000]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client.pb import broker_pb2, common_pb2  # noqa: E402
+from tests.spark.support import (  # noqa: E402
+    GROUPS,
+    SPARK_CONF,
+    Cluster,
+    call,
+    running_cluster,
+    spark_env,
+)
+
+RESULTS = ROOT / "bench" / "results" / "spark.json"
+QUEUES = 4  # per group: 8 queues, so 8 Spark partitions over both groups
+CHUNK = 512
+
+
+def emit(results: list[dict[str, Any]], rec: dict[str, Any]) -> None:
+    rec = {"bench": "spark", **rec}
+    print(json.dumps(rec), flush=True)
+    results.append(rec)
+
+
+def pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def preload(cluster: Cluster, topic: str, rows: int, value_bytes: int) -> float:
+    """Send `rows` messages spread over every queue; seconds taken."""
+    leaders = {g: cluster.stub(cluster.leader(g)) for g in GROUPS}
+    body = os.urandom(value_bytes)
+    queues = [(g, q) for g in GROUPS for q in range(QUEUES)]
+    per_queue = rows // len(queues)
+    started = time.monotonic()
+
+    def fill(g: str, q: int) -> None:
+        left = per_queue
+        while left:
+            n = min(CHUNK, left)
+            req = broker_pb2.SendMessageRequest(
+                topic=topic,
+                queue_id=q,
+                messages=[common_pb2.Message(body=body) for _ in range(n)],
+            )
+            call(leaders[g].SendMessage, req, timeout=60)
+            left -= n
+
+    threads = [threading.Thread(target=fill, args=gq) for gq in queues]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started
+
+
+def session() -> Any:
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("raftmq-spark-bench")
+    for k, v in SPARK_CONF.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
+
+
+def source_batch(spark: Any, ns: str, topic: str, rows: int) -> float:
+    started = time.monotonic()
+    (
+        spark.read.format("raftmq")
+        .option("nameServer", ns)
+        .option("subscribe", topic)
+        .load()
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
+    return rows / (time.monotonic() - started)
+
+
+def source_stream(spark: Any, ns: str, topic: str, rows: int, tmp: Path) -> dict[str, Any]:
+    q = (
+        spark.readStream.format("raftmq")
+        .option("nameServer", ns)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max(1, rows // 4)))
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp / "ck-stream"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    started = time.monotonic()
+    q.awaitTermination()
+    wall = time.monotonic() - started
+    done = [p for p in q.recentProgress if p["numInputRows"]]
+    total = sum(p["numInputRows"] for p in done)
+    batch_s = sum(p["durationMs"]["triggerExecution"] for p in done) / 1000
+    return {
+        "rows": total,
+        "batches": len(done),
+        "rows_per_s_wall": round(total / wall),
+        "rows_per_s_in_batches": round(total / batch_s) if batch_s else None,
+    }
+
+
+def latency(
+    spark: Any, cluster: Cluster, topic: str, seconds: float, rate: int, value_bytes: int, tmp: Path
+) -> dict[str, Any]:
+    """Steady traffic of `rate` messages/s; triggerExecution of each micro-batch with rows."""
+    q = (
+        spark.readStream.format("raftmq")
+        .option("nameServer", cluster.namesrv_address)
+        .option("subscribe", topic)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp / "ck-latency"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    deadline = time.monotonic() + 180
+    while q.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leaders = {g: cluster.stub(cluster.leader(g)) for g in GROUPS}
+    body = os.urandom(value_bytes)
+    per_tick = max(1, rate // 10)
+    sent = 0
+    started = time.monotonic()
+    tick = 0
+    while time.monotonic() - started < seconds:
+        g = GROUPS[tick % len(GROUPS)]
+        req = broker_pb2.SendMessageRequest(
+            topic=topic,
+            queue_id=tick % QUEUES,
+            messages=[common_pb2.Message(body=body) for _ in range(per_tick)],
+        )
+        call(leaders[g].SendMessage, req)
+        sent += per_tick
+        tick += 1
+        time.sleep(max(0.0, started + tick / 10 - time.monotonic()))
+    time.sleep(2)
+    q.stop()
+    batches = [p for p in q.recentProgress if p["numInputRows"]]
+    trig = [float(p["durationMs"]["triggerExecution"]) for p in batches[1:]]  # skip warm-up
+    return {
+        "trigger_ms": 500,
+        "rate_msgs_per_s": rate,
+        "batches": len(trig),
+        "trigger_execution_p50_ms": round(statistics.median(trig), 1) if trig else None,
+        "trigger_execution_p90_ms": round(pct(trig, 90), 1) if trig else None,
+        "rows_per_batch_p50": statistics.median(p["numInputRows"] for p in batches)
+        if batches
+        else 0,
+        "sent": sent,
+    }
+
+
+def sink(spark: Any, cluster: Cluster, topic: str, rows: int, value_bytes: int) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.range(rows, numPartitions=4)
+        .select(F.expr(f"unhex(repeat('ab', {value_bytes}))").alias("value"))
+        .cache()
+    )
+    df.count()  # materialise the input outside the timed write
+    started = time.monotonic()
+    df.write.format("raftmq").option("nameServer", cluster.namesrv_address).option(
+        "topic", topic
+    ).mode("append").save()
+    wall = time.monotonic() - started
+    stored = sum(cluster.bounds(topic, g, q)[1] for g in GROUPS for q in range(QUEUES))
+    assert stored == rows, f"the sink stored {stored} of {rows} rows"
+    return {"rows": rows, "rows_per_s": round(rows / wall), "seconds": round(wall, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=200_000, help="rows preloaded for the source")
+    ap.add_argument("--value-bytes", type=int, default=1024)
+    ap.add_argument("--latency-seconds", type=float, default=30.0)
+    ap.add_argument("--latency-rate", type=int, default=2000, help="messages/s during latency")
+    ap.add_argument("--sink-rows", type=int, default=100_000)
+    ap.add_argument("--only", default="source,latency,sink", help="comma-separated cases")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    results: list[dict[str, Any]] = []
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    with (
+        tempfile.TemporaryDirectory(prefix="sparkbench-", dir=ROOT / "bench") as tmp_s,
+        running_cluster(Path(tmp_s)) as cluster,
+    ):
+        tmp = Path(tmp_s)
+        for t in ("bench-src", "bench-lat", "bench-sink", "bench-warm"):
+            cluster.create_topic(t, queues=QUEUES)
+        load_s = preload(cluster, "bench-src", args.rows, args.value_bytes)
+        emit(
+            results,
+            {
+                "case": "preload",
+                "rows": args.rows,
+                "value_bytes": args.value_bytes,
+                "rows_per_s": round(args.rows / load_s),
+                **machine,
+            },
+        )
+        preload(cluster, "bench-warm", 8_000, args.value_bytes)
+        spark = session()
+        try:
+            source_batch(spark, cluster.namesrv_address, "bench-warm", 8_000)  # worker warm-up
+        except BaseException:
+            spark.stop()
+            raise
+        try:
+            if "source" in only:
+                source_cases(spark, cluster, args, results, tmp)
+            if "latency" in only:
+                emit(
+                    results,
+                    {
+                        "case": "microbatch_latency",
+                        "value_bytes": args.value_bytes,
+                        **latency(
+                            spark,
+                            cluster,
+                            "bench-lat",
+                            args.latency_seconds,
+                            args.latency_rate,
+                            args.value_bytes,
+                            tmp,
+                        ),
+                    },
+                )
+            if "sink" in only:
+                emit(
+                    results,
+                    {
+                        "case": "sink_batch_write",
+                        "value_bytes": args.value_bytes,
+                        **sink(spark, cluster, "bench-sink", args.sink_rows, args.value_bytes),
+                    },
+                )
+        finally:
+            spark.stop()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("".join(json.dumps(r) + "\n" for r in results))
+    return 0
+
+
+def source_cases(
+    spark: Any, cluster: Cluster, args: argparse.Namespace, results: list[dict[str, Any]], tmp: Path
+) -> None:
+    rps = source_batch(spark, cluster.namesrv_address, "bench-src", args.rows)
+    emit(
+        results,
+        {
+            "case": "source_batch_noop",
+            "rows": args.rows,
+            "value_bytes": args.value_bytes,
+            "rows_per_s": round(rps),
+            "target_rows_per_s": 50_000,
+        },
+    )
+    emit(
+        results,
+        {
+            "case": "source_stream_available_now_noop",
+            "value_bytes": args.value_bytes,
+            **source_stream(spark, cluster.namesrv_address, "bench-src", args.rows, tmp),
+        },
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
