@@ -35,7 +35,7 @@ from client.errors import (
 )
 from client.messages import OutgoingMessage, SendResult, to_pb
 from client.pb import broker_pb2, common_pb2
-from client.queue_selector import FaultTable, select_by_key, select_queue
+from client.queue_selector import FaultTable, PublishQueues, select_by_key, select_queue
 from client.rebalance import QueueRef
 from client.routes import ChannelPool, RouteCache, monotonic_ms
 from client.scheduler import Scheduler
@@ -100,6 +100,7 @@ class Producer:
         max_message_bytes: int = 4 * MIB,
         route_refresh_ms: int = 30_000,
         max_io_threads: int = 32,
+        sticky_messages: int = 32,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise ValueError("batch_max_messages must be within 1..4096")
@@ -129,6 +130,8 @@ class Producer:
         self._counter = itertools.count()
         self._faults = FaultTable()
         self._leaders: dict[str, str] = {}  # broker group -> leader address (hints win)
+        self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
+        self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
         self._closed = False
 
@@ -274,7 +277,24 @@ class Producer:
         queues = route.publish_queues()
         if sharding_key is not None:
             return select_by_key(queues, sharding_key)
-        return select_queue(queues, next(self._counter), self._faults, monotonic_ms())
+        return self._sticky_queue(topic, queues)
+
+    def _sticky_queue(self, topic: str, queues: PublishQueues) -> QueueRef:
+        """Kafka's uniform sticky partitioning (KIP-794): unkeyed sends stay on one queue for
+        `sticky_messages` sends, so concurrent sends share requests instead of spreading one
+        message per request over every queue; then the next queue, round robin, avoiding groups
+        that just failed. Over time every queue gets the same share."""
+        now = monotonic_ms()
+        with self._lock:
+            current = self._sticky.get(topic)
+            if current is not None and self._faults.is_available(current[0].broker_group, now):
+                q, left = current
+                if left > 1:
+                    self._sticky[topic] = (q, left - 1)
+                    return q
+            chosen = select_queue(queues, next(self._counter), self._faults, now)
+            self._sticky[topic] = (chosen, self._sticky_messages)
+            return chosen
 
     def _first_send_queue(self, topic: str) -> QueueRef:
         """No NameServer knows the topic yet: send to some group's leader, which creates it if
