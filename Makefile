@@ -4,10 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-DEBS := procps iproute2
+DEBS := procps iproute2 openjdk-17-jre-headless
 PACKAGES := raftlog namesrv broker controller client spark_source chaos
 
-.PHONY: test test-slow lint types unit run bench bench-raftlog clean deps debs
+.PHONY: test test-slow lint types unit run bench bench-raftlog bench-spark clean deps debs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,10 +39,13 @@ test-slow: deps
 run: deps
 	$(BIN)/python -m client.cli cluster up
 
-bench: bench-raftlog
+bench: bench-raftlog bench-spark
 
 bench-raftlog: deps
 	$(BIN)/python bench/raftlog_bench.py
+
+bench-spark: deps
+	$(BIN)/python bench/spark_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
