@@ -1,7 +1,7 @@
 """The `raftmq` Spark sink: rows (value, key, topic, tags, properties) sent exactly once.
 
-Each task sends its rows with the broker's idempotent producer under an id derived from (query
-id, micro-batch id, partition id), with per-queue sequences from 0 in row order (sink_plan.py),
+Each task sends its rows with the SDK's idempotent Producer under an id derived from (query id,
+micro-batch id, partition id), with per-queue sequences from 0 in row order (sink_plan.py),
 so a replayed micro-batch is answered "duplicate" and stored nothing twice. Writers hold options
 and plain values only; channels are opened inside write() on the executor.
 """
@@ -9,9 +9,9 @@ and plain values only; channels are opened inside write() on the executor.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -23,11 +23,16 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from client.pb import common_pb2
+from client.messages import OutgoingMessage, SendResult
+from client.producer import Producer
 from client.queue_selector import PublishQueues
+from client.rebalance import QueueRef
 from spark_source import cluster
 from spark_source.options import TOPIC, SinkOptions, parse_sink_options
 from spark_source.sink_plan import (
+    MAX_CHUNK_BYTES,
+    MAX_CHUNK_MESSAGES,
+    Chunk,
     SequenceChunker,
     choose_queue,
     job_producer_id,
@@ -37,6 +42,8 @@ from spark_source.sink_plan import (
 _log = logging.getLogger("spark_source")
 
 SINK_COLUMNS = ("value", "key", "topic", "tags", "properties")
+ROUTE_REFRESH_MS = 30_000
+SETTLE_MARGIN_S = 5.0  # the Producer fails a send after send_timeout_ms; wait a little longer
 
 
 class SinkSchemaError(ValueError):
@@ -98,46 +105,80 @@ def _text(value: object, column: str, row: int) -> str | None:
 def write_partition(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], producer_id: str, partition_id: int
 ) -> SinkCommit:
-    """Send one task's rows; returns once every chunk is acknowledged (stored or duplicate)."""
-    namesrv = cluster.NameServers(opts.namesrv)
-    sender = cluster.ChunkSender(namesrv, producer_id, opts.send_timeout_ms / 1000)
-    chunker: SequenceChunker[common_pb2.Message] = SequenceChunker()
+    """Send one task's rows with the SDK's idempotent Producer under `producer_id`; returns once
+    every chunk is acknowledged (stored, or duplicate of an earlier attempt).
+
+    Each chunk is exactly one request (the Producer packs with the same limits and rule as
+    SequenceChunker, and a queue's next chunk is handed over only after the previous one was
+    answered), so a replay sends the same sequences in the same requests."""
+    producer = Producer(
+        opts.namesrv,
+        producer_id=producer_id,
+        send_timeout_ms=opts.send_timeout_ms,
+        batch_max_messages=MAX_CHUNK_MESSAGES,
+        batch_max_bytes=MAX_CHUNK_BYTES,
+        linger_ms=0,
+        route_refresh_ms=ROUTE_REFRESH_MS,
+    )
+    chunker: SequenceChunker[OutgoingMessage] = SequenceChunker(
+        max_messages=MAX_CHUNK_MESSAGES, max_bytes=MAX_CHUNK_BYTES
+    )
+    inflight: dict[QueueRef, list[Future[SendResult]]] = {}
     publish: dict[str, PublishQueues] = {}
+    totals = [0, 0]  # stored, duplicates
+    wait_s = opts.send_timeout_ms / 1000 + SETTLE_MARGIN_S
+
+    def settle(queue: QueueRef) -> None:
+        for fut in inflight.pop(queue, ()):
+            totals[1 if fut.result(timeout=wait_s).duplicate else 0] += 1
+
+    def submit(chunk: Chunk[OutgoingMessage]) -> None:
+        settle(chunk.queue)  # a queue's later sequences must never overtake earlier ones
+        inflight[chunk.queue] = producer.send_batch_async(
+            chunk.queue.topic, chunk.items, queue=chunk.queue
+        )
+
     row = 0
-    born_ms = time.time_ns() // 1_000_000
-    for batch in batches:
-        cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-        values = cols["value"]
-        keys = cols.get("key")
-        topics = cols.get("topic")
-        tags = cols.get("tags")
-        props = cols.get("properties")
-        for i in range(batch.num_rows):
-            raw = values[i]
-            if raw is None:
-                raise SinkSchemaError(f"row {row}: `value` is null; the raftmq sink needs a body")
-            body = raw.encode("utf-8") if isinstance(raw, str) else raw
-            topic = opts.topic or (topics[i] if topics is not None else None)
-            if not topic:
-                raise SinkSchemaError(f"row {row}: `topic` is null and no topic option is set")
-            key = _text(keys[i], "key", row) if keys is not None else None
-            queues = publish.get(topic)
-            if queues is None:
-                queues = publish[topic] = PublishQueues.of(topic, sender.route(topic).write_queues)
-            msg = common_pb2.Message(
-                body=body,
-                tags=(tags[i] or "") if tags is not None else "",
-                keys=[key] if key else [],
-                properties=dict(props[i] or ()) if props is not None else {},
-                born_timestamp_ms=born_ms,
-            )
-            for chunk in chunker.add(choose_queue(queues, key, partition_id, row), msg, len(body)):
-                sender.submit(chunk)
-            row += 1
-    for chunk in chunker.flush():
-        sender.submit(chunk)
-    totals = sender.drain()
-    return SinkCommit(producer_id, partition_id, totals.stored, totals.duplicates)
+    try:
+        for batch in batches:
+            cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+            values = cols["value"]
+            keys = cols.get("key")
+            topics = cols.get("topic")
+            tags = cols.get("tags")
+            props = cols.get("properties")
+            for i in range(batch.num_rows):
+                raw = values[i]
+                if raw is None:
+                    raise SinkSchemaError(
+                        f"row {row}: `value` is null; the raftmq sink needs a body"
+                    )
+                body = raw.encode("utf-8") if isinstance(raw, str) else raw
+                topic = opts.topic or (topics[i] if topics is not None else None)
+                if not topic:
+                    raise SinkSchemaError(f"row {row}: `topic` is null and no topic option is set")
+                key = _text(keys[i], "key", row) if keys is not None else None
+                queues = publish.get(topic)
+                if queues is None:
+                    route = cluster.route_or_unknown(producer.routes, topic)
+                    queues = publish[topic] = route.publish_queues()
+                msg = OutgoingMessage(
+                    body,
+                    tags=(tags[i] or None) if tags is not None else None,
+                    keys=(key,) if key else (),
+                    properties=dict(props[i] or ()) if props is not None else {},
+                )
+                target = choose_queue(queues, key, partition_id, row)
+                for chunk in chunker.add(target, msg, len(body)):
+                    submit(chunk)
+                row += 1
+        for chunk in chunker.flush():
+            submit(chunk)
+        for queue in list(inflight):
+            settle(queue)
+    finally:
+        producer.close(timeout_s=wait_s)
+    return SinkCommit(producer_id, partition_id, totals[0], totals[1])
 
 
 def _task() -> TaskContext:

@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 from broker.filter_tag import parse_tag_expression
 from client.errors import RaftMQError, TopicNotFoundError
 from client.rebalance import QueueRef
+from client.routes import ChannelPool, RouteCache, TopicRoute
 from spark_source import cluster
 from spark_source import offsets as offsets_json
 from spark_source.options import (
@@ -86,42 +87,43 @@ class RangePartition(InputPartition):
 
 
 class ClusterView:
-    """Driver-side metadata: routes of the subscribed topics (cached for ROUTE_TTL_MS) and queue
-    bounds (always fresh). Lives on the driver's reader only; never pickled."""
+    """Driver-side metadata: routes of the subscribed topics (the SDK's route cache, refreshed
+    every ROUTE_TTL_MS so new queues and groups show up) and queue bounds (always fresh). Lives
+    on the driver's reader only; never pickled."""
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.namesrv = cluster.NameServers(opts.namesrv)
-        self.routes: dict[str, cluster.TopicRoute] = {}
-        self._routes_at_ms = -(10**18)
+        self.pool = ChannelPool()
+        self.routes = RouteCache(opts.namesrv, self.pool, refresh_interval_ms=ROUTE_TTL_MS)
+        self.known: dict[str, TopicRoute] = {}
 
-    def refresh_routes(self, now_ms: int, *, strict: bool) -> dict[str, cluster.TopicRoute]:
+    def close(self) -> None:
+        self.pool.close()
+
+    def refresh_routes(self, *, strict: bool) -> dict[str, TopicRoute]:
         """Routes of the subscribed topics. `strict`: an unknown topic raises (query start);
         otherwise a topic that vanished keeps its last route and its queues keep their offsets."""
-        if not strict and now_ms - self._routes_at_ms < ROUTE_TTL_MS:
-            return self.routes
         sub = self.opts.subscription
         if sub.kind is SubscriptionKind.PATTERN:
-            topics = sub.pick_topics(self.namesrv.all_topics())
+            topics = sub.pick_topics(self.routes.all_topics())
         else:
             topics = list(sub.topics)
-        routes: dict[str, cluster.TopicRoute] = {}
+        routes: dict[str, TopicRoute] = {}
         for t in topics:
             try:
-                routes[t] = self.namesrv.route(t)
+                routes[t] = cluster.route_or_unknown(self.routes, t)
             except RaftMQError as exc:
                 if strict:
                     raise
-                _log.warning("spark_source.route_failed topic=%s error=%s", t, exc)
-                if t in self.routes:
-                    routes[t] = self.routes[t]
-        self.routes = routes
-        self._routes_at_ms = now_ms
+                _log.warning("spark_source.route_failed topic=%s error=%s", t, exc.message)
+                if t in self.known:
+                    routes[t] = self.known[t]
+        self.known = routes
         return routes
 
     def queues(self) -> list[QueueRef]:
         sub = self.opts.subscription
-        out = [q for r in self.routes.values() for q in r.read_queues]
+        out = [q for r in self.known.values() for q in r.read_queues()]
         if sub.kind is SubscriptionKind.ASSIGN:
             wanted = set(sub.queues)
             out = [q for q in out if q in wanted]
@@ -140,18 +142,18 @@ class ClusterView:
                 )
 
     def bounds(self) -> dict[QueueRef, QueueBounds]:
-        return cluster.queue_bounds(self.routes, self.queues())
+        return cluster.queue_bounds(self.routes, self.pool, self.queues())
 
     def resolve(self, which: str, bounds: Mapping[QueueRef, QueueBounds]) -> dict[QueueRef, int]:
         position = self.opts.starting if which == "start" else self.opts.ending
         lookups = time_lookups(position, sorted(bounds))
-        found = cluster.offsets_for_times(self.routes, lookups) if lookups else {}
+        found = cluster.offsets_for_times(self.routes, self.pool, lookups) if lookups else {}
         fallback = PositionKind.EARLIEST if which == "start" else PositionKind.LATEST
         return resolve_position(position, bounds, found, fallback=fallback)
 
     def partition(self, rng: QueueRange) -> RangePartition:
-        route = self.routes.get(rng.queue.topic)
-        addrs = route.addresses(rng.queue.broker_group) if route else ()
+        route = self.known.get(rng.queue.topic)
+        addrs = cluster.group_addresses(route, rng.queue.broker_group) if route else ()
         q = rng.queue
         return RangePartition(q.topic, q.broker_group, q.queue_id, rng.begin, rng.end, addrs)
 
@@ -161,16 +163,20 @@ def check_topics_exist(opts: SourceOptions) -> None:
     if opts.subscription.kind is SubscriptionKind.PATTERN:
         return
     view = ClusterView(opts)
-    view.refresh_routes(_now_ms(), strict=True)
-    view.check_assignment()
+    try:
+        view.refresh_routes(strict=True)
+        view.check_assignment()
+    finally:
+        view.close()
 
 
 def read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: the partition's rows as Arrow batches (channels from the process pool)."""
-    namesrv = cluster.NameServers(opts.namesrv)
+    """Executor side: the partition's rows as Arrow batches (this process's SDK client)."""
+    pool, routes = cluster.executor_client(opts.namesrv)
     tag_filter = parse_tag_expression(opts.tag_expression)
     for raw in cluster.pull_range(
-        namesrv,
+        pool,
+        routes,
         part.range,
         part.addresses,
         tag_expression=opts.tag_expression,
@@ -200,7 +206,13 @@ class RaftMQBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         view = ClusterView(self.opts)
-        view.refresh_routes(_now_ms(), strict=True)
+        try:
+            return self._plan(view)
+        finally:
+            view.close()
+
+    def _plan(self, view: ClusterView) -> list[InputPartition]:
+        view.refresh_routes(strict=True)
         view.check_assignment()
         bounds = view.bounds()
         missing = sorted(set(view.queues()) - set(bounds))
@@ -247,7 +259,7 @@ class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         view = self._cluster()
-        view.refresh_routes(_now_ms(), strict=True)
+        view.refresh_routes(strict=True)
         view.check_assignment()
         bounds = view.bounds()
         return offsets_json.to_json_dict(view.resolve("start", bounds))
@@ -259,14 +271,14 @@ class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         view = self._cluster()
-        view.refresh_routes(_now_ms(), strict=False)
+        view.refresh_routes(strict=False)
         self._target = {q: b.max_offset for q, b in view.bounds().items()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = offsets_json.from_json_dict(start, what="checkpointed offsets")
         now = _now_ms()
         view = self._cluster()
-        view.refresh_routes(now, strict=False)
+        view.refresh_routes(strict=False)
         bounds = view.bounds()
         self._latest = {q: b.max_offset for q, b in bounds.items()}
         moved: dict[QueueRef, int] = {}
@@ -305,7 +317,7 @@ class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not ranges:
             return []
         view = self._cluster()
-        view.refresh_routes(_now_ms(), strict=False)
+        view.refresh_routes(strict=False)
         return [view.partition(r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -316,7 +328,9 @@ class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: offsets live in the checkpoint, not in a consumer group."""
 
     def stop(self) -> None:
-        self._view = None
+        if self._view is not None:
+            self._view.close()
+            self._view = None
 
 
 class RaftMQDataSource(DataSource):
