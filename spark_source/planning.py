@@ -173,6 +173,24 @@ def plan_ranges(start: Mapping[QueueRef, int], end: Mapping[QueueRef, int]) -> l
     return out
 
 
+def group_ranges(ranges: Sequence[QueueRange], min_rows: int) -> list[tuple[QueueRange, ...]]:
+    """Spark tasks for a batch's ranges: consecutive ranges (queue order) share one task while
+    together they hold at most `min_rows`, so a small micro-batch does not pay a task launch per
+    queue. Depends on the ranges alone, so a replayed batch gets the same partitions."""
+    out: list[tuple[QueueRange, ...]] = []
+    current: list[QueueRange] = []
+    rows = 0
+    for r in ranges:
+        if current and rows + r.count > min_rows:
+            out.append(tuple(current))
+            current, rows = [], 0
+        current.append(r)
+        rows += r.count
+    if current:
+        out.append(tuple(current))
+    return out
+
+
 def check_start(
     queue: QueueRef, offset: int, bounds: QueueBounds, *, fail_on_data_loss: bool
 ) -> int:

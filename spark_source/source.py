@@ -51,6 +51,7 @@ from spark_source.planning import (
     QueueRange,
     backlog,
     check_start,
+    group_ranges,
     hold_back,
     plan_end,
     plan_ranges,
@@ -61,15 +62,18 @@ from spark_source.schema import SCHEMA, to_record_batch
 
 _log = logging.getLogger("spark_source")
 
-ROUTE_TTL_MS = 1000  # an idle 0-second trigger polls constantly; routes change rarely
+ROUTE_TTL_MS = 1000
+# Queues of a micro-batch share a Spark task while together they hold at most this many rows:
+# a small batch then runs as one or two tasks instead of one per queue (latency).
+MIN_PARTITION_ROWS = 4096  # an idle 0-second trigger polls constantly; routes change rarely
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True)
-class RangePartition(InputPartition):
+@dataclass(frozen=True, slots=True)
+class QueueSlice:
     """One queue's offsets [begin, end) and where its group's nodes were at planning time."""
 
     topic: str
@@ -84,6 +88,14 @@ class RangePartition(InputPartition):
         return QueueRange(
             QueueRef(self.topic, self.broker_group, self.queue_id), self.begin, self.end
         )
+
+
+@dataclass(frozen=True)
+class SlicesPartition(InputPartition):
+    """What one Spark task reads: one or more queue slices, in queue order (plain values only:
+    Spark pickles it to the executor)."""
+
+    slices: tuple[QueueSlice, ...]
 
 
 class ClusterView:
@@ -151,11 +163,19 @@ class ClusterView:
         fallback = PositionKind.EARLIEST if which == "start" else PositionKind.LATEST
         return resolve_position(position, bounds, found, fallback=fallback)
 
-    def partition(self, rng: QueueRange) -> RangePartition:
-        route = self.known.get(rng.queue.topic)
-        addrs = cluster.group_addresses(route, rng.queue.broker_group) if route else ()
-        q = rng.queue
-        return RangePartition(q.topic, q.broker_group, q.queue_id, rng.begin, rng.end, addrs)
+    def partitions(self, ranges: Sequence[QueueRange]) -> list[InputPartition]:
+        out: list[InputPartition] = []
+        for group in group_ranges(ranges, MIN_PARTITION_ROWS):
+            slices = []
+            for r in group:
+                route = self.known.get(r.queue.topic)
+                q = r.queue
+                addrs = cluster.group_addresses(route, q.broker_group) if route else ()
+                slices.append(
+                    QueueSlice(q.topic, q.broker_group, q.queue_id, r.begin, r.end, addrs)
+                )
+            out.append(SlicesPartition(tuple(slices)))
+        return out
 
 
 def check_topics_exist(opts: SourceOptions) -> None:
@@ -170,8 +190,16 @@ def check_topics_exist(opts: SourceOptions) -> None:
         view.close()
 
 
-def read_range(opts: SourceOptions, part: RangePartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: the partition's rows as Arrow batches (this process's SDK client)."""
+def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: the partition's rows as Arrow batches, slice after slice."""
+    if not isinstance(partition, SlicesPartition):
+        raise TypeError(f"not a raftmq partition: {partition!r}")
+    for part in partition.slices:
+        yield from read_slice(opts, part)
+
+
+def read_slice(opts: SourceOptions, part: QueueSlice) -> Iterator[pa.RecordBatch]:
+    """One queue slice's rows as Arrow batches (this process's SDK client)."""
     pool, routes = cluster.executor_client(opts.namesrv)
     tag_filter = parse_tag_expression(opts.tag_expression)
     for raw in cluster.pull_range(
@@ -229,11 +257,10 @@ class RaftMQBatchReader(DataSourceReader):
             start[q] = check_start(
                 q, offset, bounds[q], fail_on_data_loss=self.opts.fail_on_data_loss
             )
-        return [view.partition(r) for r in plan_ranges(start, end)]
+        return view.partitions(plan_ranges(start, end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(self.opts, partition)
+        yield from read_partition(self.opts, partition)
 
 
 class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -318,11 +345,10 @@ class RaftMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         view = self._cluster()
         view.refresh_routes(strict=False)
-        return [view.partition(r) for r in ranges]
+        return view.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(self.opts, partition)
+        yield from read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: offsets live in the checkpoint, not in a consumer group."""

@@ -26,6 +26,7 @@ from spark_source.planning import (
     QueueRange,
     backlog,
     check_start,
+    group_ranges,
     hold_back,
     plan_end,
     plan_ranges,
@@ -271,6 +272,16 @@ def test_plan_end_never_goes_back_or_past_the_end(
     assert limit is None or rows <= limit
     assert all(r.count > 0 for r in plan_ranges(start, end))
     assert sum(r.count for r in plan_ranges(start, end)) == rows
+
+
+@given(st.lists(st.integers(1, 5000), max_size=30), st.integers(1, 8000))
+def test_small_ranges_share_tasks_in_queue_order(counts: list[int], min_rows: int) -> None:
+    ranges = [QueueRange(q("t", "broker-a", i), 0, n) for i, n in enumerate(counts)]
+    groups = group_ranges(ranges, min_rows)
+    assert [r for g in groups for r in g] == ranges  # every range once, order kept
+    for g in groups:
+        assert len(g) == 1 or sum(r.count for r in g) <= min_rows
+    assert group_ranges(ranges, min_rows) == groups  # a replay plans the same tasks
 
 
 def test_min_offsets_per_trigger_waits_until_the_delay() -> None:

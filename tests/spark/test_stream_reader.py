@@ -12,7 +12,7 @@ from typing import Any
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from spark_source.schema import arrow_schema
-from spark_source.source import RaftMQStreamReader, RangePartition
+from spark_source.source import QueueSlice, RaftMQStreamReader, SlicesPartition
 from tests.procs import wait_until
 from tests.spark.support import Cluster
 
@@ -54,7 +54,9 @@ def test_offsets_limits_and_new_queues(cluster: Cluster) -> None:
     after = reader.latestOffset(announced, ReadAllAvailable())
     assert after[topic]["broker-b"] == {"0": 0, "1": 1}
     parts = reader.partitions(announced, after)
-    assert [(p.broker_group, p.queue_id, p.begin, p.end) for p in parts] == [("broker-b", 1, 0, 1)]
+    assert [[(s.broker_group, s.queue_id, s.begin, s.end) for s in p.slices] for p in parts] == [
+        [("broker-b", 1, 0, 1)]
+    ]
     # The reader Spark pickles for executors holds no connection; its copy reads the range.
     worker = pickle.loads(pickle.dumps(reader))
     batches = list(worker.read(parts[0]))
@@ -98,7 +100,7 @@ def test_partition_reads_exact_range_with_filter(cluster: Cluster) -> None:
     for i in range(20):
         cluster.send(topic, "broker-b", 0, [b"m%d" % i], tags="keep" if i % 3 == 0 else "drop")
     reader = _reader(cluster, subscribe=topic, subExpression="keep", pullBatchSize="2")
-    part = RangePartition(topic, "broker-b", 0, 4, 16, ())  # no address: found by route
+    part = SlicesPartition((QueueSlice(topic, "broker-b", 0, 4, 16, ()),))  # no address: by route
     rows = [r for b in reader.read(part) for r in b.to_pylist()]
     assert [r["queueOffset"] for r in rows] == [6, 9, 12, 15]
     assert [r["value"] for r in rows] == [b"m6", b"m9", b"m12", b"m15"]
