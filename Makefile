@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-DEBS := procps iproute2 openjdk-17-jre-headless
+DEBS := procps iproute2 openjdk-17-jre-headless docker-compose
 PACKAGES := raftlog namesrv broker controller client spark_source chaos
 
 .PHONY: test test-slow lint types unit run bench bench-raftlog bench-spark clean deps debs

@@ -1,0 +1,70 @@
+"""The `raftmq` command: the top-level parser and error handling. Subcommands live in modules
+that expose `register(subparsers)`; each handler returns an exit code. A typed raftmq error is
+printed as one red line (exit 1), never as a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from client.cluster_spec import SpecError
+from client.errors import RaftMQError
+
+SUBCOMMAND_MODULES = ("client.cli_cluster", "client.cli_data", "controller.cli", "chaos.cli")
+DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
+
+err_console = Console(stderr=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raftmq",
+        description="raftmq: RocketMQ's architecture on Raft broker groups. "
+        "Start a local cluster with `raftmq cluster up`.",
+    )
+    parser.add_argument(
+        "--namesrv",
+        default=os.environ.get("RAFTMQ_NAMESRV", DEFAULT_NAMESRV),
+        help="NameServer addresses, comma-separated "
+        f"(env RAFTMQ_NAMESRV; default {DEFAULT_NAMESRV})",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log the SDK's own messages")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a role not in this build yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except RaftMQError as exc:
+        err_console.print(f"[red]error ({exc.code}):[/] {exc.message}", highlight=False)
+        return 1
+    except SpecError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Start, stop and watch the processes of a ClusterSpec on this machine (`raftmq cluster up`).
+
+Each process writes stdout and stderr to <data_dir>/<name>/process.log; start waits for its ready
+line and, if it never comes, fails naming the process and quoting its log. A `wrap` prefix runs
+each process through another command (the chaos suite: `ip netns exec <ns>`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from client.cluster_spec import ClusterSpec, ProcessSpec
+from client.pb import broker_pb2, broker_pb2_grpc, common_pb2
+
+ROOT = Path(__file__).resolve().parents[1]
+STATUS_TIMEOUT_S = 2.0
+
+
+class StartError(RuntimeError):
+    """A process did not come up; the message names it and quotes its log."""
+
+
+@dataclass
+class Running:
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    group: str
+    address: str
+    pid: int
+    alive: bool
+    role: str  # LEADER / FOLLOWER / CANDIDATE / "-" (unreachable)
+    term: int
+    leader: str
+    commit_index: int
+
+
+def role_available(module: str) -> bool:
+    """A role whose module is not in this build (e.g. the controller before it lands) is skipped."""
+    return importlib.util.find_spec(module) is not None
+
+
+class ClusterRunner:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        *,
+        python: str = sys.executable,
+        wrap: Callable[[ProcessSpec], Sequence[str]] | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self.spec = spec
+        self._python = python
+        self._wrap = wrap
+        self._timeout = start_timeout_s
+        self.running: dict[str, Running] = {}
+        self.skipped: list[str] = []
+
+    def processes(self) -> list[ProcessSpec]:
+        return self.spec.processes()
+
+    def start_all(self, on_started: Callable[[ProcessSpec], None] | None = None) -> None:
+        """Start every process in order (NameServers, controllers, brokers); on a failure stop
+        what was started and raise StartError."""
+        try:
+            for p in self.processes():
+                if not role_available(p.module):
+                    self.skipped.append(p.name)
+                    continue
+                self.start(p.name)
+                if on_started is not None:
+                    on_started(p)
+        except BaseException:
+            self.stop_all()
+            raise
+
+    def _spec(self, name: str) -> ProcessSpec:
+        for p in self.processes():
+            if p.name == name:
+                return p
+        raise KeyError(f"no process named {name!r} in the cluster description")
+
+    def start(self, name: str) -> Running:
+        p = self._spec(name)
+        p.data_dir.mkdir(parents=True, exist_ok=True)
+        log = p.data_dir / "process.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        prefix = list(self._wrap(p)) if self._wrap is not None else []
+        with open(log, "ab") as out:
+            popen = subprocess.Popen(
+                [*prefix, self._python, *p.argv],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in the terminal reaches only `cluster up`
+            )
+        run = Running(p, popen, log)
+        self.running[name] = run
+        offset = log.stat().st_size if log.exists() else 0
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if _log_has(log, p.ready_prefix, offset):
+                return run
+            if popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill(name)
+        raise StartError(
+            f"{name} did not start ({' '.join(p.argv)}); last lines of {log}:\n{tail(log)}"
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        run = self.running.get(name)
+        if run is None or not run.alive:
+            return
+        run.popen.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            try:
+                run.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                run.popen.kill()
+                run.popen.wait(timeout=10)
+
+    def restart(self, name: str) -> Running:
+        self.kill(name)
+        return self.start(name)
+
+    def stop_all(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM everything (brokers first: they hand leadership off), then SIGKILL stragglers."""
+        order = sorted(self.running.values(), key=lambda r: r.spec.role != "broker")
+        for run in order:
+            if run.alive:
+                run.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for run in order:
+            try:
+                run.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                run.popen.kill()
+                run.popen.wait(timeout=10)
+
+    def status(self) -> list[NodeStatus]:
+        out = []
+        for p in self.processes():
+            run = self.running.get(p.name)
+            pid = run.popen.pid if run is not None else 0
+            alive = run is not None and run.alive
+            if p.role != "broker" or not alive:
+                out.append(
+                    NodeStatus(p.name, p.group, f"{p.host}:{p.ports[0]}", pid, alive, "-", 0, "", 0)
+                )
+                continue
+            out.append(broker_status(p.name, p.group, f"{p.host}:{p.ports[0]}", pid))
+        return out
+
+
+def broker_status(name: str, group: str, address: str, pid: int = 0) -> NodeStatus:
+    try:
+        with grpc.insecure_channel(address) as ch:
+            st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=STATUS_TIMEOUT_S
+            )
+    except grpc.RpcError:
+        return NodeStatus(name, group, address, pid, pid != 0, "-", 0, "", 0)
+    return NodeStatus(
+        name,
+        group,
+        address,
+        pid,
+        True,
+        common_pb2.Role.Name(st.role) if st.role else "-",
+        st.term,
+        st.leader_node_id,
+        st.commit_index,
+    )
+
+
+def _log_has(log: Path, prefix: str, offset: int) -> bool:
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return any(line.startswith(prefix.encode()) for line in f)
+    except OSError:
+        return False
+
+
+def tail(log: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,355 @@
+"""The cluster description (deploy/cluster.toml) as values: which processes make up a cluster and
+the exact argv that starts each one. `make run`, docker-compose.yml and the chaos suite all start
+processes from here, so the three never drift apart.
+
+Pure: reading the TOML file is the only I/O; hosts and the data root can be remapped (network
+namespaces, containers) without touching the description.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+class SpecError(ValueError):
+    """The description is wrong; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerNodeSpec:
+    group: str
+    node_id: str
+    address: Endpoint
+    raft: Endpoint
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}-{self.node_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSpec:
+    node_id: str
+    address: Endpoint
+    raft: Endpoint
+
+    @property
+    def name(self) -> str:
+        return f"controller-{self.node_id.removeprefix('c')}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    """One process: `python -m <argv...>` prints a line starting with `ready_prefix` once up."""
+
+    name: str
+    role: str  # "namesrv", "broker" or "controller"
+    module: str
+    argv: tuple[str, ...]  # after `python`
+    ready_prefix: str
+    data_dir: Path
+    host: str
+    ports: tuple[int, ...]
+    group: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    name: str
+    data_dir: Path
+    namesrvs: tuple[Endpoint, ...]
+    groups: dict[str, tuple[BrokerNodeSpec, ...]]
+    controllers: tuple[ControllerSpec, ...] = ()
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def namesrv_addresses(self) -> str:
+        return ",".join(str(e) for e in self.namesrvs)
+
+    @property
+    def controller_addresses(self) -> str:
+        return ",".join(str(c.address) for c in self.controllers)
+
+    def with_data_dir(self, data_dir: Path) -> ClusterSpec:
+        return replace(self, data_dir=data_dir)
+
+    def with_hosts(self, hosts: Mapping[str, str]) -> ClusterSpec:
+        """Each process named in `hosts` on that host instead (same ports), e.g. its own
+        network namespace IP. Names: "namesrv-0", "broker-a-n1", "controller-2"."""
+        namesrvs = tuple(
+            Endpoint(hosts.get(f"namesrv-{i}", e.host), e.port) for i, e in enumerate(self.namesrvs)
+        )
+        groups = {
+            g: tuple(
+                replace(
+                    n,
+                    address=Endpoint(hosts.get(n.name, n.address.host), n.address.port),
+                    raft=Endpoint(hosts.get(n.name, n.raft.host), n.raft.port),
+                )
+                for n in nodes
+            )
+            for g, nodes in self.groups.items()
+        }
+        controllers = tuple(
+            replace(
+                c,
+                address=Endpoint(hosts.get(c.name, c.address.host), c.address.port),
+                raft=Endpoint(hosts.get(c.name, c.raft.host), c.raft.port),
+            )
+            for c in self.controllers
+        )
+        return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
+
+    def with_ports(self, ports: list[int]) -> ClusterSpec:
+        """Every port replaced, in order, from `ports` (tests: free ports)."""
+        it = iter(ports)
+        try:
+            namesrvs = tuple(Endpoint(e.host, next(it)) for e in self.namesrvs)
+            groups = {
+                g: tuple(
+                    replace(
+                        n,
+                        address=Endpoint(n.address.host, next(it)),
+                        raft=Endpoint(n.raft.host, next(it)),
+                    )
+                    for n in nodes
+                )
+                for g, nodes in self.groups.items()
+            }
+            controllers = tuple(
+                replace(
+                    c,
+                    address=Endpoint(c.address.host, next(it)),
+                    raft=Endpoint(c.raft.host, next(it)),
+                )
+                for c in self.controllers
+            )
+        except StopIteration:
+            raise SpecError(f"{self.port_count()} ports are needed, {len(ports)} given") from None
+        return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
+
+    def port_count(self) -> int:
+        return (
+            len(self.namesrvs)
+            + 2 * sum(len(n) for n in self.groups.values())
+            + 2 * len(self.controllers)
+        )
+
+    def without_controllers(self) -> ClusterSpec:
+        return replace(self, controllers=())
+
+    # ---- processes ----------------------------------------------------------------------------
+
+    def processes(self) -> list[ProcessSpec]:
+        """NameServers first, then controllers, then broker nodes: the order to start them."""
+        out: list[ProcessSpec] = []
+        ns_flags = _flags(self.settings.get("namesrv", {}))
+        for i, e in enumerate(self.namesrvs):
+            name = f"namesrv-{i}"
+            out.append(
+                ProcessSpec(
+                    name,
+                    "namesrv",
+                    "namesrv.server",
+                    ("-m", "namesrv.server", "--listen", str(e), *ns_flags),
+                    "namesrv.started",
+                    self.data_dir / name,
+                    e.host,
+                    (e.port,),
+                )
+            )
+        ctl_flags = _flags(self.settings.get("controller", {}))
+        for c in self.controllers:
+            peers = ",".join(
+                f"{o.node_id}={o.address}/{o.raft}" for o in self.controllers if o is not c
+            )
+            out.append(
+                ProcessSpec(
+                    c.name,
+                    "controller",
+                    "controller.server",
+                    (
+                        "-m",
+                        "controller.server",
+                        "--node-id",
+                        c.node_id,
+                        "--listen",
+                        str(c.address),
+                        "--raft-address",
+                        str(c.raft),
+                        "--peers",
+                        peers,
+                        "--data-dir",
+                        str(self.data_dir / c.name),
+                        "--namesrv-addresses",
+                        self.namesrv_addresses,
+                        *ctl_flags,
+                    ),
+                    "controller.started",
+                    self.data_dir / c.name,
+                    c.address.host,
+                    (c.address.port, c.raft.port),
+                )
+            )
+        br_flags = _flags(self.settings.get("broker", {}))
+        for group, nodes in self.groups.items():
+            members = ",".join(f"{n.node_id}={n.address}/{n.raft}" for n in nodes)
+            for n in nodes:
+                argv = [
+                    "-m",
+                    "broker.server",
+                    "--cluster",
+                    self.name,
+                    "--broker-group",
+                    group,
+                    "--node-id",
+                    n.node_id,
+                    "--members",
+                    members,
+                    "--data-dir",
+                    str(self.data_dir / n.name),
+                    "--namesrv-addresses",
+                    self.namesrv_addresses,
+                ]
+                if self.controllers:
+                    argv += ["--controller-addresses", self.controller_addresses]
+                out.append(
+                    ProcessSpec(
+                        n.name,
+                        "broker",
+                        "broker.server",
+                        (*argv, *br_flags),
+                        "broker.started",
+                        self.data_dir / n.name,
+                        n.address.host,
+                        (n.address.port, n.raft.port),
+                        group,
+                    )
+                )
+        return out
+
+
+def _flags(settings: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+
+
+def _str(table: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{where}.{key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _port(table: Mapping[str, Any], key: str, where: str) -> int:
+    value = table.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= 65535:
+        raise SpecError(f"{where}.{key} must be a port number 1..65535, got {value!r}")
+    return value
+
+
+def _name(value: str, where: str) -> str:
+    if not set(value.lower()) <= NAME_CHARS:
+        raise SpecError(f"{where} {value!r} may hold only letters, digits, '-' and '_'")
+    return value
+
+
+def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{source} is not valid TOML: {exc}") from exc
+    known = {"cluster", "namesrv", "group", "controller", "settings"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown section(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    cluster = raw.get("cluster", {})
+    name = _name(_str(cluster, "name", "cluster", "DefaultCluster"), "cluster.name")
+    data_dir = Path(_str(cluster, "data_dir", "cluster", "data"))
+    namesrvs = tuple(
+        Endpoint(_str(t, "host", f"namesrv[{i}]"), _port(t, "port", f"namesrv[{i}]"))
+        for i, t in enumerate(raw.get("namesrv", []))
+    )
+    if not namesrvs:
+        raise SpecError(f"{source}: at least one [[namesrv]] is needed")
+    groups: dict[str, tuple[BrokerNodeSpec, ...]] = {}
+    for i, g in enumerate(raw.get("group", [])):
+        gname = _name(_str(g, "name", f"group[{i}]"), f"group[{i}].name")
+        if gname in groups:
+            raise SpecError(f"{source}: group {gname!r} appears twice")
+        nodes = []
+        for j, n in enumerate(g.get("nodes", [])):
+            where = f"group[{gname}].nodes[{j}]"
+            nodes.append(
+                BrokerNodeSpec(
+                    gname,
+                    _name(_str(n, "id", where), f"{where}.id"),
+                    Endpoint(_str(n, "host", where), _port(n, "port", where)),
+                    Endpoint(_str(n, "host", where), _port(n, "raft_port", where)),
+                )
+            )
+        if not nodes:
+            raise SpecError(f"{source}: group {gname!r} has no nodes")
+        if len({n.node_id for n in nodes}) != len(nodes):
+            raise SpecError(f"{source}: group {gname!r} repeats a node id")
+        groups[gname] = tuple(nodes)
+    if not groups:
+        raise SpecError(f"{source}: at least one [[group]] is needed")
+    controllers = tuple(
+        ControllerSpec(
+            _name(_str(c, "id", f"controller[{i}]"), f"controller[{i}].id"),
+            Endpoint(_str(c, "host", f"controller[{i}]"), _port(c, "port", f"controller[{i}]")),
+            Endpoint(
+                _str(c, "host", f"controller[{i}]"), _port(c, "raft_port", f"controller[{i}]")
+            ),
+        )
+        for i, c in enumerate(raw.get("controller", []))
+    )
+    settings = raw.get("settings", {})
+    if not isinstance(settings, dict) or not set(settings) <= {"namesrv", "broker", "controller"}:
+        raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
+    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings)
+    endpoints = [
+        (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
+    ]
+    seen: dict[tuple[str, int], str] = {}
+    for pname, host, port in endpoints:
+        other = seen.get((host, port))
+        if other is not None and other != pname:
+            raise SpecError(f"{source}: {pname} and {other} both use {host}:{port}")
+        seen[(host, port)] = pname
+    return spec
+
+
+def load(path: Path) -> ClusterSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read the cluster description {path}: {exc}") from exc
+    return parse(text, source=str(path))

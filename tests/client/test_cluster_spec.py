@@ -1,0 +1,86 @@
+"""The cluster description: parse errors name the key, and every process's argv is accepted by
+that role's own parser and settings loader (a renamed setting breaks this test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker import server as broker_server
+from broker import settings as broker_settings
+from client.cluster_spec import SpecError, load, parse
+from namesrv import server as namesrv_server
+from namesrv import settings as namesrv_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "deploy" / "cluster.toml"
+
+
+def test_default_description_has_the_documented_topology() -> None:
+    spec = load(SPEC)
+    names = [p.name for p in spec.processes()]
+    assert names[:2] == ["namesrv-0", "namesrv-1"]
+    assert sorted(spec.groups) == ["broker-a", "broker-b"]
+    assert [p.name for p in spec.processes() if p.role == "broker"] == [
+        f"broker-{g}-n{i}" for g in "ab" for i in range(3)
+    ]
+
+
+def test_every_argv_parses_with_its_role_settings() -> None:
+    for p in load(SPEC).processes():
+        if p.role == "namesrv":
+            cfg, overrides = namesrv_server.parse_args(list(p.argv[2:]))
+            ns = namesrv_settings.load(cfg, overrides, environ={})
+            assert f"{p.host}:{p.ports[0]}" == ns.listen
+        elif p.role == "broker":
+            cfg, overrides = broker_server.parse_args(list(p.argv[2:]))
+            b = broker_settings.load(cfg, overrides, environ={})
+            assert b.me.address == f"{p.host}:{p.ports[0]}"
+            assert b.me.raft_address == f"{p.host}:{p.ports[1]}"
+            assert b.broker_group == p.group
+            assert len(b.member_list) == 3
+
+
+def test_hosts_and_ports_remap_consistently() -> None:
+    spec = load(SPEC)
+    hosts = {p.name: f"10.77.0.{i + 10}" for i, p in enumerate(spec.processes())}
+    moved = spec.with_hosts(hosts).with_ports(list(range(30000, 30000 + spec.port_count())))
+    for p in moved.processes():
+        assert p.host == hosts[p.name]
+        if p.role == "broker":
+            cfg, overrides = broker_server.parse_args(list(p.argv[2:]))
+            b = broker_settings.load(cfg, overrides, environ={})
+            assert b.me.address == f"{p.host}:{p.ports[0]}"
+            assert all(m.address.startswith("10.77.0.") for m in b.member_list)
+            assert all(a.startswith("10.77.0.") for a in b.namesrv_list)
+
+
+ONE_NS = "[[namesrv]]\nhost='h'\nport=1\n"
+NODE = "nodes=[{id='n0',host='h',port=2,raft_port=3}]"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[[group]]\nname='a'\nnodes=[]", "namesrv"),
+        ("[[namesrv]]\nhost='h'\nport=1", "group"),
+        (
+            "[[namesrv]]\nhost='h'\nport=70000\n[[group]]\nname='a'\nnodes=[{id='n0',host='h',port=2,raft_port=3}]",
+            r"namesrv\[0\]\.port",
+        ),
+        (
+            "[[namesrv]]\nhost='h'\nport=1\n[[group]]\nname='a'\nnodes=[{id='n0',host='h',port=1,raft_port=3}]",
+            "both use h:1",
+        ),
+        (
+            ONE_NS + "[[group]]\nname='a b'\n" + NODE,
+            "letters",
+        ),
+        ("[oops]\n", "unknown section"),
+        ("not toml = = =", "not valid TOML"),
+    ],
+)
+def test_errors_name_the_key(text: str, match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        parse(text)

@@ -1,0 +1,55 @@
+"""docker-compose.yml is generated from the cluster description, is current, is valid for
+docker-compose, and each service's command parses with its role's own parser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from broker import server as broker_server
+from broker import settings as broker_settings
+from client.cluster_spec import load
+from client.compose import compose_yaml
+from namesrv import server as namesrv_server
+from namesrv import settings as namesrv_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compose_file_is_current() -> None:
+    assert (ROOT / "docker-compose.yml").read_text() == compose_yaml(
+        load(ROOT / "deploy" / "cluster.toml")
+    ), "docker-compose.yml is stale: run .venv/bin/raftmq cluster compose > docker-compose.yml"
+
+
+def test_compose_file_is_valid_and_commands_parse() -> None:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail("docker-compose is missing: `make deps` installs the Debian package")
+    out = subprocess.run(
+        [exe, "-f", "docker-compose.yml", "config", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    spec = load(ROOT / "deploy" / "cluster.toml")
+    for raw in (ROOT / "docker-compose.yml").read_text().splitlines():
+        line = raw.strip()
+        if not line.startswith("command: "):
+            continue
+        argv = json.loads(line.removeprefix("command: "))
+        assert argv[:2] == ["python", "-m"]
+        module, args = argv[2], argv[3:]
+        if module == "namesrv.server":
+            namesrv_settings.load(*namesrv_server.parse_args(args), environ={})
+        elif module == "broker.server":
+            b = broker_settings.load(*broker_server.parse_args(args), environ={})
+            assert b.me.address.startswith(f"{b.broker_group}-{b.node_id}:")
+        else:
+            assert module == "controller.server" and spec.controllers
