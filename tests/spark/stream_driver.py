@@ -1,19 +1,29 @@
-"""A Spark driver in its own process for the kill tests: streams a raftmq topic into parquet with
-a checkpoint until it is killed. Prints `driver.started` once the query runs.
+"""A Spark driver in its own process for the kill tests: streams a raftmq topic into parquet
+(MODE parquet, OUT a directory) or through a transformation into another topic with the raftmq
+sink (MODE sink, OUT a topic), with a checkpoint, until it is killed. Prints `driver.started`
+once the query runs.
 
-Usage: python -m tests.spark.stream_driver NAMESRV TOPIC CHECKPOINT OUT MAX_OFFSETS TRIGGER_MS
+Usage: python -m tests.spark.stream_driver MODE NAMESRV TOPIC CHECKPOINT OUT MAX_OFFSETS TRIGGER_MS
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from tests.spark.support import SPARK_CONF, spark_env
 
 
+def transform(df: Any) -> Any:
+    """The sink pipeline's transformation (also used by the test's restart): out-<value>."""
+    from pyspark.sql import functions as F
+
+    return df.select(F.concat(F.lit(b"out-"), F.col("value")).alias("value"), F.col("key"))
+
+
 def main(argv: list[str]) -> int:
-    namesrv, topic, checkpoint, out, max_offsets, trigger_ms = argv
+    mode, namesrv, topic, checkpoint, out, max_offsets, trigger_ms = argv
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
@@ -21,16 +31,25 @@ def main(argv: list[str]) -> int:
     for k, v in SPARK_CONF.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    q = (
+    df = (
         spark.readStream.format("raftmq")
         .option("nameServer", namesrv)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", max_offsets)
         .load()
-        .writeStream.format("parquet")
-        .option("path", out)
-        .option("checkpointLocation", checkpoint)
+    )
+    if mode == "parquet":
+        writer = df.writeStream.format("parquet").option("path", out)
+    else:
+        writer = (
+            transform(df)
+            .writeStream.format("raftmq")
+            .option("nameServer", namesrv)
+            .option("topic", out)
+        )
+    q = (
+        writer.option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{int(trigger_ms)} milliseconds")
         .start()
     )

@@ -5,14 +5,16 @@ session): every message is in the output exactly once."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.procs import ROOT, wait_until
 from tests.spark.support import GROUPS, Cluster, spark_env
@@ -73,6 +75,57 @@ def _send_round(cluster: Cluster, topic: str, start: int, per_queue: int) -> set
     return bodies
 
 
+def _kill_mid_batch(
+    mode: str, cluster: Cluster, topic: str, ck: Path, out: str, log: Path, live: list[int]
+) -> tuple[int, set[bytes]]:
+    """Run a driver process until a micro-batch (id >= 2 past where the checkpoint was) is in
+    flight, sending live traffic meanwhile, then SIGKILL it and every process below it. The id
+    of the batch in flight and the bodies sent meanwhile."""
+    env = {**os.environ, **spark_env(), "PYTHONPATH": str(ROOT)}
+    first = max(_batch_ids(ck / "commits"), default=-1) + 3
+    sent: set[bytes] = set()
+    with open(log, "a") as err:
+        driver = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.spark.stream_driver",
+                mode,
+                cluster.namesrv_address,
+                topic,
+                str(ck),
+                out,
+                "200",
+                "200",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+
+        def mid_batch() -> bool:
+            if driver.poll() is not None:
+                raise AssertionError(f"driver exited: {log.read_text()[-3000:]}")
+            offsets, commits = _batch_ids(ck / "offsets"), _batch_ids(ck / "commits")
+            if commits and live[0] < live[1]:  # live traffic while the query runs
+                sent.update(_send_round(cluster, topic, live[0], 25))
+                live[0] += 25
+            return bool(offsets) and max(offsets) >= first and max(offsets) not in commits
+
+        wait_until(mid_batch, 240, "a micro-batch in flight", interval_s=0.01)
+        _kill_tree(_descendants(driver.pid))
+        in_flight = max(_batch_ids(ck / "offsets"))
+        assert in_flight not in _batch_ids(ck / "commits"), "the kill must land mid-batch"
+    finally:
+        if driver.poll() is None:
+            _kill_tree(_descendants(driver.pid))
+        driver.wait(timeout=30)
+    return in_flight, sent
+
+
 def test_sigkill_mid_batch_then_restart_is_exactly_once(
     spark: Any, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -80,50 +133,12 @@ def test_sigkill_mid_batch_then_restart_is_exactly_once(
     cluster.create_topic(topic, queues=QUEUES)
     expected = _send_round(cluster, topic, 0, 250)  # 2000 messages over 8 queues
     ck, out = tmp_path / "ck", tmp_path / "out"
-    env = {**os.environ, **spark_env(), "PYTHONPATH": str(ROOT)}
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.spark.stream_driver",
-            cluster.namesrv_address,
-            topic,
-            str(ck),
-            str(out),
-            "200",
-            "200",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=open(tmp_path / "driver.log", "w"),  # noqa: SIM115
-        text=True,
-        start_new_session=True,
+    live = [250, 400]
+    in_flight, sent = _kill_mid_batch(
+        "parquet", cluster, topic, ck, str(out), tmp_path / "driver.log", live
     )
-    tree: list[int] = []
-    try:
-        sent_at = 250
-
-        def mid_batch() -> bool:
-            nonlocal sent_at, expected
-            if driver.poll() is not None:
-                raise AssertionError(f"driver exited: {(tmp_path / 'driver.log').read_text()}")
-            offsets, commits = _batch_ids(ck / "offsets"), _batch_ids(ck / "commits")
-            if commits and sent_at < 400:  # live traffic while the query runs
-                expected |= _send_round(cluster, topic, sent_at, 25)
-                sent_at += 25
-            return bool(offsets) and max(offsets) >= 2 and max(offsets) not in commits
-
-        wait_until(mid_batch, 240, "a micro-batch in flight", interval_s=0.01)
-        tree = _descendants(driver.pid)
-        _kill_tree(tree)
-        in_flight = max(_batch_ids(ck / "offsets"))
-        assert in_flight not in _batch_ids(ck / "commits"), "the kill must land mid-batch"
-    finally:
-        if driver.poll() is None:
-            _kill_tree(_descendants(driver.pid))
-        driver.wait(timeout=30)
-    expected |= _send_round(cluster, topic, sent_at, 25)
+    expected |= sent
+    expected |= _send_round(cluster, topic, live[0], 25)
     # Restart from the checkpoint: the batch in flight is replayed, then everything else.
     q = (
         spark.readStream.format("raftmq")
@@ -136,7 +151,6 @@ def test_sigkill_mid_batch_then_restart_is_exactly_once(
         .trigger(availableNow=True)
         .start()
     )
-    started = time.monotonic()
     assert q.awaitTermination(240), "the restarted query did not finish"
     assert q.exception() is None
     assert any(p["batchId"] == in_flight for p in q.recentProgress)
@@ -145,4 +159,48 @@ def test_sigkill_mid_batch_then_restart_is_exactly_once(
     assert len(got) == len(expected), f"{len(got)} rows for {len(expected)} messages"
     assert {bytes(r.value) for r in got} == expected
     assert len({(r.brokerName, r.queueId, r.queueOffset) for r in got}) == len(expected)
-    assert time.monotonic() - started < 240
+
+
+@pytest.mark.slow
+def test_sink_pipeline_killed_twice_stores_each_result_once(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Topic A -> out-<value> -> topic B with the raftmq sink; the driver is SIGKILLed in the
+    middle of a micro-batch twice (the sink may have stored part or all of it), under live
+    traffic; after a restart B holds every result exactly once."""
+    from tests.spark.stream_driver import transform
+
+    src, dst = "spark-kill-a", "spark-kill-b"
+    cluster.create_topic(src, queues=QUEUES)
+    cluster.create_topic(dst, queues=2)
+    expected = _send_round(cluster, src, 0, 250)
+    ck = tmp_path / "ck"
+    live = [250, 500]
+    replayed = []
+    for run in range(2):
+        in_flight, sent = _kill_mid_batch(
+            "sink", cluster, src, ck, dst, tmp_path / f"driver{run}.log", live
+        )
+        replayed.append(in_flight)
+        expected |= sent
+    expected |= _send_round(cluster, src, live[0], 25)
+    q = (
+        transform(
+            spark.readStream.format("raftmq")
+            .option("nameServer", cluster.namesrv_address)
+            .option("subscribe", src)
+            .load()
+        )
+        .writeStream.format("raftmq")
+        .option("nameServer", cluster.namesrv_address)
+        .option("topic", dst)
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(240), "the restarted query did not finish"
+    assert q.exception() is None
+    bodies = collections.Counter(m.message.body for m in cluster.read_topic(dst))
+    assert set(bodies) == {b"out-" + b for b in expected}
+    dupes = {b: n for b, n in bodies.items() if n > 1}
+    assert not dupes, f"{len(dupes)} results stored more than once (replayed {replayed})"
