@@ -54,14 +54,15 @@ def test_offsets_limits_and_new_queues(cluster: Cluster) -> None:
     after = reader.latestOffset(announced, ReadAllAvailable())
     assert after[topic]["broker-b"] == {"0": 0, "1": 1}
     parts = reader.partitions(announced, after)
-    assert [[(s.broker_group, s.queue_id, s.begin, s.end) for s in p.slices] for p in parts] == [
-        [("broker-b", 1, 0, 1)]
-    ]
+    assert all(isinstance(p, SlicesPartition) for p in parts)
+    slices = [[(s.broker_group, s.queue_id, s.begin, s.end) for s in p.slices] for p in parts]  # type: ignore[attr-defined]
+    assert slices == [[("broker-b", 1, 0, 1)]]
     # The reader Spark pickles for executors holds no connection; its copy reads the range.
     worker = pickle.loads(pickle.dumps(reader))
     batches = list(worker.read(parts[0]))
     assert [b.schema for b in batches] == [arrow_schema()]
     assert [v.as_py() for b in batches for v in b.column("value")] == [b"z"]
+    reader.stop()
 
 
 def test_available_now_target_and_min_offsets(cluster: Cluster) -> None:
