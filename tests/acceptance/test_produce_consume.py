@@ -79,14 +79,18 @@ def test_every_send_mode_and_a_pull_consumer_get_everything(cluster: Cluster) ->
         ]
         for i in range(300):
             p.send_oneway(topic, f"oneway-{i}".encode())
-        for b in range(20):
-            acked.extend(p.send_batch(topic, [f"batch-{b}-{i}".encode() for i in range(100)]))
+        batches = [
+            p.send_batch_async(topic, [f"batch-{b}-{i}".encode() for i in range(500)])
+            for b in range(196)
+        ]
+        for fs in batches:
+            acked.extend(f.result(timeout=120) for f in fs)
         acked.extend(f.result(timeout=60) for f in futs)
         assert p.flush(60)
-    assert len(acked) == 200 + 2000 + 2000
+    assert len(acked) == 200 + 2000 + 98_000  # 100,200 acknowledged, plus 300 oneway
     assert len({r.msg_id for r in acked}) == len(acked)
     assert {r.broker_group for r in acked} == {"broker-a", "broker-b"}
-    got = drain(cluster, topic, "g-modes", len(acked) + 300)
+    got = drain(cluster, topic, "g-modes", len(acked) + 300, timeout_s=180)
     bodies = Counter(m.body for m in got)
     assert all(n == 1 for n in bodies.values()), "a message was stored twice"
     ids = {m.msg_id for m in got}
