@@ -227,13 +227,8 @@ class Admin:
     ) -> dict[QueueRef, int]:
         """RocketMQ's message backtracking on every group that has the topic. Consumers of the
         group pick the new offsets up when their queues are next assigned or restarted."""
-        route = self.route(topic)
         out: dict[QueueRef, int] = {}
-        by_name = {g.broker_group: g for g in self._select(None)}
-        for name in sorted(route.groups):
-            g = by_name.get(name)
-            if g is None:
-                continue
+        for name, g in self._topic_groups(topic):
             resp = self._on_leader(
                 g,
                 lambda s: s.ResetOffsetsToTimestamp(
@@ -246,6 +241,12 @@ class Admin:
             for o in resp.offsets:
                 out[QueueRef(topic, name, o.queue_id)] = o.offset
         return out
+
+    def _topic_groups(self, topic: str) -> list[tuple[str, GroupInfo]]:
+        """The registered groups that the topic's route names, by name."""
+        route = self.route(topic)
+        by_name = {g.broker_group: g for g in self._select(None)}
+        return [(n, by_name[n]) for n in sorted(route.groups) if n in by_name]
 
     # ---- messages -----------------------------------------------------------------------------
 
@@ -265,12 +266,7 @@ class Admin:
 
     def messages_by_key(self, topic: str, key: str, max_count: int = 64) -> list[ReceivedMessage]:
         out: list[ReceivedMessage] = []
-        route = self.route(topic)
-        by_name = {g.broker_group: g for g in self._select(None)}
-        for name in sorted(route.groups):
-            g = by_name.get(name)
-            if g is None:
-                continue
+        for _name, g in self._topic_groups(topic):
             resp = self._on_leader(
                 g,
                 lambda s: s.QueryMessagesByKey(

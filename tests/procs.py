@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,21 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raftlog.local_cluster import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct ports that were free a moment ago (the kernel picks them)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
