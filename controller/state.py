@@ -1,0 +1,131 @@
+"""The controller's replicated state as a pure state machine: role reports in, each group's
+leader, term and epoch out. Every controller applies the same committed commands in the same
+order and so holds the same records. No clock is read here: command times come in the command.
+
+Fencing: a report with a term older than the group's recorded term is refused, and so is a
+second leader for a term that already has one; the recorded term never decreases.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_GROUPS = 10_000
+MAX_MEMBERS = 64
+
+
+class CommandError(ValueError):
+    """A command that does not decode or breaks a rule of its shape (every replica agrees)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoleReport:
+    broker_group: str
+    node_id: str
+    address: str
+    term: int
+    leader: bool  # True: the node says it leads `term`; False: it follows
+    now_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "op": "report",
+                "group": self.broker_group,
+                "node": self.node_id,
+                "address": self.address,
+                "term": self.term,
+                "leader": self.leader,
+                "now_ms": self.now_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+@dataclass(slots=True)
+class GroupRecord:
+    broker_group: str
+    leader_node_id: str = ""
+    term: int = 0
+    epoch: int = 0
+    changed_ms: int = 0
+    members: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def leader_address(self) -> str:
+        return self.members.get(self.leader_node_id, "")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    accepted: bool
+    changed: bool  # the group's leader changed (push it to the NameServers)
+    reason: str
+    group: str
+    leader_node_id: str
+    term: int
+    epoch: int
+
+
+def decode(data: bytes) -> RoleReport:
+    try:
+        raw: Any = json.loads(data)
+        if raw.get("op") != "report":
+            raise CommandError(f"unknown controller command {raw.get('op')!r}")
+        report = RoleReport(
+            str(raw["group"]),
+            str(raw["node"]),
+            str(raw["address"]),
+            int(raw["term"]),
+            bool(raw["leader"]),
+            int(raw["now_ms"]),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CommandError(f"undecodable controller command: {exc}") from exc
+    if not report.broker_group or not report.node_id or report.term < 0:
+        raise CommandError("a role report needs a group, a node id and a term >= 0")
+    return report
+
+
+class ControllerState:
+    def __init__(self) -> None:
+        self.groups: dict[str, GroupRecord] = {}
+
+    def apply(self, report: RoleReport) -> Verdict:
+        rec = self.groups.get(report.broker_group)
+        if rec is None:
+            if len(self.groups) >= MAX_GROUPS:
+                return self._verdict(
+                    GroupRecord(report.broker_group), False, False, "too many groups"
+                )
+            rec = self.groups[report.broker_group] = GroupRecord(report.broker_group)
+        if report.node_id in rec.members or len(rec.members) < MAX_MEMBERS:
+            rec.members[report.node_id] = report.address
+        if report.term < rec.term:
+            return self._verdict(
+                rec, False, False, f"stale term {report.term}: the group is at term {rec.term}"
+            )
+        if not report.leader:
+            return self._verdict(rec, True, False, "follower noted")
+        if report.term == rec.term and rec.leader_node_id:
+            if rec.leader_node_id == report.node_id:
+                return self._verdict(rec, True, False, "already recorded")
+            return self._verdict(
+                rec,
+                False,
+                False,
+                f"term {report.term} already has leader {rec.leader_node_id}",
+            )
+        rec.leader_node_id = report.node_id
+        rec.term = report.term
+        rec.epoch += 1
+        rec.changed_ms = report.now_ms
+        return self._verdict(rec, True, True, "leader changed")
+
+    @staticmethod
+    def _verdict(rec: GroupRecord, accepted: bool, changed: bool, reason: str) -> Verdict:
+        return Verdict(
+            accepted, changed, reason, rec.broker_group, rec.leader_node_id, rec.term, rec.epoch
+        )
