@@ -27,7 +27,8 @@ from broker.service import ROLE_TO_PB, BrokerService
 from broker.settings import BrokerSettings
 from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
 from client.settings import SettingsError, add_settings_flags, flag_overrides
-from raftlog.record import RoleChange
+from controller.reporter import RoleReporter
+from raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
 
@@ -59,10 +60,18 @@ class BrokerServer:
         )
         self.node.add_role_listener(self._on_role_change)
         self.node.add_topic_listener(self.registrar.poke)
+        self.reporter = RoleReporter(settings.controller_list) if settings.controller_list else None
         self.address = ""
 
     def _registration(self) -> namesrv_pb2.RegisterBrokerRequest:
         st = self.node.status()
+        if self.reporter is not None and st.role is Role.LEADER:
+            # Re-reported every heartbeat: a controller that restarted or lost a push learns
+            # the leader again (the controller ignores a report it already has).
+            me = self.node.me
+            self.reporter.report(
+                self.settings.cluster, self.node.group, me.node_id, me.address, st.term, True
+            )
         return namesrv_pb2.RegisterBrokerRequest(
             cluster=self.settings.cluster,
             broker_group=self.node.group,
@@ -76,6 +85,16 @@ class BrokerServer:
 
     def _on_role_change(self, change: RoleChange) -> None:
         self.registrar.poke()
+        if self.reporter is not None and change.role is not Role.CANDIDATE:
+            me = self.node.me
+            self.reporter.report(
+                self.settings.cluster,
+                self.node.group,
+                me.node_id,
+                me.address,
+                change.term,
+                change.role is Role.LEADER,
+            )
 
     def start(self) -> str:
         listen = self.settings.listen or self.node.me.address
@@ -107,6 +126,8 @@ class BrokerServer:
                 node_id=self.node.me.node_id,
             )
         )
+        if self.reporter is not None:
+            self.reporter.close()
         self.node.close()
 
 

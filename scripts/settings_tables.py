@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from broker import settings as broker_settings  # noqa: E402
 from client.settings import settings_markdown  # noqa: E402
+from controller import settings as controller_settings  # noqa: E402
 from namesrv import settings as namesrv_settings  # noqa: E402
 
 BEGIN = "<!-- settings-tables:begin (scripts/settings_tables.py) -->"
@@ -25,6 +26,12 @@ def tables() -> str:
     roles = [
         ("NameServer", "namesrv", namesrv_settings.NameServerSettings, namesrv_settings.ENV_PREFIX),
         ("Broker node", "broker", broker_settings.BrokerSettings, broker_settings.ENV_PREFIX),
+        (
+            "Controller",
+            "controller",
+            controller_settings.ControllerSettings,
+            controller_settings.ENV_PREFIX,
+        ),
     ]
     parts = []
     for title, section, cls, prefix in roles:

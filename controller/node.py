@@ -1,0 +1,200 @@
+"""ControllerNode: the controller's state machine behind raftlog's ReplicatedLog (the same Raft
+integration the brokers use), with an apply thread and the pushes to the NameServers.
+
+Every controller applies every committed command; only the leader answers reports and pushes.
+The log is small (one command per role change), so a restart replays it from the first entry.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import grpc
+
+from client.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
+from client.pb import namesrv_pb2, namesrv_pb2_grpc
+from controller.settings import ControllerSettings
+from controller.state import CommandError, ControllerState, GroupRecord, RoleReport, Verdict, decode
+from raftlog import errors as rl_errors
+from raftlog.log import ReplicatedLog
+from raftlog.record import Role
+
+log = logging.getLogger("controller")
+
+MAX_VERDICTS = 10_000
+REPORT_TIMEOUT_S = 5.0
+
+
+class Pusher:
+    """Pushes a leader change to every NameServer at once; a dead one delays nobody."""
+
+    def __init__(self, addresses: tuple[str, ...], timeout_ms: int, retries: int) -> None:
+        self._stubs = {
+            a: namesrv_pb2_grpc.NameServerStub(grpc.insecure_channel(a)) for a in addresses
+        }
+        self._timeout_s = timeout_ms / 1000
+        self._retries = retries
+        self._pool = ThreadPoolExecutor(max(2, 2 * len(addresses)), thread_name_prefix="push")
+
+    def push(self, group: str, leader_node_id: str, term: int) -> None:
+        req = namesrv_pb2.PushLeaderChangeRequest(
+            broker_group=group, leader_node_id=leader_node_id, term=term
+        )
+        for address, stub in self._stubs.items():
+            self._pool.submit(self._push_one, address, stub, req)
+
+    def _push_one(
+        self,
+        address: str,
+        stub: namesrv_pb2_grpc.NameServerStub,
+        req: namesrv_pb2.PushLeaderChangeRequest,
+    ) -> None:
+        for attempt in range(self._retries):
+            try:
+                out = stub.PushLeaderChange(req, timeout=self._timeout_s)
+                log.info(
+                    "controller.pushed namesrv=%s group=%s leader=%s term=%d result=%s",
+                    address,
+                    req.broker_group,
+                    req.leader_node_id,
+                    req.term,
+                    namesrv_pb2.LeaderChangeResult.Name(out.result),
+                )
+                return
+            except grpc.RpcError:
+                time.sleep(min(0.2 * (attempt + 1), 1.0))
+        log.warning("controller.push_failed namesrv=%s group=%s", address, req.broker_group)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ControllerNode:
+    def __init__(self, settings: ControllerSettings) -> None:
+        self.settings = settings
+        self.state = ControllerState()
+        self._by_raft = {p.raft_address: p.address for p in settings.peer_list}
+        self._by_raft[settings.raft_address] = settings.listen
+        self._ids = {p.raft_address: p.node_id for p in settings.peer_list}
+        self._ids[settings.raft_address] = settings.node_id
+        self.rlog = ReplicatedLog(settings.raft_config())
+        self.pusher = Pusher(settings.namesrv_list, settings.push_timeout_ms, settings.push_retries)
+        self._cond = threading.Condition()
+        self.applied = 0
+        self._verdicts: collections.OrderedDict[tuple[int, int], Verdict] = (
+            collections.OrderedDict()
+        )
+        self._pushed_as_leader_term = -1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="controller-apply", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.pusher.close()
+        self.rlog.close(transfer_leadership=True)
+
+    # ---- leadership ---------------------------------------------------------------------------
+
+    def leader(self) -> tuple[str, str]:
+        """(node id, gRPC address) of the controller leader, ("", "") if none is known."""
+        st = self.rlog.status()
+        raft = self.settings.raft_address if st.role is Role.LEADER else st.leader
+        if not raft:
+            return "", ""
+        return self._ids.get(raft, ""), self._by_raft.get(raft, "")
+
+    # ---- reports ------------------------------------------------------------------------------
+
+    def report(self, r: RoleReport) -> Verdict:
+        if not self.rlog.is_leader_ready():
+            _, address = self.leader()
+            hint = "" if address == self.settings.listen else address
+            raise NotLeaderError.for_node(self.settings.node_id, "controllers", hint)
+        try:
+            fut = self.rlog.submit(r.encode())
+            committed = fut.result(timeout=REPORT_TIMEOUT_S)
+        except FutureTimeout as exc:
+            raise OutcomeUnknownError("the report was not committed in time; report again") from exc
+        except rl_errors.NotLeaderError as exc:
+            raise NotLeaderError.for_node(self.settings.node_id, "controllers", "") from exc
+        except rl_errors.RaftLogError as exc:
+            raise BrokerUnavailableError(f"controller log: {exc}") from exc
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        key = (committed.index, committed.slot)
+        with self._cond:
+            while key not in self._verdicts:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OutcomeUnknownError("the report was committed but not applied in time")
+                self._cond.wait(left)
+            return self._verdicts[key]
+
+    def records(self) -> list[GroupRecord]:
+        with self._cond:
+            return [
+                GroupRecord(
+                    g.broker_group, g.leader_node_id, g.term, g.epoch, g.changed_ms, dict(g.members)
+                )
+                for g in sorted(self.state.groups.values(), key=lambda g: g.broker_group)
+            ]
+
+    # ---- the apply loop -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            nxt = self.applied + 1
+            if self.rlog.wait_committed(nxt, 0.1):
+                for entry in self.rlog.read_from(nxt, max_bytes=1 << 20, max_entries=256):
+                    self._apply(entry.index, entry.chunks)
+            self._push_all_if_new_leader()
+
+    def _apply(self, index: int, chunks: tuple[bytes, ...]) -> None:
+        changed: list[Verdict] = []
+        with self._cond:
+            for slot, chunk in enumerate(chunks):
+                try:
+                    verdict = self.state.apply(decode(chunk))
+                except CommandError as exc:
+                    log.warning(
+                        "controller.bad_command index=%d slot=%d error=%s", index, slot, exc
+                    )
+                    verdict = Verdict(False, False, str(exc), "", "", 0, 0)
+                self._verdicts[(index, slot)] = verdict
+                if verdict.changed:
+                    changed.append(verdict)
+            while len(self._verdicts) > MAX_VERDICTS:
+                self._verdicts.popitem(last=False)
+            self.applied = index
+            self._cond.notify_all()
+        if changed and self.rlog.is_leader():
+            for v in changed:
+                log.info(
+                    "controller.leader_change group=%s leader=%s term=%d epoch=%d",
+                    v.group,
+                    v.leader_node_id,
+                    v.term,
+                    v.epoch,
+                )
+                self.pusher.push(v.group, v.leader_node_id, v.term)
+
+    def _push_all_if_new_leader(self) -> None:
+        """A new controller leader pushes every record once: pushes of the old leader may have
+        been lost with it (NameServers apply them idempotently by term)."""
+        st = self.rlog.status()
+        if st.role is not Role.LEADER or st.term == self._pushed_as_leader_term:
+            return
+        if not self.rlog.is_leader_ready() or self.applied < self.rlog.committed_index:
+            return
+        self._pushed_as_leader_term = st.term
+        for g in self.records():
+            if g.leader_node_id:
+                self.pusher.push(g.broker_group, g.leader_node_id, g.term)

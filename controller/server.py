@@ -1,0 +1,149 @@
+"""The controller process: `python -m controller.server [--config FILE] [--<key> VALUE ...]`.
+Prints `controller.started listen=HOST:PORT node=ID` once serving; SIGTERM exits cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+from types import FrameType
+
+import grpc
+
+from client.errors import InvalidArgumentError, rpc_errors
+from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
+from client.settings import SettingsError, add_settings_flags, flag_overrides
+from controller import settings as settings_mod
+from controller.node import ControllerNode
+from controller.settings import ControllerSettings
+from controller.state import RoleReport
+from raftlog.record import Role
+
+_log = logging.getLogger("controller")
+_ROLE_TO_PB = {
+    Role.LEADER: common_pb2.LEADER,
+    Role.FOLLOWER: common_pb2.FOLLOWER,
+    Role.CANDIDATE: common_pb2.CANDIDATE,
+}
+
+
+class ControllerService(controller_pb2_grpc.ControllerServicer):
+    def __init__(self, node: ControllerNode) -> None:
+        self.node = node
+
+    @rpc_errors
+    def ReportRole(
+        self, request: controller_pb2.ReportRoleRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.ReportRoleResponse:
+        if not request.broker_group or not request.node_id or request.term < 0:
+            raise InvalidArgumentError("a role report needs broker_group, node_id and term >= 0")
+        v = self.node.report(
+            RoleReport(
+                request.broker_group,
+                request.node_id,
+                request.address,
+                request.term,
+                request.role == common_pb2.LEADER,
+                time.time_ns() // 1_000_000,
+            )
+        )
+        return controller_pb2.ReportRoleResponse(
+            accepted=v.accepted,
+            reason=v.reason,
+            leader_node_id=v.leader_node_id,
+            term=v.term,
+            epoch=v.epoch,
+        )
+
+    @rpc_errors
+    def GetControllerStatus(
+        self, request: controller_pb2.GetControllerStatusRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.ControllerStatus:
+        st = self.node.rlog.status()
+        leader_id, _ = self.node.leader()
+        return controller_pb2.ControllerStatus(
+            node_id=self.node.settings.node_id,
+            role=_ROLE_TO_PB.get(st.role, common_pb2.ROLE_UNSPECIFIED),
+            leader_node_id=leader_id,
+            term=st.term,
+            applied_index=self.node.applied,
+            groups=[
+                controller_pb2.GroupRecord(
+                    broker_group=g.broker_group,
+                    leader_node_id=g.leader_node_id,
+                    leader_address=g.leader_address,
+                    term=g.term,
+                    epoch=g.epoch,
+                    changed_ms=g.changed_ms,
+                    members=g.members,
+                )
+                for g in self.node.records()
+            ],
+        )
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m controller.server",
+        description="raftmq controller: replicated record of broker group leaders.",
+    )
+    parser.add_argument("--config", type=Path, default=None, help="TOML file ([controller])")
+    add_settings_flags(parser, ControllerSettings, settings_mod.ENV_PREFIX)
+    ns = parser.parse_args(argv)
+    return ns.config, flag_overrides(ns, ControllerSettings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, overrides = parse_args(argv)
+    try:
+        settings = settings_mod.load(config, overrides)
+    except SettingsError as exc:
+        print(f"controller: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node = ControllerNode(settings)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    controller_pb2_grpc.add_ControllerServicer_to_server(ControllerService(node), server)
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:
+        _log.error("controller.listen_failed listen=%s error=%s", settings.listen, exc)
+        node.close()
+        return 1
+    if port == 0:
+        _log.error("controller.listen_failed listen=%s (address in use?)", settings.listen)
+        node.close()
+        return 1
+    node.start()
+    server.start()
+    address = f"{settings.listen.rpartition(':')[0]}:{port}"
+    print(f"controller.started listen={address} node={settings.node_id}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop(2).wait()
+    node.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""ControllerSettings: every key of a controller node with its default and unit (`[controller]`
+section, RAFTMQ_CONTROLLER_<KEY> variables, flags). Values and validation only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from broker.settings import Member, parse_members
+from client.settings import load_settings, setting, settings_class
+from raftlog.config import RaftLogConfig
+
+ENV_PREFIX = "RAFTMQ_CONTROLLER_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@settings_class
+class ControllerSettings:
+    node_id: str = setting(default="c0", unit="", doc="this controller's id")
+    listen: str = setting(default="127.0.0.1:9881", unit="host:port", doc="gRPC address")
+    raft_address: str = setting(
+        default="127.0.0.1:9981", unit="host:port", doc="Raft address among the controllers"
+    )
+    peers: str = setting(
+        default="",
+        unit="id=host:port/host:port,...",
+        doc="the other controllers: id=gRPC address/Raft address",
+    )
+    data_dir: Path = setting(default=Path("data/controller"), unit="path", doc="Raft journal")
+    namesrv_addresses: str = setting(
+        default="127.0.0.1:9876", unit="host:port,...", doc="NameServers to push leaders to"
+    )
+    push_timeout_ms: int = setting(default=1_000, unit="ms", doc="one push to one NameServer")
+    push_retries: int = setting(default=3, unit="", doc="attempts per NameServer and change")
+    log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        peers = self.peer_list
+        if self.node_id in {p.node_id for p in peers}:
+            raise ValueError(f"peers must not contain this controller ({self.node_id})")
+        if not [a for a in self.namesrv_addresses.split(",") if a.strip()]:
+            raise ValueError("namesrv_addresses must name at least one NameServer")
+        if self.push_timeout_ms <= 0 or not 1 <= self.push_retries <= 100:
+            raise ValueError("push_timeout_ms must be > 0 and push_retries within 1..100")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        self.raft_config()
+
+    @property
+    def peer_list(self) -> tuple[Member, ...]:
+        return parse_members(self.peers) if self.peers.strip() else ()
+
+    @property
+    def namesrv_list(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.namesrv_addresses.split(",") if a.strip())
+
+    def raft_config(self) -> RaftLogConfig:
+        return RaftLogConfig(
+            node_id=self.raft_address,
+            peers=tuple(p.raft_address for p in self.peer_list),
+            data_dir=self.data_dir / "raft",
+            max_entry_bytes=1 << 20,
+            batch_max_bytes=1 << 20,
+            segment_bytes=16 << 20,
+        )
+
+
+def load(
+    file: Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ControllerSettings:
+    return load_settings(ControllerSettings, file, ENV_PREFIX, overrides, environ=environ)
