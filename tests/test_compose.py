@@ -14,6 +14,8 @@ from broker import server as broker_server
 from broker import settings as broker_settings
 from client.cluster_spec import load
 from client.compose import compose_yaml
+from controller import server as controller_server
+from controller import settings as controller_settings
 from namesrv import server as namesrv_server
 from namesrv import settings as namesrv_settings
 
@@ -53,3 +55,5 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
             assert b.me.address.startswith(f"{b.broker_group}-{b.node_id}:")
         else:
             assert module == "controller.server" and spec.controllers
+            c = controller_settings.load(*controller_server.parse_args(args), environ={})
+            assert len(c.peer_list) == len(spec.controllers) - 1

@@ -10,6 +10,8 @@ import pytest
 from broker import server as broker_server
 from broker import settings as broker_settings
 from client.cluster_spec import SpecError, load, parse
+from controller import server as controller_server
+from controller import settings as controller_settings
 from namesrv import server as namesrv_server
 from namesrv import settings as namesrv_settings
 
@@ -40,6 +42,13 @@ def test_every_argv_parses_with_its_role_settings() -> None:
             assert b.me.raft_address == f"{p.host}:{p.ports[1]}"
             assert b.broker_group == p.group
             assert len(b.member_list) == 3
+            assert b.controller_list == ("127.0.0.1:9881", "127.0.0.1:9882", "127.0.0.1:9883")
+        elif p.role == "controller":
+            cfg, overrides = controller_server.parse_args(list(p.argv[2:]))
+            c = controller_settings.load(cfg, overrides, environ={})
+            assert c.listen == f"{p.host}:{p.ports[0]}"
+            assert c.raft_address == f"{p.host}:{p.ports[1]}"
+            assert len(c.peer_list) == 2
 
 
 def test_hosts_and_ports_remap_consistently() -> None:
