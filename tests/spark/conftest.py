@@ -1,4 +1,4 @@
-"""Session fixtures of the Spark tests: one real raftmq cluster and one local[2] SparkSession
+"""Package fixtures of the Spark tests: one real raftmq cluster and one local[2] SparkSession
 bound to 127.0.0.1, shared by every test (each extra JVM costs 5-20 s)."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from tests.spark.support import SPARK_CONF, Cluster, running_cluster, spark_env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_cluster(tmp_path_factory.mktemp("spark-cluster")) as c:
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")

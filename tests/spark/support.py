@@ -16,7 +16,7 @@ import grpc
 
 from client.errors import from_rpc_error
 from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from tests.procs import GroupLayout, Proc, broker_procs, free_ports, namesrv_proc, wait_until
+from tests.procs import GroupLayout, Proc, start_cluster, wait_until
 
 GROUPS = ("broker-a", "broker-b")
 
@@ -169,23 +169,16 @@ class Cluster:
 
 @contextmanager
 def running_cluster(tmp: Path) -> Iterator[Cluster]:
-    ports = free_ports(1 + 6 * len(GROUPS))
-    ns = namesrv_proc(
-        tmp, "ns", ports[0], ["--broker-expiry-ms", "5000", "--scan-interval-ms", "200"]
+    """tests.procs.start_cluster with one NameServer, no auto-created topics, leaders elected."""
+    base = start_cluster(tmp, GROUPS, namesrvs=1, broker_args=["--no-auto-create-topic"])
+    c = Cluster(
+        tmp,
+        base.namesrvs[0],
+        base.namesrv_addresses[0],
+        {g: layout for g, (layout, _) in base.groups.items()},
+        {g: procs for g, (_, procs) in base.groups.items()},
     )
-    ns_addr = f"127.0.0.1:{ports[0]}"
-    layouts: dict[str, GroupLayout] = {}
-    nodes: dict[str, list[Proc]] = {}
-    for i, g in enumerate(GROUPS):
-        p = ports[1 + 6 * i : 7 + 6 * i]
-        layouts[g] = GroupLayout(g, p[:3], p[3:])
-        nodes[g] = broker_procs(tmp, layouts[g], [ns_addr], ["--no-auto-create-topic"])
-    c = Cluster(tmp, ns, ns_addr, layouts, nodes)
     try:
-        ns.start("namesrv.started")
-        for g in GROUPS:
-            for n in nodes[g]:
-                n.start("broker.started")
         for g in GROUPS:
             c.leader(g)
         yield c
