@@ -279,6 +279,10 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         timeout_s = min(max(request.timeout_ms, 0) or 3000, 30_000) / 1000
         ok = self.node.transfer_leadership(request.target_node_id, timeout_s)
         leader = self.node.leader()
+        deadline = time.monotonic() + 2.0
+        while ok and (leader is None or leader is self.node.me) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the old leader learns the new one from its first append
+            leader = self.node.leader()
         return broker_pb2.LeadershipTransferResponse(
             ok=ok,
             leader_node_id=leader.node_id if leader is not None else "",

@@ -129,6 +129,19 @@ class Admin:
             raise RaftMQError("no broker group is registered with the NameServers yet")
         return groups
 
+    def elect(self, broker_group: str, node_id: str, timeout_ms: int = 5_000) -> str:
+        """Hand the group's leadership to `node_id` (Raft leadership transfer on its leader);
+        the leader's node id afterwards."""
+        g = self._select([broker_group])[0]
+        resp = self._on_leader(
+            g,
+            lambda s: s.LeadershipTransfer(
+                broker_pb2.LeadershipTransferRequest(target_node_id=node_id, timeout_ms=timeout_ms),
+                timeout=timeout_ms / 1000 + 5,
+            ),
+        )
+        return resp.leader_node_id
+
     # ---- topics -------------------------------------------------------------------------------
 
     def create_topic(

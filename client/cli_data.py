@@ -240,6 +240,18 @@ def group_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+def group_elect(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        leader = admin.elect(args.group, args.node)
+    if leader != args.node:
+        console.print(
+            f"[yellow]{args.group} is led by {leader or 'nobody'} (asked: {args.node})[/]"
+        )
+        return 1
+    console.print(f"[green]{args.group} is now led by {leader}[/]")
+    return 0
+
+
 def message_get(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         if args.id:
@@ -319,7 +331,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--quiet", action="store_true", help="count only, print no messages")
     p.set_defaults(func=consume)
 
-    group = subparsers.add_parser("group", help="consumer group lag and offset resets")
+    group = subparsers.add_parser(
+        "group", help="consumer group lag and offset resets; broker group leader elections"
+    )
     gsub = group.add_subparsers(dest="group_command", required=True)
     p = gsub.add_parser("lag", help="committed offset, max offset and lag per queue")
     p.add_argument("group")
@@ -330,6 +344,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--topic", required=True)
     p.add_argument("--to-time", required=True, help="ms since the epoch, ISO time, or -10m")
     p.set_defaults(func=group_reset)
+
+    p = gsub.add_parser("elect", help="hand a broker group's leadership to one of its nodes")
+    p.add_argument("--group", required=True, help="broker group, e.g. broker-a")
+    p.add_argument("--node", required=True, help="node id, e.g. n1")
+    p.set_defaults(func=group_elect)
 
     msg = subparsers.add_parser("message", help="look messages up")
     msub = msg.add_subparsers(dest="message_command", required=True)

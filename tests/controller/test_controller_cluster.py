@@ -4,7 +4,10 @@ pushed to both NameServers, and losing the controller leader loses nothing."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +26,7 @@ from client.pb import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.procs import free_ports, wait_until
+from tests.procs import ROOT, free_ports, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:
@@ -178,3 +181,34 @@ def test_reports_fencing_pushes_and_controller_failover(runner: ClusterRunner) -
         (p.data_dir / "process.log").read_text() for p in r.processes() if p.role == "namesrv"
     )
     assert "namesrv.leader_push" in logs, "the controller pushed to the NameServers"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "client.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_controller_status_and_planned_election_from_the_cli(runner: ClusterRunner) -> None:
+    r = runner
+    wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
+    node, _ = broker_leader(r)
+    wait_until(lambda: (rec := record(r)) is not None and rec.leader_node_id == node, 20, "record")
+    ctls = ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "controller")
+    nss = ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "namesrv")
+    out = cli("controller", "status", "--controllers", ctls)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("LEADER") == 1 and "broker-a" in out.stdout
+    target = next(n for n in ("n0", "n1", "n2") if n != node)
+    out = cli("--namesrv", nss, "group", "elect", "--group", "broker-a", "--node", target)
+    assert out.returncode == 0, out.stdout + out.stderr
+    wait_until(lambda: broker_leader(r)[0] == target, 10, "the elected node to lead")
+    wait_until(
+        lambda: (rec := record(r)) is not None and rec.leader_node_id == target, 10, "the record"
+    )

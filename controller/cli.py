@@ -1,0 +1,75 @@
+"""`raftmq controller status`: the controllers' roles and their record of every broker group
+(leader, term, epoch). A planned hand-off is `raftmq group elect` (client/cli_data.py)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from client.errors import BrokerUnavailableError, from_rpc_error
+from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
+
+console = Console()
+DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
+
+
+def status(args: argparse.Namespace) -> int:
+    addresses = [a.strip() for a in args.controllers.split(",") if a.strip()]
+    rows = []
+    groups: list[controller_pb2.GroupRecord] = []
+    for a in addresses:
+        try:
+            with grpc.insecure_channel(a) as ch:
+                st = controller_pb2_grpc.ControllerStub(ch).GetControllerStatus(
+                    controller_pb2.GetControllerStatusRequest(), timeout=3
+                )
+        except grpc.RpcError as exc:
+            rows.append((a, "[red]down[/]", "", "", from_rpc_error(exc).message[:60]))
+            continue
+        role = common_pb2.Role.Name(st.role) if st.role else "-"
+        rows.append((a, role, st.node_id, str(st.term), str(st.applied_index)))
+        if st.role == common_pb2.LEADER or not groups:
+            groups = list(st.groups)
+    if all(r[1] == "[red]down[/]" for r in rows):
+        raise BrokerUnavailableError(f"no controller answered at {', '.join(addresses)}")
+    t = Table(title="controllers")
+    for col in ("address", "role", "node", "term", "applied"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    g = Table(title="broker groups (controller record)")
+    for col in ("group", "leader", "address", "term", "epoch", "changed", "members"):
+        g.add_column(col)
+    for rec in groups:
+        changed = dt.datetime.fromtimestamp(rec.changed_ms / 1000).isoformat(
+            sep=" ", timespec="seconds"
+        )
+        g.add_row(
+            rec.broker_group,
+            rec.leader_node_id,
+            rec.leader_address,
+            str(rec.term),
+            str(rec.epoch),
+            changed,
+            ", ".join(sorted(rec.members)),
+        )
+    console.print(g)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ctl = subparsers.add_parser("controller", help="the controllers' record of group leaders")
+    sub = ctl.add_subparsers(dest="controller_command", required=True)
+    p = sub.add_parser("status", help="controller roles and each group's leader, term, epoch")
+    p.add_argument(
+        "--controllers",
+        default=os.environ.get("RAFTMQ_CONTROLLERS", DEFAULT_CONTROLLERS),
+        help="controller addresses (env RAFTMQ_CONTROLLERS)",
+    )
+    p.set_defaults(func=status)
