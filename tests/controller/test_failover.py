@@ -1,0 +1,149 @@
+"""Issue 4's acceptance: under steady sends and a consumer, SIGKILL broker-a's leader five times
+(restarting it each time): every acknowledged message is consumed, per-queue order of the
+acknowledged messages holds, and the NameServers route to each new leader within a second of
+its election. A clean stop (SIGTERM) of the leader causes no failed send at all."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.admin import Admin
+from client.cluster_runner import ClusterRunner
+from client.cluster_spec import parse
+from client.consumer_pull import PullConsumer
+from client.messages import SendResult
+from client.offsets import StartFrom
+from client.producer import Producer
+from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders, spec_text
+from tests.procs import free_ports, wait_until
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[ClusterRunner]:
+    r = ClusterRunner(parse(spec_text(free_ports(14), tmp_path / "data")))
+    try:
+        r.start_all()
+        yield r
+    finally:
+        r.stop_all()
+
+
+class Sender:
+    """One producer thread: sync sends, each body unique, keys spread over four queues."""
+
+    def __init__(self, namesrv: str, topic: str) -> None:
+        self.acked: list[tuple[float, SendResult, bytes]] = []
+        self.failed = 0
+        self._stop = threading.Event()
+        self._namesrv = namesrv
+        self._topic = topic
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        with Producer(self._namesrv, send_timeout_ms=15_000) as p:
+            i = 0
+            while not self._stop.is_set():
+                body = f"m{i}".encode()
+                try:
+                    r = p.send(self._topic, body, sharding_key=f"k{i % 4}")
+                    self.acked.append((time.monotonic(), r, body))
+                except Exception:
+                    self.failed += 1
+                i += 1
+                time.sleep(0.002)
+
+
+def namesrv_str(r: ClusterRunner) -> str:
+    return ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "namesrv")
+
+
+def test_five_leader_kills_lose_nothing(runner: ClusterRunner) -> None:
+    r = runner
+    ns = namesrv_str(r)
+    wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
+    with Admin(ns) as admin:
+        admin.create_topic("failover", queues=4)
+        wait_until(lambda: len(admin.route("failover").write_queues()) == 4, 20, "route")
+    sender = Sender(ns, "failover")
+    sender.start()
+    route_delays = []
+    try:
+        wait_until(lambda: len(sender.acked) > 50, 30, "sends to flow")
+        for _ in range(5):
+            node, _ = broker_leader(r)
+            r.kill(f"broker-a-{node}", signal.SIGKILL)
+            wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "a new leader")
+            new, term = broker_leader(r)
+            seen = time.monotonic()
+            wait_until(
+                lambda want=(new, term): all(x == want for x in namesrv_leaders(r)),
+                10,
+                "NameServers to route to the new leader",
+                interval_s=0.01,
+            )
+            route_delays.append(time.monotonic() - seen)
+            before = len(sender.acked)
+            wait_until(lambda b=before: len(sender.acked) > b + 20, 30, "sends to resume")
+            r.start(f"broker-a-{node}")
+    finally:
+        sender.stop()
+    assert max(route_delays) < 1.0, route_delays
+    acked = sender.acked
+    print(f"acked={len(acked)} failed={sender.failed} route_delays={route_delays}")
+    # Per queue, acknowledgement order is queue-offset order.
+    by_queue: dict[int, list[int]] = {}
+    for _, res, _ in acked:
+        by_queue.setdefault(res.queue_id, []).append(res.queue_offset)
+    for offsets in by_queue.values():
+        assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    # Every acknowledged message is there, exactly where it was acknowledged.
+    want = {(res.queue_id, res.queue_offset): body for _, res, body in acked}
+    got: dict[tuple[int, int], bytes] = {}
+    with PullConsumer(ns, "g-failover", start_from=StartFrom.EARLIEST) as c:
+        c.subscribe("failover")
+        deadline = time.monotonic() + 60
+        while not set(want) <= set(got) and time.monotonic() < deadline:
+            for m in c.poll(500):
+                got[(m.queue_id, m.queue_offset)] = m.body
+    missing = [k for k in want if got.get(k) != want[k]]
+    assert not missing, f"{len(missing)} acknowledged messages lost or changed: {missing[:5]}"
+    bodies = list(got.values())
+    assert len(bodies) == len(set(bodies)), "a message was stored twice"
+
+
+def test_clean_stop_of_the_leader_fails_no_send(runner: ClusterRunner) -> None:
+    r = runner
+    ns = namesrv_str(r)
+    wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
+    with Admin(ns) as admin:
+        admin.create_topic("handoff", queues=2)
+        wait_until(lambda: len(admin.route("handoff").write_queues()) == 2, 20, "route")
+    sender = Sender(ns, "handoff")
+    sender.start()
+    try:
+        wait_until(lambda: len(sender.acked) > 50, 30, "sends to flow")
+        for _ in range(2):
+            node, _ = broker_leader(r)
+            r.kill(f"broker-a-{node}", signal.SIGTERM)
+            wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "the hand-off")
+            before = len(sender.acked)
+            wait_until(lambda b=before: len(sender.acked) > b + 20, 30, "sends to resume")
+            r.start(f"broker-a-{node}")
+    finally:
+        sender.stop()
+    gaps = [b[0] - a[0] for a, b in zip(sender.acked, sender.acked[1:], strict=False)]
+    print(f"acked={len(sender.acked)} failed={sender.failed} longest gap={max(gaps):.3f}s")
+    assert sender.failed == 0
