@@ -1,0 +1,190 @@
+"""The producer's record accumulator (Kafka's RecordAccumulator) as a pure value holder: messages
+wait per queue and leave as batches carrying the queue's idempotent sequence numbers.
+
+Time comes in as `now_ms`; no threads, no I/O, no clock. At most one batch per queue is in
+flight, so a retried batch keeps its sequence numbers and the queue's order holds.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from client.rebalance import QueueRef
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch(Generic[T]):
+    """One send request: `items[i]` carries producer sequence `first_sequence + i` on `queue`."""
+
+    queue: QueueRef
+    items: tuple[T, ...]
+    first_sequence: int
+    size_bytes: int
+
+    @property
+    def next_sequence(self) -> int:
+        return self.first_sequence + len(self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class Appended(Generic[T]):
+    """What the caller does after append(): send `batch` now, and/or arm a timer for `wake_at_ms`
+    (a linger started) that calls due()."""
+
+    batch: Batch[T] | None
+    wake_at_ms: int | None
+
+
+@dataclass(slots=True)
+class _QueueState(Generic[T]):
+    pending: collections.deque[tuple[T, int]] = field(default_factory=collections.deque)
+    pending_bytes: int = 0
+    inflight: Batch[T] | None = None
+    next_sequence: int = 0
+    linger_until_ms: int | None = None
+
+
+class Accumulator(Generic[T]):
+    """Per-queue buffers with Kafka's batching rules.
+
+    A queue's batch leaves when it is full (batch_max_messages or batch_max_bytes), when its
+    linger ends (the first waiting message arrived linger_ms ago), or at once when the queue's
+    previous batch completes (what waited behind a request has waited long enough). Buffered
+    counts include in-flight batches until they complete: that is the producer's memory bound.
+    """
+
+    def __init__(
+        self,
+        *,
+        linger_ms: int,
+        batch_max_messages: int,
+        batch_max_bytes: int,
+        max_buffered_messages: int,
+        max_buffered_bytes: int,
+    ) -> None:
+        if linger_ms < 0:
+            raise ValueError(f"linger_ms must not be negative, got {linger_ms}")
+        if batch_max_messages < 1 or batch_max_bytes < 1:
+            raise ValueError("batch_max_messages and batch_max_bytes must be at least 1")
+        if max_buffered_messages < 1 or max_buffered_bytes < 1:
+            raise ValueError("max_buffered_messages and max_buffered_bytes must be at least 1")
+        self.linger_ms = linger_ms
+        self.batch_max_messages = batch_max_messages
+        self.batch_max_bytes = batch_max_bytes
+        self.max_buffered_messages = max_buffered_messages
+        self.max_buffered_bytes = max_buffered_bytes
+        self._queues: dict[QueueRef, _QueueState[T]] = {}
+        self.buffered_messages = 0
+        self.buffered_bytes = 0
+
+    # ---- admission ------------------------------------------------------------------------------
+
+    def has_room(self, count: int, size_bytes: int) -> bool:
+        """Whether `count` more messages of `size_bytes` in all fit the buffer. An empty buffer
+        takes anything, so one request larger than the bound is refused by the broker with a
+        clear error instead of blocking forever here."""
+        if self.buffered_messages == 0:
+            return True
+        return (
+            self.buffered_messages + count <= self.max_buffered_messages
+            and self.buffered_bytes + size_bytes <= self.max_buffered_bytes
+        )
+
+    # ---- transitions ----------------------------------------------------------------------------
+
+    def append(self, queue: QueueRef, items: Sequence[tuple[T, int]], now_ms: int) -> Appended[T]:
+        """Buffer `items` ((item, size in bytes), in order) for `queue`. The caller checked
+        has_room(); a batch given to the caller must be sent, then complete()d or abandon()ed."""
+        st = self._queues.get(queue)
+        if st is None:
+            st = self._queues[queue] = _QueueState()
+        for item, size in items:
+            if size < 0:
+                raise ValueError(f"item size {size} is negative")
+            st.pending.append((item, size))
+            st.pending_bytes += size
+            self.buffered_messages += 1
+            self.buffered_bytes += size
+        armed = st.linger_until_ms
+        batch = self._ready(queue, st, now_ms, waited=False)
+        wake = st.linger_until_ms if batch is None and armed is None else None
+        return Appended(batch, wake)
+
+    def due(self, queue: QueueRef, now_ms: int) -> Batch[T] | None:
+        """The linger timer of `queue` fired: its waiting messages leave unless a batch of the
+        queue is in flight (then they leave when it completes)."""
+        st = self._queues.get(queue)
+        if st is None:
+            return None
+        st.linger_until_ms = None
+        return self._ready(queue, st, now_ms, waited=True)
+
+    def complete(self, batch: Batch[T], now_ms: int) -> Batch[T] | None:
+        """`batch` has its outcome (stored, or failed for good); the queue's next batch, if any.
+        Its sequence numbers stay used: the broker may have stored it."""
+        st = self._release(batch)
+        return self._ready(batch.queue, st, now_ms, waited=True)
+
+    def abandon(self, batch: Batch[T], now_ms: int) -> Batch[T] | None:
+        """`batch` surely never reached a broker and its items go elsewhere (another broker
+        group): its sequence numbers are handed out again, so the queue's sequence has no gap."""
+        st = self._release(batch)
+        st.next_sequence = batch.first_sequence
+        return self._ready(batch.queue, st, now_ms, waited=True)
+
+    def inflight(self, queue: QueueRef) -> Batch[T] | None:
+        st = self._queues.get(queue)
+        return st.inflight if st is not None else None
+
+    def pending_count(self, queue: QueueRef) -> int:
+        st = self._queues.get(queue)
+        return len(st.pending) if st is not None else 0
+
+    def next_sequence(self, queue: QueueRef) -> int:
+        st = self._queues.get(queue)
+        return st.next_sequence if st is not None else 0
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _release(self, batch: Batch[T]) -> _QueueState[T]:
+        st = self._queues.get(batch.queue)
+        if st is None or st.inflight is not batch:
+            raise ValueError(f"batch {batch.first_sequence} of {batch.queue} is not in flight")
+        st.inflight = None
+        self.buffered_messages -= len(batch.items)
+        self.buffered_bytes -= batch.size_bytes
+        return st
+
+    def _ready(
+        self, queue: QueueRef, st: _QueueState[T], now_ms: int, *, waited: bool
+    ) -> Batch[T] | None:
+        if st.inflight is not None or not st.pending:
+            return None
+        full = (
+            len(st.pending) >= self.batch_max_messages or st.pending_bytes >= self.batch_max_bytes
+        )
+        if not (full or waited) and self.linger_ms > 0:
+            if st.linger_until_ms is None:
+                st.linger_until_ms = now_ms + self.linger_ms
+            if now_ms < st.linger_until_ms:
+                return None
+        items: list[T] = []
+        size = 0
+        while st.pending and len(items) < self.batch_max_messages:
+            item, item_size = st.pending[0]
+            if items and size + item_size > self.batch_max_bytes:
+                break
+            st.pending.popleft()
+            items.append(item)
+            size += item_size
+        st.pending_bytes -= size
+        st.linger_until_ms = None
+        batch = Batch(queue, tuple(items), st.next_sequence, size)
+        st.next_sequence = batch.next_sequence
+        st.inflight = batch
+        return batch
