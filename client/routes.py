@@ -78,6 +78,9 @@ class ChannelPool:
             stub = self._namesrvs[address] = namesrv_pb2_grpc.NameServerStub(self.channel(address))
         return stub
 
+    def __len__(self) -> int:
+        return len(self._channels)
+
     def close(self) -> None:
         with self._lock:
             for ch in self._channels.values():
@@ -95,6 +98,11 @@ class GroupRoute:
     leader_address: str  # "" = no leader known
     addresses: tuple[str, ...]
     term: int
+
+    @property
+    def followers(self) -> tuple[str, ...]:
+        """The nodes that may serve reads of committed data when the leader is away."""
+        return tuple(a for a in self.addresses if a != self.leader_address)
 
 
 @dataclass(frozen=True, slots=True)
