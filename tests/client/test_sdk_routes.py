@@ -35,7 +35,9 @@ def address(p: Proc) -> str:
     return p.started_line.split("listen=", 1)[1]
 
 
-def register(pool: ChannelPool, ns: str, node: str, role: int, term: int, port: int) -> None:
+def register(
+    pool: ChannelPool, ns: str, node: str, role: common_pb2.Role, term: int, port: int
+) -> None:
     """What a broker node of broker-a does at every heartbeat."""
     pool.namesrv(ns).RegisterBroker(
         namesrv_pb2.RegisterBrokerRequest(
