@@ -9,10 +9,13 @@ from typing import TypeVar
 
 import grpc
 
+from broker.errors import BrokerInputError
+from broker.message import decode_msg_id
 from client.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
     MessageNotFoundError,
     NotLeaderError,
-    RaftMQError,
     TopicNotFoundError,
     from_rpc_error,
 )
@@ -31,11 +34,15 @@ RPC_TIMEOUT_S = 10.0
 class QueueLag:
     queue: QueueRef
     committed: int | None  # None: the group never committed on this queue
+    min_offset: int
     max_offset: int
 
     @property
     def lag(self) -> int:
-        return self.max_offset - (self.committed or 0)
+        """Messages stored and not yet consumed by the group; a queue it never committed on
+        counts from the first message still stored."""
+        start = self.min_offset if self.committed is None else self.committed
+        return max(0, self.max_offset - max(start, self.min_offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +127,16 @@ class Admin:
             known = {g.broker_group for g in groups}
             missing = sorted(set(broker_groups) - known)
             if missing:
-                raise RaftMQError(
+                raise InvalidArgumentError(
                     f"unknown broker group(s) {', '.join(missing)}; "
                     f"known: {', '.join(sorted(known))}"
                 )
             groups = [g for g in groups if g.broker_group in broker_groups]
         if not groups:
-            raise RaftMQError("no broker group is registered with the NameServers yet")
+            raise BrokerUnavailableError(
+                "no broker group is registered with the NameServers yet; start the brokers "
+                "or check their namesrv_addresses"
+            )
         return groups
 
     def elect(self, broker_group: str, node_id: str, timeout_ms: int = 5_000) -> str:
@@ -232,7 +242,8 @@ class Admin:
         out = []
         for q in self.route(topic).read_queues():
             committed = offsets.committed(q)
-            out.append(QueueLag(q, committed, offsets.bounds(q)[1]))
+            low, high = offsets.bounds(q)
+            out.append(QueueLag(q, committed, low, high))
         return out
 
     def reset_offsets_to_time(
@@ -264,9 +275,13 @@ class Admin:
     # ---- messages -----------------------------------------------------------------------------
 
     def message_by_id(self, msg_id: str) -> ReceivedMessage:
-        group_name = msg_id[:-33] if len(msg_id) > 33 else ""
+        """The id names its broker group (broker/message.py encode_msg_id): one call, to it."""
+        try:
+            group_name = decode_msg_id(msg_id).broker_group
+        except BrokerInputError as exc:
+            raise InvalidArgumentError(str(exc), details={"msg_id": msg_id}) from None
         for g in self._select(None):
-            if group_name and g.broker_group != group_name:
+            if g.broker_group != group_name:
                 continue
             resp = self._on_leader(
                 g,

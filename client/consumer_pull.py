@@ -7,11 +7,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from client.errors import InvalidArgumentError, OffsetOutOfRangeError
+from client.errors import InvalidArgumentError, OffsetOutOfRangeError, RaftMQError
 from client.fetcher import Fetched, FetchSettings, QueueFetcher
-from client.messages import ReceivedMessage
+from client.messages import ReceivedMessage, check_group, check_topic
 from client.offsets import BrokerOffsets, StartFrom
 from client.producer import _split
 from client.rebalance import QueueRef
@@ -34,6 +35,11 @@ class PullConsumer:
         long_poll_ms: int = 2_000,
         allow_follower_read: bool = True,
     ) -> None:
+        check_group(group)
+        if max_prefetch_messages < 1 or max_messages_per_pull < 1 or long_poll_ms < 0:
+            raise InvalidArgumentError(
+                "max_prefetch_messages and max_messages_per_pull must be >= 1, long_poll_ms >= 0"
+            )
         self.group = group
         self._pool = ChannelPool()
         self.routes = RouteCache(_split(namesrv_addresses), self._pool)
@@ -53,11 +59,13 @@ class PullConsumer:
         self._buffered = 0
         self._fetchers: dict[QueueRef, QueueFetcher] = {}
         self._positions: dict[QueueRef, int] = {}  # next offset poll() will return per queue
+        self._committer: ThreadPoolExecutor | None = None  # commit_async's one thread
         self._closed = False
 
     # ---- assignment ---------------------------------------------------------------------------
 
     def queues_of(self, topic: str) -> list[QueueRef]:
+        check_topic(topic)
         return self.routes.route(topic, refresh=True).read_queues()
 
     def subscribe(self, topic: str) -> list[QueueRef]:
@@ -68,6 +76,8 @@ class PullConsumer:
 
     def assign(self, queues: Iterable[QueueRef]) -> None:
         wanted = set(queues)
+        for q in wanted:
+            check_topic(q.topic)
         for q in [q for q in self._fetchers if q not in wanted]:
             self._fetchers.pop(q).stop()
             self._positions.pop(q, None)
@@ -119,6 +129,29 @@ class PullConsumer:
             offsets = dict(self._positions)
         self._offsets.commit(offsets)
 
+    def commit_async(
+        self, callback: Callable[[RaftMQError | None], None] | None = None
+    ) -> Future[None]:
+        """commit() on a background thread: the positions as of now, committed in call order.
+        The future fails with the typed error; `callback` gets it (or None) when done."""
+        with self._cond:
+            if self._closed:
+                raise InvalidArgumentError("the consumer is closed")
+            offsets = dict(self._positions)
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(1, thread_name_prefix="raftmq-commit")
+        fut = self._committer.submit(self._offsets.commit, offsets)
+        if callback is not None:
+
+            def done(f: Future[None]) -> None:
+                exc = f.exception()
+                callback(
+                    exc if isinstance(exc, RaftMQError) or exc is None else RaftMQError(str(exc))
+                )
+
+            fut.add_done_callback(done)
+        return fut
+
     # ---- polling ------------------------------------------------------------------------------
 
     def _deliver(self, fetched: Fetched) -> None:
@@ -130,7 +163,12 @@ class PullConsumer:
             self._cond.notify_all()
 
     def _reset(self, q: QueueRef, err: OffsetOutOfRangeError) -> int:
-        return self._offsets.reset_for(q, err, self._start_from)
+        """The fetch offset fell outside the queue: go on from the bound the policy names."""
+        new = self._offsets.reset_for(q, err, self._start_from)
+        with self._cond:
+            if q in self._positions and not any(f.queue == q for f in self._buffer):
+                self._positions[q] = new  # nothing of q waits to be polled: commit the new spot
+        return new
 
     def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
         """Messages in offset order per queue; [] if none arrives within timeout_ms."""
@@ -173,6 +211,8 @@ class PullConsumer:
         for f in self._fetchers.values():
             f.stop()
         self._fetchers.clear()
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)  # commits already asked for still happen
         self._pool.close()
 
     def __enter__(self) -> PullConsumer:

@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from client.errors import OffsetOutOfRangeError, RaftMQError, from_rpc_error
+from client.errors import (
+    InvalidArgumentError,
+    OffsetOutOfRangeError,
+    RaftMQError,
+    from_rpc_error,
+)
 from client.fetcher import Fetched, FetchSettings, QueueFetcher
-from client.messages import ReceivedMessage
+from client.messages import ReceivedMessage, check_group, check_topic
 from client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from client.pb import broker_pb2
+from client.process_queue import ProcessQueue
 from client.producer import _split
 from client.rebalance import AllocationStrategy, QueueRef, allocate, plan_rebalance
 from client.routes import ChannelPool, RouteCache
@@ -46,19 +52,6 @@ class MessageModel(enum.Enum):
 
 
 Listener = Callable[[ReceivedMessage], "ConsumeResult | None"]
-
-
-@dataclass(slots=True)
-class _ProcessQueue:
-    """Offsets handed to the listener and not yet done, in offset order (dict keeps insertion
-    order and messages arrive in offset order), and the offset after the last one fetched."""
-
-    inflight: dict[int, None] = field(default_factory=dict)
-    fetched_until: int = 0
-    dropped: bool = False
-
-    def consumed_offset(self) -> int:
-        return next(iter(self.inflight)) if self.inflight else self.fetched_until
 
 
 class PushConsumer:
@@ -84,6 +77,12 @@ class PushConsumer:
         offset_file: Path | None = None,
         client_id: str | None = None,
     ) -> None:
+        check_group(group)
+        check_topic(topic)
+        if consume_threads < 1 or max_inflight_per_queue < 1:
+            raise InvalidArgumentError("consume_threads and max_inflight_per_queue must be >= 1")
+        if min(rebalance_interval_ms, heartbeat_interval_ms, commit_interval_ms) < 1:
+            raise InvalidArgumentError("intervals must be at least 1 ms")
         self.group = group
         self.topic = topic
         self.client_id = client_id or f"{uuid.uuid4().hex[:12]}"
@@ -112,8 +111,9 @@ class PushConsumer:
         self._heartbeats = Scheduler("raftmq-consumer-heartbeat")
         self._lock = threading.Condition()
         self._fetchers: dict[QueueRef, QueueFetcher] = {}
-        self._pqs: dict[QueueRef, _ProcessQueue] = {}
+        self._pqs: dict[QueueRef, ProcessQueue] = {}
         self._rebalance_lock = threading.Lock()
+        self._members_seen: list[str] | None = None  # the membership the assignment is for
         self._started = False
         self._closed = False
         self.rebalances = 0
@@ -184,22 +184,41 @@ class PushConsumer:
         for a in nodes:
             with contextlib.suppress(grpc.RpcError):  # a dead node: the others carry it
                 self._pool.broker(a).Heartbeat(req, timeout=2)
+        if not leaving:
+            self._check_membership()
+
+    def _check_membership(self) -> None:
+        """Rebalance at once when the group's members changed (RocketMQ's brokers notify the
+        clients; here each member looks at every heartbeat), not only every rebalance period."""
+        try:
+            members = self._members()
+        except RaftMQError as exc:
+            log.info("consumer.member_list_failed error=%s", exc.message)
+            return
+        seen = self._members_seen
+        if seen is not None and members != seen:
+            log.info("consumer.members_changed client=%s members=%d", self.client_id, len(members))
+            self._scheduler.call_later(0, self.rebalance)
 
     def _members(self) -> list[str]:
+        """The union of every broker group's view (each node keeps its own soft state); per
+        group the first node that answers, leader first."""
         req = broker_pb2.GetConsumerListRequest(consumer_group=self.group)
         members: set[str] = set()
         route = self.routes.route(self.topic)
         for g in route.groups.values():
-            for address in g.addresses[:1] or ():
+            for address in g.addresses:
                 try:
                     out = self._pool.broker(address).GetConsumerList(req, timeout=3)
-                    members.update(out.client_ids)
                 except grpc.RpcError as exc:
                     log.info(
                         "consumer.member_list_failed node=%s error=%s",
                         address,
                         from_rpc_error(exc).message,
                     )
+                    continue
+                members.update(out.client_ids)
+                break
         members.add(self.client_id)
         return sorted(members)
 
@@ -212,7 +231,9 @@ class PushConsumer:
                 if self._model is MessageModel.BROADCASTING:
                     mine = queues
                 else:
-                    mine = allocate(self._allocation, queues, self._members(), self.client_id)
+                    members = self._members()
+                    mine = allocate(self._allocation, queues, members, self.client_id)
+                    self._members_seen = members
             except RaftMQError as exc:
                 log.warning("consumer.rebalance_failed error=%s", exc.message)
                 return
@@ -241,10 +262,19 @@ class PushConsumer:
                 except RaftMQError as exc:
                     log.warning("consumer.start_offset_failed queue=%s error=%s", q, exc.message)
                     continue
+                pq = ProcessQueue(start, self._max_inflight)
                 with self._lock:
-                    self._pqs[q] = _ProcessQueue(fetched_until=start)
+                    self._pqs[q] = pq
+                # Bound to this process queue: a fetcher stopped by an earlier rebalance of the
+                # same queue may still deliver once, and that must not reach the new one.
                 f = QueueFetcher(
-                    q, start, self._settings, self.routes, self._pool, self._deliver, self._reset
+                    q,
+                    start,
+                    self._settings,
+                    self.routes,
+                    self._pool,
+                    functools.partial(self._deliver, pq),
+                    functools.partial(self._reset, pq),
                 )
                 self._fetchers[q] = f
                 f.start()
@@ -257,35 +287,29 @@ class PushConsumer:
         )
         return self._broker_offsets.start_offset(q, self._start_from, committed)
 
-    def _reset(self, q: QueueRef, err: OffsetOutOfRangeError) -> int:
+    def _reset(self, pq: ProcessQueue, q: QueueRef, err: OffsetOutOfRangeError) -> int:
         new = self._broker_offsets.reset_for(q, err, self._start_from)
         with self._lock:
-            pq = self._pqs.get(q)
-            if pq is not None and not pq.inflight:
-                pq.fetched_until = new
+            pq.reset(new)
         return new
 
     # ---- consuming ----------------------------------------------------------------------------
 
-    def _deliver(self, fetched: Fetched) -> None:
+    def _deliver(self, pq: ProcessQueue, fetched: Fetched) -> None:
         with self._lock:
-            pq = self._pqs.get(fetched.queue)
-            if pq is None or pq.dropped:
-                return
-            while len(pq.inflight) >= self._max_inflight and not pq.dropped and not self._closed:
+            # Back-pressure: the fetcher waits while its queue has too much in listeners.
+            while not pq.has_room() and not pq.dropped and not self._closed:
                 self._lock.wait(0.5)
             if pq.dropped or self._closed:
                 return
-            for m in fetched.messages:
-                pq.inflight[m.queue_offset] = None
-            pq.fetched_until = fetched.next_offset
+            pq.add([m.queue_offset for m in fetched.messages], fetched.next_offset)
         for m in fetched.messages:
             try:
                 self._executor.submit(self._consume, pq, m, 0)
             except RuntimeError:  # shutting down
                 return
 
-    def _consume(self, pq: _ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
+    def _consume(self, pq: ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
         if pq.dropped:
             return
         try:
@@ -304,10 +328,10 @@ class PushConsumer:
                 attempt + 1,
             )
         with self._lock:
-            pq.inflight.pop(m.queue_offset, None)
+            pq.done(m.queue_offset)
             self._lock.notify_all()
 
-    def _resubmit(self, pq: _ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
+    def _resubmit(self, pq: ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
         # Closing: the offset stays uncommitted and the message comes again.
         with contextlib.suppress(RuntimeError):
             self._executor.submit(self._consume, pq, m, attempt)
@@ -333,7 +357,7 @@ def wait_idle(consumer: PushConsumer, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with consumer._lock:
-            if all(not pq.inflight for pq in consumer._pqs.values()):
+            if all(pq.inflight_count == 0 for pq in consumer._pqs.values()):
                 return True
         time.sleep(0.02)
     return False

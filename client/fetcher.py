@@ -97,11 +97,14 @@ class QueueFetcher:
             self._offset = offset
             self._epoch += 1
 
-    def _address(self, use_follower: bool) -> str:
+    def _address(self, use_follower: bool, failures: int) -> str:
+        """The leader; after a failed pull (when allowed) a follower, taking turns among them."""
         if use_follower:
-            nodes = self._routes.nodes(self.queue.topic, self.queue.broker_group)
-            for a in nodes[1:]:
-                return a
+            route = self._routes.route(self.queue.topic)
+            g = route.group(self.queue.broker_group)
+            followers = g.followers if g is not None else ()
+            if followers:
+                return followers[(failures // 2) % len(followers)]
         return self._routes.leader(self.queue.topic, self.queue.broker_group)
 
     def _run(self) -> None:
@@ -124,7 +127,7 @@ class QueueFetcher:
                 raw_batches=True,
             )
             try:
-                address = self._address(use_follower)
+                address = self._address(use_follower, failures)
                 resp = self._pool.broker(address).PullMessage(
                     req, timeout=s.long_poll_ms / 1000 + 5
                 )
