@@ -1,0 +1,186 @@
+"""Bad input and failures on a real cluster: each gives a clear typed error and loses nothing.
+Also the idempotent producer: a retried sequence is stored once, on the same node and on a new
+leader after a leadership change."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from client.admin import Admin
+from client.consumer_pull import PullConsumer
+from client.consumer_push import PushConsumer
+from client.errors import (
+    InvalidArgumentError,
+    InvalidNameError,
+    MessageTooLargeError,
+    NoRouteError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    RaftMQError,
+    TopicNotFoundError,
+    from_rpc_error,
+)
+from client.messages import SendResult
+from client.offsets import StartFrom
+from client.pb import broker_pb2, common_pb2
+from client.producer import Producer
+from client.rebalance import QueueRef
+from client.routes import ChannelPool
+from tests.acceptance.cluster import create_topic, drain, wait_for_leaders
+from tests.procs import Cluster, wait_until
+
+MIB = 1 << 20
+
+
+def test_bad_messages_and_names_are_refused_and_the_good_ones_stored(cluster: Cluster) -> None:
+    topic = "badinput"
+    create_topic(cluster, topic, queues=1)
+    good: list[SendResult] = []
+    with Producer(cluster.namesrv, max_message_bytes=8 * MIB) as p:
+        good.append(p.send(topic, b"good-0"))
+        # Larger than the broker's 4 MiB: the broker refuses it (the SDK let it through).
+        with pytest.raises(MessageTooLargeError, match="4194304"):
+            p.send(topic, b"x" * (4 * MIB + 1))
+        good.append(p.send(topic, b"good-1"))
+        with pytest.raises(InvalidNameError):
+            p.send("bad topic!", b"x")
+        with pytest.raises(InvalidArgumentError, match="property name"):
+            p.send(topic, b"x", properties={"bad\nname": "v"})
+        with pytest.raises(InvalidArgumentError, match="reserved"):
+            p.send(topic, b"x", properties={"UNIQ_KEY": "v"})
+        with pytest.raises(InvalidArgumentError, match="control characters"):
+            p.send(topic, b"x", properties={"ok": "bad\x00value"})
+        with pytest.raises(InvalidArgumentError, match="tag"):
+            p.send(topic, b"x", tags="   ")
+        with pytest.raises(InvalidArgumentError, match="bytes"):
+            p.send(topic, "not bytes")  # type: ignore[arg-type]
+        # Unknown topic while auto-create is off on every broker.
+        with pytest.raises(TopicNotFoundError, match="no-such-topic"):
+            p.send("no-such-topic", b"x")
+        good.append(p.send(topic, b"good-2"))
+    with Producer(cluster.namesrv) as p, pytest.raises(MessageTooLargeError):
+        p.send(topic, b"x" * (4 * MIB + 1))  # the SDK's own limit refuses before sending
+    with Admin(cluster.namesrv) as admin:
+        with pytest.raises(InvalidNameError):
+            admin.create_topic("bad topic!")
+        with pytest.raises(InvalidArgumentError, match="broker-z"):
+            admin.create_topic("fine", broker_groups=["broker-z"])
+        with pytest.raises(InvalidArgumentError, match="message id"):
+            admin.message_by_id("not-an-id")
+    with pytest.raises(InvalidNameError):
+        PullConsumer(cluster.namesrv, "bad group!")
+    with pytest.raises(InvalidNameError):
+        PushConsumer(cluster.namesrv, "g", "bad topic!", print)
+    with PullConsumer(cluster.namesrv, "g-unknown") as c, pytest.raises(NoRouteError):
+        c.subscribe("no-such-topic")
+    with pytest.raises(NoRouteError):
+        PushConsumer(cluster.namesrv, "g-unknown", "no-such-topic", print).start()
+    got = drain(cluster, topic, "g-bad", 3)
+    assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in good), "lost or extra"
+
+
+def test_pull_beyond_the_end(cluster: Cluster) -> None:
+    topic = "beyond"
+    create_topic(cluster, topic, queues=1)
+    with Producer(cluster.namesrv) as p:
+        first = p.send(topic, b"before")
+    q = QueueRef(topic, first.broker_group, first.queue_id)
+    with Admin(cluster.namesrv) as admin:
+        leader = admin.routes.leader(topic, q.broker_group)
+    pool = ChannelPool()
+    try:
+        req = broker_pb2.PullMessageRequest(
+            consumer_group="g-beyond",
+            topic=topic,
+            queue_id=q.queue_id,
+            offset=first.queue_offset + 10,
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            pool.broker(leader).PullMessage(req, timeout=10)
+        err = from_rpc_error(info.value)
+        assert isinstance(err, OffsetOutOfRangeError)
+        assert (err.min_offset, err.max_offset) == (0, first.queue_offset + 1)
+    finally:
+        pool.close()
+    # The SDK resets a fetch beyond the end to the bound its policy names, and loses nothing.
+    with PullConsumer(cluster.namesrv, "g-beyond", start_from=StartFrom.LATEST) as c:
+        c.assign([q])
+        c.seek(q, 1_000)
+        wait_until(lambda: c.position(q) == first.queue_offset + 1, 30, "the reset to latest")
+        with Producer(cluster.namesrv) as p:
+            after = [p.send(topic, f"after-{i}".encode(), queue=q) for i in range(3)]
+        got: list[bytes] = []
+        wait_until(lambda: len(got.__iadd__([m.body for m in c.poll(200)])) >= 3, 30, "3 new")
+        assert got == [b"after-0", b"after-1", b"after-2"]
+        assert [r.queue_offset for r in after] == [1, 2, 3]
+
+
+def test_a_dead_namesrv_while_the_other_serves(cluster: Cluster) -> None:
+    topic = "nsdead"
+    create_topic(cluster, topic, queues=1)
+    dead = cluster.namesrvs[0]
+    dead.kill()
+    try:
+        with Producer(cluster.namesrv) as p:
+            sent = [p.send(topic, f"n{i}".encode()) for i in range(20)]
+        with Admin(cluster.namesrv) as admin:
+            assert [g.broker_group for g in admin.groups()] == ["broker-a", "broker-b"]
+        got = drain(cluster, topic, "g-nsdead", 20)
+        assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in sent)
+        # With no NameServer at all, the error names every address tried.
+        with Producer(cluster.namesrv_addresses[0]) as p, pytest.raises(RaftMQError) as info:
+            p.send(topic, b"x")
+        assert cluster.namesrv_addresses[0] in info.value.message
+    finally:
+        dead.start("namesrv.started")
+        wait_for_leaders(cluster)
+
+
+def test_a_retried_producer_sequence_is_stored_once(cluster: Cluster) -> None:
+    """What the SDK does after a lost answer or a leader change: resend the same request (same
+    producer id, same first sequence, same queue). The broker answers with the original."""
+    topic = "idempotent"
+    create_topic(cluster, topic, queues=1)
+    pool = ChannelPool()
+    try:
+        with Admin(cluster.namesrv) as admin:
+            group = next(g for g in admin.groups() if g.broker_group == "broker-a")
+        req = broker_pb2.SendMessageRequest(
+            topic=topic,
+            queue_id=0,
+            messages=[common_pb2.Message(body=b"idem-0"), common_pb2.Message(body=b"idem-1")],
+            producer_id="acceptance-idempotent",
+            first_sequence=0,
+        )
+        first = pool.broker(group.leader_address).SendMessage(req, timeout=10)
+        assert [r.duplicate for r in first.results] == [False, False]
+        again = pool.broker(group.leader_address).SendMessage(req, timeout=10)
+        assert [r.duplicate for r in again.results] == [True, True]
+        assert [(r.msg_id, r.queue_offset) for r in again.results] == [
+            (r.msg_id, r.queue_offset) for r in first.results
+        ]
+        # A new leader knows the producer's sequences too (replicated state).
+        other = next(n.node_id for n in group.nodes if n.node_id != group.leader_node_id)
+        with Admin(cluster.namesrv) as admin:
+            assert admin.elect("broker-a", other) == other
+        with pytest.raises(grpc.RpcError) as info:
+            pool.broker(group.leader_address).SendMessage(req, timeout=10)
+        hint = from_rpc_error(info.value)
+        assert isinstance(hint, NotLeaderError) and hint.leader_hint
+        on_new = pool.broker(hint.leader_hint).SendMessage(req, timeout=10)
+        assert [r.duplicate for r in on_new.results] == [True, True]
+        assert [r.msg_id for r in on_new.results] == [r.msg_id for r in first.results]
+        nxt = req.__class__()
+        nxt.CopyFrom(req)
+        nxt.first_sequence = 2
+        del nxt.messages[:]
+        nxt.messages.append(common_pb2.Message(body=b"idem-2"))
+        fresh = pool.broker(hint.leader_hint).SendMessage(nxt, timeout=10)
+        assert not fresh.results[0].duplicate
+        assert fresh.results[0].queue_offset == first.results[1].queue_offset + 1
+    finally:
+        pool.close()
+    wait_for_leaders(cluster)
+    got = drain(cluster, topic, "g-idempotent", 3)
+    assert sorted(m.body for m in got) == [b"idem-0", b"idem-1", b"idem-2"], "stored once each"
