@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from client.routes import ChannelPool, RouteCache
 log = logging.getLogger("raftmq.consumer")
 
 MAX_BACKOFF_S = 1.0
+FOLLOWER_STICK_S = 5.0  # then the leader is tried again
+FOLLOWER_LAG_WAIT_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,16 @@ class QueueFetcher:
         return self._routes.leader(self.queue.topic, self.queue.broker_group)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:  # a bug: say so loudly rather than let the queue go quiet
+            log.exception("consumer.fetcher_crashed queue=%s", self.queue)
+            raise
+
+    def _loop(self) -> None:
         s = self._settings
         failures = 0
-        use_follower = False
+        follower_until = 0.0  # after a follower served, keep reading there until then
         while not self._stop.is_set():
             with self._lock:
                 offset, epoch = self._offset, self._epoch
@@ -126,6 +136,9 @@ class QueueFetcher:
                 allow_follower_read=s.allow_follower_read,
                 raw_batches=True,
             )
+            use_follower = s.allow_follower_read and (
+                failures % 2 == 1 or time.monotonic() < follower_until
+            )
             try:
                 address = self._address(use_follower, failures)
                 resp = self._pool.broker(address).PullMessage(
@@ -136,23 +149,18 @@ class QueueFetcher:
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
                 if isinstance(err, OffsetOutOfRangeError):
-                    new = self._out_of_range(self.queue, err)
-                    log.warning(
-                        "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d",
-                        self.queue,
-                        offset,
-                        new,
-                    )
-                    with self._lock:
-                        if self._epoch == epoch:
-                            self._offset = new
+                    if use_follower and (err.max_offset or 0) < offset:
+                        # A follower behind the leader: not the end of the queue, just its
+                        # view; it catches up (never reset a position on a follower's word).
+                        self._stop.wait(FOLLOWER_LAG_WAIT_S)
+                        continue
+                    if not self._reset_position(offset, epoch, err):
+                        failures = self._backoff(None, failures)
                     continue
                 failures = self._backoff(err, failures)
-                use_follower = s.allow_follower_read and failures % 2 == 1
                 continue
             except RaftMQError as err:  # no route or no leader known
                 failures = self._backoff(err, failures)
-                use_follower = s.allow_follower_read and failures % 2 == 1
                 continue
             except Exception as exc:  # a batch that does not decode: never skip it silently
                 log.error(
@@ -160,8 +168,25 @@ class QueueFetcher:
                 )
                 failures = self._backoff(None, failures)
                 continue
+            if resp.status == broker_pb2.OFFSET_ILLEGAL:  # the status form of the same answer
+                if use_follower and resp.max_offset < offset:
+                    self._stop.wait(FOLLOWER_LAG_WAIT_S)
+                    continue
+                illegal = OffsetOutOfRangeError.for_offset(
+                    self.queue.topic,
+                    self.queue.queue_id,
+                    offset,
+                    resp.min_offset,
+                    resp.max_offset,
+                )
+                if not self._reset_position(offset, epoch, illegal):
+                    failures = self._backoff(None, failures)
+                continue
+            if use_follower and failures:
+                # The leader failed and a follower serves: stay there a while rather than
+                # paying a failed leader pull for every answer.
+                follower_until = time.monotonic() + FOLLOWER_STICK_S
             failures = 0
-            use_follower = False
             if not self._tags.is_all:
                 messages = [m for m in messages if self._tags.matches(m.tags)]  # hash collisions
             with self._lock:
@@ -170,6 +195,22 @@ class QueueFetcher:
                 self._offset = resp.next_offset
             if messages:
                 self._deliver(Fetched(self.queue, epoch, messages, resp.next_offset))
+
+    def _reset_position(self, offset: int, epoch: int, err: OffsetOutOfRangeError) -> bool:
+        """The offset fell outside the queue: go on where the consumer's policy says. False if
+        that could not be found out now (the caller backs off and pulls again)."""
+        try:
+            new = self._out_of_range(self.queue, err)
+        except RaftMQError as exc:
+            log.warning("consumer.offset_reset_failed queue=%s error=%s", self.queue, exc.message)
+            return False
+        log.warning(
+            "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d", self.queue, offset, new
+        )
+        with self._lock:
+            if self._epoch == epoch:
+                self._offset = new
+        return True
 
     def _backoff(self, err: RaftMQError | None, failures: int) -> int:
         failures += 1
