@@ -40,6 +40,8 @@ from client.scheduler import Scheduler
 
 log = logging.getLogger("raftmq.consumer")
 
+MAX_RECONSUME_DELAY_S = 30.0
+
 
 class ConsumeResult(enum.Enum):
     SUCCESS = "success"
@@ -73,6 +75,7 @@ class PushConsumer:
         heartbeat_interval_ms: int = 10_000,
         commit_interval_ms: int = 1_000,
         max_reconsume_times: int = 16,
+        reconsume_backoff_ms: int = 1_000,
         long_poll_ms: int = 2_000,
         offset_file: Path | None = None,
         client_id: str | None = None,
@@ -95,6 +98,7 @@ class PushConsumer:
         self._heartbeat_ms = heartbeat_interval_ms
         self._commit_s = commit_interval_ms / 1000
         self._max_reconsume = max_reconsume_times
+        self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._pool = ChannelPool()
         self.routes = RouteCache(_split(namesrv_addresses), self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
@@ -318,7 +322,8 @@ class PushConsumer:
             log.exception("consumer.listener_failed msg_id=%s", m.msg_id)
             result = ConsumeResult.RECONSUME_LATER
         if result is ConsumeResult.RECONSUME_LATER and attempt < self._max_reconsume:
-            delay = min(1.0 * (attempt + 1), 30.0)
+            # Linear back-off, capped: in-process for now (no %RETRY% topic yet).
+            delay = min(self._reconsume_backoff_s * (attempt + 1), MAX_RECONSUME_DELAY_S)
             self._scheduler.call_later(delay, lambda: self._resubmit(pq, m, attempt + 1))
             return
         if result is ConsumeResult.RECONSUME_LATER:
