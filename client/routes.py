@@ -39,55 +39,62 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+@dataclass(slots=True)
+class _PoolEntry:
+    channel: grpc.Channel
+    broker: broker_pb2_grpc.BrokerStub | None = None
+    namesrv: namesrv_pb2_grpc.NameServerStub | None = None
+
+
 class ChannelPool:
-    """One channel per address, at most `max_channels` (least recently used closed first)."""
+    """One channel per address, at most `max_channels` (least recently used closed first).
+    The one place the SDK creates channels, all with CHANNEL_OPTIONS. Thread-safe."""
 
     def __init__(self, max_channels: int = 256) -> None:
         if max_channels < 1:
             raise ValueError("max_channels must be >= 1")
         self._max = max_channels
         self._lock = threading.Lock()
-        self._channels: collections.OrderedDict[str, grpc.Channel] = collections.OrderedDict()
-        self._brokers: dict[str, broker_pb2_grpc.BrokerStub] = {}
-        self._namesrvs: dict[str, namesrv_pb2_grpc.NameServerStub] = {}
+        self._entries: collections.OrderedDict[str, _PoolEntry] = collections.OrderedDict()
+
+    def _entry_locked(self, address: str) -> _PoolEntry:
+        entry = self._entries.get(address)
+        if entry is not None:
+            self._entries.move_to_end(address)
+            return entry
+        entry = _PoolEntry(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+        self._entries[address] = entry
+        while len(self._entries) > self._max:
+            _, old = self._entries.popitem(last=False)
+            old.channel.close()
+        return entry
 
     def channel(self, address: str) -> grpc.Channel:
         with self._lock:
-            ch = self._channels.get(address)
-            if ch is not None:
-                self._channels.move_to_end(address)
-                return ch
-            ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._channels[address] = ch
-            while len(self._channels) > self._max:
-                old, old_ch = self._channels.popitem(last=False)
-                self._brokers.pop(old, None)
-                self._namesrvs.pop(old, None)
-                old_ch.close()
-            return ch
+            return self._entry_locked(address).channel
 
     def broker(self, address: str) -> broker_pb2_grpc.BrokerStub:
-        stub = self._brokers.get(address)
-        if stub is None:
-            stub = self._brokers[address] = broker_pb2_grpc.BrokerStub(self.channel(address))
-        return stub
+        with self._lock:
+            entry = self._entry_locked(address)
+            if entry.broker is None:
+                entry.broker = broker_pb2_grpc.BrokerStub(entry.channel)
+            return entry.broker
 
     def namesrv(self, address: str) -> namesrv_pb2_grpc.NameServerStub:
-        stub = self._namesrvs.get(address)
-        if stub is None:
-            stub = self._namesrvs[address] = namesrv_pb2_grpc.NameServerStub(self.channel(address))
-        return stub
+        with self._lock:
+            entry = self._entry_locked(address)
+            if entry.namesrv is None:
+                entry.namesrv = namesrv_pb2_grpc.NameServerStub(entry.channel)
+            return entry.namesrv
 
     def __len__(self) -> int:
-        return len(self._channels)
+        return len(self._entries)
 
     def close(self) -> None:
         with self._lock:
-            for ch in self._channels.values():
-                ch.close()
-            self._channels.clear()
-            self._brokers.clear()
-            self._namesrvs.clear()
+            for entry in self._entries.values():
+                entry.channel.close()
+            self._entries.clear()
 
 
 @dataclass(frozen=True, slots=True)
