@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_EXPIRY_MS = 30_000
+MIN_EXPIRY_MS = 1_000  # a shorter one would drop a member between two of its heartbeats
 MAX_EXPIRY_MS = 600_000
 
 
@@ -29,7 +30,7 @@ class ConsumerRegistry:
     def heartbeat(
         self, group: str, client_id: str, topics: tuple[str, ...], expiry_ms: int, now_ms: int
     ) -> None:
-        expiry = min(expiry_ms or DEFAULT_EXPIRY_MS, MAX_EXPIRY_MS)
+        expiry = min(max(expiry_ms or DEFAULT_EXPIRY_MS, MIN_EXPIRY_MS), MAX_EXPIRY_MS)
         members = self._groups.get(group)
         if members is None:
             self._expire(now_ms)

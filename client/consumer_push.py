@@ -128,7 +128,15 @@ class PushConsumer:
         if self._started:
             return self
         self._started = True
-        self.routes.route(self.topic)  # fail fast on an unknown topic
+        try:
+            self.routes.route(self.topic)  # fail fast on an unknown topic
+        except RaftMQError:
+            self._closed = True  # nothing started yet: release the threads and channels
+            self._scheduler.close()
+            self._heartbeats.close()
+            self._executor.shutdown(wait=False)
+            self._pool.close()
+            raise
         if self._model is MessageModel.CLUSTERING:
             self._heartbeat()
             self._heartbeats.every(self._heartbeat_ms / 1000, self._heartbeat)

@@ -30,11 +30,22 @@ def test_leave_removes_at_once() -> None:
 
 def test_bounds() -> None:
     r = ConsumerRegistry(max_groups=1, max_clients_per_group=2)
-    r.heartbeat("g", "a", (), 100, now_ms=0)
-    r.heartbeat("g", "b", (), 100, now_ms=0)
+    r.heartbeat("g", "a", (), 1000, now_ms=0)
+    r.heartbeat("g", "b", (), 1000, now_ms=0)
     with pytest.raises(RegistryFullError):
-        r.heartbeat("g", "c", (), 100, now_ms=50)
+        r.heartbeat("g", "c", (), 1000, now_ms=500)
     with pytest.raises(RegistryFullError):
-        r.heartbeat("h", "a", (), 100, now_ms=50)
-    r.heartbeat("g", "c", (), 100, now_ms=100)  # a and b expired: room again
-    assert r.members("g", now_ms=100) == ["c"]
+        r.heartbeat("h", "a", (), 1000, now_ms=500)
+    r.heartbeat("g", "c", (), 1000, now_ms=1000)  # a and b expired: room again
+    assert r.members("g", now_ms=1000) == ["c"]
+
+
+def test_expiry_is_clamped() -> None:
+    r = ConsumerRegistry()
+    r.heartbeat("g", "zero", (), 0, now_ms=0)  # 0 = the default, 30 s
+    r.heartbeat("g", "negative", (), -5, now_ms=0)
+    r.heartbeat("g", "huge", (), 10**12, now_ms=0)
+    assert r.members("g", now_ms=999) == ["huge", "negative", "zero"]
+    assert r.members("g", now_ms=1_000) == ["huge", "zero"], "at least MIN_EXPIRY_MS"
+    assert r.members("g", now_ms=30_000) == ["huge"]
+    assert r.members("g", now_ms=600_000) == [], "at most MAX_EXPIRY_MS"
