@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
+from broker.message import decode_msg_id
 from client.admin import Admin
 from client.consumer_push import ConsumeResult, MessageModel, PushConsumer, wait_idle
 from client.messages import OutgoingMessage, ReceivedMessage, SendResult
@@ -309,3 +310,32 @@ def test_reconsume_later_redelivers_and_holds_the_commit(cluster: Cluster) -> No
         release.set()
         wait_until(lambda: committed() == sent[-1].queue_offset + 1, 30, "the commit past r9")
     assert deliveries[b"r5"] >= 4 and sum(deliveries.values()) == 9 + deliveries[b"r5"]
+
+
+def request_of(r: SendResult) -> tuple[int, int]:
+    """The stored batch (one send request) a message came in: its raft index and slot."""
+    mid = decode_msg_id(r.msg_id)
+    return mid.raft_index, mid.slot
+
+
+def test_linger_packs_concurrent_sends_into_few_requests_in_order(cluster: Cluster) -> None:
+    """Sends for one queue within linger_ms share a request (one stored batch: one raft index
+    and slot in their ids), at most batch_max_messages each, stored in send order."""
+    topic = "linger"
+    create_topic(cluster, topic, queues=2)
+    with Producer(cluster.namesrv, linger_ms=500) as p:
+        p.send(topic, b"warm-up", sharding_key="one")  # the route is cached from here on
+        futs = [p.send_async(topic, f"w{i}".encode(), sharding_key="one") for i in range(50)]
+        held = [f.result(timeout=60) for f in futs]
+    assert Counter(request_of(r) for r in held)[request_of(held[0])] > 1, (
+        "the first send waited for the linger and took later ones along"
+    )
+    with Producer(cluster.namesrv, linger_ms=200, batch_max_messages=64) as p:
+        futs = [p.send_async(topic, f"l{i}".encode(), sharding_key="one") for i in range(200)]
+        results = [f.result(timeout=60) for f in futs]
+    batches = Counter(request_of(r) for r in results)
+    print(f"\n200 lingered sends in {len(batches)} requests: {sorted(batches.values())}")
+    assert len({(r.broker_group, r.queue_id) for r in results}) == 1, "one sharding key, one queue"
+    first = results[0].queue_offset
+    assert [r.queue_offset for r in results] == list(range(first, first + 200)), "in send order"
+    assert max(batches.values()) <= 64 and len(batches) <= 8
