@@ -4,6 +4,8 @@ leader after a leadership change."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import grpc
 import pytest
 
@@ -17,6 +19,7 @@ from client.errors import (
     NoRouteError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    QueueFullError,
     RaftMQError,
     TopicNotFoundError,
     from_rpc_error,
@@ -184,3 +187,24 @@ def test_a_retried_producer_sequence_is_stored_once(cluster: Cluster) -> None:
     wait_for_leaders(cluster)
     got = drain(cluster, topic, "g-idempotent", 3)
     assert sorted(m.body for m in got) == [b"idem-0", b"idem-1", b"idem-2"], "stored once each"
+
+
+def test_a_full_producer_buffer_raises_queue_full_and_loses_nothing_accepted(
+    cluster: Cluster,
+) -> None:
+    topic = "fullbuffer"
+    create_topic(cluster, topic, queues=1)
+    accepted: list[Future[SendResult]] = []
+    with (
+        Producer(cluster.namesrv, max_buffered_messages=20, max_block_ms=0) as p,
+        pytest.raises(QueueFullError, match="max_buffered_messages=20"),
+    ):
+        for i in range(10_000):
+            accepted.append(p.send_async(topic, f"q{i}".encode()))
+    results = [f.result(timeout=60) for f in accepted]
+    assert 20 <= len(results) < 10_000
+    got = drain(cluster, topic, "g-full", len(results))
+    assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in results)
+    with Producer(cluster.namesrv, max_buffered_messages=20, max_block_ms=30_000) as p:
+        waited = [p.send_async(topic, f"w{i}".encode()) for i in range(500)]
+        assert all(f.result(timeout=60).msg_id for f in waited), "blocking mode: all sent"
