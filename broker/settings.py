@@ -117,10 +117,10 @@ class BrokerSettings:
     )
     segment_bytes: int = setting(default=256 * MIB, unit="bytes", doc="journal segment size")
     election_timeout_min_ms: int = setting(
-        default=300, unit="ms", doc="Raft election timeout, lower bound"
+        default=200, unit="ms", doc="Raft election timeout, lower bound (4 heartbeats)"
     )
     election_timeout_max_ms: int = setting(
-        default=600, unit="ms", doc="Raft election timeout, upper bound"
+        default=400, unit="ms", doc="Raft election timeout, upper bound"
     )
     raft_password: str = setting(
         default="", unit="", doc='encrypts Raft traffic between the nodes; "" = plain'
