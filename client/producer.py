@@ -151,6 +151,7 @@ class Producer:
         producer_id: str | None = None,
         idempotent: bool = True,
         send_timeout_ms: int = 10_000,
+        request_timeout_ms: int = 2_000,
         retries: int = 100,  # attempts per request; the send timeout bounds them first
         retry_backoff_ms: int = 50,
         linger_ms: float = 0.0,
@@ -170,6 +171,8 @@ class Producer:
             raise InvalidArgumentError(
                 "retries and linger_ms must be >= 0, send_timeout_ms and batch_max_bytes > 0"
             )
+        if request_timeout_ms <= 0:
+            raise InvalidArgumentError("request_timeout_ms must be > 0")
         if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
             raise InvalidArgumentError(
                 "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
@@ -181,6 +184,10 @@ class Producer:
             raise InvalidNameError(str(exc)) from None
         self.idempotent = idempotent
         self._timeout_s = send_timeout_ms / 1000
+        # One attempt's deadline (Kafka's request.timeout.ms): a leader cut off by a silent
+        # partition never answers, and waiting the whole send timeout on it would stall the
+        # queue for that long; after this the attempt is retried (same sequence) elsewhere.
+        self._request_timeout_s = min(request_timeout_ms, send_timeout_ms) / 1000
         self._retries = retries
         self._backoff_s = retry_backoff_ms / 1000
         self._linger_s = linger_ms / 1000
@@ -510,7 +517,7 @@ class Producer:
             messages=[it.msg for it in req.items],
             producer_id=self.producer_id if self.idempotent else "",
             first_sequence=req.batch.first_sequence if self.idempotent else 0,
-            timeout_ms=int(self._timeout_s * 1000),
+            timeout_ms=int(self._request_timeout_s * 1000),
         )
         try:
             self._io.submit(self._call, req, wire)
@@ -520,7 +527,7 @@ class Producer:
     def _call(self, req: _Request, wire: broker_pb2.SendMessageRequest) -> None:
         # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
         # whenever none is running, which cost ~3 ms per send here (measured with cProfile).
-        left = max(0.05, req.deadline - time.monotonic())
+        left = max(0.05, min(req.deadline - time.monotonic(), self._request_timeout_s))
         try:
             resp = self._pool.broker(req.address).SendMessage(wire, timeout=left)
         except grpc.RpcError as exc:
