@@ -1,0 +1,200 @@
+"""The chaos scenarios: named, seeded fault schedules as plain data. No processes, no network:
+the runner (chaos/runner.py) turns each FaultSpec into signals and nftables rules, resolving
+role selectors such as "leader" against the live cluster when the fault starts."""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+class Kind(enum.Enum):
+    """What a fault does when it starts, and how it is healed when its window ends."""
+
+    KILL = "kill"  # SIGKILL; heal: restart
+    CRASH = "crash"  # isolate, then SIGKILL (peers see silence, not a FIN); heal: restart, rejoin
+    PAUSE = "pause"  # SIGSTOP (connects still succeed); heal: SIGCONT
+    ISOLATE = "isolate"  # cut from every other host, clients included; heal: rejoin
+    SPLIT = "split"  # cut from the other nodes of its group only (clients still reach it)
+    ONE_WAY_OUT = "one-way-out"  # packets from the target to the other group nodes dropped
+    ONE_WAY_IN = "one-way-in"  # packets from the other group nodes to the target dropped
+    CLIENT_CUT = "client-cut"  # the client host cannot reach the target
+    DELAY = "delay"  # every packet the target sends is held `delay_ms` (+- jitter_ms)
+    LOSS = "loss"  # `loss_pct` % of the target's packets dropped, both ways
+
+
+# Role selectors, resolved by the runner when the fault starts.
+LEADER = "leader"  # the current Raft leader of the broker group under test
+FOLLOWER = "follower"  # one follower of that group, picked with the scenario's seed
+GROUP = "group"  # every node of that group
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """One fault window: starts `start_s` after the workload does, healed `length_s` later.
+    `majority_remains`: a majority of the group stays reachable by the client during the
+    window, so service must come back within the failover bound before the heal."""
+
+    kind: Kind
+    target: str
+    start_s: float
+    length_s: float
+    majority_remains: bool = True
+    delay_ms: int = 0
+    jitter_ms: int = 0
+    loss_pct: int = 0
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.length_s
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind.value}({self.target})"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """What one run does: produce for `produce_s`, with `faults` inside that time; every fault
+    ends at least `recovery_s` before producing stops, so the history shows the recovery."""
+
+    scenario: str
+    seed: int
+    produce_s: float
+    faults: tuple[FaultSpec, ...]
+
+
+WARMUP_S = 5.0
+RECOVERY_S = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    ci: bool  # in the CI set (`make chaos`); every scenario is in `make chaos-full`
+    build: Callable[[random.Random, float], tuple[FaultSpec, ...]]
+    default_duration_s: float = 30.0
+
+    def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
+        produce_s = self.default_duration_s if duration_s is None else duration_s
+        if produce_s < WARMUP_S + RECOVERY_S + 4:
+            raise ValueError(
+                f"scenario {self.name}: a duration of {produce_s:g} s leaves no time for a fault; "
+                f"use at least {WARMUP_S + RECOVERY_S + 4:g} s"
+            )
+        faults = self.build(random.Random(seed), produce_s)
+        for f in faults:
+            if f.start_s < 0 or f.end_s > produce_s - RECOVERY_S + 1e-9:
+                raise AssertionError(f"{self.name}: {f.name} outside the produce window")
+        return Schedule(self.name, seed, produce_s, faults)
+
+
+def _window(rng: random.Random, produce_s: float) -> tuple[float, float]:
+    """One fault after the warm-up, ending RECOVERY_S before the end; the seed shifts the start
+    by up to a second so runs with different seeds hit different moments of the send loop."""
+    start = WARMUP_S + rng.uniform(0.0, 1.0)
+    return start, max(2.0, produce_s - RECOVERY_S - start)
+
+
+def _single(
+    kind: Kind, target: str, *, majority: bool = True, **params: int
+) -> Callable[[random.Random, float], tuple[FaultSpec, ...]]:
+    def build(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
+        start, length = _window(rng, produce_s)
+        return (FaultSpec(kind, target, start, length, majority, **params),)
+
+    return build
+
+
+def _none(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
+    return ()
+
+
+def _two_halves(
+    first: FaultSpec, second_kind: Kind, second_target: str, **params: int
+) -> Callable[[random.Random, float], tuple[FaultSpec, ...]]:
+    """Two faults one after the other in the fault window (with a 2 s gap between them)."""
+
+    def build(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
+        start, length = _window(rng, produce_s)
+        half = (length - 2.0) / 2
+        a = FaultSpec(first.kind, first.target, start, half, first.majority_remains,
+                      first.delay_ms, first.jitter_ms, first.loss_pct)  # fmt: skip
+        b = FaultSpec(second_kind, second_target, start + half + 2.0, half, True, **params)
+        return (a, b)
+
+    return build
+
+
+RANDOM_KINDS = (Kind.KILL, Kind.CRASH, Kind.PAUSE, Kind.ISOLATE, Kind.SPLIT, Kind.ONE_WAY_OUT)
+
+
+def _random_mix(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
+    """Jepsen-style: faults on random targets, each 3-8 s, staggered 2-6 s apart, until the
+    recovery time; one fault at a time, so every window has one cause."""
+    out: list[FaultSpec] = []
+    t = WARMUP_S
+    end = produce_s - RECOVERY_S
+    while True:
+        t += rng.uniform(2.0, 6.0)
+        length = rng.uniform(3.0, 8.0)
+        if t + length > end:
+            break
+        kind = rng.choice(RANDOM_KINDS)
+        target = rng.choice((LEADER, LEADER, FOLLOWER))
+        out.append(FaultSpec(kind, target, t, length))
+        t += length
+    return tuple(out)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("baseline", "no fault: the checkers' sanity run", False, _none),
+    Scenario("leader-kill", "SIGKILL the group leader, restart it at the heal", True,
+             _single(Kind.KILL, LEADER)),
+    Scenario("leader-crash", "isolate the leader, then SIGKILL it (no FIN to its peers)", True,
+             _single(Kind.CRASH, LEADER)),
+    Scenario("leader-isolate", "cut the leader off from every host, clients included", True,
+             _single(Kind.ISOLATE, LEADER)),
+    Scenario("minority-partition",
+             "split the group: the leader alone, its followers together (clients reach both)",
+             True, _single(Kind.SPLIT, LEADER)),
+    Scenario("leader-one-way", "drop every packet from the leader to its followers", True,
+             _single(Kind.ONE_WAY_OUT, LEADER)),
+    Scenario("leader-pause", "SIGSTOP the leader, SIGCONT at the heal (a stale leader wakes)",
+             True, _single(Kind.PAUSE, LEADER)),
+    Scenario("follower-kill", "SIGKILL one follower: no failover, no gap", False,
+             _single(Kind.KILL, FOLLOWER)),
+    Scenario("leader-one-way-in", "drop every packet from the followers to the leader", False,
+             _single(Kind.ONE_WAY_IN, LEADER)),
+    Scenario("client-cut",
+             "the client cannot reach the leader (the group is healthy): sends wait for the heal",
+             False, _single(Kind.CLIENT_CUT, LEADER, majority=False)),
+    Scenario("control-plane-down",
+             "SIGKILL the NameServer, then the controller: the data path keeps its routes",
+             False, _two_halves(FaultSpec(Kind.KILL, "namesrv-0", 0, 0), Kind.KILL,
+                                "controller-0")),
+    Scenario("slow-lossy", "the leader's packets delayed 200+-50 ms, then 25% loss on a follower",
+             False, _two_halves(FaultSpec(Kind.DELAY, LEADER, 0, 0, True, 200, 50), Kind.LOSS,
+                                FOLLOWER, loss_pct=25)),
+    Scenario("group-restart", "SIGKILL all three nodes of the group; restart them at the heal",
+             False, _single(Kind.KILL, GROUP, majority=False)),
+    Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
+             False, _random_mix, default_duration_s=90.0),
+)  # fmt: skip
+
+
+def by_name(name: str) -> Scenario:
+    for s in SCENARIOS:
+        if s.name == name:
+            return s
+    raise KeyError(
+        f"no chaos scenario {name!r}; `raftmq chaos list` shows them: "
+        + ", ".join(s.name for s in SCENARIOS)
+    )
+
+
+def ci_set() -> list[Scenario]:
+    return [s for s in SCENARIOS if s.ci]
