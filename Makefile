@@ -4,10 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-DEBS := procps iproute2 openjdk-17-jre-headless docker-compose
+DEBS := procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables
 PACKAGES := raftlog namesrv broker controller client spark_source chaos
 
-.PHONY: test test-slow lint types unit run bench bench-raftlog bench-spark clean deps debs
+.PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,8 +30,19 @@ types: deps
 unit: deps
 	$(BIN)/pytest -q
 
-# What CI runs (.ci/run): lint, types, then the suite.
-test: lint types unit
+# What CI runs (.ci/run): lint, types, the suite, then the chaos CI set (root: namespaces).
+test: lint types unit chaos
+
+# Six scenarios of ~30 s each (leader kill, crash, isolation, minority partition, one-way,
+# pause) in network namespaces; results and pictures under chaos-results/.
+chaos: deps
+	$(BIN)/python -m client.cli chaos cleanup
+	$(BIN)/python -m client.cli chaos suite --set ci --seed $${SEED:-1} --out chaos-results
+
+# The full list (about 14 scenarios, ~15 min).
+chaos-full: deps
+	$(BIN)/python -m client.cli chaos cleanup
+	$(BIN)/python -m client.cli chaos suite --set full --seed $${SEED:-1} --out chaos-results
 
 test-slow: deps
 	$(BIN)/pytest -q -m slow
@@ -39,10 +50,13 @@ test-slow: deps
 run: deps
 	$(BIN)/python -m client.cli cluster up
 
-bench: bench-raftlog bench-spark
+bench: bench-raftlog bench-failover bench-spark
 
 bench-raftlog: deps
 	$(BIN)/python bench/raftlog_bench.py
+
+bench-failover: deps
+	$(BIN)/python bench/failover_bench.py
 
 bench-spark: deps
 	$(BIN)/python bench/spark_bench.py

@@ -1,0 +1,432 @@
+"""Runs one chaos scenario end to end: a network namespace per cluster process (chaos/netns.py),
+the cluster started from its description (client/cluster_runner.py) inside them, the workload in
+the client namespace, the nemesis executing the seeded schedule, then heal, drain, check and
+report. Everything started is stopped and every fault healed in `finally`, even on Ctrl-C.
+The harness talks to the nodes out of band through the bridge's own address (never blocked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from chaos.checkers import CheckReport, check_all
+from chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
+from chaos.netfaults import NetFaults
+from chaos.netns import Net
+from chaos.report import plot, write_result
+from chaos.scenarios import FOLLOWER, GROUP, LEADER, FaultSpec, Kind, Schedule, by_name
+from client.admin import Admin
+from client.cluster_runner import ROOT, ClusterRunner, broker_status
+from client.cluster_spec import ClusterSpec, load
+
+CHAOS_CLUSTER = ROOT / "chaos" / "cluster.toml"
+CLIENT = "client"
+TOPIC = "chaos"
+FAILOVER_BOUND_S = 3.0  # service must return this soon after a fault that leaves a majority
+
+
+class RunError(RuntimeError):
+    """The harness could not run the scenario (setup, cluster start, workload): not a verdict."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    scenario: str
+    seed: int = 1
+    duration_s: float | None = None
+    out_dir: Path = Path("chaos-results")
+    cluster: Path = CHAOS_CLUSTER
+    rate_per_s: float = 20.0
+    ack_before_commit: bool = False  # debug build: acknowledge before commit (checker self-test)
+
+
+@dataclass(slots=True)
+class RunResult:
+    schedule: Schedule
+    report: CheckReport
+    failover: list[dict[str, Any]]
+    verdict: str
+    passed: bool
+    result_path: Path
+    png_path: Path
+    history_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _workload_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Nemesis:
+    """Applies and heals the faults of a schedule. Network faults of overlapping windows are
+    combined (the table always holds the union of the active ones); process faults are signals
+    to the node's process (ip netns exec replaces itself with python, so the pid is the node)."""
+
+    def __init__(
+        self,
+        net: Net,
+        runner: ClusterRunner,
+        group: str,
+        recorder: Recorder,
+        pick: Callable[[list[str]], str],
+        console: Console,
+    ) -> None:
+        self.net = net
+        self.runner = runner
+        self.group = group
+        self.rec = recorder
+        self.pick = pick
+        self.console = console
+        self.hosts = [p.name for p in runner.processes()] + [CLIENT]
+        self.group_nodes = [p.name for p in runner.processes() if p.group == group]
+        self._net_active: dict[int, NetFaults] = {}
+        self._targets: dict[int, list[str]] = {}
+        self._paused: set[str] = set()
+        self._killed: set[str] = set()
+        self._delayed: set[str] = set()
+
+    # ---- roles --------------------------------------------------------------------------------
+
+    def leader(self, timeout_s: float = 15.0) -> str:
+        """The group node that says it leads with the highest term (a deposed leader may still
+        believe it leads for a moment: the higher term is the real one)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            best = ("", -1)
+            for p in self.runner.processes():
+                if p.group != self.group or p.name in self._paused or p.name in self._killed:
+                    continue
+                st = broker_status(p.name, p.group, f"{p.host}:{p.ports[0]}")
+                if st.role == "LEADER" and st.term > best[1]:
+                    best = (p.name, st.term)
+            if best[0]:
+                return best[0]
+            if time.monotonic() > deadline:
+                raise RunError(f"no leader of {self.group} within {timeout_s:g} s")
+            time.sleep(0.1)
+
+    def resolve(self, target: str) -> list[str]:
+        if target == LEADER:
+            return [self.leader()]
+        if target == FOLLOWER:
+            lead = self.leader()
+            return [self.pick(sorted(n for n in self.group_nodes if n != lead))]
+        if target == GROUP:
+            return list(self.group_nodes)
+        if target not in self.hosts:
+            raise RunError(f"fault target {target!r} is not a host of this cluster")
+        return [target]
+
+    # ---- faults -------------------------------------------------------------------------------
+
+    def _apply_net(self) -> None:
+        total = NetFaults.none()
+        for f in self._net_active.values():
+            total = total.union(f)
+        self.net.apply(total)
+
+    def _others(self, node: str) -> list[str]:
+        return [n for n in self.group_nodes if n != node]
+
+    def _net_fault(self, f: FaultSpec, t: str) -> NetFaults | None:
+        if f.kind in (Kind.ISOLATE, Kind.CRASH):
+            return NetFaults.isolate(t, self.hosts)
+        if f.kind is Kind.SPLIT:
+            return NetFaults.partition([[t], self._others(t)], self.hosts)
+        if f.kind is Kind.ONE_WAY_OUT:
+            out = NetFaults.none()
+            for o in self._others(t):
+                out = out.union(NetFaults.one_way(t, o))
+            return out
+        if f.kind is Kind.ONE_WAY_IN:
+            out = NetFaults.none()
+            for o in self._others(t):
+                out = out.union(NetFaults.one_way(o, t))
+            return out
+        if f.kind is Kind.CLIENT_CUT:
+            return NetFaults.partition([[CLIENT], [t]], self.hosts)
+        if f.kind is Kind.LOSS:
+            return NetFaults.none().with_loss(t, f.loss_pct)
+        return None
+
+    def start(self, index: int, f: FaultSpec) -> None:
+        targets = [t for target in [f.target] for t in self.resolve(target)]
+        self._targets[index] = targets
+        self.rec.record(
+            "nemesis", "info", "nemesis", {"fault": f.name, "targets": targets, "phase": "start"}
+        )
+        self.console.log(f"[yellow]fault[/] {f.name} -> {', '.join(targets)}")
+        nets = [n for t in targets if (n := self._net_fault(f, t)) is not None]
+        if nets:
+            combined = NetFaults.none()
+            for n in nets:
+                combined = combined.union(n)
+            self._net_active[index] = combined
+            self._apply_net()
+        for t in targets:
+            if f.kind in (Kind.KILL, Kind.CRASH):
+                self.runner.kill(t, signal.SIGKILL)
+                self._killed.add(t)
+            elif f.kind is Kind.PAUSE:
+                self.runner.kill(t, signal.SIGSTOP)
+                self._paused.add(t)
+            elif f.kind is Kind.DELAY:
+                self.net.delay(t, f.delay_ms, f.jitter_ms)
+                self._delayed.add(t)
+
+    def stop(self, index: int, f: FaultSpec) -> None:
+        targets = self._targets.pop(index, [])
+        if self._net_active.pop(index, None) is not None:
+            self._apply_net()
+        for t in targets:
+            if t in self._paused:
+                self.runner.kill(t, signal.SIGCONT)
+                self._paused.discard(t)
+            if t in self._delayed:
+                self.net.clear_delay(t)
+                self._delayed.discard(t)
+        dead = [t for t in targets if t in self._killed]
+        for t in dead:
+            self.runner.start(t)
+            self._killed.discard(t)
+        self.rec.record(
+            "nemesis", "info", "nemesis", {"fault": f.name, "targets": targets, "phase": "stop"}
+        )
+        self.console.log(f"[green]healed[/] {f.name}")
+
+    def heal_all(self) -> None:
+        """The final generator: resume, clear, rejoin and restart everything, whatever failed."""
+        for t in list(self._paused):
+            self.runner.kill(t, signal.SIGCONT)
+        self._paused.clear()
+        for t in list(self._delayed):
+            self.net.clear_delay(t)
+        self._delayed.clear()
+        self._net_active.clear()
+        self.net.heal()
+        for t in list(self._killed):
+            self.runner.start(t)
+        self._killed.clear()
+
+
+def _events(schedule: Schedule) -> list[tuple[float, int, bool, FaultSpec]]:
+    """(seconds after start, fault index, is_start, fault), stops before starts at a tie."""
+    ev = [(f.start_s, i, True, f) for i, f in enumerate(schedule.faults)]
+    ev += [(f.end_s, i, False, f) for i, f in enumerate(schedule.faults)]
+    return sorted(ev, key=lambda e: (e[0], e[2]))
+
+
+def _chaos_spec(opts: RunOptions) -> ClusterSpec:
+    spec = load(opts.cluster)
+    if opts.ack_before_commit:
+        settings = {k: dict(v) for k, v in spec.settings.items()}
+        settings.setdefault("broker", {})["debug_ack_before_commit"] = True
+        spec = replace(spec, settings=settings)
+    return spec.with_data_dir(opts.out_dir / "data")
+
+
+def _start_workload(
+    net: Net, spec: ClusterSpec, history: Path, rate: float
+) -> subprocess.Popen[str]:
+    argv = [
+        *net.wrap(CLIENT),
+        sys.executable,
+        "-m",
+        "chaos.workload",
+        "--namesrv",
+        spec.namesrv_addresses,
+        "--topic",
+        TOPIC,
+        "--out",
+        str(history),
+        "--rate",
+        str(rate),
+    ]
+    log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=_workload_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = _readline(proc, 60.0)
+    if line.strip() != "ready":
+        proc.kill()
+        raise RunError(
+            f"the workload did not start (said {line.strip()!r}); see {history.with_suffix('.log')}"
+        )
+    return proc
+
+
+def _readline(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """One stdout line, or "" after timeout_s (a reader thread keeps the wait bounded)."""
+    out: list[str] = []
+    assert proc.stdout is not None
+    stream = proc.stdout
+    th = threading.Thread(target=lambda: out.append(stream.readline()), daemon=True)
+    th.start()
+    th.join(timeout_s)
+    return out[0] if out else ""
+
+
+def within_bound(report: CheckReport, schedule: Schedule) -> list[dict[str, Any]]:
+    """Each fault window's figures, with whether its service gap respected the bound (only
+    windows that leave the client a majority are bound: others wait for the heal by design)."""
+    out = []
+    for w, f in zip(report.windows, schedule.faults, strict=False):
+        out.append(
+            {
+                **w.to_json(),
+                "majority_remains": f.majority_remains,
+                "within_bound": (not f.majority_remains) or w.longest_gap_s <= FAILOVER_BOUND_S,
+            }
+        )
+    return out
+
+
+def run(opts: RunOptions, console: Console | None = None) -> RunResult:
+    console = console or Console(stderr=True)
+    scenario = by_name(opts.scenario)
+    schedule = scenario.schedule(opts.seed, opts.duration_s)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    spec = _chaos_spec(opts)
+    groups = list(spec.groups)
+    if not groups:
+        raise RunError(f"{opts.cluster} describes no broker group")
+    group = groups[0]
+    names = [p.name for p in spec.processes()]
+    client_history = opts.out_dir / "history-client.jsonl"
+    rec = Recorder()
+    rng_pick = random.Random(opts.seed ^ 0x5EED)
+    t_setup = time.monotonic()
+    with Net([*names, CLIENT]) as net:
+        spec = spec.with_hosts({n: net.ip(n) for n in names})
+        runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
+        nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console)
+        workload: subprocess.Popen[str] | None = None
+        try:
+            console.log(f"starting {len(names)} processes in namespaces ({net.control_ip}/24)")
+            runner.start_all()
+            with Admin(spec.namesrv_addresses) as admin:
+                nemesis.leader(30.0)
+                admin.create_topic(TOPIC, queues=4)
+                deadline = time.monotonic() + 30
+                while len(admin.route(TOPIC).write_queues()) < 4:
+                    if time.monotonic() > deadline:
+                        raise RunError(f"topic {TOPIC} has no route after 30 s")
+                    time.sleep(0.2)
+            workload = _start_workload(net, spec, client_history, opts.rate_per_s)
+            t0 = time.monotonic()
+            console.log(
+                f"[bold]{schedule.scenario}[/] seed={schedule.seed}: producing for "
+                f"{schedule.produce_s:g} s, {len(schedule.faults)} fault(s)"
+            )
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            ) as bar:
+                task = bar.add_task(schedule.scenario, total=schedule.produce_s)
+                for at, idx, is_start, f in _events(schedule):
+                    _sleep_until(t0 + at, lambda: bar.update(task, completed=time.monotonic() - t0))
+                    if workload.poll() is not None:
+                        raise RunError("the workload exited during the run; see its log")
+                    (nemesis.start if is_start else nemesis.stop)(idx, f)
+                _sleep_until(
+                    t0 + schedule.produce_s,
+                    lambda: bar.update(task, completed=time.monotonic() - t0),
+                )
+            nemesis.heal_all()
+            console.log("draining")
+            assert workload.stdin is not None
+            workload.stdin.write("drain\n")
+            workload.stdin.flush()
+            line = _readline(workload, 90.0)
+            if not line.startswith("drained"):
+                raise RunError(f"the workload did not drain (said {line.strip()!r})")
+            workload.wait(timeout=30)
+        finally:
+            if workload is not None and workload.poll() is None:
+                workload.kill()
+                workload.wait(timeout=10)
+            try:
+                nemesis.heal_all()
+            finally:
+                runner.stop_all()
+    ops = merge(load_jsonl(client_history), rec.ops)
+    history_path = opts.out_dir / "history.jsonl"
+    write_jsonl(history_path, ops)
+    windows = fault_windows(ops)
+    report = check_all(ops, windows, scenario=schedule.scenario, seed=schedule.seed)
+    failover = within_bound(report, schedule)
+    passed = report.valid and all(w["within_bound"] for w in failover)
+    worst = max((w["longest_gap_s"] for w in failover if w["majority_remains"]), default=None)
+    verdict = report.verdict()
+    if not all(w["within_bound"] for w in failover):
+        verdict = verdict.replace("PASS", "FAIL", 1)
+        verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
+    result_path = opts.out_dir / "result.json"
+    png_path = opts.out_dir / "acks.png"
+    extra = {
+        "failover": failover,
+        "failover_bound_s": FAILOVER_BOUND_S,
+        "worst_failover_gap_s": worst,
+        "passed": passed,
+        "ack_before_commit": opts.ack_before_commit,
+        "wall_s": round(time.monotonic() - t_setup, 1),
+    }
+    write_result(result_path, _schedule_json(schedule), report, extra)
+    plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")
+    return RunResult(schedule, report, failover, verdict, passed, result_path, png_path,
+                     history_path, extra)  # fmt: skip
+
+
+def _schedule_json(schedule: Schedule) -> dict[str, Any]:
+    return {
+        "produce_s": schedule.produce_s,
+        "faults": [
+            {
+                "kind": f.kind.value,
+                "target": f.target,
+                "start_s": round(f.start_s, 3),
+                "length_s": round(f.length_s, 3),
+                "majority_remains": f.majority_remains,
+                **({"delay_ms": f.delay_ms, "jitter_ms": f.jitter_ms} if f.delay_ms else {}),
+                **({"loss_pct": f.loss_pct} if f.loss_pct else {}),
+            }
+            for f in schedule.faults
+        ],
+    }
+
+
+def _sleep_until(when: float, tick: Callable[[], None]) -> None:
+    while (left := when - time.monotonic()) > 0:
+        tick()
+        time.sleep(min(0.25, left))
+
+
+def summary_json(result: RunResult) -> str:
+    return json.dumps({"verdict": result.verdict, "passed": result.passed, **result.extra})
