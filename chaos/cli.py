@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chaos.scenarios import SCENARIOS, by_name, ci_set
+from client.errors import RaftMQError
 
 console = Console()
 DEFAULT_OUT = Path("chaos-results")
@@ -52,7 +53,7 @@ def _run_one(
     started = time.monotonic()
     try:
         r = run(opts, console=Console(stderr=True))
-    except RunError as exc:
+    except (RunError, RaftMQError) as exc:
         console.print(f"[red]ERROR {name} seed={seed}:[/] {exc}", highlight=False)
         return {"scenario": name, "seed": seed, "passed": False, "error": str(exc)}
     colour = "green" if r.passed else "red"

@@ -1,7 +1,8 @@
-"""The chaos hosts: one network namespace per cluster process, each with its own IP on a
-private bridge, and the faults between them as one nftables bridge table (chaos/netfaults.py).
-Everything a run creates is named after its prefix (`rq` + 4 hex) and listed in a state file,
-so teardown is complete and `cleanup()` can remove what a crashed run left behind. Root only."""
+"""The chaos hosts: one network namespace per cluster process, each with its own IP on a private
+bridge, and the faults between them as one nftables bridge table (chaos/netfaults.py) plus an
+NFQUEUE delayer per delayed host. Everything a run creates is named after its prefix (`rq` + 4
+hex) and recorded before it exists, so teardown is complete and `cleanup()` finds what a crashed
+run left. Root only; touches nothing in the root namespace but one bridge and one nft table."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import logging
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -27,307 +30,620 @@ from chaos.netfaults import NetFaults, render_ruleset
 log = logging.getLogger("raftmq.chaos.netns")
 
 STATE_DIR = Path("/run/raftmq-chaos")
-CMD_TIMEOUT_S = 15.0
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` mounts named namespaces
+SYS_NET = Path("/sys/class/net")  # the root namespace's interfaces, read without a subprocess
+CMD_TIMEOUT_S = 10.0
+DELAYER_START_TIMEOUT_S = 10.0
+DELAYER_STOP_TIMEOUT_S = 3.0
+KILL_WAIT_S = 3.0
+DELAY_QUEUE = 7  # NFQUEUE number; queues are per namespace, so one number serves every host
+MAX_HOSTS = 240  # addresses .10 .. .249; .1 is the bridge (control address)
+SUBNET_SECOND_OCTETS = range(99, 251)  # 10.99.x.0/24 .. 10.250.x.0/24
+ALIAS_TAG = "raftmq-chaos"
 PREFIX_RE = re.compile(r"^rq[0-9a-f]{4}$")
-DELAY_QUEUE = 7  # NFQUEUE number used inside a namespace (each namespace has its own queues)
+NS_RE = re.compile(r"^(rq[0-9a-f]{4})-\d+$")
+LINK_RE = re.compile(r"^(rq[0-9a-f]{4})(?:br|h\d+)$")
+TABLE_RE = re.compile(r"^table bridge (rq[0-9a-f]{4})$")
+ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+)$")
+_GONE = ("Cannot find device", "No such file or directory", "does not exist")
 
 
 class NetError(RuntimeError):
-    """A command that builds or changes the chaos network failed."""
+    """A command that builds, changes or removes the chaos network failed (the system's fault,
+    not the caller's). Names the command and carries its stderr."""
 
-
-def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True) -> str:
-    try:
-        p = subprocess.run(
-            list(argv),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=CMD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise NetError(f"`{' '.join(argv)}` took over {CMD_TIMEOUT_S:g} s") from None
-    except FileNotFoundError:
-        raise NetError(f"`{argv[0]}` is not installed: {require_root_tools()}") from None
-    if check and p.returncode != 0:
-        raise NetError(f"`{' '.join(argv)}` failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
+    def __init__(self, message: str, argv: Sequence[str] = (), stderr: str = "") -> None:
+        super().__init__(message)
+        self.argv = list(argv)
+        self.stderr = stderr
 
 
 def require_root_tools() -> str | None:
-    """None when chaos runs can work here; otherwise what is missing and how to get it."""
+    """None when chaos networks can be built here; otherwise what is missing and how to get it
+    (tests skip with this message: never silently)."""
     if os.geteuid() != 0:
-        return "chaos runs need root (network namespaces, nftables); run them as root"
-    missing = [t for t in ("ip", "nft", "iptables", "ss") if shutil.which(t) is None]
+        return "chaos networks need root (network namespaces, nftables): run as root"
+    tools = {"ip": "iproute2", "ss": "iproute2", "nft": "nftables", "iptables": "iptables"}
+    missing = [t for t in tools if shutil.which(t) is None]
     if missing:
+        debs = sorted({tools[t] for t in missing})
         return (
-            f"missing {', '.join(missing)}: `apt-get install -y iproute2 nftables iptables` "
-            "(or `make deps`)"
+            f"missing {', '.join(missing)}: `apt-get install -y {' '.join(debs)}` (or `make debs`)"
         )
     return None
 
 
-def _used_subnets() -> set[str]:
-    out = _run(["ip", "-o", "-4", "addr", "show"], check=False)
-    used = set()
-    for m in re.finditer(r"inet (\d+\.\d+\.\d+)\.\d+/", out):
-        used.add(m.group(1))
-    return used
+def _run(argv: Sequence[str], *, stdin: str | None = None, check: bool = True,
+         timeout_s: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    cmd = " ".join(argv)
+    try:
+        p = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise NetError(f"`{cmd}` took over {timeout_s:g} s", argv) from None
+    except FileNotFoundError:
+        raise NetError(f"`{argv[0]}` is not installed: {require_root_tools()}", argv) from None
+    if check and p.returncode != 0:
+        raise NetError(f"`{cmd}` failed ({p.returncode}): {p.stderr.strip()}", argv, p.stderr)
+    return p
+
+
+def _run_all(commands: Sequence[tuple[Sequence[str], str | None]]) -> None:
+    """Runs the commands side by side (one per namespace: setup time does not grow with a
+    process start per host in series); raises for the first that failed, after all ended."""
+    started: list[tuple[Sequence[str], str | None, subprocess.Popen[str]]] = []
+    for argv, stdin in commands:
+        try:
+            p = subprocess.Popen(
+                list(argv), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            )  # fmt: skip
+        except FileNotFoundError:
+            for _, _, q in started:
+                q.kill()
+                q.communicate()
+            raise NetError(f"`{argv[0]}` is not installed: {require_root_tools()}", argv) from None
+        started.append((argv, stdin, p))
+    errors: list[NetError] = []
+    deadline = time.monotonic() + CMD_TIMEOUT_S
+    for argv, stdin, p in started:
+        cmd = " ".join(argv)
+        try:
+            _, err = p.communicate(stdin, timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            errors.append(NetError(f"`{cmd}` took over {CMD_TIMEOUT_S:g} s", argv))
+            continue
+        if p.returncode != 0:
+            errors.append(NetError(f"`{cmd}` failed ({p.returncode}): {err.strip()}", argv, err))
+    if errors:
+        raise errors[0]
+
+
+# ---- processes and ownership -----------------------------------------------------------------
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None if it does not exist): with the
+    pid it names a process uniquely, so a recycled pid is not taken for a live owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which is in parentheses and may itself hold spaces.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _owner_alive(pid: int, start_ticks: int) -> bool:
+    return pid > 0 and _start_ticks(pid) == start_ticks
+
+
+def _pids_in(namespaces: Sequence[str]) -> list[int]:
+    """Every process whose network namespace is one of these: what `ip netns pids` reports,
+    read from /proc in one pass instead of one subprocess per namespace."""
+    keys = set()
+    for ns in namespaces:
+        with contextlib.suppress(OSError):  # already deleted: nothing can be inside it
+            st = os.stat(NETNS_DIR / ns)
+            keys.add((st.st_dev, st.st_ino))
+    if not keys:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:  # exited, or a zombie (its namespaces are already released)
+            continue
+        if (st.st_dev, st.st_ino) in keys:
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_all_in(namespaces: Sequence[str]) -> list[str]:
+    """SIGKILLs everything running in the namespaces and waits until it is gone: `ip netns del`
+    only unmounts the name, so a process left inside would keep the namespace, its veth and
+    its sockets alive (chaos.md §4, teardown). Returns what it could not kill."""
+    deadline = time.monotonic() + KILL_WAIT_S
+    while pids := _pids_in(namespaces):
+        if time.monotonic() > deadline:
+            return [f"pids {pids} still run in {', '.join(namespaces)}"]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    return []
+
+
+# ---- what exists -------------------------------------------------------------------------------
+
+
+def _namespaces() -> list[str]:
+    try:
+        return sorted(os.listdir(NETNS_DIR))
+    except FileNotFoundError:
+        return []
+
+
+def _links() -> list[str]:
+    return sorted(os.listdir(SYS_NET))
+
+
+def _bridge_tables() -> list[str]:
+    out = _run(["nft", "list", "tables"]).stdout
+    return [m.group(1) for line in out.splitlines() if (m := TABLE_RE.match(line.strip()))]
+
+
+def _destroy(prefix: str) -> tuple[list[str], list[str]]:
+    """Removes every namespace, interface and nft table of one run, whatever its state file
+    says. Returns (what was removed, what failed); never raises for things already gone."""
+    assert PREFIX_RE.match(prefix), prefix
+    namespaces = [ns for ns in _namespaces() if (m := NS_RE.match(ns)) and m.group(1) == prefix]
+    links = [ln for ln in _links() if (m := LINK_RE.match(ln)) and m.group(1) == prefix]
+    errors = _kill_all_in(namespaces)
+    removed: list[str] = []
+    # Deleting the host-side veths first removes each pair at once; leaving them to the
+    # namespace's destruction would let them linger for up to a second (chaos.md §3).
+    ports = [ln for ln in links if not ln.endswith("br")]
+    bridges = [ln for ln in links if ln.endswith("br")]
+    script = "".join(
+        [f"link del {ln}\n" for ln in [*ports, *bridges]]
+        + [f"netns del {ns}\n" for ns in namespaces]
+    )
+    if script:
+        p = _run(["ip", "-force", "-batch", "-"], stdin=script, check=False)
+        bad = [ln for ln in p.stderr.splitlines() if ln.strip() and not _is_gone(ln)]
+        bad = [ln for ln in bad if not ln.startswith("Command failed")]
+        if p.returncode != 0 and bad:
+            errors.append(f"`ip -batch` removing {prefix}: {' / '.join(bad)}")
+    p = _run(["nft", "delete", "table", "bridge", prefix], check=False)
+    if p.returncode == 0:
+        removed.append(f"nft table bridge {prefix}")
+    elif not _is_gone(p.stderr):
+        errors.append(f"`nft delete table bridge {prefix}`: {p.stderr.strip()}")
+    left_ns = set(namespaces) & set(_namespaces())
+    left_links = set(links) & set(_links())
+    errors += [f"namespace {ns} is still there" for ns in sorted(left_ns)]
+    errors += [f"interface {ln} is still there" for ln in sorted(left_links)]
+    removed += [f"namespace {ns}" for ns in namespaces if ns not in left_ns]
+    removed += [f"bridge {ln}" for ln in bridges if ln not in left_links]
+    removed += [f"veth {ln}" for ln in ports if ln not in left_links]
+    return removed, errors
+
+
+def _is_gone(stderr: str) -> bool:
+    return any(g in stderr for g in _GONE)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Holds a Ctrl-C back until the block ends, so a second Ctrl-C cannot interrupt a
+    teardown half way and leave namespaces behind. Delivered afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed from C: cannot be restored from Python, so leave it
+        yield
+        return
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
+
+
+# ---- the network ------------------------------------------------------------------------------
+
+
+def _normalise_subnet(subnet: str) -> str:
+    """'10.99.3' or '10.99.3.0/24' -> '10.99.3'."""
+    text = subnet if "/" in subnet or subnet.count(".") == 3 else f"{subnet}.0"
+    try:
+        net = ipaddress.ip_network(text if "/" in text else f"{text}/24")
+    except ValueError as exc:
+        raise ValueError(f"bad subnet {subnet!r}: {exc}") from None
+    if net.version != 4 or net.prefixlen != 24:
+        raise ValueError(f"the chaos subnet must be an IPv4 /24, not {subnet!r}")
+    return str(net.network_address).rsplit(".", 1)[0]
+
+
+def _used_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network on an interface or in a route of the root namespace."""
+    out = _run(["ip", "-o", "-4", "addr", "show"]).stdout + _run(["ip", "-4", "route"]).stdout
+    nets = []
+    for m in re.finditer(r"(?:inet )?(\d+\.\d+\.\d+\.\d+(?:/\d+)?)", out):
+        with contextlib.suppress(ValueError):
+            nets.append(ipaddress.IPv4Network(m.group(1), strict=False))
+    return [n for n in nets if n.prefixlen > 0]  # the default route overlaps everything
 
 
 def _free_subnet() -> str:
-    used = _used_subnets()
-    for _ in range(200):
-        candidate = f"10.{secrets.randbelow(150) + 99}.{secrets.randbelow(254) + 1}"
-        if candidate not in used:
-            return candidate
-    raise NetError("no free 10.x.y.0/24 subnet for the chaos bridge")
+    used = _used_networks()
+    for _ in range(500):  # random, so two runs starting together rarely pick the same one
+        octet2 = secrets.choice(SUBNET_SECOND_OCTETS)
+        candidate = ipaddress.IPv4Network(f"10.{octet2}.{secrets.randbelow(256)}.0/24")
+        if not any(candidate.overlaps(n) for n in used):
+            return str(candidate.network_address).rsplit(".", 1)[0]
+    raise NetError("no free /24 in 10.99.0.0 - 10.250.255.0 for the chaos bridge")
+
+
+def _fresh_prefix(state_dir: Path) -> str:
+    taken = {m.group(1) for ns in _namespaces() if (m := NS_RE.match(ns))}
+    taken |= {m.group(1) for ln in _links() if (m := LINK_RE.match(ln))}
+    for _ in range(1000):
+        prefix = "rq" + secrets.token_hex(2)
+        if prefix not in taken and not (state_dir / f"{prefix}.json").exists():
+            return prefix
+    raise NetError("no unused rq???? prefix left")
 
 
 class Net:
-    """Hosts on a bridge. Use as a context manager: teardown runs on exit, on exceptions, on
-    SIGTERM-driven exits and at interpreter exit (atexit), and is idempotent."""
+    """Hosts on a private bridge, built by the constructor. Use as a context manager: teardown
+    runs on leaving the block, on exceptions, on Ctrl-C and at interpreter exit (atexit), and
+    is idempotent. Not thread-safe: one harness thread drives it."""
 
     def __init__(
         self, hosts: Sequence[str], *, subnet: str | None = None, state_dir: Path = STATE_DIR
     ) -> None:
-        if len(set(hosts)) != len(hosts) or not hosts:
-            raise ValueError("hosts must be distinct and not empty")
-        if len(hosts) > 200:
-            raise ValueError("at most 200 hosts on one bridge")
-        self.hosts = list(hosts)
-        self.prefix = "rq" + secrets.token_hex(2)
-        self.subnet = subnet or _free_subnet()
-        ipaddress.ip_network(f"{self.subnet}.0/24")  # a clear error for a bad subnet
+        if isinstance(hosts, str) or not hosts:
+            raise ValueError("hosts must be a non-empty sequence of names")
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"hosts are listed twice: {list(hosts)}")
+        if len(hosts) > MAX_HOSTS:
+            raise ValueError(f"at most {MAX_HOSTS} hosts on one bridge, not {len(hosts)}")
+        why = require_root_tools()
+        if why is not None:
+            raise NetError(why)
+        t0 = time.monotonic()
+        self.hosts: tuple[str, ...] = tuple(hosts)
+        self._index = {h: i for i, h in enumerate(self.hosts)}
+        self.subnet = _normalise_subnet(subnet) if subnet is not None else _free_subnet()
+        self.prefix = _fresh_prefix(state_dir)
         self.bridge = f"{self.prefix}br"
         self.table = self.prefix
         self.state_file = state_dir / f"{self.prefix}.json"
         self._faults = NetFaults.none()
         self._delayers: dict[str, subprocess.Popen[bytes]] = {}
-        self._up = False
+        self.timings_ms: dict[str, float] = {}
+        self._up = True
+        atexit.register(self._teardown_at_exit)
+        try:
+            self._write_state()
+            self._build()
+            self.apply(NetFaults.none())
+        except BaseException:
+            # Ctrl-C or a failed command half way: remove what exists, keep the first error.
+            try:
+                self.teardown()
+            except NetError as exc:
+                log.error("chaos.net_setup_undo_failed prefix=%s error=%s", self.prefix, exc)
+            raise
+        self.timings_ms["setup"] = (time.monotonic() - t0) * 1000
+        log.info("chaos.net_up prefix=%s subnet=%s.0/24 hosts=%d setup_ms=%.0f", self.prefix,
+                 self.subnet, len(self.hosts), self.timings_ms["setup"])  # fmt: skip
+
+    def _write_state(self) -> None:
+        # Written before anything exists, so a run killed during setup is still found.
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        state = {
+            "owner_pid": pid,
+            "owner_start": _start_ticks(pid),
+            "prefix": self.prefix,
+            "hosts": list(self.hosts),
+            "namespaces": [self.namespace(h) for h in self.hosts],
+            "bridge": self.bridge,
+            "table": self.table,
+            "subnet": f"{self.subnet}.0/24",
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
+    def _build(self) -> None:
+        alias = f"{ALIAS_TAG} owner={os.getpid()} start={_start_ticks(os.getpid())}"
+        # nf_call_* 0: br_netfilter is on in this kernel, so bridged frames would otherwise
+        # also cross the root namespace's iptables FORWARD chain (pitfall 13). addrgenmode
+        # none: no IPv6 link-local address, hence no IPv6 chatter, on our root-side links.
+        # The alias names the owner, so cleanup() of another state directory knows it lives.
+        lines = [
+            f"link add {self.bridge} type bridge nf_call_iptables 0 nf_call_ip6tables 0 "
+            "nf_call_arptables 0",
+            f'link set {self.bridge} alias "{alias}"',
+            f"link set {self.bridge} addrgenmode none",
+            f"addr add {self.control_ip}/24 dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
+        for h in self.hosts:
+            ns, port = self.namespace(h), self.port(h)
+            lines += [
+                f"netns add {ns}",
+                f"link add {port} type veth peer name eth0 netns {ns}",
+                f"link set {port} addrgenmode none",
+                f"link set {port} master {self.bridge} up",
+            ]
+        _run(["ip", "-batch", "-"], stdin="\n".join(lines) + "\n")
+        # IPv6 off in every namespace before eth0 comes up: the fault table lets every
+        # non-IPv4 frame through (for ARP), so IPv6 traffic would escape every partition.
+        no_ipv6 = ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                   "net.ipv6.conf.default.disable_ipv6=1"]  # fmt: skip
+        _run_all([([*self.wrap(h), *no_ipv6], None) for h in self.hosts])
+        _run_all(
+            [
+                (
+                    ["ip", "-n", self.namespace(h), "-batch", "-"],
+                    f"link set lo up\naddr add {self.ip(h)}/24 dev eth0\nlink set eth0 up\n",
+                )
+                for h in self.hosts
+            ]
+        )
 
     # ---- names --------------------------------------------------------------------------------
 
-    def index(self, host: str) -> int:
+    def _i(self, host: str) -> int:
         try:
-            return self.hosts.index(host)
-        except ValueError:
+            return self._index[host]
+        except KeyError:
             raise KeyError(
                 f"{host!r} is not a host of this run ({', '.join(self.hosts)})"
             ) from None
 
     def ip(self, host: str) -> str:
-        return f"{self.subnet}.{10 + self.index(host)}"
+        return f"{self.subnet}.{10 + self._i(host)}"
 
     @property
     def control_ip(self) -> str:
-        """The bridge's own address: the harness reaches every node through it, whatever the
-        faults (they act on forwarding between ports only)."""
+        """The bridge's own address, from the root namespace. The harness reaches every node
+        through it whatever the faults: they act on forwarding between ports only."""
         return f"{self.subnet}.1"
 
     def namespace(self, host: str) -> str:
-        return f"{self.prefix}-{self.index(host)}"
+        return f"{self.prefix}-{self._i(host)}"
 
     def port(self, host: str) -> str:
-        return f"{self.prefix}h{self.index(host)}"
+        """The host-side veth on the bridge (what the fault rules match)."""
+        return f"{self.prefix}h{self._i(host)}"
 
     def wrap(self, host: str) -> list[str]:
-        """argv prefix that runs a command inside the host's namespace (ip netns exec replaces
-        itself with the command, so the child's pid is the command's)."""
+        """argv prefix that runs a command in the host's namespace. `ip netns exec` execs the
+        command, so a child started with it has the command's pid."""
         return ["ip", "netns", "exec", self.namespace(host)]
-
-    # ---- lifecycle ----------------------------------------------------------------------------
-
-    def setup(self) -> Net:
-        why = require_root_tools()
-        if why is not None:
-            raise NetError(why)
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(
-            json.dumps(
-                {
-                    "owner_pid": os.getpid(),
-                    "prefix": self.prefix,
-                    "bridge": self.bridge,
-                    "table": self.table,
-                    "namespaces": [self.namespace(h) for h in self.hosts],
-                    "hosts": self.hosts,
-                }
-            )
-        )
-        self._up = True
-        atexit.register(self.teardown)
-        try:
-            # nf_call_iptables 0: the root namespace's iptables FORWARD policy (Docker sets
-            # DROP) must not see our bridged frames (chaos.md pitfall 13).
-            _run(["ip", "link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0",
-                  "nf_call_ip6tables", "0", "nf_call_arptables", "0"])  # fmt: skip
-            _run(["ip", "addr", "add", f"{self.control_ip}/24", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
-            for h in self.hosts:
-                ns, port = self.namespace(h), self.port(h)
-                _run(["ip", "netns", "add", ns])
-                _run(["ip", "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                      "netns", ns])  # fmt: skip
-                _run(["ip", "link", "set", port, "master", self.bridge, "up"])
-                _run(["ip", "-n", ns, "addr", "add", f"{self.ip(h)}/24", "dev", "eth0"])
-                _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-                _run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            self.apply(NetFaults.none())
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def teardown(self) -> None:
-        if not self._up:
-            return
-        self._up = False
-        for host in list(self._delayers):
-            with contextlib.suppress(Exception):
-                self.clear_delay(host)
-        _remove(self.prefix, [self.namespace(h) for h in self.hosts], self.bridge, self.table)
-        with contextlib.suppress(FileNotFoundError):
-            self.state_file.unlink()
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.teardown)
-
-    def __enter__(self) -> Net:
-        return self.setup()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.teardown()
 
     # ---- faults -------------------------------------------------------------------------------
 
     @property
     def faults(self) -> NetFaults:
+        """The fault state in force (delays aside: see delayed())."""
         return self._faults
 
+    def delayed(self) -> list[str]:
+        return sorted(self._delayers)
+
     def apply(self, faults: NetFaults) -> None:
+        """Replaces the whole fault state in one nft transaction: a flush and a rebuild of the
+        table that no packet sees half done."""
+        self._require_up()
         text = render_ruleset(self.table, faults, {h: self.port(h) for h in self.hosts})
+        t0 = time.monotonic()
         _run(["nft", "-f", "-"], stdin=text)
+        self.timings_ms["last_apply"] = (time.monotonic() - t0) * 1000
         self._faults = faults
 
     def heal(self) -> None:
+        """No cut, no loss, no delay."""
         for host in list(self._delayers):
             self.clear_delay(host)
         self.apply(NetFaults.none())
 
-    def delay(self, host: str, delay_ms: int, jitter_ms: int = 0) -> None:
-        """Hold every packet the host sends for delay_ms +- jitter_ms (this kernel has no netem:
-        an NFQUEUE delayer in the host's namespace; --queue-bypass means a dead delayer lets
-        packets through undelayed instead of dropping them)."""
+    def delay(self, host: str, ms: float, jitter_ms: float = 0) -> None:
+        """Holds every packet the host sends for ms +- jitter_ms, so its round trips grow by
+        ms. This kernel has no netem and no nft `queue` (pitfall 1): an iptables NFQUEUE rule
+        in the host's namespace feeds a delayer process (chaos/nfq_delay.py) running there.
+        --queue-bypass: if the delayer dies, packets pass undelayed instead of being dropped.
+        Replaces an earlier delay of the same host. Takes 70-240 ms (a Python start)."""
+        self._require_up()
+        if ms < 0 or jitter_ms < 0:
+            raise ValueError(f"delay and jitter must not be negative ({ms}, {jitter_ms})")
         if host in self._delayers:
             self.clear_delay(host)
         ns = self.namespace(host)
+        argv = [*self.wrap(host), sys.executable, "-m", "chaos.nfq_delay", "--queue",
+                str(DELAY_QUEUE), "--delay-ms", str(ms), "--jitter-ms", str(jitter_ms)]  # fmt: skip
         proc = subprocess.Popen(
-            [*self.wrap(host), sys.executable, "-m", "chaos.nfq_delay", "--queue",
-             str(DELAY_QUEUE), "--delay-ms", str(delay_ms), "--jitter-ms", str(jitter_ms)],
-            cwd=Path(__file__).resolve().parent.parent,
+            argv,
+            cwd=Path(__file__).resolve().parent.parent,  # `-m chaos...` without an install
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode(errors="replace")
-        if not line.startswith("nfq_delay.ready"):
-            proc.kill()
-            raise NetError(f"the delayer in {ns} did not start: {line.strip()}")
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C of the harness does not reach it first
+        )
         self._delayers[host] = proc
-        _run(["ip", "netns", "exec", ns, "iptables", "-A", "OUTPUT", "-o", "eth0", "-j",
-              "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"])  # fmt: skip
+        try:
+            self._await_ready(proc, ns)
+            _run([*self.wrap(host), "iptables", "-w", "5", "-A", "OUTPUT", "-o", "eth0", "-j",
+                  "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"])  # fmt: skip
+        except BaseException:
+            self._stop_delayer(host)
+            raise
+
+    @staticmethod
+    def _await_ready(proc: subprocess.Popen[bytes], ns: str) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        ready, _, _ = select.select([proc.stdout], [], [], DELAYER_START_TIMEOUT_S)
+        line = proc.stdout.readline().decode(errors="replace") if ready else ""
+        if line.startswith("nfq_delay.ready"):
+            return
+        proc.kill()
+        _, err = proc.communicate(timeout=DELAYER_STOP_TIMEOUT_S)
+        why = err.decode(errors="replace").strip() or line.strip() or "no answer"
+        raise NetError(f"the delayer in {ns} did not start in {DELAYER_START_TIMEOUT_S:g} s: {why}",
+                       proc.args if isinstance(proc.args, list) else [], why)  # fmt: skip
 
     def clear_delay(self, host: str) -> None:
-        ns = self.namespace(host)
-        _run(["ip", "netns", "exec", ns, "iptables", "-F", "OUTPUT"], check=False)
+        """Removes the host's delay: the queue rule first, so no new packet waits, then the
+        delayer, which releases what it holds on SIGTERM."""
+        self._require_up()
+        if host not in self._delayers:
+            self._i(host)  # a typo is an error, a host without delay is not
+            return
+        try:
+            _run([*self.wrap(host), "iptables", "-w", "5", "-D", "OUTPUT", "-o", "eth0", "-j",
+                  "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"])  # fmt: skip
+        finally:
+            self._stop_delayer(host)
+
+    def _stop_delayer(self, host: str) -> None:
         proc = self._delayers.pop(host, None)
-        if proc is not None and proc.poll() is None:
+        if proc is None:
+            return
+        if proc.poll() is None:
             proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        try:
+            proc.communicate(timeout=DELAYER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
 
-    def cut_connections(self, host: str, peer: str | None = None) -> None:
-        """Abort the host's established TCP connections (to one peer, or all) now; the peer
-        learns of it only when it next sends (chaos.md pitfall 3)."""
-        argv = ["ip", "netns", "exec", self.namespace(host), "ss", "-K", "-t"]
-        if peer is not None:
-            argv += ["dst", self.ip(peer)]
-        _run(argv, check=False)
+    def cut_connections(self, host: str, peer_host: str | None = None) -> None:
+        """Aborts the host's TCP connections (to one peer, or all; listeners stay) now: its
+        application gets ECONNABORTED, the peer learns only when it next sends (pitfall 3)."""
+        self._require_up()
+        argv = [*self.wrap(host), "ss", "-K", "-t"]
+        if peer_host is not None:
+            argv += ["dst", self.ip(peer_host)]
+        _run(argv)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def _require_up(self) -> None:
+        if not self._up:
+            raise RuntimeError(f"chaos network {self.prefix} is torn down")
+
+    def teardown(self) -> None:
+        """Kills every process in the namespaces, deletes them, the veths, the bridge, the nft
+        table and the state file. Idempotent; a Ctrl-C waits until it is done. Raises NetError
+        naming what could not be removed (after trying everything)."""
+        if not self._up:
+            return
+        with _sigint_deferred():
+            t0 = time.monotonic()
+            self._up = False
+            for host in list(self._delayers):
+                self._stop_delayer(host)  # their namespace is about to go: no rule to remove
+            removed, errors = _destroy(self.prefix)
+            self.state_file.unlink(missing_ok=True)
+            atexit.unregister(self._teardown_at_exit)
+            self.timings_ms["teardown"] = (time.monotonic() - t0) * 1000
+        log.info("chaos.net_down prefix=%s removed=%d teardown_ms=%.0f", self.prefix,
+                 len(removed), self.timings_ms["teardown"])  # fmt: skip
+        if errors:
+            raise NetError(f"teardown of {self.prefix} left: {'; '.join(errors)}")
+
+    def _teardown_at_exit(self) -> None:
+        try:
+            self.teardown()
+        except NetError as exc:
+            log.error("chaos.net_teardown_failed prefix=%s error=%s", self.prefix, exc)
+
+    def __enter__(self) -> Net:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if e is None:
+            self.teardown()
+            return
+        try:
+            self.teardown()
+        except NetError as exc:  # the block's own exception is the one to see
+            log.error("chaos.net_teardown_failed prefix=%s error=%s", self.prefix, exc)
 
 
-def _remove(prefix: str, namespaces: Sequence[str], bridge: str, table: str) -> list[str]:
-    removed = []
-    for ns in namespaces:
-        pids = _run(["ip", "netns", "pids", ns], check=False).split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        # `ip netns del` does not kill what runs inside; the kills above must land first.
-        for _ in range(50):
-            if not _run(["ip", "netns", "pids", ns], check=False).split():
-                break
-            time.sleep(0.02)
-        if _run(["ip", "netns", "del", ns], check=False) == "" and ns in _namespaces():
-            log.warning("chaos.netns_not_deleted ns=%s", ns)
-        removed.append(f"namespace {ns}")
-    _run(["nft", "delete", "table", "bridge", table], check=False)
-    removed.append(f"nft table bridge {table}")
-    _run(["ip", "link", "del", bridge], check=False)
-    removed.append(f"bridge {bridge}")
-    return removed
+# ---- crashed runs -------------------------------------------------------------------------------
 
 
-def _namespaces() -> list[str]:
-    return [line.split()[0] for line in _run(["ip", "netns", "list"], check=False).splitlines()
-            if line.strip()]  # fmt: skip
-
-
-def _alive(pid: int) -> bool:
+def _state_owner(path: Path) -> tuple[int, int] | None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        st = json.loads(path.read_text())
+        return int(st["owner_pid"]), int(st["owner_start"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # unreadable or from an older layout: nobody can be shown to own it
+
+
+def _alias_owner(bridge: str) -> tuple[int, int] | None:
+    try:
+        m = ALIAS_RE.match((SYS_NET / bridge / "ifalias").read_text().strip())
+    except OSError:
+        return None
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def cleanup(state_dir: Path = STATE_DIR, force: bool = False) -> list[str]:
-    """Remove what crashed runs left: runs whose owner process is dead (every run with force),
-    then any rq????-named namespace, bridge or bridge table that no live run owns."""
-    if require_root_tools() is not None:
-        return []
-    removed: list[str] = []
+    """Removes what crashed runs left: the runs of state_dir whose owner process is dead (every
+    run with force), and any rq????-named namespace, bridge, veth or bridge-family nft table
+    that no live run owns. A run is live when its owner (pid and start time, so a recycled pid
+    does not count) runs, as recorded in its state file here or in STATE_DIR, or in its
+    bridge's alias (runs of other state directories). Returns what it removed."""
+    why = require_root_tools()
+    if why is not None:
+        raise NetError(why)
     live: set[str] = set()
-    for f in sorted(state_dir.glob("rq*.json")) if state_dir.exists() else []:
-        try:
-            st = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            f.unlink(missing_ok=True)
-            continue
-        if not force and _alive(int(st.get("owner_pid", 0))):
-            live.add(str(st.get("prefix")))
-            continue
-        removed += _remove(st["prefix"], st.get("namespaces", []), st["bridge"], st["table"])
-        f.unlink(missing_ok=True)
-    for ns in _namespaces():
-        p = ns.split("-")[0]
-        if PREFIX_RE.match(p) and p not in live:
-            removed += _remove(p, [ns], f"{p}br", p)
-    for line in _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).splitlines():
-        m = re.match(r"\d+: (rq[0-9a-f]{4})br[:@]", line)
-        if m and m.group(1) not in live:
-            removed += _remove(m.group(1), [], f"{m.group(1)}br", m.group(1))
-    for line in _run(["nft", "list", "tables"], check=False).splitlines():
-        m = re.match(r"table bridge (rq[0-9a-f]{4})$", line.strip())
-        if m and m.group(1) not in live:
-            _run(["nft", "delete", "table", "bridge", m.group(1)], check=False)
-            removed.append(f"nft table bridge {m.group(1)}")
-    return sorted(set(removed))
+    if not force:
+        for d in {state_dir, STATE_DIR}:
+            for f in d.glob("rq????.json") if d.is_dir() else []:
+                owner = _state_owner(f)
+                if owner is not None and _owner_alive(*owner):
+                    live.add(f.stem)
+        for ln in _links():
+            if (m := LINK_RE.match(ln)) and ln.endswith("br"):
+                owner = _alias_owner(ln)
+                if owner is not None and _owner_alive(*owner):
+                    live.add(m.group(1))
+    removed: list[str] = []
+    errors: list[str] = []
+    files = sorted(state_dir.glob("rq????.json")) if state_dir.is_dir() else []
+    dead = {f.stem for f in files if PREFIX_RE.match(f.stem)} - live
+    dead |= {m.group(1) for ns in _namespaces() if (m := NS_RE.match(ns))} - live
+    dead |= {m.group(1) for ln in _links() if (m := LINK_RE.match(ln))} - live
+    dead |= set(_bridge_tables()) - live
+    for prefix in sorted(dead):
+        gone, failed = _destroy(prefix)
+        removed += gone
+        errors += failed
+        state = state_dir / f"{prefix}.json"
+        if state.exists():
+            state.unlink()
+            removed.append(f"state file {state}")
+    if removed:
+        log.info("chaos.cleanup removed=%d force=%s", len(removed), force)
+    if errors:
+        raise NetError(f"cleanup could not remove: {'; '.join(errors)}")
+    return removed

@@ -31,6 +31,7 @@ from chaos.scenarios import FOLLOWER, GROUP, LEADER, FaultSpec, Kind, Schedule, 
 from client.admin import Admin
 from client.cluster_runner import ROOT, ClusterRunner, broker_status
 from client.cluster_spec import ClusterSpec, load
+from client.errors import RaftMQError
 
 CHAOS_CLUSTER = ROOT / "chaos" / "cluster.toml"
 CLIENT = "client"
@@ -330,12 +331,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             runner.start_all()
             with Admin(spec.namesrv_addresses) as admin:
                 nemesis.leader(30.0)
-                admin.create_topic(TOPIC, queues=4)
-                deadline = time.monotonic() + 30
-                while len(admin.route(TOPIC).write_queues()) < 4:
-                    if time.monotonic() > deadline:
-                        raise RunError(f"topic {TOPIC} has no route after 30 s")
-                    time.sleep(0.2)
+                _create_topic(admin, group)
+                _wait_route(admin)
             workload = _start_workload(net, spec, client_history, opts.rate_per_s)
             t0 = time.monotonic()
             console.log(
@@ -402,6 +399,36 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")
     return RunResult(schedule, report, failover, verdict, passed, result_path, png_path,
                      history_path, extra)  # fmt: skip
+
+
+def _create_topic(admin: Admin, group: str, timeout_s: float = 30.0) -> None:
+    """Once the group's leader has registered with the NameServer (it does so on election)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if any(g.broker_group == group and g.leader_address for g in admin.groups()):
+                admin.create_topic(TOPIC, queues=4)
+                return
+        except RaftMQError as exc:
+            if time.monotonic() > deadline:
+                raise RunError(f"cannot create topic {TOPIC}: {exc.message}") from exc
+        if time.monotonic() > deadline:
+            raise RunError(f"{group} did not register with the NameServer in {timeout_s:g} s")
+        time.sleep(0.2)
+
+
+def _wait_route(admin: Admin, timeout_s: float = 30.0) -> None:
+    """The NameServer learns of a new topic from the leader's next registration."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if len(admin.route(TOPIC).write_queues()) >= 4:
+                return
+        except RaftMQError:
+            pass  # not registered yet
+        if time.monotonic() > deadline:
+            raise RunError(f"topic {TOPIC} has no route after {timeout_s:g} s")
+        time.sleep(0.2)
 
 
 def _schedule_json(schedule: Schedule) -> dict[str, Any]:
