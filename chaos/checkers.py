@@ -75,7 +75,10 @@ def _index(ops: Sequence[Op]) -> _Index:
         if op.f == "nemesis":
             continue
         value = op.value
-        msg_id: str = value["id"]
+        msg_id = value.get("id")
+        if msg_id is None:
+            anomalies["without_id"] += 1  # nothing to match it with
+            continue
         offset = value.get("offset")
         if type(offset) is not int:  # bool is an int subclass, and never an offset
             offset = None
@@ -147,7 +150,8 @@ class QueueResult:
     valid = lost == 0 and unexpected == 0 and fail_delivered == 0; duplicates are legal under
     at-least-once and only counted.
     anomalies: malformed-history counts (an id invoked twice, completed twice, completed
-    without an invoke, a recv that is not ok); a well-formed history has none.
+    without an invoke, a recv that is not ok, a send or recv without an id; such ops are
+    otherwise ignored); a well-formed history has none.
     """
 
     attempts: int

@@ -35,7 +35,9 @@ class Op:
     type: `invoke` starts a send; `ok` = done (for a recv: one delivery); `fail` = definitely
     not stored; `info` = outcome unknown (timeout, lost connection); nemesis ops are `info`.
     value: send `{"id", "key"}` (+ `"queue"`, `"offset"` on ok when known); recv `{"id", "key",
-    "queue", "offset"}`; nemesis `{"fault", "targets", "phase": "start"|"stop"}`.
+    "queue", "offset"}`; nemesis `{"fault", "targets", "phase": "start"|"stop"}`. Ids are
+    strings, unique per message; a send or recv without one is accepted and only counted by
+    the checkers (chaos/checkers.py: anomalies).
     """
 
     time: float
@@ -68,13 +70,15 @@ class Op:
                 isinstance(t, str) for t in targets
             ):
                 raise ValueError(f"nemesis targets must be a list of strings: {v}")
-        elif not isinstance(self.value.get("id"), str):
-            raise ValueError(f"a {self.f} op needs a string id: {self.value}")
+        elif "id" in self.value and not isinstance(self.value["id"], str):
+            # An op without an id is kept (the checkers count it as an anomaly); an id of
+            # another type would silently never match its send or delivery.
+            raise ValueError(f"a {self.f} op's id must be a string: {self.value}")
 
     @property
-    def msg_id(self) -> str:
-        """The message id of a send or recv op."""
-        return cast(str, self.value["id"])
+    def msg_id(self) -> str | None:
+        """The message id of a send or recv op (None when the op has none)."""
+        return cast("str | None", self.value.get("id"))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,7 +94,7 @@ class Op:
         """The op of one decoded JSON line; ValueError says what is wrong with it."""
         if not isinstance(obj, dict):
             raise ValueError(f"an op must be a JSON object, not {type(obj).__name__}")
-        missing = [k for k in FIELDS if k not in obj]
+        missing = [repr(k) for k in FIELDS[:4] if k not in obj]
         if missing:
             raise ValueError(f"op without {', '.join(missing)}")
         unknown = sorted(set(obj) - set(FIELDS))
@@ -99,7 +103,8 @@ class Op:
         t = obj["time"]
         if isinstance(t, int) and not isinstance(t, bool):
             t = float(t)  # JSON writes 3.0 as 3.0, but a hand-written history may say 3
-        return cls(t, obj["process"], obj["type"], obj["f"], obj["value"])
+        # "value" may be left out of a hand-written line: an op without one has an empty value.
+        return cls(t, obj["process"], obj["type"], obj["f"], obj.get("value", {}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,9 +50,10 @@ def write_result(
     path: Path, /, *args: Any, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Writes the run's result as one JSON document and returns it:
-    `{"format", "scenario", "seed", "valid", "verdict", "schedule", "queue", "order",
-    "availability", "latency", "extra"}` (the checker sections as CheckReport.to_json() gives
-    them). Called as write_result(path, scenario, seed, schedule, report, extra), or as
+    `{"format", "scenario", "seed", "valid", "verdict", "ordered", "schedule", "queue",
+    "order", "availability", "latency", **extra}` (the checker sections as
+    CheckReport.to_json() gives them; extra's keys may not shadow those). Called as
+    write_result(path, scenario, seed, schedule, report, extra), or as
     write_result(path, schedule, report, extra) taking scenario and seed from the report.
     A report checked under another scenario or seed is refused (ValueError). Written to a
     temporary file and renamed, so a reader never sees half a result."""
@@ -85,10 +86,14 @@ def write_result(
         "seed": seed,
         "valid": checks["valid"],
         "verdict": checks["verdict"],
+        "ordered": checks["ordered"],
         "schedule": dict(schedule),
-        **{k: checks[k] for k in ("ordered", "queue", "order", "availability", "latency")},
-        "extra": dict(extra or {}),
+        **{k: checks[k] for k in ("queue", "order", "availability", "latency")},
     }
+    clash = sorted(set(doc) & set(extra or {}))
+    if clash:
+        raise ValueError(f"extra would overwrite {', '.join(clash)}")
+    doc |= dict(extra or {})
     text = json.dumps(doc, indent=1, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -97,79 +102,68 @@ def write_result(
     return doc
 
 
-def rates(times: Sequence[float], t0: float, bins: int) -> list[float]:
-    """Events per second in `bins` bins of BIN_S seconds from t0 (events outside dropped)."""
-    counts = [0] * bins
+def per_second(times: Sequence[float], t0: float, t1: float) -> tuple[list[float], list[float]]:
+    """Bins of BIN_S seconds covering [t0, t1]: their start times relative to t0, and the events
+    of `times` in each, scaled to events per second (events outside [t0, t1] dropped)."""
+    bins = math.floor((t1 - t0) / BIN_S) + 1
+    if bins > MAX_BINS:
+        raise ValueError(
+            f"the history spans {t1 - t0:.0f} s: more than {MAX_BINS} bins of {BIN_S} s "
+            "(are two clocks mixed?)"
+        )
+    counts = [0] * max(bins, 0)
     for t in times:
         i = math.floor((t - t0) / BIN_S)
         if 0 <= i < bins:
             counts[i] += 1
-    return [c / BIN_S for c in counts]
+    return [i * BIN_S for i in range(len(counts))], [c / BIN_S for c in counts]
 
 
 def plot(ops: Sequence[Op], windows: Sequence[Window], path: Path, title: str) -> None:
     """Writes a PNG: acknowledged sends per second (send ok completions, blue bars) and
     failed or unknown sends per second (fail and info completions, red bars) in BIN_S bins,
     deliveries per second as a green line, each fault window shaded and labelled with its
-    name. x: seconds since the history's first op. An empty history gives an empty chart."""
+    name. x: seconds since the history's first op. An empty history raises ValueError (there is
+    no time axis to draw)."""
+    if not ops:
+        raise ValueError("an empty history has nothing to plot")
+    t0 = min(op.time for op in ops)
+    t1 = max(op.time for op in ops)
+    for w in windows:
+        t1 = max(t1, w.start if w.stop is None else w.stop)
+    acks = [op.time for op in ops if op.f == "send" and op.type == "ok"]
+    bad = [op.time for op in ops if op.f == "send" and op.type in ("fail", "info")]
+    recv = [op.time for op in ops if op.f == "recv" and op.type == "ok"]
+    xs, ack_rate = per_second(acks, t0, t1)  # refuses a span of mixed clocks before drawing
     fig, ax = plt.subplots(figsize=(11, 4))
     try:
-        if ops:
-            t0 = min(op.time for op in ops)
-            t1 = max(op.time for op in ops)
-            for w in windows:
-                t1 = max(t1, w.start if w.stop is None else w.stop)
-            bins = math.floor((t1 - t0) / BIN_S) + 1
-            if bins > MAX_BINS:
-                raise ValueError(
-                    f"the history spans {t1 - t0:.0f} s: more than {MAX_BINS} bins of {BIN_S} s "
-                    "(are two clocks mixed?)"
-                )
-            acks = [op.time for op in ops if op.f == "send" and op.type == "ok"]
-            bad = [op.time for op in ops if op.f == "send" and op.type in ("fail", "info")]
-            recv = [op.time for op in ops if op.f == "recv" and op.type == "ok"]
-            xs = [i * BIN_S for i in range(bins)]
-            ax.bar(
-                xs,
-                rates(acks, t0, bins),
-                width=BIN_S,
-                align="edge",
-                color="tab:blue",
-                label="acknowledged/s",
-            )
-            ax.bar(
-                xs,
-                rates(bad, t0, bins),
-                width=BIN_S,
-                align="edge",
-                color="tab:red",
-                label="failed or unknown/s",
-            )
-            ax.plot(
-                [x + BIN_S / 2 for x in xs],
-                rates(recv, t0, bins),
-                color="tab:green",
-                linewidth=1,
-                label="delivered/s",
-            )
-            top = ax.get_ylim()[1]
-            for n, w in enumerate(windows):
-                colour = FAULT_COLOURS[n % len(FAULT_COLOURS)]
-                stop = t1 if w.stop is None else w.stop
-                ax.axvspan(w.start - t0, stop - t0, color=colour, alpha=0.2)
-                label = w.fault if w.stop is not None else f"{w.fault} (not healed)"
-                ax.text(
-                    w.start - t0,
-                    top * (0.97 - 0.07 * (n % 3)),
-                    label,
-                    fontsize=8,
-                    va="top",
-                    color=colour,
-                )
-            ax.set_xlim(0, max(t1 - t0, BIN_S))
-            ax.legend(loc="lower right", fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "empty history", ha="center", va="center", transform=ax.transAxes)
+        ax.bar(xs, ack_rate, width=BIN_S, align="edge", color="tab:blue", label="acknowledged/s")
+        ax.bar(
+            xs,
+            per_second(bad, t0, t1)[1],
+            width=BIN_S,
+            align="edge",
+            color="tab:red",
+            label="failed or unknown/s",
+        )
+        ax.plot(
+            [x + BIN_S / 2 for x in xs],
+            per_second(recv, t0, t1)[1],
+            color="tab:green",
+            linewidth=1,
+            label="delivered/s",
+        )
+        top = ax.get_ylim()[1]
+        for n, w in enumerate(windows):
+            colour = FAULT_COLOURS[n % len(FAULT_COLOURS)]
+            stop = t1 if w.stop is None else w.stop
+            ax.axvspan(w.start - t0, stop - t0, color=colour, alpha=0.2)
+            label = w.fault if w.stop is not None else f"{w.fault} (not healed)"
+            # Labels of neighbouring windows are staggered so they do not print over each other.
+            y = top * (0.97 - 0.07 * (n % 3))
+            ax.text(w.start - t0, y, label, fontsize=8, va="top", color=colour)
+        ax.set_xlim(0, max(t1 - t0, BIN_S))
+        ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel("seconds since the first op")
         ax.set_ylabel("per second")
         ax.set_title(title)
