@@ -45,7 +45,12 @@ NS_RE = re.compile(r"^(rq[0-9a-f]{4})-\d+$")
 LINK_RE = re.compile(r"^(rq[0-9a-f]{4})(?:br|h\d+)$")
 TABLE_RE = re.compile(r"^table bridge (rq[0-9a-f]{4})$")
 ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+)$")
-_GONE = ("Cannot find device", "No such file or directory", "does not exist")
+_GONE = ("Cannot find device", "No such device", "No such file or directory", "does not exist")
+LINK_GROUP_BASE = 0x52510000  # "RQ" << 16: a run's links share group BASE + its prefix's hex
+
+
+def _link_group(prefix: str) -> int:
+    return LINK_GROUP_BASE + int(prefix[2:], 16)
 
 
 class NetError(RuntimeError):
@@ -205,12 +210,16 @@ def _destroy(prefix: str) -> tuple[list[str], list[str]]:
     links = [ln for ln in _links() if (m := LINK_RE.match(ln)) and m.group(1) == prefix]
     errors = _kill_all_in(namespaces)
     removed: list[str] = []
-    # Deleting the host-side veths first removes each pair at once; leaving them to the
-    # namespace's destruction would let them linger for up to a second (chaos.md §3).
+    # `link del group` removes the bridge and every veth pair in one kernel transaction (one
+    # RCU wait instead of one per interface: 40 ms instead of 140 ms for 4 hosts). Deleting the
+    # veths at all, rather than leaving them to the namespaces' destruction, means they are
+    # gone when teardown returns instead of up to a second later (chaos.md §3). Links by name
+    # follow, for any that missed the group (a run killed half way through setup).
     ports = [ln for ln in links if not ln.endswith("br")]
     bridges = [ln for ln in links if ln.endswith("br")]
     script = "".join(
-        [f"link del {ln}\n" for ln in [*ports, *bridges]]
+        ([f"link del group {_link_group(prefix)}\n"] if links else [])
+        + [f"link del {ln}\n" for ln in links]
         + [f"netns del {ns}\n" for ns in namespaces]
     )
     if script:
@@ -377,7 +386,7 @@ class Net:
             f"link add {self.bridge} type bridge nf_call_iptables 0 nf_call_ip6tables 0 "
             "nf_call_arptables 0",
             f'link set {self.bridge} alias "{alias}"',
-            f"link set {self.bridge} addrgenmode none",
+            f"link set {self.bridge} addrgenmode none group {_link_group(self.prefix)}",
             f"addr add {self.control_ip}/24 dev {self.bridge}",
             f"link set {self.bridge} up",
         ]
@@ -387,7 +396,7 @@ class Net:
                 f"netns add {ns}",
                 f"link add {port} type veth peer name eth0 netns {ns}",
                 f"link set {port} addrgenmode none",
-                f"link set {port} master {self.bridge} up",
+                f"link set {port} group {_link_group(self.prefix)} master {self.bridge} up",
             ]
         _run(["ip", "-batch", "-"], stdin="\n".join(lines) + "\n")
         # IPv6 off in every namespace before eth0 comes up: the fault table lets every

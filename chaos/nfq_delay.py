@@ -11,6 +11,7 @@ import argparse
 import errno
 import heapq
 import itertools
+import os
 import random
 import select
 import signal
@@ -194,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         nonlocal stop
         stop = True
 
+    # The wake-up pipe makes select() return on SIGTERM at once; otherwise Python resumes the
+    # wait after the handler (PEP 475) and a stop would take up to the select timeout.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
@@ -211,12 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not stop:
             wait_s = d.release_due(time.monotonic())
-            timeout = 0.2 if wait_s is None else min(wait_s, 0.2)  # 0.2 s: notice SIGTERM
-            try:
-                ready = select.select([sock], [], [], max(0.0, timeout))[0]
-            except InterruptedError:
-                continue
-            if not ready:
+            timeout = 1.0 if wait_s is None else min(wait_s, 1.0)
+            ready = select.select([sock.fileno(), wake_r], [], [], max(0.0, timeout))[0]
+            if sock.fileno() not in ready:
                 continue
             for _ in range(256):  # drain what is queued, bounded so releases are not starved
                 try:
