@@ -235,3 +235,37 @@ def test_bad_arguments_fail_before_anything_is_built(tmp_path: Path) -> None:
         Net(["a"], subnet="10.99.0.0/16", state_dir=tmp_path)
     assert not list(tmp_path.iterdir())
     assert issubclass(NetError, RuntimeError)
+
+
+@pytest.mark.parametrize(
+    ("ending", "stop"),
+    [
+        ("with", signal.SIGINT),  # Ctrl-C: KeyboardInterrupt leaves the with block
+        ("atexit", None),  # no with block: the interpreter's exit tears down
+    ],
+)
+def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signals | None) -> None:
+    body = (
+        "    print(n.prefix, flush=True)\n    time.sleep(60)\n"
+        if ending == "with"
+        else "print(n.prefix, flush=True)\nsys.stdin.readline()\n"
+    )
+    head = f"Net(['x', 'y'], state_dir=Path({str(tmp_path)!r}))"
+    code = (
+        "import sys, time\nfrom pathlib import Path\nfrom chaos.netns import Net\n"
+        + (f"with {head} as n:\n" if ending == "with" else f"n = {head}\n")
+        + body
+    )
+    root = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=root)  # fmt: skip
+    assert owner.stdout is not None and owner.stdin is not None
+    prefix = owner.stdout.readline().strip()
+    assert prefix.startswith("rq") and leftovers(prefix)
+    if stop is not None:
+        owner.send_signal(stop)
+    owner.stdin.close()
+    owner.wait(timeout=10)
+    assert leftovers(prefix) == []
+    assert not list(tmp_path.glob("*.json"))
