@@ -53,6 +53,9 @@ class Op:
             raise ValueError(f"op time must be a number, not {self.time!r}")
         if not math.isfinite(self.time):
             raise ValueError(f"op time must be finite, not {self.time!r}")
+        if type(self.time) is not float:
+            # Equal ops compare equal whether made in a test (time=3) or loaded (3.0).
+            object.__setattr__(self, "time", float(self.time))
         if not isinstance(self.process, str) or not self.process:
             raise ValueError(f"op process must be a non-empty string, not {self.process!r}")
         if self.type not in OP_TYPES:
@@ -100,11 +103,8 @@ class Op:
         unknown = sorted(set(obj) - set(FIELDS))
         if unknown:
             raise ValueError(f"op with unknown fields {', '.join(unknown)}")
-        t = obj["time"]
-        if isinstance(t, int) and not isinstance(t, bool):
-            t = float(t)  # JSON writes 3.0 as 3.0, but a hand-written history may say 3
         # "value" may be left out of a hand-written line: an op without one has an empty value.
-        return cls(t, obj["process"], obj["type"], obj["f"], obj.get("value", {}))
+        return cls(obj["time"], obj["process"], obj["type"], obj["f"], obj.get("value", {}))
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,16 @@ def plot(ops: Sequence[Op], windows: Sequence[Window], path: Path, title: str) -
     xs, ack_rate = per_second(acks, t0, t1)  # refuses a span of mixed clocks before drawing
     fig, ax = plt.subplots(figsize=(11, 4))
     try:
-        ax.bar(xs, ack_rate, width=BIN_S, align="edge", color="tab:blue", label="acknowledged/s")
+        ax.bar(
+            xs,
+            ack_rate,
+            width=BIN_S,
+            align="edge",
+            color="tab:blue",
+            alpha=0.7,
+            label="acknowledged/s",
+            zorder=2,
+        )
         ax.bar(
             xs,
             per_second(bad, t0, t1)[1],
@@ -145,6 +154,7 @@ def plot(ops: Sequence[Op], windows: Sequence[Window], path: Path, title: str) -
             align="edge",
             color="tab:red",
             label="failed or unknown/s",
+            zorder=2,
         )
         ax.plot(
             [x + BIN_S / 2 for x in xs],
@@ -152,18 +162,21 @@ def plot(ops: Sequence[Op], windows: Sequence[Window], path: Path, title: str) -
             color="tab:green",
             linewidth=1,
             label="delivered/s",
+            zorder=3,
         )
-        top = ax.get_ylim()[1]
+        # Headroom above the bars for the fault names; shading goes behind the bars.
+        top = max(ax.get_ylim()[1], 1.0) * 1.25
+        ax.set_ylim(0, top)
         for n, w in enumerate(windows):
             colour = FAULT_COLOURS[n % len(FAULT_COLOURS)]
             stop = t1 if w.stop is None else w.stop
-            ax.axvspan(w.start - t0, stop - t0, color=colour, alpha=0.2)
+            ax.axvspan(w.start - t0, stop - t0, color=colour, alpha=0.3, zorder=0)
             label = w.fault if w.stop is not None else f"{w.fault} (not healed)"
             # Labels of neighbouring windows are staggered so they do not print over each other.
-            y = top * (0.97 - 0.07 * (n % 3))
-            ax.text(w.start - t0, y, label, fontsize=8, va="top", color=colour)
+            y = top * (0.98 - 0.06 * (n % 3))
+            ax.text(w.start - t0, y, label, fontsize=8, va="top", color=colour, zorder=3)
         ax.set_xlim(0, max(t1 - t0, BIN_S))
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
         ax.set_xlabel("seconds since the first op")
         ax.set_ylabel("per second")
         ax.set_title(title)
