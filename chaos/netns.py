@@ -44,7 +44,7 @@ PREFIX_RE = re.compile(r"^rq[0-9a-f]{4}$")
 NS_RE = re.compile(r"^(rq[0-9a-f]{4})-\d+$")
 LINK_RE = re.compile(r"^(rq[0-9a-f]{4})(?:br|h\d+)$")
 TABLE_RE = re.compile(r"^table bridge (rq[0-9a-f]{4})$")
-ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+)$")
+ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+) run=[0-9a-f]+$")
 _GONE = ("Cannot find device", "No such device", "No such file or directory", "does not exist")
 LINK_GROUP_BASE = 0x52510000  # "RQ" << 16: a run's links share group BASE + its prefix's hex
 
@@ -341,6 +341,13 @@ class Net:
         self._faults = NetFaults.none()
         self._delayers: dict[str, subprocess.Popen[bytes]] = {}
         self.timings_ms: dict[str, float] = {}
+        pid = os.getpid()
+        # The bridge's alias names this very run (owner process and a nonce): cleanup() of
+        # another state directory sees the owner lives, and a run that collides on the prefix
+        # can tell the bridge is not its own.
+        self._alias = (
+            f"{ALIAS_TAG} owner={pid} start={_start_ticks(pid)} run={secrets.token_hex(4)}"
+        )
         self._up = True
         atexit.register(self._teardown_at_exit)
         try:
@@ -349,6 +356,13 @@ class Net:
             self.apply(NetFaults.none())
         except BaseException:
             # Ctrl-C or a failed command half way: remove what exists, keep the first error.
+            # If another run took the same prefix a moment earlier (`link add` found its bridge),
+            # everything named after the prefix is that run's: only our state file goes.
+            if _alias(self.bridge) not in (None, self._alias):
+                self._up = False
+                self.state_file.unlink(missing_ok=True)
+                atexit.unregister(self._teardown_at_exit)
+                raise
             try:
                 self.teardown()
             except NetError as exc:
@@ -377,7 +391,6 @@ class Net:
         tmp.replace(self.state_file)
 
     def _build(self) -> None:
-        alias = f"{ALIAS_TAG} owner={os.getpid()} start={_start_ticks(os.getpid())}"
         # nf_call_* 0: br_netfilter is on in this kernel, so bridged frames would otherwise
         # also cross the root namespace's iptables FORWARD chain (pitfall 13). addrgenmode
         # none: no IPv6 link-local address, hence no IPv6 chatter, on our root-side links.
@@ -385,7 +398,7 @@ class Net:
         lines = [
             f"link add {self.bridge} type bridge nf_call_iptables 0 nf_call_ip6tables 0 "
             "nf_call_arptables 0",
-            f'link set {self.bridge} alias "{alias}"',
+            f'link set {self.bridge} alias "{self._alias}"',
             f"link set {self.bridge} addrgenmode none group {_link_group(self.prefix)}",
             f"addr add {self.control_ip}/24 dev {self.bridge}",
             f"link set {self.bridge} up",
@@ -607,11 +620,15 @@ def _state_owner(path: Path) -> tuple[int, int] | None:
         return None  # unreadable or from an older layout: nobody can be shown to own it
 
 
-def _alias_owner(bridge: str) -> tuple[int, int] | None:
+def _alias(bridge: str) -> str | None:
     try:
-        m = ALIAS_RE.match((SYS_NET / bridge / "ifalias").read_text().strip())
+        return (SYS_NET / bridge / "ifalias").read_text().strip()
     except OSError:
         return None
+
+
+def _alias_owner(bridge: str) -> tuple[int, int] | None:
+    m = ALIAS_RE.match(_alias(bridge) or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 

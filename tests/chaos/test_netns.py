@@ -162,13 +162,16 @@ def test_unknown_host_is_the_callers_error(net: Net) -> None:
         net.apply(NetFaults.isolate("ghost", ["ghost", "n0"]))
 
 
+def listing(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout
+
+
 def leftovers(prefix: str) -> list[str]:
     """Lines of `ip netns list`, `ip link show type bridge` and `nft list tables` naming prefix."""
     found = []
     for argv in (["ip", "netns", "list"], ["ip", "link", "show", "type", "bridge"],
                  ["nft", "list", "tables"], ["ip", "-o", "link", "show"]):  # fmt: skip
-        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-        found += [line for line in out.splitlines() if prefix in line]
+        found += [line for line in listing(argv).splitlines() if prefix in line]
     return found
 
 
@@ -269,3 +272,22 @@ def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signa
     owner.wait(timeout=10)
     assert leftovers(prefix) == []
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_run_colliding_on_the_prefix_leaves_the_other_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import chaos.netns
+
+    first = Net(["x", "y"], state_dir=tmp_path / "a")
+    try:
+        monkeypatch.setattr(chaos.netns, "_fresh_prefix", lambda state_dir: first.prefix)
+        with pytest.raises(NetError, match="File exists"):
+            Net(["z"], state_dir=tmp_path / "b")
+        assert not list((tmp_path / "b").iterdir())
+        first.apply(NetFaults.one_way("x", "y"))  # still whole
+        names = listing(["ip", "netns", "list"])
+        assert f"{first.prefix}-0" in names and f"{first.prefix}-1" in names
+    finally:
+        first.teardown()
+    assert leftovers(first.prefix) == []
