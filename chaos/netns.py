@@ -171,7 +171,7 @@ def _pids_in(namespaces: Sequence[str]) -> list[int]:
 def _kill_all_in(namespaces: Sequence[str]) -> list[str]:
     """SIGKILLs everything running in the namespaces and waits until it is gone: `ip netns del`
     only unmounts the name, so a process left inside would keep the namespace, its veth and
-    its sockets alive (chaos.md §4, teardown). Returns what it could not kill."""
+    its sockets alive (chaos.md pitfall 11). Returns what it could not kill."""
     deadline = time.monotonic() + KILL_WAIT_S
     while pids := _pids_in(namespaces):
         if time.monotonic() > deadline:

@@ -27,6 +27,9 @@ PY = [sys.executable, "-I", "-S"]  # the helper needs no site packages: faster s
 PORT = 7000
 HOSTS = ["n0", "n1", "n2", "client"]
 FAIL_TIMEOUT_S = 0.4  # a cut link shows as a connect timeout (silence, not a refusal)
+# An undelayed round trip, with margin for a loaded 2-core box (chaos.md pitfall 18: no
+# sub-100 ms assertions); still well apart from the 150 ms delay under test.
+FAST_MS = 100
 
 
 @pytest.fixture(scope="module")
@@ -130,17 +133,17 @@ def test_full_loss_drops_everything_to_the_host(net: Net) -> None:
 
 def test_delay_raises_round_trips_and_clear_restores_them(net: Net) -> None:
     base = probe(net, "client", ["n1"], count=5)["n1"]
-    assert statistics.median(base) < 50, base
+    assert statistics.median(base) < FAST_MS, base
     t0 = time.monotonic()
     net.delay("n1", 150)
     delay_call_ms = (time.monotonic() - t0) * 1000
     rtts = probe(net, "client", ["n0", "n1"], count=5)
     assert min(rtts["n1"]) >= 140, rtts
-    assert statistics.median(rtts["n0"]) < 50, rtts  # only n1 is slow
+    assert statistics.median(rtts["n0"]) < FAST_MS, rtts  # only n1 is slow
     assert net.delayed() == ["n1"]
     net.clear_delay("n1")
     after = probe(net, "client", ["n1"], count=5)["n1"]
-    assert statistics.median(after) < 50, after
+    assert statistics.median(after) < FAST_MS, after
     assert net.delayed() == []
     assert delay_call_ms < 5000
 
