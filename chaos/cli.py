@@ -115,9 +115,13 @@ def suite_cmd(args: argparse.Namespace) -> int:
 
 
 def cleanup_cmd(args: argparse.Namespace) -> int:
-    from chaos.netns import cleanup
+    from chaos.netns import NetError, cleanup
 
-    removed = cleanup(force=args.force)
+    try:
+        removed = cleanup(force=args.force)
+    except NetError as exc:
+        console.print(f"[red]cleanup failed:[/] {exc}", highlight=False)
+        return 2
     if not removed:
         console.print("nothing left behind by earlier chaos runs")
     for item in removed:
