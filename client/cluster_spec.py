@@ -76,6 +76,7 @@ class ClusterSpec:
     groups: dict[str, tuple[BrokerNodeSpec, ...]]
     controllers: tuple[ControllerSpec, ...] = ()
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    preferred_leaders: Mapping[str, str] = field(default_factory=dict)  # group -> node id
 
     @property
     def namesrv_addresses(self) -> str:
@@ -174,6 +175,11 @@ class ClusterSpec:
                 )
             )
         ctl_flags = _flags(self.settings.get("controller", {}))
+        if self.preferred_leaders:
+            ctl_flags += [
+                "--preferred-leaders",
+                ",".join(f"{g}={n}" for g, n in sorted(self.preferred_leaders.items())),
+            ]
         for c in self.controllers:
             peers = ",".join(
                 f"{o.node_id}={o.address}/{o.raft}" for o in self.controllers if o is not c
@@ -299,6 +305,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     if not namesrvs:
         raise SpecError(f"{source}: at least one [[namesrv]] is needed")
     groups: dict[str, tuple[BrokerNodeSpec, ...]] = {}
+    preferred: dict[str, str] = {}
     for i, g in enumerate(raw.get("group", [])):
         gname = _name(_str(g, "name", f"group[{i}]"), f"group[{i}].name")
         if gname in groups:
@@ -318,6 +325,14 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
             raise SpecError(f"{source}: group {gname!r} has no nodes")
         if len({n.node_id for n in nodes}) != len(nodes):
             raise SpecError(f"{source}: group {gname!r} repeats a node id")
+        if "preferred_leader" in g:
+            want = _str(g, "preferred_leader", f"group[{gname}]")
+            if want not in {n.node_id for n in nodes}:
+                raise SpecError(
+                    f"{source}: group {gname!r} prefers leader {want!r}, which is not one of "
+                    f"its nodes ({', '.join(n.node_id for n in nodes)})"
+                )
+            preferred[gname] = want
         groups[gname] = tuple(nodes)
     if not groups:
         raise SpecError(f"{source}: at least one [[group]] is needed")
@@ -334,7 +349,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     settings = raw.get("settings", {})
     if not isinstance(settings, dict) or not set(settings) <= {"namesrv", "broker", "controller"}:
         raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
-    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings)
+    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings, preferred)
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
     ]

@@ -17,7 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import grpc
 
 from client.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
-from client.pb import namesrv_pb2, namesrv_pb2_grpc
+from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from controller.balance import Transfer, parse_preferred, plan
 from controller.settings import ControllerSettings
 from controller.state import CommandError, ControllerState, GroupRecord, RoleReport, Verdict, decode
 from raftlog import errors as rl_errors
@@ -28,6 +29,8 @@ log = logging.getLogger("controller")
 
 MAX_VERDICTS = 10_000
 REPORT_TIMEOUT_S = 5.0
+BALANCE_EVERY_S = 1.0
+TRANSFER_TIMEOUT_MS = 3_000
 
 
 class Pusher:
@@ -90,6 +93,12 @@ class ControllerNode:
             collections.OrderedDict()
         )
         self._pushed_as_leader_term = -1
+        self._preferred = parse_preferred(settings.preferred_leaders)
+        self._last_attempt_ms: dict[str, int] = {}
+        self._next_balance = 0.0
+        # One hand-off at a time: a transfer holds its group's leader for up to 3 s.
+        self._balancer = ThreadPoolExecutor(1, thread_name_prefix="balance")
+        self._balancing = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-apply", daemon=True)
 
@@ -99,6 +108,7 @@ class ControllerNode:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._balancer.shutdown(wait=False, cancel_futures=True)
         self.pusher.close()
         self.rlog.close(transfer_leadership=True)
 
@@ -156,6 +166,7 @@ class ControllerNode:
                 for entry in self.rlog.read_from(nxt, max_bytes=1 << 20, max_entries=256):
                     self._apply(entry.index, entry.chunks)
             self._push_all_if_new_leader()
+            self._balance()
 
     def _apply(self, index: int, chunks: tuple[bytes, ...]) -> None:
         changed: list[Verdict] = []
@@ -198,3 +209,69 @@ class ControllerNode:
         for g in self.records():
             if g.leader_node_id:
                 self.pusher.push(g.broker_group, g.leader_node_id, g.term)
+
+    # ---- leader balancing ---------------------------------------------------------------------
+
+    def _balance(self) -> None:
+        """The controller leader hands each group's leadership to its preferred node (see
+        controller/balance.py for the rules), one hand-off at a time."""
+        now = time.monotonic()
+        if now < self._next_balance or self._balancing.is_set():
+            return
+        self._next_balance = now + BALANCE_EVERY_S
+        if not self.rlog.is_leader_ready() or self.applied < self.rlog.committed_index:
+            return
+        now_ms = int(time.time() * 1000)  # records carry the brokers' wall-clock times
+        todo = plan(
+            self.records(), self._preferred, self._last_attempt_ms, now_ms,
+            self.settings.balance_policy,
+        )  # fmt: skip
+        if not todo:
+            return
+        t = todo[0]
+        self._last_attempt_ms[t.broker_group] = now_ms
+        self._balancing.set()
+        try:
+            self._balancer.submit(self._hand_off, t)
+        except RuntimeError:  # shut down meanwhile
+            self._balancing.clear()
+
+    def _hand_off(self, t: Transfer) -> None:
+        try:
+            with grpc.insecure_channel(t.to_address) as ch:
+                st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
+                    broker_pb2.GetBrokerStatusRequest(), timeout=1.0
+                )
+            if st.role != common_pb2.FOLLOWER or st.leader_node_id != t.from_node:
+                log.info(
+                    "controller.balance_skipped group=%s to=%s reason=target_not_following",
+                    t.broker_group,
+                    t.to_node,
+                )
+                return
+            with grpc.insecure_channel(t.from_address) as ch:
+                out = broker_pb2_grpc.BrokerStub(ch).LeadershipTransfer(
+                    broker_pb2.LeadershipTransferRequest(
+                        target_node_id=t.to_node, timeout_ms=TRANSFER_TIMEOUT_MS
+                    ),
+                    timeout=TRANSFER_TIMEOUT_MS / 1000 + 3,
+                )
+            log.info(
+                "controller.balanced group=%s from=%s to=%s ok=%s leader=%s term=%d",
+                t.broker_group,
+                t.from_node,
+                t.to_node,
+                out.ok,
+                out.leader_node_id,
+                out.term,
+            )
+        except grpc.RpcError as exc:
+            # The target is down or the leader moved meanwhile: try again after the interval.
+            log.info(
+                "controller.balance_failed group=%s to=%s code=%s",
+                t.broker_group,
+                t.to_node,
+                exc.code().name if hasattr(exc, "code") else "?",
+            )
+        finally:
+            self._balancing.clear()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from broker.settings import Member, parse_members
 from client.settings import load_settings, setting, settings_class
+from controller.balance import BalancePolicy, parse_preferred
 from raftlog.config import RaftLogConfig
 
 ENV_PREFIX = "RAFTMQ_CONTROLLER_"
@@ -33,6 +34,20 @@ class ControllerSettings:
     push_timeout_ms: int = setting(default=1_000, unit="ms", doc="one push to one NameServer")
     push_retries: int = setting(default=3, unit="", doc="attempts per NameServer and change")
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+    balance_leaders: bool = setting(
+        default=True, unit="", doc="hand each group's leadership to its preferred node"
+    )
+    preferred_leaders: str = setting(
+        default="",
+        unit="group=node_id,...",
+        doc="preferred leader per group; unset groups: the i-th group prefers its i-th node",
+    )
+    balance_interval_ms: int = setting(
+        default=10_000, unit="ms", doc="at most one hand-off attempt per group in this time"
+    )
+    balance_hold_ms: int = setting(
+        default=5_000, unit="ms", doc="no hand-off while a group's leader changed this recently"
+    )
 
     def __post_init__(self) -> None:
         peers = self.peer_list
@@ -42,6 +57,9 @@ class ControllerSettings:
             raise ValueError("namesrv_addresses must name at least one NameServer")
         if self.push_timeout_ms <= 0 or not 1 <= self.push_retries <= 100:
             raise ValueError("push_timeout_ms must be > 0 and push_retries within 1..100")
+        parse_preferred(self.preferred_leaders)
+        if self.balance_interval_ms <= 0 or self.balance_hold_ms < 0:
+            raise ValueError("balance_interval_ms must be > 0 and balance_hold_ms >= 0")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         self.raft_config()
@@ -49,6 +67,10 @@ class ControllerSettings:
     @property
     def peer_list(self) -> tuple[Member, ...]:
         return parse_members(self.peers) if self.peers.strip() else ()
+
+    @property
+    def balance_policy(self) -> BalancePolicy:
+        return BalancePolicy(self.balance_leaders, self.balance_interval_ms, self.balance_hold_ms)
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:

@@ -86,6 +86,7 @@ NODE = "nodes=[{id='n0',host='h',port=2,raft_port=3}]"
             ONE_NS + "[[group]]\nname='a b'\n" + NODE,
             "letters",
         ),
+        (ONE_NS + "[[group]]\nname='a'\npreferred_leader='n7'\n" + NODE, "prefers leader 'n7'"),
         ("[oops]\n", "unknown section"),
         ("not toml = = =", "not valid TOML"),
     ],
@@ -93,3 +94,17 @@ NODE = "nodes=[{id='n0',host='h',port=2,raft_port=3}]"
 def test_errors_name_the_key(text: str, match: str) -> None:
     with pytest.raises(SpecError, match=match):
         parse(text)
+
+
+def test_preferred_leader_reaches_every_controller() -> None:
+    text = SPEC.read_text().replace(
+        'name = "broker-b"\n', 'name = "broker-b"\npreferred_leader = "n2"\n'
+    )
+    spec = parse(text)
+    assert spec.preferred_leaders == {"broker-b": "n2"}
+    ctls = [p for p in spec.processes() if p.role == "controller"]
+    assert len(ctls) == 3
+    for p in ctls:
+        cfg, overrides = controller_server.parse_args(list(p.argv[2:]))
+        c = controller_settings.load(cfg, overrides, environ={})
+        assert c.preferred_leaders == "broker-b=n2"
