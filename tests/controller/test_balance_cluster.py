@@ -15,9 +15,10 @@ import pytest
 from client.admin import Admin
 from client.cluster_runner import ClusterRunner
 from client.cluster_spec import parse
+from raftlog.local_cluster import free_ports
 from tests.controller.test_controller_cluster import broker_leader, spec_text
 from tests.controller.test_failover import Sender, namesrv_str
-from tests.procs import free_ports, wait_until
+from tests.procs import wait_until
 
 FAST_BALANCE = "[settings.controller]\nbalance_hold_ms=2000\nbalance_interval_ms=3000\n"
 
