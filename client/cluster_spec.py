@@ -77,6 +77,9 @@ class ClusterSpec:
     controllers: tuple[ControllerSpec, ...] = ()
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     preferred_leaders: Mapping[str, str] = field(default_factory=dict)  # group -> node id
+    # The controllers run inside the NameServer processes (controller i in NameServer i, on its
+    # gRPC port; its Raft port is the controller's raft endpoint).
+    controller_in_namesrv: bool = False
 
     @property
     def namesrv_addresses(self) -> str:
@@ -114,6 +117,11 @@ class ClusterSpec:
             )
             for c in self.controllers
         )
+        if self.controller_in_namesrv:
+            controllers = tuple(
+                replace(c, address=ns, raft=Endpoint(ns.host, c.raft.port))
+                for c, ns in zip(self.controllers, namesrvs, strict=True)
+            )
         return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
 
     def with_ports(self, ports: list[int]) -> ClusterSpec:
@@ -132,14 +140,20 @@ class ClusterSpec:
                 )
                 for g, nodes in self.groups.items()
             }
-            controllers = tuple(
-                replace(
-                    c,
-                    address=Endpoint(c.address.host, next(it)),
-                    raft=Endpoint(c.raft.host, next(it)),
+            if self.controller_in_namesrv:
+                controllers = tuple(
+                    replace(c, address=ns, raft=Endpoint(ns.host, next(it)))
+                    for c, ns in zip(self.controllers, namesrvs, strict=True)
                 )
-                for c in self.controllers
-            )
+            else:
+                controllers = tuple(
+                    replace(
+                        c,
+                        address=Endpoint(c.address.host, next(it)),
+                        raft=Endpoint(c.raft.host, next(it)),
+                    )
+                    for c in self.controllers
+                )
         except StopIteration:
             raise SpecError(f"{self.port_count()} ports are needed, {len(ports)} given") from None
         return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
@@ -148,7 +162,7 @@ class ClusterSpec:
         return (
             len(self.namesrvs)
             + 2 * sum(len(n) for n in self.groups.values())
-            + 2 * len(self.controllers)
+            + (1 if self.controller_in_namesrv else 2) * len(self.controllers)
         )
 
     def without_controllers(self) -> ClusterSpec:
@@ -156,31 +170,53 @@ class ClusterSpec:
 
     # ---- processes ----------------------------------------------------------------------------
 
+    def _controller_argv(self, c: ControllerSpec, flags: list[str], data: Path) -> list[str]:
+        """An embedded controller's settings as the NameServer's --controller-<key> flags."""
+        peers = ",".join(
+            f"{o.node_id}={o.address}/{o.raft}" for o in self.controllers if o is not c
+        )
+        own = [
+            "--node-id", c.node_id, "--raft-address", str(c.raft), "--data-dir", str(data),
+            "--namesrv-addresses", self.namesrv_addresses,
+        ]  # fmt: skip
+        if peers:
+            own += ["--peers", peers]
+        return [_embedded_flag(f) for f in own + flags]
+
     def processes(self) -> list[ProcessSpec]:
         """NameServers first, then controllers, then broker nodes: the order to start them."""
         out: list[ProcessSpec] = []
         ns_flags = _flags(self.settings.get("namesrv", {}))
-        for i, e in enumerate(self.namesrvs):
-            name = f"namesrv-{i}"
-            out.append(
-                ProcessSpec(
-                    name,
-                    "namesrv",
-                    "namesrv.server",
-                    ("-m", "namesrv.server", "--listen", str(e), *ns_flags),
-                    "namesrv.started",
-                    self.data_dir / name,
-                    e.host,
-                    (e.port,),
-                )
-            )
         ctl_flags = _flags(self.settings.get("controller", {}))
         if self.preferred_leaders:
             ctl_flags += [
                 "--preferred-leaders",
                 ",".join(f"{g}={n}" for g, n in sorted(self.preferred_leaders.items())),
             ]
-        for c in self.controllers:
+        for i, e in enumerate(self.namesrvs):
+            name = f"namesrv-{i}"
+            argv = ["-m", "namesrv.server", "--listen", str(e), *ns_flags]
+            ports: tuple[int, ...] = (e.port,)
+            if self.controller_in_namesrv:
+                c = self.controllers[i]
+                argv += [
+                    "--enable-controller",
+                    *self._controller_argv(c, ctl_flags, self.data_dir / name / "controller"),
+                ]
+                ports = (e.port, c.raft.port)
+            out.append(
+                ProcessSpec(
+                    name,
+                    "namesrv",
+                    "namesrv.server",
+                    tuple(argv),
+                    "namesrv.started",
+                    self.data_dir / name,
+                    e.host,
+                    ports,
+                )
+            )
+        for c in () if self.controller_in_namesrv else self.controllers:
             peers = ",".join(
                 f"{o.node_id}={o.address}/{o.raft}" for o in self.controllers if o is not c
             )
@@ -248,6 +284,13 @@ class ClusterSpec:
                     )
                 )
         return out
+
+
+def _embedded_flag(arg: str) -> str:
+    """--key -> --controller-key, --no-key -> --no-controller-key; values unchanged."""
+    if arg.startswith("--no-"):
+        return "--no-controller-" + arg[5:]
+    return "--controller-" + arg[2:] if arg.startswith("--") else arg
 
 
 def _flags(settings: Mapping[str, Any]) -> list[str]:
@@ -336,6 +379,14 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         groups[gname] = tuple(nodes)
     if not groups:
         raise SpecError(f"{source}: at least one [[group]] is needed")
+    embedded = cluster.get("controller_in_namesrv", False)
+    if not isinstance(embedded, bool):
+        raise SpecError(f"{source}: cluster.controller_in_namesrv must be true or false")
+    if embedded and raw.get("controller"):
+        raise SpecError(
+            f"{source}: with cluster.controller_in_namesrv the NameServers carry the "
+            "controllers; remove the [[controller]] tables"
+        )
     controllers = tuple(
         ControllerSpec(
             _name(_str(c, "id", f"controller[{i}]"), f"controller[{i}].id"),
@@ -346,10 +397,15 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         )
         for i, c in enumerate(raw.get("controller", []))
     )
+    if embedded:
+        controllers = tuple(
+            ControllerSpec(f"c{i}", ns, Endpoint(ns.host, _port(t, "raft_port", f"namesrv[{i}]")))
+            for i, (ns, t) in enumerate(zip(namesrvs, raw.get("namesrv", []), strict=True))
+        )
     settings = raw.get("settings", {})
     if not isinstance(settings, dict) or not set(settings) <= {"namesrv", "broker", "controller"}:
         raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
-    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings, preferred)
+    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings, preferred, embedded)
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
     ]

@@ -243,25 +243,29 @@ def _convert(hint: Any, raw: object, where: str, unit: object) -> object:
 # ---- flags ---------------------------------------------------------------------------------------
 
 
-def add_settings_flags(parser: argparse.ArgumentParser, cls: type[Any], env_prefix: str) -> None:
-    """One `--key-name` flag per key (default None, so unset flags do not override)."""
+def add_settings_flags(
+    parser: argparse.ArgumentParser, cls: type[Any], env_prefix: str, flag_prefix: str = ""
+) -> None:
+    """One `--key-name` flag per key (default None, so unset flags do not override). A
+    flag_prefix ("controller-") lets one process take the settings of a role it embeds."""
     group = parser.add_argument_group(f"{cls.__name__} (flags override env {env_prefix}*)")
     hints = typing.get_type_hints(cls)
     for row in settings_table(cls):
-        flag = "--" + row.key.replace("_", "-")
+        flag = "--" + flag_prefix + row.key.replace("_", "-")
+        dest = _dest(flag_prefix, row.key)
         unit = f" {row.unit}" if row.unit and row.unit != "bool" else ""
         help_text = f"{row.doc} [default {format_value(row.default)}{unit}]".replace("%", "%%")
         if hints[row.key] is bool:
             group.add_argument(
                 flag,
-                dest=row.key,
+                dest=dest,
                 default=None,
                 action=argparse.BooleanOptionalAction,
                 help=help_text,
             )
         else:
             group.add_argument(
-                flag, dest=row.key, default=None, metavar=_metavar(row), help=help_text
+                flag, dest=dest, default=None, metavar=_metavar(row), help=help_text
             )
 
 
@@ -269,9 +273,18 @@ def _metavar(row: SettingInfo) -> str:
     return row.unit.upper().replace(":", "_").replace(" ", "_") if row.unit else "VALUE"
 
 
-def flag_overrides(namespace: argparse.Namespace, cls: type[Any]) -> dict[str, object]:
+def _dest(flag_prefix: str, key: str) -> str:
+    return f"{flag_prefix.replace('-', '_')}_{key}" if flag_prefix else key
+
+
+def flag_overrides(
+    namespace: argparse.Namespace, cls: type[Any], flag_prefix: str = ""
+) -> dict[str, object]:
     """The flags the user actually gave, ready for load_settings(overrides=...)."""
     given = vars(namespace)
-    return {
-        row.key: given[row.key] for row in settings_table(cls) if given.get(row.key) is not None
-    }
+    out = {}
+    for row in settings_table(cls):
+        value = given.get(_dest(flag_prefix, row.key))
+        if value is not None:
+            out[row.key] = value
+    return out

@@ -19,8 +19,12 @@ from types import FrameType
 
 import grpc
 
-from client.pb import namesrv_pb2_grpc
+from client.pb import controller_pb2_grpc, namesrv_pb2_grpc
 from client.settings import SettingsError, add_settings_flags, flag_overrides
+from controller import settings as controller_settings_mod
+from controller.node import ControllerNode
+from controller.server import ControllerService
+from controller.settings import ControllerSettings
 from namesrv import settings as settings_mod
 from namesrv.route_table import RouteTable
 from namesrv.service import NameServerService
@@ -32,8 +36,11 @@ _log = logging.getLogger("namesrv")
 class NameServer:
     """One NameServer: gRPC server + expiry scan thread. start() then stop(), once each."""
 
-    def __init__(self, settings: NameServerSettings) -> None:
+    def __init__(
+        self, settings: NameServerSettings, controller: ControllerNode | None = None
+    ) -> None:
         self.settings = settings
+        self.controller = controller
         self.service = NameServerService(RouteTable(settings.broker_expiry_ms))
         self.failed = threading.Event()  # set if the scan thread died; the process must exit
         self._stop = threading.Event()
@@ -48,6 +55,11 @@ class NameServer:
             ],
         )
         namesrv_pb2_grpc.add_NameServerServicer_to_server(self.service, self._server)
+        if controller is not None:
+            # Same port: one address per process to configure, as RocketMQ's embedded mode.
+            controller_pb2_grpc.add_ControllerServicer_to_server(
+                ControllerService(controller), self._server
+            )
         self._scanner = threading.Thread(target=self._scan, name="namesrv-expiry", daemon=True)
         self.address = ""
 
@@ -62,6 +74,8 @@ class NameServer:
         if port == 0:
             self._server.stop(0)
             raise OSError(f"cannot listen on {self.settings.listen} (address in use?)")
+        if self.controller is not None:
+            self.controller.start()
         self._server.start()
         self._scanner.start()
         self.address = f"{host}:{port}"
@@ -72,6 +86,8 @@ class NameServer:
         self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
         if self._scanner.is_alive():
             self._scanner.join(timeout=5)
+        if self.controller is not None:
+            self.controller.close()
 
     def _scan(self) -> None:
         interval_s = self.settings.scan_interval_ms / 1000
@@ -84,7 +100,18 @@ class NameServer:
                 return
 
 
+CONTROLLER_FLAGS = "controller-"
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
+    config, overrides, _ = parse_all(argv)
+    return config, overrides
+
+
+def parse_all(
+    argv: Sequence[str] | None,
+) -> tuple[Path | None, dict[str, object], dict[str, object]]:
+    """(config file, NameServer overrides, embedded controller overrides)."""
     parser = argparse.ArgumentParser(
         prog="python -m namesrv.server",
         description="raftmq NameServer: broker routes and liveness, in memory.",
@@ -93,14 +120,34 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, objec
         "--config", type=Path, default=None, help="TOML file; its [namesrv] section is read"
     )
     add_settings_flags(parser, NameServerSettings, settings_mod.ENV_PREFIX)
+    add_settings_flags(
+        parser, ControllerSettings, controller_settings_mod.ENV_PREFIX, CONTROLLER_FLAGS
+    )
     ns = parser.parse_args(argv)
-    return ns.config, flag_overrides(ns, NameServerSettings)
+    return (
+        ns.config,
+        flag_overrides(ns, NameServerSettings),
+        flag_overrides(ns, ControllerSettings, CONTROLLER_FLAGS),
+    )
+
+
+def embedded_controller(
+    settings: NameServerSettings, config: Path | None, overrides: dict[str, object]
+) -> ControllerSettings:
+    """The embedded controller serves on the NameServer's address; everything else is its own
+    ([controller] of the same file, RAFTMQ_CONTROLLER_*, --controller-<key>)."""
+    return controller_settings_mod.load(config, {**overrides, "listen": settings.listen})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, overrides = parse_args(argv)
+    config, overrides, ctl_overrides = parse_all(argv)
     try:
         settings = settings_mod.load(config, overrides)
+        ctl_settings = (
+            embedded_controller(settings, config, ctl_overrides)
+            if settings.enable_controller
+            else None
+        )
     except SettingsError as exc:
         print(f"namesrv: {exc}", file=sys.stderr)
         return 2
@@ -118,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    server = NameServer(settings)
+    server = NameServer(
+        settings, ControllerNode(ctl_settings) if ctl_settings is not None else None
+    )
     try:
         address = server.start()
     except OSError as exc:

@@ -43,6 +43,12 @@ class NameServerSettings:
         doc="on SIGTERM or SIGINT, in-flight calls get this long to finish",
     )
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+    enable_controller: bool = setting(
+        default=False,
+        unit="",
+        doc="also run a controller in this process, on this gRPC port (RocketMQ's "
+        "enableControllerInNamesrv); its settings are the --controller-<key> flags",
+    )
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")

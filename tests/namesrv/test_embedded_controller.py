@@ -1,0 +1,78 @@
+"""Controllers embedded in the NameServer processes (cluster.controller_in_namesrv, RocketMQ's
+enableControllerInNamesrv): three NameServers carry the three controllers on their own gRPC
+ports; broker leader kills still reach every NameServer with the new leader, and `raftmq
+controller status` answers from the NameServer addresses."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.cli import main as cli_main
+from client.cluster_runner import ClusterRunner
+from client.cluster_spec import parse
+from raftlog.local_cluster import free_ports
+from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders
+from tests.procs import wait_until
+
+
+def embedded_spec(ports: list[int], data: Path) -> str:
+    it = iter(ports)
+    ns = "".join(
+        f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n" for _ in range(3)
+    )
+    nodes = ",".join(
+        f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}" for i in range(3)
+    )
+    return (
+        f"[cluster]\nname='E'\ndata_dir='{data}'\ncontroller_in_namesrv=true\n{ns}"
+        f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n[settings.broker]\nheartbeat_interval_ms=1000\n"
+        "[settings.controller]\nbalance_leaders=false\n"
+    )
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[ClusterRunner]:
+    r = ClusterRunner(parse(embedded_spec(free_ports(12), tmp_path / "data")))
+    try:
+        r.start_all()
+        yield r
+    finally:
+        r.stop_all()
+
+
+def test_spec_runs_no_separate_controllers(tmp_path: Path) -> None:
+    spec = parse(embedded_spec(list(range(31000, 31012)), tmp_path))
+    roles = [p.role for p in spec.processes()]
+    assert roles.count("controller") == 0 and roles.count("namesrv") == 3
+    ns0 = spec.processes()[0]
+    assert "--enable-controller" in ns0.argv and "--controller-raft-address" in ns0.argv
+    assert "--no-controller-balance-leaders" in ns0.argv
+    broker = next(p for p in spec.processes() if p.role == "broker")
+    i = broker.argv.index("--controller-addresses")
+    assert broker.argv[i + 1] == spec.namesrv_addresses
+
+
+def test_leader_kill_reaches_every_namesrv(
+    runner: ClusterRunner, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = runner
+    wait_until(lambda: broker_leader(r)[0] != "", 40, "a broker leader")
+    for _ in range(2):
+        node, _ = broker_leader(r)
+        r.kill(f"broker-a-{node}", signal.SIGKILL)
+        wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "a new leader")
+        want = broker_leader(r)
+        wait_until(
+            lambda w=want: all(x == w for x in namesrv_leaders(r)),
+            10,
+            "every NameServer to route to the new leader",
+        )
+        r.start(f"broker-a-{node}")
+    addresses = ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "namesrv")
+    assert cli_main(["controller", "status", "--controllers", addresses]) == 0
+    out = capsys.readouterr().out
+    assert "LEADER" in out and "broker-a" in out
