@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from client.admin import Admin  # noqa: E402
 from client.cluster_runner import ClusterRunner  # noqa: E402
-from client.cluster_spec import parse  # noqa: E402
+from client.cluster_spec import local_description, parse  # noqa: E402
 from client.consumer_pull import PullConsumer  # noqa: E402
 from client.offsets import StartFrom  # noqa: E402
 from client.producer import Producer  # noqa: E402
@@ -37,25 +37,6 @@ from raftlog.local_cluster import free_ports  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "failover.json"
 BODY = b"x" * 1024
 TOPIC = "w4"
-
-
-BROKER_SETTINGS = ""  # set from --election-timeout-ms
-
-
-def spec_text(ports: list[int], data: Path) -> str:
-    it = iter(ports)
-    ns = "".join(f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(2))
-    nodes = ",".join(
-        f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}" for i in range(3)
-    )
-    ctl = "".join(
-        f"[[controller]]\nid='c{i}'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
-        for i in range(3)
-    )
-    return (
-        f"[cluster]\nname='W4'\ndata_dir='{data}'\n{ns}[[group]]\nname='broker-a'\n"
-        f"nodes=[{nodes}]\n{ctl}[settings.broker]\n{BROKER_SETTINGS}"
-    )
 
 
 def emit(results: list[dict[str, Any]], rec: dict[str, Any]) -> None:
@@ -149,10 +130,10 @@ def main() -> int:
         "--election-timeout-ms", default="", help="MIN,MAX for the broker nodes (default: theirs)"
     )
     args = ap.parse_args()
-    global BROKER_SETTINGS
+    broker_settings = ""
     if args.election_timeout_ms:
         lo, hi = args.election_timeout_ms.split(",")
-        BROKER_SETTINGS = f"election_timeout_min_ms={int(lo)}\nelection_timeout_max_ms={int(hi)}\n"
+        broker_settings = f"election_timeout_min_ms={int(lo)}\nelection_timeout_max_ms={int(hi)}\n"
     results: list[dict[str, Any]] = []
     emit(
         results,
@@ -164,7 +145,11 @@ def main() -> int:
         },
     )
     with tempfile.TemporaryDirectory(prefix="fobench-", dir=ROOT / "bench") as tmp:
-        runner = ClusterRunner(parse(spec_text(free_ports(14), Path(tmp) / "data")))
+        description = local_description(
+            free_ports(14), Path(tmp) / "data", name="W4",
+            extra=f"[settings.broker]\n{broker_settings}",
+        )  # fmt: skip
+        runner = ClusterRunner(parse(description))
         runner.start_all()
         ns = ",".join(f"{p.host}:{p.ports[0]}" for p in runner.processes() if p.role == "namesrv")
         try:

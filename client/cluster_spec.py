@@ -9,7 +9,7 @@ namespaces, containers) without touching the description.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -416,6 +416,36 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
             raise SpecError(f"{source}: {pname} and {other} both use {host}:{port}")
         seen[(host, port)] = pname
     return spec
+
+
+def local_description(
+    ports: Sequence[int],
+    data_dir: Path,
+    *,
+    name: str = "Local",
+    namesrvs: int = 2,
+    groups: Sequence[str] = ("broker-a",),
+    controllers: int = 3,
+    nodes_per_group: int = 3,
+    extra: str = "",
+) -> str:
+    """A cluster description on 127.0.0.1 with the given ports in the order with_ports uses
+    (NameServers, then per group each node's gRPC and Raft port, then per controller its gRPC
+    and Raft port): tests and benchmarks start real clusters on free ports from it."""
+    it = iter(ports)
+    ns = "".join(f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(namesrvs))
+    grp = ""
+    for g in groups:
+        nodes = ",".join(
+            f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}"
+            for i in range(nodes_per_group)
+        )
+        grp += f"[[group]]\nname='{g}'\nnodes=[{nodes}]\n"
+    ctl = "".join(
+        f"[[controller]]\nid='c{i}'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
+        for i in range(controllers)
+    )
+    return f"[cluster]\nname='{name}'\ndata_dir='{data_dir}'\n{ns}{grp}{ctl}{extra}"
 
 
 def load(path: Path) -> ClusterSpec:

@@ -10,21 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+from client.cluster_spec import local_description
 from tests.procs import ROOT, free_ports, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:
-    it = iter(ports)
-    ns = "".join(f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(2))
-    groups = ""
-    for g in ("broker-a", "broker-b"):
-        nodes = ",".join(
-            f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}" for i in range(3)
-        )
-        groups += f"[[group]]\nname='{g}'\nnodes=[{nodes}]\n"
-    return (
-        f"[cluster]\nname='TestCluster'\ndata_dir='{data}'\n{ns}{groups}"
-        "[settings.broker]\nheartbeat_interval_ms=1000\n"
+    return local_description(
+        ports,
+        data,
+        name="TestCluster",
+        groups=("broker-a", "broker-b"),
+        controllers=0,
+        extra="[settings.broker]\nheartbeat_interval_ms=1000\n",
     )
 
 
@@ -64,6 +61,7 @@ def test_cluster_up_status_produce_consume_and_ctrl_c(tmp_path: Path) -> None:
         wait_until(
             lambda: "is up" in (tmp_path / "up.log").read_text(), 120, "`cluster up` to report"
         )
+
         # A snapshot may catch an election in flight on a loaded machine (200-400 ms election
         # timeouts): the status must show one leader per group and four followers soon.
         def settled() -> bool:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from client.cluster_runner import ClusterRunner
-from client.cluster_spec import parse
+from client.cluster_spec import local_description, parse
 from client.pb import (
     broker_pb2,
     broker_pb2_grpc,
@@ -30,18 +30,9 @@ from tests.procs import ROOT, free_ports, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:
-    it = iter(ports)
-    ns = "".join(f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(2))
-    nodes = ",".join(
-        f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}" for i in range(3)
-    )
-    ctl = "".join(
-        f"[[controller]]\nid='c{i}'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
-        for i in range(3)
-    )
-    return (
-        f"[cluster]\nname='C'\ndata_dir='{data}'\n{ns}[[group]]\nname='broker-a'\nnodes=[{nodes}]\n"
-        f"{ctl}[settings.broker]\nheartbeat_interval_ms=1000\n"
+    """2 NameServers, broker-a of 3 nodes, 3 controllers (14 ports)."""
+    return local_description(
+        ports, data, name="C", extra="[settings.broker]\nheartbeat_interval_ms=1000\n"
     )
 
 
