@@ -65,12 +65,19 @@ class BrokerServer:
 
     def _registration(self) -> namesrv_pb2.RegisterBrokerRequest:
         st = self.node.status()
-        if self.reporter is not None and st.role is Role.LEADER:
+        if self.reporter is not None and st.role is not Role.CANDIDATE:
             # Re-reported every heartbeat: a controller that restarted or lost a push learns
-            # the leader again (the controller ignores a report it already has).
+            # the leader again, and the controller leader knows which nodes are alive (leader
+            # balancing hands leadership only to those). A report that changes nothing is
+            # answered without touching the controllers' log.
             me = self.node.me
             self.reporter.report(
-                self.settings.cluster, self.node.group, me.node_id, me.address, st.term, True
+                self.settings.cluster,
+                self.node.group,
+                me.node_id,
+                me.address,
+                st.term,
+                st.role is Role.LEADER,
             )
         return namesrv_pb2.RegisterBrokerRequest(
             cluster=self.settings.cluster,

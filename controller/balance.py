@@ -2,14 +2,17 @@
 preferred node (DLedger's preferredLeaderId). Without a configured preference, group i of the
 sorted group names prefers its i-th node (mod the group size), so the leaders of several groups
 sit on different node ids and so, in a deployment that puts node id k of every group on machine
-k, on different machines. No clock is read and nothing is sent here; the shell checks that the
-target is alive and caught up, then asks the current leader for a Raft leadership transfer."""
+k, on different machines. Only nodes that report (controller/liveness.py) take part: the target
+must have reported without a gap for hold_ms, so a flapping node is not handed leadership. No clock
+is read and nothing is sent here; the shell checks that the target follows the current leader,
+then asks that leader for a Raft leadership transfer."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from controller.liveness import Seen
 from controller.state import GroupRecord
 
 
@@ -18,6 +21,10 @@ class BalancePolicy:
     enabled: bool = True
     interval_ms: int = 10_000  # at most one transfer attempt per group in this time
     hold_ms: int = 5_000  # leave a group alone this long after its leader changed
+    alive_ms: int = 65_000  # a node that has not reported for this long is not asked or picked
+
+    def __post_init__(self) -> None:
+        assert self.interval_ms > 0 and self.hold_ms >= 0 and self.alive_ms > 0, self
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +66,13 @@ def plan(
     records: Sequence[GroupRecord],
     configured: Mapping[str, str],
     last_attempt_ms: Mapping[str, int],
+    seen: Mapping[tuple[str, str], Seen],
     now_ms: int,
     policy: BalancePolicy,
 ) -> list[Transfer]:
     """The transfers to attempt now: groups led by another node than their preferred one, whose
-    leadership has been stable for hold_ms and which had no attempt within interval_ms."""
+    leadership has been stable for hold_ms, which had no attempt within interval_ms, whose leader
+    reports and whose preferred node has reported without a gap for hold_ms."""
     if not policy.enabled:
         return []
     names = [r.broker_group for r in records]
@@ -78,6 +87,14 @@ def plan(
             continue  # a node that just lost or won leadership may be flapping
         if now_ms - last_attempt_ms.get(r.broker_group, -(1 << 62)) < policy.interval_ms:
             continue
+        target = seen.get((r.broker_group, want))
+        if target is None or not target.alive(now_ms, policy.alive_ms):
+            continue  # dead or silent: never hand it leadership
+        if target.up_for_ms(now_ms) < policy.hold_ms:
+            continue  # just came back: it may be flapping
+        source = seen.get((r.broker_group, r.leader_node_id))
+        if source is None or not source.alive(now_ms, policy.alive_ms):
+            continue  # the leader does not report: it could not be asked anyway
         out.append(
             Transfer(r.broker_group, r.leader_node_id, r.leader_address, want, r.members[want])
         )

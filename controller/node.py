@@ -19,6 +19,7 @@ import grpc
 from client.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
 from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from controller.balance import Transfer, parse_preferred, plan
+from controller.liveness import Liveness
 from controller.settings import ControllerSettings
 from controller.state import CommandError, ControllerState, GroupRecord, RoleReport, Verdict, decode
 from raftlog import errors as rl_errors
@@ -95,6 +96,8 @@ class ControllerNode:
         self._pushed_as_leader_term = -1
         self._preferred = parse_preferred(settings.preferred_leaders)
         self._last_attempt_ms: dict[str, int] = {}
+        self._liveness = Liveness(settings.balance_alive_ms)
+        self._liveness_lock = threading.Lock()
         self._next_balance = 0.0
         # One hand-off at a time: a transfer holds its group's leader for up to 3 s.
         self._balancer = ThreadPoolExecutor(1, thread_name_prefix="balance")
@@ -129,6 +132,17 @@ class ControllerNode:
             _, address = self.leader()
             hint = "" if address == self.settings.listen else address
             raise NotLeaderError.for_node(self.settings.node_id, "controllers", hint)
+        with self._liveness_lock:
+            self._liveness.observe(r.broker_group, r.node_id, r.now_ms)
+        with self._cond:
+            # Only with every committed entry applied: else the state may miss a newer term.
+            same = (
+                self.state.unchanged_verdict(r)
+                if self.applied >= self.rlog.committed_index
+                else None
+            )
+        if same is not None:
+            return same
         try:
             fut = self.rlog.submit(r.encode())
             committed = fut.result(timeout=REPORT_TIMEOUT_S)
@@ -222,14 +236,22 @@ class ControllerNode:
         if not self.rlog.is_leader_ready() or self.applied < self.rlog.committed_index:
             return
         now_ms = int(time.time() * 1000)  # records carry the brokers' wall-clock times
+        with self._liveness_lock:
+            seen = self._liveness.view()
         todo = plan(
-            self.records(), self._preferred, self._last_attempt_ms, now_ms,
+            self.records(), self._preferred, self._last_attempt_ms, seen, now_ms,
             self.settings.balance_policy,
         )  # fmt: skip
         if not todo:
             return
         t = todo[0]
         self._last_attempt_ms[t.broker_group] = now_ms
+        log.info(
+            "controller.balance_attempt group=%s from=%s to=%s",
+            t.broker_group,
+            t.from_node,
+            t.to_node,
+        )
         self._balancing.set()
         try:
             self._balancer.submit(self._hand_off, t)

@@ -1,6 +1,7 @@
 """RoleReporter: a broker node tells the controllers its role and term. Non-blocking for the
 caller: the latest report waits in a one-slot mailbox and a thread delivers it to the controller
-leader (following NOT_LEADER hints), with bounded back-off; a newer report replaces an older one."""
+leader (following NOT_LEADER hints), with bounded back-off; a newer report replaces an older one
+of the same or a lower term."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class RoleReporter:
             role=common_pb2.LEADER if leader else common_pb2.FOLLOWER,
         )
         with self._cond:
+            if self._pending is not None and self._pending.term > term:
+                return  # a heartbeat that read the role just before a newer change: keep that
             self._pending = req
             self._cond.notify()
 

@@ -46,7 +46,16 @@ class ControllerSettings:
         default=10_000, unit="ms", doc="at most one hand-off attempt per group in this time"
     )
     balance_hold_ms: int = setting(
-        default=5_000, unit="ms", doc="no hand-off while a group's leader changed this recently"
+        default=5_000,
+        unit="ms",
+        doc="no hand-off while a group's leader changed, or its preferred node came back, "
+        "this recently",
+    )
+    balance_alive_ms: int = setting(
+        default=65_000,
+        unit="ms",
+        doc="a broker node silent this long is never handed leadership (keep it above the "
+        "brokers' heartbeat_interval_ms)",
     )
 
     def __post_init__(self) -> None:
@@ -58,8 +67,10 @@ class ControllerSettings:
         if self.push_timeout_ms <= 0 or not 1 <= self.push_retries <= 100:
             raise ValueError("push_timeout_ms must be > 0 and push_retries within 1..100")
         parse_preferred(self.preferred_leaders)
-        if self.balance_interval_ms <= 0 or self.balance_hold_ms < 0:
-            raise ValueError("balance_interval_ms must be > 0 and balance_hold_ms >= 0")
+        if self.balance_interval_ms <= 0 or self.balance_hold_ms < 0 or self.balance_alive_ms <= 0:
+            raise ValueError(
+                "balance_interval_ms and balance_alive_ms must be > 0, balance_hold_ms >= 0"
+            )
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         self.raft_config()
@@ -70,7 +81,12 @@ class ControllerSettings:
 
     @property
     def balance_policy(self) -> BalancePolicy:
-        return BalancePolicy(self.balance_leaders, self.balance_interval_ms, self.balance_hold_ms)
+        return BalancePolicy(
+            self.balance_leaders,
+            self.balance_interval_ms,
+            self.balance_hold_ms,
+            self.balance_alive_ms,
+        )
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:

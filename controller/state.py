@@ -93,6 +93,24 @@ class ControllerState:
     def __init__(self) -> None:
         self.groups: dict[str, GroupRecord] = {}
 
+    def unchanged_verdict(self, report: RoleReport) -> Verdict | None:
+        """The verdict `apply(report)` would give if applying it changes nothing (a heartbeat's
+        re-report: known member at the same address, a follower, a stale term or the leader
+        already recorded), else None. The controller leader answers such reports without
+        committing them, so heartbeats do not grow the log."""
+        rec = self.groups.get(report.broker_group)
+        if rec is None or rec.members.get(report.node_id) != report.address:
+            return None
+        if report.term < rec.term:
+            return self._verdict(
+                rec, False, False, f"stale term {report.term}: the group is at term {rec.term}"
+            )
+        if not report.leader:
+            return self._verdict(rec, True, False, "follower noted")
+        if report.term == rec.term and rec.leader_node_id == report.node_id:
+            return self._verdict(rec, True, False, "already recorded")
+        return None
+
     def apply(self, report: RoleReport) -> Verdict:
         rec = self.groups.get(report.broker_group)
         if rec is None:

@@ -1,7 +1,8 @@
 """Leader balancing on real processes: the controller hands broker-a's leadership back to its
 preferred node (n0) by a graceful Raft transfer, with a producer sending meanwhile and not one
-send failing; with n0 dead it leaves the leadership where it is, and once n0 is back (and the
-hold time passed) n0 leads again."""
+send failing; with n0 dead it leaves the leadership where it is and never even attempts a hand-off
+to n0 (n0 stops reporting, the policy drops it), and once n0 is back and has reported for the hold
+time n0 leads again."""
 
 from __future__ import annotations
 
@@ -20,7 +21,34 @@ from tests.controller.test_controller_cluster import broker_leader, spec_text
 from tests.controller.test_failover import Sender, namesrv_str
 from tests.procs import wait_until
 
-FAST_BALANCE = "[settings.controller]\nbalance_hold_ms=2000\nbalance_interval_ms=3000\n"
+# alive_ms <= hold_ms: by the time a dead leader's successor is past the hold, the dead node has
+# been silent longer than alive_ms (brokers report every heartbeat, 1 s here).
+FAST_BALANCE = (
+    "[settings.controller]\nbalance_hold_ms=2000\nbalance_interval_ms=3000\nbalance_alive_ms=2000\n"
+)
+
+
+def controller_logs(r: ClusterRunner) -> dict[str, int]:
+    """Each controller's log size now: where to start reading for what happens next."""
+    return {
+        name: run.log.stat().st_size
+        for name, run in r.running.items()
+        if run.spec.role == "controller" and run.log.exists()
+    }
+
+
+def attempts_since(r: ClusterRunner, offsets: dict[str, int], to_node: str) -> list[str]:
+    out = []
+    for name, offset in offsets.items():
+        with open(r.running[name].log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        out += [
+            line
+            for line in text.splitlines()
+            if "controller.balance_" in line and f"to={to_node}" in line
+        ]
+    return out
 
 
 @pytest.fixture
@@ -56,12 +84,18 @@ def test_preferred_leader_comes_back_without_failed_sends(runner: ClusterRunner)
             sender.stop()
     assert sender.failed == 0
 
-    # n0 dead: leadership moves elsewhere and stays there (no hand-off to a dead node).
+    # n0 dead: leadership moves elsewhere and stays there; no hand-off to n0 is even attempted.
+    offsets = controller_logs(r)
     r.kill("broker-a-n0", signal.SIGKILL)
     wait_until(lambda: broker_leader(r)[0] not in ("", "n0"), 30, "a new leader")
     other, term = broker_leader(r)
     time.sleep(8)  # more than two balance intervals
     assert broker_leader(r) == (other, term)
-    # n0 back: after the hold it leads again.
+    assert attempts_since(r, offsets, "n0") == []
+    # n0 back: once it has reported for the hold time (2 s) it leads again.
+    offsets = controller_logs(r)
     r.start("broker-a-n0")
+    back_at = time.monotonic()
     wait_until(lambda: broker_leader(r)[0] == "n0", 40, "n0 to lead again")
+    assert time.monotonic() - back_at >= 1.0  # the hold (less n0's reports before its ready line)
+    assert any("balance_attempt" in line for line in attempts_since(r, offsets, "n0"))

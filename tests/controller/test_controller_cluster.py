@@ -26,7 +26,8 @@ from client.pb import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from tests.procs import ROOT, free_ports, wait_until
+from raftlog.local_cluster import free_ports
+from tests.procs import ROOT, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,21 @@ from client.consumer_pull import PullConsumer
 from client.messages import SendResult
 from client.offsets import StartFrom
 from client.producer import Producer
+from raftlog.local_cluster import free_ports
 from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders, spec_text
-from tests.procs import free_ports, wait_until
+from tests.procs import wait_until
+
+
+def led_by_other(r: ClusterRunner, node: str) -> Callable[[], bool]:
+    return lambda: broker_leader(r)[0] not in ("", node)
+
+
+def routed_to(r: ClusterRunner, want: tuple[str, int]) -> Callable[[], bool]:
+    return lambda: all(x == want for x in namesrv_leaders(r))
+
+
+def acked_beyond(sender: Sender, count: int) -> Callable[[], bool]:
+    return lambda: len(sender.acked) > count
 
 
 @pytest.fixture
@@ -85,18 +98,18 @@ def test_five_leader_kills_lose_nothing(runner: ClusterRunner) -> None:
         for _ in range(5):
             node, _ = broker_leader(r)
             r.kill(f"broker-a-{node}", signal.SIGKILL)
-            wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "a new leader")
+            wait_until(led_by_other(r, node), 30, "a new leader")
             new, term = broker_leader(r)
             seen = time.monotonic()
             wait_until(
-                lambda want=(new, term): all(x == want for x in namesrv_leaders(r)),
+                routed_to(r, (new, term)),
                 10,
                 "NameServers to route to the new leader",
                 interval_s=0.01,
             )
             route_delays.append(time.monotonic() - seen)
             before = len(sender.acked)
-            wait_until(lambda b=before: len(sender.acked) > b + 20, 30, "sends to resume")
+            wait_until(acked_beyond(sender, before + 20), 30, "sends to resume")
             r.start(f"broker-a-{node}")
     finally:
         sender.stop()
@@ -138,9 +151,9 @@ def test_clean_stop_of_the_leader_fails_no_send(runner: ClusterRunner) -> None:
         for _ in range(2):
             node, _ = broker_leader(r)
             r.kill(f"broker-a-{node}", signal.SIGTERM)
-            wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "the hand-off")
+            wait_until(led_by_other(r, node), 30, "the hand-off")
             before = len(sender.acked)
-            wait_until(lambda b=before: len(sender.acked) > b + 20, 30, "sends to resume")
+            wait_until(acked_beyond(sender, before + 20), 30, "sends to resume")
             r.start(f"broker-a-{node}")
     finally:
         sender.stop()

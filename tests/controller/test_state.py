@@ -3,7 +3,10 @@ accepted leader changes; the same commands give the same records on every replic
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -79,3 +82,32 @@ class Replicas(RuleBasedStateMachine):
 
 
 TestReplicas = Replicas.TestCase
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reports=st.lists(
+        st.tuples(
+            st.sampled_from(["g1", "g2"]),
+            st.sampled_from(["n0", "n1", "n2"]),
+            st.sampled_from(["a:1", "b:1"]),
+            st.integers(0, 5),
+            st.booleans(),
+        ),
+        max_size=40,
+    )
+)
+def test_unchanged_verdict_is_apply_without_a_change(
+    reports: list[tuple[str, str, str, int, bool]],
+) -> None:
+    """A heartbeat's re-report answered without committing gets exactly the verdict applying it
+    would have given, and applying it would indeed have changed nothing."""
+    s = ControllerState()
+    for group, node, address, term, leader in reports:
+        r = RoleReport(group, node, address, term, leader, now_ms=term)
+        before = copy.deepcopy(s.groups)
+        same = s.unchanged_verdict(r)
+        v = s.apply(r)
+        if same is not None:
+            assert same == v and not v.changed
+            assert s.groups == before

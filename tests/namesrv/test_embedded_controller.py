@@ -15,7 +15,8 @@ from client.cli import main as cli_main
 from client.cluster_runner import ClusterRunner
 from client.cluster_spec import parse
 from raftlog.local_cluster import free_ports
-from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders
+from tests.controller.test_controller_cluster import broker_leader
+from tests.controller.test_failover import led_by_other, routed_to
 from tests.procs import wait_until
 
 
@@ -64,10 +65,10 @@ def test_leader_kill_reaches_every_namesrv(
     for _ in range(2):
         node, _ = broker_leader(r)
         r.kill(f"broker-a-{node}", signal.SIGKILL)
-        wait_until(lambda n=node: broker_leader(r)[0] not in ("", n), 30, "a new leader")
+        wait_until(led_by_other(r, node), 30, "a new leader")
         want = broker_leader(r)
         wait_until(
-            lambda w=want: all(x == w for x in namesrv_leaders(r)),
+            routed_to(r, want),
             10,
             "every NameServer to route to the new leader",
         )
