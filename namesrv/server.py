@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from types import FrameType
@@ -132,11 +132,16 @@ def parse_all(
 
 
 def embedded_controller(
-    settings: NameServerSettings, config: Path | None, overrides: dict[str, object]
+    settings: NameServerSettings,
+    config: Path | None,
+    overrides: Mapping[str, object],
+    environ: Mapping[str, str] | None = None,
 ) -> ControllerSettings:
     """The embedded controller serves on the NameServer's address; everything else is its own
     ([controller] of the same file, RAFTMQ_CONTROLLER_*, --controller-<key>)."""
-    return controller_settings_mod.load(config, {**overrides, "listen": settings.listen})
+    return controller_settings_mod.load(
+        config, {**overrides, "listen": settings.listen}, environ=environ
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

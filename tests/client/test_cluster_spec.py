@@ -108,3 +108,98 @@ def test_preferred_leader_reaches_every_controller() -> None:
         cfg, overrides = controller_server.parse_args(list(p.argv[2:]))
         c = controller_settings.load(cfg, overrides, environ={})
         assert c.preferred_leaders == "broker-b=n2"
+
+
+EMBEDDED = """
+[cluster]
+name = "E"
+controller_in_namesrv = true
+[[namesrv]]
+host = "127.0.0.1"
+port = 9876
+raft_port = 9976
+[[namesrv]]
+host = "127.0.0.1"
+port = 9877
+raft_port = 9977
+[[namesrv]]
+host = "127.0.0.1"
+port = 9878
+raft_port = 9978
+[[group]]
+name = "broker-a"
+preferred_leader = "n1"
+nodes = [
+  { id = "n0", host = "127.0.0.1", port = 10911, raft_port = 20911 },
+  { id = "n1", host = "127.0.0.1", port = 10912, raft_port = 20912 },
+  { id = "n2", host = "127.0.0.1", port = 10913, raft_port = 20913 },
+]
+[settings.controller]
+balance_hold_ms = 7000
+balance_leaders = false
+"""
+
+
+def embedded_settings(
+    argv: tuple[str, ...],
+) -> tuple[namesrv_settings.NameServerSettings, controller_settings.ControllerSettings]:
+    cfg, ns_over, ctl_over = namesrv_server.parse_all(list(argv[2:]))
+    ns = namesrv_settings.load(cfg, ns_over, environ={})
+    assert ns.enable_controller
+    return ns, namesrv_server.embedded_controller(ns, cfg, ctl_over, environ={})
+
+
+def test_embedded_controllers_ride_in_the_namesrvs() -> None:
+    spec = parse(EMBEDDED)
+    procs = spec.processes()
+    assert [p.role for p in procs] == ["namesrv"] * 3 + ["broker"] * 3
+    assert spec.port_count() == 3 * 2 + 3 * 2
+    raft = set()
+    for i, p in enumerate(procs[:3]):
+        ns, c = embedded_settings(p.argv)
+        assert (c.node_id, c.listen) == (f"c{i}", ns.listen)
+        assert c.raft_address == f"127.0.0.1:{9976 + i}" and p.ports == (9876 + i, 9976 + i)
+        assert {m.address for m in c.peer_list} | {c.listen} == set(
+            spec.namesrv_addresses.split(",")
+        )
+        raft |= {m.raft_address for m in c.peer_list} | {c.raft_address}
+        assert c.namesrv_list == tuple(spec.namesrv_addresses.split(","))
+        assert c.preferred_leaders == "broker-a=n1"
+        assert c.balance_hold_ms == 7000 and c.balance_leaders is False
+        assert str(c.data_dir).endswith(f"namesrv-{i}/controller")
+    assert len(raft) == 3
+    for p in procs[3:]:
+        cfg, overrides = broker_server.parse_args(list(p.argv[2:]))
+        b = broker_settings.load(cfg, overrides, environ={})
+        assert b.controller_list == tuple(spec.namesrv_addresses.split(","))
+
+
+def test_embedded_controllers_follow_remapped_namesrvs() -> None:
+    spec = parse(EMBEDDED)
+    hosts = {p.name: f"10.77.0.{i + 10}" for i, p in enumerate(spec.processes())}
+    moved = spec.with_hosts(hosts).with_ports(list(range(30000, 30000 + spec.port_count())))
+    ports = [port for p in moved.processes() for port in p.ports]
+    assert sorted(ports) == list(range(30000, 30000 + spec.port_count()))
+    for p in moved.processes():
+        if p.role == "namesrv":
+            _, c = embedded_settings(p.argv)
+            assert c.listen == f"{hosts[p.name]}:{p.ports[0]}"
+            assert c.raft_address == f"{hosts[p.name]}:{p.ports[1]}"
+        else:
+            cfg, overrides = broker_server.parse_args(list(p.argv[2:]))
+            b = broker_settings.load(cfg, overrides, environ={})
+            assert b.controller_list == tuple(moved.namesrv_addresses.split(","))
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (EMBEDDED + "[[controller]]\nid='c9'\nhost='h'\nport=5\nraft_port=6\n", "remove the"),
+        (EMBEDDED.replace("raft_port = 9977\n", ""), r"namesrv\[1\]\.raft_port"),
+        (EMBEDDED.replace("controller_in_namesrv = true", "controller_in_namesrv = 1"), "true or"),
+        (EMBEDDED.replace("raft_port = 9977", "raft_port = 10911"), "both use 127.0.0.1:10911"),
+    ],
+)
+def test_embedded_errors_name_the_key(text: str, match: str) -> None:
+    with pytest.raises(SpecError, match=match):
+        parse(text)

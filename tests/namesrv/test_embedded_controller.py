@@ -1,22 +1,31 @@
 """Controllers embedded in the NameServer processes (cluster.controller_in_namesrv, RocketMQ's
 enableControllerInNamesrv): three NameServers carry the three controllers on their own gRPC
-ports; broker leader kills still reach every NameServer with the new leader, and `raftmq
-controller status` answers from the NameServer addresses."""
+ports; broker leader kills reach every NameServer with the new leader and every controller's record,
+also after the NameServer carrying the controller leader is killed, and `raftmq controller status`
+answers from the NameServer addresses."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from client.cli import main as cli_main
 from client.cluster_runner import ClusterRunner
 from client.cluster_spec import parse
+from client.pb import (
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
 from raftlog.local_cluster import free_ports
 from tests.controller.test_controller_cluster import broker_leader
-from tests.controller.test_failover import led_by_other, routed_to
+from tests.controller.test_failover import led_by_other
 from tests.procs import wait_until
 
 
@@ -33,6 +42,47 @@ def embedded_spec(ports: list[int], data: Path) -> str:
         f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n[settings.broker]\nheartbeat_interval_ms=1000\n"
         "[settings.controller]\nbalance_leaders=false\n"
     )
+
+
+def live_namesrvs(r: ClusterRunner) -> list[str]:
+    return [
+        f"{p.host}:{p.ports[0]}"
+        for p in r.processes()
+        if p.role == "namesrv" and r.running[p.name].alive
+    ]
+
+
+def agreed(r: ClusterRunner, want: tuple[str, int]) -> Callable[[], bool]:
+    """Every live NameServer routes to `want` and its controller's record says the same."""
+
+    def check() -> bool:
+        for address in live_namesrvs(r):
+            with grpc.insecure_channel(address) as ch:
+                info = namesrv_pb2_grpc.NameServerStub(ch).GetClusterInfo(
+                    namesrv_pb2.GetClusterInfoRequest(), timeout=3
+                )
+                ctl = controller_pb2_grpc.ControllerStub(ch).GetControllerStatus(
+                    controller_pb2.GetControllerStatusRequest(), timeout=3
+                )
+            routes = [(g.leader_node_id, g.term) for c in info.clusters for g in c.groups]
+            records = [(g.leader_node_id, g.term) for g in ctl.groups]
+            if routes != [want] or records != [want]:
+                return False
+        return True
+
+    return check
+
+
+def controller_leader_namesrv(r: ClusterRunner) -> str:
+    for p in r.processes():
+        if p.role == "namesrv" and r.running[p.name].alive:
+            with grpc.insecure_channel(f"{p.host}:{p.ports[0]}") as ch:
+                st = controller_pb2_grpc.ControllerStub(ch).GetControllerStatus(
+                    controller_pb2.GetControllerStatusRequest(), timeout=3
+                )
+            if st.role == common_pb2.LEADER:
+                return p.name
+    return ""
 
 
 @pytest.fixture
@@ -62,16 +112,17 @@ def test_leader_kill_reaches_every_namesrv(
 ) -> None:
     r = runner
     wait_until(lambda: broker_leader(r)[0] != "", 40, "a broker leader")
-    for _ in range(2):
+    for kill_namesrv in (False, False, True):
+        if kill_namesrv:
+            # The NameServer carrying the controller leader dies: the other two elect one.
+            wait_until(lambda: controller_leader_namesrv(r), 20, "a controller leader")
+            r.kill(controller_leader_namesrv(r), signal.SIGKILL)
+            wait_until(lambda: controller_leader_namesrv(r), 30, "a new controller leader")
         node, _ = broker_leader(r)
         r.kill(f"broker-a-{node}", signal.SIGKILL)
         wait_until(led_by_other(r, node), 30, "a new leader")
         want = broker_leader(r)
-        wait_until(
-            routed_to(r, want),
-            10,
-            "every NameServer to route to the new leader",
-        )
+        wait_until(agreed(r, want), 15, "every NameServer and controller to know the new leader")
         r.start(f"broker-a-{node}")
     addresses = ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "namesrv")
     assert cli_main(["controller", "status", "--controllers", addresses]) == 0
