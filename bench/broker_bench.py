@@ -6,11 +6,12 @@ majority commit. One JSON line per result; writes bench/results/broker.json.
   W1b one producer, batch API (send_batch of --batch msgs)  -> msg/s
   W2  one sync sender                                       -> p50 / p99 latency
   W3  drain a backlog with one PullConsumer                 -> msg/s
+  idle the servers' CPU with no client at all (--only idle)  -> cores
 
 Each result carries the CPU microseconds per message of the client process and of all server
 processes together, which compare across noisy runs better than rates do.
 
-Run: `.venv/bin/python bench/broker_bench.py [--only w1,w1b,w2,w3] [--seconds 10]`
+Run: `.venv/bin/python bench/broker_bench.py [--only w1,w1b,w2,w3,idle] [--seconds 10]`
 """
 
 from __future__ import annotations
@@ -180,6 +181,31 @@ def w2(results: list[dict[str, Any]], cluster: Cluster, count: int) -> None:
     )
 
 
+def idle(results: list[dict[str, Any]], cluster: Cluster, seconds: float) -> None:
+    """What the servers burn with no client: their share of every per-message CPU figure at
+    low rates (heartbeats, pysyncobj's tick loop)."""
+    time.sleep(3)  # past the elections and first registrations
+    procs = [p for p in cluster.procs() if p.popen is not None]
+    before = {p.name: proc_cpu_s(p.popen.pid) for p in procs if p.popen is not None}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - t0
+    per = {
+        p.name: round((proc_cpu_s(p.popen.pid) - before[p.name]) / elapsed, 3)
+        for p in procs
+        if p.popen is not None
+    }
+    emit(
+        results,
+        {
+            "name": "idle_servers",
+            "seconds": round(elapsed, 2),
+            "servers_cores": round(sum(per.values()), 3),
+            "per_process_cores": per,
+        },
+    )
+
+
 def w3(results: list[dict[str, Any]], cluster: Cluster, backlog: int) -> None:
     topic = "w3"
     create_topic(cluster, topic, 8)
@@ -254,6 +280,8 @@ def main() -> int:
                 w2(results, cluster, args.sync_sends)
             if "w3" in only:
                 w3(results, cluster, args.backlog)
+            if "idle" in only:
+                idle(results, cluster, args.seconds)
         finally:
             cluster.close()
     old: list[dict[str, Any]] = []

@@ -78,6 +78,7 @@ log = logging.getLogger("broker.node")
 
 LEADER_READY_WAIT_S = 2.0  # a new leader applies its no-op first; hold writes that long at most
 SCAN_ROWS_PER_PULL = 16_000  # rows a filtered pull may skip before answering NO_MATCHED_MSG
+DISPATCH_CATCHUP_S = 1.0  # a pull past a queue's end waits this long for this node's indexing
 
 
 class PullStatus:
@@ -548,9 +549,17 @@ class BrokerNode:
         max_bytes = min(max_bytes or self.settings.pull_max_bytes, self.settings.pull_max_bytes)
         wait_s = min(max(max_wait_ms, 0), self.settings.long_poll_max_ms) / 1000
         deadline = min(deadline, time.monotonic() + wait_s)
+        caught_up = False
         while True:
             low, high = self.store.queue_bounds(topic, queue_id)
             if offset < low or offset > high:
+                committed = self.rlog.committed_index
+                if not caught_up and past_end_may_be_unindexed(
+                    offset, high, self.dispatcher.dispatched_index, committed
+                ):
+                    caught_up = True
+                    self._wait_dispatched(committed, DISPATCH_CATCHUP_S)
+                    continue
                 raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)
             if offset == high:
                 left = deadline - time.monotonic()
@@ -695,6 +704,16 @@ class BrokerNode:
             return self.reader.read(rows)
         except StoreError as exc:
             raise InternalError(f"node {self.me.node_id} cannot read a message: {exc}") from exc
+
+
+def past_end_may_be_unindexed(offset: int, high: int, dispatched: int, committed: int) -> bool:
+    """A pull at `offset` beyond a queue's end (`high`, exclusive) on a node that has committed
+    entries it has not indexed yet: they may hold `offset`. Another node of the group that
+    indexed them first can have served the messages before it (a consumer that read from a
+    follower, then returned to the leader), so this node catches up before it calls the offset
+    out of range; a consumer told "out of range" resets its position (to the queue's start with
+    earliest), which would redeliver the whole queue."""
+    return offset > high and dispatched < committed
 
 
 def _same_topic(a: TopicConfig, b: TopicConfig) -> bool:

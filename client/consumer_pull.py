@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from client.errors import InvalidArgumentError, OffsetOutOfRangeError, RaftMQError
+from client.errors import InvalidArgumentError, RaftMQError
 from client.fetcher import Fetched, FetchSettings, QueueFetcher
 from client.messages import ReceivedMessage, check_group, check_topic
 from client.offsets import BrokerOffsets, StartFrom
@@ -162,9 +162,11 @@ class PullConsumer:
             self._buffered += len(fetched.messages)
             self._cond.notify_all()
 
-    def _reset(self, q: QueueRef, err: OffsetOutOfRangeError) -> int:
+    def _reset(self, q: QueueRef, offset: int) -> int | None:
         """The fetch offset fell outside the queue: go on from the bound the policy names."""
-        new = self._offsets.reset_for(q, err, self._start_from)
+        new = self._offsets.reset_for(q, offset, self._start_from)
+        if new is None:
+            return None
         with self._cond:
             if q in self._positions and not any(f.queue == q for f in self._buffer):
                 self._positions[q] = new  # nothing of q waits to be polled: commit the new spot

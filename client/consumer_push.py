@@ -24,7 +24,6 @@ import grpc
 
 from client.errors import (
     InvalidArgumentError,
-    OffsetOutOfRangeError,
     RaftMQError,
     from_rpc_error,
 )
@@ -299,8 +298,10 @@ class PushConsumer:
         )
         return self._broker_offsets.start_offset(q, self._start_from, committed)
 
-    def _reset(self, pq: ProcessQueue, q: QueueRef, err: OffsetOutOfRangeError) -> int:
-        new = self._broker_offsets.reset_for(q, err, self._start_from)
+    def _reset(self, pq: ProcessQueue, q: QueueRef, offset: int) -> int | None:
+        new = self._broker_offsets.reset_for(q, offset, self._start_from)
+        if new is None:
+            return None
         with self._lock:
             pq.reset(new)
         return new

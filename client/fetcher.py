@@ -53,7 +53,8 @@ class Fetched:
     next_offset: int  # where to fetch after these (filtered-out messages included)
 
 
-OutOfRange = Callable[[QueueRef, OffsetOutOfRangeError], int]  # -> offset to continue from
+# (queue, the offset pulled) -> the offset to continue from, or None: not out of range after all
+OutOfRange = Callable[[QueueRef, int], int | None]
 
 
 class QueueFetcher:
@@ -200,12 +201,24 @@ class QueueFetcher:
         """The offset fell outside the queue: go on where the consumer's policy says. False if
         that could not be found out now (the caller backs off and pulls again)."""
         try:
-            new = self._out_of_range(self.queue, err)
+            new = self._out_of_range(self.queue, offset)
         except RaftMQError as exc:
             log.warning("consumer.offset_reset_failed queue=%s error=%s", self.queue, exc.message)
             return False
+        if new is None:
+            log.info(
+                "consumer.offset_in_range queue=%s offset=%d: %s, but the leader holds it",
+                self.queue,
+                offset,
+                err.message,
+            )
+            return False
         log.warning(
-            "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d", self.queue, offset, new
+            "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d (%s)",
+            self.queue,
+            offset,
+            new,
+            err.message,
         )
         with self._lock:
             if self._epoch == epoch:

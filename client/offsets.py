@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 
-from client.errors import OffsetOutOfRangeError, RaftMQError, from_rpc_error
+from client.errors import RaftMQError, from_rpc_error
 from client.pb import broker_pb2
 from client.rebalance import QueueRef
 from client.routes import ChannelPool, RouteCache
@@ -81,10 +81,15 @@ class BrokerOffsets:
         low, high = self.bounds(q)
         return low if start_from is StartFrom.EARLIEST else high
 
-    def reset_for(self, q: QueueRef, err: OffsetOutOfRangeError, start_from: StartFrom) -> int:
-        """Where to go on when a fetch offset fell outside the queue (data deleted or reset)."""
-        low = err.min_offset if err.min_offset is not None else self.bounds(q)[0]
-        high = err.max_offset if err.max_offset is not None else self.bounds(q)[1]
+    def reset_for(self, q: QueueRef, offset: int, start_from: StartFrom) -> int | None:
+        """Where to go on when a pull at `offset` was answered "out of range" (data deleted,
+        offsets reset, topic recreated); None when the group's leader, asked now through a fresh
+        route, still holds `offset`. The answer may have come from a node behind the leader (a
+        stale route naming a follower): a reset on its word would skip or redeliver a queue."""
+        self._routes.invalidate(q.topic)
+        low, high = self.bounds(q)
+        if low <= offset <= high:
+            return None
         return low if start_from is StartFrom.EARLIEST else high
 
     def commit(self, offsets: Mapping[QueueRef, int]) -> None:

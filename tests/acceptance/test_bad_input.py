@@ -25,11 +25,11 @@ from client.errors import (
     from_rpc_error,
 )
 from client.messages import SendResult
-from client.offsets import StartFrom
+from client.offsets import BrokerOffsets, StartFrom
 from client.pb import broker_pb2, common_pb2
 from client.producer import Producer
 from client.rebalance import QueueRef
-from client.routes import ChannelPool
+from client.routes import ChannelPool, RouteCache
 from tests.acceptance.cluster import create_topic, drain, wait_for_leaders
 from tests.procs import Cluster, wait_until
 
@@ -117,6 +117,27 @@ def test_pull_beyond_the_end(cluster: Cluster) -> None:
         wait_until(lambda: len(got.__iadd__([m.body for m in c.poll(200)])) >= 3, 30, "3 new")
         assert got == [b"after-0", b"after-1", b"after-2"]
         assert [r.queue_offset for r in after] == [1, 2, 3]
+
+
+def test_a_reset_is_confirmed_with_the_leader(cluster: Cluster) -> None:
+    """An "out of range" answer may come from a node behind the leader (a follower named by a
+    stale route): the SDK asks the leader before it resets, and keeps a position the leader
+    holds, the end of the queue included (where a pull waits for the next message)."""
+    topic = "confirm"
+    create_topic(cluster, topic, queues=1)
+    with Producer(cluster.namesrv) as p:
+        sent = [p.send(topic, f"m{i}".encode()) for i in range(3)]
+    q = QueueRef(topic, sent[0].broker_group, sent[0].queue_id)
+    pool = ChannelPool()
+    try:
+        offsets = BrokerOffsets("g-confirm", RouteCache(cluster.namesrv_addresses, pool), pool)
+        for held in (0, 1, 3):
+            assert offsets.reset_for(q, held, StartFrom.EARLIEST) is None, held
+            assert offsets.reset_for(q, held, StartFrom.LATEST) is None, held
+        assert offsets.reset_for(q, 4, StartFrom.EARLIEST) == 0
+        assert offsets.reset_for(q, 1_000, StartFrom.LATEST) == 3
+    finally:
+        pool.close()
 
 
 def test_a_dead_namesrv_while_the_other_serves(cluster: Cluster) -> None:
