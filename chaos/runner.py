@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -306,11 +307,35 @@ def within_bound(report: CheckReport, schedule: Schedule) -> list[dict[str, Any]
     return out
 
 
+# What a run writes into its directory; an earlier run's copies are removed first.
+RUN_OUTPUTS = (
+    "data",
+    "history.jsonl",
+    "history-client.jsonl",
+    "history-client.log",
+    "result.json",
+    "acks.png",
+)
+
+
+def fresh_run_dir(out_dir: Path) -> None:
+    """Make `out_dir` hold nothing of an earlier run of the same scenario and seed: reusing its
+    `data` would hand the new cluster the old topic, whose messages carry the same ids (the
+    checker then sees every old one as a duplicate or an out-of-order delivery)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        path = out_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     console = console or Console(stderr=True)
     scenario = by_name(opts.scenario)
     schedule = scenario.schedule(opts.seed, opts.duration_s)
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    fresh_run_dir(opts.out_dir)
     spec = _chaos_spec(opts)
     groups = list(spec.groups)
     if not groups:
