@@ -25,6 +25,7 @@ from broker.node import BrokerNode
 from broker.registration import Registrar
 from broker.service import ROLE_TO_PB, BrokerService
 from broker.settings import BrokerSettings
+from client.grpc_options import SERVER_LIVENESS
 from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
 from client.settings import SettingsError, add_settings_flags, flag_overrides
 from controller.reporter import RoleReporter
@@ -51,6 +52,7 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", wire_max),
                 ("grpc.max_send_message_length", max(wire_max, settings.pull_max_bytes * 2)),
                 ("grpc.so_reuseport", 0),
+                *SERVER_LIVENESS,
             ],
             maximum_concurrent_rpcs=settings.max_workers * 4,
         )

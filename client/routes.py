@@ -22,6 +22,7 @@ from client.errors import (
     RaftMQError,
     from_rpc_error,
 )
+from client.grpc_options import CHANNEL_LIVENESS
 from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from client.queue_selector import PublishQueues
 from client.rebalance import QueueRef
@@ -31,6 +32,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * MIB),
     ("grpc.max_send_message_length", 64 * MIB),
     ("grpc.enable_retries", 0),  # the SDK retries itself, idempotently
+    *CHANNEL_LIVENESS,
 ]
 NAMESRV_TIMEOUT_S = 3.0
 

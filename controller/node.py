@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import grpc
 
 from client.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
+from client.grpc_options import CHANNEL_LIVENESS
 from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from controller.balance import Transfer, parse_preferred, plan
 from controller.liveness import Liveness
@@ -39,7 +40,8 @@ class Pusher:
 
     def __init__(self, addresses: tuple[str, ...], timeout_ms: int, retries: int) -> None:
         self._stubs = {
-            a: namesrv_pb2_grpc.NameServerStub(grpc.insecure_channel(a)) for a in addresses
+            a: namesrv_pb2_grpc.NameServerStub(grpc.insecure_channel(a, options=CHANNEL_LIVENESS))
+            for a in addresses
         }
         self._timeout_s = timeout_ms / 1000
         self._retries = retries
@@ -260,7 +262,7 @@ class ControllerNode:
 
     def _hand_off(self, t: Transfer) -> None:
         try:
-            with grpc.insecure_channel(t.to_address) as ch:
+            with grpc.insecure_channel(t.to_address, options=CHANNEL_LIVENESS) as ch:
                 st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
                     broker_pb2.GetBrokerStatusRequest(), timeout=1.0
                 )
@@ -271,7 +273,7 @@ class ControllerNode:
                     t.to_node,
                 )
                 return
-            with grpc.insecure_channel(t.from_address) as ch:
+            with grpc.insecure_channel(t.from_address, options=CHANNEL_LIVENESS) as ch:
                 out = broker_pb2_grpc.BrokerStub(ch).LeadershipTransfer(
                     broker_pb2.LeadershipTransferRequest(
                         target_node_id=t.to_node, timeout_ms=TRANSFER_TIMEOUT_MS

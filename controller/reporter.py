@@ -11,6 +11,7 @@ import threading
 import grpc
 
 from client.errors import NotLeaderError, from_rpc_error
+from client.grpc_options import CHANNEL_LIVENESS
 from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger("broker.reporter")
@@ -20,7 +21,9 @@ CALL_TIMEOUT_S = 3.0
 class RoleReporter:
     def __init__(self, controller_addresses: tuple[str, ...]) -> None:
         self._addresses = list(controller_addresses)
-        self._channels = {a: grpc.insecure_channel(a) for a in self._addresses}
+        self._channels = {
+            a: grpc.insecure_channel(a, options=CHANNEL_LIVENESS) for a in self._addresses
+        }
         self._leader = self._addresses[0] if self._addresses else ""
         self._cond = threading.Condition()
         self._pending: controller_pb2.ReportRoleRequest | None = None
@@ -105,5 +108,5 @@ class RoleReporter:
     def _channel(self, address: str) -> grpc.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.insecure_channel(address)
+            ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_LIVENESS)
         return ch

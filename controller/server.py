@@ -17,6 +17,7 @@ from types import FrameType
 import grpc
 
 from client.errors import InvalidArgumentError, rpc_errors
+from client.grpc_options import SERVER_LIVENESS
 from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from client.settings import SettingsError, add_settings_flags, flag_overrides
 from controller import settings as settings_mod
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node = ControllerNode(settings)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
-        options=[("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", 0), *SERVER_LIVENESS],
     )
     controller_pb2_grpc.add_ControllerServicer_to_server(ControllerService(node), server)
     try:

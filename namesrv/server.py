@@ -19,6 +19,7 @@ from types import FrameType
 
 import grpc
 
+from client.grpc_options import SERVER_LIVENESS
 from client.pb import controller_pb2_grpc, namesrv_pb2_grpc
 from client.settings import SettingsError, add_settings_flags, flag_overrides
 from controller import settings as controller_settings_mod
@@ -52,6 +53,7 @@ class NameServer:
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
                 ("grpc.so_reuseport", 0),  # two servers must never share a port silently
+                *SERVER_LIVENESS,
             ],
         )
         namesrv_pb2_grpc.add_NameServerServicer_to_server(self.service, self._server)
