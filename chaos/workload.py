@@ -2,13 +2,15 @@
 history, run in the client network namespace (`python -m chaos.workload ...`). The harness
 tells it to drain through stdin ("drain\\n"); it then stops sending, consumes until every
 acknowledged message was seen (or nothing new came for `idle_s`, or the drain deadline), writes
-the history and exits. Outcomes are classified conservatively: only an error raised before
-anything could be stored is a definite `fail`; everything else is `info` (unknown)."""
+the history and exits. Outcomes follow the SDK's contract: OutcomeUnknownError (or anything
+that is not a raftmq error) is `info`; every other raftmq error means "not stored" and is a
+definite `fail`, which the lost/duplicate checker holds it to (fail_delivered)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -20,20 +22,12 @@ from pathlib import Path
 
 from chaos.history import OpType, Recorder
 from client.consumer_pull import PullConsumer
-from client.errors import (
-    InvalidArgumentError,
-    PermissionDeniedError,
-    RaftMQError,
-    TopicNotFoundError,
-)
+from client.errors import OutcomeUnknownError, RaftMQError
 from client.messages import SendResult
 from client.offsets import StartFrom
 from client.producer import Producer
 
 log = logging.getLogger("raftmq.chaos.workload")
-
-# Refused by validation before any broker could store the message: definitely not stored.
-DEFINITE_FAILURES = (InvalidArgumentError, PermissionDeniedError, TopicNotFoundError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +55,9 @@ def parse_body(body: bytes) -> tuple[str, str | None]:
 
 
 def classify(exc: BaseException) -> OpType:
-    return "fail" if isinstance(exc, DEFINITE_FAILURES) else "info"
+    if isinstance(exc, RaftMQError) and not isinstance(exc, OutcomeUnknownError):
+        return "fail"  # the producer says "not stored" (see client.producer.final_error)
+    return "info"
 
 
 def _ok_value(msg_id: str, key: str | None, r: SendResult) -> dict[str, object]:
@@ -244,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=20.0, help="sends/s per producer")
     ap.add_argument("--request-timeout-ms", type=int, default=1_000)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    level = os.environ.get("CHAOS_CLIENT_LOG", "WARNING").upper()  # DEBUG to trace sends
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     settings = WorkloadSettings(
         args.namesrv,
         args.topic,

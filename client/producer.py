@@ -69,6 +69,9 @@ class _Pending:
     future: Future[SendResult]
     size: int
     movable: bool  # no sharding key and no chosen queue: may move to another group
+    # When its outcome is due (Kafka's delivery.timeout.ms): set when it enters the buffer, so
+    # time spent waiting behind an unanswered request on its queue counts too.
+    deadline: float = 0.0
 
 
 @dataclass(slots=True)
@@ -142,7 +145,12 @@ def retry_delay_s(err: RaftMQError, attempts: int, backoff_s: float) -> float:
 
 class Producer:
     """A context manager; thread-safe. `send()` blocks for the result, `send_async()` returns a
-    Future, `send_oneway()` returns at once and only logs failures."""
+    Future, `send_oneway()` returns at once and only logs failures.
+
+    Every message has its outcome within `send_timeout_ms` of entering the buffer (Kafka's
+    delivery.timeout.ms; entering may block up to `max_block_ms` when the buffer is full), time
+    spent waiting behind an earlier request of its queue included. A failure is
+    OutcomeUnknownError when the message may be stored; any other error means it is not."""
 
     def __init__(
         self,
@@ -477,6 +485,9 @@ class Producer:
                         "raise them"
                     )
                 self._lock.wait(left)
+            due = time.monotonic() + self._timeout_s
+            for it in items:
+                it.deadline = due
             appended = self._acc.append(target, [(it, it.size) for it in items], monotonic_ms())
         if appended.wake_at_ms is not None:
             self._scheduler.call_later(self._linger_s, lambda: self._linger_due(target))
@@ -484,7 +495,8 @@ class Producer:
             self._issue(self._request(appended.batch))
 
     def _request(self, batch: Batch[_Pending]) -> _Request:
-        return _Request(batch, time.monotonic() + self._timeout_s)
+        # The send timeout is per message: a batch is due when its oldest message is.
+        return _Request(batch, min(it.deadline for it in batch.items))
 
     def _linger_due(self, target: QueueRef) -> None:
         with self._lock:
@@ -502,6 +514,11 @@ class Producer:
         return leader
 
     def _issue(self, req: _Request) -> None:
+        if req.attempts == 0:
+            fresh = self._expire(req)
+            if fresh is None:
+                return
+            req = fresh
         req.attempts += 1
         req.started = time.monotonic()
         try:
@@ -521,8 +538,35 @@ class Producer:
         )
         try:
             self._io.submit(self._call, req, wire)
-        except RuntimeError:  # closed meanwhile
-            self._finish(req, BrokerUnavailableError("the producer is closed"))
+        except RuntimeError:  # closed meanwhile; an earlier attempt may have stored it
+            err = BrokerUnavailableError("the producer was closed before the send completed")
+            self._finish(
+                req,
+                final_error(
+                    err,
+                    maybe_stored=req.maybe_stored,
+                    attempts=req.attempts,
+                    group=req.queue.broker_group,
+                ),
+            )
+
+    def _expire(self, req: _Request) -> _Request | None:
+        """`req` if its messages still have time; otherwise they fail without being sent (they
+        waited out the send timeout behind an unanswered request on their queue), and so does
+        every next batch of the queue that is also overdue. Never sent, so surely not stored:
+        the sequences are handed out again and the error says so."""
+        while req.deadline <= time.monotonic():
+            err = RequestTimeoutError(
+                f"{len(req.items)} message(s) for {req.queue} waited the whole send timeout "
+                f"({self._timeout_s:.1f} s) in the producer behind an unanswered request and "
+                "were not sent (not stored); the broker group may be unreachable from here: "
+                "check `raftmq cluster status`, or raise send_timeout_ms"
+            )
+            nxt = self._settle(req, err, sent=False)
+            if nxt is None:
+                return None
+            req = self._request(nxt)
+        return req
 
     def _call(self, req: _Request, wire: broker_pb2.SendMessageRequest) -> None:
         # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
@@ -567,6 +611,15 @@ class Producer:
         group = req.queue.broker_group
         if may_have_stored(err, rpc):
             req.maybe_stored = True
+        log.debug(
+            "producer.attempt_failed queue=%s address=%s attempt=%d left=%.2fs error=%s %s",
+            req.queue,
+            req.address,
+            req.attempts,
+            req.deadline - time.monotonic(),
+            err.code,
+            err.message,
+        )
         with self._lock:
             self._faults = self._faults.record(group, 0, monotonic_ms(), failed=True)
         if isinstance(err, NotLeaderError):
@@ -643,18 +696,29 @@ class Producer:
         if appended.wake_at_ms is not None:
             self._scheduler.call_later(self._linger_s, lambda: self._linger_due(other))
         if appended.batch is not None:
-            # The moved messages keep their original deadline: the send timeout is per message.
-            self._issue(_Request(appended.batch, req.deadline))
+            self._issue(self._request(appended.batch))  # the messages keep their deadlines
         return True
 
-    def _finish(self, req: _Request, err: RaftMQError | None) -> None:
+    def _settle(
+        self, req: _Request, err: RaftMQError | None, *, sent: bool
+    ) -> Batch[_Pending] | None:
+        """Give `req`'s messages their outcome (`err`, unless results were set) and release its
+        batch: if it may have reached a broker its sequences stay used, if it never left they
+        are handed out again. Returns the queue's next batch, to be issued."""
         if err is not None:
             for it in req.items:
                 if not it.future.done():
                     it.future.set_exception(err)
         with self._lock:
-            nxt = self._acc.complete(req.batch, monotonic_ms())
+            if sent:
+                nxt = self._acc.complete(req.batch, monotonic_ms())
+            else:
+                nxt = self._acc.abandon(req.batch, monotonic_ms())
             self._lock.notify_all()
+        return nxt
+
+    def _finish(self, req: _Request, err: RaftMQError | None) -> None:
+        nxt = self._settle(req, err, sent=True)
         if nxt is not None:
             self._issue(self._request(nxt))
 

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,11 @@ from client.admin import Admin
 from client.cluster_runner import ClusterRunner
 from client.cluster_spec import parse
 from client.consumer_pull import PullConsumer
+from client.errors import OutcomeUnknownError, RequestTimeoutError
 from client.messages import SendResult
 from client.offsets import StartFrom
 from client.producer import Producer
+from client.rebalance import QueueRef
 from raftlog.local_cluster import free_ports
 from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders, spec_text
 from tests.procs import wait_until
@@ -83,13 +86,19 @@ def namesrv_str(r: ClusterRunner) -> str:
     return ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "namesrv")
 
 
-def test_five_leader_kills_lose_nothing(runner: ClusterRunner) -> None:
-    r = runner
+def serving_topic(r: ClusterRunner, topic: str, queues: int) -> str:
+    """Wait for broker-a's leader, create `topic` and wait for its route; the NameServers."""
     ns = namesrv_str(r)
     wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
     with Admin(ns) as admin:
-        admin.create_topic("failover", queues=4)
-        wait_until(lambda: len(admin.route("failover").write_queues()) == 4, 20, "route")
+        admin.create_topic(topic, queues=queues)
+        wait_until(lambda: len(admin.route(topic).write_queues()) == queues, 20, "route")
+    return ns
+
+
+def test_five_leader_kills_lose_nothing(runner: ClusterRunner) -> None:
+    r = runner
+    ns = serving_topic(r, "failover", 4)
     sender = Sender(ns, "failover")
     sender.start()
     route_delays = []
@@ -139,11 +148,7 @@ def test_five_leader_kills_lose_nothing(runner: ClusterRunner) -> None:
 
 def test_clean_stop_of_the_leader_fails_no_send(runner: ClusterRunner) -> None:
     r = runner
-    ns = namesrv_str(r)
-    wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
-    with Admin(ns) as admin:
-        admin.create_topic("handoff", queues=2)
-        wait_until(lambda: len(admin.route("handoff").write_queues()) == 2, 20, "route")
+    ns = serving_topic(r, "handoff", 2)
     sender = Sender(ns, "handoff")
     sender.start()
     try:
@@ -160,3 +165,64 @@ def test_clean_stop_of_the_leader_fails_no_send(runner: ClusterRunner) -> None:
     gaps = [b[0] - a[0] for a, b in zip(sender.acked, sender.acked[1:], strict=False)]
     print(f"acked={len(sender.acked)} failed={sender.failed} longest gap={max(gaps):.3f}s")
     assert sender.failed == 0
+
+
+def test_sends_stuck_behind_an_unanswered_one_end_within_their_send_timeout(
+    runner: ClusterRunner,
+) -> None:
+    """broker-a answers nothing (its three nodes SIGSTOPped: connections open, no replies). The
+    send timeout bounds every message from its own send() on, also those that waited behind
+    the unanswered request on their queue (they used to get a fresh timeout when they left).
+    Each ends as OutcomeUnknownError (it may have reached the paused leader) or, if it never
+    left the producer, RequestTimeoutError. After the group resumes the queue holds, in order
+    and once each, "before", some of the unknown ones, and "after"."""
+    r = runner
+    ns = serving_topic(r, "stuck", 1)
+    brokers = [p.name for p in r.processes() if p.role == "broker"]
+    timeout_s = 2.0
+    sent: list[tuple[float, bytes, Future[SendResult]]] = []
+    ended: list[tuple[float, BaseException | None]] = []
+    with Producer(ns, send_timeout_ms=int(timeout_s * 1000), request_timeout_ms=500) as p:
+        p.send("stuck", b"before", sharding_key="k")
+        for name in brokers:
+            r.kill(name, signal.SIGSTOP)
+        try:
+            for i in range(20):
+                body = f"m{i}".encode()
+                sent.append((time.monotonic(), body, p.send_async("stuck", body, sharding_key="k")))
+                time.sleep(0.3 if i == 0 else 0.01)  # m0 in flight, the others behind it
+            for _, _, f in sent:
+                exc = f.exception(timeout=2 * timeout_s + 10)
+                ended.append((time.monotonic(), exc))
+        finally:
+            for name in brokers:
+                r.kill(name, signal.SIGCONT)
+        late = [
+            round(end - start, 2)
+            for (start, _, _), (end, _) in zip(sent, ended, strict=True)
+            if end - start > timeout_s + 0.5
+        ]
+        assert not late, f"outcomes later than the send timeout: {late}"
+        kinds = {type(e).__name__ for _, e in ended}
+        assert kinds <= {"OutcomeUnknownError", "RequestTimeoutError"}, kinds
+        assert isinstance(ended[0][1], OutcomeUnknownError), ended[0]
+        wait_until(lambda: broker_leader(r)[0], 30, "broker-a to serve again")
+        after = p.send("stuck", b"after", sharding_key="k")
+    never_sent = {
+        body
+        for (_, body, _), (_, e) in zip(sent, ended, strict=True)
+        if isinstance(e, RequestTimeoutError)
+    }
+    with PullConsumer(ns, "g-stuck", start_from=StartFrom.EARLIEST) as c:
+        q = QueueRef("stuck", "broker-a", after.queue_id)
+        c.assign([q])
+        c.seek_to_beginning(q)
+        bodies: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while b"after" not in bodies and time.monotonic() < deadline:
+            bodies += [m.body for m in c.poll(500)]
+    assert bodies[0] == b"before" and bodies[-1] == b"after", bodies
+    middle = bodies[1:-1]
+    order = [body for _, body, _ in sent]
+    assert middle == sorted(set(middle), key=order.index), f"reordered or twice: {middle}"
+    assert not never_sent & set(middle), f"stored though never sent: {never_sent & set(middle)}"
