@@ -261,11 +261,22 @@ class MessageId:
 def encode_msg_id(broker_group: str, raft_index: int, slot: int, position: int) -> str:
     """`<broker group>-<index:016X><slot:08X><position:08X>`: fixed-width hex, so the ids of one
     group sort in log order and the group name may itself contain '-'."""
+    if not 0 <= position < 1 << 32:
+        raise ValueError(f"message id position out of range: {position}")
+    return msg_id_prefix(broker_group, raft_index, slot) + format(position, POSITION_HEX)
+
+
+POSITION_HEX = "08X"  # the id's last part: msg_id_prefix(...) + format(position, POSITION_HEX)
+
+
+def msg_id_prefix(broker_group: str, raft_index: int, slot: int) -> str:
+    """The id of every message of one record batch but for its position: a reader of many
+    messages checks and formats this once per batch."""
     if not broker_group or not broker_group.isprintable() or " " in broker_group:
         raise InvalidNameError(f"broker group {broker_group!r} must be printable, without spaces")
-    if not (0 <= raft_index < 1 << 64 and 0 <= slot < 1 << 32 and 0 <= position < 1 << 32):
-        raise ValueError(f"message id fields out of range: {raft_index}, {slot}, {position}")
-    return f"{broker_group}-{raft_index:016X}{slot:08X}{position:08X}"
+    if not (0 <= raft_index < 1 << 64 and 0 <= slot < 1 << 32):
+        raise ValueError(f"message id fields out of range: {raft_index}, {slot}")
+    return f"{broker_group}-{raft_index:016X}{slot:08X}"
 
 
 def decode_msg_id(msg_id: str) -> MessageId:

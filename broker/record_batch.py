@@ -355,15 +355,20 @@ def decode_produce_header(data: Bytes) -> ProduceHeader:
         raise MalformedBatchError(f"invalid utf-8 in a produce batch header: {exc}") from exc
 
 
-def decode_message_at(data: Bytes, header: ProduceHeader, offset_bytes: int) -> Message:
+def decode_message_at(
+    data: Bytes, header: ProduceHeader, offset_bytes: int, strings: dict[bytes, str] | None = None
+) -> Message:
     """The message whose record starts at `offset_bytes` (a ConsumeQueue row says where),
-    without decoding the rest of the batch."""
+    without decoding the rest of the batch. `strings`: a cache of decoded tags and hosts that
+    the caller keeps across the messages it decodes (they repeat)."""
     if not isinstance(data, bytes):
         data = bytes(data)
     if not header.messages_at <= offset_bytes < len(data):
         raise MalformedBatchError(f"no message can start at byte {offset_bytes}")
     try:
-        msg, _ = _read_message(data, offset_bytes, len(data), header.topic, {})
+        msg, _ = _read_message(
+            data, offset_bytes, len(data), header.topic, {} if strings is None else strings
+        )
     except UnicodeDecodeError as exc:
         raise MalformedBatchError(f"invalid utf-8 in a message: {exc}") from exc
     return msg

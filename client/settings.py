@@ -264,9 +264,7 @@ def add_settings_flags(
                 help=help_text,
             )
         else:
-            group.add_argument(
-                flag, dest=dest, default=None, metavar=_metavar(row), help=help_text
-            )
+            group.add_argument(flag, dest=dest, default=None, metavar=_metavar(row), help=help_text)
 
 
 def _metavar(row: SettingInfo) -> str:

@@ -23,11 +23,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.errors import MalformedBatchError
 from broker.filter_tag import TagFilter
-from broker.message import encode_msg_id
-from broker.record_batch import decode_message_at, decode_produce_header
 from client.pb import broker_pb2
+from client.raw_batch import named_messages
 
 # `key` is the message's first business key: RocketMQ keys are strings, and `keys` holds them all.
 SCHEMA = StructType(
@@ -48,6 +46,9 @@ SCHEMA = StructType(
 )
 COLUMNS = tuple(f.name for f in SCHEMA.fields)
 MS_TO_US = 1000
+# Spark's timestamps run from 0001-01-01 to 9999-12-31 (UTC). A born time outside them (any
+# int64 a non-SDK client sent) becomes null rather than failing the whole query.
+BORN_MIN_MS, BORN_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 
 
 @cache
@@ -79,41 +80,23 @@ def to_record_batch(
     born: list[int | None] = []
     store: list[int] = []
     props: list[list[tuple[str, str]]] = []
-    for b in batches:
-        chunk = b.chunk
-        header = decode_produce_header(chunk)
-        if header.queue_id != queue_id or header.topic != topic:
-            raise MalformedBatchError(
-                f"batch {b.raft_index}/{b.slot} is for {header.topic}/{header.queue_id}, "
-                f"not {topic}/{queue_id}"
-            )
-        if len(b.positions) != len(b.byte_offsets):
-            raise MalformedBatchError(
-                f"batch {b.raft_index}/{b.slot}: {len(b.positions)} positions but "
-                f"{len(b.byte_offsets)} byte offsets"
-            )
-        store_us = b.store_timestamp_ms * MS_TO_US
-        for position, at in zip(b.positions, b.byte_offsets, strict=True):
-            offset = b.first_offset + position
-            if offset >= end_offset:
-                break
-            if not 0 <= position < header.count:
-                raise MalformedBatchError(
-                    f"batch {b.raft_index}/{b.slot} has no position {position} ({header.count})"
-                )
-            m = decode_message_at(chunk, header, at)
-            if not tag_filter.matches(m.tags):
-                continue
-            ks = m.keys
-            key.append(ks[0] if ks else None)
-            value.append(m.body)
-            queue_offset.append(offset)
-            msg_id.append(encode_msg_id(broker_group, b.raft_index, b.slot, position))
-            tags.append(m.tags or None)
-            keys.append(ks)
-            born.append(m.born_timestamp_ms * MS_TO_US if m.born_timestamp_ms else None)
-            store.append(store_us)
-            props.append(list(m.properties.items()) if m.properties else [])
+    for b, position, mid, m in named_messages(batches, broker_group, queue_id, topic):
+        offset = b.first_offset + position
+        if offset >= end_offset:
+            break  # the answer is in queue-offset order: the rest is past the end too
+        if not tag_filter.matches(m.tags):
+            continue
+        ks = m.keys
+        key.append(ks[0] if ks else None)
+        value.append(m.body)
+        queue_offset.append(offset)
+        msg_id.append(mid)
+        tags.append(m.tags or None)
+        keys.append(ks)
+        bt = m.born_timestamp_ms
+        born.append(bt * MS_TO_US if bt and BORN_MIN_MS <= bt <= BORN_MAX_MS else None)
+        store.append(b.store_timestamp_ms * MS_TO_US)
+        props.append(list(m.properties.items()) if m.properties else [])
     n = len(value)
     f = schema.field
     arrays = [
