@@ -449,6 +449,7 @@ class MessageReader:
     def read(self, rows: Sequence[CQRow]) -> list[StoredMessage]:
         entries: dict[int, Entry] = {}
         headers: dict[tuple[int, int], tuple[bytes, ProduceHeader]] = {}
+        strings: dict[bytes, str] = {}  # tags and hosts repeat: decode each once per call
         out: list[StoredMessage] = []
         for row in rows:
             key = (row.raft_index, row.slot)
@@ -462,7 +463,7 @@ class MessageReader:
             if row.position >= header.count:
                 raise StoreError(f"{row} points past the end of its {header.count}-message batch")
             try:
-                msg = decode_message_at(chunk, header, row.chunk_offset_bytes)
+                msg = decode_message_at(chunk, header, row.chunk_offset_bytes, strings)
             except MalformedBatchError as exc:
                 raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
             # The row and the log must agree; if not, the store is wrong and nothing is served.
@@ -494,6 +495,7 @@ class MessageReader:
         it. Returns the parts and the offset of the first row left out (None: all were used)."""
         entries: dict[int, Entry] = {}
         parts: list[RawPart] = []
+        strings: dict[bytes, str] = {}  # for `keep`'s decoding: tags and hosts repeat
         total = 0
         cur: RawPart | None = None
         header: ProduceHeader | None = None
@@ -521,7 +523,7 @@ class MessageReader:
                 raise StoreError(f"{row} points past the end of its {header.count}-message batch")
             if keep is not None:
                 try:
-                    msg = decode_message_at(cur.chunk, header, row.chunk_offset_bytes)
+                    msg = decode_message_at(cur.chunk, header, row.chunk_offset_bytes, strings)
                 except MalformedBatchError as exc:
                     raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
                 if not keep(msg):

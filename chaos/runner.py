@@ -240,7 +240,7 @@ def _chaos_spec(opts: RunOptions) -> ClusterSpec:
         settings = {k: dict(v) for k, v in spec.settings.items()}
         settings.setdefault("broker", {})["debug_ack_before_commit"] = True
         spec = replace(spec, settings=settings)
-    return spec.with_data_dir(opts.out_dir / "data")
+    return spec.with_data_dir(RunPaths(opts.out_dir).data)
 
 
 def _start_workload(
@@ -307,42 +307,71 @@ def within_bound(report: CheckReport, schedule: Schedule) -> list[dict[str, Any]
     return out
 
 
-# What a run writes into its directory; an earlier run's copies are removed first.
-RUN_OUTPUTS = (
-    "data",
-    "history.jsonl",
-    "history-client.jsonl",
-    "history-client.log",
-    "result.json",
-    "acks.png",
-)
+@dataclass(frozen=True, slots=True)
+class RunPaths:
+    """Everything a run writes, all inside its directory."""
 
+    out_dir: Path
 
-def fresh_run_dir(out_dir: Path) -> None:
-    """Make `out_dir` hold nothing of an earlier run of the same scenario and seed: reusing its
-    `data` would hand the new cluster the old topic, whose messages carry the same ids (the
-    checker then sees every old one as a duplicate or an out-of-order delivery)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_OUTPUTS:
-        path = out_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    @property
+    def data(self) -> Path:
+        return self.out_dir / "data"
+
+    @property
+    def history(self) -> Path:
+        return self.out_dir / "history.jsonl"
+
+    @property
+    def client_history(self) -> Path:
+        return self.out_dir / "history-client.jsonl"
+
+    @property
+    def client_log(self) -> Path:
+        return self.client_history.with_suffix(".log")
+
+    @property
+    def result(self) -> Path:
+        return self.out_dir / "result.json"
+
+    @property
+    def picture(self) -> Path:
+        return self.out_dir / "acks.png"
+
+    def outputs(self) -> tuple[Path, ...]:
+        return (
+            self.data,
+            self.history,
+            self.client_history,
+            self.client_log,
+            self.result,
+            self.picture,
+        )
+
+    def fresh(self) -> None:
+        """Leave nothing of an earlier run of the same scenario and seed: reusing its `data`
+        would hand the new cluster the old topic, whose messages carry the same ids (the
+        checker then sees every old one as a duplicate or an out-of-order delivery)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        for path in self.outputs():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     console = console or Console(stderr=True)
     scenario = by_name(opts.scenario)
     schedule = scenario.schedule(opts.seed, opts.duration_s)
-    fresh_run_dir(opts.out_dir)
+    paths = RunPaths(opts.out_dir)
+    paths.fresh()
     spec = _chaos_spec(opts)
     groups = list(spec.groups)
     if not groups:
         raise RunError(f"{opts.cluster} describes no broker group")
     group = groups[0]
     names = [p.name for p in spec.processes()]
-    client_history = opts.out_dir / "history-client.jsonl"
+    client_history = paths.client_history
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
@@ -399,7 +428,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             finally:
                 runner.stop_all()
     ops = merge(load_jsonl(client_history), rec.ops)
-    history_path = opts.out_dir / "history.jsonl"
+    history_path = paths.history
     write_jsonl(history_path, ops)
     windows = fault_windows(ops)
     report = check_all(ops, windows, scenario=schedule.scenario, seed=schedule.seed)
@@ -410,8 +439,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     if not all(w["within_bound"] for w in failover):
         verdict = verdict.replace("PASS", "FAIL", 1)
         verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
-    result_path = opts.out_dir / "result.json"
-    png_path = opts.out_dir / "acks.png"
+    result_path = paths.result
+    png_path = paths.picture
     extra = {
         "failover": failover,
         "failover_bound_s": FAILOVER_BOUND_S,

@@ -262,7 +262,7 @@ class ControllerNode:
 
     def _hand_off(self, t: Transfer) -> None:
         try:
-            with grpc.insecure_channel(t.to_address, options=CHANNEL_LIVENESS) as ch:
+            with grpc.insecure_channel(t.to_address) as ch:  # one call, 1 s deadline
                 st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
                     broker_pb2.GetBrokerStatusRequest(), timeout=1.0
                 )
@@ -273,7 +273,7 @@ class ControllerNode:
                     t.to_node,
                 )
                 return
-            with grpc.insecure_channel(t.from_address, options=CHANNEL_LIVENESS) as ch:
+            with grpc.insecure_channel(t.from_address) as ch:
                 out = broker_pb2_grpc.BrokerStub(ch).LeadershipTransfer(
                     broker_pb2.LeadershipTransferRequest(
                         target_node_id=t.to_node, timeout_ms=TRANSFER_TIMEOUT_MS

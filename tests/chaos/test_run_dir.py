@@ -6,22 +6,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.runner import RUN_OUTPUTS, fresh_run_dir
+from chaos.runner import RunPaths
 
 
 def test_an_earlier_runs_outputs_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    out = tmp_path / "leader-kill-seed1"
-    (out / "data" / "broker-a-n0").mkdir(parents=True)
-    (out / "data" / "broker-a-n0" / "data.mdb").write_bytes(b"old log")
-    for name in RUN_OUTPUTS[1:]:
-        (out / name).write_text("old")
-    (out / "notes.txt").write_text("mine")
-    fresh_run_dir(out)
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
-    assert (out / "notes.txt").read_text() == "mine"
+    paths = RunPaths(tmp_path / "leader-kill-seed1")
+    (paths.data / "broker-a-n0").mkdir(parents=True)
+    (paths.data / "broker-a-n0" / "data.mdb").write_bytes(b"old log")
+    files = [p for p in paths.outputs() if p != paths.data]
+    for path in files:
+        path.write_text("old")
+    (paths.out_dir / "notes.txt").write_text("mine")
+    assert len(files) == 5
+    paths.fresh()
+    assert sorted(p.name for p in paths.out_dir.iterdir()) == ["notes.txt"]
+    assert (paths.out_dir / "notes.txt").read_text() == "mine"
 
 
 def test_a_new_directory_is_made(tmp_path: Path) -> None:
-    out = tmp_path / "a" / "b"
-    fresh_run_dir(out)
-    assert out.is_dir() and not any(out.iterdir())
+    paths = RunPaths(tmp_path / "a" / "b")
+    paths.fresh()
+    assert paths.out_dir.is_dir() and not any(paths.out_dir.iterdir())
