@@ -30,12 +30,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.admin import Admin  # noqa: E402
-from client.consumer_pull import PullConsumer  # noqa: E402
-from client.messages import OutgoingMessage  # noqa: E402
-from client.offsets import StartFrom  # noqa: E402
-from client.producer import Producer  # noqa: E402
-from tests.procs import Cluster, start_cluster, wait_until  # noqa: E402
+from raftmq.client.admin import Admin  # noqa: E402
+from raftmq.client.consumer_pull import PullConsumer  # noqa: E402
+from raftmq.client.messages import OutgoingMessage  # noqa: E402
+from raftmq.client.offsets import StartFrom  # noqa: E402
+from raftmq.client.producer import Producer  # noqa: E402
+from tests.harness.procs import Cluster, start_cluster, wait_until  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "broker.json"
 BODY = b"x" * 1024

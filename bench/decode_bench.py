@@ -18,16 +18,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.filter_tag import MATCH_ALL  # noqa: E402
-from broker.message import Message  # noqa: E402
-from broker.record_batch import (  # noqa: E402
+from raftmq.common.filter.tag import MATCH_ALL  # noqa: E402
+from raftmq.common.message import Message  # noqa: E402
+from raftmq.common.pb import broker_pb2  # noqa: E402
+from raftmq.common.record_batch import (  # noqa: E402
     ProduceBatch,
     ProducerSequence,
     decode_with_offsets,
     encode,
 )
-from client.pb import broker_pb2  # noqa: E402
-from spark_source.schema import to_record_batch  # noqa: E402
+from raftmq.spark_source.schema import to_record_batch  # noqa: E402
 
 
 def pull_answer(batches: int, per_batch: int, value_bytes: int) -> list[broker_pb2.RawBatch]:

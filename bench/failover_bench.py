@@ -26,13 +26,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.admin import Admin  # noqa: E402
-from client.cluster_runner import ClusterRunner  # noqa: E402
-from client.cluster_spec import local_description, parse  # noqa: E402
-from client.consumer_pull import PullConsumer  # noqa: E402
-from client.offsets import StartFrom  # noqa: E402
-from client.producer import Producer  # noqa: E402
-from raftlog.local_cluster import free_ports  # noqa: E402
+from raftmq.client.admin import Admin  # noqa: E402
+from raftmq.client.consumer_pull import PullConsumer  # noqa: E402
+from raftmq.client.offsets import StartFrom  # noqa: E402
+from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.ops.cluster_runner import ClusterRunner  # noqa: E402
+from raftmq.ops.cluster_spec import local_description, parse  # noqa: E402
+from tests.harness.local_cluster import free_ports  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "failover.json"
 BODY = b"x" * 1024

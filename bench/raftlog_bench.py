@@ -21,7 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from raftlog.local_cluster import ControlError, LocalCluster  # noqa: E402
+from tests.harness.local_cluster import ControlError, LocalCluster  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "raftlog.json"
 MB = 1_000_000

@@ -26,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.pb import broker_pb2, common_pb2  # noqa: E402
+from raftmq.common.pb import broker_pb2, common_pb2  # noqa: E402
 from tests.spark.support import (  # noqa: E402
     GROUPS,
     SPARK_CONF,

@@ -3,9 +3,9 @@ TopicConfig). No checks beyond what a conversion needs: validation lives in brok
 
 from __future__ import annotations
 
-from broker.message import Message, StoredMessage
-from broker.topic_config import PERM_READ_WRITE, Permission, TopicConfig
-from client.pb import common_pb2
+from raftmq.common.message import Message, StoredMessage
+from raftmq.common.pb import common_pb2
+from raftmq.common.topic_config import PERM_READ_WRITE, Permission, TopicConfig
 
 _PERM_FROM_PB = {
     common_pb2.PERM_UNSPECIFIED: PERM_READ_WRITE,

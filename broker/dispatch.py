@@ -7,19 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.errors import BrokerInputError, DispatchGapError, MalformedBatchError
-from broker.filter_tag import tag_hash
-from broker.message import validate_group, validate_producer_id, validate_topic
-from broker.record_batch import (
-    CommitOffset,
-    Kind,
-    ProduceBatch,
-    ResetOffsets,
-    TopicConfigChange,
-    TopicOp,
-    decode_with_offsets,
-)
-from broker.rows import (
+from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.rows import (
     NO_TIME_MS,
     Appended,
     Applied,
@@ -39,8 +28,21 @@ from broker.rows import (
     TimeRow,
     TopicRow,
 )
-from broker.topic_config import TopicConfig, validate_topic_config
-from raftlog.record import Entry
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.filter.tag import tag_hash
+from raftmq.common.message import validate_group, validate_producer_id, validate_topic
+from raftmq.common.record_batch import (
+    CommitOffset,
+    Kind,
+    MalformedBatchError,
+    ProduceBatch,
+    ResetOffsets,
+    TopicConfigChange,
+    TopicOp,
+    decode_with_offsets,
+)
+from raftmq.common.topic_config import TopicConfig, validate_topic_config
+from raftmq.raftlog.record import Entry
 
 MAX_SEQUENCE = (1 << 64) - 1
 
@@ -191,7 +193,7 @@ class Dispatcher:
                     self._reset(work, slot, record)
                 else:
                     self._topic_change(work, slot, record)
-            except BrokerInputError as exc:  # names and ranges checked alike on every replica
+            except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
                 work.outcomes.append(Rejected(slot, str(exc)))
         return DispatchOutput(
             raft_index=entry.index,

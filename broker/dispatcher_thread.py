@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from broker.errors import DispatcherStoppedError
-from broker.rows import Rejected
-from broker.store import MessageStore
-from raftlog.record import Entry
+from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from raftmq.broker.errors import DispatcherStoppedError
+from raftmq.broker.rows import Rejected
+from raftmq.broker.store import MessageStore
+from raftmq.raftlog.record import Entry
 
 log = logging.getLogger("broker.dispatcher")
 

@@ -1,7 +1,5 @@
-"""Typed failures of the broker's storage core, each saying whose fault it is.
-
-The caller's (an invalid message, topic or group name), the data's (a chunk that does not decode)
-or the system's (a gap in dispatch, a full store). Nothing here knows gRPC; the broker maps them.
+"""Typed failures of the broker's storage core: the system's fault (a gap in dispatch, a full
+store, a stopped dispatcher). The caller's mistakes are raftmq.common.errors; no gRPC here.
 """
 
 from __future__ import annotations
@@ -9,30 +7,6 @@ from __future__ import annotations
 
 class BrokerError(Exception):
     """Base of every error raised by the broker package."""
-
-
-class BrokerInputError(BrokerError, ValueError):
-    """The caller sent something the broker refuses (bad name, oversized body); fix and resend."""
-
-
-class InvalidMessageError(BrokerInputError):
-    """A message breaks a rule (size, properties, tag, keys); the text says which and the limit."""
-
-
-class InvalidNameError(BrokerInputError):
-    """A topic, consumer group, producer id or broker group name breaks the naming rules."""
-
-
-class InvalidTopicConfigError(BrokerInputError):
-    """A topic configuration outside the allowed ranges (queue counts, permission bits)."""
-
-
-class InvalidMessageIdError(BrokerInputError):
-    """A string that is not a raftmq message id."""
-
-
-class MalformedBatchError(BrokerError, ValueError):
-    """A record batch whose bytes do not decode: a bug or corruption, never served as data."""
 
 
 class StoreError(BrokerError):

@@ -16,49 +16,17 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from broker import record_batch
-from broker.dispatcher_thread import DispatcherThread, DispatchProgress
-from broker.errors import (
-    BrokerInputError,
-    DispatcherStoppedError,
-    InvalidMessageError,
-    InvalidMessageIdError,
-    StoreError,
-    StoreFullError,
-)
-from broker.errors import InvalidNameError as BrokerInvalidNameError
-from broker.filter_sql92 import Filter, FilterSyntaxError, compile_filter
-from broker.filter_tag import parse_tag_expression
-from broker.message import (
-    Message,
-    MessageLimits,
-    StoredMessage,
-    decode_msg_id,
-    encode_msg_id,
-    is_system_topic,
-    validate_group,
-    validate_message,
-    validate_producer_id,
-    validate_topic,
-)
-from broker.outcomes import OutcomeBook
-from broker.record_batch import (
-    CommitOffset,
-    ProduceBatch,
-    ProducerSequence,
-    ResetOffsets,
-    TopicConfigChange,
-    TopicOp,
-)
-from broker.rows import Appended, Applied, ChunkOutcome, CQRow, Duplicate, Rejected
-from broker.settings import BrokerSettings, Member
-from broker.store import MessageReader, MessageStore, RawPart
-from broker.topic_config import TopicConfig, validate_topic_config
-from client.errors import (
+from raftmq.broker.dispatcher_thread import DispatcherThread, DispatchProgress
+from raftmq.broker.errors import DispatcherStoppedError, StoreError, StoreFullError
+from raftmq.broker.outcomes import OutcomeBook
+from raftmq.broker.rows import Appended, Applied, ChunkOutcome, CQRow, Duplicate, Rejected
+from raftmq.broker.settings import BrokerSettings
+from raftmq.broker.store import MessageReader, MessageStore, RawPart
+from raftmq.common import record_batch
+from raftmq.common.errors import (
     BrokerUnavailableError,
     InternalError,
     InvalidArgumentError,
-    InvalidNameError,
     MessageNotFoundError,
     MessageTooLargeError,
     NotLeaderError,
@@ -70,9 +38,33 @@ from client.errors import (
     TopicAlreadyExistsError,
     TopicNotFoundError,
 )
-from raftlog import errors as rl_errors
-from raftlog.log import ReplicatedLog
-from raftlog.record import Committed, LogStatus, Role, RoleChange
+from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
+from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.message import (
+    Message,
+    MessageLimits,
+    StoredMessage,
+    decode_msg_id,
+    encode_msg_id,
+    is_system_topic,
+    validate_group,
+    validate_message,
+    validate_producer_id,
+    validate_topic,
+)
+from raftmq.common.record_batch import (
+    CommitOffset,
+    ProduceBatch,
+    ProducerSequence,
+    ResetOffsets,
+    TopicConfigChange,
+    TopicOp,
+)
+from raftmq.common.topic_config import TopicConfig, validate_topic_config
+from raftmq.common.types import Member
+from raftmq.raftlog import errors as rl_errors
+from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
 
 log = logging.getLogger("broker.node")
 
@@ -366,7 +358,7 @@ class BrokerNode:
         return self._topic_or_missing(cfg.name)
 
     def delete_topic(self, name: str) -> None:
-        _check_name(validate_topic, name, allow_system=True)
+        validate_topic(name, allow_system=True)
         self._require_leader()
         if self.store.topic(name) is None:
             raise TopicNotFoundError.for_topic(name, auto_create=True)
@@ -380,14 +372,11 @@ class BrokerNode:
 
     @staticmethod
     def _check_topic_config(cfg: TopicConfig) -> None:
-        _check_name(validate_topic, cfg.name, allow_system=False)
-        try:
-            validate_topic_config(cfg)
-        except BrokerInputError as exc:
-            raise InvalidArgumentError(str(exc)) from exc
+        validate_topic(cfg.name, allow_system=False)
+        validate_topic_config(cfg)
 
     def _readable_topic(self, name: str, queue_id: int) -> TopicConfig:
-        _check_name(validate_topic, name, allow_system=True)
+        validate_topic(name, allow_system=True)
         cfg = self.store.topic(name)
         if cfg is None:
             raise TopicNotFoundError.for_topic(name, auto_create=True)
@@ -415,7 +404,7 @@ class BrokerNode:
     ) -> tuple[int, list[SendOutcome]]:
         """Store `messages` in one queue (-1: the broker picks one). Returns (the queue id used,
         one outcome per message). A retried producer sequence is answered with the original."""
-        _check_name(validate_topic, topic, allow_system=True)
+        validate_topic(topic, allow_system=True)
         if not messages:
             raise InvalidArgumentError("a send request must carry at least one message")
         if len(messages) > self.settings.max_batch_messages:
@@ -426,15 +415,10 @@ class BrokerNode:
         for m in messages:
             if len(m.body) > self.limits.max_message_bytes:
                 raise MessageTooLargeError.for_size(len(m.body), self.limits.max_message_bytes)
-            try:
-                validate_message(m, self.limits, allow_system_topic=True)
-            except InvalidMessageError as exc:
-                raise InvalidArgumentError(str(exc)) from exc
-            except BrokerInvalidNameError as exc:
-                raise InvalidNameError(str(exc)) from exc
+            validate_message(m, self.limits, allow_system_topic=True)
         producer: ProducerSequence | None = None
         if producer_id:
-            _check_name(validate_producer_id, producer_id)
+            validate_producer_id(producer_id)
             if first_sequence < 0:
                 raise InvalidArgumentError(f"first_sequence {first_sequence} is negative")
             producer = ProducerSequence(producer_id, first_sequence)
@@ -534,7 +518,7 @@ class BrokerNode:
     ) -> PullResult:
         """Messages of one queue from `offset` on. When the queue holds nothing at `offset`, the
         request waits (long polling) until a message arrives or `max_wait_ms` passes."""
-        _check_name(validate_group, group)
+        validate_group(group)
         self._require_readable_node(allow_follower_read)
         if queue_id < 0:
             raise InvalidArgumentError(f"queue id {queue_id} is negative")
@@ -608,13 +592,13 @@ class BrokerNode:
     # ---- offsets ------------------------------------------------------------------------------
 
     def commit_offsets(self, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
-        _check_name(validate_group, group)
+        validate_group(group)
         if not offsets:
             return
         if len(offsets) > 4096:
             raise InvalidArgumentError(f"{len(offsets)} offsets in one commit; the limit is 4096")
         for topic, queue_id, offset in offsets:
-            _check_name(validate_topic, topic, allow_system=True)
+            validate_topic(topic, allow_system=True)
             if queue_id < 0 or offset < 0:
                 raise InvalidArgumentError(
                     f"offset {offset} of {topic}/{queue_id}: queue id and offset must be >= 0"
@@ -626,8 +610,8 @@ class BrokerNode:
                 raise InvalidArgumentError(f"offset commit refused: {outcome.reason}")
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        _check_name(validate_group, group)
-        _check_name(validate_topic, topic, allow_system=True)
+        validate_group(group)
+        validate_topic(topic, allow_system=True)
         found = self.store.committed_offset(group, topic, queue_id)
         return -1 if found is None else found
 
@@ -651,7 +635,7 @@ class BrokerNode:
     ) -> dict[int, int]:
         """RocketMQ's message backtracking: every queue of `topic` on this group goes to the first
         offset stored at or after `timestamp_ms`."""
-        _check_name(validate_group, group)
+        validate_group(group)
         cfg = self._readable_topic(topic, -1)
         self._require_leader()
         offsets = {
@@ -669,10 +653,7 @@ class BrokerNode:
     # ---- queries ------------------------------------------------------------------------------
 
     def message_by_id(self, msg_id: str) -> StoredMessage:
-        try:
-            mid = decode_msg_id(msg_id)
-        except InvalidMessageIdError as exc:
-            raise InvalidArgumentError(str(exc)) from exc
+        mid = decode_msg_id(msg_id)
         if mid.broker_group != self.group:
             raise MessageNotFoundError(
                 f"message {msg_id} belongs to broker group {mid.broker_group}, not {self.group}; "
@@ -723,15 +704,6 @@ def _same_topic(a: TopicConfig, b: TopicConfig) -> bool:
         b.perm,
         b.ordered,
     )
-
-
-def _check_name(check: Callable[..., None], name: str, **kwargs: bool) -> None:
-    try:
-        check(name, **kwargs)
-    except BrokerInvalidNameError as exc:
-        raise InvalidNameError(str(exc)) from exc
-    except BrokerInputError as exc:
-        raise InvalidArgumentError(str(exc)) from exc
 
 
 def _sql_keep(sql_filter: Filter) -> Callable[[Message], bool]:

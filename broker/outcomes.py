@@ -11,8 +11,8 @@ import collections
 import threading
 import time
 
-from broker.dispatcher_thread import DispatchProgress
-from broker.rows import ChunkOutcome
+from raftmq.broker.dispatcher_thread import DispatchProgress
+from raftmq.broker.rows import ChunkOutcome
 
 
 class OutcomeBook:

@@ -15,8 +15,8 @@ from concurrent import futures
 
 import grpc
 
-from client.grpc_options import CHANNEL_LIVENESS
-from client.pb import namesrv_pb2, namesrv_pb2_grpc
+from raftmq.common.grpc_options import CHANNEL_LIVENESS
+from raftmq.common.pb import namesrv_pb2, namesrv_pb2_grpc
 
 log = logging.getLogger("broker.registration")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.record_batch import Kind
-from broker.topic_config import TopicConfig
+from raftmq.common.record_batch import Kind
+from raftmq.common.topic_config import TopicConfig
 
 NO_TIME_MS = -1  # a queue head whose time index is still empty
 

@@ -19,17 +19,17 @@ from types import FrameType
 
 import grpc
 
-from broker import settings as settings_mod
-from broker.convert import topic_to_pb
-from broker.node import BrokerNode
-from broker.registration import Registrar
-from broker.service import ROLE_TO_PB, BrokerService
-from broker.settings import BrokerSettings
-from client.grpc_options import SERVER_LIVENESS
-from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
-from client.settings import SettingsError, add_settings_flags, flag_overrides
-from controller.reporter import RoleReporter
-from raftlog.record import Role, RoleChange
+from raftmq.broker import settings as settings_mod
+from raftmq.broker.convert import topic_to_pb
+from raftmq.broker.node import BrokerNode
+from raftmq.broker.registration import Registrar
+from raftmq.broker.role_reporter import RoleReporter
+from raftmq.broker.service import ROLE_TO_PB, BrokerService
+from raftmq.broker.settings import BrokerSettings
+from raftmq.common.grpc_options import SERVER_LIVENESS
+from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
+from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
 

@@ -11,14 +11,13 @@ import time
 
 import grpc
 
-from broker.consumer_registry import ConsumerRegistry, RegistryFullError
-from broker.convert import message_from_pb, stored_to_pb, topic_from_pb, topic_to_pb
-from broker.errors import BrokerInputError
-from broker.message import validate_group
-from broker.node import BrokerNode, PullStatus
-from client.errors import InvalidArgumentError, InvalidNameError, QueueFullError, rpc_errors
-from client.pb import broker_pb2, broker_pb2_grpc, common_pb2
-from raftlog.record import Role
+from raftmq.broker.consumer_registry import ConsumerRegistry, RegistryFullError
+from raftmq.broker.convert import message_from_pb, stored_to_pb, topic_from_pb, topic_to_pb
+from raftmq.broker.node import BrokerNode, PullStatus
+from raftmq.common.errors import InvalidArgumentError, QueueFullError, rpc_errors
+from raftmq.common.message import validate_group
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.raftlog.record import Role
 
 _PULL_STATUS = {
     PullStatus.FOUND: broker_pb2.FOUND,
@@ -38,13 +37,6 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _check_group(group: str) -> None:
-    try:
-        validate_group(group)
-    except BrokerInputError as exc:
-        raise InvalidNameError(str(exc)) from exc
-
-
 def _deadline(context: grpc.ServicerContext) -> float:
     left = context.time_remaining()
     if left is None:
@@ -62,7 +54,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def Heartbeat(
         self, request: broker_pb2.HeartbeatRequest, context: grpc.ServicerContext
     ) -> broker_pb2.HeartbeatResponse:
-        _check_group(request.consumer_group)
+        validate_group(request.consumer_group)
         if not request.client_id or len(request.client_id) > 255:
             raise InvalidArgumentError("client_id must be 1..255 characters")
         with self._consumers_lock:
@@ -85,7 +77,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def GetConsumerList(
         self, request: broker_pb2.GetConsumerListRequest, context: grpc.ServicerContext
     ) -> broker_pb2.GetConsumerListResponse:
-        _check_group(request.consumer_group)
+        validate_group(request.consumer_group)
         with self._consumers_lock:
             ids = self._consumers.members(request.consumer_group, _monotonic_ms())
         return broker_pb2.GetConsumerListResponse(client_ids=ids)

@@ -7,51 +7,16 @@ RAFTMQ_BROKER_<KEY> environment variables, then flags. Values, parsing and valid
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from client.settings import load_settings, setting, settings_class
-from raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.common.settings import load_settings, setting, settings_class
+from raftmq.common.types import Member, check_host_port, parse_members
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
 MIB = 1 << 20
 GIB = 1 << 30
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """One node of the broker group: its id, gRPC address and Raft address."""
-
-    node_id: str
-    address: str
-    raft_address: str
-
-
-def _check_host_port(value: str, what: str) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ValueError(f"{what} {value!r} is not host:port")
-
-
-def parse_members(text: str) -> tuple[Member, ...]:
-    """`n0=GRPC_HOST:PORT/RAFT_HOST:PORT,n1=...`: the whole group, this node included."""
-    members: list[Member] = []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        node_id, eq, addrs = item.partition("=")
-        address, slash, raft_address = addrs.partition("/")
-        if not eq or not slash or not node_id.strip():
-            raise ValueError(f"member {item!r} must look like n0=GRPC_HOST:PORT/RAFT_HOST:PORT")
-        _check_host_port(address, f"member {node_id} gRPC address")
-        _check_host_port(raft_address, f"member {node_id} raft address")
-        members.append(Member(node_id.strip(), address.strip(), raft_address.strip()))
-    for attr in ("node_id", "address", "raft_address"):
-        values = [getattr(m, attr) for m in members]
-        if len(set(values)) != len(values):
-            raise ValueError(f"members repeat a {attr}: {text!r}")
-    return tuple(members)
 
 
 @settings_class
@@ -144,13 +109,13 @@ class BrokerSettings:
         if self.node_id not in {m.node_id for m in members}:
             raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")
         if self.listen:
-            _check_host_port(self.listen, "listen")
+            check_host_port(self.listen, "listen")
         for addr in _split(self.namesrv_addresses):
-            _check_host_port(addr, "NameServer address")
+            check_host_port(addr, "NameServer address")
         if not _split(self.namesrv_addresses):
             raise ValueError("namesrv_addresses must name at least one NameServer")
         for addr in _split(self.controller_addresses):
-            _check_host_port(addr, "controller address")
+            check_host_port(addr, "controller address")
         positive = {
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "max_message_bytes": self.max_message_bytes,

@@ -13,13 +13,18 @@ from typing import Any
 
 import lmdb
 
-from broker.dispatch import DispatchOutput
-from broker.errors import DispatchGapError, MalformedBatchError, StoreError, StoreFullError
-from broker.message import Message, StoredMessage, encode_msg_id
-from broker.record_batch import ProduceHeader, decode_message_at, decode_produce_header
-from broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
-from broker.topic_config import Permission, TopicConfig
-from raftlog.record import Entry
+from raftmq.broker.dispatch import DispatchOutput
+from raftmq.broker.errors import DispatchGapError, StoreError, StoreFullError
+from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
+from raftmq.common.message import Message, StoredMessage, encode_msg_id
+from raftmq.common.record_batch import (
+    MalformedBatchError,
+    ProduceHeader,
+    decode_message_at,
+    decode_produce_header,
+)
+from raftmq.common.topic_config import Permission, TopicConfig
+from raftmq.raftlog.record import Entry
 
 GIB = 1 << 30
 FORMAT_VERSION = b"1"

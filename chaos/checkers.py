@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.history import Op, OpType, Window, fault_windows
+from raftmq.chaos.history import Op, OpType, Window, fault_windows
 
 SAMPLE = 20  # ids listed per violation kind in the JSON; the counts are always complete
 E2E_BUCKETS_MS = (1, 5, 10, 100, 1000, 3000)  # OpenChaos EndToEndLatencyChecker

@@ -13,15 +13,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from chaos.scenarios import SCENARIOS, by_name, ci_set
-from client.errors import RaftMQError
+from raftmq.chaos.scenarios import SCENARIOS, by_name, ci_set
+from raftmq.common.errors import RaftMQError
 
 console = Console()
 DEFAULT_OUT = Path("chaos-results")
 
 
 def _require_root() -> str | None:
-    from chaos.netns import require_root_tools
+    from raftmq.chaos.netns import require_root_tools
 
     return require_root_tools()
 
@@ -39,7 +39,7 @@ def list_scenarios(args: argparse.Namespace) -> int:
 def _run_one(
     name: str, seed: int, duration: float | None, out: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
-    from chaos.runner import CHAOS_CLUSTER, RunError, RunOptions, run
+    from raftmq.chaos.runner import CHAOS_CLUSTER, RunError, RunOptions, run
 
     opts = RunOptions(
         scenario=name,
@@ -115,7 +115,7 @@ def suite_cmd(args: argparse.Namespace) -> int:
 
 
 def cleanup_cmd(args: argparse.Namespace) -> int:
-    from chaos.netns import NetError, cleanup
+    from raftmq.chaos.netns import NetError, cleanup
 
     try:
         removed = cleanup(force=args.force)

@@ -25,7 +25,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from chaos.netfaults import NetFaults, render_ruleset
+from raftmq.chaos.netfaults import NetFaults, render_ruleset
+from raftmq.ops.procs import child_env
 
 log = logging.getLogger("raftmq.chaos.netns")
 
@@ -496,11 +497,11 @@ class Net:
         if host in self._delayers:
             self.clear_delay(host)
         ns = self.namespace(host)
-        argv = [*self.wrap(host), sys.executable, "-m", "chaos.nfq_delay", "--queue",
+        argv = [*self.wrap(host), sys.executable, "-m", "raftmq.chaos.nfq_delay", "--queue",
                 str(DELAY_QUEUE), "--delay-ms", str(ms), "--jitter-ms", str(jitter_ms)]  # fmt: skip
         proc = subprocess.Popen(
             argv,
-            cwd=Path(__file__).resolve().parent.parent,  # `-m chaos...` without an install
+            env=child_env(),  # `-m raftmq.chaos...` from a checkout as from an install
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

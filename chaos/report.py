@@ -15,8 +15,8 @@ import matplotlib
 matplotlib.use("Agg")  # CI machines have no display; must come before pyplot is imported
 import matplotlib.pyplot as plt
 
-from chaos.checkers import CheckReport
-from chaos.history import Op, Window
+from raftmq.chaos.checkers import CheckReport
+from raftmq.chaos.history import Op, Window
 
 RESULT_FORMAT = 1  # bumped when a key of the result file changes meaning
 BIN_S = 0.5

@@ -7,7 +7,6 @@ The harness talks to the nodes out of band through the bridge's own address (nev
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -23,18 +22,19 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from chaos.checkers import CheckReport, check_all
-from chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
-from chaos.netfaults import NetFaults
-from chaos.netns import Net
-from chaos.report import plot, write_result
-from chaos.scenarios import FOLLOWER, GROUP, LEADER, FaultSpec, Kind, Schedule, by_name
-from client.admin import Admin
-from client.cluster_runner import ROOT, ClusterRunner, broker_status
-from client.cluster_spec import ClusterSpec, load
-from client.errors import RaftMQError
+from raftmq.chaos.checkers import CheckReport, check_all
+from raftmq.chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
+from raftmq.chaos.netfaults import NetFaults
+from raftmq.chaos.netns import Net
+from raftmq.chaos.report import plot, write_result
+from raftmq.chaos.scenarios import FOLLOWER, GROUP, LEADER, FaultSpec, Kind, Schedule, by_name
+from raftmq.client.admin import Admin
+from raftmq.common.errors import RaftMQError
+from raftmq.ops.cluster_runner import ClusterRunner, broker_status
+from raftmq.ops.cluster_spec import ClusterSpec, load
+from raftmq.ops.procs import child_env
 
-CHAOS_CLUSTER = ROOT / "chaos" / "cluster.toml"
+CHAOS_CLUSTER = Path(__file__).resolve().parent / "cluster.toml"
 CLIENT = "client"
 TOPIC = "chaos"
 FAILOVER_BOUND_S = 3.0  # service must return this soon after a fault that leaves a majority
@@ -66,13 +66,6 @@ class RunResult:
     png_path: Path
     history_path: Path
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _workload_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 class Nemesis:
@@ -250,7 +243,7 @@ def _start_workload(
         *net.wrap(CLIENT),
         sys.executable,
         "-m",
-        "chaos.workload",
+        "raftmq.chaos.workload",
         "--namesrv",
         spec.namesrv_addresses,
         "--topic",
@@ -263,8 +256,7 @@ def _start_workload(
     log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         argv,
-        cwd=ROOT,
-        env=_workload_env(),
+        env=child_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from chaos.history import OpType, Recorder
-from client.consumer_pull import PullConsumer
-from client.errors import OutcomeUnknownError, RaftMQError
-from client.messages import SendResult
-from client.offsets import StartFrom
-from client.producer import Producer
+from raftmq.chaos.history import OpType, Recorder
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import SendResult
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.common.errors import OutcomeUnknownError, RaftMQError
 
 log = logging.getLogger("raftmq.chaos.workload")
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from client.rebalance import QueueRef
+from raftmq.common.types import QueueRef
 
 T = TypeVar("T")
 

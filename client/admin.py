@@ -9,9 +9,11 @@ from typing import TypeVar
 
 import grpc
 
-from broker.errors import BrokerInputError
-from broker.message import decode_msg_id
-from client.errors import (
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offsets import BrokerOffsets
+from raftmq.client.producer import _split
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
     MessageNotFoundError,
@@ -19,12 +21,9 @@ from client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
-from client.messages import ReceivedMessage
-from client.offsets import BrokerOffsets
-from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
-from client.producer import _split
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.message import decode_msg_id
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
+from raftmq.common.types import QueueRef
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
@@ -276,10 +275,7 @@ class Admin:
 
     def message_by_id(self, msg_id: str) -> ReceivedMessage:
         """The id names its broker group (broker/message.py encode_msg_id): one call, to it."""
-        try:
-            group_name = decode_msg_id(msg_id).broker_group
-        except BrokerInputError as exc:
-            raise InvalidArgumentError(str(exc), details={"msg_id": msg_id}) from None
+        group_name = decode_msg_id(msg_id).broker_group
         for g in self._select(None):
             if g.broker_group != group_name:
                 continue

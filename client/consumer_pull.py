@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from client.errors import InvalidArgumentError, RaftMQError
-from client.fetcher import Fetched, FetchSettings, QueueFetcher
-from client.messages import ReceivedMessage, check_group, check_topic
-from client.offsets import BrokerOffsets, StartFrom
-from client.producer import _split
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache
+from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offsets import BrokerOffsets, StartFrom
+from raftmq.client.producer import _split
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.errors import InvalidArgumentError, RaftMQError
+from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.types import QueueRef
 
 
 class PullConsumer:
@@ -35,7 +36,7 @@ class PullConsumer:
         long_poll_ms: int = 2_000,
         allow_follower_read: bool = True,
     ) -> None:
-        check_group(group)
+        validate_group(group)
         if max_prefetch_messages < 1 or max_messages_per_pull < 1 or long_poll_ms < 0:
             raise InvalidArgumentError(
                 "max_prefetch_messages and max_messages_per_pull must be >= 1, long_poll_ms >= 0"
@@ -65,7 +66,7 @@ class PullConsumer:
     # ---- assignment ---------------------------------------------------------------------------
 
     def queues_of(self, topic: str) -> list[QueueRef]:
-        check_topic(topic)
+        validate_topic(topic)
         return self.routes.route(topic, refresh=True).read_queues()
 
     def subscribe(self, topic: str) -> list[QueueRef]:
@@ -77,7 +78,7 @@ class PullConsumer:
     def assign(self, queues: Iterable[QueueRef]) -> None:
         wanted = set(queues)
         for q in wanted:
-            check_topic(q.topic)
+            validate_topic(q.topic)
         for q in [q for q in self._fetchers if q not in wanted]:
             self._fetchers.pop(q).stop()
             self._positions.pop(q, None)

@@ -22,20 +22,22 @@ from pathlib import Path
 
 import grpc
 
-from client.errors import (
+from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
+from raftmq.client.process_queue import ProcessQueue
+from raftmq.client.producer import _split
+from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.scheduler import Scheduler
+from raftmq.common.errors import (
     InvalidArgumentError,
     RaftMQError,
     from_rpc_error,
 )
-from client.fetcher import Fetched, FetchSettings, QueueFetcher
-from client.messages import ReceivedMessage, check_group, check_topic
-from client.offsets import BrokerOffsets, FileOffsets, StartFrom
-from client.pb import broker_pb2
-from client.process_queue import ProcessQueue
-from client.producer import _split
-from client.rebalance import AllocationStrategy, QueueRef, allocate, plan_rebalance
-from client.routes import ChannelPool, RouteCache
-from client.scheduler import Scheduler
+from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer")
 
@@ -79,8 +81,8 @@ class PushConsumer:
         offset_file: Path | None = None,
         client_id: str | None = None,
     ) -> None:
-        check_group(group)
-        check_topic(topic)
+        validate_group(group)
+        validate_topic(topic)
         if consume_threads < 1 or max_inflight_per_queue < 1:
             raise InvalidArgumentError("consume_threads and max_inflight_per_queue must be >= 1")
         if min(rebalance_interval_ms, heartbeat_interval_ms, commit_interval_ms) < 1:

@@ -15,18 +15,18 @@ from dataclasses import dataclass
 
 import grpc
 
-from broker.filter_tag import TagFilter, parse_tag_expression
-from client.errors import (
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.raw_batch import decode_batches
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.errors import (
     NotLeaderError,
     OffsetOutOfRangeError,
     RaftMQError,
     from_rpc_error,
 )
-from client.messages import ReceivedMessage
-from client.pb import broker_pb2
-from client.raw_batch import decode_batches
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache
+from raftmq.common.filter.tag import TagFilter, parse_tag_expression
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer")
 

@@ -8,26 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.errors import BrokerInputError
-from broker.message import StoredMessage, validate_group, validate_topic
-from client.errors import InvalidNameError
-from client.pb import common_pb2
-
-
-def check_topic(name: str) -> None:
-    """RocketMQ's topic naming rules, checked before anything is sent (InvalidNameError)."""
-    try:
-        validate_topic(name)
-    except BrokerInputError as exc:
-        raise InvalidNameError(str(exc), details={"kind": "topic", "name": name}) from None
-
-
-def check_group(name: str) -> None:
-    """RocketMQ's consumer group naming rules (InvalidNameError)."""
-    try:
-        validate_group(name)
-    except BrokerInputError as exc:
-        raise InvalidNameError(str(exc), details={"kind": "group", "name": name}) from None
+from raftmq.common.message import StoredMessage
+from raftmq.common.pb import common_pb2
 
 
 @dataclass(frozen=True, slots=True)

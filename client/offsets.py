@@ -12,10 +12,10 @@ from pathlib import Path
 
 import grpc
 
-from client.errors import RaftMQError, from_rpc_error
-from client.pb import broker_pb2
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.errors import RaftMQError, from_rpc_error
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
 
 RPC_TIMEOUT_S = 10.0
 

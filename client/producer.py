@@ -24,14 +24,15 @@ from dataclasses import dataclass
 
 import grpc
 
-from broker.errors import BrokerInputError
-from broker.message import validate_producer_id
-from client.accumulator import Accumulator, Batch
-from client.errors import (
+from raftmq.client.accumulator import Accumulator, Batch
+from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
+from raftmq.client.queue_selector import FaultTable, PublishQueues, select_by_key, select_queue
+from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
+from raftmq.client.scheduler import Scheduler
+from raftmq.common.errors import (
     BrokerUnavailableError,
     Fault,
     InvalidArgumentError,
-    InvalidNameError,
     MessageTooLargeError,
     NoRouteError,
     NotLeaderError,
@@ -41,12 +42,9 @@ from client.errors import (
     RequestTimeoutError,
     from_rpc_error,
 )
-from client.messages import OutgoingMessage, SendResult, check_topic, to_pb
-from client.pb import broker_pb2, common_pb2
-from client.queue_selector import FaultTable, PublishQueues, select_by_key, select_queue
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache, monotonic_ms
-from client.scheduler import Scheduler
+from raftmq.common.message import validate_producer_id, validate_topic
+from raftmq.common.pb import broker_pb2, common_pb2
+from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.producer")
 
@@ -186,10 +184,7 @@ class Producer:
                 "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
             )
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
-        try:
-            validate_producer_id(self.producer_id)
-        except BrokerInputError as exc:
-            raise InvalidNameError(str(exc)) from None
+        validate_producer_id(self.producer_id)
         self.idempotent = idempotent
         self._timeout_s = send_timeout_ms / 1000
         # One attempt's deadline (Kafka's request.timeout.ms): a leader cut off by a silent
@@ -404,7 +399,7 @@ class Producer:
         queue_selector: QueueSelector | None,
         queue: QueueRef | None,
     ) -> QueueRef:
-        check_topic(topic)
+        validate_topic(topic)
         if sum(x is not None for x in (sharding_key, queue_selector, queue)) > 1:
             raise InvalidArgumentError("give at most one of sharding_key, queue_selector, queue")
         if queue is not None:

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from client.rebalance import QueueRef
+from raftmq.common.types import QueueRef
 
 # RocketMQ 5's MQFaultStrategy defaults: a send slower than latency_steps_ms[i] keeps its broker
 # group out of rotation for avoid_ms[i]; a failure counts as ISOLATION_LATENCY_MS.

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from broker.errors import MalformedBatchError
-from broker.message import POSITION_HEX, Message, StoredMessage, msg_id_prefix
-from broker.record_batch import decode_message_at, decode_produce_header
-from client.pb import broker_pb2
+from raftmq.common.message import POSITION_HEX, Message, StoredMessage, msg_id_prefix
+from raftmq.common.pb import broker_pb2
+from raftmq.common.record_batch import MalformedBatchError, decode_message_at, decode_produce_header
 
 
 def named_messages(

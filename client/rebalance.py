@@ -12,20 +12,10 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from raftmq.common.types import QueueRef
+
 DEFAULT_VIRTUAL_NODES = 10
 MAX_VIRTUAL_NODES = 1024  # bounds the ring: members x virtual nodes hashes per rebalance
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class QueueRef:
-    """One message queue: ordered by (topic, broker group, queue id), as RocketMQ sorts them."""
-
-    topic: str
-    broker_group: str
-    queue_id: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}@{self.broker_group}#{self.queue_id}"
 
 
 class AllocationStrategy(enum.Enum):

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from client.errors import (
+from raftmq.client.queue_selector import PublishQueues
+from raftmq.common.errors import (
     BrokerUnavailableError,
     NoRouteError,
     NotLeaderError,
     RaftMQError,
     from_rpc_error,
 )
-from client.grpc_options import CHANNEL_LIVENESS
-from client.pb import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from client.queue_selector import PublishQueues
-from client.rebalance import QueueRef
+from raftmq.common.grpc_options import CHANNEL_LIVENESS
+from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.common.types import QueueRef
 
 MIB = 1 << 20
 CHANNEL_OPTIONS = [

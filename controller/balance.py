@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.liveness import Seen
-from controller.state import GroupRecord
+from raftmq.controller.liveness import Seen
+from raftmq.controller.state import GroupRecord
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,16 +16,23 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
 
-from client.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
-from client.grpc_options import CHANNEL_LIVENESS
-from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from controller.balance import Transfer, parse_preferred, plan
-from controller.liveness import Liveness
-from controller.settings import ControllerSettings
-from controller.state import CommandError, ControllerState, GroupRecord, RoleReport, Verdict, decode
-from raftlog import errors as rl_errors
-from raftlog.log import ReplicatedLog
-from raftlog.record import Role
+from raftmq.common.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
+from raftmq.common.grpc_options import CHANNEL_LIVENESS
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.controller.balance import Transfer, parse_preferred, plan
+from raftmq.controller.liveness import Liveness
+from raftmq.controller.settings import ControllerSettings
+from raftmq.controller.state import (
+    CommandError,
+    ControllerState,
+    GroupRecord,
+    RoleReport,
+    Verdict,
+    decode,
+)
+from raftmq.raftlog import errors as rl_errors
+from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.record import Role
 
 log = logging.getLogger("controller")
 

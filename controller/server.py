@@ -16,15 +16,15 @@ from types import FrameType
 
 import grpc
 
-from client.errors import InvalidArgumentError, rpc_errors
-from client.grpc_options import SERVER_LIVENESS
-from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
-from client.settings import SettingsError, add_settings_flags, flag_overrides
-from controller import settings as settings_mod
-from controller.node import ControllerNode
-from controller.settings import ControllerSettings
-from controller.state import RoleReport
-from raftlog.record import Role
+from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.grpc_options import SERVER_LIVENESS
+from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
+from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.controller import settings as settings_mod
+from raftmq.controller.node import ControllerNode
+from raftmq.controller.settings import ControllerSettings
+from raftmq.controller.state import RoleReport
+from raftmq.raftlog.record import Role
 
 _log = logging.getLogger("controller")
 _ROLE_TO_PB = {

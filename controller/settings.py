@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from broker.settings import Member, parse_members
-from client.settings import load_settings, setting, settings_class
-from controller.balance import BalancePolicy, parse_preferred
-from raftlog.config import RaftLogConfig
+from raftmq.common.settings import load_settings, setting, settings_class
+from raftmq.common.types import Member, parse_members
+from raftmq.controller.balance import BalancePolicy, parse_preferred
+from raftmq.raftlog.config import RaftLogConfig
 
 ENV_PREFIX = "RAFTMQ_CONTROLLER_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

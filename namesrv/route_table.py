@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from client.errors import InvalidArgumentError, InvalidNameError
+from raftmq.common.errors import InvalidArgumentError, InvalidNameError
 
 MAX_NAME_CHARS = 127  # RocketMQ's topic name limit, applied to every name
 MAX_QUEUES_PER_TOPIC = 1024

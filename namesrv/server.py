@@ -19,17 +19,17 @@ from types import FrameType
 
 import grpc
 
-from client.grpc_options import SERVER_LIVENESS
-from client.pb import controller_pb2_grpc, namesrv_pb2_grpc
-from client.settings import SettingsError, add_settings_flags, flag_overrides
-from controller import settings as controller_settings_mod
-from controller.node import ControllerNode
-from controller.server import ControllerService
-from controller.settings import ControllerSettings
-from namesrv import settings as settings_mod
-from namesrv.route_table import RouteTable
-from namesrv.service import NameServerService
-from namesrv.settings import NameServerSettings
+from raftmq.common.grpc_options import SERVER_LIVENESS
+from raftmq.common.pb import controller_pb2_grpc, namesrv_pb2_grpc
+from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.controller import settings as controller_settings_mod
+from raftmq.controller.node import ControllerNode
+from raftmq.controller.server import ControllerService
+from raftmq.controller.settings import ControllerSettings
+from raftmq.namesrv import settings as settings_mod
+from raftmq.namesrv.route_table import RouteTable
+from raftmq.namesrv.service import NameServerService
+from raftmq.namesrv.settings import NameServerSettings
 
 _log = logging.getLogger("namesrv")
 

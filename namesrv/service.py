@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import grpc
 
-from client.errors import NoRouteError, rpc_errors
-from client.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from namesrv.route_table import (
+from raftmq.common.errors import NoRouteError, rpc_errors
+from raftmq.common.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.namesrv.route_table import (
     ExpiredNode,
     GroupView,
     LeaderChange,

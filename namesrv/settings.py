@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from client.settings import load_settings, setting, settings_class
+from raftmq.common.settings import load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_NAMESRV_"
 MIB = 1 << 20

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from raftlog.errors import CorruptJournalError, LogClosedError
-from raftlog.meta import write_file_atomically
-from raftlog.record import Record
+from raftmq.raftlog.errors import CorruptJournalError, LogClosedError
+from raftmq.raftlog.meta import write_file_atomically
+from raftmq.raftlog.record import Record
 
 log = logging.getLogger("raftlog.journal")
 

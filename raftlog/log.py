@@ -18,9 +18,9 @@ from typing import Any
 
 from pysyncobj.config import FAIL_REASON
 
-from raftlog import entry_codec
-from raftlog.config import FlushPolicy, RaftLogConfig
-from raftlog.errors import (
+from raftmq.raftlog import entry_codec
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.errors import (
     CompactedError,
     EntryTooLargeError,
     LogClosedError,
@@ -29,10 +29,10 @@ from raftlog.errors import (
     QueueFullError,
     RaftLogError,
 )
-from raftlog.journal import SegmentJournal
-from raftlog.meta import MetaStore
-from raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
-from raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.meta import MetaStore
+from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
+from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
 
 log = logging.getLogger("raftlog.log")
 

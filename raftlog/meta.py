@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog.errors import CorruptJournalError
+from raftmq.raftlog.errors import CorruptJournalError
 
 _CRC = struct.Struct("<I")
 _MAX_META_BYTES = 64 << 10  # a meta body is ~100 bytes; anything bigger is not ours

@@ -27,10 +27,10 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import Journal
 from pysyncobj.version import VERSION
 
-from raftlog.config import FlushPolicy, RaftLogConfig
-from raftlog.journal import SegmentJournal
-from raftlog.meta import MetaStore, RaftMeta
-from raftlog.record import Role
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.meta import MetaStore, RaftMeta
+from raftmq.raftlog.record import Role
 
 PINNED_VERSION = "0.3.17"
 if VERSION != PINNED_VERSION:  # the overrides below name mangled private members of this release
@@ -59,7 +59,7 @@ def install_patches() -> None:
     with _patch_lock:
         if _patched:
             return
-        from raftlog.wire import FramedConnection
+        from raftmq.raftlog.wire import FramedConnection
 
         # Protocol 5: bytes are not round-tripped through latin-1 str (research/raft.md 2).
         setattr(pysyncobj.pickle, "__protocol", 5)

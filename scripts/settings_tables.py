@@ -13,10 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker import settings as broker_settings  # noqa: E402
-from client.settings import settings_markdown  # noqa: E402
-from controller import settings as controller_settings  # noqa: E402
-from namesrv import settings as namesrv_settings  # noqa: E402
+from raftmq.broker import settings as broker_settings  # noqa: E402
+from raftmq.common.settings import settings_markdown  # noqa: E402
+from raftmq.controller import settings as controller_settings  # noqa: E402
+from raftmq.namesrv import settings as namesrv_settings  # noqa: E402
 
 BEGIN = "<!-- settings-tables:begin (scripts/settings_tables.py) -->"
 END = "<!-- settings-tables:end -->"

@@ -11,6 +11,6 @@ from typing import Any
 def register(spark: Any) -> None:
     """Register format "raftmq" with `spark` (only needed where auto-registration cannot see the
     top-level `pyspark_raftmq` module, e.g. some editable installs)."""
-    from spark_source.source import RaftMQDataSource
+    from raftmq.spark_source.source import RaftMQDataSource
 
     spark.dataSource.register(RaftMQDataSource)

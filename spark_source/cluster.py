@@ -19,7 +19,9 @@ from typing import Any
 
 import grpc
 
-from client.errors import (
+from raftmq.client.offsets import BrokerOffsets
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.errors import (
     Fault,
     NoRouteError,
     NotLeaderError,
@@ -28,11 +30,9 @@ from client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
-from client.offsets import BrokerOffsets
-from client.pb import broker_pb2
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache, TopicRoute
-from spark_source.planning import DataLossError, QueueBounds, QueueRange, check_start
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
+from raftmq.spark_source.planning import DataLossError, QueueBounds, QueueRange, check_start
 
 _log = logging.getLogger("spark_source")
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from client.rebalance import QueueRef
+from raftmq.common.types import QueueRef
 
 # Sentinels inside startingOffsets / endingOffsets JSON, as in Spark's Kafka source.
 EARLIEST = -2

@@ -13,13 +13,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.errors import InvalidNameError
-from broker.filter_sql92 import FilterSyntaxError
-from broker.filter_tag import parse_tag_expression
-from broker.message import validate_topic
-from client.rebalance import QueueRef
-from spark_source import offsets as offsets_json
-from spark_source.offsets import EARLIEST, LATEST, OffsetsFormatError
+from raftmq.common.errors import InvalidNameError
+from raftmq.common.filter.sql92 import FilterSyntaxError
+from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.message import validate_topic
+from raftmq.common.types import QueueRef
+from raftmq.spark_source import offsets as offsets_json
+from raftmq.spark_source.offsets import EARLIEST, LATEST, OffsetsFormatError
 
 FORMAT = "raftmq"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from client.rebalance import QueueRef
-from spark_source.offsets import EARLIEST, LATEST
-from spark_source.options import FAIL_ON_DATA_LOSS, OptionError, Position, PositionKind
+from raftmq.common.types import QueueRef
+from raftmq.spark_source.offsets import EARLIEST, LATEST
+from raftmq.spark_source.options import FAIL_ON_DATA_LOSS, OptionError, Position, PositionKind
 
 
 class DataLossError(RuntimeError):

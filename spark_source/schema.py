@@ -23,9 +23,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.filter_tag import TagFilter
-from client.pb import broker_pb2
-from client.raw_batch import named_messages
+from raftmq.client.raw_batch import named_messages
+from raftmq.common.filter.tag import TagFilter
+from raftmq.common.pb import broker_pb2
 
 # `key` is the message's first business key: RocketMQ keys are strings, and `keys` holds them all.
 SCHEMA = StructType(

@@ -23,13 +23,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from client.messages import OutgoingMessage, SendResult
-from client.producer import Producer
-from client.queue_selector import PublishQueues
-from client.rebalance import QueueRef
-from spark_source import cluster
-from spark_source.options import TOPIC, SinkOptions, parse_sink_options
-from spark_source.sink_plan import (
+from raftmq.client.messages import OutgoingMessage, SendResult
+from raftmq.client.producer import Producer
+from raftmq.client.queue_selector import PublishQueues
+from raftmq.common.types import QueueRef
+from raftmq.spark_source import cluster
+from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
+from raftmq.spark_source.sink_plan import (
     MAX_CHUNK_BYTES,
     MAX_CHUNK_MESSAGES,
     Chunk,

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from client.queue_selector import PublishQueues, select_by_key
-from client.rebalance import QueueRef
+from raftmq.client.queue_selector import PublishQueues, select_by_key
+from raftmq.common.types import QueueRef
 
 T = TypeVar("T")
 

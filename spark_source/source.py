@@ -31,13 +31,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from broker.filter_tag import parse_tag_expression
-from client.errors import RaftMQError, TopicNotFoundError
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache, TopicRoute
-from spark_source import cluster
-from spark_source import offsets as offsets_json
-from spark_source.options import (
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.errors import RaftMQError, TopicNotFoundError
+from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.types import QueueRef
+from raftmq.spark_source import cluster
+from raftmq.spark_source import offsets as offsets_json
+from raftmq.spark_source.options import (
     ASSIGN,
     FORMAT,
     OptionError,
@@ -46,7 +46,7 @@ from spark_source.options import (
     SubscriptionKind,
     parse_source_options,
 )
-from spark_source.planning import (
+from raftmq.spark_source.planning import (
     QueueBounds,
     QueueRange,
     backlog,
@@ -58,7 +58,7 @@ from spark_source.planning import (
     resolve_position,
     time_lookups,
 )
-from spark_source.schema import SCHEMA, to_record_batch
+from raftmq.spark_source.schema import SCHEMA, to_record_batch
 
 _log = logging.getLogger("spark_source")
 
@@ -378,12 +378,12 @@ class RaftMQDataSource(DataSource):
         return reader
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from spark_source.sink import RaftMQBatchWriter
+        from raftmq.spark_source.sink import RaftMQBatchWriter
 
         return RaftMQBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from spark_source.sink import RaftMQStreamWriter
+        from raftmq.spark_source.sink import RaftMQStreamWriter
 
         return RaftMQStreamWriter(self.options, schema, overwrite)
 

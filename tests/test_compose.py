@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from broker import server as broker_server
-from broker import settings as broker_settings
-from client.cluster_spec import load
-from client.compose import compose_yaml
-from controller import server as controller_server
-from controller import settings as controller_settings
-from namesrv import server as namesrv_server
-from namesrv import settings as namesrv_settings
+from raftmq.broker import server as broker_server
+from raftmq.broker import settings as broker_settings
+from raftmq.controller import server as controller_server
+from raftmq.controller import settings as controller_settings
+from raftmq.namesrv import server as namesrv_server
+from raftmq.namesrv import settings as namesrv_settings
+from raftmq.ops.cluster_spec import load
+from raftmq.ops.compose import compose_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,12 +48,12 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
         argv = json.loads(line.removeprefix("command: "))
         assert argv[:2] == ["python", "-m"]
         module, args = argv[2], argv[3:]
-        if module == "namesrv.server":
+        if module == "raftmq.namesrv.server":
             namesrv_settings.load(*namesrv_server.parse_args(args), environ={})
-        elif module == "broker.server":
+        elif module == "raftmq.broker.server":
             b = broker_settings.load(*broker_server.parse_args(args), environ={})
             assert b.me.address.startswith(f"{b.broker_group}-{b.node_id}:")
         else:
-            assert module == "controller.server" and spec.controllers
+            assert module == "raftmq.controller.server" and spec.controllers
             c = controller_settings.load(*controller_server.parse_args(args), environ={})
             assert len(c.peer_list) == len(spec.controllers) - 1

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.admin import Admin
-from client.consumer_pull import PullConsumer
-from client.messages import ReceivedMessage
-from client.offsets import StartFrom
-from tests.procs import Cluster, start_cluster, wait_until
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offsets import StartFrom
+from tests.harness.procs import Cluster, start_cluster, wait_until
 
 GROUPS = ("broker-a", "broker-b")
 

@@ -9,10 +9,14 @@ from concurrent.futures import Future
 import grpc
 import pytest
 
-from client.admin import Admin
-from client.consumer_pull import PullConsumer
-from client.consumer_push import PushConsumer
-from client.errors import (
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.consumer_push import PushConsumer
+from raftmq.client.messages import SendResult
+from raftmq.client.offsets import BrokerOffsets, StartFrom
+from raftmq.client.producer import Producer
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.errors import (
     InvalidArgumentError,
     InvalidNameError,
     MessageTooLargeError,
@@ -24,14 +28,10 @@ from client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
-from client.messages import SendResult
-from client.offsets import BrokerOffsets, StartFrom
-from client.pb import broker_pb2, common_pb2
-from client.producer import Producer
-from client.rebalance import QueueRef
-from client.routes import ChannelPool, RouteCache
+from raftmq.common.pb import broker_pb2, common_pb2
+from raftmq.common.types import QueueRef
 from tests.acceptance.cluster import create_topic, drain, wait_for_leaders
-from tests.procs import Cluster, wait_until
+from tests.harness.procs import Cluster, wait_until
 
 MIB = 1 << 20
 

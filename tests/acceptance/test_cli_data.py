@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from client import cli, cli_data
-from tests.procs import Cluster, wait_until
+from raftmq.ops import cli, cli_data
+from tests.harness.procs import Cluster, wait_until
 
 MSG_ID = re.compile(r"broker-[ab]-[0-9A-F]{32}")
 

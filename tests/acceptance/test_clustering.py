@@ -8,13 +8,13 @@ import threading
 import time
 from concurrent.futures import Future
 
-from client.consumer_push import PushConsumer, wait_idle
-from client.messages import SendResult
-from client.producer import Producer
-from client.rebalance import QueueRef
+from raftmq.client.consumer_push import PushConsumer, wait_idle
+from raftmq.client.messages import SendResult
+from raftmq.client.producer import Producer
+from raftmq.common.types import QueueRef
 from tests.acceptance.cluster import create_topic
 from tests.acceptance.test_produce_consume import Seen, split_evenly
-from tests.procs import Cluster, wait_until
+from tests.harness.procs import Cluster, wait_until
 
 REBALANCE_INTERVAL_MS = 5_000
 

@@ -4,15 +4,15 @@ node left, in order and once each."""
 
 from __future__ import annotations
 
-from client.admin import Admin
-from client.consumer_pull import PullConsumer
-from client.offsets import StartFrom
-from client.pb import broker_pb2
-from client.producer import Producer
-from client.rebalance import QueueRef
-from client.routes import ChannelPool
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.client.routes import ChannelPool
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
 from tests.acceptance.cluster import wait_for_leaders
-from tests.procs import Cluster, wait_until
+from tests.harness.procs import Cluster, wait_until
 
 
 def test_reads_go_on_from_a_follower_while_the_group_has_no_leader(cluster: Cluster) -> None:

@@ -11,15 +11,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from broker.message import decode_msg_id
-from client.admin import Admin
-from client.consumer_push import ConsumeResult, MessageModel, PushConsumer, wait_idle
-from client.messages import OutgoingMessage, ReceivedMessage, SendResult
-from client.offsets import StartFrom
-from client.producer import Producer
-from client.rebalance import QueueRef
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_push import ConsumeResult, MessageModel, PushConsumer, wait_idle
+from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.common.message import decode_msg_id
+from raftmq.common.types import QueueRef
 from tests.acceptance.cluster import create_topic, drain, now_ms
-from tests.procs import Cluster, wait_until
+from tests.harness.procs import Cluster, wait_until
 
 
 class Seen:

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from broker.dispatch import Dispatcher, PendingState
-from broker.message import Message
-from broker.record_batch import ProduceBatch, ProducerSequence, decode, encode
-from raftlog.record import Entry
+from raftmq.broker.dispatch import Dispatcher, PendingState
+from raftmq.common.message import Message
+from raftmq.common.record_batch import ProduceBatch, ProducerSequence, decode, encode
+from raftmq.raftlog.record import Entry
 
 from .test_dispatch import EmptyState
 

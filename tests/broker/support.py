@@ -10,15 +10,15 @@ import threading
 import time
 from collections.abc import Sequence
 
-from broker.message import Message
-from broker.record_batch import (
+from raftmq.common.message import Message
+from raftmq.common.record_batch import (
     CommitOffset,
     ProduceBatch,
     ProducerSequence,
     ResetOffsets,
     encode,
 )
-from raftlog.record import Entry
+from raftmq.raftlog.record import Entry
 
 
 class InProcessLog:

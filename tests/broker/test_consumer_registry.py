@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.consumer_registry import ConsumerRegistry, RegistryFullError
+from raftmq.broker.consumer_registry import ConsumerRegistry, RegistryFullError
 
 
 def test_members_are_sorted_and_expire() -> None:

@@ -6,11 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from broker.errors import DispatchGapError
-from broker.filter_tag import tag_hash
-from broker.record_batch import Kind, TopicConfigChange, TopicOp, encode
-from broker.rows import (
+from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.rows import (
     Appended,
     Applied,
     Duplicate,
@@ -23,8 +21,10 @@ from broker.rows import (
     StoredRange,
     TimeRow,
 )
-from broker.topic_config import TopicConfig
-from raftlog.record import Entry
+from raftmq.common.filter.tag import tag_hash
+from raftmq.common.record_batch import Kind, TopicConfigChange, TopicOp, encode
+from raftmq.common.topic_config import TopicConfig
+from raftmq.raftlog.record import Entry
 
 from .support import commit, produce, reset
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
-from broker.errors import DispatcherStoppedError
-from broker.rows import Appended
-from broker.store import MessageStore
-from raftlog.record import Entry
+from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
+from raftmq.broker.errors import DispatcherStoppedError
+from raftmq.broker.rows import Appended
+from raftmq.broker.store import MessageStore
+from raftmq.raftlog.record import Entry
 
 from .support import InProcessLog, commit, produce
 

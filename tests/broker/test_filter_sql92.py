@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.filter_sql92 import (
+from raftmq.common.filter.sql92 import (
     MAX_EXPRESSION_CHARS,
     MAX_NESTING_DEPTH,
     And,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.filter_sql92 import MAX_EXPRESSION_CHARS, FilterSyntaxError
-from broker.filter_tag import MATCH_ALL, NO_TAG_HASH, parse_tag_expression, tag_hash
+from raftmq.common.filter.sql92 import MAX_EXPRESSION_CHARS, FilterSyntaxError
+from raftmq.common.filter.tag import MATCH_ALL, NO_TAG_HASH, parse_tag_expression, tag_hash
 
 
 @pytest.mark.parametrize("expr", [None, "", "*", "  *  ", "   ", "a || *"])

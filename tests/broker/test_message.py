@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
-from broker.filter_tag import tag_hash
-from broker.message import (
+from raftmq.common.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
+from raftmq.common.filter.tag import tag_hash
+from raftmq.common.message import (
     Message,
     MessageLimits,
     decode_msg_id,
@@ -161,5 +161,5 @@ def test_bad_msg_ids(bad: str) -> None:
 @given(st.none() | st.text(max_size=40))
 def test_tag_hash_agrees_with_the_tag_filter(tag: str | None) -> None:
     """The ConsumeQueue stores message.tag_hash; the tag filter compares filter_tag.tag_hash."""
-    filter_tag = pytest.importorskip("broker.filter_tag")
+    filter_tag = pytest.importorskip("raftmq.common.filter.tag")
     assert filter_tag.tag_hash(tag) == tag_hash(tag)

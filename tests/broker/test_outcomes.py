@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from broker.dispatch import DispatchOutput
-from broker.dispatcher_thread import DispatchProgress
-from broker.outcomes import OutcomeBook
-from broker.rows import Rejected
+from raftmq.broker.dispatch import DispatchOutput
+from raftmq.broker.dispatcher_thread import DispatchProgress
+from raftmq.broker.outcomes import OutcomeBook
+from raftmq.broker.rows import Rejected
 
 
 def progress(*indexes: int) -> DispatchProgress:

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import MalformedBatchError
-from broker.message import Message
-from broker.record_batch import (
+from raftmq.common.message import Message
+from raftmq.common.record_batch import (
     BrokerRecord,
     CommitOffset,
+    MalformedBatchError,
     ProduceBatch,
     ProducerSequence,
     ResetOffsets,
@@ -27,7 +27,7 @@ from broker.record_batch import (
     decode_with_offsets,
     encode,
 )
-from broker.topic_config import Permission, TopicConfig
+from raftmq.common.topic_config import Permission, TopicConfig
 
 text = st.text(max_size=20)  # any unicode except lone surrogates (which utf-8 cannot carry)
 u32 = st.integers(0, (1 << 32) - 1)

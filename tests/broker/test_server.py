@@ -14,7 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.errors import (
+from raftmq.client.raw_batch import decode_batches
+from raftmq.common.errors import (
     InvalidArgumentError,
     InvalidNameError,
     MessageNotFoundError,
@@ -25,15 +26,21 @@ from client.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
-from client.pb import (
+from raftmq.common.pb import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from client.raw_batch import decode_batches
-from tests.procs import GroupLayout, Proc, broker_procs, free_ports, namesrv_proc, wait_until
+from tests.harness.procs import (
+    GroupLayout,
+    Proc,
+    broker_procs,
+    free_ports,
+    namesrv_proc,
+    wait_until,
+)
 
 TOPIC = "orders"
 

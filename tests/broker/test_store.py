@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from broker.errors import DispatchGapError, StoreError, StoreFullError
-from broker.filter_tag import tag_hash
-from broker.message import decode_msg_id
-from broker.record_batch import TopicConfigChange, TopicOp, encode
-from broker.rows import Appended
-from broker.store import KeyHit, MessageReader, MessageStore
-from broker.topic_config import TopicConfig
-from raftlog.record import Entry
+from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from raftmq.broker.errors import DispatchGapError, StoreError, StoreFullError
+from raftmq.broker.rows import Appended
+from raftmq.broker.store import KeyHit, MessageReader, MessageStore
+from raftmq.common.filter.tag import tag_hash
+from raftmq.common.message import decode_msg_id
+from raftmq.common.record_batch import TopicConfigChange, TopicOp, encode
+from raftmq.common.topic_config import TopicConfig
+from raftmq.raftlog.record import Entry
 
 from .support import InProcessLog, commit, produce, reset
 

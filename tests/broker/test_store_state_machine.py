@@ -13,9 +13,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from broker.filter_tag import tag_hash
-from broker.store import MessageStore
+from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from raftmq.broker.store import MessageStore
+from raftmq.common.filter.tag import tag_hash
 
 from .support import InProcessLog, commit, produce, reset
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.netns import require_root_tools
-from chaos.runner import RunOptions, run
+from raftmq.chaos.netns import require_root_tools
+from raftmq.chaos.runner import RunOptions, run
 
 WHY = require_root_tools()
 

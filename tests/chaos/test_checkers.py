@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.checkers import (
+from raftmq.chaos.checkers import (
     check_all,
     check_availability,
     check_latency,
@@ -18,7 +18,7 @@ from chaos.checkers import (
     check_queue,
     unavailability,
 )
-from chaos.history import Op, OpType, Window, fault_windows
+from raftmq.chaos.history import Op, OpType, Window, fault_windows
 
 
 @dataclass

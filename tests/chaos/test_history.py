@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.history import Op, Recorder, Window, fault_windows, load_jsonl, merge, write_jsonl
+from raftmq.chaos.history import Op, Recorder, Window, fault_windows, load_jsonl, merge, write_jsonl
 
 
 def ticking(start: float = 100.0, step: float = 0.25) -> Recorder:

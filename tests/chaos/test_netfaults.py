@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.netfaults import NetFaults, blocked_pairs, render_ruleset
+from raftmq.chaos.netfaults import NetFaults, blocked_pairs, render_ruleset
 
 HOSTS = ["namesrv-0", "controller-1", "broker-a-n0", "broker-a-n1", "broker-a-n2", "client"]
 PORTS = {h: f"rq0a1bh{i}" for i, h in enumerate(HOSTS)}

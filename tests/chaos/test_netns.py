@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.netfaults import NetFaults
-from chaos.netns import Net, NetError, cleanup, require_root_tools
+from raftmq.chaos.netfaults import NetFaults
+from raftmq.chaos.netns import Net, NetError, cleanup, require_root_tools
 
 WHY = require_root_tools()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=WHY or ""), pytest.mark.timeout(60)]
@@ -204,7 +204,7 @@ def test_cleanup_removes_what_a_killed_owner_left(tmp_path: Path, net: Net) -> N
     code = (
         "import subprocess, sys, time\n"
         "from pathlib import Path\n"
-        "from chaos.netns import Net\n"
+        "from raftmq.chaos.netns import Net\n"
         f"n = Net(['x', 'y'], state_dir=Path({str(tmp_path)!r}))\n"
         "n.apply(n.faults.one_way('x', 'y'))\n"
         "subprocess.Popen([*n.wrap('y'), 'sleep', '60'])\n"
@@ -258,7 +258,7 @@ def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signa
     )
     head = f"Net(['x', 'y'], state_dir=Path({str(tmp_path)!r}))"
     code = (
-        "import sys, time\nfrom pathlib import Path\nfrom chaos.netns import Net\n"
+        "import sys, time\nfrom pathlib import Path\nfrom raftmq.chaos.netns import Net\n"
         + (f"with {head} as n:\n" if ending == "with" else f"n = {head}\n")
         + body
     )
@@ -280,11 +280,11 @@ def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signa
 def test_a_run_colliding_on_the_prefix_leaves_the_other_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import chaos.netns
+    import raftmq.chaos.netns as netns_module
 
     first = Net(["x", "y"], state_dir=tmp_path / "a")
     try:
-        monkeypatch.setattr(chaos.netns, "_fresh_prefix", lambda state_dir: first.prefix)
+        monkeypatch.setattr(netns_module, "_fresh_prefix", lambda state_dir: first.prefix)
         with pytest.raises(NetError, match="File exists"):
             Net(["z"], state_dir=tmp_path / "b")
         assert not list((tmp_path / "b").iterdir())

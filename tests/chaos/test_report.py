@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from chaos.checkers import check_all
-from chaos.history import Op, OpType, fault_windows
-from chaos.report import BIN_S, per_second, plot, write_result
+from raftmq.chaos.checkers import check_all
+from raftmq.chaos.history import Op, OpType, fault_windows
+from raftmq.chaos.report import BIN_S, per_second, plot, write_result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SCHEDULE: dict[str, Any] = {"produce_s": 20, "faults": [{"kind": "kill", "start_s": 5}]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.runner import RunPaths
+from raftmq.chaos.runner import RunPaths
 
 
 def test_an_earlier_runs_outputs_are_removed_and_nothing_else(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.scenarios import RECOVERY_S, SCENARIOS, WARMUP_S, Kind, by_name, ci_set
+from raftmq.chaos.scenarios import RECOVERY_S, SCENARIOS, WARMUP_S, Kind, by_name, ci_set
 
 
 def test_ci_set_is_the_six_leader_faults() -> None:

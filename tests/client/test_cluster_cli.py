@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from client.cluster_spec import local_description
-from tests.procs import ROOT, free_ports, wait_until
+from raftmq.ops.cluster_spec import local_description
+from tests.harness.procs import ROOT, free_ports, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:
@@ -28,7 +28,7 @@ def spec_text(ports: list[int], data: Path) -> str:
 def raftmq(*args: str, namesrv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", "--namesrv", namesrv, *args],
+        [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", namesrv, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -51,7 +51,7 @@ def test_cluster_up_status_produce_consume_and_ctrl_c(tmp_path: Path) -> None:
     namesrv = f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
     log = open(tmp_path / "up.log", "w")  # noqa: SIM115
     up = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "cluster", "up", "--spec", str(spec)],
+        [sys.executable, "-m", "raftmq.ops.cli", "cluster", "up", "--spec", str(spec)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
         stdout=log,

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from broker import server as broker_server
-from broker import settings as broker_settings
-from client.cluster_spec import SpecError, load, parse
-from controller import server as controller_server
-from controller import settings as controller_settings
-from namesrv import server as namesrv_server
-from namesrv import settings as namesrv_settings
+from raftmq.broker import server as broker_server
+from raftmq.broker import settings as broker_settings
+from raftmq.controller import server as controller_server
+from raftmq.controller import settings as controller_settings
+from raftmq.namesrv import server as namesrv_server
+from raftmq.namesrv import settings as namesrv_settings
+from raftmq.ops.cluster_spec import SpecError, load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "deploy" / "cluster.toml"

@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from client import errors
-from client.errors import (
+from raftmq.common import errors
+from raftmq.common.errors import (
     ERROR_DETAIL_KEY,
     ERROR_TABLE,
     BrokerUnavailableError,
@@ -26,7 +26,7 @@ from client.errors import (
     from_rpc_error,
     rpc_errors,
 )
-from client.pb import common_pb2
+from raftmq.common.pb import common_pb2
 
 SERVICE = "raftmq.test.Errors"
 LEADER = "10.0.0.9:10911"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.queue_selector import (
+from raftmq.client.queue_selector import (
     FaultPolicy,
     FaultTable,
     PublishQueues,
@@ -16,7 +16,7 @@ from client.queue_selector import (
     select_queue,
     shard_index,
 )
-from client.rebalance import QueueRef
+from raftmq.common.types import QueueRef
 
 
 def route(brokers: str = "abc", per_broker: int = 4, topic: str = "T") -> PublishQueues:

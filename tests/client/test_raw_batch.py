@@ -9,11 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import MalformedBatchError
-from broker.message import encode_msg_id
-from broker.record_batch import ProduceBatch, decode_with_offsets, encode
-from client.pb import broker_pb2
-from client.raw_batch import decode_batches, named_messages
+from raftmq.client.raw_batch import decode_batches, named_messages
+from raftmq.common.message import encode_msg_id
+from raftmq.common.pb import broker_pb2
+from raftmq.common.record_batch import (
+    MalformedBatchError,
+    ProduceBatch,
+    decode_with_offsets,
+    encode,
+)
 from tests.broker.test_record_batch import produce_batches
 
 

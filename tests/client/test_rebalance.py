@@ -6,9 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.rebalance import (
+from raftmq.client.rebalance import (
     AllocationStrategy,
-    QueueRef,
     StepKind,
     allocate,
     allocate_all,
@@ -17,6 +16,7 @@ from client.rebalance import (
     allocate_consistent_hash,
     plan_rebalance,
 )
+from raftmq.common.types import QueueRef
 
 
 def qs(n: int, topic: str = "T", broker: str = "broker-a") -> list[QueueRef]:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.accumulator import Accumulator, Batch
-from client.rebalance import QueueRef
+from raftmq.client.accumulator import Accumulator, Batch
+from raftmq.common.types import QueueRef
 
 Q0 = QueueRef("T", "broker-a", 0)
 Q1 = QueueRef("T", "broker-b", 1)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.process_queue import ProcessQueue
+from raftmq.client.process_queue import ProcessQueue
 
 
 def test_commit_waits_for_the_slowest_listener() -> None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from client.errors import (
+from raftmq.client.producer import (
+    MAX_RETRY_BACKOFF_S,
+    Next,
+    after_failure,
+    final_error,
+    may_have_stored,
+    retry_delay_s,
+)
+from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
     MessageTooLargeError,
@@ -17,14 +25,6 @@ from client.errors import (
     RaftMQError,
     RequestTimeoutError,
     TopicNotFoundError,
-)
-from client.producer import (
-    MAX_RETRY_BACKOFF_S,
-    Next,
-    after_failure,
-    final_error,
-    may_have_stored,
-    retry_delay_s,
 )
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from client.errors import BrokerUnavailableError, NoRouteError, NotLeaderError
-from client.pb import common_pb2, namesrv_pb2
-from client.routes import ChannelPool, RouteCache
-from raftlog.local_cluster import free_ports
-from tests.procs import Proc, namesrv_proc
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.errors import BrokerUnavailableError, NoRouteError, NotLeaderError
+from raftmq.common.pb import common_pb2, namesrv_pb2
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import Proc, namesrv_proc
 
 TOPIC = "routes-topic"
 

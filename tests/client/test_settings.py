@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from client.settings import (
+from raftmq.common.settings import (
     SettingInfo,
     SettingsError,
     add_settings_flags,
@@ -22,8 +22,8 @@ from client.settings import (
     settings_markdown,
     settings_table,
 )
-from namesrv import settings as namesrv_settings
-from namesrv.settings import NameServerSettings
+from raftmq.namesrv import settings as namesrv_settings
+from raftmq.namesrv.settings import NameServerSettings
 
 PREFIX = "RAFTMQ_DEMO_"
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.balance import BalancePolicy, Transfer, parse_preferred, plan, preferred_node
-from controller.liveness import Seen
-from controller.state import GroupRecord
+from raftmq.controller.balance import BalancePolicy, Transfer, parse_preferred, plan, preferred_node
+from raftmq.controller.liveness import Seen
+from raftmq.controller.state import GroupRecord
 
 MEMBERS = {"n0": "h:1", "n1": "h:2", "n2": "h:3"}
 POLICY = BalancePolicy(True, interval_ms=10_000, hold_ms=5_000, alive_ms=3_000)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from client.admin import Admin
-from client.cluster_runner import ClusterRunner
-from client.cluster_spec import parse
-from raftlog.local_cluster import free_ports
+from raftmq.client.admin import Admin
+from raftmq.ops.cluster_runner import ClusterRunner
+from raftmq.ops.cluster_spec import parse
 from tests.controller.test_controller_cluster import broker_leader, spec_text
 from tests.controller.test_failover import Sender, namesrv_str
-from tests.procs import wait_until
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import wait_until
 
 # alive_ms <= hold_ms: by the time a dead leader's successor is past the hold, the dead node has
 # been silent longer than alive_ms (brokers report every heartbeat, 1 s here).

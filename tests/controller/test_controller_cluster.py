@@ -15,9 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.cluster_runner import ClusterRunner
-from client.cluster_spec import local_description, parse
-from client.pb import (
+from raftmq.common.pb import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
@@ -26,8 +24,10 @@ from client.pb import (
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from raftlog.local_cluster import free_ports
-from tests.procs import ROOT, wait_until
+from raftmq.ops.cluster_runner import ClusterRunner
+from raftmq.ops.cluster_spec import local_description, parse
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import ROOT, wait_until
 
 
 def spec_text(ports: list[int], data: Path) -> str:
@@ -177,7 +177,7 @@ def test_reports_fencing_pushes_and_controller_failover(runner: ClusterRunner) -
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "raftmq.ops.cli", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
         capture_output=True,

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from client.admin import Admin
-from client.cluster_runner import ClusterRunner
-from client.cluster_spec import parse
-from client.consumer_pull import PullConsumer
-from client.errors import OutcomeUnknownError, RequestTimeoutError
-from client.messages import SendResult
-from client.offsets import StartFrom
-from client.producer import Producer
-from client.rebalance import QueueRef
-from raftlog.local_cluster import free_ports
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import SendResult
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.common.errors import OutcomeUnknownError, RequestTimeoutError
+from raftmq.common.types import QueueRef
+from raftmq.ops.cluster_runner import ClusterRunner
+from raftmq.ops.cluster_spec import parse
 from tests.controller.test_controller_cluster import broker_leader, namesrv_leaders, spec_text
-from tests.procs import wait_until
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import wait_until
 
 
 def led_by_other(r: ClusterRunner, node: str) -> Callable[[], bool]:

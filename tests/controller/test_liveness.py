@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.liveness import Liveness, Seen
+from raftmq.controller.liveness import Liveness, Seen
 
 
 def test_streak_survives_short_gaps_and_restarts_after_long_ones() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from controller.state import CommandError, ControllerState, RoleReport, decode
+from raftmq.controller.state import CommandError, ControllerState, RoleReport, decode
 
 
 def rep(node: str, term: int, leader: bool = True, group: str = "broker-a") -> RoleReport:

@@ -13,20 +13,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.cli import main as cli_main
-from client.cluster_runner import ClusterRunner
-from client.cluster_spec import parse
-from client.pb import (
+from raftmq.common.pb import (
     common_pb2,
     controller_pb2,
     controller_pb2_grpc,
     namesrv_pb2,
     namesrv_pb2_grpc,
 )
-from raftlog.local_cluster import free_ports
+from raftmq.ops.cli import main as cli_main
+from raftmq.ops.cluster_runner import ClusterRunner
+from raftmq.ops.cluster_spec import parse
 from tests.controller.test_controller_cluster import broker_leader
 from tests.controller.test_failover import led_by_other
-from tests.procs import wait_until
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import wait_until
 
 
 def embedded_spec(ports: list[int], data: Path) -> str:

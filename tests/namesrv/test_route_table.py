@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from client.errors import InvalidArgumentError, InvalidNameError
-from namesrv.route_table import (
+from raftmq.common.errors import InvalidArgumentError, InvalidNameError
+from raftmq.namesrv.route_table import (
     MAX_NODES_PER_GROUP,
     LeaderChange,
     Permission,

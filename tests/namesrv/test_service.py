@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from client.errors import InvalidNameError, NoRouteError, from_rpc_error
-from client.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from namesrv.server import NameServer
-from namesrv.settings import NameServerSettings
+from raftmq.common.errors import InvalidNameError, NoRouteError, from_rpc_error
+from raftmq.common.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.namesrv.server import NameServer
+from raftmq.namesrv.settings import NameServerSettings
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client.errors import NoRouteError, from_rpc_error
-from client.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.common.errors import NoRouteError, from_rpc_error
+from raftmq.common.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPIRY_MS = 1_500
@@ -34,7 +34,7 @@ def start_namesrv(tmp_path: Path, name: str) -> Proc:
     log = tmp_path / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "namesrv.server", "--listen", "127.0.0.1:0"]
+    cmd = [sys.executable, "-m", "raftmq.namesrv.server", "--listen", "127.0.0.1:0"]
     cmd += ["--broker-expiry-ms", str(EXPIRY_MS), "--scan-interval-ms", "100"]
     with open(log, "w") as err:
         popen = subprocess.Popen(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.local_cluster import ControlError, LocalCluster
+from tests.harness.local_cluster import ControlError, LocalCluster
 
 Acked = dict[bytes, tuple[int, int]]  # payload -> (index, slot)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftlog import entry_codec
-from raftlog.entry_codec import MalformedEntryError, decode_data, encode_data, encoded_size
+from raftmq.raftlog import entry_codec
+from raftmq.raftlog.entry_codec import MalformedEntryError, decode_data, encode_data, encoded_size
 
 
 @given(st.lists(st.binary(max_size=300), min_size=1, max_size=40))

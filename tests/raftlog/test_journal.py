@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.errors import CorruptJournalError, LogClosedError
-from raftlog.journal import HEADER_BYTES, SegmentJournal, index_name, segment_name
-from raftlog.meta import MetaStore, RaftMeta
-from raftlog.record import Record
+from raftmq.raftlog.errors import CorruptJournalError, LogClosedError
+from raftmq.raftlog.journal import HEADER_BYTES, SegmentJournal, index_name, segment_name
+from raftmq.raftlog.meta import MetaStore, RaftMeta
+from raftmq.raftlog.record import Record
 
 SMALL_SEGMENT = 4096
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from raftlog.journal import HEADER_BYTES, SegmentJournal
-from raftlog.record import Record
+from raftmq.raftlog.journal import HEADER_BYTES, SegmentJournal
+from raftmq.raftlog.record import Record
 
 SEGMENT_BYTES = 4096
 CACHE_BYTES = 6000  # small, so reads go to disk as well as to the cache

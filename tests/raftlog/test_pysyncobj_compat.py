@@ -5,8 +5,8 @@ from __future__ import annotations
 from pysyncobj import SyncObj
 from pysyncobj.version import VERSION
 
-from raftlog import pysyncobj_compat
-from raftlog.pysyncobj_compat import RaftNode
+from raftmq.raftlog import pysyncobj_compat
+from raftmq.raftlog.pysyncobj_compat import RaftNode
 
 # Methods whose private implementation RaftNode replaces (name-mangled as pysyncobj defines them).
 OVERRIDDEN = (
@@ -47,7 +47,7 @@ def test_patches_replace_the_wire_and_journal_factory() -> None:
     import pysyncobj.tcp_server
     import pysyncobj.transport
 
-    from raftlog.wire import FramedConnection
+    from raftmq.raftlog.wire import FramedConnection
 
     pysyncobj_compat.install_patches()
     assert pysyncobj.transport.TcpConnection is FramedConnection

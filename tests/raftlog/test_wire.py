@@ -20,7 +20,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raftlog.wire import (
+from raftmq.raftlog.wire import (
     FLAG_ENCRYPTED,
     FRAME_HEADER,
     MAX_FRAME_BYTES,
@@ -290,11 +290,11 @@ def test_connect_refused_reports_disconnect() -> None:
 def test_oversized_local_message_is_refused(
     listener: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.wire
+    import raftmq.raftlog.wire as wire_module
 
     poller = createPoller("auto")
     pair = make_pair(listener, poller, poller)
-    monkeypatch.setattr(raftlog.wire, "MAX_FRAME_BYTES", 1024)
+    monkeypatch.setattr(wire_module, "MAX_FRAME_BYTES", 1024)
     with pytest.raises(ValueError, match="MAX_FRAME_BYTES"):
         pair.client.send(b"x" * 2048)
     assert pair.client.state == CONNECTION_STATE.CONNECTED
@@ -304,11 +304,11 @@ def test_oversized_local_message_is_refused(
 def test_send_queue_is_bounded(
     listener: socket.socket, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import raftlog.wire
+    import raftmq.raftlog.wire as wire_module
 
     client_poller, server_poller = createPoller("auto"), createPoller("auto")
     pair = make_pair(listener, client_poller, server_poller)
-    monkeypatch.setattr(raftlog.wire, "MAX_QUEUED_BYTES", 4 * MIB)
+    monkeypatch.setattr(wire_module, "MAX_QUEUED_BYTES", 4 * MIB)
     with caplog.at_level(logging.WARNING, logger="raftlog.wire"):
         for _ in range(64):  # the server is never polled: nothing drains beyond the kernel buffers
             pair.client.send(os.urandom(256 * 1024))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 
-from client.errors import from_rpc_error
-from client.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from tests.procs import GroupLayout, Proc, start_cluster, wait_until
+from raftmq.common.errors import from_rpc_error
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from tests.harness.procs import GroupLayout, Proc, start_cluster, wait_until
 
 GROUPS = ("broker-a", "broker-b")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import ROOT, wait_until
+from tests.harness.procs import ROOT, wait_until
 from tests.spark.support import GROUPS, Cluster, spark_env
 
 QUEUES = 4

@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.queue_selector import PublishQueues
-from client.rebalance import QueueRef
-from spark_source import offsets as oj
-from spark_source.options import (
+from raftmq.client.queue_selector import PublishQueues
+from raftmq.common.types import QueueRef
+from raftmq.spark_source import offsets as oj
+from raftmq.spark_source.options import (
     OptionError,
     PositionKind,
     SubscriptionKind,
     parse_sink_options,
     parse_source_options,
 )
-from spark_source.planning import (
+from raftmq.spark_source.planning import (
     DataLossError,
     QueueBounds,
     QueueRange,
@@ -34,7 +34,7 @@ from spark_source.planning import (
     resolve_position,
     time_lookups,
 )
-from spark_source.sink_plan import (
+from raftmq.spark_source.sink_plan import (
     SequenceChunker,
     choose_queue,
     job_producer_id,

@@ -7,11 +7,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.filter_tag import TagFilter
-from broker.message import encode_msg_id
-from broker.record_batch import ProduceBatch
-from client.pb import broker_pb2
-from spark_source.schema import BORN_MAX_MS, BORN_MIN_MS, COLUMNS, arrow_schema, to_record_batch
+from raftmq.common.filter.tag import TagFilter
+from raftmq.common.message import encode_msg_id
+from raftmq.common.pb import broker_pb2
+from raftmq.common.record_batch import ProduceBatch
+from raftmq.spark_source.schema import (
+    BORN_MAX_MS,
+    BORN_MIN_MS,
+    COLUMNS,
+    arrow_schema,
+    to_record_batch,
+)
 from tests.client.test_raw_batch import answers
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 from tests.spark.support import Cluster
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from spark_source.schema import arrow_schema
-from spark_source.source import QueueSlice, RaftMQStreamReader, SlicesPartition
-from tests.procs import wait_until
+from raftmq.spark_source.schema import arrow_schema
+from raftmq.spark_source.source import QueueSlice, RaftMQStreamReader, SlicesPartition
+from tests.harness.procs import wait_until
 from tests.spark.support import Cluster
 
 

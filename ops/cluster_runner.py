@@ -8,7 +8,6 @@ each process through another command (the chaos suite: `ip netns exec <ns>`).
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import subprocess
 import sys
@@ -19,10 +18,10 @@ from pathlib import Path
 
 import grpc
 
-from client.cluster_spec import ClusterSpec, ProcessSpec
-from client.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.ops.cluster_spec import ClusterSpec, ProcessSpec
+from raftmq.ops.procs import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
 STATUS_TIMEOUT_S = 2.0
 
 
@@ -103,14 +102,11 @@ class ClusterRunner:
         p = self._spec(name)
         p.data_dir.mkdir(parents=True, exist_ok=True)
         log = p.data_dir / "process.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        env["PYTHONUNBUFFERED"] = "1"
+        env = child_env()
         prefix = list(self._wrap(p)) if self._wrap is not None else []
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 [*prefix, self._python, *p.argv],
-                cwd=ROOT,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from broker.errors import InvalidTopicConfigError
-from broker.message import validate_topic
+from raftmq.common.errors import InvalidTopicConfigError
+from raftmq.common.message import validate_topic
 
 MAX_QUEUES_PER_TOPIC = 1024
 

@@ -16,13 +16,13 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from client import cluster_spec
-from client.admin import Admin
-from client.cluster_runner import ClusterRunner, NodeStatus, broker_status
-from client.compose import compose_yaml
+from raftmq.client.admin import Admin
+from raftmq.ops import cluster_spec
+from raftmq.ops.cluster_runner import ClusterRunner, NodeStatus, broker_status
+from raftmq.ops.compose import compose_yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SPEC = ROOT / "deploy" / "cluster.toml"
+# The default cluster description ships inside the package (deploy/cluster.toml links to it).
+DEFAULT_SPEC = Path(__file__).resolve().parent / "cluster.toml"
 console = Console()
 
 

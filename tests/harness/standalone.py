@@ -23,10 +23,10 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from raftlog.config import FlushPolicy, RaftLogConfig
-from raftlog.errors import RaftLogError
-from raftlog.log import ReplicatedLog
-from raftlog.record import Committed
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.errors import RaftLogError
+from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.record import Committed
 
 AUTHKEY = b"raftmq-standalone"
 

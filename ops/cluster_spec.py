@@ -195,7 +195,7 @@ class ClusterSpec:
             ]
         for i, e in enumerate(self.namesrvs):
             name = f"namesrv-{i}"
-            argv = ["-m", "namesrv.server", "--listen", str(e), *ns_flags]
+            argv = ["-m", "raftmq.namesrv.server", "--listen", str(e), *ns_flags]
             ports: tuple[int, ...] = (e.port,)
             if self.controller_in_namesrv:
                 c = self.controllers[i]
@@ -208,7 +208,7 @@ class ClusterSpec:
                 ProcessSpec(
                     name,
                     "namesrv",
-                    "namesrv.server",
+                    "raftmq.namesrv.server",
                     tuple(argv),
                     "namesrv.started",
                     self.data_dir / name,
@@ -224,10 +224,10 @@ class ClusterSpec:
                 ProcessSpec(
                     c.name,
                     "controller",
-                    "controller.server",
+                    "raftmq.controller.server",
                     (
                         "-m",
-                        "controller.server",
+                        "raftmq.controller.server",
                         "--node-id",
                         c.node_id,
                         "--listen",
@@ -254,7 +254,7 @@ class ClusterSpec:
             for n in nodes:
                 argv = [
                     "-m",
-                    "broker.server",
+                    "raftmq.broker.server",
                     "--cluster",
                     self.name,
                     "--broker-group",
@@ -274,7 +274,7 @@ class ClusterSpec:
                     ProcessSpec(
                         n.name,
                         "broker",
-                        "broker.server",
+                        "raftmq.broker.server",
                         (*argv, *br_flags),
                         "broker.started",
                         self.data_dir / n.name,

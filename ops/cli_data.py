@@ -15,12 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.admin import Admin
-from client.consumer_pull import PullConsumer
-from client.errors import InvalidArgumentError
-from client.messages import OutgoingMessage, ReceivedMessage, SendResult
-from client.offsets import StartFrom
-from client.producer import Producer
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.common.errors import InvalidArgumentError
 
 console = Console()
 Handler = Callable[[argparse.Namespace], int]

@@ -10,9 +10,9 @@ import threading
 
 import grpc
 
-from client.errors import NotLeaderError, from_rpc_error
-from client.grpc_options import CHANNEL_LIVENESS
-from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
+from raftmq.common.errors import NotLeaderError, from_rpc_error
+from raftmq.common.grpc_options import CHANNEL_LIVENESS
+from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger("broker.reporter")
 CALL_TIMEOUT_S = 3.0

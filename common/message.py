@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from broker.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
+from raftmq.common.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
 
 MIB = 1 << 20
 
@@ -117,20 +117,28 @@ def _has_control(s: str) -> bool:
     return _CONTROL_RE.search(s) is not None
 
 
+def _bad_name(kind: str, name: str, text: str) -> InvalidNameError:
+    return InvalidNameError(text, details={"kind": kind, "name": name})
+
+
 def validate_topic(name: str, *, allow_system: bool = False) -> None:
     """RocketMQ's topic rules; system topics are refused unless `allow_system` (broker-internal)."""
     if not name:
-        raise InvalidNameError("topic name is empty")
+        raise _bad_name("topic", name, "topic name is empty")
     if len(name) > MAX_TOPIC_CHARS:
-        raise InvalidNameError(
-            f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_CHARS}"
+        raise _bad_name(
+            "topic", name, f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_CHARS}"
         )
     if _NAME_RE.fullmatch(name) is None:
-        raise InvalidNameError(
-            f"topic name {name!r} may only contain letters, digits, '%', '|', '_' and '-'"
+        raise _bad_name(
+            "topic",
+            name,
+            f"topic name {name!r} may only contain letters, digits, '%', '|', '_' and '-'",
         )
     if not allow_system and is_system_topic(name):
-        raise InvalidNameError(f"topic {name!r} is a system topic; clients cannot use it directly")
+        raise _bad_name(
+            "topic", name, f"topic {name!r} is a system topic; clients cannot use it directly"
+        )
 
 
 def is_system_topic(name: str) -> bool:
@@ -148,14 +156,16 @@ def dlq_topic(group: str) -> str:
 def validate_group(name: str) -> None:
     """RocketMQ's consumer/producer group rules (Validators.checkGroup)."""
     if not name:
-        raise InvalidNameError("group name is empty")
+        raise _bad_name("group", name, "group name is empty")
     if len(name) > MAX_GROUP_CHARS:
-        raise InvalidNameError(
-            f"group name is {len(name)} characters; the limit is {MAX_GROUP_CHARS}"
+        raise _bad_name(
+            "group", name, f"group name is {len(name)} characters; the limit is {MAX_GROUP_CHARS}"
         )
     if _NAME_RE.fullmatch(name) is None:
-        raise InvalidNameError(
-            f"group name {name!r} may only contain letters, digits, '%', '|', '_' and '-'"
+        raise _bad_name(
+            "group",
+            name,
+            f"group name {name!r} may only contain letters, digits, '%', '|', '_' and '-'",
         )
 
 

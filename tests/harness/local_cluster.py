@@ -19,7 +19,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from raftlog.standalone import AUTHKEY
+from tests.harness.standalone import AUTHKEY
 
 
 def free_ports(n: int) -> list[int]:
@@ -82,7 +82,7 @@ class LocalCluster:
         cmd = [
             sys.executable,
             "-m",
-            "raftlog.standalone",
+            "tests.harness.standalone",
             "--id",
             n.raft_addr,
             "--peers",

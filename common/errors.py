@@ -18,7 +18,7 @@ from typing import NoReturn, TypeVar
 
 import grpc
 
-from client.pb import common_pb2
+from raftmq.common.pb import common_pb2
 
 _log = logging.getLogger(__name__)
 
@@ -86,6 +86,18 @@ class InvalidNameError(InvalidArgumentError):
             f"{kind} name {name!r} is invalid: {rule}",
             details={"kind": kind, "name": name},
         )
+
+
+class InvalidMessageError(InvalidArgumentError):
+    """A message breaks a rule (size, properties, tag, keys); the text says which and the limit."""
+
+
+class InvalidMessageIdError(InvalidArgumentError):
+    """A string that is not a raftmq message id."""
+
+
+class InvalidTopicConfigError(InvalidArgumentError):
+    """A topic configuration outside the allowed ranges (queue counts, permission bits)."""
 
 
 class MessageTooLargeError(InvalidArgumentError):

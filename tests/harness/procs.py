@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftlog.local_cluster import free_ports
+from tests.harness.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def wait_until(
 def namesrv_proc(tmp: Path, name: str, port: int, extra: Sequence[str] = ()) -> Proc:
     return Proc(
         name,
-        ["-m", "namesrv.server", "--listen", f"127.0.0.1:{port}", *extra],
+        ["-m", "raftmq.namesrv.server", "--listen", f"127.0.0.1:{port}", *extra],
         tmp / f"{name}.log",
     )
 
@@ -135,7 +135,7 @@ def broker_procs(
         name = f"{layout.group}-n{i}"
         argv = [
             "-m",
-            "broker.server",
+            "raftmq.broker.server",
             "--broker-group",
             layout.group,
             "--node-id",

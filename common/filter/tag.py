@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from broker.filter_sql92 import MAX_EXPRESSION_CHARS, FilterSyntaxError
+from raftmq.common.filter.sql92 import MAX_EXPRESSION_CHARS, FilterSyntaxError
 
 SUB_ALL = "*"
 TAG_SEPARATOR = "||"

@@ -9,9 +9,13 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from broker.errors import MalformedBatchError
-from broker.message import Message
-from broker.topic_config import Permission, TopicConfig
+from raftmq.common.message import Message
+from raftmq.common.topic_config import Permission, TopicConfig
+
+
+class MalformedBatchError(ValueError):
+    """A record batch whose bytes do not decode: a bug or corruption, never served as data."""
+
 
 VERSION = 1
 

@@ -11,8 +11,8 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
-from client.errors import BrokerUnavailableError, from_rpc_error
-from client.pb import common_pb2, controller_pb2, controller_pb2_grpc
+from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
+from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 
 console = Console()
 DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
