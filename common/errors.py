@@ -273,6 +273,9 @@ _SC = grpc.StatusCode
 ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(InvalidArgumentError, _SC.INVALID_ARGUMENT, "INVALID_ARGUMENT", _C, False),
     ErrorRow(InvalidNameError, _SC.INVALID_ARGUMENT, "INVALID_NAME", _C, False),
+    ErrorRow(InvalidMessageError, _SC.INVALID_ARGUMENT, "INVALID_MESSAGE", _C, False),
+    ErrorRow(InvalidMessageIdError, _SC.INVALID_ARGUMENT, "INVALID_MESSAGE_ID", _C, False),
+    ErrorRow(InvalidTopicConfigError, _SC.INVALID_ARGUMENT, "INVALID_TOPIC_CONFIG", _C, False),
     ErrorRow(MessageTooLargeError, _SC.INVALID_ARGUMENT, "MESSAGE_TOO_LARGE", _C, False),
     ErrorRow(TopicNotFoundError, _SC.NOT_FOUND, "TOPIC_NOT_FOUND", _C, False),
     ErrorRow(TopicAlreadyExistsError, _SC.ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS", _C, False),

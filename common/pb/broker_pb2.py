@@ -4,15 +4,18 @@
 # source: raftmq/broker.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "raftmq/broker.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'raftmq/broker.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -22,97 +25,95 @@ _sym_db = _symbol_database.Default()
 from raftmq.common.pb import common_pb2 as raftmq_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x13raftmq/broker.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto"\x9c\x01\n\x12SendMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12$\n\x08messages\x18\x03 \x03(\x0b\x32\x12.raftmq.v1.Message\x12\x13\n\x0bproducer_id\x18\x04 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x03"W\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x11\n\tduplicate\x18\x04 \x01(\x08"a\n\x13SendMessageResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.raftmq.v1.SendResult\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03"\x91\x02\n\x12PullMessageRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\tmax_count\x18\x05 \x01(\x05\x12*\n\x0b\x66ilter_type\x18\x06 \x01(\x0e\x32\x15.raftmq.v1.FilterType\x12\x19\n\x11\x66ilter_expression\x18\x07 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x08 \x01(\x03\x12\x1b\n\x13\x61llow_follower_read\x18\t \x01(\x08\x12\x11\n\tmax_bytes\x18\n \x01(\x03\x12\x13\n\x0braw_batches\x18\x0b \x01(\x08"\xdc\x01\n\x13PullMessageResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.raftmq.v1.PullStatus\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.raftmq.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\x12\x12\n\nmin_offset\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0f\n\x07node_id\x18\x06 \x01(\t\x12$\n\x07\x62\x61tches\x18\x07 \x03(\x0b\x32\x13.raftmq.v1.RawBatch"\x96\x01\n\x08RawBatch\x12\x12\n\nraft_index\x18\x01 \x01(\x03\x12\x0c\n\x04slot\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x04 \x01(\x03\x12\r\n\x05\x63hunk\x18\x05 \x01(\x0c\x12\x11\n\tpositions\x18\x06 \x03(\x05\x12\x14\n\x0c\x62yte_offsets\x18\x07 \x03(\x05">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03"V\n\x13\x43ommitOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.QueueOffset"\x16\n\x14\x43ommitOffsetResponse"M\n\x12QueryOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05"%\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03"8\n\x15GetQueueBoundsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05"\x80\x01\n\x16GetQueueBoundsResponse\x12\x12\n\nmin_offset\x18\x01 \x01(\x03\x12\x12\n\nmax_offset\x18\x02 \x01(\x03\x12\x1e\n\x16min_store_timestamp_ms\x18\x03 \x01(\x03\x12\x1e\n\x16max_store_timestamp_ms\x18\x04 \x01(\x03"W\n\x1eSearchOffsetByTimestampRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03"1\n\x1fSearchOffsetByTimestampResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03"]\n\x1eResetOffsetsToTimestampRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03"J\n\x1fResetOffsetsToTimestampResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.raftmq.v1.QueueOffset")\n\x17QueryMessageByIdRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t"E\n\x18QueryMessageByIdResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.raftmq.v1.StoredMessage"\x80\x01\n\x19QueryMessagesByKeyRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmax_count\x18\x03 \x01(\x05\x12\x1a\n\x12\x62\x65gin_timestamp_ms\x18\x04 \x01(\x03\x12\x18\n\x10\x65nd_timestamp_ms\x18\x05 \x01(\x03"H\n\x1aQueryMessagesByKeyResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.StoredMessage"<\n\x12\x43reateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig"=\n\x13\x43reateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig"<\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig"=\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t"\x15\n\x13\x44\x65leteTopicResponse"\x13\n\x11ListTopicsRequest"<\n\x12ListTopicsResponse\x12&\n\x06topics\x18\x01 \x03(\x0b\x32\x16.raftmq.v1.TopicConfig"\x18\n\x16GetBrokerStatusRequest"g\n\nQueueStats\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03"B\n\nTopicStats\x12\r\n\x05topic\x18\x01 \x01(\t\x12%\n\x06queues\x18\x02 \x03(\x0b\x32\x15.raftmq.v1.QueueStats"\xa0\x02\n\x0c\x42rokerStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x06 \x01(\x03\x12\x16\n\x0eleader_node_id\x18\x07 \x01(\t\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12\x16\n\x0e\x64ispatch_index\x18\x0b \x01(\x03\x12%\n\x06topics\x18\x0c \x03(\x0b\x32\x15.raftmq.v1.TopicStats"G\n\x19LeadershipTransferRequest\x12\x16\n\x0etarget_node_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03"N\n\x1aLeadershipTransferResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03"q\n\x10HeartbeatRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x11\n\texpiry_ms\x18\x04 \x01(\x03\x12\x0f\n\x07leaving\x18\x05 \x01(\x08"\x13\n\x11HeartbeatResponse"0\n\x16GetConsumerListRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t"-\n\x17GetConsumerListResponse\x12\x12\n\nclient_ids\x18\x01 \x03(\t*=\n\nFilterType\x12\x1b\n\x17\x46ILTER_TYPE_UNSPECIFIED\x10\x00\x12\x07\n\x03TAG\x10\x01\x12\t\n\x05SQL92\x10\x02*l\n\nPullStatus\x12\x1b\n\x17PULL_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0e\n\nNO_NEW_MSG\x10\x02\x12\x12\n\x0eNO_MATCHED_MSG\x10\x03\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x04\x32\xc7\x0b\n\x06\x42roker\x12L\n\x0bSendMessage\x12\x1d.raftmq.v1.SendMessageRequest\x1a\x1e.raftmq.v1.SendMessageResponse\x12L\n\x0bPullMessage\x12\x1d.raftmq.v1.PullMessageRequest\x1a\x1e.raftmq.v1.PullMessageResponse\x12O\n\x0c\x43ommitOffset\x12\x1e.raftmq.v1.CommitOffsetRequest\x1a\x1f.raftmq.v1.CommitOffsetResponse\x12L\n\x0bQueryOffset\x12\x1d.raftmq.v1.QueryOffsetRequest\x1a\x1e.raftmq.v1.QueryOffsetResponse\x12U\n\x0eGetQueueBounds\x12 .raftmq.v1.GetQueueBoundsRequest\x1a!.raftmq.v1.GetQueueBoundsResponse\x12p\n\x17SearchOffsetByTimestamp\x12).raftmq.v1.SearchOffsetByTimestampRequest\x1a*.raftmq.v1.SearchOffsetByTimestampResponse\x12p\n\x17ResetOffsetsToTimestamp\x12).raftmq.v1.ResetOffsetsToTimestampRequest\x1a*.raftmq.v1.ResetOffsetsToTimestampResponse\x12[\n\x10QueryMessageById\x12".raftmq.v1.QueryMessageByIdRequest\x1a#.raftmq.v1.QueryMessageByIdResponse\x12\x61\n\x12QueryMessagesByKey\x12$.raftmq.v1.QueryMessagesByKeyRequest\x1a%.raftmq.v1.QueryMessagesByKeyResponse\x12L\n\x0b\x43reateTopic\x12\x1d.raftmq.v1.CreateTopicRequest\x1a\x1e.raftmq.v1.CreateTopicResponse\x12L\n\x0bUpdateTopic\x12\x1d.raftmq.v1.UpdateTopicRequest\x1a\x1e.raftmq.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.raftmq.v1.DeleteTopicRequest\x1a\x1e.raftmq.v1.DeleteTopicResponse\x12I\n\nListTopics\x12\x1c.raftmq.v1.ListTopicsRequest\x1a\x1d.raftmq.v1.ListTopicsResponse\x12M\n\x0fGetBrokerStatus\x12!.raftmq.v1.GetBrokerStatusRequest\x1a\x17.raftmq.v1.BrokerStatus\x12\x61\n\x12LeadershipTransfer\x12$.raftmq.v1.LeadershipTransferRequest\x1a%.raftmq.v1.LeadershipTransferResponse\x12\x46\n\tHeartbeat\x12\x1b.raftmq.v1.HeartbeatRequest\x1a\x1c.raftmq.v1.HeartbeatResponse\x12X\n\x0fGetConsumerList\x12!.raftmq.v1.GetConsumerListRequest\x1a".raftmq.v1.GetConsumerListResponseb\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftmq/broker.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\x9c\x01\n\x12SendMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12$\n\x08messages\x18\x03 \x03(\x0b\x32\x12.raftmq.v1.Message\x12\x13\n\x0bproducer_id\x18\x04 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x05 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x06 \x01(\x03\"W\n\nSendResult\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x03 \x01(\x03\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"a\n\x13SendMessageResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.raftmq.v1.SendResult\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\"\x91\x02\n\x12PullMessageRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\tmax_count\x18\x05 \x01(\x05\x12*\n\x0b\x66ilter_type\x18\x06 \x01(\x0e\x32\x15.raftmq.v1.FilterType\x12\x19\n\x11\x66ilter_expression\x18\x07 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x08 \x01(\x03\x12\x1b\n\x13\x61llow_follower_read\x18\t \x01(\x08\x12\x11\n\tmax_bytes\x18\n \x01(\x03\x12\x13\n\x0braw_batches\x18\x0b \x01(\x08\"\xdc\x01\n\x13PullMessageResponse\x12%\n\x06status\x18\x01 \x01(\x0e\x32\x15.raftmq.v1.PullStatus\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.raftmq.v1.StoredMessage\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\x12\x12\n\nmin_offset\x18\x04 \x01(\x03\x12\x12\n\nmax_offset\x18\x05 \x01(\x03\x12\x0f\n\x07node_id\x18\x06 \x01(\t\x12$\n\x07\x62\x61tches\x18\x07 \x03(\x0b\x32\x13.raftmq.v1.RawBatch\"\x96\x01\n\x08RawBatch\x12\x12\n\nraft_index\x18\x01 \x01(\x03\x12\x0c\n\x04slot\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x04 \x01(\x03\x12\r\n\x05\x63hunk\x18\x05 \x01(\x0c\x12\x11\n\tpositions\x18\x06 \x03(\x05\x12\x14\n\x0c\x62yte_offsets\x18\x07 \x03(\x05\">\n\x0bQueueOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"V\n\x13\x43ommitOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\'\n\x07offsets\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.QueueOffset\"\x16\n\x14\x43ommitOffsetResponse\"M\n\x12QueryOffsetRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"%\n\x13QueryOffsetResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"8\n\x15GetQueueBoundsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\"\x80\x01\n\x16GetQueueBoundsResponse\x12\x12\n\nmin_offset\x18\x01 \x01(\x03\x12\x12\n\nmax_offset\x18\x02 \x01(\x03\x12\x1e\n\x16min_store_timestamp_ms\x18\x03 \x01(\x03\x12\x1e\n\x16max_store_timestamp_ms\x18\x04 \x01(\x03\"W\n\x1eSearchOffsetByTimestampRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"1\n\x1fSearchOffsetByTimestampResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"]\n\x1eResetOffsetsToTimestampRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"J\n\x1fResetOffsetsToTimestampResponse\x12\'\n\x07offsets\x18\x01 \x03(\x0b\x32\x16.raftmq.v1.QueueOffset\")\n\x17QueryMessageByIdRequest\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\"E\n\x18QueryMessageByIdResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.raftmq.v1.StoredMessage\"\x80\x01\n\x19QueryMessagesByKeyRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\tmax_count\x18\x03 \x01(\x05\x12\x1a\n\x12\x62\x65gin_timestamp_ms\x18\x04 \x01(\x03\x12\x18\n\x10\x65nd_timestamp_ms\x18\x05 \x01(\x03\"H\n\x1aQueryMessagesByKeyResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.StoredMessage\"<\n\x12\x43reateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig\"=\n\x13\x43reateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig\"<\n\x12UpdateTopicRequest\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig\"=\n\x13UpdateTopicResponse\x12&\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x16.raftmq.v1.TopicConfig\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"\x13\n\x11ListTopicsRequest\"<\n\x12ListTopicsResponse\x12&\n\x06topics\x18\x01 \x03(\x0b\x32\x16.raftmq.v1.TopicConfig\"\x18\n\x16GetBrokerStatusRequest\"g\n\nQueueStats\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03\"B\n\nTopicStats\x12\r\n\x05topic\x18\x01 \x01(\t\x12%\n\x06queues\x18\x02 \x03(\x0b\x32\x15.raftmq.v1.QueueStats\"\xa0\x02\n\x0c\x42rokerStatus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x1d\n\x04role\x18\x05 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x06 \x01(\x03\x12\x16\n\x0eleader_node_id\x18\x07 \x01(\t\x12\x16\n\x0eleader_address\x18\x08 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\t \x01(\x03\x12\x15\n\rapplied_index\x18\n \x01(\x03\x12\x16\n\x0e\x64ispatch_index\x18\x0b \x01(\x03\x12%\n\x06topics\x18\x0c \x03(\x0b\x32\x15.raftmq.v1.TopicStats\"G\n\x19LeadershipTransferRequest\x12\x16\n\x0etarget_node_id\x18\x01 \x01(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"N\n\x1aLeadershipTransferResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\"q\n\x10HeartbeatRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x0e\n\x06topics\x18\x03 \x03(\t\x12\x11\n\texpiry_ms\x18\x04 \x01(\x03\x12\x0f\n\x07leaving\x18\x05 \x01(\x08\"\x13\n\x11HeartbeatResponse\"0\n\x16GetConsumerListRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\"-\n\x17GetConsumerListResponse\x12\x12\n\nclient_ids\x18\x01 \x03(\t*=\n\nFilterType\x12\x1b\n\x17\x46ILTER_TYPE_UNSPECIFIED\x10\x00\x12\x07\n\x03TAG\x10\x01\x12\t\n\x05SQL92\x10\x02*l\n\nPullStatus\x12\x1b\n\x17PULL_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x46OUND\x10\x01\x12\x0e\n\nNO_NEW_MSG\x10\x02\x12\x12\n\x0eNO_MATCHED_MSG\x10\x03\x12\x12\n\x0eOFFSET_ILLEGAL\x10\x04\x32\xc7\x0b\n\x06\x42roker\x12L\n\x0bSendMessage\x12\x1d.raftmq.v1.SendMessageRequest\x1a\x1e.raftmq.v1.SendMessageResponse\x12L\n\x0bPullMessage\x12\x1d.raftmq.v1.PullMessageRequest\x1a\x1e.raftmq.v1.PullMessageResponse\x12O\n\x0c\x43ommitOffset\x12\x1e.raftmq.v1.CommitOffsetRequest\x1a\x1f.raftmq.v1.CommitOffsetResponse\x12L\n\x0bQueryOffset\x12\x1d.raftmq.v1.QueryOffsetRequest\x1a\x1e.raftmq.v1.QueryOffsetResponse\x12U\n\x0eGetQueueBounds\x12 .raftmq.v1.GetQueueBoundsRequest\x1a!.raftmq.v1.GetQueueBoundsResponse\x12p\n\x17SearchOffsetByTimestamp\x12).raftmq.v1.SearchOffsetByTimestampRequest\x1a*.raftmq.v1.SearchOffsetByTimestampResponse\x12p\n\x17ResetOffsetsToTimestamp\x12).raftmq.v1.ResetOffsetsToTimestampRequest\x1a*.raftmq.v1.ResetOffsetsToTimestampResponse\x12[\n\x10QueryMessageById\x12\".raftmq.v1.QueryMessageByIdRequest\x1a#.raftmq.v1.QueryMessageByIdResponse\x12\x61\n\x12QueryMessagesByKey\x12$.raftmq.v1.QueryMessagesByKeyRequest\x1a%.raftmq.v1.QueryMessagesByKeyResponse\x12L\n\x0b\x43reateTopic\x12\x1d.raftmq.v1.CreateTopicRequest\x1a\x1e.raftmq.v1.CreateTopicResponse\x12L\n\x0bUpdateTopic\x12\x1d.raftmq.v1.UpdateTopicRequest\x1a\x1e.raftmq.v1.UpdateTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.raftmq.v1.DeleteTopicRequest\x1a\x1e.raftmq.v1.DeleteTopicResponse\x12I\n\nListTopics\x12\x1c.raftmq.v1.ListTopicsRequest\x1a\x1d.raftmq.v1.ListTopicsResponse\x12M\n\x0fGetBrokerStatus\x12!.raftmq.v1.GetBrokerStatusRequest\x1a\x17.raftmq.v1.BrokerStatus\x12\x61\n\x12LeadershipTransfer\x12$.raftmq.v1.LeadershipTransferRequest\x1a%.raftmq.v1.LeadershipTransferResponse\x12\x46\n\tHeartbeat\x12\x1b.raftmq.v1.HeartbeatRequest\x1a\x1c.raftmq.v1.HeartbeatResponse\x12X\n\x0fGetConsumerList\x12!.raftmq.v1.GetConsumerListRequest\x1a\".raftmq.v1.GetConsumerListResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "raftmq.broker_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.broker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_FILTERTYPE"]._serialized_start = 3436
-    _globals["_FILTERTYPE"]._serialized_end = 3497
-    _globals["_PULLSTATUS"]._serialized_start = 3499
-    _globals["_PULLSTATUS"]._serialized_end = 3607
-    _globals["_SENDMESSAGEREQUEST"]._serialized_start = 56
-    _globals["_SENDMESSAGEREQUEST"]._serialized_end = 212
-    _globals["_SENDRESULT"]._serialized_start = 214
-    _globals["_SENDRESULT"]._serialized_end = 301
-    _globals["_SENDMESSAGERESPONSE"]._serialized_start = 303
-    _globals["_SENDMESSAGERESPONSE"]._serialized_end = 400
-    _globals["_PULLMESSAGEREQUEST"]._serialized_start = 403
-    _globals["_PULLMESSAGEREQUEST"]._serialized_end = 676
-    _globals["_PULLMESSAGERESPONSE"]._serialized_start = 679
-    _globals["_PULLMESSAGERESPONSE"]._serialized_end = 899
-    _globals["_RAWBATCH"]._serialized_start = 902
-    _globals["_RAWBATCH"]._serialized_end = 1052
-    _globals["_QUEUEOFFSET"]._serialized_start = 1054
-    _globals["_QUEUEOFFSET"]._serialized_end = 1116
-    _globals["_COMMITOFFSETREQUEST"]._serialized_start = 1118
-    _globals["_COMMITOFFSETREQUEST"]._serialized_end = 1204
-    _globals["_COMMITOFFSETRESPONSE"]._serialized_start = 1206
-    _globals["_COMMITOFFSETRESPONSE"]._serialized_end = 1228
-    _globals["_QUERYOFFSETREQUEST"]._serialized_start = 1230
-    _globals["_QUERYOFFSETREQUEST"]._serialized_end = 1307
-    _globals["_QUERYOFFSETRESPONSE"]._serialized_start = 1309
-    _globals["_QUERYOFFSETRESPONSE"]._serialized_end = 1346
-    _globals["_GETQUEUEBOUNDSREQUEST"]._serialized_start = 1348
-    _globals["_GETQUEUEBOUNDSREQUEST"]._serialized_end = 1404
-    _globals["_GETQUEUEBOUNDSRESPONSE"]._serialized_start = 1407
-    _globals["_GETQUEUEBOUNDSRESPONSE"]._serialized_end = 1535
-    _globals["_SEARCHOFFSETBYTIMESTAMPREQUEST"]._serialized_start = 1537
-    _globals["_SEARCHOFFSETBYTIMESTAMPREQUEST"]._serialized_end = 1624
-    _globals["_SEARCHOFFSETBYTIMESTAMPRESPONSE"]._serialized_start = 1626
-    _globals["_SEARCHOFFSETBYTIMESTAMPRESPONSE"]._serialized_end = 1675
-    _globals["_RESETOFFSETSTOTIMESTAMPREQUEST"]._serialized_start = 1677
-    _globals["_RESETOFFSETSTOTIMESTAMPREQUEST"]._serialized_end = 1770
-    _globals["_RESETOFFSETSTOTIMESTAMPRESPONSE"]._serialized_start = 1772
-    _globals["_RESETOFFSETSTOTIMESTAMPRESPONSE"]._serialized_end = 1846
-    _globals["_QUERYMESSAGEBYIDREQUEST"]._serialized_start = 1848
-    _globals["_QUERYMESSAGEBYIDREQUEST"]._serialized_end = 1889
-    _globals["_QUERYMESSAGEBYIDRESPONSE"]._serialized_start = 1891
-    _globals["_QUERYMESSAGEBYIDRESPONSE"]._serialized_end = 1960
-    _globals["_QUERYMESSAGESBYKEYREQUEST"]._serialized_start = 1963
-    _globals["_QUERYMESSAGESBYKEYREQUEST"]._serialized_end = 2091
-    _globals["_QUERYMESSAGESBYKEYRESPONSE"]._serialized_start = 2093
-    _globals["_QUERYMESSAGESBYKEYRESPONSE"]._serialized_end = 2165
-    _globals["_CREATETOPICREQUEST"]._serialized_start = 2167
-    _globals["_CREATETOPICREQUEST"]._serialized_end = 2227
-    _globals["_CREATETOPICRESPONSE"]._serialized_start = 2229
-    _globals["_CREATETOPICRESPONSE"]._serialized_end = 2290
-    _globals["_UPDATETOPICREQUEST"]._serialized_start = 2292
-    _globals["_UPDATETOPICREQUEST"]._serialized_end = 2352
-    _globals["_UPDATETOPICRESPONSE"]._serialized_start = 2354
-    _globals["_UPDATETOPICRESPONSE"]._serialized_end = 2415
-    _globals["_DELETETOPICREQUEST"]._serialized_start = 2417
-    _globals["_DELETETOPICREQUEST"]._serialized_end = 2452
-    _globals["_DELETETOPICRESPONSE"]._serialized_start = 2454
-    _globals["_DELETETOPICRESPONSE"]._serialized_end = 2475
-    _globals["_LISTTOPICSREQUEST"]._serialized_start = 2477
-    _globals["_LISTTOPICSREQUEST"]._serialized_end = 2496
-    _globals["_LISTTOPICSRESPONSE"]._serialized_start = 2498
-    _globals["_LISTTOPICSRESPONSE"]._serialized_end = 2558
-    _globals["_GETBROKERSTATUSREQUEST"]._serialized_start = 2560
-    _globals["_GETBROKERSTATUSREQUEST"]._serialized_end = 2584
-    _globals["_QUEUESTATS"]._serialized_start = 2586
-    _globals["_QUEUESTATS"]._serialized_end = 2689
-    _globals["_TOPICSTATS"]._serialized_start = 2691
-    _globals["_TOPICSTATS"]._serialized_end = 2757
-    _globals["_BROKERSTATUS"]._serialized_start = 2760
-    _globals["_BROKERSTATUS"]._serialized_end = 3048
-    _globals["_LEADERSHIPTRANSFERREQUEST"]._serialized_start = 3050
-    _globals["_LEADERSHIPTRANSFERREQUEST"]._serialized_end = 3121
-    _globals["_LEADERSHIPTRANSFERRESPONSE"]._serialized_start = 3123
-    _globals["_LEADERSHIPTRANSFERRESPONSE"]._serialized_end = 3201
-    _globals["_HEARTBEATREQUEST"]._serialized_start = 3203
-    _globals["_HEARTBEATREQUEST"]._serialized_end = 3316
-    _globals["_HEARTBEATRESPONSE"]._serialized_start = 3318
-    _globals["_HEARTBEATRESPONSE"]._serialized_end = 3337
-    _globals["_GETCONSUMERLISTREQUEST"]._serialized_start = 3339
-    _globals["_GETCONSUMERLISTREQUEST"]._serialized_end = 3387
-    _globals["_GETCONSUMERLISTRESPONSE"]._serialized_start = 3389
-    _globals["_GETCONSUMERLISTRESPONSE"]._serialized_end = 3434
-    _globals["_BROKER"]._serialized_start = 3610
-    _globals["_BROKER"]._serialized_end = 5089
+  DESCRIPTOR._loaded_options = None
+  _globals['_FILTERTYPE']._serialized_start=3436
+  _globals['_FILTERTYPE']._serialized_end=3497
+  _globals['_PULLSTATUS']._serialized_start=3499
+  _globals['_PULLSTATUS']._serialized_end=3607
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=56
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=212
+  _globals['_SENDRESULT']._serialized_start=214
+  _globals['_SENDRESULT']._serialized_end=301
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=303
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=400
+  _globals['_PULLMESSAGEREQUEST']._serialized_start=403
+  _globals['_PULLMESSAGEREQUEST']._serialized_end=676
+  _globals['_PULLMESSAGERESPONSE']._serialized_start=679
+  _globals['_PULLMESSAGERESPONSE']._serialized_end=899
+  _globals['_RAWBATCH']._serialized_start=902
+  _globals['_RAWBATCH']._serialized_end=1052
+  _globals['_QUEUEOFFSET']._serialized_start=1054
+  _globals['_QUEUEOFFSET']._serialized_end=1116
+  _globals['_COMMITOFFSETREQUEST']._serialized_start=1118
+  _globals['_COMMITOFFSETREQUEST']._serialized_end=1204
+  _globals['_COMMITOFFSETRESPONSE']._serialized_start=1206
+  _globals['_COMMITOFFSETRESPONSE']._serialized_end=1228
+  _globals['_QUERYOFFSETREQUEST']._serialized_start=1230
+  _globals['_QUERYOFFSETREQUEST']._serialized_end=1307
+  _globals['_QUERYOFFSETRESPONSE']._serialized_start=1309
+  _globals['_QUERYOFFSETRESPONSE']._serialized_end=1346
+  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_start=1348
+  _globals['_GETQUEUEBOUNDSREQUEST']._serialized_end=1404
+  _globals['_GETQUEUEBOUNDSRESPONSE']._serialized_start=1407
+  _globals['_GETQUEUEBOUNDSRESPONSE']._serialized_end=1535
+  _globals['_SEARCHOFFSETBYTIMESTAMPREQUEST']._serialized_start=1537
+  _globals['_SEARCHOFFSETBYTIMESTAMPREQUEST']._serialized_end=1624
+  _globals['_SEARCHOFFSETBYTIMESTAMPRESPONSE']._serialized_start=1626
+  _globals['_SEARCHOFFSETBYTIMESTAMPRESPONSE']._serialized_end=1675
+  _globals['_RESETOFFSETSTOTIMESTAMPREQUEST']._serialized_start=1677
+  _globals['_RESETOFFSETSTOTIMESTAMPREQUEST']._serialized_end=1770
+  _globals['_RESETOFFSETSTOTIMESTAMPRESPONSE']._serialized_start=1772
+  _globals['_RESETOFFSETSTOTIMESTAMPRESPONSE']._serialized_end=1846
+  _globals['_QUERYMESSAGEBYIDREQUEST']._serialized_start=1848
+  _globals['_QUERYMESSAGEBYIDREQUEST']._serialized_end=1889
+  _globals['_QUERYMESSAGEBYIDRESPONSE']._serialized_start=1891
+  _globals['_QUERYMESSAGEBYIDRESPONSE']._serialized_end=1960
+  _globals['_QUERYMESSAGESBYKEYREQUEST']._serialized_start=1963
+  _globals['_QUERYMESSAGESBYKEYREQUEST']._serialized_end=2091
+  _globals['_QUERYMESSAGESBYKEYRESPONSE']._serialized_start=2093
+  _globals['_QUERYMESSAGESBYKEYRESPONSE']._serialized_end=2165
+  _globals['_CREATETOPICREQUEST']._serialized_start=2167
+  _globals['_CREATETOPICREQUEST']._serialized_end=2227
+  _globals['_CREATETOPICRESPONSE']._serialized_start=2229
+  _globals['_CREATETOPICRESPONSE']._serialized_end=2290
+  _globals['_UPDATETOPICREQUEST']._serialized_start=2292
+  _globals['_UPDATETOPICREQUEST']._serialized_end=2352
+  _globals['_UPDATETOPICRESPONSE']._serialized_start=2354
+  _globals['_UPDATETOPICRESPONSE']._serialized_end=2415
+  _globals['_DELETETOPICREQUEST']._serialized_start=2417
+  _globals['_DELETETOPICREQUEST']._serialized_end=2452
+  _globals['_DELETETOPICRESPONSE']._serialized_start=2454
+  _globals['_DELETETOPICRESPONSE']._serialized_end=2475
+  _globals['_LISTTOPICSREQUEST']._serialized_start=2477
+  _globals['_LISTTOPICSREQUEST']._serialized_end=2496
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=2498
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=2558
+  _globals['_GETBROKERSTATUSREQUEST']._serialized_start=2560
+  _globals['_GETBROKERSTATUSREQUEST']._serialized_end=2584
+  _globals['_QUEUESTATS']._serialized_start=2586
+  _globals['_QUEUESTATS']._serialized_end=2689
+  _globals['_TOPICSTATS']._serialized_start=2691
+  _globals['_TOPICSTATS']._serialized_end=2757
+  _globals['_BROKERSTATUS']._serialized_start=2760
+  _globals['_BROKERSTATUS']._serialized_end=3048
+  _globals['_LEADERSHIPTRANSFERREQUEST']._serialized_start=3050
+  _globals['_LEADERSHIPTRANSFERREQUEST']._serialized_end=3121
+  _globals['_LEADERSHIPTRANSFERRESPONSE']._serialized_start=3123
+  _globals['_LEADERSHIPTRANSFERRESPONSE']._serialized_end=3201
+  _globals['_HEARTBEATREQUEST']._serialized_start=3203
+  _globals['_HEARTBEATREQUEST']._serialized_end=3316
+  _globals['_HEARTBEATRESPONSE']._serialized_start=3318
+  _globals['_HEARTBEATRESPONSE']._serialized_end=3337
+  _globals['_GETCONSUMERLISTREQUEST']._serialized_start=3339
+  _globals['_GETCONSUMERLISTREQUEST']._serialized_end=3387
+  _globals['_GETCONSUMERLISTRESPONSE']._serialized_start=3389
+  _globals['_GETCONSUMERLISTRESPONSE']._serialized_end=3434
+  _globals['_BROKER']._serialized_start=3610
+  _globals['_BROKER']._serialized_end=5089
 # @@protoc_insertion_point(module_scope)

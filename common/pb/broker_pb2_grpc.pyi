@@ -5,6 +5,7 @@ import grpc
 
 from raftmq.common.pb import broker_pb2 as _broker_pb2
 
+
 class BrokerStub:
     def __init__(self, channel: grpc.Channel) -> None: ...
     SendMessage: grpc.UnaryUnaryMultiCallable[

@@ -4,52 +4,55 @@
 # source: raftmq/common.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "raftmq/common.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'raftmq/common.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x13raftmq/common.proto\x12\traftmq.v1"\xda\x01\n\x07Message\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0c\n\x04tags\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x36\n\nproperties\x18\x04 \x03(\x0b\x32".raftmq.v1.Message.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x05 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x06 \x01(\x03\x12\x11\n\tborn_host\x18\x07 \x01(\t\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"\xc6\x01\n\rStoredMessage\x12#\n\x07message\x18\x01 \x01(\x0b\x32\x12.raftmq.v1.Message\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x0e\n\x06msg_id\x18\x06 \x01(\t\x12\x1a\n\x12store_timestamp_ms\x18\x07 \x01(\x03\x12\x17\n\x0freconsume_times\x18\x08 \x01(\x05"E\n\x0cMessageQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05"\x85\x01\n\x0bTopicConfig\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12#\n\x04perm\x18\x04 \x01(\x0e\x32\x15.raftmq.v1.Permission\x12\x0f\n\x07ordered\x18\x05 \x01(\x08"\xbd\x01\n\x0b\x45rrorDetail\x12"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.raftmq.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x04 \x03(\x0b\x32#.raftmq.v1.ErrorDetail.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*o\n\nPermission\x12\x14\n\x10PERM_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERM_READ_WRITE\x10\x01\x12\x12\n\x0ePERM_READ_ONLY\x10\x02\x12\x13\n\x0fPERM_WRITE_ONLY\x10\x03\x12\r\n\tPERM_NONE\x10\x04*E\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02\x12\r\n\tCANDIDATE\x10\x03*\xfa\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x10\n\x0cINVALID_NAME\x10\x02\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\x03\x12\x13\n\x0fTOPIC_NOT_FOUND\x10\x04\x12\x18\n\x14TOPIC_ALREADY_EXISTS\x10\x05\x12\x15\n\x11PERMISSION_DENIED\x10\x06\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x07\x12\x15\n\x11MESSAGE_NOT_FOUND\x10\x08\x12\x0f\n\x0bUNSUPPORTED\x10\t\x12\x0e\n\nNOT_LEADER\x10\n\x12\x0c\n\x08NO_ROUTE\x10\x0b\x12\x16\n\x12\x42ROKER_UNAVAILABLE\x10\x0c\x12\x13\n\x0fREQUEST_TIMEOUT\x10\r\x12\x0e\n\nQUEUE_FULL\x10\x0e\x12\r\n\tTHROTTLED\x10\x0f\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x10\x12\x0c\n\x08INTERNAL\x10\x11\x62\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftmq/common.proto\x12\traftmq.v1\"\xda\x01\n\x07Message\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x0c\n\x04tags\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x36\n\nproperties\x18\x04 \x03(\x0b\x32\".raftmq.v1.Message.PropertiesEntry\x12\x0c\n\x04\x66lag\x18\x05 \x01(\x05\x12\x19\n\x11\x62orn_timestamp_ms\x18\x06 \x01(\x03\x12\x11\n\tborn_host\x18\x07 \x01(\t\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\rStoredMessage\x12#\n\x07message\x18\x01 \x01(\x0b\x32\x12.raftmq.v1.Message\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x0e\n\x06msg_id\x18\x06 \x01(\t\x12\x1a\n\x12store_timestamp_ms\x18\x07 \x01(\x03\x12\x17\n\x0freconsume_times\x18\x08 \x01(\x05\"E\n\x0cMessageQueue\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x10\n\x08queue_id\x18\x03 \x01(\x05\"\x85\x01\n\x0bTopicConfig\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12#\n\x04perm\x18\x04 \x01(\x0e\x32\x15.raftmq.v1.Permission\x12\x0f\n\x07ordered\x18\x05 \x01(\x08\"\xbd\x01\n\x0b\x45rrorDetail\x12\"\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x14.raftmq.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x04 \x03(\x0b\x32#.raftmq.v1.ErrorDetail.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*o\n\nPermission\x12\x14\n\x10PERM_UNSPECIFIED\x10\x00\x12\x13\n\x0fPERM_READ_WRITE\x10\x01\x12\x12\n\x0ePERM_READ_ONLY\x10\x02\x12\x13\n\x0fPERM_WRITE_ONLY\x10\x03\x12\r\n\tPERM_NONE\x10\x04*E\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02\x12\r\n\tCANDIDATE\x10\x03*\xc1\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x14\n\x10INVALID_ARGUMENT\x10\x01\x12\x10\n\x0cINVALID_NAME\x10\x02\x12\x15\n\x11MESSAGE_TOO_LARGE\x10\x03\x12\x13\n\x0fTOPIC_NOT_FOUND\x10\x04\x12\x18\n\x14TOPIC_ALREADY_EXISTS\x10\x05\x12\x15\n\x11PERMISSION_DENIED\x10\x06\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x07\x12\x15\n\x11MESSAGE_NOT_FOUND\x10\x08\x12\x0f\n\x0bUNSUPPORTED\x10\t\x12\x0e\n\nNOT_LEADER\x10\n\x12\x0c\n\x08NO_ROUTE\x10\x0b\x12\x16\n\x12\x42ROKER_UNAVAILABLE\x10\x0c\x12\x13\n\x0fREQUEST_TIMEOUT\x10\r\x12\x0e\n\nQUEUE_FULL\x10\x0e\x12\r\n\tTHROTTLED\x10\x0f\x12\x13\n\x0fOUTCOME_UNKNOWN\x10\x10\x12\x0c\n\x08INTERNAL\x10\x11\x12\x13\n\x0fINVALID_MESSAGE\x10\x12\x12\x16\n\x12INVALID_MESSAGE_ID\x10\x13\x12\x18\n\x14INVALID_TOPIC_CONFIG\x10\x14\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "raftmq.common_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_MESSAGE_PROPERTIESENTRY"]._loaded_options = None
-    _globals["_MESSAGE_PROPERTIESENTRY"]._serialized_options = b"8\001"
-    _globals["_ERRORDETAIL_DETAILSENTRY"]._loaded_options = None
-    _globals["_ERRORDETAIL_DETAILSENTRY"]._serialized_options = b"8\001"
-    _globals["_PERMISSION"]._serialized_start = 855
-    _globals["_PERMISSION"]._serialized_end = 966
-    _globals["_ROLE"]._serialized_start = 968
-    _globals["_ROLE"]._serialized_end = 1037
-    _globals["_ERRORCODE"]._serialized_start = 1040
-    _globals["_ERRORCODE"]._serialized_end = 1418
-    _globals["_MESSAGE"]._serialized_start = 35
-    _globals["_MESSAGE"]._serialized_end = 253
-    _globals["_MESSAGE_PROPERTIESENTRY"]._serialized_start = 204
-    _globals["_MESSAGE_PROPERTIESENTRY"]._serialized_end = 253
-    _globals["_STOREDMESSAGE"]._serialized_start = 256
-    _globals["_STOREDMESSAGE"]._serialized_end = 454
-    _globals["_MESSAGEQUEUE"]._serialized_start = 456
-    _globals["_MESSAGEQUEUE"]._serialized_end = 525
-    _globals["_TOPICCONFIG"]._serialized_start = 528
-    _globals["_TOPICCONFIG"]._serialized_end = 661
-    _globals["_ERRORDETAIL"]._serialized_start = 664
-    _globals["_ERRORDETAIL"]._serialized_end = 853
-    _globals["_ERRORDETAIL_DETAILSENTRY"]._serialized_start = 807
-    _globals["_ERRORDETAIL_DETAILSENTRY"]._serialized_end = 853
+  DESCRIPTOR._loaded_options = None
+  _globals['_MESSAGE_PROPERTIESENTRY']._loaded_options = None
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_ERRORDETAIL_DETAILSENTRY']._loaded_options = None
+  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_options = b'8\001'
+  _globals['_PERMISSION']._serialized_start=855
+  _globals['_PERMISSION']._serialized_end=966
+  _globals['_ROLE']._serialized_start=968
+  _globals['_ROLE']._serialized_end=1037
+  _globals['_ERRORCODE']._serialized_start=1040
+  _globals['_ERRORCODE']._serialized_end=1489
+  _globals['_MESSAGE']._serialized_start=35
+  _globals['_MESSAGE']._serialized_end=253
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=204
+  _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=253
+  _globals['_STOREDMESSAGE']._serialized_start=256
+  _globals['_STOREDMESSAGE']._serialized_end=454
+  _globals['_MESSAGEQUEUE']._serialized_start=456
+  _globals['_MESSAGEQUEUE']._serialized_end=525
+  _globals['_TOPICCONFIG']._serialized_start=528
+  _globals['_TOPICCONFIG']._serialized_end=661
+  _globals['_ERRORDETAIL']._serialized_start=664
+  _globals['_ERRORDETAIL']._serialized_end=853
+  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_start=807
+  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_end=853
 # @@protoc_insertion_point(module_scope)

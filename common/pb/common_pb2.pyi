@@ -44,6 +44,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     THROTTLED: _ClassVar[ErrorCode]
     OUTCOME_UNKNOWN: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
+    INVALID_MESSAGE: _ClassVar[ErrorCode]
+    INVALID_MESSAGE_ID: _ClassVar[ErrorCode]
+    INVALID_TOPIC_CONFIG: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
 PERM_READ_ONLY: Permission
@@ -71,6 +74,9 @@ QUEUE_FULL: ErrorCode
 THROTTLED: ErrorCode
 OUTCOME_UNKNOWN: ErrorCode
 INTERNAL: ErrorCode
+INVALID_MESSAGE: ErrorCode
+INVALID_MESSAGE_ID: ErrorCode
+INVALID_TOPIC_CONFIG: ErrorCode
 
 class Message(_message.Message):
     __slots__ = ("body", "tags", "keys", "properties", "flag", "born_timestamp_ms", "born_host")

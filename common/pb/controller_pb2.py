@@ -4,15 +4,18 @@
 # source: raftmq/controller.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "raftmq/controller.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'raftmq/controller.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -22,29 +25,27 @@ _sym_db = _symbol_database.Default()
 from raftmq.common.pb import common_pb2 as raftmq_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x17raftmq/controller.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto"\x89\x01\n\x11ReportRoleRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role"k\n\x12ReportRoleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03"\x1c\n\x1aGetControllerStatusRequest"\xea\x01\n\x0bGroupRecord\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\nchanged_ms\x18\x06 \x01(\x03\x12\x34\n\x07members\x18\x07 \x03(\x0b\x32#.raftmq.v1.GroupRecord.MembersEntry\x1a.\n\x0cMembersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01"\xa7\x01\n\x10\x43ontrollerStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x15\n\rapplied_index\x18\x05 \x01(\x03\x12&\n\x06groups\x18\x06 \x03(\x0b\x32\x16.raftmq.v1.GroupRecord2\xb2\x01\n\nController\x12I\n\nReportRole\x12\x1c.raftmq.v1.ReportRoleRequest\x1a\x1d.raftmq.v1.ReportRoleResponse\x12Y\n\x13GetControllerStatus\x12%.raftmq.v1.GetControllerStatusRequest\x1a\x1b.raftmq.v1.ControllerStatusb\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17raftmq/controller.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\x89\x01\n\x11ReportRoleRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role\"k\n\x12ReportRoleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"\x1c\n\x1aGetControllerStatusRequest\"\xea\x01\n\x0bGroupRecord\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\nchanged_ms\x18\x06 \x01(\x03\x12\x34\n\x07members\x18\x07 \x03(\x0b\x32#.raftmq.v1.GroupRecord.MembersEntry\x1a.\n\x0cMembersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa7\x01\n\x10\x43ontrollerStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x15\n\rapplied_index\x18\x05 \x01(\x03\x12&\n\x06groups\x18\x06 \x03(\x0b\x32\x16.raftmq.v1.GroupRecord2\xb2\x01\n\nController\x12I\n\nReportRole\x12\x1c.raftmq.v1.ReportRoleRequest\x1a\x1d.raftmq.v1.ReportRoleResponse\x12Y\n\x13GetControllerStatus\x12%.raftmq.v1.GetControllerStatusRequest\x1a\x1b.raftmq.v1.ControllerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "raftmq.controller_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_GROUPRECORD_MEMBERSENTRY"]._loaded_options = None
-    _globals["_GROUPRECORD_MEMBERSENTRY"]._serialized_options = b"8\001"
-    _globals["_REPORTROLEREQUEST"]._serialized_start = 60
-    _globals["_REPORTROLEREQUEST"]._serialized_end = 197
-    _globals["_REPORTROLERESPONSE"]._serialized_start = 199
-    _globals["_REPORTROLERESPONSE"]._serialized_end = 306
-    _globals["_GETCONTROLLERSTATUSREQUEST"]._serialized_start = 308
-    _globals["_GETCONTROLLERSTATUSREQUEST"]._serialized_end = 336
-    _globals["_GROUPRECORD"]._serialized_start = 339
-    _globals["_GROUPRECORD"]._serialized_end = 573
-    _globals["_GROUPRECORD_MEMBERSENTRY"]._serialized_start = 527
-    _globals["_GROUPRECORD_MEMBERSENTRY"]._serialized_end = 573
-    _globals["_CONTROLLERSTATUS"]._serialized_start = 576
-    _globals["_CONTROLLERSTATUS"]._serialized_end = 743
-    _globals["_CONTROLLER"]._serialized_start = 746
-    _globals["_CONTROLLER"]._serialized_end = 924
+  DESCRIPTOR._loaded_options = None
+  _globals['_GROUPRECORD_MEMBERSENTRY']._loaded_options = None
+  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_options = b'8\001'
+  _globals['_REPORTROLEREQUEST']._serialized_start=60
+  _globals['_REPORTROLEREQUEST']._serialized_end=197
+  _globals['_REPORTROLERESPONSE']._serialized_start=199
+  _globals['_REPORTROLERESPONSE']._serialized_end=306
+  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_start=308
+  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_end=336
+  _globals['_GROUPRECORD']._serialized_start=339
+  _globals['_GROUPRECORD']._serialized_end=573
+  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_start=527
+  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_end=573
+  _globals['_CONTROLLERSTATUS']._serialized_start=576
+  _globals['_CONTROLLERSTATUS']._serialized_end=743
+  _globals['_CONTROLLER']._serialized_start=746
+  _globals['_CONTROLLER']._serialized_end=924
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ import grpc
 
 from raftmq.common.pb import controller_pb2 as _controller_pb2
 
+
 class ControllerStub:
     def __init__(self, channel: grpc.Channel) -> None: ...
     ReportRole: grpc.UnaryUnaryMultiCallable[

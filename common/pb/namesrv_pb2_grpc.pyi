@@ -5,6 +5,7 @@ import grpc
 
 from raftmq.common.pb import namesrv_pb2 as _namesrv_pb2
 
+
 class NameServerStub:
     def __init__(self, channel: grpc.Channel) -> None: ...
     RegisterBroker: grpc.UnaryUnaryMultiCallable[

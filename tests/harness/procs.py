@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.harness.local_cluster import free_ports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
