@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -41,7 +42,7 @@ from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer")
 
-MAX_RECONSUME_DELAY_S = 30.0
+MAX_RECONSUME_DELAY_MS = 30_000  # default cap of the retry back-off (max_reconsume_backoff_ms)
 
 
 class ConsumeResult(enum.Enum):
@@ -55,6 +56,20 @@ class MessageModel(enum.Enum):
 
 
 Listener = Callable[[ReceivedMessage], "ConsumeResult | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class StuckMessage:
+    """A message whose listener failed `attempts` times, reaching max_reconsume_times. It is
+    kept, never skipped: its queue's committed offset stays before it, and it is retried every
+    max_reconsume_backoff_ms until the listener succeeds (no dead-letter queue yet)."""
+
+    message: ReceivedMessage
+    attempts: int
+    error: str  # the listener's exception, or "RECONSUME_LATER"
+
+
+StuckCallback = Callable[[StuckMessage], None]
 
 
 class PushConsumer:
@@ -77,9 +92,11 @@ class PushConsumer:
         commit_interval_ms: int = 1_000,
         max_reconsume_times: int = 16,
         reconsume_backoff_ms: int = 1_000,
+        max_reconsume_backoff_ms: int = MAX_RECONSUME_DELAY_MS,
         long_poll_ms: int = 2_000,
         offset_file: Path | None = None,
         client_id: str | None = None,
+        on_stuck: StuckCallback | None = None,
     ) -> None:
         validate_group(group)
         validate_topic(topic)
@@ -98,8 +115,13 @@ class PushConsumer:
         self._rebalance_s = rebalance_interval_ms / 1000
         self._heartbeat_ms = heartbeat_interval_ms
         self._commit_s = commit_interval_ms / 1000
+        if max_reconsume_times < 0:
+            raise InvalidArgumentError("max_reconsume_times must be >= 0")
         self._max_reconsume = max_reconsume_times
+        self._on_stuck = on_stuck
+        self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
+        self._max_backoff_s = max_reconsume_backoff_ms / 1000
         self._pool = ChannelPool()
         self.routes = RouteCache(_split(namesrv_addresses), self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
@@ -327,25 +349,52 @@ class PushConsumer:
     def _consume(self, pq: ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
         if pq.dropped:
             return
+        error = "RECONSUME_LATER"
         try:
             result = self._listener(m)
-        except Exception:
+        except Exception as exc:
             log.exception("consumer.listener_failed msg_id=%s", m.msg_id)
             result = ConsumeResult.RECONSUME_LATER
-        if result is ConsumeResult.RECONSUME_LATER and attempt < self._max_reconsume:
-            # Linear back-off, capped: in-process for now (no %RETRY% topic yet).
-            delay = min(self._reconsume_backoff_s * (attempt + 1), MAX_RECONSUME_DELAY_S)
+            error = f"{type(exc).__name__}: {exc}"
+        if result is ConsumeResult.RECONSUME_LATER:
+            if attempt + 1 == self._max_reconsume + 1:
+                self._report_stuck(StuckMessage(m, attempt + 1, error))
+            # Linear back-off, capped; past the limit the message is retried at the cap for as
+            # long as it fails: it is never skipped (in-process for now: no %RETRY% topic yet).
+            delay = min(self._reconsume_backoff_s * (attempt + 1), self._max_backoff_s)
+            if attempt >= self._max_reconsume:
+                delay = self._max_backoff_s
             self._scheduler.call_later(delay, lambda: self._resubmit(pq, m, attempt + 1))
             return
-        if result is ConsumeResult.RECONSUME_LATER:
-            log.warning(
-                "consumer.gave_up msg_id=%s attempts=%d (no dead-letter queue yet: skipped)",
-                m.msg_id,
-                attempt + 1,
-            )
+        if self._stuck.pop(m.msg_id, None) is not None:
+            log.warning("consumer.unstuck msg_id=%s attempts=%d", m.msg_id, attempt + 1)
         with self._lock:
             pq.done(m.queue_offset)
             self._lock.notify_all()
+
+    def _report_stuck(self, stuck: StuckMessage) -> None:
+        m = stuck.message
+        self._stuck[m.msg_id] = stuck
+        log.warning(
+            "consumer.retry_limit_reached msg_id=%s queue=%s offset=%d attempts=%d error=%s: "
+            "the message is kept and retried every %.1f s; its queue's committed offset stays "
+            "before it until the listener succeeds",
+            m.msg_id,
+            QueueRef(m.topic, m.broker_group, m.queue_id),
+            m.queue_offset,
+            stuck.attempts,
+            stuck.error,
+            self._max_backoff_s,
+        )
+        if self._on_stuck is not None:
+            try:
+                self._on_stuck(stuck)
+            except Exception:
+                log.exception("consumer.on_stuck_failed msg_id=%s", m.msg_id)
+
+    def stuck(self) -> list[StuckMessage]:
+        """Messages past max_reconsume_times that the listener still fails: kept, not skipped."""
+        return list(self._stuck.values())
 
     def _resubmit(self, pq: ProcessQueue, m: ReceivedMessage, attempt: int) -> None:
         # Closing: the offset stays uncommitted and the message comes again.

@@ -12,7 +12,13 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from raftmq.client.admin import Admin
-from raftmq.client.consumer_push import ConsumeResult, MessageModel, PushConsumer, wait_idle
+from raftmq.client.consumer_push import (
+    ConsumeResult,
+    MessageModel,
+    PushConsumer,
+    StuckMessage,
+    wait_idle,
+)
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
@@ -339,3 +345,58 @@ def test_linger_packs_concurrent_sends_into_few_requests_in_order(cluster: Clust
     first = results[0].queue_offset
     assert [r.queue_offset for r in results] == list(range(first, first + 200)), "in send order"
     assert max(batches.values()) <= 64 and len(batches) <= 8
+
+
+def test_a_message_past_its_retry_limit_is_kept_not_skipped(cluster: Cluster) -> None:
+    """Issue 15: a listener that keeps failing one message past max_reconsume_times must not
+    lose it. The consumer reports it (callback, `stuck()`), keeps retrying it, and the group's
+    committed offset and lag stay at it; once the listener succeeds, the queue moves on."""
+    topic = "retry-limit"
+    group = "g-retry-limit"
+    create_topic(cluster, topic, queues=1)
+    with Producer(cluster.namesrv) as p:
+        first = p.send(topic, b"k0")
+        q = QueueRef(topic, first.broker_group, first.queue_id)
+        sent = [first, *(p.send(topic, f"k{i}".encode(), queue=q) for i in range(1, 6))]
+    poison = sent[2]
+    release = threading.Event()
+    deliveries: Counter[bytes] = Counter()
+    reported: list[StuckMessage] = []
+    lock = threading.Lock()
+
+    def listen(m: ReceivedMessage) -> ConsumeResult:
+        with lock:
+            deliveries[m.body] += 1
+        if m.msg_id == poison.msg_id and not release.is_set():
+            raise RuntimeError("poison")
+        return ConsumeResult.SUCCESS
+
+    def lag() -> int:
+        with Admin(cluster.namesrv) as admin:
+            return sum(x.lag for x in admin.group_lag(group, topic))
+
+    c = PushConsumer(
+        cluster.namesrv,
+        group,
+        topic,
+        listen,
+        start_from=StartFrom.EARLIEST,
+        commit_interval_ms=100,
+        max_reconsume_times=2,
+        reconsume_backoff_ms=50,
+        max_reconsume_backoff_ms=300,
+        on_stuck=reported.append,
+    )
+    with c:
+        wait_until(lambda: len(reported) == 1, 30, "the retry limit reported")
+        assert reported[0].message.msg_id == poison.msg_id and reported[0].attempts == 3
+        assert "poison" in reported[0].error
+        wait_until(lambda: deliveries[b"k2"] >= 6, 30, "the poison retried past its limit")
+        assert [s.message.msg_id for s in c.stuck()] == [poison.msg_id]
+        time.sleep(0.5)  # several commit intervals: a skipped message would be committed past
+        assert lag() == len(sent) - poison.queue_offset + first.queue_offset
+        assert len(reported) == 1, "reported once, not on every retry"
+        release.set()
+        wait_until(lambda: lag() == 0, 30, "the queue consumed once the listener succeeds")
+        assert c.stuck() == []
+    assert all(deliveries[f"k{i}".encode()] == 1 for i in range(6) if i != 2)
