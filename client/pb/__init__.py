@@ -1,1 +1,0 @@
-"""Generated wire types: run scripts/gen_proto.sh; only this file is committed."""
