@@ -76,6 +76,7 @@ class DispatcherThread:
         self._listeners: list[ProgressListener] = [on_progress] if on_progress else []
         self._cond = threading.Condition()  # guards _index, _failure; notified on progress
         self._index = store.dispatched_index
+        self._term = 0  # term of the last entry dispatched by this thread (0: none yet)
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -117,6 +118,16 @@ class DispatcherThread:
     @property
     def dispatched_index(self) -> int:
         return self._index
+
+    @property
+    def dispatched_term(self) -> int:
+        """Term of the last entry this thread dispatched; 0 before the first."""
+        return self._term
+
+    def wait_term(self, term: int, timeout_s: float) -> bool:
+        """Block until an entry of `term` (or later) is dispatched: by Raft's log order every
+        entry of earlier terms is then dispatched too. False on timeout."""
+        return self._wait(lambda: self._term >= term, timeout_s)
 
     def wait_dispatched(self, index: int, timeout_s: float) -> bool:
         """Block until `index` is dispatched (its rows are readable); False on timeout."""
@@ -181,6 +192,7 @@ class DispatcherThread:
         progress = DispatchProgress(outputs[-1].raft_index, tuple(outputs), heads)
         with self._cond:
             self._index = progress.dispatched_index
+            self._term = max(self._term, outputs[-1].term)
             self._cond.notify_all()
         for listener in list(self._listeners):
             try:

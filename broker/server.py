@@ -21,7 +21,7 @@ import grpc
 
 from raftmq.broker import settings as settings_mod
 from raftmq.broker.convert import topic_to_pb
-from raftmq.broker.node import BrokerNode
+from raftmq.broker.node import build_broker_node
 from raftmq.broker.registration import Registrar
 from raftmq.broker.role_reporter import RoleReporter
 from raftmq.broker.service import ROLE_TO_PB, BrokerService
@@ -42,7 +42,7 @@ class BrokerServer:
 
     def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
-        self.node = BrokerNode(settings)
+        self.node = build_broker_node(settings)
         wire_max = 2 * settings.max_message_bytes + WIRE_OVERHEAD_BYTES
         self._server = grpc.server(
             futures.ThreadPoolExecutor(

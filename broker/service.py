@@ -13,7 +13,8 @@ import grpc
 
 from raftmq.broker.consumer_registry import ConsumerRegistry, RegistryFullError
 from raftmq.broker.convert import message_from_pb, stored_to_pb, topic_from_pb, topic_to_pb
-from raftmq.broker.node import BrokerNode, PullStatus
+from raftmq.broker.node import BrokerNode
+from raftmq.broker.pull import PullStatus
 from raftmq.common.errors import InvalidArgumentError, QueueFullError, rpc_errors
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
@@ -88,7 +89,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.SendMessageResponse:
         messages = [message_from_pb(request.topic, m) for m in request.messages]
         term = self.node.status().term
-        queue_id, outcomes = self.node.send(
+        queue_id, outcomes = self.node.sends.send(
             request.topic,
             request.queue_id,
             messages,
@@ -120,7 +121,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             broker_pb2.SQL92,
         ):
             raise InvalidArgumentError(f"unknown filter type {request.filter_type}")
-        result = self.node.pull(
+        result = self.node.pulls.pull(
             request.consumer_group,
             request.topic,
             request.queue_id,
@@ -159,7 +160,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def CommitOffset(
         self, request: broker_pb2.CommitOffsetRequest, context: grpc.ServicerContext
     ) -> broker_pb2.CommitOffsetResponse:
-        self.node.commit_offsets(
+        self.node.offsets.commit_offsets(
             request.consumer_group, [(o.topic, o.queue_id, o.offset) for o in request.offsets]
         )
         return broker_pb2.CommitOffsetResponse()
@@ -168,7 +169,9 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def QueryOffset(
         self, request: broker_pb2.QueryOffsetRequest, context: grpc.ServicerContext
     ) -> broker_pb2.QueryOffsetResponse:
-        offset = self.node.query_offset(request.consumer_group, request.topic, request.queue_id)
+        offset = self.node.offsets.query_offset(
+            request.consumer_group, request.topic, request.queue_id
+        )
         return broker_pb2.QueryOffsetResponse(offset=offset)
 
     @rpc_errors
@@ -177,7 +180,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.GetQueueBoundsResponse:
         if request.queue_id < 0:
             raise InvalidArgumentError(f"queue id {request.queue_id} is negative")
-        info = self.node.queue_info(request.topic, request.queue_id)
+        info = self.node.offsets.queue_info(request.topic, request.queue_id)
         return broker_pb2.GetQueueBoundsResponse(
             min_offset=info.min_offset,
             max_offset=info.max_offset,
@@ -191,7 +194,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.SearchOffsetByTimestampResponse:
         if request.queue_id < 0:
             raise InvalidArgumentError(f"queue id {request.queue_id} is negative")
-        offset = self.node.offset_for_timestamp(
+        offset = self.node.offsets.offset_for_timestamp(
             request.topic, request.queue_id, request.timestamp_ms
         )
         return broker_pb2.SearchOffsetByTimestampResponse(offset=offset)
@@ -200,7 +203,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def ResetOffsetsToTimestamp(
         self, request: broker_pb2.ResetOffsetsToTimestampRequest, context: grpc.ServicerContext
     ) -> broker_pb2.ResetOffsetsToTimestampResponse:
-        offsets = self.node.reset_offsets_to_timestamp(
+        offsets = self.node.offsets.reset_offsets_to_timestamp(
             request.consumer_group, request.topic, request.timestamp_ms
         )
         return broker_pb2.ResetOffsetsToTimestampResponse(
@@ -215,14 +218,14 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.QueryMessageByIdRequest, context: grpc.ServicerContext
     ) -> broker_pb2.QueryMessageByIdResponse:
         return broker_pb2.QueryMessageByIdResponse(
-            message=stored_to_pb(self.node.message_by_id(request.msg_id))
+            message=stored_to_pb(self.node.queries.message_by_id(request.msg_id))
         )
 
     @rpc_errors
     def QueryMessagesByKey(
         self, request: broker_pb2.QueryMessagesByKeyRequest, context: grpc.ServicerContext
     ) -> broker_pb2.QueryMessagesByKeyResponse:
-        found = self.node.messages_by_key(
+        found = self.node.queries.messages_by_key(
             request.topic,
             request.key,
             request.max_count or 32,
@@ -236,20 +239,24 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.CreateTopicRequest, context: grpc.ServicerContext
     ) -> broker_pb2.CreateTopicResponse:
         cfg = topic_from_pb(request.config, default_queues=self.node.settings.default_queue_nums)
-        return broker_pb2.CreateTopicResponse(config=topic_to_pb(self.node.create_topic(cfg)))
+        return broker_pb2.CreateTopicResponse(
+            config=topic_to_pb(self.node.topic_admin.create_topic(cfg))
+        )
 
     @rpc_errors
     def UpdateTopic(
         self, request: broker_pb2.UpdateTopicRequest, context: grpc.ServicerContext
     ) -> broker_pb2.UpdateTopicResponse:
         cfg = topic_from_pb(request.config, default_queues=self.node.settings.default_queue_nums)
-        return broker_pb2.UpdateTopicResponse(config=topic_to_pb(self.node.update_topic(cfg)))
+        return broker_pb2.UpdateTopicResponse(
+            config=topic_to_pb(self.node.topic_admin.update_topic(cfg))
+        )
 
     @rpc_errors
     def DeleteTopic(
         self, request: broker_pb2.DeleteTopicRequest, context: grpc.ServicerContext
     ) -> broker_pb2.DeleteTopicResponse:
-        self.node.delete_topic(request.topic)
+        self.node.topic_admin.delete_topic(request.topic)
         return broker_pb2.DeleteTopicResponse()
 
     @rpc_errors

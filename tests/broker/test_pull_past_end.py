@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftmq.broker.node import past_end_may_be_unindexed
+from raftmq.broker.pull_plan import past_end_may_be_unindexed
 
 offsets = st.integers(min_value=0, max_value=1 << 40)
 

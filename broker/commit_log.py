@@ -1,0 +1,34 @@
+"""CommitLog: what a broker node needs from its replicated log, as a Protocol (the seam).
+
+raftlog's ReplicatedLog satisfies it in a broker process; raftlog's MemoryLog satisfies it in
+tests. Nothing here does I/O or holds state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Protocol
+
+from raftmq.broker.dispatcher_thread import CommittedLog
+from raftmq.raftlog.record import Committed, Entry, LogStatus, RoleChange
+
+
+class CommitLog(CommittedLog, Protocol):
+    """The dispatcher's part (committed index, wait, read committed entries) plus writes and
+    leadership: submit a chunk and learn where it committed, the role, term and leader, role
+    changes, leadership hand-off and close."""
+
+    def submit(self, payload: bytes) -> Future[Committed]: ...
+
+    def read(self, index: int) -> Entry: ...
+
+    def is_leader(self) -> bool: ...
+
+    def status(self) -> LogStatus: ...
+
+    def add_role_listener(self, listener: Callable[[RoleChange], None]) -> None: ...
+
+    def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool: ...
+
+    def close(self, transfer_leadership: bool = True) -> None: ...

@@ -1,0 +1,104 @@
+"""OffsetProcessor: consumer offsets (commit, query, reset to a time) and queue bounds by offset
+and timestamp (RocketMQ's ConsumerManageProcessor and the offset half of its admin processor).
+
+Committed offsets are replicated state (invariant 5): commits and resets go through the node's
+leader gate and the log; queries read this node's store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raftmq.broker.rows import Rejected
+from raftmq.broker.topics import TopicProcessor
+from raftmq.common import record_batch
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.record_batch import CommitOffset, ResetOffsets
+
+if TYPE_CHECKING:
+    from raftmq.broker.node import BrokerNode
+
+MAX_OFFSETS_PER_COMMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    min_store_timestamp_ms: int  # 0 = empty
+    max_store_timestamp_ms: int  # 0 = empty
+
+
+class OffsetProcessor:
+    def __init__(self, node: BrokerNode, topics: TopicProcessor) -> None:
+        self._node = node
+        self._topics = topics
+        self._store = node.store
+        self._settings = node.settings
+
+    def commit_offsets(self, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
+        """Store (topic, queue id, offset) triples of a consumer group, one entry each."""
+        validate_group(group)
+        if not offsets:
+            return
+        if len(offsets) > MAX_OFFSETS_PER_COMMIT:
+            raise InvalidArgumentError(
+                f"{len(offsets)} offsets in one commit; the limit is {MAX_OFFSETS_PER_COMMIT}"
+            )
+        for topic, queue_id, offset in offsets:
+            validate_topic(topic, allow_system=True)
+            if queue_id < 0 or offset < 0:
+                raise InvalidArgumentError(
+                    f"offset {offset} of {topic}/{queue_id}: queue id and offset must be >= 0"
+                )
+        self._node.require_leader()
+        payloads = [record_batch.encode(CommitOffset(group, t, q, o)) for t, q, o in offsets]
+        for outcome in self._node.replicate(payloads, self._settings.send_timeout_ms / 1000):
+            if isinstance(outcome, Rejected):
+                raise InvalidArgumentError(f"offset commit refused: {outcome.reason}")
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's committed offset of the queue; -1 when it has none."""
+        validate_group(group)
+        validate_topic(topic, allow_system=True)
+        found = self._store.committed_offset(group, topic, queue_id)
+        return -1 if found is None else found
+
+    def queue_info(self, topic: str, queue_id: int) -> QueueInfo:
+        self._topics.readable_topic(topic, queue_id)
+        low, high = self._store.queue_bounds(topic, queue_id)
+        first_ts = last_ts = 0
+        if high > low:
+            first = self._store.read_queue(topic, queue_id, low, 1)
+            last = self._store.read_queue(topic, queue_id, high - 1, 1)
+            first_ts = first[0].store_timestamp_ms if first else 0
+            last_ts = last[0].store_timestamp_ms if last else 0
+        return QueueInfo(queue_id, low, high, first_ts, last_ts)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        self._topics.readable_topic(topic, queue_id)
+        return self._store.offset_for_timestamp(topic, queue_id, timestamp_ms)
+
+    def reset_offsets_to_timestamp(
+        self, group: str, topic: str, timestamp_ms: int
+    ) -> dict[int, int]:
+        """RocketMQ's message backtracking: every queue of `topic` on this group goes to the first
+        offset stored at or after `timestamp_ms`."""
+        validate_group(group)
+        cfg = self._topics.readable_topic(topic, -1)
+        self._node.require_leader()
+        offsets = {
+            q: self._store.offset_for_timestamp(topic, q, timestamp_ms)
+            for q in range(cfg.read_queue_nums)
+        }
+        outcome = self._node.replicate(
+            [record_batch.encode(ResetOffsets(group, topic, offsets))],
+            self._settings.send_timeout_ms / 1000,
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"offset reset refused: {outcome.reason}")
+        return offsets

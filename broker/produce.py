@@ -1,0 +1,157 @@
+"""SendProcessor: a send request becomes one replicated produce batch, answered from the
+dispatcher's verdict (stored at these offsets, a duplicate of an earlier send, or refused).
+
+Validates everything the caller controls before anything is replicated; picks the queue when the
+caller leaves it to the broker. Never answers before the majority commit (invariant 1), except
+under the chaos suite's debug_ack_before_commit self-test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from raftmq.broker.rows import Appended, ChunkOutcome, Duplicate, Rejected
+from raftmq.broker.topics import TopicProcessor
+from raftmq.common import record_batch
+from raftmq.common.errors import (
+    InternalError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    PermissionDeniedError,
+)
+from raftmq.common.message import (
+    Message,
+    encode_msg_id,
+    validate_message,
+    validate_producer_id,
+    validate_topic,
+)
+from raftmq.common.record_batch import ProduceBatch, ProducerSequence
+
+if TYPE_CHECKING:
+    from raftmq.broker.node import BrokerNode
+
+log = logging.getLogger("broker.produce")
+
+
+@dataclass(frozen=True, slots=True)
+class SendOutcome:
+    msg_id: str  # "" for a duplicate whose original is no longer remembered
+    queue_id: int
+    queue_offset: int  # -1 when unknown (see msg_id)
+    duplicate: bool
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SendProcessor:
+    def __init__(self, node: BrokerNode, topics: TopicProcessor) -> None:
+        self._node = node
+        self._topics = topics
+        self._settings = node.settings
+        self._queue_rr = itertools.count()
+
+    def send(
+        self,
+        topic: str,
+        queue_id: int,
+        messages: Sequence[Message],
+        producer_id: str,
+        first_sequence: int,
+        timeout_ms: int,
+    ) -> tuple[int, list[SendOutcome]]:
+        """Store `messages` in one queue (-1: the broker picks one). Returns (the queue id used,
+        one outcome per message). A retried producer sequence is answered with the original."""
+        settings = self._settings
+        validate_topic(topic, allow_system=True)
+        if not messages:
+            raise InvalidArgumentError("a send request must carry at least one message")
+        if len(messages) > settings.max_batch_messages:
+            raise InvalidArgumentError(
+                f"{len(messages)} messages in one request; the limit is "
+                f"{settings.max_batch_messages} (max_batch_messages)"
+            )
+        limits = self._node.limits
+        for m in messages:
+            if len(m.body) > limits.max_message_bytes:
+                raise MessageTooLargeError.for_size(len(m.body), limits.max_message_bytes)
+            validate_message(m, limits, allow_system_topic=True)
+        producer: ProducerSequence | None = None
+        if producer_id:
+            validate_producer_id(producer_id)
+            if first_sequence < 0:
+                raise InvalidArgumentError(f"first_sequence {first_sequence} is negative")
+            producer = ProducerSequence(producer_id, first_sequence)
+        self._node.require_leader()
+        cfg = self._topics.topic_for_write(topic)
+        if not cfg.writable:
+            raise PermissionDeniedError.for_topic(topic, "write", str(cfg.perm))
+        if queue_id == -1:
+            if producer is not None:
+                raise InvalidArgumentError(
+                    "an idempotent send (producer_id set) must name its queue: the sequence "
+                    "is kept per queue"
+                )
+            queue_id = next(self._queue_rr) % cfg.write_queue_nums
+        elif not 0 <= queue_id < cfg.write_queue_nums:
+            raise InvalidArgumentError(
+                f"queue {queue_id} does not exist: topic {topic!r} has {cfg.write_queue_nums} "
+                f"write queues on {self._node.group}"
+            )
+        batch = ProduceBatch(topic, queue_id, _now_ms(), tuple(messages), producer)
+        try:
+            payload = record_batch.encode(batch)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+        timeout_s = (timeout_ms or settings.send_timeout_ms) / 1000
+        if settings.debug_ack_before_commit:
+            # The bug the chaos checker must catch: acknowledged before a majority has it.
+            self._node.submit(payload)
+            return queue_id, [SendOutcome("", queue_id, -1, False) for _ in messages]
+        outcome = self._node.replicate([payload], min(timeout_s, settings.send_timeout_ms / 1000))
+        return queue_id, self._send_outcomes(outcome[0], len(messages), queue_id)
+
+    def _send_outcomes(self, outcome: ChunkOutcome, count: int, queue_id: int) -> list[SendOutcome]:
+        group = self._node.group
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"send refused by broker group {group}: {outcome.reason}")
+        if isinstance(outcome, Appended):
+            s = outcome.stored
+            if outcome.sequence_gap is not None:
+                log.info(
+                    "broker.sequence_gap queue=%s/%d expected=%d received=%d",
+                    outcome.topic,
+                    queue_id,
+                    outcome.sequence_gap.expected,
+                    outcome.sequence_gap.received,
+                )
+            return [
+                SendOutcome(
+                    encode_msg_id(group, s.raft_index, s.slot, s.first_position + i),
+                    queue_id,
+                    s.first_offset + i,
+                    False,
+                )
+                for i in range(count)
+            ]
+        if isinstance(outcome, Duplicate):
+            s2 = outcome.stored
+            if s2 is None:
+                return [SendOutcome("", queue_id, -1, True) for _ in range(count)]
+            return [
+                SendOutcome(
+                    encode_msg_id(group, s2.raft_index, s2.slot, s2.first_position + i),
+                    queue_id,
+                    s2.first_offset + i,
+                    True,
+                )
+                for i in range(count)
+            ]
+        raise InternalError(f"unexpected outcome {outcome!r} for a produce batch")

@@ -1,0 +1,174 @@
+"""PullProcessor: messages of one queue from an offset, with long polling (RocketMQ's
+PullMessageProcessor with its PullRequestHoldService folded in).
+
+What to do next is broker/pull_plan.py's pure decision; this module only waits, scans the
+ConsumeQueue, reads the CommitLog and filters. A pull never changes replicated state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from raftmq.broker.errors import DispatcherStoppedError, StoreError
+from raftmq.broker.pull_plan import (
+    CatchUp,
+    NoNewMessage,
+    OutOfRange,
+    WaitForMessage,
+    keep_polling_after_empty_scan,
+    pull_plan,
+)
+from raftmq.broker.rows import CQRow
+from raftmq.broker.store import RawPart
+from raftmq.broker.topics import TopicProcessor
+from raftmq.common.errors import InternalError, InvalidArgumentError, OffsetOutOfRangeError
+from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
+from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.message import Message, StoredMessage, validate_group
+
+if TYPE_CHECKING:
+    from raftmq.broker.node import BrokerNode
+
+SCAN_ROWS_PER_PULL = 16_000  # rows a filtered pull may skip before answering NO_MATCHED_MSG
+
+
+class PullStatus:
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    raw_parts: list[RawPart] = field(default_factory=list)  # instead of messages, when asked
+
+
+def _monotonic_ms(t: float | None = None) -> int:
+    return int((time.monotonic() if t is None else t) * 1000)
+
+
+class PullProcessor:
+    def __init__(self, node: BrokerNode, topics: TopicProcessor) -> None:
+        self._node = node
+        self._topics = topics
+        self._store = node.store
+        self._settings = node.settings
+
+    def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        sql: bool,
+        expression: str,
+        max_wait_ms: int,
+        allow_follower_read: bool,
+        max_bytes: int,
+        deadline: float,
+        raw: bool = False,
+    ) -> PullResult:
+        """Messages of one queue from `offset` on. When the queue holds nothing at `offset`, the
+        request waits (long polling) until a message arrives or `max_wait_ms` passes.
+        `deadline` is the caller's, on time.monotonic()."""
+        node, settings, store = self._node, self._settings, self._store
+        validate_group(group)
+        node.require_readable(allow_follower_read)
+        if queue_id < 0:
+            raise InvalidArgumentError(f"queue id {queue_id} is negative")
+        self._topics.readable_topic(topic, queue_id)
+        try:
+            sql_filter = compile_filter(expression) if sql else None
+            tag_filter = None if sql else parse_tag_expression(expression or "*")
+        except FilterSyntaxError as exc:
+            raise InvalidArgumentError(f"filter expression {expression!r}: {exc}") from exc
+        hashes = tag_filter.hash_codes if tag_filter is not None else None
+        max_count = min(max(max_count, 1), settings.pull_max_messages)
+        max_bytes = min(max_bytes or settings.pull_max_bytes, settings.pull_max_bytes)
+        wait_s = min(max(max_wait_ms, 0), settings.long_poll_max_ms) / 1000
+        deadline_ms = _monotonic_ms(min(deadline, time.monotonic() + wait_s))
+        caught_up = False
+        while True:
+            low, high = store.queue_bounds(topic, queue_id)
+            step = pull_plan(
+                (low, high),
+                node.dispatcher.dispatched_index,
+                node.rlog.committed_index,
+                offset,
+                _monotonic_ms(),
+                deadline_ms,
+                caught_up=caught_up,
+            )
+            if isinstance(step, CatchUp):
+                caught_up = True
+                node.wait_dispatched(step.index, step.wait_ms / 1000)
+                continue
+            if isinstance(step, OutOfRange):
+                raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)
+            if isinstance(step, NoNewMessage) or (isinstance(step, WaitForMessage) and node.closed):
+                return PullResult(PullStatus.NO_NEW_MSG, [], offset, low, high)
+            if isinstance(step, WaitForMessage):
+                try:
+                    node.dispatcher.wait_for_message(topic, queue_id, offset, step.wait_ms / 1000)
+                except DispatcherStoppedError as exc:
+                    raise node.dispatcher_down(exc) from exc
+                continue
+            scan = store.scan_queue(
+                topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL
+            )
+            if raw:
+                keep = _sql_keep(sql_filter) if sql_filter is not None else None
+                try:
+                    parts, cut_at = node.reader.raw_parts(scan.rows, max_bytes, keep)
+                except StoreError as exc:
+                    raise self._cannot_serve(topic, queue_id, exc) from exc
+                next_offset = scan.next_offset if cut_at is None else cut_at
+                if parts:
+                    return PullResult(PullStatus.FOUND, [], next_offset, low, high, parts)
+            else:
+                rows, next_offset = _cut_by_bytes(scan.rows, max_bytes, scan.next_offset)
+                try:
+                    messages = node.reader.read(rows) if rows else []
+                except StoreError as exc:
+                    raise self._cannot_serve(topic, queue_id, exc) from exc
+                if sql_filter is not None:
+                    messages = [
+                        m
+                        for m in messages
+                        if sql_filter.matches(m.message.properties, m.message.tags)
+                    ]
+                if messages:
+                    return PullResult(PullStatus.FOUND, messages, next_offset, low, high)
+            offset = next_offset
+            if not keep_polling_after_empty_scan(offset, high, _monotonic_ms(), deadline_ms):
+                return PullResult(PullStatus.NO_MATCHED_MSG, [], offset, low, high)
+
+    def _cannot_serve(self, topic: str, queue_id: int, exc: StoreError) -> InternalError:
+        return InternalError(f"node {self._node.me.node_id} cannot serve {topic}/{queue_id}: {exc}")
+
+
+def _sql_keep(sql_filter: Filter) -> Callable[[Message], bool]:
+    def keep(m: Message) -> bool:
+        return sql_filter.matches(m.properties, m.tags)
+
+    return keep
+
+
+def _cut_by_bytes(rows: list[CQRow], max_bytes: int, scan_next: int) -> tuple[list[CQRow], int]:
+    """Keep rows while their bodies fit in max_bytes (at least one), and where to go on."""
+    total = 0
+    for i, row in enumerate(rows):
+        total += row.body_bytes
+        if total > max_bytes and i > 0:
+            return rows[:i], row.queue_offset
+    return rows, scan_next
