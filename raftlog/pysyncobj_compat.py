@@ -3,7 +3,9 @@
 pysyncobj runs elections; this module replaces what it gets wrong for a message store: the
 journal (ours, on disk, checksummed), the wire (protocol 5, no zlib), log replication (monotonic
 nextIndex, no truncation of matching entries, per-peer flow control) and compaction (never: the
-journal is the CommitLog). Nothing outside raftlog/ may import this module.
+journal is the CommitLog). The replication rules themselves are pure functions in replication.py;
+the handlers here gather their inputs and do the I/O they decide. Nothing outside raftlog/ may
+import this module.
 """
 
 from __future__ import annotations

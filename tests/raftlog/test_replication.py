@@ -7,6 +7,8 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 
 from raftmq.raftlog import pysyncobj_compat
 from raftmq.raftlog.errors import CommittedEntryConflictError
+from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.pysyncobj_compat import RaftNode
 from raftmq.raftlog.replication import (
     Ack,
     AppendDecision,
@@ -356,3 +360,80 @@ def test_stop_process_logs_critical_and_exits_nonzero(
         pysyncobj_compat.stop_process("127.0.0.1:1", err)
     assert codes == [pysyncobj_compat.EXIT_INVARIANT_VIOLATED] and codes[0] != 0
     assert "raft.invariant_violated" in caplog.text and "index 7" in caplog.text
+
+
+# ---- the shell: RaftNode's handler does what the decision says, and stops on a conflict ---------
+
+
+class ShellStub:
+    """The pysyncobj state RaftNode._rm_on_append_entries reads and writes, without sockets."""
+
+    def __init__(self, journal: SegmentJournal, commit_index: int, term: int) -> None:
+        self._rm_journal = journal
+        self._rm_cfg = SimpleNamespace(node_id="127.0.0.1:1")
+        self._rm_sync_flush = True
+        self.fatal: list[BaseException] = []
+        self._rm_on_fatal = lambda _node_id, err: self.fatal.append(err)
+        self.sent: list[dict[str, object]] = []
+        self._SyncObj__raftCurrentTerm = term
+        self._SyncObj__transferInProgress = False
+        self._SyncObj__raftElectionDeadline = 0.0
+        self._SyncObj__raftLeader = "leader"
+        self._SyncObj__leaderCommitIndex = 0
+        self._SyncObj__raftCommitIndex = commit_index
+        self._SyncObj__raftLog = SimpleNamespace(setRaftCommitIndex=lambda i: None)
+
+    def _SyncObj__generateRaftTimeout(self) -> float:
+        return 1.0
+
+    def _SyncObj__onLeaderChanged(self) -> None:
+        pass
+
+    def _SyncObj__setCurrentTerm(self, term: int, voted_for: object) -> None:
+        self._SyncObj__raftCurrentTerm = term
+
+    def _SyncObj__setState(self, state: int) -> None:
+        pass
+
+    def _SyncObj__sendNextNodeIdx(self, node: object, **kw: object) -> None:
+        self.sent.append(kw)
+
+
+def wire(
+    prev: int, prev_term: int, commit: int, entries: list[WireEntry], term: int
+) -> dict[str, object]:
+    return {
+        "type": "append_entries",
+        "term": term,
+        "commit_index": commit,
+        "entries": entries,
+        "prevLogIdx": prev,
+        "prevLogTerm": prev_term,
+    }
+
+
+def test_shell_truncates_appends_replies_and_commits(tmp_path: Path) -> None:
+    with SegmentJournal(tmp_path) as j:
+        for i, t in enumerate([0, 1, 1, 2, 2], start=1):
+            j.append(i, t, b"old%d" % i)
+        stub = ShellStub(j, commit_index=2, term=3)
+        msg = wire(2, 1, 4, ents(3, [1, 3, 3]), term=3)
+        RaftNode._rm_on_append_entries(stub, "leader", msg)
+        assert [j.term_at(i) for i in range(1, 6)] == [0, 1, 1, 3, 3]
+        assert j.get(3).command == b"old3"  # the matching entry was not rewritten
+        assert j.get(4).command == b"c4"
+        assert stub.sent == [{"nextNodeIdx": 6, "success": True}]
+        assert stub._SyncObj__raftCommitIndex == 4
+        assert stub.fatal == []
+
+
+def test_shell_stops_on_a_conflict_at_a_committed_index(tmp_path: Path) -> None:
+    with SegmentJournal(tmp_path) as j:
+        for i, t in enumerate([0, 1, 1, 1], start=1):
+            j.append(i, t, b"old%d" % i)
+        stub = ShellStub(j, commit_index=3, term=3)
+        RaftNode._rm_on_append_entries(stub, "leader", wire(1, 0, 4, ents(2, [1, 2]), term=3))
+        assert len(stub.fatal) == 1 and isinstance(stub.fatal[0], CommittedEntryConflictError)
+        assert stub.sent == []  # no reply: nothing was acknowledged
+        assert j.last_index == 4 and j.term_at(3) == 1  # nothing truncated or written
+        assert stub._SyncObj__raftCommitIndex == 3
