@@ -11,7 +11,7 @@ from pathlib import Path
 
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
-from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
 MIB = 1 << 20
@@ -59,7 +59,9 @@ class BrokerSettings:
         default=4096, unit="messages", doc="most messages in one send request"
     )
     send_timeout_ms: int = setting(
-        default=10_000, unit="ms", doc="longest wait for a majority commit before OUTCOME_UNKNOWN"
+        default=config_default("commit_timeout_ms", int),
+        unit="ms",
+        doc="longest wait for a majority commit before OUTCOME_UNKNOWN",
     )
     long_poll_max_ms: int = setting(
         default=30_000, unit="ms", doc="longest hold of a pull request (the client asks less)"
@@ -74,18 +76,32 @@ class BrokerSettings:
         default=128, unit="threads", doc="gRPC handler threads (long polls hold one each)"
     )
     flush_policy: FlushPolicy = setting(
-        default=FlushPolicy.ASYNC_FLUSH, unit="", doc="ASYNC_FLUSH or SYNC_FLUSH"
+        default=config_default("flush_policy", FlushPolicy),
+        unit="",
+        doc="ASYNC_FLUSH or SYNC_FLUSH",
     )
-    flush_interval_ms: int = setting(default=5, unit="ms", doc="ASYNC_FLUSH: group fsync period")
+    flush_interval_ms: int = setting(
+        default=config_default("flush_interval_ms", int),
+        unit="ms",
+        doc="ASYNC_FLUSH: group fsync period",
+    )
     batch_max_bytes: int = setting(
-        default=1 * MIB, unit="bytes", doc="group commit: bytes packed into one Raft entry"
+        default=config_default("batch_max_bytes", int),
+        unit="bytes",
+        doc="group commit: bytes packed into one Raft entry",
     )
-    segment_bytes: int = setting(default=256 * MIB, unit="bytes", doc="journal segment size")
+    segment_bytes: int = setting(
+        default=config_default("segment_bytes", int), unit="bytes", doc="journal segment size"
+    )
     election_timeout_min_ms: int = setting(
-        default=200, unit="ms", doc="Raft election timeout, lower bound (4 heartbeats)"
+        default=config_default("election_timeout_min_ms", int),
+        unit="ms",
+        doc="Raft election timeout, lower bound (4 heartbeats)",
     )
     election_timeout_max_ms: int = setting(
-        default=400, unit="ms", doc="Raft election timeout, upper bound"
+        default=config_default("election_timeout_max_ms", int),
+        unit="ms",
+        doc="Raft election timeout, upper bound",
     )
     raft_password: str = setting(
         default="", unit="", doc='encrypts Raft traffic between the nodes; "" = plain'
@@ -161,13 +177,15 @@ class BrokerSettings:
             flush_policy=self.flush_policy,
             flush_interval_ms=self.flush_interval_ms,
             # A send request carries up to max_message_bytes of body plus framing and properties.
-            max_entry_bytes=max(8 * MIB, 2 * self.max_message_bytes),
+            max_entry_bytes=max(config_default("max_entry_bytes", int), 2 * self.max_message_bytes),
             batch_max_bytes=self.batch_max_bytes,
             commit_timeout_ms=self.send_timeout_ms,
             segment_bytes=self.segment_bytes,
             election_timeout_min_ms=self.election_timeout_min_ms,
             election_timeout_max_ms=self.election_timeout_max_ms,
-            connection_timeout_ms=max(3500, self.election_timeout_max_ms),
+            connection_timeout_ms=max(
+                config_default("connection_timeout_ms", int), self.election_timeout_max_ms
+            ),
             password=self.raft_password or None,
         )
 

@@ -65,3 +65,21 @@ class CompactedError(RaftLogError):
         super().__init__(f"index {index} was deleted by retention; the log starts at {first_index}")
         self.index = index
         self.first_index = first_index
+
+
+class CommittedEntryConflictError(RaftLogError):
+    """The leader's log disagrees with an entry this node already counts as committed.
+
+    Raft's safety argument no longer holds (a lost fsync, a copied or mixed-up data directory, a
+    bug): the node must stop, never truncate committed entries and never keep serving them.
+    """
+
+    def __init__(self, index: int, commit_index: int, our_term: int, leader_term: int) -> None:
+        super().__init__(
+            f"the leader has term {leader_term} at index {index} where this node holds term "
+            f"{our_term}, at or below its commit index {commit_index}: the logs diverged"
+        )
+        self.index = index
+        self.commit_index = commit_index
+        self.our_term = our_term
+        self.leader_term = leader_term

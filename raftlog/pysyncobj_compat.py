@@ -3,7 +3,9 @@
 pysyncobj runs elections; this module replaces what it gets wrong for a message store: the
 journal (ours, on disk, checksummed), the wire (protocol 5, no zlib), log replication (monotonic
 nextIndex, no truncation of matching entries, per-peer flow control) and compaction (never: the
-journal is the CommitLog). Nothing outside raftlog/ may import this module.
+journal is the CommitLog). The replication rules themselves are pure functions in replication.py;
+the handlers here gather their inputs and do the I/O they decide. Nothing outside raftlog/ may
+import this module.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pysyncobj
 import pysyncobj.pickle
@@ -28,9 +31,17 @@ from pysyncobj.journal import Journal
 from pysyncobj.version import VERSION
 
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.errors import CommittedEntryConflictError, RaftLogError
 from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore, RaftMeta
 from raftmq.raftlog.record import Role
+from raftmq.raftlog.replication import (
+    Ack,
+    AppendRequest,
+    Progress,
+    follower_append,
+    leader_on_ack,
+)
 
 PINNED_VERSION = "0.3.17"
 if VERSION != PINNED_VERSION:  # the overrides below name mangled private members of this release
@@ -48,6 +59,7 @@ _MAX_APPLY_BYTES = 8 << 20  # entries read per apply step, so one tick never mat
 _MAX_APPLY_COUNT = 4096
 _MAX_SEND_COUNT = 4096
 _NEVER = 1 << 62
+EXIT_INVARIANT_VIOLATED = 70  # EX_SOFTWARE: a broken Raft invariant stopped the process
 
 _patch_lock = threading.Lock()
 _patched = False
@@ -186,6 +198,29 @@ def make_conf(cfg: RaftLogConfig, journal: JournalAdapter) -> SyncObjConf:
     )
 
 
+def stop_process(node_id: str, error: RaftLogError) -> NoReturn:
+    """The default response to a broken Raft invariant: log it, then end the process at once.
+
+    Why os._exit and not an exception or a graceful stop: this runs in pysyncobj's tick thread,
+    whose loop logs and swallows exceptions and ticks again (the node would keep serving); a
+    graceful stop runs the broker's shutdown path, which answers in-flight calls and may hand off
+    leadership, i.e. keeps acting on a log known to be wrong. Nothing is lost by not unwinding:
+    this handler has written nothing, and the journal's unsynced bytes are in the page cache. A
+    supervisor that restarts the process sees it stop again at the same entry, so it stays down
+    and loud until an operator repairs the data directory (etcd panics the same way).
+    """
+    log.critical(
+        "raft.invariant_violated node=%s error=%s exit_code=%d action=stopping_process",
+        node_id,
+        error,
+        EXIT_INVARIANT_VIOLATED,
+    )
+    for handler in (*logging.getLogger().handlers, *log.handlers):
+        with contextlib.suppress(Exception):  # the exit must happen even if a handler is broken
+            handler.flush()
+    os._exit(EXIT_INVARIANT_VIOLATED)
+
+
 class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     """A pysyncobj node whose replication path is ours. Methods named `_SyncObj__x` override
     pysyncobj's private `__x` (name mangling makes that the attribute pysyncobj looks up)."""
@@ -200,10 +235,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         cfg: RaftLogConfig,
         journal: JournalAdapter,
         on_tick: Callable[[], None],
+        on_fatal: Callable[[str, RaftLogError], None] = stop_process,
     ) -> None:
         install_patches()
         # Everything the overrides use must exist before SyncObj.__init__ starts the tick thread.
         self._rm_cfg = cfg
+        self._rm_on_fatal = on_fatal  # a broken invariant: stop_process unless a test says so
         self._rm_journal = journal.journal
         self._rm_sync_flush = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
         self._rm_restart_commit: int | None = journal.getRaftCommitIndex()
@@ -397,51 +434,42 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._SyncObj__leaderCommitIndex = leader_commit
 
         j = self._rm_journal
-        prev, prev_term = msg["prevLogIdx"], msg["prevLogTerm"]
-        if prev > j.last_index or prev < j.first_index:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+        try:
+            decision = follower_append(
+                j,
+                self._SyncObj__raftCommitIndex,
+                AppendRequest(
+                    prev_index=msg["prevLogIdx"],
+                    prev_term=msg["prevLogTerm"],
+                    leader_commit=leader_commit,
+                    entries=msg["entries"],
+                ),
+            )
+        except CommittedEntryConflictError as exc:
+            self._rm_on_fatal(self._rm_cfg.node_id, exc)
             return
-        if j.term_at(prev) != prev_term:
-            # Skip the whole conflicting term run in one round trip instead of one entry per trip.
-            back = max(_first_index_of_term_run(j, prev), self._SyncObj__raftCommitIndex + 1)
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=back, reset=True)
+        reply = decision.reply
+        if not reply.success:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=reply.next_index, reset=True)
             return
-
-        last_new = prev
-        appended = False
-        for command, idx, entry_term in msg["entries"]:
-            if idx <= j.last_index:
-                if j.term_at(idx) == entry_term:
-                    last_new = idx  # already have it (a re-sent range): never truncate a match
-                    continue
-                if idx <= self._SyncObj__raftCommitIndex:
-                    log.critical(
-                        "raft.refused_committed_truncation node=%s index=%d commit_index=%d",
-                        self._rm_cfg.node_id,
-                        idx,
-                        self._SyncObj__raftCommitIndex,
-                    )
-                    return
-                last = j.last_index
-                j.truncate_suffix(idx)
-                log.warning(
-                    "raft.truncated_uncommitted node=%s from_index=%d to_index=%d count=%d",
-                    self._rm_cfg.node_id,
-                    idx,
-                    last,
-                    last - idx + 1,
-                )
+        if decision.truncate_from is not None:
+            last = j.last_index
+            j.truncate_suffix(decision.truncate_from)
+            log.warning(
+                "raft.truncated_uncommitted node=%s from_index=%d to_index=%d count=%d",
+                self._rm_cfg.node_id,
+                decision.truncate_from,
+                last,
+                last - decision.truncate_from + 1,
+            )
+        for command, idx, entry_term in decision.append:
             j.append(idx, entry_term, command)
-            appended = True
-            last_new = idx
-        if appended and self._rm_sync_flush:
+        if decision.append and self._rm_sync_flush:
             j.sync()  # SYNC_FLUSH: durable before this node counts toward the commit
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_new + 1, success=True)
-        # Commit only what this message proved we share with the leader.
-        commit = min(leader_commit, last_new)
-        if commit > self._SyncObj__raftCommitIndex:
-            self._SyncObj__raftCommitIndex = commit
-            self._SyncObj__raftLog.setRaftCommitIndex(commit)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=reply.next_index, success=True)
+        if decision.commit_index > self._SyncObj__raftCommitIndex:
+            self._SyncObj__raftCommitIndex = decision.commit_index
+            self._SyncObj__raftLog.setRaftCommitIndex(decision.commit_index)
 
     def _rm_on_next_node_idx(self, node: Any, msg: dict[str, Any]) -> None:
         """Leader side of the ack: nextIndex never rewinds on success (no re-sent ranges)."""
@@ -449,35 +477,22 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         match_index = self._SyncObj__raftMatchIndex
         if node not in next_index:
             return
-        reported = msg["next_node_idx"]
-        if msg["success"]:
-            match_index[node] = max(match_index[node], reported - 1)
-            next_index[node] = max(next_index[node], reported)
-        elif msg["reset"]:
-            if reported - 1 < match_index[node]:
-                # The follower lost entries it had acknowledged (restart after ASYNC_FLUSH).
-                log.warning(
-                    "raft.peer_lost_acked_entries peer=%s match_index=%d peer_next=%d",
-                    node.id,
-                    match_index[node],
-                    reported,
-                )
-                match_index[node] = reported - 1
-            next_index[node] = reported
+        before = Progress(match_index=match_index[node], next_index=next_index[node])
+        after = leader_on_ack(
+            before,
+            Ack(next_index=msg["next_node_idx"], success=msg["success"], reset=msg["reset"]),
+        )
+        if after.match_index < before.match_index:
+            # The follower lost entries it had acknowledged (restart after ASYNC_FLUSH).
+            log.warning(
+                "raft.peer_lost_acked_entries peer=%s match_index=%d peer_next=%d",
+                node.id,
+                before.match_index,
+                after.next_index,
+            )
+        match_index[node] = after.match_index
+        next_index[node] = after.next_index
         self._SyncObj__lastResponseTime[node] = time.monotonic()
-
-
-def _first_index_of_term_run(j: SegmentJournal, index: int) -> int:
-    """Smallest i <= index with term_at(i) == term_at(index) (terms never decrease in a log)."""
-    term = j.term_at(index)
-    lo, hi = j.first_index, index
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if j.term_at(mid) == term:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _refuse_utility(args: Any, callback: Callable[[Any, int], None]) -> None:
