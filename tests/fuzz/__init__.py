@@ -1,0 +1,1 @@
+"""Fuzz suites: hostile requests against real processes (issue 15)."""
