@@ -26,7 +26,7 @@ from raftmq.broker.service import ROLE_TO_PB, BrokerService
 from raftmq.broker.settings import BrokerSettings
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
-from raftmq.common.process import SettingsSection, parse_role_args, run_role
+from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
@@ -139,16 +139,11 @@ class BrokerServer:
 
 
 SECTION = SettingsSection(BrokerSettings, settings_mod.ENV_PREFIX)
+DESCRIPTION = "raftmq broker node: one member of a Raft-replicated broker group."
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
-    config, (overrides,) = parse_role_args(
-        "raftmq-broker",
-        "raftmq broker node: one member of a Raft-replicated broker group.",
-        [SECTION],
-        argv,
-    )
-    return config, overrides
+    return parse_one_section("raftmq-broker", DESCRIPTION, SECTION, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,6 +53,14 @@ def parse_role_args(
     return ns.config, [flag_overrides(ns, s.cls, s.flag_prefix) for s in sections]
 
 
+def parse_one_section(
+    prog: str, description: str, section: SettingsSection, argv: Sequence[str] | None
+) -> tuple[Path | None, dict[str, object]]:
+    """(--config file, the flags given) of a process with one settings class."""
+    config, (overrides,) = parse_role_args(prog, description, [section], argv)
+    return config, overrides
+
+
 class RoleSettings(Protocol):
     @property
     def log_level(self) -> str: ...

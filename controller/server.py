@@ -17,7 +17,7 @@ import grpc
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
-from raftmq.common.process import SettingsSection, parse_role_args, run_role
+from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.controller import settings as settings_mod
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.settings import ControllerSettings
@@ -88,16 +88,11 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
 
 
 SECTION = SettingsSection(ControllerSettings, settings_mod.ENV_PREFIX)
+DESCRIPTION = "raftmq controller: replicated record of broker group leaders."
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
-    config, (overrides,) = parse_role_args(
-        "raftmq-controller",
-        "raftmq controller: replicated record of broker group leaders.",
-        [SECTION],
-        argv,
-    )
-    return config, overrides
+    return parse_one_section("raftmq-controller", DESCRIPTION, SECTION, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
