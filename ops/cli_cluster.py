@@ -105,8 +105,8 @@ def port_problem(
     if not busy:
         return None
     b = busy[0]
-    more = f" (and {len(busy) - 1} more)" if len(busy) > 1 else ""
-    what = f"port {b.port} (for {b.process}){more} is in use"
+    more = f", and {len(busy) - 1} more ports" if len(busy) > 1 else ""
+    what = f"port {b.port} (for {b.process}{more}) is in use"
     rec = state.holder_of(b.port) if state is not None else None
     if state is not None and rec is not None and procs.is_running(rec.pid, rec.start_ticks):
         return (

@@ -183,3 +183,20 @@ def test_cluster_up_started_with_sigint_ignored_stops_cleanly_on_sigint(small: S
         if up.poll() is None:
             up.kill()
             up.wait()
+
+
+def test_down_stops_a_cluster_up_running_in_another_terminal(small: Small) -> None:
+    up = small.up()
+    try:
+        small.wait_up(up)
+        state = small.recorded()
+        assert not state.detached and len(small.live(state)) == 4
+        stopped = small.cli("down")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "cluster up" in stopped.stdout and "broker-a-n0" in stopped.stdout, stopped.stdout
+        assert up.wait(timeout=30) == 0, small.log.read_text()[-3000:]
+        assert small.live(state) == [] and small.busy() == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
