@@ -1,4 +1,5 @@
-"""The broker node process: `python -m broker.server [--config FILE] [--<key> VALUE ...]`.
+"""The broker node process: `raftmq-broker [--config FILE] [--<key> VALUE ...]` (or
+`python -m raftmq.broker.server`).
 
 Runs one node of a broker group: the replicated log, the dispatcher, the gRPC Broker service and
 the NameServer registration. Once serving it prints `broker.started listen=HOST:PORT node=ID
@@ -7,15 +8,12 @@ group=GROUP` to stdout. SIGTERM or SIGINT: hand leadership off, unregister, exit
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
-from types import FrameType
 
 import grpc
 
@@ -28,7 +26,7 @@ from raftmq.broker.service import ROLE_TO_PB, BrokerService
 from raftmq.broker.settings import BrokerSettings
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
-from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
@@ -140,39 +138,19 @@ class BrokerServer:
         self.node.close()
 
 
+SECTION = SettingsSection(BrokerSettings, settings_mod.ENV_PREFIX)
+DESCRIPTION = "raftmq broker node: one member of a Raft-replicated broker group."
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m broker.server",
-        description="raftmq broker node: one member of a Raft-replicated broker group.",
-    )
-    parser.add_argument(
-        "--config", type=Path, default=None, help="TOML file; its [broker] section is read"
-    )
-    add_settings_flags(parser, BrokerSettings, settings_mod.ENV_PREFIX)
-    ns = parser.parse_args(argv)
-    return ns.config, flag_overrides(ns, BrokerSettings)
+    return parse_one_section("raftmq-broker", DESCRIPTION, SECTION, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, overrides = parse_args(argv)
-    try:
-        settings = settings_mod.load(config, overrides)
-    except SettingsError as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    stop = threading.Event()
+    return run_role("broker", lambda: settings_mod.load(*parse_args(argv)), serve)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        _log.info("broker.signal signal=%s", signal.Signals(signum).name)
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def serve(settings: BrokerSettings, stop: threading.Event) -> int:
     if settings.debug_ack_before_commit:
         _log.critical(
             "broker.debug_ack_before_commit=true: sends are acknowledged BEFORE the majority "

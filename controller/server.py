@@ -1,25 +1,23 @@
-"""The controller process: `python -m controller.server [--config FILE] [--<key> VALUE ...]`.
-Prints `controller.started listen=HOST:PORT node=ID` once serving; SIGTERM exits cleanly."""
+"""The controller process: `raftmq-controller [--config FILE] [--<key> VALUE ...]` (or
+`python -m raftmq.controller.server`). Prints `controller.started listen=HOST:PORT node=ID` once
+serving; SIGTERM or SIGINT exits cleanly."""
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
-from types import FrameType
 
 import grpc
 
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
-from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.controller import settings as settings_mod
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.settings import ControllerSettings
@@ -89,36 +87,19 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
         )
 
 
+SECTION = SettingsSection(ControllerSettings, settings_mod.ENV_PREFIX)
+DESCRIPTION = "raftmq controller: replicated record of broker group leaders."
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
-    parser = argparse.ArgumentParser(
-        prog="python -m controller.server",
-        description="raftmq controller: replicated record of broker group leaders.",
-    )
-    parser.add_argument("--config", type=Path, default=None, help="TOML file ([controller])")
-    add_settings_flags(parser, ControllerSettings, settings_mod.ENV_PREFIX)
-    ns = parser.parse_args(argv)
-    return ns.config, flag_overrides(ns, ControllerSettings)
+    return parse_one_section("raftmq-controller", DESCRIPTION, SECTION, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, overrides = parse_args(argv)
-    try:
-        settings = settings_mod.load(config, overrides)
-    except SettingsError as exc:
-        print(f"controller: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    stop = threading.Event()
+    return run_role("controller", lambda: settings_mod.load(*parse_args(argv)), serve)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def serve(settings: ControllerSettings, stop: threading.Event) -> int:
     node = ControllerNode(settings)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),

@@ -1,4 +1,5 @@
-"""The NameServer process: `python -m namesrv.server --listen 127.0.0.1:9876 [--config FILE]`.
+"""The NameServer process: `raftmq-namesrv --listen 127.0.0.1:9876 [--config FILE]` (or
+`python -m raftmq.namesrv.server`).
 
 Runs the gRPC service and the expiry scan thread; SIGTERM or SIGINT stops both cleanly (exit 0).
 Once serving it prints one line `namesrv.started listen=HOST:PORT` to stdout (the bound port when
@@ -7,21 +8,19 @@ port 0 was asked for). Every setting is also a flag and a RAFTMQ_NAMESRV_<KEY> v
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import grpc
 
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.pb import controller_pb2_grpc, namesrv_pb2_grpc
-from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
+from raftmq.common.process import SettingsSection, parse_role_args, run_role
 from raftmq.controller import settings as controller_settings_mod
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.server import ControllerService
@@ -110,27 +109,23 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, objec
     return config, overrides
 
 
+SECTIONS = (
+    SettingsSection(NameServerSettings, settings_mod.ENV_PREFIX),
+    SettingsSection(ControllerSettings, controller_settings_mod.ENV_PREFIX, CONTROLLER_FLAGS),
+)
+
+
 def parse_all(
     argv: Sequence[str] | None,
 ) -> tuple[Path | None, dict[str, object], dict[str, object]]:
     """(config file, NameServer overrides, embedded controller overrides)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m namesrv.server",
-        description="raftmq NameServer: broker routes and liveness, in memory.",
+    config, (overrides, ctl_overrides) = parse_role_args(
+        "raftmq-namesrv",
+        "raftmq NameServer: broker routes and liveness, in memory.",
+        SECTIONS,
+        argv,
     )
-    parser.add_argument(
-        "--config", type=Path, default=None, help="TOML file; its [namesrv] section is read"
-    )
-    add_settings_flags(parser, NameServerSettings, settings_mod.ENV_PREFIX)
-    add_settings_flags(
-        parser, ControllerSettings, controller_settings_mod.ENV_PREFIX, CONTROLLER_FLAGS
-    )
-    ns = parser.parse_args(argv)
-    return (
-        ns.config,
-        flag_overrides(ns, NameServerSettings),
-        flag_overrides(ns, ControllerSettings, CONTROLLER_FLAGS),
-    )
+    return config, overrides, ctl_overrides
 
 
 def embedded_controller(
@@ -146,32 +141,35 @@ def embedded_controller(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True, slots=True)
+class NameServerConfig:
+    """A NameServer's settings and, when it embeds one, its controller's."""
+
+    settings: NameServerSettings
+    controller: ControllerSettings | None
+
+    @property
+    def log_level(self) -> str:
+        return self.settings.log_level
+
+
+def load_config(argv: Sequence[str] | None) -> NameServerConfig:
     config, overrides, ctl_overrides = parse_all(argv)
-    try:
-        settings = settings_mod.load(config, overrides)
-        ctl_settings = (
-            embedded_controller(settings, config, ctl_overrides)
-            if settings.enable_controller
-            else None
-        )
-    except SettingsError as exc:
-        print(f"namesrv: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
+    settings = settings_mod.load(config, overrides)
+    return NameServerConfig(
+        settings,
+        embedded_controller(settings, config, ctl_overrides)
+        if settings.enable_controller
+        else None,
     )
-    stop = threading.Event()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        _log.info("namesrv.signal signal=%s", signal.Signals(signum).name)
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_role("namesrv", lambda: load_config(argv), serve)
 
+
+def serve(config: NameServerConfig, stop: threading.Event) -> int:
+    settings, ctl_settings = config.settings, config.controller
     server = NameServer(
         settings, ControllerNode(ctl_settings) if ctl_settings is not None else None
     )

@@ -1,8 +1,8 @@
 """The `raftmq` command: the top-level parser and error handling. Subcommand groups are found
 through the `raftmq.cli` entry points (modules exposing `register(subparsers)`), so the chaos
 suite plugs in from above without this module importing it; a group whose extra is not installed
-is left out. Each handler returns an exit code. A typed raftmq error is printed as one red line
-(exit 1), never as a traceback."""
+is left out. Each handler returns an exit code. A typed raftmq error (or an OSError) is printed
+as one red line (exit 1), never as a traceback."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a file or socket of this machine: one line, no traceback
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
-"""`raftmq cluster up|status|compose`: run the cluster of deploy/cluster.toml as local processes
-with a live status table, show a running cluster's state, or print its docker-compose file."""
+"""`raftmq cluster up|down|status|compose`: run the cluster of deploy/cluster.toml as local
+processes (with a live status table, or `--detach`ed), stop the one a description started, show a
+running cluster's state, or print its docker-compose file."""
 
 from __future__ import annotations
 
 import argparse
-import signal
+import logging
+import os
+import shlex
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -17,13 +19,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from raftmq.client.admin import Admin
-from raftmq.ops import cluster_spec
-from raftmq.ops.cluster_runner import ClusterRunner, NodeStatus, broker_status
+from raftmq.common.errors import RaftMQError
+from raftmq.common.process import install_stop_handlers
+from raftmq.ops import cluster_spec, cluster_state, ports, procs
+from raftmq.ops.cluster_runner import (
+    ClusterRunner,
+    NodeStatus,
+    Running,
+    StartCancelled,
+    StartError,
+    broker_status,
+    role_available,
+    tail,
+)
+from raftmq.ops.cluster_state import ClusterState, ProcessRecord
 from raftmq.ops.compose import compose_yaml
 
 # The default cluster description ships inside the package (deploy/cluster.toml links to it).
 DEFAULT_SPEC = Path(__file__).resolve().parent / "cluster.toml"
 console = Console()
+err_console = Console(stderr=True)
 
 
 def _load(args: argparse.Namespace) -> cluster_spec.ClusterSpec:
@@ -62,40 +77,141 @@ TRY = """[bold]try:[/]
   .venv/bin/raftmq consume demo --group g1 --from-beginning --max 1000 --quiet
   .venv/bin/raftmq cluster status
 [dim]Ctrl-C stops the cluster.[/]"""
+HEALTHY_TIMEOUT_S = 60.0
+
+
+def down_command(args: argparse.Namespace) -> str:
+    """The command that stops the cluster `args` describe, as the user would type it."""
+    cmd = "raftmq cluster down"
+    if Path(args.spec).resolve() != DEFAULT_SPEC.resolve():
+        cmd += f" --spec {shlex.quote(str(args.spec))}"
+    if getattr(args, "data", None):
+        cmd += f" --data {shlex.quote(str(args.data))}"
+    return cmd
+
+
+def port_problem(
+    spec: cluster_spec.ClusterSpec, state: ClusterState | None, down_cmd: str, spec_arg: str
+) -> str | None:
+    """One line naming the first port the cluster needs that is taken, who holds it and the
+    command that frees it; None when every port is free."""
+    needed = [
+        (p.name, p.host, port)
+        for p in spec.processes()
+        if role_available(p.module)
+        for port in p.ports
+    ]
+    busy = ports.busy_ports(needed)
+    if not busy:
+        return None
+    b = busy[0]
+    more = f", and {len(busy) - 1} more ports" if len(busy) > 1 else ""
+    what = f"port {b.port} (for {b.process}{more}) is in use"
+    rec = state.holder_of(b.port) if state is not None else None
+    if state is not None and rec is not None and procs.is_running(rec.pid, rec.start_ticks):
+        return (
+            f"{what} by pid {rec.pid}, {rec.name} of cluster {state.cluster} started earlier "
+            f"by `raftmq cluster up`; stop it with: {down_cmd}"
+        )
+    pids = ports.listener_pids(b.port)
+    if pids:
+        cmdline = ports.command_line(pids[0])
+        return f"{what} by pid {pids[0]} ({cmdline}); free it with: kill {pids[0]}"
+    return (
+        f"{what} by a process this user cannot see; free it (`ss -ltnp`), or change the "
+        f"port in {spec_arg}"
+    )
+
+
+def recorded_state(
+    runner: ClusterRunner, spec_arg: str, detached: bool
+) -> cluster_state.ClusterState:
+    return ClusterState(
+        cluster=runner.spec.name,
+        spec=spec_arg,
+        runner_pid=os.getpid(),
+        runner_start_ticks=procs.start_ticks(os.getpid()) or 0,
+        detached=detached,
+        processes=tuple(
+            ProcessRecord(
+                name=r.spec.name,
+                role=r.spec.role,
+                pid=r.popen.pid,
+                start_ticks=procs.start_ticks(r.popen.pid) or 0,
+                ports=r.spec.ports,
+                log=str(r.log),
+            )
+            for r in runner.running.values()
+        ),
+    )
+
+
+def wait_healthy(spec: cluster_spec.ClusterSpec, stop: threading.Event) -> list[str]:
+    """Wait until every broker group has a leader; the groups still without one."""
+    missing = sorted(spec.groups)
+    with Admin(spec.namesrv_addresses) as admin:
+        deadline = time.monotonic() + HEALTHY_TIMEOUT_S
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                led = {g.broker_group for g in admin.groups() if g.leader_address}
+            except RaftMQError:
+                led = set()  # the NameServers have no route yet
+            missing = sorted(set(spec.groups) - led)
+            if not missing:
+                break
+            time.sleep(0.2)
+    return missing
 
 
 def up(args: argparse.Namespace) -> int:
     spec = _load(args)
-    runner = ClusterRunner(spec)
+    state_file = cluster_state.state_path(spec.data_dir)
+    problem = port_problem(spec, cluster_state.read(state_file), down_command(args), args.spec)
+    if problem is not None:
+        err_console.print(f"[red]error:[/] {problem}", highlight=False, soft_wrap=True)
+        return 2
     stop = threading.Event()
+    install_stop_handlers(stop, logging.getLogger("raftmq.cli"), "cluster")
+    runner: ClusterRunner
 
-    def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        stop.set()
+    def record(_run: Running) -> None:
+        cluster_state.write(state_file, recorded_state(runner, args.spec, args.detach))
 
-    signal.signal(signal.SIGTERM, on_signal)
-    procs = runner.processes()
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
-    ) as progress:
-        task = progress.add_task("starting processes", total=len(procs))
-        runner.start_all(
-            on_started=lambda p: progress.update(task, advance=1, description=f"started {p.name}")
+    runner = ClusterRunner(spec, detached=args.detach, cancelled=stop.is_set, on_spawn=record)
+    procs_ = runner.processes()
+    try:
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+        ) as progress:
+            task = progress.add_task("starting processes", total=len(procs_))
+            runner.start_all(
+                on_started=lambda p: progress.update(
+                    task, advance=1, description=f"started {p.name}"
+                )
+            )
+            progress.update(task, completed=len(procs_))
+    except StartCancelled:
+        cluster_state.remove(state_file)
+        console.print("stopped before every process was up")
+        return 130
+    except StartError as exc:
+        cluster_state.remove(state_file)
+        where = ""
+        if exc.log is not None:
+            last = next((ln for ln in reversed(tail(exc.log).splitlines()) if ln.strip()), "")
+            where = f"; its log: {exc.log} (last line: {last})"
+        err_console.print(
+            f"[red]error:[/] {exc.name} did not start{where}", highlight=False, soft_wrap=True
         )
-        progress.update(task, completed=len(procs))
+        return 1
     if runner.skipped:
         console.print(
             f"[yellow]skipped (role not in this build yet):[/] {', '.join(runner.skipped)}"
         )
+    if args.detach:
+        return _detached(args, spec, runner, state_file, stop)
     try:
-        with Admin(spec.namesrv_addresses) as admin:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not stop.is_set():
-                try:
-                    if sum(1 for g in admin.groups() if g.leader_address) == len(spec.groups):
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.2)
+        wait_healthy(spec, stop)
         console.print(f"[green]cluster {spec.name} is up[/]: NameServers {spec.namesrv_addresses}")
         console.print(TRY)
         with Live(status_table(runner.status()), console=console, refresh_per_second=1) as live:
@@ -106,7 +222,70 @@ def up(args: argparse.Namespace) -> int:
     finally:
         console.print("stopping the cluster ...")
         runner.stop_all()
+        cluster_state.remove(state_file)
         console.print("[green]stopped[/]")
+    return 0
+
+
+def _detached(
+    args: argparse.Namespace,
+    spec: cluster_spec.ClusterSpec,
+    runner: ClusterRunner,
+    state_file: Path,
+    stop: threading.Event,
+) -> int:
+    """After a detached start: wait for a leader in every group, then leave the children be."""
+    missing = wait_healthy(spec, stop)
+    if missing or stop.is_set():
+        why = "stopped" if stop.is_set() else f"no leader in {', '.join(missing)}"
+        err_console.print(
+            f"[red]error:[/] cluster {spec.name} did not become healthy ({why}); stopping it",
+            highlight=False,
+            soft_wrap=True,
+        )
+        runner.stop_all()
+        cluster_state.remove(state_file)
+        return 1
+    console.print(
+        f"[green]cluster {spec.name} is up[/] (detached): NameServers {spec.namesrv_addresses}",
+        soft_wrap=True,
+    )
+    console.print(f"logs: {spec.data_dir.resolve()}/<process>/process.log", soft_wrap=True)
+    console.print(f"stop it with: {down_command(args)}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    """Stop the processes `cluster up` recorded for this description: SIGTERM, wait, SIGKILL.
+    A pid whose start time no longer matches is someone else's and is left alone."""
+    spec = _load(args)
+    state_file = cluster_state.state_path(spec.data_dir)
+    state = cluster_state.read(state_file)
+    if state is None:
+        console.print(
+            f"nothing to stop: no running cluster is recorded in {state_file}", soft_wrap=True
+        )
+        return 0
+    brokers_first = sorted(state.processes, key=lambda r: r.role != "broker")
+    found = [(r, procs.RecordedProcess(r.pid, r.start_ticks)) for r in brokers_first]
+    if not state.detached:  # `cluster up` in a terminal: it stops its children itself too
+        runner = ProcessRecord("cluster up", "runner", state.runner_pid, 0, (), "")
+        found.append((runner, procs.RecordedProcess(state.runner_pid, state.runner_start_ticks)))
+    live = [(r, p) for r, p in found if p.poll() is None]
+    killed = procs.stop([p for _, p in live], grace_s=procs.STOP_GRACE_S)
+    for _, p in found:
+        p.close()
+    cluster_state.remove(state_file)
+    if not live:
+        console.print(f"nothing was running: the recorded processes of {state.cluster} had ended")
+        return 0
+    table = Table(title=f"raftmq cluster {state.cluster}: stopped")
+    for col in ("process", "pid", "result"):
+        table.add_column(col)
+    for r, p in live:
+        result = "[red]killed (SIGKILL)[/]" if p in killed else "stopped"
+        table.add_row(r.name, str(r.pid), result)
+    console.print(table)
     return 0
 
 
@@ -135,7 +314,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("up", help="start the cluster of a description here; Ctrl-C stops it")
     p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
     p.add_argument("--data", default=None, help="data directory (default: the description's)")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once every group has a leader, leaving the processes running "
+        "(stop them with `raftmq cluster down`)",
+    )
     p.set_defaults(func=up)
+    p = sub.add_parser("down", help="stop the cluster `cluster up` started from a description")
+    p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
+    p.add_argument("--data", default=None, help="data directory (default: the description's)")
+    p.set_defaults(func=down)
     p = sub.add_parser(
         "status", help="roles, terms, leaders and commit indexes of a running cluster"
     )

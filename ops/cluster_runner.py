@@ -2,12 +2,17 @@
 
 Each process writes stdout and stderr to <data_dir>/<name>/process.log; start waits for its ready
 line and, if it never comes, fails naming the process and quoting its log. A `wrap` prefix runs
-each process through another command (the chaos suite: `ip netns exec <ns>`).
+each process through another command (the chaos suite: `ip netns exec <ns>`; PDEATHSIG set before
+the exec of `ip` carries over to the python it execs).
+
+Children end with the runner (PR_SET_PDEATHSIG, SIGKILL of the runner included) unless the runner
+is `detached`: then they live on in their own session until `raftmq cluster down`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -19,14 +24,23 @@ from pathlib import Path
 import grpc
 
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.ops import procs
 from raftmq.ops.cluster_spec import ClusterSpec, ProcessSpec
-from raftmq.ops.procs import child_env
 
 STATUS_TIMEOUT_S = 2.0
 
 
 class StartError(RuntimeError):
     """A process did not come up; the message names it and quotes its log."""
+
+    def __init__(self, message: str, name: str = "", log: Path | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.log = log
+
+
+class StartCancelled(StartError):
+    """Starting was called off (a stop signal) before every process was up."""
 
 
 @dataclass
@@ -66,11 +80,17 @@ class ClusterRunner:
         python: str = sys.executable,
         wrap: Callable[[ProcessSpec], Sequence[str]] | None = None,
         start_timeout_s: float = 60.0,
+        detached: bool = False,
+        cancelled: Callable[[], bool] = lambda: False,
+        on_spawn: Callable[[Running], None] | None = None,
     ) -> None:
         self.spec = spec
         self._python = python
         self._wrap = wrap
         self._timeout = start_timeout_s
+        self._detached = detached
+        self._cancelled = cancelled
+        self._on_spawn = on_spawn
         self.running: dict[str, Running] = {}
         self.skipped: list[str] = []
 
@@ -102,42 +122,47 @@ class ClusterRunner:
         p = self._spec(name)
         p.data_dir.mkdir(parents=True, exist_ok=True)
         log = p.data_dir / "process.log"
-        env = child_env()
+        env = procs.child_env()
         prefix = list(self._wrap(p)) if self._wrap is not None else []
+        tie = not self._detached and procs.can_tie_to_parent()
+        offset = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as out:
             popen = subprocess.Popen(
                 [*prefix, self._python, *p.argv],
                 env=env,
+                stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in the terminal reaches only `cluster up`
+                # Safe here despite threads: it only calls prctl, getppid and kill (no imports,
+                # no locks); libc was looked up in the parent.
+                preexec_fn=procs.die_with_parent(os.getpid()) if tie else None,  # noqa: PLW1509
             )
         run = Running(p, popen, log)
         self.running[name] = run
-        offset = log.stat().st_size if log.exists() else 0
+        if self._on_spawn is not None:
+            self._on_spawn(run)
         deadline = time.monotonic() + self._timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._cancelled():
             if _log_has(log, p.ready_prefix, offset):
                 return run
             if popen.poll() is not None:
                 break
             time.sleep(0.05)
         self.kill(name)
+        if self._cancelled():
+            raise StartCancelled(f"start of {name} called off", name, log)
         raise StartError(
-            f"{name} did not start ({' '.join(p.argv)}); last lines of {log}:\n{tail(log)}"
+            f"{name} did not start ({' '.join(p.argv)}); last lines of {log}:\n{tail(log)}",
+            name,
+            log,
         )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """`sig` to one process; SIGTERM and SIGKILL also wait for it to end (escalating)."""
         run = self.running.get(name)
-        if run is None or not run.alive:
-            return
-        run.popen.send_signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            try:
-                run.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                run.popen.kill()
-                run.popen.wait(timeout=10)
+        if run is not None:
+            procs.signal_child(run.popen, sig, grace_s=30.0)
 
     def restart(self, name: str) -> Running:
         self.kill(name)
@@ -146,16 +171,7 @@ class ClusterRunner:
     def stop_all(self, timeout_s: float = 20.0) -> None:
         """SIGTERM everything (brokers first: they hand leadership off), then SIGKILL stragglers."""
         order = sorted(self.running.values(), key=lambda r: r.spec.role != "broker")
-        for run in order:
-            if run.alive:
-                run.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for run in order:
-            try:
-                run.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                run.popen.kill()
-                run.popen.wait(timeout=10)
+        procs.stop([run.popen for run in order], grace_s=timeout_s)
 
     def status(self) -> list[NodeStatus]:
         out = []

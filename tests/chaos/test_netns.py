@@ -243,6 +243,10 @@ def test_bad_arguments_fail_before_anything_is_built(tmp_path: Path) -> None:
     assert issubclass(NetError, RuntimeError)
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("ending", "stop"),
     [
@@ -263,9 +267,11 @@ def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signa
         + body
     )
     root = Path(__file__).resolve().parents[2]
+    # SIGINT as a terminal hands it over, even when this test runs under `nohup ... &` (which
+    # starts it ignored, and Python then installs no KeyboardInterrupt handler in the owner).
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=root)  # fmt: skip
+                             cwd=root, preexec_fn=_default_sigint)  # noqa: PLW1509  # fmt: skip
     assert owner.stdout is not None and owner.stdin is not None
     prefix = owner.stdout.readline().strip()
     assert prefix.startswith("rq") and leftovers(prefix)

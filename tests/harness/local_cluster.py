@@ -19,6 +19,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
+from raftmq.ops import procs
 from tests.harness.standalone import AUTHKEY
 
 
@@ -122,13 +123,8 @@ class LocalCluster:
         if n.conn is not None:
             n.conn.close()
             n.conn = None
-        if n.proc is not None and n.proc.poll() is None:
-            n.proc.send_signal(sig)
-            try:
-                n.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                n.proc.kill()
-                n.proc.wait(timeout=5)
+        if n.proc is not None:
+            procs.signal_child(n.proc, sig, grace_s=15.0)
 
     def stop(self, i: int) -> None:
         self.kill(i, signal.SIGTERM)

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raftmq.ops import procs
 from tests.harness.local_cluster import free_ports
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/harness/procs.py
 
 
 @dataclass
@@ -61,14 +62,8 @@ class Proc:
         self.started_line = line.strip()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            if sig in (signal.SIGKILL, signal.SIGTERM):
-                try:
-                    self.popen.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    self.popen.kill()
-                    self.popen.wait(timeout=10)
+        if self.popen is not None:
+            procs.signal_child(self.popen, sig, grace_s=30.0)
 
     def stop(self) -> int | None:
         """SIGTERM and wait; the exit code."""

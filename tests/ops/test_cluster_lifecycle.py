@@ -1,0 +1,202 @@
+"""`raftmq cluster up` / `cluster down` with real processes and ports: children end with a
+SIGKILLed `cluster up`, `--detach` then `down` frees every port, a taken port is one line (exit 2),
+and SIGINT stops a role and `cluster up` even when it started ignored (`nohup cmd &`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftmq.ops import cluster_state, ports, procs
+from raftmq.ops.cluster_spec import local_description
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import ROOT, wait_until
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+PORTS = 7  # one NameServer, one group of three nodes (gRPC + Raft each)
+
+
+def ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `nohup cmd &` hands its command
+
+
+class Small:
+    """A one-NameServer, one-group cluster description on free ports under tmp."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.ports = free_ports(PORTS)
+        self.data = tmp / "data"
+        self.spec = tmp / "cluster.toml"
+        self.spec.write_text(
+            local_description(self.ports, self.data, name="Small", namesrvs=1, controllers=0)
+        )
+        self.log = tmp / "up.log"
+
+    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "raftmq.ops.cli", "cluster", *args, "--spec", str(self.spec)],
+            cwd=ROOT,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def up(self, *, sigint_ignored: bool = False) -> subprocess.Popen[bytes]:
+        with open(self.log, "wb") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "raftmq.ops.cli", "cluster", "up", "--spec", str(self.spec)],
+                cwd=ROOT,
+                env=ENV,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=ignore_sigint if sigint_ignored else None,  # noqa: PLW1509
+            )
+
+    def wait_up(self, up: subprocess.Popen[bytes]) -> None:
+        def ready() -> bool:
+            assert up.poll() is None, self.log.read_text()[-3000:]
+            return "is up" in self.log.read_text()
+
+        wait_until(ready, 120, "`cluster up` to report", interval_s=0.2)
+
+    def recorded(self) -> cluster_state.ClusterState:
+        state = cluster_state.read(cluster_state.state_path(self.data))
+        assert state is not None
+        return state
+
+    def live(self, state: cluster_state.ClusterState) -> list[str]:
+        return [p.name for p in state.processes if procs.is_running(p.pid, p.start_ticks)]
+
+    def busy(self) -> list[int]:
+        return [p for p in self.ports if ports.in_use("127.0.0.1", p)]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Iterator[Small]:
+    s = Small(tmp_path)
+    yield s
+    state = cluster_state.read(cluster_state.state_path(s.data))
+    if state is not None:  # whatever a failed test left behind
+        for p in state.processes:
+            with procs.RecordedProcess(p.pid, p.start_ticks) as rec:
+                rec.send_signal(signal.SIGKILL)
+
+
+def test_children_end_when_cluster_up_is_sigkilled(small: Small) -> None:
+    up = small.up()
+    try:
+        small.wait_up(up)
+        state = small.recorded()
+        assert len(small.live(state)) == 4 and state.runner_pid == up.pid
+        up.kill()
+        up.wait(timeout=10)
+        t0 = time.monotonic()
+        wait_until(lambda: not small.live(state), 5, "every child to end with its parent")
+        assert time.monotonic() - t0 < 5
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_detach_then_down_frees_every_port(small: Small) -> None:
+    started = small.cli("up", "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "raftmq cluster down --spec" in started.stdout and "process.log" in started.stdout
+    state = small.recorded()
+    assert state.detached and len(small.live(state)) == 4
+    assert not procs.is_running(state.runner_pid, state.runner_start_ticks)  # it returned
+    assert small.busy()
+    # A second `up` of the same description names the running one and how to stop it.
+    again = small.cli("up")
+    assert again.returncode == 2 and "Traceback" not in again.stdout + again.stderr
+    (line,) = again.stderr.strip().splitlines()
+    assert "is in use by pid" in line and "of cluster Small" in line, line
+    assert f"raftmq cluster down --spec {small.spec}" in line, line
+    assert len(small.live(state)) == 4
+    stopped = small.cli("down")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "stopped" in stopped.stdout and "namesrv-0" in stopped.stdout, stopped.stdout
+    assert small.live(state) == [] and small.busy() == []
+    assert cluster_state.read(cluster_state.state_path(small.data)) is None
+    nothing = small.cli("down")
+    assert nothing.returncode == 0 and "nothing to stop" in nothing.stdout
+
+
+def test_a_port_in_use_is_one_line_and_nothing_starts(small: Small) -> None:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", small.ports[3]))  # broker-a-n1's gRPC port
+        s.listen()
+        out = small.cli("up", timeout_s=60)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text, text
+    (line,) = out.stderr.strip().splitlines()
+    assert f"port {small.ports[3]} (for broker-a-n1)" in line, line
+    assert f"by pid {os.getpid()}" in line and f"kill {os.getpid()}" in line, line
+    assert not small.data.exists()  # nothing was started
+
+
+def test_a_role_started_with_sigint_ignored_still_stops_on_sigint(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    ns = subprocess.Popen(
+        [sys.executable, "-m", "raftmq.namesrv.server", "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=ignore_sigint,  # noqa: PLW1509
+    )
+    try:
+        assert ns.stdout is not None and ns.stdout.readline().startswith("namesrv.started")
+        ns.send_signal(signal.SIGINT)
+        assert ns.wait(timeout=20) == 0
+    finally:
+        if ns.poll() is None:
+            ns.kill()
+            ns.wait()
+
+
+def test_cluster_up_started_with_sigint_ignored_stops_cleanly_on_sigint(small: Small) -> None:
+    up = small.up(sigint_ignored=True)
+    try:
+        small.wait_up(up)
+        state = small.recorded()
+        assert len(small.live(state)) == 4
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=90) == 0, small.log.read_text()[-3000:]
+        assert "Traceback" not in small.log.read_text()
+        assert small.live(state) == [] and small.busy() == []
+        assert cluster_state.read(cluster_state.state_path(small.data)) is None
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def test_down_stops_a_cluster_up_running_in_another_terminal(small: Small) -> None:
+    up = small.up()
+    try:
+        small.wait_up(up)
+        state = small.recorded()
+        assert not state.detached and len(small.live(state)) == 4
+        stopped = small.cli("down")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "cluster up" in stopped.stdout and "broker-a-n0" in stopped.stdout, stopped.stdout
+        assert up.wait(timeout=30) == 0, small.log.read_text()[-3000:]
+        assert small.live(state) == [] and small.busy() == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
