@@ -25,11 +25,13 @@ from raftmq.broker.role_reporter import RoleReporter
 from raftmq.broker.service import ROLE_TO_PB, BrokerService
 from raftmq.broker.settings import BrokerSettings
 from raftmq.common.grpc_options import SERVER_LIVENESS
-from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2
+from raftmq.common.grpc_service import add_servicer
+from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
+BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"]
 
 WIRE_OVERHEAD_BYTES = 1 << 20  # request framing and properties beyond the message bodies
 
@@ -54,7 +56,7 @@ class BrokerServer:
             ],
             maximum_concurrent_rpcs=settings.max_workers * 4,
         )
-        broker_pb2_grpc.add_BrokerServicer_to_server(BrokerService(self.node), self._server)
+        add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
         self.registrar = Registrar(
             settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
         )

@@ -16,6 +16,7 @@ import grpc
 
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
+from raftmq.common.grpc_service import add_servicer
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.controller import settings as settings_mod
@@ -25,6 +26,7 @@ from raftmq.controller.state import RoleReport
 from raftmq.raftlog.record import Role
 
 _log = logging.getLogger("controller")
+CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["Controller"]
 _ROLE_TO_PB = {
     Role.LEADER: common_pb2.LEADER,
     Role.FOLLOWER: common_pb2.FOLLOWER,
@@ -105,7 +107,7 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
         options=[("grpc.so_reuseport", 0), *SERVER_LIVENESS],
     )
-    controller_pb2_grpc.add_ControllerServicer_to_server(ControllerService(node), server)
+    add_servicer(server, ControllerService(node), CONTROLLER_SERVICE)
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as exc:

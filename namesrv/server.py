@@ -19,7 +19,8 @@ from pathlib import Path
 import grpc
 
 from raftmq.common.grpc_options import SERVER_LIVENESS
-from raftmq.common.pb import controller_pb2_grpc, namesrv_pb2_grpc
+from raftmq.common.grpc_service import add_servicer
+from raftmq.common.pb import controller_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_role_args, run_role
 from raftmq.controller import settings as controller_settings_mod
 from raftmq.controller.node import ControllerNode
@@ -31,6 +32,8 @@ from raftmq.namesrv.service import NameServerService
 from raftmq.namesrv.settings import NameServerSettings
 
 _log = logging.getLogger("namesrv")
+NAMESRV_SERVICE = namesrv_pb2.DESCRIPTOR.services_by_name["NameServer"]
+CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["Controller"]
 
 
 class NameServer:
@@ -55,12 +58,10 @@ class NameServer:
                 *SERVER_LIVENESS,
             ],
         )
-        namesrv_pb2_grpc.add_NameServerServicer_to_server(self.service, self._server)
+        add_servicer(self._server, self.service, NAMESRV_SERVICE)
         if controller is not None:
             # Same port: one address per process to configure, as RocketMQ's embedded mode.
-            controller_pb2_grpc.add_ControllerServicer_to_server(
-                ControllerService(controller), self._server
-            )
+            add_servicer(self._server, ControllerService(controller), CONTROLLER_SERVICE)
         self._scanner = threading.Thread(target=self._scan, name="namesrv-expiry", daemon=True)
         self.address = ""
 
