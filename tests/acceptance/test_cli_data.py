@@ -95,7 +95,7 @@ def test_topic_produce_consume_lag_reset_and_lookup(
     [
         (["produce", "no-such-topic"], "TOPIC_NOT_FOUND", "no-such-topic"),
         (["topic", "create", "bad topic!"], "INVALID_NAME", "bad topic!"),
-        (["message", "get", "--id", "nope"], "INVALID_ARGUMENT", "nope"),
+        (["message", "get", "--id", "nope"], "INVALID_MESSAGE_ID", "nope"),
         (["group", "reset", "g", "--topic", "t", "--to-time", "yesterday"], "INVALID_ARGUMENT", ""),
         (["consume", "no-such-topic", "--group", "g"], "NO_ROUTE", "no-such-topic"),
     ],

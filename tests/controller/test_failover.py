@@ -91,6 +91,8 @@ def serving_topic(r: ClusterRunner, topic: str, queues: int) -> str:
     ns = namesrv_str(r)
     wait_until(lambda: broker_leader(r)[0], 30, "a broker leader")
     with Admin(ns) as admin:
+        # The NameServers learn the leader from its report a moment after the node knows it.
+        wait_until(lambda: all(g.leader_address for g in admin.groups()), 30, "the leader routed")
         admin.create_topic(topic, queues=queues)
         wait_until(lambda: len(admin.route(topic).write_queues()) == queues, 20, "route")
     return ns
