@@ -56,7 +56,7 @@ def parse_body(body: bytes) -> tuple[str, str | None]:
 
 def classify(exc: BaseException) -> OpType:
     if isinstance(exc, RaftMQError) and not isinstance(exc, OutcomeUnknownError):
-        return "fail"  # the producer says "not stored" (see client.producer.final_error)
+        return "fail"  # the producer says "not stored" (see client.producer.retry.final_error)
     return "info"
 
 

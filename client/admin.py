@@ -11,8 +11,7 @@ import grpc
 
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
-from raftmq.client.producer import _split
-from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute, split_addresses
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -59,7 +58,7 @@ class Admin:
 
     def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
         self._pool = ChannelPool()
-        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
 
     def close(self) -> None:
         self._pool.close()

@@ -13,8 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
-from raftmq.client.producer import _split
-from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.routes import ChannelPool, RouteCache, split_addresses
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.message import validate_group, validate_topic
 from raftmq.common.types import QueueRef
@@ -43,7 +42,7 @@ class PullConsumer:
             )
         self.group = group
         self._pool = ChannelPool()
-        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
         self._offsets = BrokerOffsets(group, self.routes, self._pool)
         self._start_from = start_from
         self._settings = FetchSettings(

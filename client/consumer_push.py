@@ -27,9 +27,8 @@ from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
-from raftmq.client.producer import _split
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
-from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.routes import ChannelPool, RouteCache, split_addresses
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.errors import (
     InvalidArgumentError,
@@ -123,7 +122,7 @@ class PushConsumer:
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
         self._pool = ChannelPool()
-        self.routes = RouteCache(_split(namesrv_addresses), self._pool)
+        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
         self._file_offsets: FileOffsets | None = None
         if message_model is MessageModel.BROADCASTING:

@@ -41,6 +41,13 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def split_addresses(addresses: str | Sequence[str]) -> list[str]:
+    """NameServer addresses as given ("h1:9876,h2:9876" or a list), stripped, empties dropped."""
+    if isinstance(addresses, str):
+        return [a.strip() for a in addresses.split(",") if a.strip()]
+    return [a.strip() for a in addresses if a.strip()]
+
+
 @dataclass(slots=True)
 class _PoolEntry:
     channel: grpc.Channel

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from raftmq.client.producer import (
+from raftmq.client.producer.retry import (
     MAX_RETRY_BACKOFF_S,
     Next,
     after_failure,

@@ -1,0 +1,393 @@
+"""Producer: sync, async, oneway and batch sends with Kafka-style auto-batching, an idempotent
+sequence per queue, retries on the new leader and avoidance of broker groups that just failed.
+
+This module is the facade: it checks arguments, builds messages and chooses each message's
+queue; sender.py buffers, sends and retries (one request per queue in flight, a retried request
+keeps its queue and sequences), by the pure rule in retry.py. No network call happens here
+except the route look-ups of queue choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from raftmq.client.accumulator import Accumulator
+from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
+from raftmq.client.producer.sender import Pending, Sender, SenderConfig
+from raftmq.client.queue_selector import PublishQueues, select_by_key
+from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms, split_addresses
+from raftmq.common.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NoRouteError,
+    OutcomeUnknownError,
+    RaftMQError,
+)
+from raftmq.common.message import validate_producer_id, validate_topic
+from raftmq.common.pb import common_pb2
+from raftmq.common.types import QueueRef
+
+__all__ = ["Producer", "QueueSelector", "SendCallback", "SendOptions"]
+
+log = logging.getLogger("raftmq.producer")
+
+MIB = 1 << 20
+SendCallback = Callable[[SendResult | None, RaftMQError | None], None]
+# RocketMQ's MessageQueueSelector: given the topic's writable queues (sorted), the one to use.
+QueueSelector = Callable[[Sequence[QueueRef]], QueueRef]
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """The keyword arguments of one send: the message's attributes and how its queue is chosen
+    (at most one of sharding_key, queue_selector, queue; none means sticky round robin)."""
+
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] | None = None
+    sharding_key: str | None = None
+    queue_selector: QueueSelector | None = None
+    queue: QueueRef | None = None
+
+    @property
+    def movable(self) -> bool:
+        """Nothing pins the message to a queue, so it may move to another broker group."""
+        return self.sharding_key is None and self.queue_selector is None and self.queue is None
+
+
+class Producer:
+    """A context manager; thread-safe. `send()` blocks for the result, `send_async()` returns a
+    Future, `send_oneway()` returns at once and only logs failures.
+
+    Every message has its outcome within `send_timeout_ms` of entering the buffer (Kafka's
+    delivery.timeout.ms; entering may block up to `max_block_ms` when the buffer is full), time
+    spent waiting behind an earlier request of its queue included. A failure is
+    OutcomeUnknownError when the message may be stored; any other error means it is not."""
+
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        *,
+        producer_id: str | None = None,
+        idempotent: bool = True,
+        send_timeout_ms: int = 10_000,
+        request_timeout_ms: int = 2_000,
+        retries: int = 100,  # attempts per request; the send timeout bounds them first
+        retry_backoff_ms: int = 50,
+        linger_ms: float = 0.0,
+        batch_max_messages: int = 1024,
+        batch_max_bytes: int = 1 * MIB,
+        max_buffered_messages: int = 100_000,
+        max_buffered_bytes: int = 64 * MIB,
+        max_block_ms: int = 10_000,
+        max_message_bytes: int = 4 * MIB,
+        route_refresh_ms: int = 30_000,
+        max_io_threads: int = 32,
+        sticky_messages: int = 32,
+    ) -> None:
+        if not 1 <= batch_max_messages <= 4096:
+            raise InvalidArgumentError("batch_max_messages must be within 1..4096")
+        if retries < 0 or send_timeout_ms <= 0 or linger_ms < 0 or batch_max_bytes <= 0:
+            raise InvalidArgumentError(
+                "retries and linger_ms must be >= 0, send_timeout_ms and batch_max_bytes > 0"
+            )
+        if request_timeout_ms <= 0:
+            raise InvalidArgumentError("request_timeout_ms must be > 0")
+        if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
+            raise InvalidArgumentError(
+                "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
+            )
+        self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
+        validate_producer_id(self.producer_id)
+        self.idempotent = idempotent
+        self._timeout_s = send_timeout_ms / 1000
+        self._linger_s = linger_ms / 1000
+        self._max_block_s = max_block_ms / 1000
+        self._max_message_bytes = max_message_bytes
+        self._pool = ChannelPool()
+        self.routes = RouteCache(
+            split_addresses(namesrv_addresses), self._pool, refresh_interval_ms=route_refresh_ms
+        )
+        config = SenderConfig(
+            producer_id=self.producer_id,
+            idempotent=idempotent,
+            send_timeout_s=self._timeout_s,
+            # One attempt's deadline (Kafka's request.timeout.ms): a leader cut off by a silent
+            # partition never answers, and waiting the whole send timeout on it would stall the
+            # queue for that long; after this the attempt is retried (same sequence) elsewhere.
+            request_timeout_s=min(request_timeout_ms, send_timeout_ms) / 1000,
+            max_attempts=retries + 1,
+            backoff_s=retry_backoff_ms / 1000,
+            linger_s=self._linger_s,
+            max_block_s=self._max_block_s,
+            max_io_threads=max_io_threads,
+        )
+        accumulator: Accumulator[Pending] = Accumulator(
+            linger_ms=math.ceil(linger_ms),  # the accumulator counts whole ms
+            batch_max_messages=batch_max_messages,
+            batch_max_bytes=batch_max_bytes,
+            max_buffered_messages=max_buffered_messages,
+            max_buffered_bytes=max_buffered_bytes,
+        )
+        self._sender = Sender(config, accumulator, self.routes, self._pool)
+        self._sticky_lock = threading.Lock()  # guards _sticky
+        self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
+        self._sticky_messages = sticky_messages
+        self._host = socket.gethostname()
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> SendResult:
+        """Send and wait for the result (stored on a majority of the group)."""
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        return self._wait(self._send(topic, body, options))
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+        callback: SendCallback | None = None,
+    ) -> Future[SendResult]:
+        """A future of the result; `callback(result, error)` runs when it is known. Messages
+        with the same `sharding_key` go to the same queue, in order; `queue_selector` picks the
+        queue itself; `queue` names it."""
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        return self._send(topic, body, options, callback)
+
+    def send_oneway(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> None:
+        """Send without waiting for (or reporting) the outcome; failures are only logged."""
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        self._send(topic, body, options).add_done_callback(_log_oneway_failure)
+
+    def send_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> list[SendResult]:
+        """Store `messages` together in one queue, in order (RocketMQ's batch send)."""
+        futures = self.send_batch_async(
+            topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
+        )
+        return [self._wait(f) for f in futures]
+
+    def send_batch_async(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> list[Future[SendResult]]:
+        """One future per message. The messages stay together in one queue (never moved to
+        another group apart), in order; more than batch_max_messages go in several requests."""
+        if not messages:
+            return []
+        pendings = []
+        for m in messages:
+            om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
+            pb = self._message(om.body, SendOptions(om.tags, om.keys, om.properties))
+            pendings.append(Pending(pb, Future(), len(pb.body), False))
+        placement = SendOptions(
+            sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
+        )
+        target = self._choose_queue(topic, placement)
+        self._sender.enqueue(target, pendings)
+        return [it.future for it in pendings]
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every buffered message has an outcome; False on timeout."""
+        return self._sender.flush(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Send what is buffered (waiting up to timeout_s for outcomes), then release it all."""
+        if self._sender.closed:
+            return
+        self.flush(timeout_s)
+        self._sender.close()
+        self._pool.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(
+        self,
+        topic: str,
+        body: bytes,
+        options: SendOptions,
+        callback: SendCallback | None = None,
+    ) -> Future[SendResult]:
+        msg = self._message(body, options)
+        target = self._choose_queue(topic, options)
+        fut: Future[SendResult] = Future()
+        if callback is not None:
+            fut.add_done_callback(_callback_adapter(callback))
+        self._sender.enqueue(target, [Pending(msg, fut, len(msg.body), options.movable)])
+        return fut
+
+    def _wait(self, fut: Future[SendResult]) -> SendResult:
+        # Bounded: the request's own deadline settles it long before this one.
+        limit_s = self._max_block_s + self._linger_s + 2 * self._timeout_s + 5
+        try:
+            return fut.result(timeout=limit_s)
+        except FutureTimeout:
+            raise OutcomeUnknownError(
+                f"no outcome within {limit_s:.0f} s; the message may or may not be stored"
+            ) from None
+
+    # ---- choosing a queue ---------------------------------------------------------------------
+
+    def _message(self, body: bytes, options: SendOptions) -> common_pb2.Message:
+        if self._sender.closed:
+            raise InvalidArgumentError("the producer is closed")
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"a message body must be bytes, not {type(body).__name__}")
+        if len(body) > self._max_message_bytes:
+            raise MessageTooLargeError.for_size(len(body), self._max_message_bytes)
+        keys = options.keys
+        if isinstance(keys, str):
+            raise InvalidArgumentError("keys must be a sequence of strings, not one string")
+        return to_pb(
+            bytes(body),
+            options.tags,
+            tuple(keys),
+            options.properties,
+            time.time_ns() // 1_000_000,
+            self._host,
+        )
+
+    def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
+        validate_topic(topic)
+        sharding_key, queue_selector, queue = (
+            options.sharding_key,
+            options.queue_selector,
+            options.queue,
+        )
+        if sum(x is not None for x in (sharding_key, queue_selector, queue)) > 1:
+            raise InvalidArgumentError("give at most one of sharding_key, queue_selector, queue")
+        if queue is not None:
+            if queue.topic != topic:
+                raise InvalidArgumentError(f"queue {queue} is not a queue of topic {topic!r}")
+            return queue
+        try:
+            route = self.routes.route(topic)
+        except NoRouteError:
+            if sharding_key is not None or queue_selector is not None:
+                raise
+            return self._first_send_queue(topic)
+        queues = route.publish_queues()
+        if sharding_key is not None:
+            return select_by_key(queues, sharding_key)
+        if queue_selector is not None:
+            chosen = queue_selector(queues.queues)
+            if chosen not in queues.queues:
+                raise InvalidArgumentError(
+                    f"the queue selector chose {chosen}, which is not a writable queue of "
+                    f"topic {topic!r}"
+                )
+            return chosen
+        return self._sticky_queue(topic, queues)
+
+    def _sticky_queue(self, topic: str, queues: PublishQueues) -> QueueRef:
+        """Kafka's uniform sticky partitioning (KIP-794): unkeyed sends stay on one queue for
+        `sticky_messages` sends, so concurrent sends share requests instead of spreading one
+        message per request over every queue; then the next queue, round robin, avoiding groups
+        that just failed. Over time every queue gets the same share."""
+        now = monotonic_ms()
+        with self._sticky_lock:
+            current = self._sticky.get(topic)
+            if (
+                current is not None
+                and current[0] in queues.queues
+                and self._sender.is_available(current[0].broker_group, now)
+            ):
+                q, left = current
+                if left > 1:
+                    self._sticky[topic] = (q, left - 1)
+                    return q
+            chosen = self._sender.select(queues, now)
+            self._sticky[topic] = (chosen, self._sticky_messages)
+            return chosen
+
+    def _first_send_queue(self, topic: str) -> QueueRef:
+        """No NameServer knows the topic yet: send to some group's leader, which creates it if
+        its auto_create_topic is on (RocketMQ's autoCreateTopicEnable) or says it does not
+        exist. The group registers the new topic, so later sends find a route."""
+        leaders = sorted(
+            (g.broker_group, g.leader_address)
+            for c in self.routes.cluster_info().clusters
+            for g in c.groups
+            if g.leader_address
+        )
+        if not leaders:
+            raise NoRouteError.for_topic(topic, self.routes.namesrv_addresses)
+        group, address = leaders[self._sender.next_index() % len(leaders)]
+        self._sender.hint_leader(group, address)
+        return QueueRef(topic, group, 0)
+
+
+def _callback_adapter(cb: SendCallback) -> Callable[[Future[SendResult]], None]:
+    def done(fut: Future[SendResult]) -> None:
+        exc = fut.exception()
+        try:
+            if exc is None:
+                cb(fut.result(), None)
+            elif isinstance(exc, RaftMQError):
+                cb(None, exc)
+            else:
+                cb(None, OutcomeUnknownError(f"send failed: {exc}"))
+        except Exception:
+            log.exception("producer.callback_failed")
+
+    return done
+
+
+def _log_oneway_failure(fut: Future[SendResult]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.warning("producer.oneway_failed error=%s", exc)
