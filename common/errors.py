@@ -313,9 +313,7 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(UnsupportedError, _SC.UNIMPLEMENTED, "UNSUPPORTED", _C, False),
     ErrorRow(InvalidDelayError, _SC.INVALID_ARGUMENT, "INVALID_DELAY", _C, False),
     ErrorRow(TransactionNotFoundError, _SC.NOT_FOUND, "TRANSACTION_NOT_FOUND", _C, False),
-    ErrorRow(
-        TransactionConflictError, _SC.FAILED_PRECONDITION, "TRANSACTION_CONFLICT", _C, False
-    ),
+    ErrorRow(TransactionConflictError, _SC.FAILED_PRECONDITION, "TRANSACTION_CONFLICT", _C, False),
     ErrorRow(NotLeaderError, _SC.UNAVAILABLE, "NOT_LEADER", _S, True),
     ErrorRow(NoRouteError, _SC.NOT_FOUND, "NO_ROUTE", _S, True),
     ErrorRow(BrokerUnavailableError, _SC.UNAVAILABLE, "BROKER_UNAVAILABLE", _S, True),
