@@ -191,6 +191,34 @@ class UnsupportedError(RaftMQError):
     """The server does not implement the call or option."""
 
 
+class InvalidDelayError(InvalidArgumentError):
+    """A delay level, delay or delivery time outside the allowed range; the text gives the range."""
+
+
+class TransactionNotFoundError(RaftMQError):
+    """No half message has this transaction id (never stored, or ended and forgotten)."""
+
+    @classmethod
+    def for_id(cls, transaction_id: str) -> TransactionNotFoundError:
+        return cls(
+            f"no transaction with id {transaction_id!r}: no half message was stored under it, "
+            "or it ended long enough ago to be forgotten; check the id the send returned",
+            details={"transaction_id": transaction_id},
+        )
+
+
+class TransactionConflictError(RaftMQError):
+    """The transaction already ended the other way (a commit after a rollback or the reverse)."""
+
+    @classmethod
+    def for_end(cls, transaction_id: str, state: str, wanted: str) -> TransactionConflictError:
+        return cls(
+            f"transaction {transaction_id!r} is already {state}; it cannot be {wanted} now "
+            "(an ended transaction never changes its outcome)",
+            details={"transaction_id": transaction_id, "state": state, "wanted": wanted},
+        )
+
+
 # ---- the system's fault -------------------------------------------------------------------------
 
 
@@ -283,6 +311,9 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(OffsetOutOfRangeError, _SC.OUT_OF_RANGE, "OFFSET_OUT_OF_RANGE", _C, False),
     ErrorRow(MessageNotFoundError, _SC.NOT_FOUND, "MESSAGE_NOT_FOUND", _C, False),
     ErrorRow(UnsupportedError, _SC.UNIMPLEMENTED, "UNSUPPORTED", _C, False),
+    ErrorRow(InvalidDelayError, _SC.INVALID_ARGUMENT, "INVALID_DELAY", _C, False),
+    ErrorRow(TransactionNotFoundError, _SC.NOT_FOUND, "TRANSACTION_NOT_FOUND", _C, False),
+    ErrorRow(TransactionConflictError, _SC.FAILED_PRECONDITION, "TRANSACTION_CONFLICT", _C, False),
     ErrorRow(NotLeaderError, _SC.UNAVAILABLE, "NOT_LEADER", _S, True),
     ErrorRow(NoRouteError, _SC.NOT_FOUND, "NO_ROUTE", _S, True),
     ErrorRow(BrokerUnavailableError, _SC.UNAVAILABLE, "BROKER_UNAVAILABLE", _S, True),

@@ -47,6 +47,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_MESSAGE: _ClassVar[ErrorCode]
     INVALID_MESSAGE_ID: _ClassVar[ErrorCode]
     INVALID_TOPIC_CONFIG: _ClassVar[ErrorCode]
+    INVALID_DELAY: _ClassVar[ErrorCode]
+    TRANSACTION_NOT_FOUND: _ClassVar[ErrorCode]
+    TRANSACTION_CONFLICT: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
 PERM_READ_ONLY: Permission
@@ -77,6 +80,9 @@ INTERNAL: ErrorCode
 INVALID_MESSAGE: ErrorCode
 INVALID_MESSAGE_ID: ErrorCode
 INVALID_TOPIC_CONFIG: ErrorCode
+INVALID_DELAY: ErrorCode
+TRANSACTION_NOT_FOUND: ErrorCode
+TRANSACTION_CONFLICT: ErrorCode
 
 class Message(_message.Message):
     __slots__ = ("body", "tags", "keys", "properties", "flag", "born_timestamp_ms", "born_host")
