@@ -336,8 +336,6 @@ def _parse(buf: Bytes, stamped: bool | None) -> BatchHeader:
         raise MalformedBatchError(f"stored batch version {version} is not supported ({VERSION})")
     if total != size:
         raise MalformedBatchError(f"total length {total} but the batch has {size} bytes")
-    if reserved0 or reserved1 or reserved2:
-        raise MalformedBatchError("reserved header fields are not zero")
     if state == STATE_PRODUCED:
         if stamped:
             raise MalformedBatchError("state: the batch was never stamped")
@@ -360,6 +358,8 @@ def _parse(buf: Bytes, stamped: bool | None) -> BatchHeader:
             raise MalformedBatchError(
                 f"body CRC mismatch: header says {body_crc:#010x}, bytes give {crc:#010x}"
             )
+    if reserved0 or reserved1 or reserved2:
+        raise MalformedBatchError("reserved header fields are not zero")
     if flags & ~_KNOWN_FLAGS:
         raise MalformedBatchError(f"unknown flags {flags:#x}")
     has_producer = bool(flags & HAS_PRODUCER)
