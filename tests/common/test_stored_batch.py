@@ -343,7 +343,7 @@ def test_refusals_name_the_field() -> None:
         (_with(raw, "<I", 44, 1), "reserved"),
         (_with(raw, "<H", 58, 0), "producer"),
         (_with(raw, "<I", h.tables_at + 8 * h.count, 4), "first is 4"),
-        (_with(raw, "<I", h.tables_at + 8 * h.count + 4, 10), "offsets"),
+        (_with(raw, "<I", h.tables_at + 8 * h.count + 4, 1000), "offsets"),  # > offsets[2]
         (_with(raw, "<I", h.tables_at + 8 * h.count + 8, 1 << 20), "offsets"),
         (_with(raw, "<B", FIXED_HEADER_BYTES, 0xFF), "utf-8"),
     ]
@@ -366,6 +366,8 @@ def test_records_inconsistent_with_the_table_are_refused_lazily() -> None:
         (_with(raw, "<H", first + 16, NO_TAG), "lengths give"),  # tag length
         (_with(raw, "<H", first + 18, 2), "keys"),  # key count
         (_with(raw, "<B", first + RECORD_HEAD_BYTES, 0xFF), "utf-8 in a message tag"),
+        (_with(raw, "<I", h.tables_at + 8 * h.count + 4, 10), "too short"),  # 10 < a record head
+        (_with(raw, "<I", h.tables_at + 8 * h.count + 4, 0), "too short"),  # offsets 0, 0, x
     ]
     for buf, field in cases:
         check_batch(buf)  # the leader's whole-batch checks cannot see inside a record
