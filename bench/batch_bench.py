@@ -72,7 +72,12 @@ def run(n: int, body_bytes: int, shape: str, repeats: int) -> dict[str, Any]:
     encode_us = best_us(lambda: encode_batch(TOPIC, 3, msgs, producer, HOST), repeats, inner)
     check_us = best_us(lambda: check_batch(raw), repeats, inner)
     buf = bytearray(raw)
-    stamp_us = best_us(lambda: (buf.__setitem__(2, 0), stamp(buf, 1000, 1)), repeats, 2000)
+
+    def restamp() -> None:
+        buf[2] = 0  # back to "as produced" (the state byte), so stamp() accepts it again
+        stamp(buf, 1000, 1)
+
+    stamp_us = best_us(restamp, repeats, 2000)
     buf[2] = 0
     stamp(buf, 1000, 1_700_000_000_000)
     verify_us = best_us(lambda: verify_stamped(buf), repeats, inner)
