@@ -47,6 +47,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_MESSAGE: _ClassVar[ErrorCode]
     INVALID_MESSAGE_ID: _ClassVar[ErrorCode]
     INVALID_TOPIC_CONFIG: _ClassVar[ErrorCode]
+    INVALID_FILTER: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
 PERM_READ_ONLY: Permission
@@ -77,6 +78,7 @@ INTERNAL: ErrorCode
 INVALID_MESSAGE: ErrorCode
 INVALID_MESSAGE_ID: ErrorCode
 INVALID_TOPIC_CONFIG: ErrorCode
+INVALID_FILTER: ErrorCode
 
 class Message(_message.Message):
     __slots__ = ("body", "tags", "keys", "properties", "flag", "born_timestamp_ms", "born_host")
