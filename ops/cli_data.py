@@ -178,20 +178,27 @@ class _Tally:
     acknowledged: list[SendResult] = field(default_factory=list)
     failed: int = 0
     unknown: int = 0
-    first_error: str = ""
+    first_error: RaftMQError | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, future: Future[SendResult]) -> None:
         exc = future.exception()
-        with self.lock:
-            if exc is None:
+        if exc is None:
+            with self.lock:
                 self.acknowledged.append(future.result())
-            elif isinstance(exc, OutcomeUnknownError | RequestTimeoutError):
-                self.unknown += 1
+            return
+        if not isinstance(exc, RaftMQError):
+            raise exc  # a bug, not an outcome: let it be seen
+        self.failure(exc, 1)
+
+    def failure(self, exc: RaftMQError, count: int) -> None:
+        with self.lock:
+            if isinstance(exc, OutcomeUnknownError | RequestTimeoutError):
+                self.unknown += count
             else:
-                self.failed += 1
-            if exc is not None and not self.first_error:
-                self.first_error = exc.message if isinstance(exc, RaftMQError) else repr(exc)
+                self.failed += count
+            if self.first_error is None:
+                self.first_error = exc
 
 
 def produce(args: argparse.Namespace) -> int:
@@ -224,13 +231,21 @@ def produce(args: argparse.Namespace) -> int:
         try:
             while sent < args.count:
                 n = min(args.batch, args.count - sent)
-                if args.batch > 1:
-                    msgs = [
-                        OutgoingMessage(body_of(sent + i), args.tags, tuple(keys)) for i in range(n)
-                    ]
-                    futures = p.send_batch_async(args.topic, msgs)
-                else:
-                    futures = [p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys)]
+                try:
+                    if args.batch > 1:
+                        msgs = [
+                            OutgoingMessage(body_of(sent + i), args.tags, tuple(keys))
+                            for i in range(n)
+                        ]
+                        futures = p.send_batch_async(args.topic, msgs)
+                    else:
+                        futures = [
+                            p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys)
+                        ]
+                except RaftMQError as exc:  # refused before sending: count it and stop
+                    tally.failure(exc, n)
+                    sent += n
+                    break
                 for f in futures:
                     f.add_done_callback(done)
                 inflight.extend(futures)
@@ -255,13 +270,13 @@ def produce(args: argparse.Namespace) -> int:
     )
     clean = not (tally.failed or tally.unknown or pending or interrupted)
     console.print(f"[green]{summary}[/]" if clean else f"[yellow]{summary}[/]", highlight=False)
-    if tally.first_error:
-        console.print(f"[red]first error:[/] {tally.first_error}", highlight=False)
     if ok and args.show_ids:
         for r in ok[:20]:
             console.print(f"  {r.msg_id}  {r.broker_group}#{r.queue_id}@{r.queue_offset}")
     if interrupted:
         return 130
+    if tally.first_error is not None:
+        raise tally.first_error  # the first failure, as the one error line (exit 1)
     return 0 if clean else 1
 
 
