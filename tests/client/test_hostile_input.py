@@ -4,14 +4,15 @@ a cluster description), never a TypeError, a traceback or a silent fallback."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from raftmq.client.admin import Admin, check_queue_count
+from raftmq.client.admin import Admin, GroupInfo, check_queue_count
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import PushConsumer
-from raftmq.client.messages import OutgoingMessage, to_pb
+from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer import Producer
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.errors import (
@@ -22,13 +23,15 @@ from raftmq.common.errors import (
     InvalidNameError,
     InvalidTopicConfigError,
     RaftMQError,
+    TopicNotFoundError,
 )
 from raftmq.common.filter.sql92 import FilterSyntaxError, compile_filter
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import Message, MessageLimits, validate_group, validate_message
+from raftmq.common.pb import namesrv_pb2
 from raftmq.common.types import QueueRef, check_offset, parse_address_list
-from raftmq.ops import cli
+from raftmq.ops import cli, cli_data
 from raftmq.ops.cluster_spec import SpecError, load, local_description
 
 NOWHERE = "127.0.0.1:1"  # a valid address nothing listens on: constructors never dial
@@ -243,3 +246,75 @@ def test_the_documented_relative_time_reaches_the_handler() -> None:
     argv = cli.join_relative_times(["group", "reset", "g", "--topic", "t", "--to-time", "-10m"])
     args = cli.build_parser().parse_args(argv)
     assert args.to_time == "-10m"
+
+
+class _FakeProducer:
+    """Sends 1 and 3 succeed, send 2 fails, send 4 is interrupted by Ctrl-C."""
+
+    def __init__(self, namesrv: str) -> None:
+        self.calls = 0
+
+    def __enter__(self) -> _FakeProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def send_async(self, topic: str, body: bytes, **kw: object) -> Future[SendResult]:
+        self.calls += 1
+        if self.calls == 4:
+            raise KeyboardInterrupt
+        f: Future[SendResult] = Future()
+        if self.calls == 2:
+            f.set_exception(TopicNotFoundError.for_topic(topic))
+        else:
+            f.set_result(SendResult(f"id{self.calls}", topic, "broker-a", 0, self.calls))
+        return f
+
+
+def test_produce_counts_successes_and_prints_a_summary_on_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli_data, "Producer", _FakeProducer)
+    monkeypatch.setattr(cli_data.console, "width", 250)
+    code = cli.main(["--namesrv", NOWHERE, "produce", "t", "--count", "10"])
+    out, _ = capsys.readouterr()
+    assert code == 130
+    assert "2 messages acknowledged, 1 failed, 0 outcome unknown, of 3 sent" in out, out
+    assert "2/10" in out and "10/10" not in out, "the bar counts acknowledged sends only"
+
+
+def test_group_elect_warns_that_the_balancer_moves_leadership_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = tuple(namesrv_pb2.BrokerNode(node_id=f"n{i}") for i in range(3))
+
+    class FakeAdmin:
+        def __init__(self, namesrv: str) -> None:
+            pass
+
+        def __enter__(self) -> FakeAdmin:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def elect(self, group: str, node: str) -> str:
+            return node
+
+        def groups(self) -> list[GroupInfo]:
+            return [
+                GroupInfo("c", "broker-a", "n1", "", 1, nodes),
+                GroupInfo("c", "broker-b", "n1", "", 1, nodes),
+            ]
+
+    monkeypatch.setattr(cli_data, "Admin", FakeAdmin)
+    monkeypatch.setattr(cli_data.console, "width", 400)
+    code = cli.main(["--namesrv", NOWHERE, "group", "elect", "--group", "broker-a", "--node", "n2"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert "preferred leader n0" in out and 'preferred_leader = "n2"' in out, out
+    # broker-b's preferred node is n1 (the i-th group prefers its i-th node): no warning.
+    code = cli.main(["--namesrv", NOWHERE, "group", "elect", "--group", "broker-b", "--node", "n1"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "warning" not in out
