@@ -84,7 +84,8 @@ def parse_address(value: str, what: str) -> str:
         if "namesrv" in what.lower() or "nameserver" in what.lower():
             usual = f"; RocketMQ's NameServer port is {NAMESRV_PORT}, so probably {item}:9876"
         raise InvalidArgumentError(
-            f"{what}: {item!r} has no port; write host:port ({example}){usual}", details=details
+            f"{what}: {item!r} is not host:port (no port given; {example}){usual}",
+            details=details,
         )
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise InvalidArgumentError(
