@@ -297,14 +297,14 @@ class Dispatcher:
 
     @staticmethod
     def _commit(work: _EntryWork, slot: int, rec: CommitOffset) -> None:
-        validate_group(rec.group)
+        validate_group(rec.group, allow_system=True)  # committed: apply what the log holds
         validate_topic(rec.topic, allow_system=True)
         work.offset_rows.append(OffsetRow(rec.group, rec.topic, rec.queue_id, rec.offset))
         work.outcomes.append(Applied(slot, Kind.COMMIT_OFFSET))
 
     @staticmethod
     def _reset(work: _EntryWork, slot: int, rec: ResetOffsets) -> None:
-        validate_group(rec.group)
+        validate_group(rec.group, allow_system=True)  # committed: apply what the log holds
         validate_topic(rec.topic, allow_system=True)
         for queue_id in sorted(rec.offsets):
             work.offset_rows.append(

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.settings import load_settings, setting, settings_class
-from raftmq.common.types import Member, check_host_port, parse_members
+from raftmq.common.types import Member, check_host_port, parse_address_list, parse_members
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
@@ -126,12 +127,9 @@ class BrokerSettings:
             raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")
         if self.listen:
             check_host_port(self.listen, "listen")
-        for addr in _split(self.namesrv_addresses):
-            check_host_port(addr, "NameServer address")
-        if not _split(self.namesrv_addresses):
-            raise ValueError("namesrv_addresses must name at least one NameServer")
-        for addr in _split(self.controller_addresses):
-            check_host_port(addr, "controller address")
+        _split(self.namesrv_addresses, "namesrv_addresses")  # at least one, each host:port
+        if self.controller_addresses.strip():
+            _split(self.controller_addresses, "controller_addresses")
         positive = {
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "max_message_bytes": self.max_message_bytes,
@@ -162,11 +160,12 @@ class BrokerSettings:
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:
-        return _split(self.namesrv_addresses)
+        return _split(self.namesrv_addresses, "namesrv_addresses")
 
     @property
     def controller_list(self) -> tuple[str, ...]:
-        return _split(self.controller_addresses)
+        text = self.controller_addresses
+        return _split(text, "controller_addresses") if text.strip() else ()
 
     def raft_config(self) -> RaftLogConfig:
         me = self.me
@@ -190,8 +189,13 @@ class BrokerSettings:
         )
 
 
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+def _split(text: str, what: str) -> tuple[str, ...]:
+    """An address list (`,` or `;` between host:port items) by the one common parser; a
+    ValueError, as every settings check raises, naming the key."""
+    try:
+        return parse_address_list(text, what)
+    except InvalidArgumentError as exc:
+        raise ValueError(exc.message) from None
 
 
 def load(

@@ -11,21 +11,39 @@ import grpc
 
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
-from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute, split_addresses
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
+    InvalidTopicConfigError,
     MessageNotFoundError,
     NotLeaderError,
     TopicNotFoundError,
     from_rpc_error,
 )
-from raftmq.common.message import decode_msg_id
+from raftmq.common.message import decode_msg_id, validate_group, validate_topic
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
-from raftmq.common.types import QueueRef
+from raftmq.common.topic_config import MAX_QUEUES_PER_TOPIC
+from raftmq.common.types import QueueRef, check_offset
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
+
+
+def check_queue_count(topic: str, queues: object) -> int:
+    """A topic's queue count per broker group: 1..MAX_QUEUES_PER_TOPIC (0 on the wire would mean
+    the broker's default, which is never what a caller who wrote 0 meant)."""
+    if not isinstance(queues, int) or isinstance(queues, bool):
+        raise InvalidTopicConfigError(
+            f"queues must be an int, not {type(queues).__name__}", details={"argument": "queues"}
+        )
+    if not 1 <= queues <= MAX_QUEUES_PER_TOPIC:
+        raise InvalidTopicConfigError(
+            f"topic {topic!r}: {queues} queues per broker group; give 1..{MAX_QUEUES_PER_TOPIC} "
+            "(RocketMQ's usual is 8)",
+            details={"argument": "queues", "topic": topic},
+        )
+    return queues
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +76,7 @@ class Admin:
 
     def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
         self._pool = ChannelPool()
-        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
+        self.routes = RouteCache(namesrv_addresses, self._pool)
 
     def close(self) -> None:
         self._pool.close()
@@ -162,6 +180,8 @@ class Admin:
         broker_groups: Sequence[str] | None = None,
     ) -> list[str]:
         """Create the topic on every (or the named) broker group; the groups it is on."""
+        validate_topic(topic)
+        check_queue_count(topic, queues)
         cfg = common_pb2.TopicConfig(
             topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm, ordered=ordered
         )
@@ -181,18 +201,35 @@ class Admin:
         self,
         topic: str,
         *,
-        queues: int,
-        ordered: bool = False,
+        queues: int | None = None,
+        ordered: bool | None = None,
+        perm: common_pb2.Permission | None = None,
         broker_groups: Sequence[str] | None = None,
     ) -> list[str]:
-        cfg = common_pb2.TopicConfig(
-            topic=topic, read_queue_nums=queues, write_queue_nums=queues, ordered=ordered
-        )
+        """Change the topic on every group that has it (or the named ones); what is not given
+        keeps its current value. The groups it was changed on."""
+        validate_topic(topic)
+        if queues is not None:
+            check_queue_count(topic, queues)
+        current = dict(self.list_topics().get(topic, []))
+        groups = self._select(broker_groups)
+        if broker_groups is None:
+            groups = [g for g in groups if g.broker_group in current]
+        if not groups or any(g.broker_group not in current for g in groups):
+            raise TopicNotFoundError.for_topic(topic, auto_create=True)
         done = []
-        for g in self._select(broker_groups):
+        for g in groups:
+            now = current[g.broker_group]
+            cfg = common_pb2.TopicConfig(
+                topic=topic,
+                read_queue_nums=now.read_queue_nums if queues is None else queues,
+                write_queue_nums=now.write_queue_nums if queues is None else queues,
+                perm=now.perm if perm is None else perm,
+                ordered=now.ordered if ordered is None else ordered,
+            )
             self._on_leader(
                 g,
-                lambda s: s.UpdateTopic(
+                lambda s, cfg=cfg: s.UpdateTopic(  # type: ignore[misc]
                     broker_pb2.UpdateTopicRequest(config=cfg), timeout=RPC_TIMEOUT_S
                 ),
             )
@@ -236,6 +273,7 @@ class Admin:
     # ---- groups and offsets -------------------------------------------------------------------
 
     def group_lag(self, group: str, topic: str) -> list[QueueLag]:
+        validate_group(group)
         offsets = BrokerOffsets(group, self.routes, self._pool)
         out = []
         for q in self.route(topic).read_queues():
@@ -244,11 +282,29 @@ class Admin:
             out.append(QueueLag(q, committed, low, high))
         return out
 
+    def group_exists(self, group: str, topic: str) -> bool:
+        """Whether the consumer group has used the topic: an offset committed on any of its
+        queues, or a consumer of the group online (the brokers keep no list of groups)."""
+        validate_group(group)
+        offsets = BrokerOffsets(group, self.routes, self._pool)
+        route = self.route(topic)
+        if any(offsets.committed(q) is not None for q in route.read_queues()):
+            return True
+        req = broker_pb2.GetConsumerListRequest(consumer_group=group)
+        for _name, g in self._topic_groups(topic):
+            resp = self._on_leader(g, lambda s: s.GetConsumerList(req, timeout=RPC_TIMEOUT_S))
+            if resp.client_ids:
+                return True
+        return False
+
     def reset_offsets_to_time(
         self, group: str, topic: str, timestamp_ms: int
     ) -> dict[QueueRef, int]:
         """RocketMQ's message backtracking on every group that has the topic. Consumers of the
-        group pick the new offsets up when their queues are next assigned or restarted."""
+        group pick the new offsets up when their queues are next assigned or restarted. A group
+        that does not exist yet is created with these offsets (check group_exists first)."""
+        validate_group(group)
+        check_offset(timestamp_ms, "timestamp_ms")
         out: dict[QueueRef, int] = {}
         for name, g in self._topic_groups(topic):
             resp = self._on_leader(

@@ -13,10 +13,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
-from raftmq.client.routes import ChannelPool, RouteCache, split_addresses
+from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
+from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import validate_group, validate_topic
-from raftmq.common.types import QueueRef
+from raftmq.common.types import QueueRef, check_offset
 
 
 class PullConsumer:
@@ -40,9 +41,10 @@ class PullConsumer:
             raise InvalidArgumentError(
                 "max_prefetch_messages and max_messages_per_pull must be >= 1, long_poll_ms >= 0"
             )
+        check_subscription(tag_expression, sql_expression)
         self.group = group
         self._pool = ChannelPool()
-        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
+        self.routes = RouteCache(namesrv_addresses, self._pool)
         self._offsets = BrokerOffsets(group, self.routes, self._pool)
         self._start_from = start_from
         self._settings = FetchSettings(
@@ -77,6 +79,12 @@ class PullConsumer:
     def assign(self, queues: Iterable[QueueRef]) -> None:
         wanted = set(queues)
         for q in wanted:
+            if not isinstance(q, QueueRef):
+                raise InvalidArgumentError(
+                    f"assign() takes QueueRef values (from queues_of(topic)), not "
+                    f"{type(q).__name__}",
+                    details={"argument": "queues"},
+                )
             validate_topic(q.topic)
         for q in [q for q in self._fetchers if q not in wanted]:
             self._fetchers.pop(q).stop()
@@ -102,6 +110,7 @@ class PullConsumer:
     # ---- positions ----------------------------------------------------------------------------
 
     def seek(self, q: QueueRef, offset: int) -> None:
+        check_offset(offset, "offset")
         f = self._fetcher(q)
         with self._cond:
             self._positions[q] = offset
@@ -114,6 +123,8 @@ class PullConsumer:
         self.seek(q, self._offsets.bounds(q)[1])
 
     def seek_to_timestamp(self, q: QueueRef, timestamp_ms: int) -> None:
+        self._fetcher(q)
+        check_offset(timestamp_ms, "timestamp_ms")
         self.seek(q, self._offsets.for_timestamp(q, timestamp_ms))
 
     def position(self, q: QueueRef) -> int:

@@ -28,13 +28,14 @@ from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
-from raftmq.client.routes import ChannelPool, RouteCache, split_addresses
+from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.errors import (
     InvalidArgumentError,
     RaftMQError,
     from_rpc_error,
 )
+from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import validate_group, validate_topic
 from raftmq.common.pb import broker_pb2
 from raftmq.common.types import QueueRef
@@ -99,6 +100,7 @@ class PushConsumer:
     ) -> None:
         validate_group(group)
         validate_topic(topic)
+        check_subscription(tag_expression, sql_expression)
         if consume_threads < 1 or max_inflight_per_queue < 1:
             raise InvalidArgumentError("consume_threads and max_inflight_per_queue must be >= 1")
         if min(rebalance_interval_ms, heartbeat_interval_ms, commit_interval_ms) < 1:
@@ -122,7 +124,7 @@ class PushConsumer:
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
         self._pool = ChannelPool()
-        self.routes = RouteCache(split_addresses(namesrv_addresses), self._pool)
+        self.routes = RouteCache(namesrv_addresses, self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
         self._file_offsets: FileOffsets | None = None
         if message_model is MessageModel.BROADCASTING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from raftmq.common.message import StoredMessage
+from raftmq.common.message import StoredMessage, check_message_types
 from raftmq.common.pb import common_pb2
 
 
@@ -20,6 +20,9 @@ class OutgoingMessage:
     tags: str | None = None
     keys: tuple[str, ...] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_message_types(self.tags, self.keys, self.properties)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,9 @@ def to_pb(
     born_ms: int,
     born_host: str,
 ) -> common_pb2.Message:
+    """The wire message; InvalidMessageError (naming the field) for a tag, key, property name or
+    value that is not a string, before protobuf's own TypeError could say less."""
+    check_message_types(tags, keys, properties)
     return common_pb2.Message(
         body=body,
         tags=tags or "",

@@ -18,14 +18,24 @@ import grpc
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    InvalidArgumentError,
     NoRouteError,
     NotLeaderError,
     RaftMQError,
+    UnsupportedError,
     from_rpc_error,
 )
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
-from raftmq.common.pb import broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
-from raftmq.common.types import QueueRef
+from raftmq.common.pb import (
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
+from raftmq.common.types import QueueRef, parse_address_list
 
 MIB = 1 << 20
 CHANNEL_OPTIONS = [
@@ -35,17 +45,11 @@ CHANNEL_OPTIONS = [
     *CHANNEL_LIVENESS,
 ]
 NAMESRV_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 1.0  # asking a wrong-role address what it is (only after UNIMPLEMENTED)
 
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def split_addresses(addresses: str | Sequence[str]) -> list[str]:
-    """NameServer addresses as given ("h1:9876,h2:9876" or a list), stripped, empties dropped."""
-    if isinstance(addresses, str):
-        return [a.strip() for a in addresses.split(",") if a.strip()]
-    return [a.strip() for a in addresses if a.strip()]
 
 
 @dataclass(slots=True)
@@ -209,17 +213,14 @@ class RouteCache:
 
     def __init__(
         self,
-        namesrv_addresses: Sequence[str],
+        namesrv_addresses: str | Sequence[str],
         pool: ChannelPool,
         *,
         refresh_interval_ms: int = 30_000,
         max_topics: int = 10_000,
         clock_ms: Callable[[], int] = monotonic_ms,
     ) -> None:
-        addrs = tuple(a.strip() for a in namesrv_addresses if a.strip())
-        if not addrs:
-            raise ValueError("at least one NameServer address is needed")
-        self.namesrv_addresses = addrs
+        self.namesrv_addresses = parse_address_list(namesrv_addresses, "namesrv_addresses")
         self._pool = pool
         self._refresh_ms = refresh_interval_ms
         self._max_topics = max_topics
@@ -274,6 +275,7 @@ class RouteCache:
         caller's fault (unknown topic, bad name) is raised at once; unreachable ones are skipped."""
         n = len(self.namesrv_addresses)
         failures: list[str] = []
+        wrong_role: list[str] = []
         no_route: NoRouteError | None = None
         start = self._preferred
         for k in range(n):
@@ -286,6 +288,10 @@ class RouteCache:
                 if isinstance(err, NoRouteError):
                     no_route = err  # another NameServer may have heard from the brokers
                     continue
+                # A bare UNIMPLEMENTED ("Method not found!"): another kind of server answered.
+                if isinstance(err, UnsupportedError) and "grpc_status" in err.details:
+                    wrong_role.append(f"{addr} is {self._role_of(addr)}, not a NameServer")
+                    continue
                 if err.retryable or isinstance(err, BrokerUnavailableError):
                     failures.append(f"{addr}: {err.message}")
                     continue
@@ -295,11 +301,37 @@ class RouteCache:
             return out
         if no_route is not None:
             raise no_route
+        if wrong_role:
+            raise InvalidArgumentError(
+                "; ".join(wrong_role) + " (it answered UNIMPLEMENTED to a NameServer call); "
+                "pass the NameServer's address (port 9876 in RocketMQ's and raftmq's defaults), "
+                "not a broker's or a controller's"
+                + (f"; the others failed: {'; '.join(failures)}" if failures else ""),
+                details={"namesrv_addresses": ",".join(self.namesrv_addresses)},
+            )
         raise BrokerUnavailableError(
             "no NameServer answered (" + "; ".join(failures) + "); check that at least one of "
             f"{', '.join(self.namesrv_addresses)} is running",
             details={"namesrv_addresses": ",".join(self.namesrv_addresses)},
         )
+
+    def _role_of(self, address: str) -> str:
+        """What a server that is not a NameServer is, by asking it as a broker and a controller."""
+        channel = self._pool.channel(address)
+        try:
+            st = broker_pb2_grpc.BrokerStub(channel).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=PROBE_TIMEOUT_S
+            )
+            return f"a broker (node {st.node_id} of {st.broker_group})"
+        except grpc.RpcError:
+            pass  # not a broker, or it did not answer in time: try a controller
+        try:
+            ctl = controller_pb2_grpc.ControllerStub(channel).GetControllerStatus(
+                controller_pb2.GetControllerStatusRequest(), timeout=PROBE_TIMEOUT_S
+            )
+            return f"a controller (node {ctl.node_id})"
+        except grpc.RpcError:
+            return "a gRPC server of another kind (probably a broker or a controller)"
 
     def _fetch(self, topic: str) -> TopicRoute:
         req = namesrv_pb2.GetRouteInfoByTopicRequest(topic=topic)

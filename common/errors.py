@@ -92,6 +92,11 @@ class InvalidMessageError(InvalidArgumentError):
     """A message breaks a rule (size, properties, tag, keys); the text says which and the limit."""
 
 
+class InvalidFilterError(InvalidArgumentError):
+    """A tag or SQL92 filter expression that does not parse; the text gives the position and the
+    fix."""
+
+
 class InvalidMessageIdError(InvalidArgumentError):
     """A string that is not a raftmq message id."""
 
@@ -304,6 +309,7 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(InvalidMessageError, _SC.INVALID_ARGUMENT, "INVALID_MESSAGE", _C, False),
     ErrorRow(InvalidMessageIdError, _SC.INVALID_ARGUMENT, "INVALID_MESSAGE_ID", _C, False),
     ErrorRow(InvalidTopicConfigError, _SC.INVALID_ARGUMENT, "INVALID_TOPIC_CONFIG", _C, False),
+    ErrorRow(InvalidFilterError, _SC.INVALID_ARGUMENT, "INVALID_FILTER", _C, False),
     ErrorRow(MessageTooLargeError, _SC.INVALID_ARGUMENT, "MESSAGE_TOO_LARGE", _C, False),
     ErrorRow(TopicNotFoundError, _SC.NOT_FOUND, "TOPIC_NOT_FOUND", _C, False),
     ErrorRow(TopicAlreadyExistsError, _SC.ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS", _C, False),

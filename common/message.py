@@ -7,6 +7,7 @@ typed errors whose text names the rule and the limit, so a client can fix its re
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from raftmq.common.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
@@ -22,6 +23,9 @@ MAX_PRODUCER_ID_BYTES = 128  # an lmdb key holds it with a topic: 511 bytes at m
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
 SYSTEM_TOPIC_PREFIXES = (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX, "rmq_sys_")
+# A group named like a retry or dead-letter topic would make its own retry topic %RETRY%%RETRY%g;
+# RocketMQ reserves CID_RMQ_SYS_ for the broker's own consumer groups.
+SYSTEM_GROUP_PREFIXES = (*SYSTEM_TOPIC_PREFIXES, "CID_RMQ_SYS_")
 SYSTEM_TOPICS = frozenset(
     {
         "TBW102",
@@ -153,8 +157,14 @@ def dlq_topic(group: str) -> str:
     return DLQ_TOPIC_PREFIX + group
 
 
-def validate_group(name: str) -> None:
-    """RocketMQ's consumer/producer group rules (Validators.checkGroup)."""
+def validate_group(name: str, *, allow_system: bool = False) -> None:
+    """RocketMQ's consumer/producer group rules (Validators.checkGroup). Names with a system
+    prefix (%RETRY%, %DLQ%, rmq_sys_, CID_RMQ_SYS_) are refused unless `allow_system` (applying
+    records already committed, which an older version may have accepted)."""
+    if not isinstance(name, str):
+        raise _bad_name(
+            "group", repr(name), f"group name must be a string, not {type(name).__name__}"
+        )
     if not name:
         raise _bad_name("group", name, "group name is empty")
     if len(name) > MAX_GROUP_CHARS:
@@ -166,6 +176,15 @@ def validate_group(name: str) -> None:
             "group",
             name,
             f"group name {name!r} may only contain letters, digits, '%', '|', '_' and '-'",
+        )
+    if not allow_system and name.startswith(SYSTEM_GROUP_PREFIXES):
+        prefix = next(p for p in SYSTEM_GROUP_PREFIXES if name.startswith(p))
+        raise _bad_name(
+            "group",
+            name,
+            f"group name {name!r} starts with the reserved prefix {prefix!r} (the system's retry, "
+            f"dead-letter and internal names); choose a name without it, e.g. "
+            f"{name[len(prefix) :] or 'my-group'!r}",
         )
 
 
@@ -194,11 +213,65 @@ def validate_property_name(name: str, limits: MessageLimits) -> None:
         )
 
 
+def _type_name(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def check_message_types(tags: object, keys: object, properties: object) -> None:
+    """Tags, keys and properties are strings (properties a mapping of str to str): a message's
+    user fields cross the wire as protobuf strings. InvalidMessageError names the field."""
+    if tags is not None and not isinstance(tags, str):
+        raise InvalidMessageError(
+            f"tags must be a string or None, not {_type_name(tags)} ({tags!r})",
+            details={"field": "tags"},
+        )
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (tuple, list)):
+        raise InvalidMessageError(
+            f"keys must be a sequence of strings, not {_type_name(keys)}; write keys=[{keys!r}]"
+            if isinstance(keys, str)
+            else f"keys must be a sequence of strings, not {_type_name(keys)}",
+            details={"field": "keys"},
+        )
+    for key in keys:
+        if not isinstance(key, str):
+            raise InvalidMessageError(
+                f"message key {key!r} is of type {_type_name(key)}; keys must be strings "
+                f"(write str({key!r}) to send its text)",
+                details={"field": "keys"},
+            )
+    if properties is None:
+        return
+    if not isinstance(properties, Mapping):
+        raise InvalidMessageError(
+            f"properties must be a mapping of str to str, not {_type_name(properties)}",
+            details={"field": "properties"},
+        )
+    for name, value in properties.items():
+        if not isinstance(name, str):
+            raise InvalidMessageError(
+                f"property name {name!r} is of type {_type_name(name)}; property names must be "
+                "strings",
+                details={"field": "properties", "property": repr(name)},
+            )
+        if not isinstance(value, str):
+            fix = (
+                "leave the property out to send no value"
+                if value is None
+                else f"send str({value!r}) and convert it back when consuming"
+            )
+            raise InvalidMessageError(
+                f"the value of property {name!r} is {_type_name(value)} ({value!r}); property "
+                f"values must be strings: {fix}",
+                details={"field": "properties", "property": name},
+            )
+
+
 def validate_message(
     msg: Message, limits: MessageLimits, *, allow_system_topic: bool = False
 ) -> None:
     """Refuse a message a RocketMQ broker would refuse; the error text names the rule."""
     validate_topic(msg.topic, allow_system=allow_system_topic)
+    check_message_types(msg.tags, msg.keys, msg.properties)
     size = len(msg.body)
     if size == 0 and not limits.allow_empty_body:
         raise InvalidMessageError("message body is empty")

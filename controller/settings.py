@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.settings import load_settings, setting, settings_class
-from raftmq.common.types import Member, parse_members
+from raftmq.common.types import Member, parse_address_list, parse_members
 from raftmq.controller.balance import BalancePolicy, parse_preferred
 from raftmq.raftlog.config import RaftLogConfig
 
@@ -62,8 +63,7 @@ class ControllerSettings:
         peers = self.peer_list
         if self.node_id in {p.node_id for p in peers}:
             raise ValueError(f"peers must not contain this controller ({self.node_id})")
-        if not [a for a in self.namesrv_addresses.split(",") if a.strip()]:
-            raise ValueError("namesrv_addresses must name at least one NameServer")
+        self.namesrv_list  # noqa: B018 (at least one NameServer, each host:port)
         if self.push_timeout_ms <= 0 or not 1 <= self.push_retries <= 100:
             raise ValueError("push_timeout_ms must be > 0 and push_retries within 1..100")
         parse_preferred(self.preferred_leaders)
@@ -90,7 +90,10 @@ class ControllerSettings:
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:
-        return tuple(a.strip() for a in self.namesrv_addresses.split(",") if a.strip())
+        try:
+            return parse_address_list(self.namesrv_addresses, "namesrv_addresses")
+        except InvalidArgumentError as exc:
+            raise ValueError(exc.message) from None
 
     def raft_config(self) -> RaftLogConfig:
         return RaftLogConfig(

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -21,6 +22,9 @@ from raftmq.ops.cluster_spec import SpecError
 
 ENTRY_POINT_GROUP = "raftmq.cli"
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
+# Options whose value may be a relative time such as -10m, which argparse would take for a flag.
+RELATIVE_TIME_OPTIONS = frozenset({"--to-time"})
+_RELATIVE_TIME = re.compile(r"-\d+[smhd]")
 
 log = logging.getLogger("raftmq.cli")
 err_console = Console(stderr=True)
@@ -41,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--namesrv",
         default=os.environ.get("RAFTMQ_NAMESRV", DEFAULT_NAMESRV),
-        help="NameServer addresses, comma-separated "
+        help="NameServer addresses as host:port, separated by ',' or ';' (RocketMQ's NameServer "
+        "port is 9876; an address without a port is refused) "
         f"(env RAFTMQ_NAMESRV; default {DEFAULT_NAMESRV})",
     )
     parser.add_argument("--verbose", action="store_true", help="log the SDK's own messages")
@@ -56,9 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def join_relative_times(argv: Sequence[str]) -> list[str]:
+    """`--to-time -10m` -> `--to-time=-10m`: argparse takes a value starting with '-' that is not
+    a plain negative number for an option, so the documented form would fail without this."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in RELATIVE_TIME_OPTIONS and _RELATIVE_TIME.fullmatch(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -13,13 +13,14 @@ from rich.table import Table
 
 from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
+from raftmq.common.types import parse_address_list
 
 console = Console()
 DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
 
 
 def status(args: argparse.Namespace) -> int:
-    addresses = [a.strip() for a in args.controllers.split(",") if a.strip()]
+    addresses = parse_address_list(args.controllers, "--controllers (controller addresses)")
     rows = []
     groups: list[controller_pb2.GroupRecord] = []
     for a in addresses:
@@ -70,6 +71,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--controllers",
         default=os.environ.get("RAFTMQ_CONTROLLERS", DEFAULT_CONTROLLERS),
-        help="controller addresses (env RAFTMQ_CONTROLLERS)",
+        help="controller addresses as host:port, separated by ',' or ';' (env RAFTMQ_CONTROLLERS)",
     )
     p.set_defaults(func=status)

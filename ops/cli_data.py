@@ -7,28 +7,51 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raftmq.client.admin import Admin
+from raftmq.client.admin import Admin, GroupInfo
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.errors import (
+    InvalidArgumentError,
+    MessageNotFoundError,
+    OutcomeUnknownError,
+    RaftMQError,
+    RequestTimeoutError,
+)
+from raftmq.common.pb import common_pb2
+from raftmq.common.types import parse_address_list
 
 console = Console()
 Handler = Callable[[argparse.Namespace], int]
+DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
+MAX_INFLIGHT = 1024  # sends of one `produce` not yet settled
+PERMS = {
+    "rw": common_pb2.PERM_READ_WRITE,
+    "r": common_pb2.PERM_READ_ONLY,
+    "w": common_pb2.PERM_WRITE_ONLY,
+    "none": common_pb2.PERM_NONE,
+}
 
 
 def _namesrv(args: argparse.Namespace) -> str:
-    value = getattr(args, "namesrv", None) or os.environ.get("RAFTMQ_NAMESRV")
-    return str(value or "127.0.0.1:9876,127.0.0.1:9877")
+    """The --namesrv value as given (an empty one is an error, never the default)."""
+    value = getattr(args, "namesrv", None)
+    if value is None:
+        value = os.environ.get("RAFTMQ_NAMESRV", DEFAULT_NAMESRV)
+    return ",".join(parse_address_list(str(value), "--namesrv (NameServer addresses)"))
 
 
 def parse_time_ms(text: str) -> int:
@@ -60,14 +83,43 @@ def _fmt_ms(ms: int) -> str:
 # ---- topic ---------------------------------------------------------------------------------------
 
 
+def _groups(args: argparse.Namespace) -> list[str] | None:
+    return [g.strip() for g in (args.groups or "").split(",") if g.strip()] or None
+
+
 def topic_create(args: argparse.Namespace) -> int:
-    groups = [g for g in (args.groups or "").split(",") if g] or None
+    groups = _groups(args)
     with Admin(_namesrv(args)) as admin:
         done = admin.create_topic(
             args.topic, queues=args.queues, ordered=args.ordered, broker_groups=groups
         )
     console.print(
         f"[green]topic {args.topic}[/] created on {', '.join(done)} ({args.queues} queues each)"
+    )
+    return 0
+
+
+def topic_update(args: argparse.Namespace) -> int:
+    if args.queues is None and args.perm is None and args.ordered is None:
+        raise InvalidArgumentError(
+            "nothing to change: give --queues N, --perm rw|r|w|none, --ordered or --no-ordered"
+        )
+    with Admin(_namesrv(args)) as admin:
+        done = admin.update_topic(
+            args.topic,
+            queues=args.queues,
+            perm=None if args.perm is None else PERMS[args.perm],
+            ordered=args.ordered,
+            broker_groups=_groups(args),
+        )
+    changes = [
+        f"{args.queues} queues" if args.queues is not None else "",
+        f"permission {args.perm}" if args.perm is not None else "",
+        ("ordered" if args.ordered else "not ordered") if args.ordered is not None else "",
+    ]
+    console.print(
+        f"[green]topic {args.topic}[/] updated on {', '.join(done)}: "
+        + ", ".join(c for c in changes if c)
     )
     return 0
 
@@ -119,6 +171,36 @@ def topic_delete(args: argparse.Namespace) -> int:
 # ---- produce / consume ---------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class _Tally:
+    """Outcomes of the sends of one `produce`, counted as their futures complete."""
+
+    acknowledged: list[SendResult] = field(default_factory=list)
+    failed: int = 0
+    unknown: int = 0
+    first_error: RaftMQError | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, future: Future[SendResult]) -> None:
+        exc = future.exception()
+        if exc is None:
+            with self.lock:
+                self.acknowledged.append(future.result())
+            return
+        if not isinstance(exc, RaftMQError):
+            raise exc  # a bug, not an outcome: let it be seen
+        self.failure(exc, 1)
+
+    def failure(self, exc: RaftMQError, count: int) -> None:
+        with self.lock:
+            if isinstance(exc, OutcomeUnknownError | RequestTimeoutError):
+                self.unknown += count
+            else:
+                self.failed += count
+            if self.first_error is None:
+                self.first_error = exc
+
+
 def produce(args: argparse.Namespace) -> int:
     if args.count < 1 or args.size < 1 or args.batch < 1:
         raise InvalidArgumentError("--count, --size and --batch must be at least 1")
@@ -133,40 +215,69 @@ def produce(args: argparse.Namespace) -> int:
         return (head + pad)[: max(size, len(head))]
 
     keys = [args.key] if args.key else []
-    results: list[SendResult] = []
+    tally = _Tally()
     started = time.monotonic()
     interval = 1.0 / args.rate if args.rate else 0.0
+    sent = 0
+    inflight: list[Future[SendResult]] = []
+    interrupted = False
     with Producer(_namesrv(args)) as p, _progress() as progress:
         task = progress.add_task(f"producing to {args.topic}", total=args.count)
-        sent = 0
-        pending = []
-        while sent < args.count:
-            n = min(args.batch, args.count - sent)
-            if args.batch > 1:
-                msgs = [
-                    OutgoingMessage(body_of(sent + i), args.tags, tuple(keys)) for i in range(n)
-                ]
-                pending.extend(p.send_batch_async(args.topic, msgs))
-            else:
-                pending.append(p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys))
-            sent += n
-            if len(pending) >= 1024:
-                results.extend(f.result() for f in pending)
-                pending.clear()
-            progress.update(task, completed=sent)
-            if interval:
-                time.sleep(max(0.0, started + sent * interval - time.monotonic()))
-        results.extend(f.result() for f in pending)
+
+        def done(f: Future[SendResult]) -> None:
+            tally.count(f)
+            progress.update(task, completed=len(tally.acknowledged))  # successes only
+
+        try:
+            while sent < args.count:
+                n = min(args.batch, args.count - sent)
+                try:
+                    if args.batch > 1:
+                        msgs = [
+                            OutgoingMessage(body_of(sent + i), args.tags, tuple(keys))
+                            for i in range(n)
+                        ]
+                        futures = p.send_batch_async(args.topic, msgs)
+                    else:
+                        futures = [
+                            p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys)
+                        ]
+                except RaftMQError as exc:  # refused before sending: count it and stop
+                    tally.failure(exc, n)
+                    sent += n
+                    break
+                for f in futures:
+                    f.add_done_callback(done)
+                inflight.extend(futures)
+                if len(inflight) >= MAX_INFLIGHT:  # bounded: wait for these before sending more
+                    for f in inflight:
+                        f.exception()
+                    inflight.clear()
+                sent += n
+                if interval:
+                    time.sleep(max(0.0, started + sent * interval - time.monotonic()))
+        except KeyboardInterrupt:
+            interrupted = True  # the producer's close() below still settles what was sent
     elapsed = time.monotonic() - started
-    groups = sorted({r.broker_group for r in results})
-    console.print(
-        f"[green]{len(results)} messages[/] acknowledged in {elapsed:.2f} s "
-        f"({len(results) / max(elapsed, 1e-9):,.0f} msg/s) on {', '.join(groups)}"
+    ok = tally.acknowledged
+    groups = sorted({r.broker_group for r in ok})
+    pending = sent - len(ok) - tally.failed - tally.unknown
+    summary = (
+        f"{len(ok)} messages acknowledged, {tally.failed} failed, "
+        f"{tally.unknown + pending} outcome unknown, of {sent} sent in {elapsed:.2f} s "
+        f"({len(ok) / max(elapsed, 1e-9):,.0f} msg/s)"
+        + (f" on {', '.join(groups)}" if groups else "")
     )
-    if results and args.show_ids:
-        for r in results[:20]:
+    clean = not (tally.failed or tally.unknown or pending or interrupted)
+    console.print(f"[green]{summary}[/]" if clean else f"[yellow]{summary}[/]", highlight=False)
+    if ok and args.show_ids:
+        for r in ok[:20]:
             console.print(f"  {r.msg_id}  {r.broker_group}#{r.queue_id}@{r.queue_offset}")
-    return 0
+    if interrupted:
+        return 130
+    if tally.first_error is not None:
+        raise tally.first_error  # the first failure, as the one error line (exit 1)
+    return 0 if clean else 1
 
 
 def consume(args: argparse.Namespace) -> int:
@@ -229,6 +340,12 @@ def group_lag(args: argparse.Namespace) -> int:
 def group_reset(args: argparse.Namespace) -> int:
     ms = parse_time_ms(args.to_time)
     with Admin(_namesrv(args)) as admin:
+        if not args.create and not admin.group_exists(args.group, args.topic):
+            raise InvalidArgumentError(
+                f"consumer group {args.group!r} has no committed offset on topic {args.topic!r} "
+                "and no consumer online: check the name (`raftmq group lag GROUP --topic "
+                f"{args.topic}`), or add --create to start a new group at these offsets"
+            )
         offsets = admin.reset_offsets_to_time(args.group, args.topic, ms)
     table = Table(title=f"group {args.group} reset to {_fmt_ms(ms)}")
     table.add_column("queue")
@@ -243,13 +360,37 @@ def group_reset(args: argparse.Namespace) -> int:
 def group_elect(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         leader = admin.elect(args.group, args.node)
+        groups = admin.groups()
     if leader != args.node:
         console.print(
             f"[yellow]{args.group} is led by {leader or 'nobody'} (asked: {args.node})[/]"
         )
         return 1
     console.print(f"[green]{args.group} is now led by {leader}[/]")
+    preferred = _preferred_leader(groups, args.group)
+    if preferred and preferred != leader:
+        console.print(
+            f"[yellow]warning:[/] the controllers' leader balancer (balance_leaders, on by "
+            f"default) hands {args.group} back to its preferred leader {preferred} within about "
+            f"15 s, unless it is configured otherwise. To keep {leader}: set "
+            f'preferred_leader = "{leader}" in the [[group]] table of {args.group} in the cluster '
+            f'description (the controllers\' preferred_leaders = "{args.group}={leader}"), or '
+            "balance_leaders = false, and restart the controllers",
+            highlight=False,
+        )
     return 0
+
+
+def _preferred_leader(groups: list[GroupInfo], group: str) -> str:
+    """The node the controllers' balancer prefers for `group` when none is configured (the
+    controller's own rule; "" when the controller package is not installed)."""
+    try:
+        balance = importlib.import_module("raftmq.controller.balance")
+    except ModuleNotFoundError:
+        return ""
+    names = [g.broker_group for g in groups]
+    members = next(([n.node_id for n in g.nodes] for g in groups if g.broker_group == group), [])
+    return str(balance.preferred_node(group, members, names, {}))
 
 
 def message_get(args: argparse.Namespace) -> int:
@@ -260,6 +401,13 @@ def message_get(args: argparse.Namespace) -> int:
             if not args.topic:
                 raise InvalidArgumentError("--key needs --topic")
             found = admin.messages_by_key(args.topic, args.key)
+    if not found:
+        # The same outcome as a lookup by id that finds nothing: one line, exit 1.
+        raise MessageNotFoundError(
+            f"no message with key {args.key!r} in topic {args.topic!r}; keys are matched exactly, "
+            "and messages older than the retention are gone",
+            details={"key": args.key, "topic": args.topic},
+        )
     table = Table(title="messages")
     for col in ("msg id", "queue", "offset", "tags", "keys", "stored", "body"):
         table.add_column(col)
@@ -274,7 +422,7 @@ def message_get(args: argparse.Namespace) -> int:
             m.body[:60].decode("utf-8", "replace"),
         )
     console.print(table)
-    return 0 if found else 1
+    return 0
 
 
 def _progress() -> Progress:
@@ -296,10 +444,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")
     p.add_argument("topic")
-    p.add_argument("--queues", type=int, default=8, help="read and write queues per group")
+    p.add_argument(
+        "--queues", type=int, default=8, help="read and write queues per group (1..1024)"
+    )
     p.add_argument("--ordered", action="store_true", help="senders use a sharding key")
     p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
     p.set_defaults(func=topic_create)
+    p = tsub.add_parser("update", help="change a topic's queues, permission or ordering")
+    p.add_argument("topic")
+    p.add_argument("--queues", type=int, default=None, help="read and write queues per group")
+    p.add_argument("--perm", choices=sorted(PERMS), default=None, help="rw, r, w or none")
+    p.add_argument(
+        "--ordered",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="senders use a sharding key (--no-ordered: they do not)",
+    )
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.set_defaults(func=topic_update)
     p = tsub.add_parser("list", help="every topic with its groups and queues")
     p.set_defaults(func=topic_list)
     p = tsub.add_parser("route", help="a topic's route: groups, leaders, queues")
@@ -309,7 +471,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("topic")
     p.set_defaults(func=topic_delete)
 
-    p = subparsers.add_parser("produce", help="send messages (a progress bar shows the work)")
+    p = subparsers.add_parser(
+        "produce", help="send messages (the bar counts acknowledged ones; a summary at the end)"
+    )
     p.add_argument("topic")
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--size", type=int, default=100, help="body bytes of generated messages")
@@ -342,7 +506,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = gsub.add_parser("reset", help="reset a group's offsets to a time (backtracking)")
     p.add_argument("group")
     p.add_argument("--topic", required=True)
-    p.add_argument("--to-time", required=True, help="ms since the epoch, ISO time, or -10m")
+    p.add_argument(
+        "--to-time",
+        required=True,
+        help="ms since the epoch, ISO time, or a relative time: --to-time -10m (or -2h, -30s)",
+    )
+    p.add_argument(
+        "--create", action="store_true", help="allow a group that has never committed an offset"
+    )
     p.set_defaults(func=group_reset)
 
     p = gsub.add_parser("elect", help="hand a broker group's leadership to one of its nodes")

@@ -8,11 +8,15 @@ namespaces, containers) without touching the description.
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from raftmq.common.settings import settings_table
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
@@ -405,6 +409,8 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     settings = raw.get("settings", {})
     if not isinstance(settings, dict) or not set(settings) <= {"namesrv", "broker", "controller"}:
         raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
+    for role, table in settings.items():
+        _check_settings_keys(role, table, source)
     spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings, preferred, embedded)
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
@@ -416,6 +422,40 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
             raise SpecError(f"{source}: {pname} and {other} both use {host}:{port}")
         seen[(host, port)] = pname
     return spec
+
+
+# Each [settings.<role>] table's keys are the fields of the role's settings class.
+ROLE_SETTINGS = {
+    "namesrv": ("raftmq.namesrv.settings", "NameServerSettings"),
+    "broker": ("raftmq.broker.settings", "BrokerSettings"),
+    "controller": ("raftmq.controller.settings", "ControllerSettings"),
+}
+
+
+def _check_settings_keys(role: str, table: object, source: str) -> None:
+    """Refuse a key the role's settings class does not have, when the description is read (not
+    after half the cluster has started), with the closest known key as the likely fix."""
+    if not isinstance(table, dict):
+        raise SpecError(f"{source}: [settings.{role}] must be a table of key = value")
+    module_name, class_name = ROLE_SETTINGS[role]
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except ModuleNotFoundError as exc:
+        raise SpecError(
+            f"{source}: [settings.{role}] cannot be checked: {exc.name} is not installed "
+            "(install raftmq[server] to run a cluster)"
+        ) from exc
+    known = [row.key for row in settings_table(cls)]
+    for key in table:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SpecError(
+            f"{source}: [settings.{role}] has no key {key!r}{hint} (the {role} settings are "
+            "listed in the README's settings table and by "
+            f"`python -m raftmq.{role}.server --help`)"
+        )
 
 
 def local_description(

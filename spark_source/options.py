@@ -13,11 +13,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from raftmq.common.errors import InvalidNameError
+from raftmq.common.errors import InvalidArgumentError, InvalidNameError
 from raftmq.common.filter.sql92 import FilterSyntaxError
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import validate_topic
-from raftmq.common.types import QueueRef
+from raftmq.common.types import QueueRef, parse_address_list
 from raftmq.spark_source import offsets as offsets_json
 from raftmq.spark_source.offsets import EARLIEST, LATEST, OffsetsFormatError
 
@@ -177,16 +177,10 @@ def parse_namesrv(opts: Mapping[str, str]) -> tuple[str, ...]:
             f"option {NAMESERVER!r} is required: the NameServer addresses, "
             "e.g. .option('nameServer', '127.0.0.1:9876;127.0.0.1:9877')"
         )
-    out: list[str] = []
-    for part in re.split(r"[;,]", raw):
-        addr = part.strip()
-        if not addr:
-            continue
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise OptionError(f"{NAMESERVER}: {addr!r} is not host:port")
-        if addr not in out:
-            out.append(addr)
+    try:
+        out = parse_address_list(raw, NAMESERVER)
+    except InvalidArgumentError as exc:
+        raise OptionError(exc.message) from None
     if not out or len(out) > MAX_NAMESERVERS:
         raise OptionError(f"{NAMESERVER}: give 1 to {MAX_NAMESERVERS} addresses, got {raw!r}")
     return tuple(out)
@@ -396,7 +390,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         max_per = min_per = None
     expression = opts.get(SUB_EXPRESSION.lower(), "*").strip() or "*"
     try:
-        parse_tag_expression(expression)
+        parse_tag_expression(expression, strict=True)
     except FilterSyntaxError as exc:
         raise OptionError(
             f"{SUB_EXPRESSION} {expression!r} is not a tag expression: {exc}"

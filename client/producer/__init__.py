@@ -24,7 +24,7 @@ from raftmq.client.accumulator import Accumulator
 from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
-from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms, split_addresses
+from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -115,7 +115,7 @@ class Producer:
         self._max_message_bytes = max_message_bytes
         self._pool = ChannelPool()
         self.routes = RouteCache(
-            split_addresses(namesrv_addresses), self._pool, refresh_interval_ms=route_refresh_ms
+            namesrv_addresses, self._pool, refresh_interval_ms=route_refresh_ms
         )
         config = SenderConfig(
             producer_id=self.producer_id,

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftmq.common.errors import InvalidFilterError
+
 MAX_EXPRESSION_CHARS = 4096
 MAX_NESTING_DEPTH = 64  # parentheses and NOTs; keeps both parser and evaluator recursion bounded
 
@@ -24,9 +26,10 @@ Truth = bool | None
 Number = int | float
 
 
-class FilterSyntaxError(ValueError):
+class FilterSyntaxError(InvalidFilterError, ValueError):
     """The filter expression is malformed: the caller's fault (the broker answers INVALID_ARGUMENT).
 
+    A typed RaftMQError (INVALID_FILTER), and a ValueError for callers that catch that.
     `position` is the 0-based character offset of the offending token, `expected` says what the
     parser wanted there and `found` what it got.
     """
@@ -35,7 +38,9 @@ class FilterSyntaxError(ValueError):
         message = f"at position {position}: expected {expected}, found {found}"
         if hint:
             message += f" ({hint})"
-        super().__init__(message)
+        super().__init__(
+            message, details={"position": str(position), "expected": expected, "found": found}
+        )
         self.position = position
         self.expected = expected
         self.found = found

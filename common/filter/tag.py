@@ -59,10 +59,13 @@ class TagFilter:
 MATCH_ALL = TagFilter(SUB_ALL, None, None)
 
 
-def parse_tag_expression(expression: str | None) -> TagFilter:
+def parse_tag_expression(expression: str | None, *, strict: bool = False) -> TagFilter:
     """Parses `*`, `""`, None (every message) or `tagA || tagB || ...` (whitespace around tags is
     ignored). A `*` among the alternatives selects every message too. Raises FilterSyntaxError
-    for an expression that names no tag (such as `||`) or is longer than the SQL92 limit."""
+    (an InvalidFilterError) for an expression that names no tag (such as `||`), uses an operator
+    tag expressions do not have (`&&`, a single `|`: no tag can hold '|'), or is longer than the
+    SQL92 limit. An empty alternative (`TagA ||`) is skipped, as RocketMQ's broker does, unless
+    `strict` (what a consumer is built with: there it is a typo to report)."""
     if expression is None:
         return MATCH_ALL
     if len(expression) > MAX_EXPRESSION_CHARS:
@@ -73,9 +76,47 @@ def parse_tag_expression(expression: str | None) -> TagFilter:
         )
     if not expression.strip():
         return TagFilter(expression, None, None)
-    tags = frozenset(t.strip() for t in expression.split(TAG_SEPARATOR)) - {""}
-    if not tags:
-        raise FilterSyntaxError(0, "a tag or '*'", repr(expression))
+    tags = _split_tags(expression, strict)
     if SUB_ALL in tags:
         return TagFilter(expression, None, None)
     return TagFilter(expression, tags, frozenset(tag_hash(t) for t in tags))
+
+
+def _split_tags(expression: str, strict: bool) -> frozenset[str]:
+    """The tags of `tagA || tagB`, refusing what RocketMQ's tag expressions cannot say."""
+    amp = expression.find("&&")
+    if amp >= 0:
+        raise FilterSyntaxError(
+            amp,
+            "'||' or a tag",
+            "'&&'",
+            "tag expressions only have '||' (a message has one tag, so 'TagA && TagB' matches "
+            "nothing); to combine conditions use an SQL92 filter such as "
+            "\"TAGS = 'TagA' AND region = 'eu'\"",
+        )
+    tags: list[str] = []
+    pos = 0
+    for part in expression.split(TAG_SEPARATOR):
+        tag = part.strip()
+        at = pos + (len(part) - len(part.lstrip()))
+        if "|" in tag:
+            bar = pos + part.index("|")
+            raise FilterSyntaxError(bar, "'||' between tags", "a single '|'", "write TagA || TagB")
+        if not tag:
+            if not expression.replace("|", "").strip():
+                raise FilterSyntaxError(
+                    0, "a tag or '*'", repr(expression), "name a tag, or use '*' for every tag"
+                )
+            if not strict:
+                pos += len(part) + len(TAG_SEPARATOR)
+                continue
+            where = "before" if not tags else "after"
+            raise FilterSyntaxError(
+                at,
+                f"a tag {where} '||'",
+                "nothing",
+                "remove the dangling '||' or name a tag there, e.g. 'TagA || TagB'",
+            )
+        tags.append(tag)
+        pos += len(part) + len(TAG_SEPARATOR)
+    return frozenset(tags)

@@ -229,3 +229,85 @@ def test_a_full_producer_buffer_raises_queue_full_and_loses_nothing_accepted(
     with Producer(cluster.namesrv, max_buffered_messages=20, max_block_ms=30_000) as p:
         waited = [p.send_async(topic, f"w{i}".encode()) for i in range(500)]
         assert all(f.result(timeout=60).msg_id for f in waited), "blocking mode: all sent"
+
+
+def test_a_pull_with_a_bad_filter_gets_a_typed_error_with_the_position(cluster: Cluster) -> None:
+    """Issue 15: a filter the consumer would refuse is refused by the broker too (an old or
+    foreign client), as INVALID_ARGUMENT with the position, never INTERNAL or an empty answer."""
+    topic = "badfilter"
+    create_topic(cluster, topic, queues=1)
+    with Admin(cluster.namesrv) as admin:
+        leader = admin.routes.leader(topic, "broker-a")
+    pool = ChannelPool()
+    try:
+        cases = [
+            (broker_pb2.SQL92, "region = = 'eu'", "position 9"),
+            (broker_pb2.SQL92, "a IN ()", "position 6"),
+            (broker_pb2.TAG, "TagA && TagB", "only have '||'"),
+            (broker_pb2.TAG, "||", "position 0"),
+        ]
+        for filter_type, expression, text in cases:
+            req = broker_pb2.PullMessageRequest(
+                consumer_group="g-badfilter",
+                topic=topic,
+                queue_id=0,
+                offset=0,
+                filter_type=filter_type,
+                filter_expression=expression,
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                pool.broker(leader).PullMessage(req, timeout=10)
+            err = from_rpc_error(info.value)
+            assert isinstance(err, InvalidArgumentError), (expression, err)
+            assert text in err.message and expression in err.message, err.message
+    finally:
+        pool.close()
+
+
+def test_a_broker_given_as_the_namesrv_is_named(cluster: Cluster) -> None:
+    """`UNIMPLEMENTED: Method not found!` becomes a word on which role answered and what to pass."""
+    layout, _ = cluster.groups["broker-a"]
+    broker = f"127.0.0.1:{layout.grpc_ports[0]}"
+    with Admin(broker) as admin, pytest.raises(InvalidArgumentError) as info:
+        admin.list_topics()
+    assert f"{broker} is a broker (node n0 of broker-a), not a NameServer" in info.value.message
+    assert "pass the NameServer's address" in info.value.message
+    # With a real NameServer beside it, the right one serves and the wrong one is skipped.
+    with Admin(f"{broker};{cluster.namesrv_addresses[0]}") as admin:
+        assert admin.groups()
+
+
+def test_a_system_group_is_refused_by_the_broker(cluster: Cluster) -> None:
+    topic = "sysgroup"
+    create_topic(cluster, topic, queues=1)
+    with Admin(cluster.namesrv) as admin:
+        leader = admin.routes.leader(topic, "broker-a")
+    pool = ChannelPool()
+    try:
+        req = broker_pb2.QueryOffsetRequest(consumer_group="%RETRY%g", topic=topic, queue_id=0)
+        with pytest.raises(grpc.RpcError) as info:
+            pool.broker(leader).QueryOffset(req, timeout=10)
+        err = from_rpc_error(info.value)
+        assert isinstance(err, InvalidNameError) and "reserved prefix" in err.message
+    finally:
+        pool.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="broker/store.py _offset_key packs a negative queue id with struct: INTERNAL "
+    "(reserved to the broker engineers; see the hostile-input report)",
+)
+def test_a_negative_queue_id_on_the_wire_is_invalid_argument(cluster: Cluster) -> None:
+    topic = "negqueue"
+    create_topic(cluster, topic, queues=1)
+    with Admin(cluster.namesrv) as admin:
+        leader = admin.routes.leader(topic, "broker-a")
+    pool = ChannelPool()
+    try:
+        req = broker_pb2.QueryOffsetRequest(consumer_group="g-neg", topic=topic, queue_id=-1)
+        with pytest.raises(grpc.RpcError) as info:
+            pool.broker(leader).QueryOffset(req, timeout=10)
+        assert isinstance(from_rpc_error(info.value), InvalidArgumentError)
+    finally:
+        pool.close()

@@ -117,3 +117,72 @@ def test_no_namesrv_answering_names_the_address(capsys: pytest.CaptureFixture[st
     code = cli.main(["--namesrv", "127.0.0.1:1", "topic", "list"])
     _, err = capsys.readouterr()
     assert code == 1 and "error (BROKER_UNAVAILABLE)" in err and "127.0.0.1:1" in err
+
+
+def one_error_line(err: str, code_name: str) -> str:
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"error ({code_name})" in err, err
+    return err
+
+
+def test_cli_words_say_what_happened_and_what_to_do(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15's CLI items: no silent default queue count, a `topic update` that exists, the
+    help's own `--to-time -10m`, a produce summary that counts only successes, a key lookup with
+    no match, a reset of an unknown group, a bad filter: each one line, never a traceback."""
+    code, _, err = run(cluster, capsys, "topic", "create", "cli-words", "--queues", "0")
+    assert code == 1 and "0 queues" in one_error_line(err, "INVALID_TOPIC_CONFIG")
+    code, out, _ = run(cluster, capsys, "topic", "create", "cli-words", "--queues", "2")
+    assert code == 0 and "(2 queues each)" in out
+
+    def routed(queues: int) -> bool:
+        code, out, _ = run(cluster, capsys, "topic", "list")
+        return code == 0 and any(
+            "cli-words" in ln and f"{queues}/{queues}" in ln for ln in out.splitlines()
+        )
+
+    wait_until(lambda: routed(2), 30, "cli-words with 2 queues")
+    code, out, _ = run(cluster, capsys, "topic", "update", "cli-words", "--queues", "3")
+    assert code == 0 and "updated on broker-a, broker-b: 3 queues" in out, out
+    wait_until(lambda: routed(3), 30, "cli-words with 3 queues")
+    code, _, err = run(cluster, capsys, "topic", "update", "cli-words")
+    assert code == 1 and "nothing to change" in one_error_line(err, "INVALID_ARGUMENT")
+
+    code, out, _ = run(cluster, capsys, "produce", "cli-words", "--count", "5")
+    assert code == 0 and "5 messages acknowledged, 0 failed, 0 outcome unknown, of 5 sent" in out
+    code, out, err = run(cluster, capsys, "produce", "no-such-topic", "--count", "3")
+    assert code == 1 and "0 messages acknowledged" in out and "of 3 sent" in out, out
+    one_error_line(err, "TOPIC_NOT_FOUND")
+
+    code, _, err = run(
+        cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-10m"
+    )
+    assert code == 1 and "--create" in one_error_line(err, "INVALID_ARGUMENT")
+    code, out, _ = run(
+        cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-10m",
+        "--create",
+    )  # fmt: skip
+    assert code == 0 and "cli-words@broker-a#0" in out, out
+    code, out, _ = run(
+        cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-1h"
+    )
+    assert code == 0, "a group with committed offsets exists"
+
+    code, out, err = run(
+        cluster, capsys, "message", "get", "--key", "no-such-key", "--topic", "cli-words"
+    )
+    assert code == 1 and "messages" not in out, "no empty table"
+    assert "no message with key 'no-such-key' in topic 'cli-words'" in one_error_line(
+        err, "MESSAGE_NOT_FOUND"
+    )
+
+    for tags in ("||", "TagA ||", "TagA && TagB"):
+        code, _, err = run(cluster, capsys, "consume", "cli-words", "--group", "g", "--tags", tags)
+        assert code == 1 and "position" in one_error_line(err, "INVALID_FILTER")
+    code = cli.main(["--namesrv", "", "topic", "list"])
+    _, err = capsys.readouterr()
+    assert code == 1 and "is empty" in one_error_line(err, "INVALID_ARGUMENT")
+
+    code, out, _ = run(cluster, capsys, "topic", "delete", "cli-words")
+    assert code == 0
