@@ -17,6 +17,7 @@ from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.message import validate_group, validate_topic
 from raftmq.common.record_batch import CommitOffset, ResetOffsets
+from raftmq.common.types import MAX_QUEUE_ID
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
@@ -51,7 +52,7 @@ class OffsetProcessor:
             )
         for topic, queue_id, offset in offsets:
             validate_topic(topic, allow_system=True)
-            if queue_id < 0 or offset < 0:
+            if not 0 <= queue_id <= MAX_QUEUE_ID or offset < 0:
                 raise InvalidArgumentError(
                     f"offset {offset} of {topic}/{queue_id}: queue id and offset must be >= 0"
                 )
@@ -65,6 +66,12 @@ class OffsetProcessor:
         """The group's committed offset of the queue; -1 when it has none."""
         validate_group(group)
         validate_topic(topic, allow_system=True)
+        if not 0 <= queue_id <= MAX_QUEUE_ID:
+            raise InvalidArgumentError(
+                f"queue id {queue_id} is outside 0..{MAX_QUEUE_ID}; take queue ids from the "
+                "topic's route",
+                details={"argument": "queue_id"},
+            )
         found = self._store.committed_offset(group, topic, queue_id)
         return -1 if found is None else found
 

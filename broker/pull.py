@@ -24,7 +24,12 @@ from raftmq.broker.pull_plan import (
 from raftmq.broker.rows import CQRow
 from raftmq.broker.store import RawPart
 from raftmq.broker.topics import TopicProcessor
-from raftmq.common.errors import InternalError, InvalidArgumentError, OffsetOutOfRangeError
+from raftmq.common.errors import (
+    InternalError,
+    InvalidArgumentError,
+    InvalidFilterError,
+    OffsetOutOfRangeError,
+)
 from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import Message, StoredMessage, validate_group
@@ -91,7 +96,7 @@ class PullProcessor:
             sql_filter = compile_filter(expression) if sql else None
             tag_filter = None if sql else parse_tag_expression(expression or "*")
         except FilterSyntaxError as exc:
-            raise InvalidArgumentError(f"filter expression {expression!r}: {exc}") from exc
+            raise InvalidFilterError(f"filter expression {expression!r}: {exc}") from exc
         hashes = tag_filter.hash_codes if tag_filter is not None else None
         max_count = min(max(max_count, 1), settings.pull_max_messages)
         max_bytes = min(max_bytes or settings.pull_max_bytes, settings.pull_max_bytes)

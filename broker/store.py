@@ -90,6 +90,8 @@ def _key_prefix(topic: str, key: str) -> bytes:
 
 
 def _offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    # Callers validate queue ids (0..2**31-1); a negative one here is a bug, not input.
+    assert 0 <= queue_id <= 0xFFFF_FFFF, f"queue id {queue_id} reached the store"
     return group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
 
 

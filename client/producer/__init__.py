@@ -32,7 +32,7 @@ from raftmq.common.errors import (
     OutcomeUnknownError,
     RaftMQError,
 )
-from raftmq.common.message import validate_producer_id, validate_topic
+from raftmq.common.message import check_message_types, validate_producer_id, validate_topic
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
 
@@ -292,6 +292,7 @@ class Producer:
         keys = options.keys
         if isinstance(keys, str):
             raise InvalidArgumentError("keys must be a sequence of strings, not one string")
+        check_message_types(options.tags, keys, options.properties)  # before tuple(keys)
         return to_pb(
             bytes(body),
             options.tags,

@@ -293,11 +293,6 @@ def test_a_system_group_is_refused_by_the_broker(cluster: Cluster) -> None:
         pool.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="broker/store.py _offset_key packs a negative queue id with struct: INTERNAL "
-    "(reserved to the broker engineers; see the hostile-input report)",
-)
 def test_a_negative_queue_id_on_the_wire_is_invalid_argument(cluster: Cluster) -> None:
     topic = "negqueue"
     create_topic(cluster, topic, queues=1)
