@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -36,8 +37,17 @@ def subcommand_modules() -> list[str]:
     return [ep.value for ep in sorted(found, key=lambda ep: ep.name)]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the usage itself is one `--help` away);
+    subparsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="raftmq",
         description="raftmq: RocketMQ's architecture on Raft broker groups. "
         "Start a local cluster with `raftmq cluster up`.",
@@ -83,15 +93,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except RaftMQError as exc:
-        err_console.print(f"[red]error ({exc.code}):[/] {exc.message}", highlight=False)
+        err_console.print(
+            f"[red]error ({exc.code}):[/] {exc.message}", highlight=False, soft_wrap=True
+        )
         return 1
     except SpecError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # a file or socket of this machine: one line, no traceback
         err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 1
+    except Exception as exc:  # a bug of ours: one line for the user, the traceback in the log
+        log.debug("cli.internal_error", exc_info=exc)
+        err_console.print(
+            f"[red]internal error:[/] {type(exc).__name__}: {exc}; please report it "
+            "(`--verbose` shows where)",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 1
 
 
