@@ -171,6 +171,11 @@ class FrameServer:
         """Requests decoded but not started (at most one read's worth per connection)."""
         return sum(len(c.backlog) for c in self._conns)
 
+    @property
+    def write_buffer_bytes(self) -> int:
+        """Answers written but not yet taken by the clients' sockets, over all connections."""
+        return sum(c.write_buffer_bytes for c in self._conns)
+
     async def close(self, grace_s: float = 5.0) -> None:
         """Stop accepting, send GOAWAY on every connection, let in-flight requests finish for up
         to `grace_s` (new ones are refused with a retryable error), then close everything."""
@@ -241,6 +246,13 @@ class _ServerConn(asyncio.Protocol):
         self._goaway_sent = False
         self._closed = False
         self._last_request_id = 0
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        pending = sum(len(p) for p in self._out)
+        if self._transport is not None and not self._transport.is_closing():
+            pending += self._transport.get_write_buffer_size()
+        return pending
 
     # -- asyncio.Protocol
 
