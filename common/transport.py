@@ -140,6 +140,7 @@ class FrameServer:
         self._conns: set[_ServerConn] = set()
         self._conn_ids = itertools.count(1)
         self._sweep: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # every handler running, live conn or not
         self._closing = False
         self.rejected_connections = 0  # protocol errors, refused handshakes, over max_connections
 
@@ -163,12 +164,13 @@ class FrameServer:
 
     @property
     def inflight(self) -> int:
-        """Handler tasks running now, over all connections."""
-        return sum(c.inflight for c in self._conns)
+        """Handler tasks running now (at most max_inflight_per_conn per live connection)."""
+        return len(self._tasks)
 
     @property
     def backlog(self) -> int:
-        """Requests decoded but not started (at most one read's worth per connection)."""
+        """Requests decoded but not started: at most the frames of one read (<= 256 KiB of
+        wire bytes) per connection, since reading stops as soon as the connection is full."""
         return sum(len(c.backlog) for c in self._conns)
 
     @property
@@ -195,8 +197,10 @@ class FrameServer:
             conn.goaway(why)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
-        while any(c.inflight for c in conns) and loop.time() < deadline:
+        while self._tasks and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        for task in list(self._tasks):
+            task.cancel()  # past the grace period: the client sees BrokerUnavailableError
         for conn in conns:
             conn.shutdown()
         if self._server is not None:
@@ -238,7 +242,6 @@ class _ServerConn(asyncio.Protocol):
         self._last_rx = self._opened_at
         self.inflight = 0
         self.backlog: collections.deque[Frame] = collections.deque()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._out: _Out = []
         self._flush_scheduled = False
         self._reading = True
@@ -372,7 +375,7 @@ class _ServerConn(asyncio.Protocol):
             return
         self.inflight += 1
         task = self._loop.create_task(self._run(handler, frame))
-        self._tasks.add(task)
+        self._srv._tasks.add(task)
         task.add_done_callback(self._task_done)
         if self.inflight >= self._max_inflight:
             self._update_reading()
@@ -398,7 +401,7 @@ class _ServerConn(asyncio.Protocol):
         self._send(Kind.RESPONSE, rid, result)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._srv._tasks.discard(task)
         self.inflight -= 1
         while self.backlog and self.inflight < self._max_inflight and not self._closed:
             self._start(self.backlog.popleft())
@@ -458,9 +461,7 @@ class _ServerConn(asyncio.Protocol):
         self._update_reading()
 
     def shutdown(self) -> None:
-        """After the grace period: cancel what still runs, flush, close."""
-        for task in list(self._tasks):
-            task.cancel()
+        """After the grace period: flush what is answered, close."""
         self._flush()
         self._closed = True
         if self._transport is not None:
@@ -675,6 +676,8 @@ class FrameClient:
 
     async def _open(self) -> _ClientConn:
         loop = asyncio.get_running_loop()
+        if self._closed:
+            raise errors.BrokerUnavailableError(f"the client of {self.address} was closed")
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
@@ -686,11 +689,22 @@ class FrameClient:
                 ),
                 self.connect_timeout_s,
             )
-            await asyncio.wait_for(asyncio.shield(conn.hello), self.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
             raise errors.BrokerUnavailableError(
                 f"cannot connect to {self.address}: {exc or type(exc).__name__}"
             ) from exc
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.hello), self.connect_timeout_s)
+        except TimeoutError:
+            why = errors.BrokerUnavailableError(
+                f"{self.address} accepted the connection but sent no HELLO within "
+                f"{self.connect_timeout_s}s"
+            )
+            conn.abort(why)
+            raise why from None
+        except errors.RaftMQError as exc:  # refused (GOAWAY: version, load) or lost meanwhile
+            conn.abort(exc)
+            raise
         if self._closed:
             conn.abort(errors.BrokerUnavailableError("client closed"))
             raise errors.BrokerUnavailableError(f"the client of {self.address} was closed")
@@ -719,6 +733,14 @@ class FrameClient:
                 errors.QueueFullError(
                     f"{len(self._pending)} calls already wait on {self.address} "
                     f"(max_pending_calls); back off and retry"
+                ),
+            )
+            return
+        if not conn.ready:  # lost or sent GOAWAY while this call waited
+            _reject(
+                fut,
+                errors.BrokerUnavailableError(
+                    f"the connection to {self.address} closed before the request was sent; retry"
                 ),
             )
             return

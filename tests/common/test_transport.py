@@ -389,6 +389,43 @@ def test_graceful_close_lets_in_flight_finish_and_refuses_new_work_retryably() -
     run(main())
 
 
+def test_calls_outliving_the_grace_period_fail_retryably() -> None:
+    async def main() -> None:
+        server = FrameServer(HANDLERS)
+        await server.start()
+        async with FrameClient("127.0.0.1", server.port) as client:
+            stuck = asyncio.ensure_future(client.call(SLEEP, b"30", 60))
+            await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            await server.close(grace_s=0.2)
+            with pytest.raises(errors.BrokerUnavailableError) as info:
+                await stuck
+            assert time.monotonic() - t0 < 2
+            assert "shutting down" in info.value.message
+            assert server.inflight == 0
+
+    run(main())
+
+
+def test_connections_over_max_connections_are_refused_with_a_retryable_error() -> None:
+    async def main() -> None:
+        async with FrameServer(HANDLERS, max_connections=2) as server:
+            await server.start()
+            clients = [FrameClient("127.0.0.1", server.port) for _ in range(3)]
+            assert await clients[0].call(ECHO, b"0", 5) == b"0"
+            assert await clients[1].call(ECHO, b"1", 5) == b"1"
+            with pytest.raises(errors.ThrottledError) as info:
+                await clients[2].call(ECHO, b"2", 5)
+            assert info.value.retryable
+            await clients[0].close()
+            await asyncio.sleep(0.05)
+            assert await clients[2].call(ECHO, b"2", 5) == b"2"  # room again
+            for c in clients:
+                await c.close()
+
+    run(main())
+
+
 # ---- a real server process: crash and freeze ----------------------------------------------------
 
 
