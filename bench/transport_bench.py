@@ -91,6 +91,8 @@ def _frame_server(ports: Any, stop: Any, cpu: Any) -> None:
 
 
 def _install_uvloop() -> bool:
+    if os.environ.get("TRANSPORT_BENCH_LOOP") == "asyncio":  # --loop asyncio, inherited by children
+        return False
     try:
         import uvloop
     except ImportError:
@@ -266,7 +268,8 @@ def _framed_thread_client(port: int, n: int) -> dict[str, float]:
     CPU counts the whole process (the caller thread and the loop thread)."""
     from raftmq.common.transport import FrameClient, LoopThread
 
-    with LoopThread() as lt:
+    uv = os.environ.get("TRANSPORT_BENCH_LOOP") != "asyncio"
+    with LoopThread(loop=None if uv else asyncio.new_event_loop()) as lt:
         client = FrameClient("127.0.0.1", port, loop=lt.loop)
         for _ in range(200):
             client.call_threadsafe(1, BODY, 5).result()
@@ -323,8 +326,12 @@ def _measure(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument(
+        "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="asyncio: no uvloop"
+    )
     ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     args = ap.parse_args()
+    os.environ["TRANSPORT_BENCH_LOOP"] = args.loop
     uv = _install_uvloop()
     meta = {
         "host": platform.node(),

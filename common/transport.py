@@ -74,8 +74,10 @@ class LoopThread:
     threaded API. `run` blocks the calling thread on a coroutine; `FrameClient(loop=lt.loop)`
     gives `call_threadsafe` its loop."""
 
-    def __init__(self, name: str = "raftmq-io") -> None:
-        self.loop = new_event_loop()
+    def __init__(
+        self, name: str = "raftmq-io", loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        self.loop = loop or new_event_loop()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -215,7 +217,7 @@ class FrameServer:
 
     def _schedule_sweep(self) -> None:
         assert self._loop is not None
-        every_s = max(0.2, min(self.hello_timeout_s, self.idle_timeout_s) / 4)
+        every_s = max(0.05, min(0.5, self.hello_timeout_s / 4, self.idle_timeout_s / 4))
         self._sweep = self._loop.call_later(every_s, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
@@ -474,6 +476,10 @@ class _ServerConn(asyncio.Protocol):
                     f"no HELLO within {self._srv.hello_timeout_s}s of connecting"
                 )
             )
+        elif not self._reading:
+            # We stopped reading (backpressure), so the client's pings go unread: show it we
+            # are alive, or its keepalive would call us dead while long requests run.
+            self._send(Kind.PING, 0, b"")
         elif now - self._last_rx > self._srv.idle_timeout_s:
             _log.info("frame.idle_close conn=%d peer=%s", self.id, self.peer)
             self._fail(

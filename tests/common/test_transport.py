@@ -371,6 +371,21 @@ def test_backpressure_bounds_tasks_and_buffers_of_a_client_that_does_not_read() 
     run(main())
 
 
+def test_a_server_full_of_long_requests_is_not_mistaken_for_a_dead_one() -> None:
+    async def main() -> None:
+        # 2 in flight per connection, each 1.5 s: the server stops reading, so it cannot answer
+        # the client's pings; its own pings must keep the 0.6 s keepalive satisfied.
+        async with FrameServer(HANDLERS, max_inflight_per_conn=2) as server:
+            await server.start()
+            async with FrameClient(
+                "127.0.0.1", server.port, keepalive_interval_s=0.2, keepalive_timeout_s=0.6
+            ) as client:
+                answers = await asyncio.gather(*(client.call(SLEEP, b"1.5", 10) for _ in range(4)))
+                assert answers == [b"1.5"] * 4
+
+    run(main())
+
+
 def test_graceful_close_lets_in_flight_finish_and_refuses_new_work_retryably() -> None:
     async def main() -> None:
         server = FrameServer(HANDLERS)
