@@ -610,8 +610,16 @@ class FrameClient:
             t0 = loop.time()
             conn = await self._connect(min(self.connect_timeout_s, timeout_s))
             timeout_s = max(0.0, timeout_s - (loop.time() - t0))
-        if conn.write_paused:
-            await conn.writable()
+        if conn.write_paused:  # the socket takes less than we write: wait, within the timeout
+            t0 = loop.time()
+            try:
+                await asyncio.wait_for(conn.writable(), timeout_s)
+            except TimeoutError:
+                raise errors.RequestTimeoutError(
+                    f"the connection to {self.address} stayed full of unsent requests "
+                    f"(max_pending_write_bytes) for {timeout_s:.3g}s; nothing was sent"
+                ) from None
+            timeout_s = max(0.0, timeout_s - (loop.time() - t0))
         fut: asyncio.Future[bytes] = loop.create_future()
         self._submit(conn, method, payload, timeout_s, fut)
         return await fut

@@ -386,6 +386,33 @@ def test_a_server_full_of_long_requests_is_not_mistaken_for_a_dead_one() -> None
     run(main())
 
 
+def test_a_client_whose_socket_is_full_waits_then_times_out_without_sending() -> None:
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def block(payload: memoryview, ctx: RequestContext) -> bytes:
+            await gate.wait()
+            return b"done"
+
+        async with FrameServer({BLOCK: block}, max_inflight_per_conn=1) as server:
+            await server.start()
+            async with FrameClient(
+                "127.0.0.1", server.port, max_pending_write_bytes=256 * 1024
+            ) as client:
+                big = b"x" * (1 << 20)
+                calls = [asyncio.ensure_future(client.call(BLOCK, big, 30)) for _ in range(24)]
+                await asyncio.sleep(0.3)  # the server reads one, the kernel takes a few MiB
+                conn = client._conn
+                assert conn is not None and conn.write_paused
+                with pytest.raises(errors.RequestTimeoutError, match="nothing was sent"):
+                    await client.call(BLOCK, b"one more", 0.3)
+                gate.set()
+                assert await asyncio.gather(*calls) == [b"done"] * 24
+                assert await client.call(BLOCK, b"now", 5) == b"done"
+
+    run(main())
+
+
 def test_graceful_close_lets_in_flight_finish_and_refuses_new_work_retryably() -> None:
     async def main() -> None:
         server = FrameServer(HANDLERS)
