@@ -22,6 +22,7 @@ from raftmq.common import errors
 from raftmq.common.frame import (
     AUTH_NONE,
     DEFAULT_MAX_FRAME_BYTES,
+    MAX_METHOD,
     MAX_REQUEST_ID,
     PROTOCOL_VERSION,
     Frame,
@@ -741,6 +742,9 @@ class FrameClient:
         timeout_s: float,
         fut: _AnyFuture,
     ) -> None:
+        if not 0 <= method <= MAX_METHOD:
+            _reject(fut, errors.InvalidArgumentError(f"method id {method} outside 0..{MAX_METHOD}"))
+            return
         if len(self._pending) >= self.max_pending_calls:
             _reject(
                 fut,

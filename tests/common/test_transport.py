@@ -139,6 +139,8 @@ def test_handler_error_arrives_as_the_same_typed_error(loop_kind: str) -> None:
                 assert got.retryable
                 with pytest.raises(errors.UnsupportedError, match="method 99"):
                     await client.call(99, b"", 5)
+                with pytest.raises(errors.InvalidArgumentError, match="method id"):
+                    await client.call(70_000, b"", 5)
 
     run(main(), loop_kind)
 
