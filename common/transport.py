@@ -593,6 +593,9 @@ class FrameClient:
         )
         self._inbox_lock = threading.Lock()
         self._inbox_wakeup = False
+        # calls from threads that wait for a connection or for room in the socket, in order
+        self._held: list[tuple[int, bytes | memoryview, float, _AnyFuture]] = []
+        self._held_task: asyncio.Task[None] | None = None
         self.late_answers = 0  # answers that came after their call timed out (dropped)
 
     @property
@@ -780,28 +783,42 @@ class FrameClient:
         if not items:
             return
         conn = self._conn
-        if conn is not None and conn.ready and not conn.write_paused:
+        if self._held_task is None and conn is not None and conn.ready and not conn.write_paused:
             for method, payload, timeout_s, fut in items:
                 self._submit(conn, method, payload, timeout_s, fut)
             return
-        assert self._loop is not None
-        self._loop.create_task(self._submit_later(items))
+        # Not connected, or the socket is full: hold them, in order, behind any held already.
+        self._held.extend(items)
+        if self._held_task is None:
+            assert self._loop is not None
+            self._held_task = self._loop.create_task(self._submit_held())
 
-    async def _submit_later(
-        self, items: list[tuple[int, bytes | memoryview, float, _AnyFuture]]
-    ) -> None:
+    async def _submit_held(self) -> None:
         try:
-            conn = self._conn
-            if conn is None or not conn.ready:
-                conn = await self._connect(self.connect_timeout_s)
-            if conn.write_paused:
-                await conn.writable()
-        except errors.RaftMQError as exc:
-            for *_, fut in items:
-                _reject(fut, exc)
-            return
-        for method, payload, timeout_s, fut in items:
-            self._submit(conn, method, payload, timeout_s, fut)
+            while self._held:
+                try:
+                    conn = self._conn
+                    if conn is None or not conn.ready:
+                        conn = await self._connect(self.connect_timeout_s)
+                    if conn.write_paused:
+                        wait_s = max(timeout_s for _, _, timeout_s, _ in self._held)
+                        try:
+                            await asyncio.wait_for(conn.writable(), wait_s)
+                        except TimeoutError:
+                            raise errors.RequestTimeoutError(
+                                f"the connection to {self.address} stayed full of unsent "
+                                f"requests for {wait_s:.3g}s; nothing was sent"
+                            ) from None
+                except errors.RaftMQError as exc:
+                    held, self._held = self._held, []
+                    for *_, fut in held:
+                        _reject(fut, exc)
+                    return
+                held, self._held = self._held, []
+                for method, payload, timeout_s, fut in held:
+                    self._submit(conn, method, payload, timeout_s, fut)
+        finally:
+            self._held_task = None
 
     def _on_timeout(self, rid: int) -> None:
         call = self._pending.pop(rid, None)

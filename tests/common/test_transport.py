@@ -552,6 +552,30 @@ def test_call_threadsafe_from_many_threads() -> None:
         lt.run(server.close(1))
 
 
+def test_call_threadsafe_keeps_one_threads_order_across_the_connect() -> None:
+    seen: list[bytes] = []
+
+    async def record(payload: memoryview, ctx: RequestContext) -> bytes:
+        seen.append(bytes(payload))  # handlers start in arrival order
+        return b""
+
+    with LoopThread() as lt:
+        server = FrameServer({ECHO: record})
+        lt.run(server.start())
+        client = FrameClient("127.0.0.1", server.port, loop=lt.loop)
+        sent = [b"%d" % i for i in range(300)]
+        futs = []
+        for i, p in enumerate(sent):
+            futs.append(client.call_threadsafe(ECHO, p, 10))
+            if i == 100:
+                time.sleep(0.01)  # some while the connection opens, some after
+        for f in futs:
+            f.result(10)
+        assert seen == sent
+        lt.run(client.close())
+        lt.run(server.close(1))
+
+
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
