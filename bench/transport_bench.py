@@ -7,6 +7,12 @@ loopback with a 1 KiB body and an echo server. The evidence for the data path's 
   window    64 requests in flight, one connection -> requests/s, client CPU us per request
   the server's CPU us per request over the whole run
 
+Runs: grpcio unary; the bare frame (asyncio streams, no codec: the floor); the bare frame
+served by an asyncio.Protocol instead of streams (same client); raftmq's own
+`common.transport` FrameServer/FrameClient (the real codec, request ids, out-of-order matching,
+timers); and the same client driven from a plain thread through `call_threadsafe` (the threaded
+SDK's path: one hop onto the loop thread and a concurrent.futures.Future back).
+
 Run: `.venv/bin/python bench/transport_bench.py [--requests 5000]`
 """
 
@@ -85,12 +91,73 @@ def _frame_server(ports: Any, stop: Any, cpu: Any) -> None:
 
 
 def _install_uvloop() -> bool:
+    if os.environ.get("TRANSPORT_BENCH_LOOP") == "asyncio":  # --loop asyncio, inherited by children
+        return False
     try:
         import uvloop
     except ImportError:
         return False
     uvloop.install()
     return True
+
+
+class _EchoProtocol(asyncio.Protocol):
+    """The bare frame's echo as an asyncio.Protocol (callbacks, no StreamReader/Writer tasks):
+    the same bytes on the wire as `_frame_serve`, to measure what the Protocol style saves."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, out = 0, []
+        while len(buf) - pos >= HEADER.size:
+            (n,) = HEADER.unpack_from(buf, pos)
+            if len(buf) - pos - HEADER.size < n:
+                break
+            out.append(bytes(buf[pos : pos + HEADER.size + n]))
+            pos += HEADER.size + n
+        del buf[:pos]
+        if out and self._transport is not None:
+            self._transport.writelines(out)
+
+
+async def _frame_proto_serve(ports: Any, stop: Any, cpu: Any) -> None:
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_server(_EchoProtocol, "127.0.0.1", 0)
+    ports.put(srv.sockets[0].getsockname()[1])
+    await loop.run_in_executor(None, stop.wait)
+    cpu.put(_cpu_s())
+    srv.close()
+
+
+def _frame_proto_server(ports: Any, stop: Any, cpu: Any) -> None:
+    _install_uvloop()
+    asyncio.run(_frame_proto_serve(ports, stop, cpu))
+
+
+async def _framed_serve(ports: Any, stop: Any, cpu: Any) -> None:
+    from raftmq.common.transport import FrameServer, RequestContext
+
+    async def echo(payload: memoryview, ctx: RequestContext) -> memoryview:
+        return payload
+
+    srv = FrameServer({1: echo})
+    await srv.start("127.0.0.1", 0)
+    ports.put(srv.port)
+    await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+    cpu.put(_cpu_s())
+    await srv.close(1)
+
+
+def _framed_server(ports: Any, stop: Any, cpu: Any) -> None:
+    _install_uvloop()
+    asyncio.run(_framed_serve(ports, stop, cpu))
 
 
 # ---- clients ------------------------------------------------------------------------------------
@@ -165,6 +232,69 @@ def _frame_client(port: int, n: int) -> dict[str, float]:
     return asyncio.run(_frame_client_async(port, n))
 
 
+async def _framed_client_async(port: int, n: int) -> dict[str, float]:
+    from raftmq.common.transport import FrameClient
+
+    async with FrameClient("127.0.0.1", port) as client:
+        for _ in range(200):
+            await client.call(1, BODY, 5)
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await client.call(1, BODY, 5)
+            lat.append(time.perf_counter() - t)
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+
+        async def lane(count: int) -> None:  # WINDOW lanes: WINDOW calls always in flight
+            for _ in range(count):
+                await client.call(1, BODY, 5)
+
+        await asyncio.gather(*(lane(n // WINDOW + (i < n % WINDOW)) for i in range(WINDOW)))
+        elapsed = time.perf_counter() - t0
+    return {
+        "p50_us": _pct(lat, 50) * 1e6,
+        "p99_us": _pct(lat, 99) * 1e6,
+        "window_req_per_s": n / elapsed,
+        "window_client_cpu_us": (_cpu_s() - cpu0) / n * 1e6,
+    }
+
+
+def _framed_client(port: int, n: int) -> dict[str, float]:
+    return asyncio.run(_framed_client_async(port, n))
+
+
+def _framed_thread_client(port: int, n: int) -> dict[str, float]:
+    """A plain thread calls through `call_threadsafe`; the client's loop runs in a LoopThread.
+    CPU counts the whole process (the caller thread and the loop thread)."""
+    from raftmq.common.transport import FrameClient, LoopThread
+
+    uv = os.environ.get("TRANSPORT_BENCH_LOOP") != "asyncio"
+    with LoopThread(loop=None if uv else asyncio.new_event_loop()) as lt:
+        client = FrameClient("127.0.0.1", port, loop=lt.loop)
+        for _ in range(200):
+            client.call_threadsafe(1, BODY, 5).result()
+        lat = []
+        for _ in range(n):
+            t = time.perf_counter()
+            client.call_threadsafe(1, BODY, 5).result()
+            lat.append(time.perf_counter() - t)
+        cpu0, t0 = _cpu_s(), time.perf_counter()
+        window = threading.Semaphore(WINDOW)
+        for _ in range(n):
+            window.acquire()
+            client.call_threadsafe(1, BODY, 5).add_done_callback(lambda _f: window.release())
+        for _ in range(WINDOW):
+            window.acquire()
+        elapsed = time.perf_counter() - t0
+        lt.run(client.close())
+    return {
+        "p50_us": _pct(lat, 50) * 1e6,
+        "p99_us": _pct(lat, 99) * 1e6,
+        "window_req_per_s": n / elapsed,
+        "window_client_cpu_us": (_cpu_s() - cpu0) / n * 1e6,
+    }
+
+
 def _measure(
     name: str, server: Callable[..., None], client: Callable[[int, int], dict[str, float]], n: int
 ) -> dict[str, Any]:
@@ -196,7 +326,12 @@ def _measure(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument(
+        "--loop", choices=["uvloop", "asyncio"], default="uvloop", help="asyncio: no uvloop"
+    )
+    ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
     args = ap.parse_args()
+    os.environ["TRANSPORT_BENCH_LOOP"] = args.loop
     uv = _install_uvloop()
     meta = {
         "host": platform.node(),
@@ -209,7 +344,17 @@ def main() -> None:
     runs = [
         ("grpcio_unary", _grpc_server, _grpc_client),
         ("frame_asyncio" + ("_uvloop" if uv else ""), _frame_server, _frame_client),
+        ("frame_protocol" + ("_uvloop" if uv else ""), _frame_proto_server, _frame_client),
+        ("raftmq_frame_transport" + ("_uvloop" if uv else ""), _framed_server, _framed_client),
+        (
+            "raftmq_frame_transport_threadsafe" + ("_uvloop" if uv else ""),
+            _framed_server,
+            _framed_thread_client,
+        ),
     ]
+    if args.only:
+        wanted = set(args.only.split(","))
+        runs = [r for r in runs if r[0] in wanted or r[0].removesuffix("_uvloop") in wanted]
     with RESULTS.open("a") as out:
         for name, server, client in runs:
             rec = {**_measure(name, server, client, args.requests), **meta}
