@@ -25,47 +25,47 @@ _sym_db = _symbol_database.Default()
 from raftmq.common.pb import common_pb2 as raftmq_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14raftmq/namesrv.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\xcb\x01\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0craft_address\x18\x05 \x01(\t\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x07 \x01(\x03\x12&\n\x06topics\x18\x08 \x03(\x0b\x32\x16.raftmq.v1.TopicConfig\"|\n\x16RegisterBrokerResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x18\n\x10\x62roker_expiry_ms\x18\x05 \x01(\x03\"Q\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"+\n\x18UnregisterBrokerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x8a\x01\n\tQueueData\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12#\n\x04perm\x18\x04 \x01(\x0e\x32\x15.raftmq.v1.Permission\x12\x0f\n\x07ordered\x18\x05 \x01(\x08\"\xa3\x01\n\nBrokerNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x1d\n\x04role\x18\x04 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tis_leader\x18\x06 \x01(\x08\x12\x1d\n\x15last_heartbeat_age_ms\x18\x07 \x01(\x03\"\x98\x01\n\x0b\x42rokerGroup\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12$\n\x05nodes\x18\x06 \x03(\x0b\x32\x15.raftmq.v1.BrokerNode\"m\n\x0eTopicRouteData\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.raftmq.v1.QueueData\x12&\n\x06groups\x18\x03 \x03(\x0b\x32\x16.raftmq.v1.BrokerGroup\"\x17\n\x15GetClusterInfoRequest\"?\n\x07\x43luster\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06groups\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.BrokerGroup\"3\n\x0b\x43lusterInfo\x12$\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x12.raftmq.v1.Cluster\"\x15\n\x13GetAllTopicsRequest\"&\n\x14GetAllTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\"U\n\x17PushLeaderChangeRequest\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\"o\n\x18PushLeaderChangeResponse\x12-\n\x06result\x18\x01 \x01(\x0e\x32\x1d.raftmq.v1.LeaderChangeResult\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03*\xd2\x01\n\x12LeaderChangeResult\x12$\n LEADER_CHANGE_RESULT_UNSPECIFIED\x10\x00\x12\x19\n\x15LEADER_CHANGE_APPLIED\x10\x01\x12!\n\x1dLEADER_CHANGE_ALREADY_APPLIED\x10\x02\x12\x1c\n\x18LEADER_CHANGE_STALE_TERM\x10\x03\x12\x1e\n\x1aLEADER_CHANGE_UNKNOWN_NODE\x10\x04\x12\x1a\n\x16LEADER_CHANGE_CONFLICT\x10\x05\x32\x93\x04\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .raftmq.v1.RegisterBrokerRequest\x1a!.raftmq.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".raftmq.v1.UnregisterBrokerRequest\x1a#.raftmq.v1.UnregisterBrokerResponse\x12W\n\x13GetRouteInfoByTopic\x12%.raftmq.v1.GetRouteInfoByTopicRequest\x1a\x19.raftmq.v1.TopicRouteData\x12J\n\x0eGetClusterInfo\x12 .raftmq.v1.GetClusterInfoRequest\x1a\x16.raftmq.v1.ClusterInfo\x12O\n\x0cGetAllTopics\x12\x1e.raftmq.v1.GetAllTopicsRequest\x1a\x1f.raftmq.v1.GetAllTopicsResponse\x12[\n\x10PushLeaderChange\x12\".raftmq.v1.PushLeaderChangeRequest\x1a#.raftmq.v1.PushLeaderChangeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14raftmq/namesrv.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\xe1\x01\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0craft_address\x18\x05 \x01(\t\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x07 \x01(\x03\x12&\n\x06topics\x18\x08 \x03(\x0b\x32\x16.raftmq.v1.TopicConfig\x12\x14\n\x0c\x64\x61ta_address\x18\t \x01(\t\"|\n\x16RegisterBrokerResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x18\n\x10\x62roker_expiry_ms\x18\x05 \x01(\x03\"Q\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\"+\n\x18UnregisterBrokerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"+\n\x1aGetRouteInfoByTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x8a\x01\n\tQueueData\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12#\n\x04perm\x18\x04 \x01(\x0e\x32\x15.raftmq.v1.Permission\x12\x0f\n\x07ordered\x18\x05 \x01(\x08\"\xb9\x01\n\nBrokerNode\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\x12\x1d\n\x04role\x18\x04 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x11\n\tis_leader\x18\x06 \x01(\x08\x12\x1d\n\x15last_heartbeat_age_ms\x18\x07 \x01(\x03\x12\x14\n\x0c\x64\x61ta_address\x18\x08 \x01(\t\"\x98\x01\n\x0b\x42rokerGroup\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12$\n\x05nodes\x18\x06 \x03(\x0b\x32\x15.raftmq.v1.BrokerNode\"m\n\x0eTopicRouteData\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.raftmq.v1.QueueData\x12&\n\x06groups\x18\x03 \x03(\x0b\x32\x16.raftmq.v1.BrokerGroup\"\x17\n\x15GetClusterInfoRequest\"?\n\x07\x43luster\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x06groups\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.BrokerGroup\"3\n\x0b\x43lusterInfo\x12$\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x12.raftmq.v1.Cluster\"\x15\n\x13GetAllTopicsRequest\"&\n\x14GetAllTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t\"U\n\x17PushLeaderChangeRequest\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\"o\n\x18PushLeaderChangeResponse\x12-\n\x06result\x18\x01 \x01(\x0e\x32\x1d.raftmq.v1.LeaderChangeResult\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03*\xd2\x01\n\x12LeaderChangeResult\x12$\n LEADER_CHANGE_RESULT_UNSPECIFIED\x10\x00\x12\x19\n\x15LEADER_CHANGE_APPLIED\x10\x01\x12!\n\x1dLEADER_CHANGE_ALREADY_APPLIED\x10\x02\x12\x1c\n\x18LEADER_CHANGE_STALE_TERM\x10\x03\x12\x1e\n\x1aLEADER_CHANGE_UNKNOWN_NODE\x10\x04\x12\x1a\n\x16LEADER_CHANGE_CONFLICT\x10\x05\x32\x93\x04\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .raftmq.v1.RegisterBrokerRequest\x1a!.raftmq.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".raftmq.v1.UnregisterBrokerRequest\x1a#.raftmq.v1.UnregisterBrokerResponse\x12W\n\x13GetRouteInfoByTopic\x12%.raftmq.v1.GetRouteInfoByTopicRequest\x1a\x19.raftmq.v1.TopicRouteData\x12J\n\x0eGetClusterInfo\x12 .raftmq.v1.GetClusterInfoRequest\x1a\x16.raftmq.v1.ClusterInfo\x12O\n\x0cGetAllTopics\x12\x1e.raftmq.v1.GetAllTopicsRequest\x1a\x1f.raftmq.v1.GetAllTopicsResponse\x12[\n\x10PushLeaderChange\x12\".raftmq.v1.PushLeaderChangeRequest\x1a#.raftmq.v1.PushLeaderChangeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.namesrv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LEADERCHANGERESULT']._serialized_start=1541
-  _globals['_LEADERCHANGERESULT']._serialized_end=1751
+  _globals['_LEADERCHANGERESULT']._serialized_start=1585
+  _globals['_LEADERCHANGERESULT']._serialized_end=1795
   _globals['_REGISTERBROKERREQUEST']._serialized_start=57
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=260
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=262
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=386
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=388
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=469
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=471
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=514
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=516
-  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=559
-  _globals['_QUEUEDATA']._serialized_start=562
-  _globals['_QUEUEDATA']._serialized_end=700
-  _globals['_BROKERNODE']._serialized_start=703
-  _globals['_BROKERNODE']._serialized_end=866
-  _globals['_BROKERGROUP']._serialized_start=869
-  _globals['_BROKERGROUP']._serialized_end=1021
-  _globals['_TOPICROUTEDATA']._serialized_start=1023
-  _globals['_TOPICROUTEDATA']._serialized_end=1132
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1134
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1157
-  _globals['_CLUSTER']._serialized_start=1159
-  _globals['_CLUSTER']._serialized_end=1222
-  _globals['_CLUSTERINFO']._serialized_start=1224
-  _globals['_CLUSTERINFO']._serialized_end=1275
-  _globals['_GETALLTOPICSREQUEST']._serialized_start=1277
-  _globals['_GETALLTOPICSREQUEST']._serialized_end=1298
-  _globals['_GETALLTOPICSRESPONSE']._serialized_start=1300
-  _globals['_GETALLTOPICSRESPONSE']._serialized_end=1338
-  _globals['_PUSHLEADERCHANGEREQUEST']._serialized_start=1340
-  _globals['_PUSHLEADERCHANGEREQUEST']._serialized_end=1425
-  _globals['_PUSHLEADERCHANGERESPONSE']._serialized_start=1427
-  _globals['_PUSHLEADERCHANGERESPONSE']._serialized_end=1538
-  _globals['_NAMESERVER']._serialized_start=1754
-  _globals['_NAMESERVER']._serialized_end=2285
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=282
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=284
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=408
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=410
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=491
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=493
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=536
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_start=538
+  _globals['_GETROUTEINFOBYTOPICREQUEST']._serialized_end=581
+  _globals['_QUEUEDATA']._serialized_start=584
+  _globals['_QUEUEDATA']._serialized_end=722
+  _globals['_BROKERNODE']._serialized_start=725
+  _globals['_BROKERNODE']._serialized_end=910
+  _globals['_BROKERGROUP']._serialized_start=913
+  _globals['_BROKERGROUP']._serialized_end=1065
+  _globals['_TOPICROUTEDATA']._serialized_start=1067
+  _globals['_TOPICROUTEDATA']._serialized_end=1176
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1178
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1201
+  _globals['_CLUSTER']._serialized_start=1203
+  _globals['_CLUSTER']._serialized_end=1266
+  _globals['_CLUSTERINFO']._serialized_start=1268
+  _globals['_CLUSTERINFO']._serialized_end=1319
+  _globals['_GETALLTOPICSREQUEST']._serialized_start=1321
+  _globals['_GETALLTOPICSREQUEST']._serialized_end=1342
+  _globals['_GETALLTOPICSRESPONSE']._serialized_start=1344
+  _globals['_GETALLTOPICSRESPONSE']._serialized_end=1382
+  _globals['_PUSHLEADERCHANGEREQUEST']._serialized_start=1384
+  _globals['_PUSHLEADERCHANGEREQUEST']._serialized_end=1469
+  _globals['_PUSHLEADERCHANGERESPONSE']._serialized_start=1471
+  _globals['_PUSHLEADERCHANGERESPONSE']._serialized_end=1582
+  _globals['_NAMESERVER']._serialized_start=1798
+  _globals['_NAMESERVER']._serialized_end=2329
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ LEADER_CHANGE_UNKNOWN_NODE: LeaderChangeResult
 LEADER_CHANGE_CONFLICT: LeaderChangeResult
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "raft_address", "role", "term", "topics")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "raft_address", "role", "term", "topics", "data_address")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class RegisterBrokerRequest(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -43,7 +44,8 @@ class RegisterBrokerRequest(_message.Message):
     role: _common_pb2.Role
     term: int
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ...) -> None: ...
+    data_address: str
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("ok", "leader_node_id", "leader_address", "term", "broker_expiry_ms")
@@ -96,7 +98,7 @@ class QueueData(_message.Message):
     def __init__(self, broker_group: _Optional[str] = ..., read_queue_nums: _Optional[int] = ..., write_queue_nums: _Optional[int] = ..., perm: _Optional[_Union[_common_pb2.Permission, str]] = ..., ordered: _Optional[bool] = ...) -> None: ...
 
 class BrokerNode(_message.Message):
-    __slots__ = ("node_id", "address", "raft_address", "role", "term", "is_leader", "last_heartbeat_age_ms")
+    __slots__ = ("node_id", "address", "raft_address", "role", "term", "is_leader", "last_heartbeat_age_ms", "data_address")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +106,7 @@ class BrokerNode(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     raft_address: str
@@ -111,7 +114,8 @@ class BrokerNode(_message.Message):
     term: int
     is_leader: bool
     last_heartbeat_age_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., is_leader: _Optional[bool] = ..., last_heartbeat_age_ms: _Optional[int] = ...) -> None: ...
+    data_address: str
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., raft_address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., is_leader: _Optional[bool] = ..., last_heartbeat_age_ms: _Optional[int] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class BrokerGroup(_message.Message):
     __slots__ = ("cluster", "broker_group", "leader_node_id", "leader_address", "term", "nodes")
