@@ -12,6 +12,7 @@ import grpc
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -74,6 +75,7 @@ class GroupInfo:
 class Admin:
     """A context manager; thread-safe."""
 
+    @checked
     def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
         self._pool = ChannelPool()
         self.routes = RouteCache(namesrv_addresses, self._pool)
@@ -155,6 +157,7 @@ class Admin:
             )
         return groups
 
+    @checked
     def elect(self, broker_group: str, node_id: str, timeout_ms: int = 5_000) -> str:
         """Hand the group's leadership to `node_id` (Raft leadership transfer on its leader);
         the leader's node id afterwards."""
@@ -170,6 +173,7 @@ class Admin:
 
     # ---- topics -------------------------------------------------------------------------------
 
+    @checked
     def create_topic(
         self,
         topic: str,
@@ -197,6 +201,7 @@ class Admin:
         self.routes.invalidate(topic)
         return done
 
+    @checked
     def update_topic(
         self,
         topic: str,
@@ -237,6 +242,7 @@ class Admin:
         self.routes.invalidate(topic)
         return done
 
+    @checked
     def delete_topic(self, topic: str) -> list[str]:
         """Delete the topic from every group that has it; the groups it was deleted from."""
         done = []
@@ -267,11 +273,13 @@ class Admin:
                 out.setdefault(cfg.topic, []).append((g.broker_group, cfg))
         return dict(sorted(out.items()))
 
+    @checked
     def route(self, topic: str) -> TopicRoute:
         return self.routes.route(topic, refresh=True)
 
     # ---- groups and offsets -------------------------------------------------------------------
 
+    @checked
     def group_lag(self, group: str, topic: str) -> list[QueueLag]:
         validate_group(group)
         offsets = BrokerOffsets(group, self.routes, self._pool)
@@ -297,6 +305,7 @@ class Admin:
                 return True
         return False
 
+    @checked
     def reset_offsets_to_time(
         self, group: str, topic: str, timestamp_ms: int
     ) -> dict[QueueRef, int]:
@@ -328,6 +337,7 @@ class Admin:
 
     # ---- messages -----------------------------------------------------------------------------
 
+    @checked
     def message_by_id(self, msg_id: str) -> ReceivedMessage:
         """The id names its broker group (broker/message.py encode_msg_id): one call, to it."""
         group_name = decode_msg_id(msg_id).broker_group
@@ -343,6 +353,7 @@ class Admin:
             return ReceivedMessage.from_pb(resp.message)
         raise MessageNotFoundError.for_id(msg_id)
 
+    @checked
     def messages_by_key(self, topic: str, key: str, max_count: int = 64) -> list[ReceivedMessage]:
         out: list[ReceivedMessage] = []
         for _name, g in self._topic_groups(topic):

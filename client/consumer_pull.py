@@ -14,6 +14,7 @@ from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.arguments import checked
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import validate_group, validate_topic
@@ -23,6 +24,7 @@ from raftmq.common.types import QueueRef, check_offset
 class PullConsumer:
     """Thread-safe for one polling thread plus any number of seek/commit callers."""
 
+    @checked
     def __init__(
         self,
         namesrv_addresses: str | Sequence[str],
@@ -70,12 +72,14 @@ class PullConsumer:
         validate_topic(topic)
         return self.routes.route(topic, refresh=True).read_queues()
 
+    @checked
     def subscribe(self, topic: str) -> list[QueueRef]:
         """Assign every readable queue of `topic` (on every broker group)."""
         queues = self.queues_of(topic)
         self.assign([*self._fetchers, *queues])
         return queues
 
+    @checked
     def assign(self, queues: Iterable[QueueRef]) -> None:
         wanted = set(queues)
         for q in wanted:
@@ -109,6 +113,7 @@ class PullConsumer:
 
     # ---- positions ----------------------------------------------------------------------------
 
+    @checked
     def seek(self, q: QueueRef, offset: int) -> None:
         check_offset(offset, "offset")
         f = self._fetcher(q)
@@ -116,12 +121,15 @@ class PullConsumer:
             self._positions[q] = offset
             f.seek(offset)
 
+    @checked
     def seek_to_beginning(self, q: QueueRef) -> None:
         self.seek(q, self._offsets.bounds(q)[0])
 
+    @checked
     def seek_to_end(self, q: QueueRef) -> None:
         self.seek(q, self._offsets.bounds(q)[1])
 
+    @checked
     def seek_to_timestamp(self, q: QueueRef, timestamp_ms: int) -> None:
         self._fetcher(q)
         check_offset(timestamp_ms, "timestamp_ms")
@@ -183,6 +191,7 @@ class PullConsumer:
                 self._positions[q] = new  # nothing of q waits to be polled: commit the new spot
         return new
 
+    @checked
     def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
         """Messages in offset order per queue; [] if none arrives within timeout_ms."""
         deadline = time.monotonic() + timeout_ms / 1000

@@ -30,6 +30,7 @@ from raftmq.client.process_queue import ProcessQueue
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
+from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     InvalidArgumentError,
     RaftMQError,
@@ -73,6 +74,7 @@ StuckCallback = Callable[[StuckMessage], None]
 
 
 class PushConsumer:
+    @checked
     def __init__(
         self,
         namesrv_addresses: str | Sequence[str],

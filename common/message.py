@@ -127,6 +127,8 @@ def _bad_name(kind: str, name: str, text: str) -> InvalidNameError:
 
 def validate_topic(name: str, *, allow_system: bool = False) -> None:
     """RocketMQ's topic rules; system topics are refused unless `allow_system` (broker-internal)."""
+    if not isinstance(name, str):
+        raise _bad_name("topic", repr(name), f"a topic name is a str, not {type(name).__name__}")
     if not name:
         raise _bad_name("topic", name, "topic name is empty")
     if len(name) > MAX_TOPIC_CHARS:

@@ -25,6 +25,7 @@ from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
+from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -46,6 +47,10 @@ SendCallback = Callable[[SendResult | None, RaftMQError | None], None]
 QueueSelector = Callable[[Sequence[QueueRef]], QueueRef]
 
 
+def _wrong(argument: str, expected: str, value: object) -> str:
+    return f"argument {argument!r} must be {expected}, not {type(value).__name__} ({value!r:.60})"
+
+
 @dataclass(frozen=True, slots=True)
 class SendOptions:
     """The keyword arguments of one send: the message's attributes and how its queue is chosen
@@ -57,6 +62,16 @@ class SendOptions:
     sharding_key: str | None = None
     queue_selector: QueueSelector | None = None
     queue: QueueRef | None = None
+
+    def __post_init__(self) -> None:
+        # Cheap isinstance checks on the per-message path (tags, keys and properties are checked
+        # with the message); a wrong type is the caller's fault, named.
+        if self.sharding_key is not None and not isinstance(self.sharding_key, str):
+            raise InvalidArgumentError(_wrong("sharding_key", "a str or None", self.sharding_key))
+        if self.queue_selector is not None and not callable(self.queue_selector):
+            raise InvalidArgumentError(_wrong("queue_selector", "a callable", self.queue_selector))
+        if self.queue is not None and not isinstance(self.queue, QueueRef):
+            raise InvalidArgumentError(_wrong("queue", "a QueueRef or None", self.queue))
 
     @property
     def movable(self) -> bool:
@@ -73,6 +88,7 @@ class Producer:
     spent waiting behind an earlier request of its queue included. A failure is
     OutcomeUnknownError when the message may be stored; any other error means it is not."""
 
+    @checked
     def __init__(
         self,
         namesrv_addresses: str | Sequence[str],
@@ -197,6 +213,7 @@ class Producer:
         options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
         self._send(topic, body, options).add_done_callback(_log_oneway_failure)
 
+    @checked
     def send_batch(
         self,
         topic: str,
@@ -212,6 +229,7 @@ class Producer:
         )
         return [self._wait(f) for f in futures]
 
+    @checked
     def send_batch_async(
         self,
         topic: str,
