@@ -251,3 +251,16 @@ def test_send_duplicate_offsets_and_errors_over_frames(
     )
     with node.consumers_lock:
         assert node.consumers.members("g", time.monotonic_ns() // 1_000_000) == ["c1"]
+
+
+def test_data_listen_setting(tmp_path: Path) -> None:
+    from tests.broker.test_node_decisions import settings
+
+    assert settings(tmp_path).data_bind == ("127.0.0.1", 0)  # the gRPC host, any port
+    assert settings(tmp_path, data_listen="0.0.0.0:7100").data_bind == ("0.0.0.0", 7100)
+    assert settings(tmp_path, data_listen="off").data_bind is None
+    for bad in ("7100", "host:", "host:70000"):
+        with pytest.raises(ValueError, match="data_listen"):
+            settings(tmp_path, data_listen=bad)
+    with pytest.raises(ValueError, match="data_max_frame_bytes"):
+        settings(tmp_path, data_max_frame_bytes=100)
