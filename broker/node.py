@@ -10,13 +10,17 @@ committed on a majority and dispatched, so the answer carries the queue offsets 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from raftmq.broker.commit_log import CommitLog
+from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError
 from raftmq.broker.offsets import OffsetProcessor
@@ -28,6 +32,7 @@ from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.broker.topics import TopicProcessor
+from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InternalError,
@@ -97,6 +102,9 @@ class BrokerNode:
         self.pulls = PullProcessor(self, self.topic_admin)
         self.offsets = OffsetProcessor(self, self.topic_admin)
         self.queries = QueryProcessor(self, self.topic_admin)
+        # Consumer membership (soft state): one table per node, whatever transport heartbeats.
+        self.consumers = ConsumerRegistry()
+        self.consumers_lock = threading.Lock()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -203,6 +211,13 @@ class BrokerNode:
                 raise NotLeaderError.for_node(self.me.node_id, self.group, "")
         self._ready_term = max(self._ready_term, st.term)
 
+    def leader_gate_open(self) -> bool:
+        """`require_leader` would pass at once (no wait): leader, latch of this term open."""
+        if self._closed:
+            return False
+        st = self.rlog.status()
+        return st.role is Role.LEADER and st.term == self._ready_term
+
     def _wait_term(self, term: int, timeout_s: float) -> bool:
         try:
             return self.dispatcher.wait_term(term, timeout_s)
@@ -260,25 +275,49 @@ class BrokerNode:
         except rl_errors.LogClosedError as exc:
             raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down") from exc
 
+    # The error a failed or late replication answers, shared by the blocking and the async
+    # path so the two transports cannot drift.
+
+    def _commit_timeout(self) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
+            f"not committed within {self.settings.send_timeout_ms} ms on broker group "
+            f"{self.group}; it may still be: retry with the same producer sequence"
+        )
+
+    def _commit_failure(self, exc: BaseException) -> RaftMQError | None:
+        """The typed error of a failed commit future; None: not a log error (a bug)."""
+        if isinstance(exc, rl_errors.NotLeaderError):
+            return self.not_leader()
+        if isinstance(exc, rl_errors.QueueFullError):
+            return QueueFullError(f"broker group {self.group}: {exc}")
+        if isinstance(exc, rl_errors.OutcomeUnknownError):
+            return OutcomeUnknownError(
+                f"broker group {self.group} lost leadership before the commit was known ({exc}); "
+                "retry with the same producer sequence on the new leader"
+            )
+        if isinstance(exc, rl_errors.LogClosedError):
+            return BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
+        return None
+
+    def _no_outcome(self, index: int) -> RaftMQError:
+        """Committed, but no outcome within the wait (or forgotten)."""
+        if self.dispatcher.failure is not None or not self.dispatcher.running:
+            return self.dispatcher_down(DispatcherStoppedError("stopped"))
+        return OutcomeUnknownError(
+            f"entry {index} is committed but not yet indexed on {self.me.node_id}; "
+            "retry with the same producer sequence"
+        )
+
     def _await_commit(self, fut: Future[Committed], deadline: float) -> Committed:
         try:
             return fut.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout as exc:
-            raise OutcomeUnknownError(
-                f"not committed within {self.settings.send_timeout_ms} ms on broker group "
-                f"{self.group}; it may still be: retry with the same producer sequence"
-            ) from exc
-        except rl_errors.NotLeaderError as exc:
-            raise self.not_leader() from exc
-        except rl_errors.QueueFullError as exc:
-            raise QueueFullError(f"broker group {self.group}: {exc}") from exc
-        except rl_errors.OutcomeUnknownError as exc:
-            raise OutcomeUnknownError(
-                f"broker group {self.group} lost leadership before the commit was known ({exc}); "
-                "retry with the same producer sequence on the new leader"
-            ) from exc
-        except rl_errors.LogClosedError as exc:
-            raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down") from exc
+            raise self._commit_timeout() from exc
+        except Exception as exc:
+            mapped = self._commit_failure(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     def replicate(self, payloads: Sequence[bytes], timeout_s: float) -> list[ChunkOutcome]:
         """Submit chunks, wait for their commit and dispatch; the dispatcher's verdict of each."""
@@ -294,14 +333,71 @@ class BrokerNode:
             except Exception as exc:
                 raise self.dispatcher_down(exc) from exc
             if outcome is None:
-                if self.dispatcher.failure is not None or not self.dispatcher.running:
-                    raise self.dispatcher_down(DispatcherStoppedError("stopped"))
-                raise OutcomeUnknownError(
-                    f"entry {c.index} is committed but not yet indexed on {self.me.node_id}; "
-                    "retry with the same producer sequence"
-                )
+                raise self._no_outcome(c.index)
             outcomes.append(outcome)
         return outcomes
+
+    async def replicate_async(
+        self, payloads: Sequence[bytes], timeout_s: float, waker: LoopWaker
+    ) -> list[ChunkOutcome]:
+        """`replicate` without a blocked thread, for handlers on `waker`'s event loop.
+
+        The commit future's callback (Raft thread) registers the entry with the OutcomeBook;
+        the dispatcher thread's outcome callback completes this request's loop future through
+        `waker`, which wakes the loop once per burst. So the loop is woken once per answer (at
+        most, since answers of one dispatch share a wake-up), never for the commit alone. The
+        errors are `replicate`'s, by the same functions."""
+        loop = asyncio.get_running_loop()
+        commits = [self.submit(p) for p in payloads]
+        answers: list[asyncio.Future[ChunkOutcome]] = [loop.create_future() for _ in commits]
+        for commit, answer in zip(commits, answers, strict=True):
+            commit.add_done_callback(functools.partial(self._on_committed, waker, answer))
+        try:
+            await asyncio.wait(answers, timeout=timeout_s)  # never cancels what it waits on
+            outcomes: list[ChunkOutcome] = []
+            for commit, answer in zip(commits, answers, strict=True):
+                if answer.done():
+                    outcomes.append(answer.result())
+                elif not commit.done():
+                    raise self._commit_timeout()
+                else:
+                    exc = commit.exception()
+                    if exc is not None:  # failed; its completion had not reached the loop yet
+                        raise self._commit_failure(exc) or exc
+                    raise self._no_outcome(commit.result().index)
+            return outcomes
+        finally:
+            for answer in answers:
+                if answer.done():
+                    answer.exception()  # retrieved: an unread failure is not logged as lost
+                else:
+                    answer.cancel()  # a late completion is dropped by the waker
+
+    def _on_committed(
+        self, waker: LoopWaker, answer: asyncio.Future[ChunkOutcome], commit: Future[Committed]
+    ) -> None:
+        """Raft thread (or the caller's, if already done): chain the commit to its outcome."""
+        if commit.cancelled():
+            waker.set_exception(answer, self._commit_timeout())
+            return
+        exc = commit.exception()
+        if exc is not None:
+            waker.set_exception(answer, self._commit_failure(exc) or exc)
+            return
+        c = commit.result()
+
+        def on_outcome(outcome: ChunkOutcome | None, failure: BaseException | None) -> None:
+            if failure is not None:
+                waker.set_exception(answer, self.dispatcher_down(failure))
+            elif outcome is None:
+                waker.set_exception(answer, self._no_outcome(c.index))
+            else:
+                waker.set_result(answer, outcome)
+
+        try:
+            self.outcomes.on_outcome(c.index, c.slot, on_outcome)
+        except RuntimeError as full:
+            waker.set_exception(answer, QueueFullError(f"node {self.me.node_id}: {full}"))
 
 
 def build_broker_node(settings: BrokerSettings) -> BrokerNode:

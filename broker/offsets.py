@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raftmq.broker.rows import Rejected
+from raftmq.broker.rows import ChunkOutcome, Rejected
 from raftmq.broker.topics import TopicProcessor
 from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError
@@ -43,9 +43,25 @@ class OffsetProcessor:
 
     def commit_offsets(self, group: str, offsets: Sequence[tuple[str, int, int]]) -> None:
         """Store (topic, queue id, offset) triples of a consumer group, one entry each."""
+        payloads = self.commit_payloads(group, offsets)
+        if payloads:
+            self.check_commit(self._node.replicate(payloads, self.commit_timeout_s))
+
+    @property
+    def commit_timeout_s(self) -> float:
+        return self._settings.send_timeout_ms / 1000
+
+    def check_commit(self, outcomes: Sequence[ChunkOutcome]) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Rejected):
+                raise InvalidArgumentError(f"offset commit refused: {outcome.reason}")
+
+    def commit_payloads(self, group: str, offsets: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """The checks of a commit and its entries to replicate (none for no offsets); passes
+        the leader gate (which may wait: see `BrokerNode.leader_gate_open`)."""
         validate_group(group)
         if not offsets:
-            return
+            return []
         if len(offsets) > MAX_OFFSETS_PER_COMMIT:
             raise InvalidArgumentError(
                 f"{len(offsets)} offsets in one commit; the limit is {MAX_OFFSETS_PER_COMMIT}"
@@ -57,10 +73,7 @@ class OffsetProcessor:
                     f"offset {offset} of {topic}/{queue_id}: queue id and offset must be >= 0"
                 )
         self._node.require_leader()
-        payloads = [record_batch.encode(CommitOffset(group, t, q, o)) for t, q, o in offsets]
-        for outcome in self._node.replicate(payloads, self._settings.send_timeout_ms / 1000):
-            if isinstance(outcome, Rejected):
-                raise InvalidArgumentError(f"offset commit refused: {outcome.reason}")
+        return [record_batch.encode(CommitOffset(group, t, q, o)) for t, q, o in offsets]
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The group's committed offset of the queue; -1 when it has none."""

@@ -10,9 +10,14 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 
 from raftmq.broker.dispatcher_thread import DispatchProgress
 from raftmq.broker.rows import ChunkOutcome
+
+# Called with (the chunk's outcome or None when forgotten, the dispatcher's failure or None).
+OutcomeCallback = Callable[[ChunkOutcome | None, BaseException | None], None]
+MAX_CALLBACKS = 1 << 20  # registered and not yet answered; a leak would show here first
 
 
 class OutcomeBook:
@@ -34,6 +39,13 @@ class OutcomeBook:
         # One event per awaited raft index: a dispatch wakes only the requests it answers (a
         # shared condition woke every waiting handler thread on every transaction).
         self._waiters: dict[int, threading.Event] = {}
+        # Requests that wait without a thread (the data server): raft index -> (slot, callback)
+        self._callbacks: dict[int, list[tuple[int, OutcomeCallback]]] = {}
+        self._callback_count = 0
+
+    @property
+    def pending_callbacks(self) -> int:
+        return self._callback_count
 
     def record(self, progress: DispatchProgress) -> None:
         with self._lock:
@@ -46,6 +58,20 @@ class OutcomeBook:
             ready = [i for i in self._waiters if i <= self._dispatched]
             for i in ready:
                 self._waiters.pop(i).set()
+            due: list[tuple[OutcomeCallback, ChunkOutcome | None]] = []
+            if self._callbacks:
+                for i in [i for i in self._callbacks if i <= self._dispatched]:
+                    outcomes = self._by_index.get(i)
+                    for slot, callback in self._callbacks.pop(i):
+                        found = (
+                            outcomes[slot]
+                            if outcomes is not None and slot < len(outcomes)
+                            else None
+                        )
+                        due.append((callback, found))
+                self._callback_count -= len(due)
+        for callback, found in due:  # outside the lock: a callback may register again
+            callback(found, None)
 
     def fail(self, exc: BaseException) -> None:
         """The dispatcher stopped: wake every waiter with this error."""
@@ -54,6 +80,29 @@ class OutcomeBook:
             for event in self._waiters.values():
                 event.set()
             self._waiters.clear()
+            callbacks = [cb for entries in self._callbacks.values() for _, cb in entries]
+            self._callbacks.clear()
+            self._callback_count = 0
+        for callback in callbacks:
+            callback(None, exc)
+
+    def on_outcome(self, raft_index: int, slot: int, callback: OutcomeCallback) -> None:
+        """`wait` without a thread: `callback(outcome, failure)` runs once, on the dispatcher
+        thread when the entry is dispatched (or the dispatcher fails), or at once on the calling
+        thread when it already is. It must be quick and must not raise (a LoopWaker post)."""
+        with self._lock:
+            failed = self._failed
+            if failed is None and self._dispatched < raft_index:
+                if self._callback_count >= MAX_CALLBACKS:
+                    raise RuntimeError(f"{self._callback_count} outcome callbacks pending")
+                self._callbacks.setdefault(raft_index, []).append((slot, callback))
+                self._callback_count += 1
+                return
+            outcomes = self._by_index.get(raft_index)
+        if failed is not None:
+            callback(None, failed)
+            return
+        callback(outcomes[slot] if outcomes is not None and slot < len(outcomes) else None, None)
 
     def wait(self, raft_index: int, slot: int, timeout_s: float) -> ChunkOutcome | None:
         """The outcome of chunk `slot` of entry `raft_index`, once dispatched; None on timeout or

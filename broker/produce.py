@@ -47,6 +47,16 @@ class SendOutcome:
     duplicate: bool
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedSend:
+    """A checked send, ready to replicate: the queue chosen, the encoded entry, the wait."""
+
+    queue_id: int
+    payload: bytes
+    count: int
+    timeout_s: float
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -69,6 +79,38 @@ class SendProcessor:
     ) -> tuple[int, list[SendOutcome]]:
         """Store `messages` in one queue (-1: the broker picks one). Returns (the queue id used,
         one outcome per message). A retried producer sequence is answered with the original."""
+        prepared = self.prepare(topic, queue_id, messages, producer_id, first_sequence, timeout_ms)
+        if self._settings.debug_ack_before_commit:
+            return self.ack_before_commit(prepared)
+        outcome = self._node.replicate([prepared.payload], prepared.timeout_s)
+        return prepared.queue_id, self.outcomes(prepared, outcome[0])
+
+    def ack_before_commit(self, prepared: PreparedSend) -> tuple[int, list[SendOutcome]]:
+        """The bug the chaos checker must catch: acknowledged before a majority has it."""
+        self._node.submit(prepared.payload)
+        q = prepared.queue_id
+        return q, [SendOutcome("", q, -1, False) for _ in range(prepared.count)]
+
+    def outcomes(self, prepared: PreparedSend, outcome: ChunkOutcome) -> list[SendOutcome]:
+        """The answer to a prepared send from its chunk's dispatched outcome."""
+        return self._send_outcomes(outcome, prepared.count, prepared.queue_id)
+
+    def needs_thread(self, topic: str) -> bool:
+        """`prepare` may block (the leader gate of a new term, a topic auto-created through the
+        log): an event loop runs it on a thread then, else inline."""
+        return not self._node.leader_gate_open() or self._node.store.topic(topic) is None
+
+    def prepare(
+        self,
+        topic: str,
+        queue_id: int,
+        messages: Sequence[Message],
+        producer_id: str,
+        first_sequence: int,
+        timeout_ms: int,
+    ) -> PreparedSend:
+        """Everything a send checks and decides before replication: validation, the leader gate,
+        the topic (auto-created), the queue, the encoded entry. Raises the caller's errors."""
         settings = self._settings
         validate_topic(topic, allow_system=True)
         if not messages:
@@ -110,13 +152,8 @@ class SendProcessor:
             payload = record_batch.encode(batch)
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
-        timeout_s = (timeout_ms or settings.send_timeout_ms) / 1000
-        if settings.debug_ack_before_commit:
-            # The bug the chaos checker must catch: acknowledged before a majority has it.
-            self._node.submit(payload)
-            return queue_id, [SendOutcome("", queue_id, -1, False) for _ in messages]
-        outcome = self._node.replicate([payload], min(timeout_s, settings.send_timeout_ms / 1000))
-        return queue_id, self._send_outcomes(outcome[0], len(messages), queue_id)
+        timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
+        return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
     def _send_outcomes(self, outcome: ChunkOutcome, count: int, queue_id: int) -> list[SendOutcome]:
         group = self._node.group

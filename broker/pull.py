@@ -1,14 +1,17 @@
 """PullProcessor: messages of one queue from an offset, with long polling (RocketMQ's
 PullMessageProcessor with its PullRequestHoldService folded in).
 
-What to do next is broker/pull_plan.py's pure decision; this module only waits, scans the
-ConsumeQueue, reads the CommitLog and filters. A pull never changes replicated state.
+What to do next is broker/pull_plan.py's pure decision; this module scans the ConsumeQueue,
+reads the CommitLog and filters. A pull never changes replicated state. `PullProcessor.steps` is
+a generator that yields what to wait for (`WaitDispatched`, `WaitMessage`) and returns the
+PullResult: `pull()` drives it with blocking waits (a gRPC handler thread), the framed data
+server with futures the dispatcher completes (no thread held), the same decisions for both.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -56,6 +59,30 @@ class PullResult:
     raw_parts: list[RawPart] = field(default_factory=list)  # instead of messages, when asked
 
 
+@dataclass(frozen=True, slots=True)
+class WaitDispatched:
+    """Wait (at most `wait_ms`) until this node's dispatcher has indexed entry `index`."""
+
+    index: int
+    wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitMessage:
+    """Wait (at most `wait_ms`) until queue `topic`/`queue_id` holds a message at `offset`."""
+
+    topic: str
+    queue_id: int
+    offset: int
+    wait_ms: int
+
+
+PullWait = WaitDispatched | WaitMessage
+# Yields waits; the driver answers each with `closing` (True: the server is going away, answer
+# now instead of holding); returns the result.
+PullSteps = Generator[PullWait, bool, PullResult]
+
+
 def _monotonic_ms(t: float | None = None) -> int:
     return int((time.monotonic() if t is None else t) * 1000)
 
@@ -84,8 +111,67 @@ class PullProcessor:
         raw: bool = False,
     ) -> PullResult:
         """Messages of one queue from `offset` on. When the queue holds nothing at `offset`, the
-        request waits (long polling) until a message arrives or `max_wait_ms` passes.
-        `deadline` is the caller's, on time.monotonic()."""
+        request waits (long polling, blocking this thread) until a message arrives or
+        `max_wait_ms` passes. `deadline` is the caller's, on time.monotonic()."""
+        steps = self.steps(
+            group,
+            topic,
+            queue_id,
+            offset,
+            max_count,
+            sql=sql,
+            expression=expression,
+            max_wait_ms=max_wait_ms,
+            allow_follower_read=allow_follower_read,
+            max_bytes=max_bytes,
+            deadline=deadline,
+            raw=raw,
+        )
+        return self.run_blocking(steps)
+
+    def run_blocking(self, steps: PullSteps) -> PullResult:
+        """Drive `steps` on this thread, blocking in each wait."""
+        try:
+            wait = next(steps)
+            while True:
+                self._block(wait)
+                wait = steps.send(False)
+        except StopIteration as done:
+            result: PullResult = done.value
+            return result
+
+    def _block(self, wait: PullWait) -> None:
+        node = self._node
+        if isinstance(wait, WaitDispatched):
+            node.wait_dispatched(wait.index, wait.wait_ms / 1000)
+            return
+        try:
+            node.dispatcher.wait_for_message(
+                wait.topic, wait.queue_id, wait.offset, wait.wait_ms / 1000
+            )
+        except DispatcherStoppedError as exc:
+            raise node.dispatcher_down(exc) from exc
+
+    def steps(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        sql: bool,
+        expression: str,
+        max_wait_ms: int,
+        allow_follower_read: bool,
+        max_bytes: int,
+        deadline: float,
+        raw: bool = False,
+    ) -> PullSteps:
+        """The pull as a generator: it yields each wait the plan asks for (the driver resumes
+        it once the condition holds or the wait's time is up: both are re-planned) and returns
+        the PullResult. Validation runs on the first `next()`; errors are raised from there.
+        The driver sends True to end a long poll early (its server is closing)."""
         node, settings, store = self._node, self._settings, self._store
         validate_group(group)
         node.require_readable(allow_follower_read)
@@ -102,7 +188,7 @@ class PullProcessor:
         max_bytes = min(max_bytes or settings.pull_max_bytes, settings.pull_max_bytes)
         wait_s = min(max(max_wait_ms, 0), settings.long_poll_max_ms) / 1000
         deadline_ms = _monotonic_ms(min(deadline, time.monotonic() + wait_s))
-        caught_up = False
+        caught_up = closing = False
         while True:
             low, high = store.queue_bounds(topic, queue_id)
             step = pull_plan(
@@ -116,17 +202,16 @@ class PullProcessor:
             )
             if isinstance(step, CatchUp):
                 caught_up = True
-                node.wait_dispatched(step.index, step.wait_ms / 1000)
+                closing = yield WaitDispatched(step.index, step.wait_ms)
                 continue
             if isinstance(step, OutOfRange):
                 raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)
-            if isinstance(step, NoNewMessage) or (isinstance(step, WaitForMessage) and node.closed):
+            if isinstance(step, NoNewMessage) or (
+                isinstance(step, WaitForMessage) and (node.closed or closing)
+            ):
                 return PullResult(PullStatus.NO_NEW_MSG, [], offset, low, high)
             if isinstance(step, WaitForMessage):
-                try:
-                    node.dispatcher.wait_for_message(topic, queue_id, offset, step.wait_ms / 1000)
-                except DispatcherStoppedError as exc:
-                    raise node.dispatcher_down(exc) from exc
+                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms)
                 continue
             scan = store.scan_queue(
                 topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL

@@ -1,9 +1,10 @@
 """The broker node process: `raftmq-broker [--config FILE] [--<key> VALUE ...]` (or
 `python -m raftmq.broker.server`).
 
-Runs one node of a broker group: the replicated log, the dispatcher, the gRPC Broker service and
-the NameServer registration. Once serving it prints `broker.started listen=HOST:PORT node=ID
-group=GROUP` to stdout. SIGTERM or SIGINT: hand leadership off, unregister, exit 0.
+Runs one node of a broker group: the replicated log, the dispatcher, the gRPC Broker service, the
+framed data path (broker/data_server.py) and the NameServer registration. Once serving it prints
+`broker.started listen=HOST:PORT node=ID group=GROUP data=HOST:PORT` to stdout (data= is empty
+when data_listen is "off"). SIGTERM or SIGINT: hand leadership off, unregister, exit 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import grpc
 
 from raftmq.broker import settings as settings_mod
 from raftmq.broker.convert import topic_to_pb
+from raftmq.broker.data_server import DataServer
 from raftmq.broker.node import build_broker_node
 from raftmq.broker.registration import Registrar
 from raftmq.broker.role_reporter import RoleReporter
@@ -57,6 +59,8 @@ class BrokerServer:
             maximum_concurrent_rpcs=settings.max_workers * 4,
         )
         add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
+        self.data_server = DataServer(self.node, settings) if settings.data_bind else None
+        self.data_address = ""  # advertised once bound
         self.registrar = Registrar(
             settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
         )
@@ -90,6 +94,7 @@ class BrokerServer:
             role=ROLE_TO_PB.get(st.role, common_pb2.ROLE_UNSPECIFIED),
             term=st.term,
             topics=[topic_to_pb(t) for t in self.node.topics()],
+            data_address=self.data_address,
         )
 
     def _on_role_change(self, change: RoleChange) -> None:
@@ -115,6 +120,13 @@ class BrokerServer:
         if port == 0:
             raise OSError(f"cannot listen on {listen} (address in use?)")
         self.node.start()
+        if self.data_server is not None:
+            bind = self.settings.data_bind
+            assert bind is not None
+            try:
+                self.data_address = self.data_server.start(*bind)
+            except OSError as exc:
+                raise OSError(f"cannot listen on {bind[0]}:{bind[1]} (data_listen): {exc}") from exc
         self._server.start()
         self.registrar.start()
         self.address = f"{host}:{port}"
@@ -127,7 +139,11 @@ class BrokerServer:
                 self.node.rlog.transfer_leadership(timeout_s=2.0)
             except Exception:
                 _log.exception("broker.transfer_on_stop_failed")
-        self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
+        grace_s = self.settings.shutdown_grace_ms / 1000
+        grpc_stopped = self._server.stop(grace_s)
+        if self.data_server is not None:
+            self.data_server.stop(grace_s)  # held pulls answer at once; in-flight calls finish
+        grpc_stopped.wait()
         self.registrar.stop(
             namesrv_pb2.UnregisterBrokerRequest(
                 cluster=self.settings.cluster,
@@ -166,14 +182,16 @@ def serve(settings: BrokerSettings, stop: threading.Event) -> int:
         server.node.close()
         return 1
     _log.info(
-        "broker.started listen=%s node=%s group=%s members=%s",
+        "broker.started listen=%s data=%s node=%s group=%s members=%s",
         address,
+        server.data_address,
         settings.node_id,
         settings.broker_group,
         settings.members,
     )
     print(
-        f"broker.started listen={address} node={settings.node_id} group={settings.broker_group}",
+        f"broker.started listen={address} node={settings.node_id} group={settings.broker_group} "
+        f"data={server.data_address}",
         flush=True,
     )
     while not stop.wait(0.5):

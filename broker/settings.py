@@ -18,6 +18,9 @@ ENV_PREFIX = "RAFTMQ_BROKER_"
 MIB = 1 << 20
 GIB = 1 << 30
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DATA_LISTEN_OFF = "off"
+MIN_FRAME_BYTES = 64 * 1024  # an error answer and a small send must fit
+MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a mistake
 
 
 @settings_class
@@ -36,6 +39,25 @@ class BrokerSettings:
         default="",
         unit="host:port",
         doc='gRPC bind address; "" = this node\'s address in `members`',
+    )
+    data_listen: str = setting(
+        default="",
+        unit="host:port",
+        doc='framed data path (send, pull, offsets, heartbeats) bind address; "" = the host of '
+        'this node\'s gRPC address, any free port; "off" = gRPC only. The bound address is '
+        "registered as the node's data_address",
+    )
+    data_max_frame_bytes: int = setting(
+        default=16 * MIB, unit="bytes", doc="framed data path: largest request or answer frame"
+    )
+    data_max_connections: int = setting(
+        default=4096, unit="connections", doc="framed data path: connections served at once"
+    )
+    data_max_inflight_per_conn: int = setting(
+        default=256,
+        unit="requests",
+        doc="framed data path: requests run at once per connection (held pulls included); past "
+        "it the broker stops reading that connection",
     )
     data_dir: Path = setting(default=Path("data/broker"), unit="path", doc="journal and indexes")
     namesrv_addresses: str = setting(
@@ -127,6 +149,8 @@ class BrokerSettings:
             raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")
         if self.listen:
             check_host_port(self.listen, "listen")
+        if self.data_listen not in ("", DATA_LISTEN_OFF):
+            _check_bind_address(self.data_listen, "data_listen")
         _split(self.namesrv_addresses, "namesrv_addresses")  # at least one, each host:port
         if self.controller_addresses.strip():
             _split(self.controller_addresses, "controller_addresses")
@@ -138,12 +162,18 @@ class BrokerSettings:
             "long_poll_max_ms": self.long_poll_max_ms,
             "pull_max_messages": self.pull_max_messages,
             "pull_max_bytes": self.pull_max_bytes,
+            "data_max_connections": self.data_max_connections,
+            "data_max_inflight_per_conn": self.data_max_inflight_per_conn,
         }
         for key, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{key} must be > 0")
         if not 1 <= self.default_queue_nums <= 1024:
             raise ValueError("default_queue_nums must be within 1..1024")
+        if not MIN_FRAME_BYTES <= self.data_max_frame_bytes <= MAX_FRAME_BYTES:
+            raise ValueError(
+                f"data_max_frame_bytes must be within {MIN_FRAME_BYTES}..{MAX_FRAME_BYTES}"
+            )
         if not 4 <= self.max_workers <= 4096:
             raise ValueError("max_workers must be within 4..4096")
         if self.log_level.upper() not in LOG_LEVELS:
@@ -157,6 +187,15 @@ class BrokerSettings:
     @property
     def me(self) -> Member:
         return next(m for m in self.member_list if m.node_id == self.node_id)
+
+    @property
+    def data_bind(self) -> tuple[str, int] | None:
+        """Where the framed data path listens: (host, port), port 0 = any; None when off."""
+        if self.data_listen == DATA_LISTEN_OFF:
+            return None
+        address = self.data_listen or f"{self.me.address.rpartition(':')[0]}:0"
+        host, _, port = address.rpartition(":")
+        return host, int(port)
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:
@@ -187,6 +226,13 @@ class BrokerSettings:
             ),
             password=self.raft_password or None,
         )
+
+
+def _check_bind_address(value: str, what: str) -> None:
+    """host:port where port 0 (any free port) is allowed, unlike an advertised address."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not host:port (port 0 = any free port) or 'off'")
 
 
 def _split(text: str, what: str) -> tuple[str, ...]:

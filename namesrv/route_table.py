@@ -74,6 +74,7 @@ class Registration:
     role: Role
     term: int
     topics: tuple[TopicQueues, ...] = ()
+    data_address: str = ""  # framed data path host:port, "" = gRPC only
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ class NodeView:
     is_leader: bool  # the table's verdict
     last_heartbeat_ms: int
     heartbeat_age_ms: int
+    data_address: str = ""  # framed data path host:port, "" = gRPC only
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,7 @@ class _Node:
     role: Role
     term: int
     last_heartbeat_ms: int
+    data_address: str
 
 
 @dataclass(slots=True)
@@ -201,10 +204,17 @@ class RouteTable:
                     "to expire"
                 )
             node = group.nodes[reg.node_id] = _Node(
-                reg.node_id, reg.address, reg.raft_address, reg.role, reg.term, now_ms
+                reg.node_id,
+                reg.address,
+                reg.raft_address,
+                reg.role,
+                reg.term,
+                now_ms,
+                reg.data_address,
             )
         else:
             node.address, node.raft_address = reg.address, reg.raft_address
+            node.data_address = reg.data_address
             node.role, node.term = reg.role, reg.term
             node.last_heartbeat_ms = max(node.last_heartbeat_ms, now_ms)
 
@@ -346,6 +356,7 @@ def _group_view(group: _Group, now_ms: int) -> GroupView:
             group.leader == n.node_id,
             n.last_heartbeat_ms,
             max(0, now_ms - n.last_heartbeat_ms),
+            n.data_address,
         )
         for n in sorted(group.nodes.values(), key=lambda n: n.node_id)
     )
@@ -397,6 +408,8 @@ def _validate_registration(reg: Registration) -> None:
     check_address("node address", reg.address)
     if reg.raft_address:
         check_address("raft address", reg.raft_address)
+    if reg.data_address:
+        check_address("data address", reg.data_address)
     if reg.term < 0:
         raise InvalidArgumentError(f"term must be >= 0, got {reg.term}")
     check_topics(reg.topics)

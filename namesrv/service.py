@@ -79,6 +79,7 @@ def _group_to_pb(g: GroupView) -> namesrv_pb2.BrokerGroup:
                 term=n.term,
                 is_leader=n.is_leader,
                 last_heartbeat_age_ms=n.heartbeat_age_ms,
+                data_address=n.data_address,
             )
             for n in g.nodes
         ],
@@ -92,6 +93,7 @@ def registration_from_pb(req: namesrv_pb2.RegisterBrokerRequest) -> Registration
         node_id=req.node_id,
         address=req.address,
         raft_address=req.raft_address,
+        data_address=req.data_address,
         role=_ROLE_FROM_PB.get(req.role, Role.UNKNOWN),
         term=req.term,
         topics=tuple(

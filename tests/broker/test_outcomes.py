@@ -70,3 +70,28 @@ def test_failure_wakes_waiters_with_the_error() -> None:
     assert [str(e) for e in errors] == ["dispatcher died"]
     with pytest.raises(RuntimeError):
         book.wait(6, 0, 0.0)
+
+
+def test_on_outcome_calls_back_once_dispatched_at_once_if_already_and_on_failure() -> None:
+    book = OutcomeBook(0)
+    got: list[tuple[object, object]] = []
+
+    def keep(outcome: object, failure: object) -> None:
+        got.append((outcome, failure))
+
+    book.on_outcome(2, 1, keep)
+    book.on_outcome(2, 5, keep)  # a slot the entry does not have: None
+    book.record(progress(1))
+    assert got == [] and book.pending_callbacks == 2
+    book.record(progress(2))
+    assert got == [(Rejected(1, "e2s1"), None), (None, None)]
+    assert book.pending_callbacks == 0
+    got.clear()
+    book.on_outcome(1, 0, keep)  # already dispatched: on this thread, now
+    assert got == [(Rejected(0, "e1s0"), None)]
+    got.clear()
+    book.on_outcome(9, 0, keep)
+    boom = RuntimeError("dispatcher stopped")
+    book.fail(boom)
+    book.on_outcome(10, 0, keep)
+    assert got == [(None, boom), (None, boom)]

@@ -222,6 +222,31 @@ def test_heartbeat_updates_address_and_role() -> None:
     assert view.leader_address == "10.1.1.1:20911"
 
 
+def test_data_address_is_kept_per_node_and_follows_reregistration() -> None:
+    table = RouteTable(EXPIRY_MS)
+    table.register(
+        Registration(
+            "c1", "broker-a", "a0", "127.0.0.1:10911", "", Role.LEADER, 1, (ORDERS,), "h:7001"
+        ),
+        0,
+    )
+    table.register(reg("a1"), 0)  # a node serving gRPC only
+    route = table.route("orders", 0)
+    assert route is not None
+    assert [(n.node_id, n.data_address) for n in route.groups[0].nodes] == [
+        ("a0", "h:7001"),
+        ("a1", ""),
+    ]
+    table.register(
+        Registration(
+            "c1", "broker-a", "a0", "127.0.0.1:10911", "", Role.LEADER, 1, (ORDERS,), "h:7002"
+        ),
+        10,
+    )
+    (cluster,) = table.cluster_info(10)
+    assert cluster.groups[0].nodes[0].data_address == "h:7002"  # a restart's new port
+
+
 @pytest.mark.parametrize(
     ("change", "error"),
     [
@@ -230,6 +255,8 @@ def test_heartbeat_updates_address_and_role() -> None:
         ({"node_id": "n/0"}, InvalidNameError),
         ({"address": "no-port"}, InvalidArgumentError),
         ({"raft_address": "host:99999"}, InvalidArgumentError),
+        ({"data_address": "host"}, InvalidArgumentError),
+        ({"data_address": "host:0"}, InvalidArgumentError),
         ({"term": -1}, InvalidArgumentError),
         ({"topics": (TopicQueues("bad topic!", 1, 1),)}, InvalidNameError),
         ({"topics": (TopicQueues("t" * 128, 1, 1),)}, InvalidNameError),

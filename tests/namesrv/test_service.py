@@ -34,6 +34,7 @@ def register(
     role: common_pb2.Role,
     term: int,
     topics: tuple[str, ...] = ("orders",),
+    data_address: str = "",
 ) -> namesrv_pb2.RegisterBrokerResponse:
     return stub.RegisterBroker(
         namesrv_pb2.RegisterBrokerRequest(
@@ -42,6 +43,7 @@ def register(
             node_id=node,
             address=f"127.0.0.1:1091{node[-1]}",
             raft_address=f"127.0.0.1:2091{node[-1]}",
+            data_address=data_address,
             role=role,
             term=term,
             topics=[
@@ -64,7 +66,7 @@ def test_register_route_cluster_info_and_topics(stub: namesrv_pb2_grpc.NameServe
         2,
     )
     assert out.broker_expiry_ms == 400
-    register(stub, "a1", common_pb2.FOLLOWER, 2)
+    register(stub, "a1", common_pb2.FOLLOWER, 2, data_address="127.0.0.1:30911")
 
     route = stub.GetRouteInfoByTopic(namesrv_pb2.GetRouteInfoByTopicRequest(topic="orders"))
     assert route.topic == "orders"
@@ -81,10 +83,12 @@ def test_register_route_cluster_info_and_topics(stub: namesrv_pb2_grpc.NameServe
         ("a1", False, common_pb2.FOLLOWER),
     ]
     assert group.nodes[1].raft_address == "127.0.0.1:20911"
+    assert [n.data_address for n in group.nodes] == ["", "127.0.0.1:30911"]
 
     info = stub.GetClusterInfo(namesrv_pb2.GetClusterInfoRequest())
     assert [c.name for c in info.clusters] == ["c1"]
     assert [len(g.nodes) for g in info.clusters[0].groups] == [2]
+    assert [n.data_address for n in info.clusters[0].groups[0].nodes] == ["", "127.0.0.1:30911"]
     assert list(stub.GetAllTopics(namesrv_pb2.GetAllTopicsRequest()).topics) == ["orders"]
 
 

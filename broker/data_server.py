@@ -1,0 +1,240 @@
+"""DataServer: the broker's data path (send, pull, offsets, heartbeats) over the framed protocol
+(common/transport.py) on one event loop thread: the same requests as the gRPC Broker service,
+converted by the same functions (broker/requests.py), answered without a thread per request.
+
+Sends wait for their commit and outcome as loop futures the Raft and dispatcher threads
+complete; held pulls are loop futures the dispatcher wakes. Only a step that may block for long
+(a new leader's gate, a topic auto-created through the log) runs on a small thread pool.
+Nothing here decides: errors are the processors' typed RaftMQErrors, mapped by the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from raftmq.broker import requests
+from raftmq.broker.errors import DispatcherStoppedError
+from raftmq.broker.held_pulls import HeldPulls
+from raftmq.broker.node import BrokerNode
+from raftmq.broker.pull import PullResult, PullSteps, PullWait, WaitDispatched
+from raftmq.broker.settings import BrokerSettings
+from raftmq.broker.wakeups import LoopWaker
+from raftmq.common.data_api import PAYLOADS, DataMethod
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.pb import broker_pb2
+from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
+
+_log = logging.getLogger("broker.data_server")
+
+_M = TypeVar("_M", bound=Message)
+_T = TypeVar("_T")
+
+BLOCKING_THREADS = 4  # leader gates of a new term and topic auto-creation (rare, each bounded)
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def parse(cls: type[_M], payload: memoryview) -> _M:
+    """The request protobuf of a frame; garbage is the caller's fault (INVALID_ARGUMENT)."""
+    try:
+        # upb parses any buffer: no copy of the frame (the stubs say bytes)
+        return cls.FromString(payload)  # type: ignore[arg-type]
+    except (DecodeError, ValueError, TypeError) as exc:
+        raise InvalidArgumentError(
+            f"the payload of a framed {cls.__name__} is not one ({len(payload)} bytes): {exc}"
+        ) from None
+
+
+class DataServer:
+    """Build it beside the gRPC server; `start()` binds and returns the address to advertise,
+    `stop()` answers held pulls, refuses new requests and lets in-flight ones finish."""
+
+    def __init__(self, node: BrokerNode, settings: BrokerSettings) -> None:
+        self.node = node
+        self.settings = settings
+        self._io: LoopThread | None = None
+        self._server: FrameServer | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._waker: LoopWaker | None = None
+        self._held: HeldPulls | None = None
+        self._closing = False
+        self.address = ""
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, host: str, port: int) -> str:
+        io = self._io = LoopThread(name=f"broker-data-{self.node.me.node_id}")
+        self._waker = LoopWaker(io.loop)
+        s = self.settings
+        self._held = HeldPulls(
+            self.node.store,
+            self._waker,
+            max_waiters=s.data_max_connections * s.data_max_inflight_per_conn,
+        )
+        self.node.dispatcher.add_listener(self._held.on_progress)
+        self._pool = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="broker-data-block")
+        self._server = FrameServer(
+            self._handlers(),
+            max_frame_bytes=s.data_max_frame_bytes,
+            max_inflight_per_conn=s.data_max_inflight_per_conn,
+            max_connections=s.data_max_connections,
+        )
+        io.run(self._server.start(host, port), timeout_s=10)
+        advertised = self.node.me.address.rpartition(":")[0] if host in _WILDCARD_HOSTS else host
+        self.address = f"{advertised}:{self._server.port}"
+        _log.info("broker.data_server_started address=%s bind=%s:%d", self.address, host, port)
+        return self.address
+
+    def stop(self, grace_s: float) -> None:
+        io, server = self._io, self._server
+        if io is None or server is None:
+            return
+        try:
+            io.run(self._close(server, grace_s), timeout_s=grace_s + 5)
+        except Exception:
+            _log.exception("broker.data_server_close_failed")
+        io.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._io = None
+
+    async def _close(self, server: FrameServer, grace_s: float) -> None:
+        self._closing = True
+        assert self._held is not None
+        self._held.wake_all()  # held pulls answer NO_NEW_MSG now instead of after the grace
+        await server.close(grace_s)
+
+    @property
+    def held_pulls(self) -> int:
+        return self._held.held if self._held is not None else 0
+
+    @property
+    def loop_wakeups(self) -> int:
+        return self._waker.wakeups if self._waker is not None else 0
+
+    # ---- handlers -----------------------------------------------------------------------------
+
+    def _handlers(self) -> Mapping[int, Handler]:
+        handlers: dict[DataMethod, Handler] = {
+            DataMethod.SEND_MESSAGE: self._send,
+            DataMethod.PULL_MESSAGE: self._pull,
+            DataMethod.COMMIT_OFFSET: self._commit_offset,
+            DataMethod.QUERY_OFFSET: self._inline(
+                broker_pb2.QueryOffsetRequest, requests.query_offset
+            ),
+            DataMethod.GET_QUEUE_BOUNDS: self._inline(
+                broker_pb2.GetQueueBoundsRequest, requests.queue_bounds
+            ),
+            DataMethod.SEARCH_OFFSET_BY_TIMESTAMP: self._inline(
+                broker_pb2.SearchOffsetByTimestampRequest, requests.search_offset
+            ),
+            DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
+        }
+        missing = set(PAYLOADS) - set(handlers)
+        assert not missing, f"no handler for {sorted(m.name for m in missing)}"
+        return {int(m): h for m, h in handlers.items()}
+
+    def _inline(
+        self, cls: type[_M], fn: Callable[[BrokerNode, _M], Message]
+    ) -> Callable[[memoryview, RequestContext], Awaitable[bytes]]:
+        """A request answered on the loop: reads of this node's store, the consumer table."""
+        node = self.node
+
+        async def handle(payload: memoryview, ctx: RequestContext) -> bytes:
+            return fn(node, parse(cls, payload)).SerializeToString()
+
+        handle.__qualname__ = f"DataServer.{fn.__name__}"
+        return handle
+
+    async def _blocking(self, fn: Callable[..., _T], *args: object) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _send(self, payload: memoryview, ctx: RequestContext) -> bytes:
+        node = self.node
+        req = parse(broker_pb2.SendMessageRequest, payload)
+        term = node.status().term
+        if requests.send_needs_thread(node, req):
+            prepared = await self._blocking(requests.prepare_send, node, req)
+        else:
+            prepared = requests.prepare_send(node, req)
+        if node.settings.debug_ack_before_commit:
+            queue_id, outcomes = node.sends.ack_before_commit(prepared)
+        else:
+            assert self._waker is not None
+            [chunk] = await node.replicate_async(
+                [prepared.payload], prepared.timeout_s, self._waker
+            )
+            queue_id, outcomes = prepared.queue_id, node.sends.outcomes(prepared, chunk)
+        return requests.send_answer(node, queue_id, outcomes, term).SerializeToString()
+
+    async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
+        node = self.node
+        req = parse(broker_pb2.CommitOffsetRequest, payload)
+        if node.leader_gate_open():
+            entries = requests.commit_payloads(node, req)
+        else:
+            entries = await self._blocking(requests.commit_payloads, node, req)
+        if entries:
+            assert self._waker is not None
+            outcomes = await node.replicate_async(
+                entries, node.offsets.commit_timeout_s, self._waker
+            )
+            node.offsets.check_commit(outcomes)
+        return broker_pb2.CommitOffsetResponse().SerializeToString()
+
+    async def _pull(self, payload: memoryview, ctx: RequestContext) -> bytes:
+        """The pull generator driven with loop futures: a held pull holds no thread. The frame
+        carries no deadline, so the hold is the request's max_wait_ms, capped by the broker's
+        long_poll_max_ms (the generator applies both)."""
+        node = self.node
+        req = parse(broker_pb2.PullMessageRequest, payload)
+        deadline = time.monotonic() + self.settings.long_poll_max_ms / 1000
+        steps = requests.pull_steps(node, req, deadline)
+        result = await self._drive(steps)
+        return requests.pull_answer(node, result).SerializeToString()
+
+    async def _drive(self, steps: PullSteps) -> PullResult:
+        try:
+            wait = next(steps)
+            while True:
+                await self._wait(wait)
+                wait = steps.send(self._closing)
+        except StopIteration as done:
+            result: PullResult = done.value
+            return result
+
+    async def _wait(self, wait: PullWait) -> None:
+        node, held = self.node, self._held
+        assert held is not None
+        dispatcher = node.dispatcher
+        if dispatcher.failure is not None or not dispatcher.running:
+            raise node.dispatcher_down(DispatcherStoppedError("the dispatcher is not running"))
+        if self._closing:
+            return  # re-plan at once: the generator answers instead of holding
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        if isinstance(wait, WaitDispatched):
+            held.wait_dispatched(wait.index, dispatcher.dispatched_index, fut)
+            topic, queue_id = "", -1
+        else:
+            topic, queue_id = wait.topic, wait.queue_id
+            held.wait_message(topic, queue_id, wait.offset, fut)
+        if fut.done():
+            return
+        timer = loop.call_later(wait.wait_ms / 1000, _expire, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            held.forget(fut, topic, queue_id)
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

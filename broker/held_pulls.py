@@ -1,0 +1,119 @@
+"""HeldPulls: long polls parked as asyncio futures, woken by the dispatcher thread (RocketMQ's
+PullRequestHoldService without its thread). Per (topic, queue) waiters in a dict, bounded.
+
+It decides nothing (broker/pull.py's generator does); it never blocks the dispatcher beyond one
+uncontended lock, and wakes the loop through a LoopWaker: one wake-up per dispatch at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from raftmq.broker.dispatcher_thread import DispatchProgress
+from raftmq.broker.store import MessageStore
+from raftmq.broker.wakeups import LoopWaker
+from raftmq.common.errors import QueueFullError
+
+_QueueKey = tuple[str, int]
+
+
+class HeldPulls:
+    """`wait_*` register a loop future (on the loop thread) that completes with True once the
+    condition holds; `on_progress` is the dispatcher listener that completes them; the caller
+    forgets its future when its own timer fires first. At most `max_waiters` at once."""
+
+    def __init__(self, store: MessageStore, waker: LoopWaker, *, max_waiters: int) -> None:
+        if max_waiters < 1:
+            raise ValueError("max_waiters must be >= 1")
+        self._store = store
+        self._waker = waker
+        self.max_waiters = max_waiters
+        # The lock orders a registration's check of the store against the dispatcher's
+        # listener (which runs after the store is written): a pull either sees the message
+        # or is registered before the listener looks. Never held across I/O but one lmdb read.
+        self._lock = threading.Lock()
+        self._by_queue: dict[_QueueKey, dict[asyncio.Future[bool], int]] = {}
+        self._by_index: dict[asyncio.Future[bool], int] = {}
+        self._count = 0
+        self._dispatched = store.dispatched_index
+
+    @property
+    def held(self) -> int:
+        return self._count
+
+    def wait_message(
+        self, topic: str, queue_id: int, offset: int, fut: asyncio.Future[bool]
+    ) -> None:
+        """Complete `fut` once the queue holds a message at `offset`."""
+        with self._lock:
+            if self._store.queue_bounds(topic, queue_id)[1] > offset:
+                fut.set_result(True)
+                return
+            self._admit()
+            self._by_queue.setdefault((topic, queue_id), {})[fut] = offset
+            self._count += 1
+
+    def wait_dispatched(self, index: int, dispatched: int, fut: asyncio.Future[bool]) -> None:
+        """Complete `fut` once entry `index` is dispatched (`dispatched`: the index now)."""
+        with self._lock:
+            if max(dispatched, self._dispatched) >= index:
+                fut.set_result(True)
+                return
+            self._admit()
+            self._by_index[fut] = index
+            self._count += 1
+
+    def forget(self, fut: asyncio.Future[bool], topic: str = "", queue_id: int = -1) -> None:
+        """Drop a waiter (its wait ended: woken, timed out or cancelled)."""
+        with self._lock:
+            if self._by_index.pop(fut, None) is not None:
+                self._count -= 1
+                return
+            key = (topic, queue_id)
+            waiters = self._by_queue.get(key)
+            if waiters is not None and waiters.pop(fut, None) is not None:
+                self._count -= 1
+                if not waiters:
+                    del self._by_queue[key]
+
+    def on_progress(self, progress: DispatchProgress) -> None:
+        """Dispatcher thread, after the store has the transaction: complete what it satisfies."""
+        with self._lock:
+            self._dispatched = max(self._dispatched, progress.dispatched_index)
+            if not self._count:
+                return
+            for fut, index in list(self._by_index.items()):
+                if index <= progress.dispatched_index:
+                    del self._by_index[fut]
+                    self._count -= 1
+                    self._waker.set_result(fut, True)
+            for key, next_offset in progress.queue_next_offsets.items():
+                waiters = self._by_queue.get(key)
+                if waiters is None:
+                    continue
+                for fut, offset in list(waiters.items()):
+                    if offset < next_offset:
+                        del waiters[fut]
+                        self._count -= 1
+                        self._waker.set_result(fut, True)
+                if not waiters:
+                    del self._by_queue[key]
+
+    def wake_all(self) -> None:
+        """Loop thread: complete every waiter now (the server is closing; pulls re-plan)."""
+        with self._lock:
+            futs = [*self._by_index, *(f for w in self._by_queue.values() for f in w)]
+            self._by_index.clear()
+            self._by_queue.clear()
+            self._count = 0
+        for fut in futs:
+            if not fut.done():
+                fut.set_result(True)
+
+    def _admit(self) -> None:
+        if self._count >= self.max_waiters:
+            raise QueueFullError(
+                f"{self._count} pulls are held on this node (the limit); retry later or "
+                "pull with a shorter max_wait_ms"
+            )

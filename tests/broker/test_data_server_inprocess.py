@@ -1,0 +1,266 @@
+"""The pull generator and the framed data server in one process: a BrokerNode on a MemoryLog
+(raftlog/memory.py) with real lmdb stores, its DataServer on a loopback port, FrameClients.
+
+The generator's waits and the closing flag; held pulls parked as loop futures and woken by the
+dispatcher (no thread per pull); sends answered through the OutcomeBook callbacks; one loop
+wake-up for many completions (LoopWaker)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftmq.broker.data_server import DataServer
+from raftmq.broker.node import BrokerNode
+from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
+from raftmq.broker.wakeups import LoopWaker
+from raftmq.common.data_api import DataMethod
+from raftmq.common.errors import InvalidArgumentError, OffsetOutOfRangeError
+from raftmq.common.pb import broker_pb2, common_pb2
+from raftmq.common.transport import FrameClient, LoopThread
+from raftmq.raftlog.memory import MemoryLog
+from tests.broker.test_node_decisions import ME_RAFT, make_node, send
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[BrokerNode]:
+    n = make_node(tmp_path, MemoryLog(ME_RAFT))
+    yield n
+    n.close()
+
+
+def steps(node: BrokerNode, topic: str, queue_id: int, offset: int, wait_ms: int) -> PullSteps:
+    return node.pulls.steps(
+        "g",
+        topic,
+        queue_id,
+        offset,
+        32,
+        sql=False,
+        expression="*",
+        max_wait_ms=wait_ms,
+        allow_follower_read=False,
+        max_bytes=0,
+        deadline=time.monotonic() + 10,
+    )
+
+
+def finish(gen: PullSteps, closing: bool) -> PullResult:
+    with pytest.raises(StopIteration) as done:
+        gen.send(closing)
+    result: PullResult = done.value.value
+    return result
+
+
+# ---- the generator ------------------------------------------------------------------------------
+
+
+def test_steps_yield_a_wait_at_the_queue_end_and_find_what_arrived_meanwhile(
+    node: BrokerNode,
+) -> None:
+    send(node, "T", 0)
+    gen = steps(node, "T", 0, 1, 5_000)
+    wait = next(gen)
+    assert isinstance(wait, WaitMessage)
+    assert (wait.topic, wait.queue_id, wait.offset) == ("T", 0, 1)
+    assert 0 < wait.wait_ms <= 1_000  # re-planned at least once a second
+    send(node, "T", 0)
+    assert node.wait_dispatched(node.rlog.committed_index, 5)
+    result = finish(gen, False)
+    assert (result.status, result.next_offset) == (PullStatus.FOUND, 2)
+    assert [m.queue_offset for m in result.messages] == [1]
+
+
+def test_steps_answer_at_once_without_waiting_when_there_is_data_or_no_time(
+    node: BrokerNode,
+) -> None:
+    send(node, "T", 0, 3)
+    with pytest.raises(StopIteration) as done:
+        next(steps(node, "T", 0, 0, 5_000))
+    assert done.value.value.status == PullStatus.FOUND
+    with pytest.raises(StopIteration) as done:
+        next(steps(node, "T", 0, 3, 0))
+    assert done.value.value.status == PullStatus.NO_NEW_MSG
+    with pytest.raises(OffsetOutOfRangeError):
+        next(steps(node, "T", 0, 99, 5_000))
+
+
+def test_closing_driver_ends_a_held_pull_with_no_new_message(node: BrokerNode) -> None:
+    send(node, "T", 0)
+    gen = steps(node, "T", 0, 1, 5_000)
+    assert isinstance(next(gen), WaitMessage)
+    result = finish(gen, True)
+    assert (result.status, result.next_offset, result.max_offset) == (PullStatus.NO_NEW_MSG, 1, 1)
+
+
+def test_timed_out_wait_replans_and_answers_no_new_message_after_the_hold(
+    node: BrokerNode,
+) -> None:
+    send(node, "T", 0)
+    gen = steps(node, "T", 0, 1, 300)
+    t0 = time.monotonic()
+    wait = next(gen)
+    while True:  # a driver whose waits all time out
+        assert isinstance(wait, WaitMessage)
+        time.sleep(wait.wait_ms / 1000)
+        try:
+            wait = gen.send(False)
+        except StopIteration as done:
+            result: PullResult = done.value
+            break
+    assert result.status == PullStatus.NO_NEW_MSG
+    assert 0.25 <= time.monotonic() - t0 < 2
+
+
+# ---- the waker ----------------------------------------------------------------------------------
+
+
+def test_loop_waker_coalesces_completions_from_another_thread() -> None:
+    with LoopThread("test-waker") as io:
+        waker = LoopWaker(io.loop)
+
+        async def make() -> list[asyncio.Future[int]]:
+            return [io.loop.create_future() for _ in range(500)]
+
+        futs = io.run(make())
+        barrier = threading.Event()
+        io.loop.call_soon_threadsafe(barrier.wait, 5)  # keep the loop busy while we post
+        for i, f in enumerate(futs):
+            waker.set_result(f, i)
+        barrier.set()
+
+        async def collect() -> list[int]:
+            return list(await asyncio.gather(*futs))
+
+        assert io.run(collect(), 5) == list(range(500))
+        assert waker.completions == 500
+        assert waker.wakeups <= 2  # one per burst, not one per future
+
+
+# ---- the data server in process -----------------------------------------------------------------
+
+
+@pytest.fixture
+def served(node: BrokerNode) -> Iterator[tuple[DataServer, LoopThread, FrameClient]]:
+    server = DataServer(node, node.settings)
+    address = server.start("127.0.0.1", 0)
+    host, _, port = address.rpartition(":")
+    io = LoopThread("test-client")
+    client = FrameClient(host, int(port), loop=io.loop)
+    try:
+        yield server, io, client
+    finally:
+        io.run(client.close())
+        io.stop()
+        server.stop(1.0)
+
+
+def call(client: FrameClient, method: DataMethod, req: object, timeout_s: float = 10) -> bytes:
+    payload = req.SerializeToString()  # type: ignore[attr-defined]
+    return client.call_threadsafe(method, payload, timeout_s).result(timeout_s + 1)
+
+
+def send_req(topic: str, queue_id: int, body: bytes) -> broker_pb2.SendMessageRequest:
+    return broker_pb2.SendMessageRequest(
+        topic=topic, queue_id=queue_id, messages=[common_pb2.Message(body=body)]
+    )
+
+
+def pull_req(topic: str, queue_id: int, offset: int, wait_ms: int) -> broker_pb2.PullMessageRequest:
+    return broker_pb2.PullMessageRequest(
+        consumer_group="g", topic=topic, queue_id=queue_id, offset=offset, max_wait_ms=wait_ms
+    )
+
+
+def test_held_pulls_park_without_threads_and_a_send_wakes_them(
+    node: BrokerNode, served: tuple[DataServer, LoopThread, FrameClient]
+) -> None:
+    server, _, client = served
+    sent = broker_pb2.SendMessageResponse.FromString(
+        call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"first"))
+    )
+    assert [r.queue_offset for r in sent.results] == [0]
+    threads_before = threading.active_count()
+    pulls = [
+        client.call_threadsafe(
+            DataMethod.PULL_MESSAGE,
+            pull_req("T", q, 1 if q == 0 else 0, 8_000).SerializeToString(),
+            15,
+        )
+        for q in range(4)
+        for _ in range(50)
+    ]
+    deadline = time.monotonic() + 5
+    while server.held_pulls < 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.held_pulls == 200
+    assert threading.active_count() <= threads_before + 1  # no thread per held pull
+    wakeups = server.loop_wakeups
+    t0 = time.monotonic()
+    call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"second"))
+    woken = [f.result(5) for f in pulls[:50]]
+    assert time.monotonic() - t0 < 1.0
+    for raw in woken:
+        answer = broker_pb2.PullMessageResponse.FromString(raw)
+        assert answer.status == broker_pb2.FOUND
+        assert [m.message.body for m in answer.messages] == [b"second"]
+    assert server.held_pulls == 150  # the other queues' pulls are still held
+    # the send's answer and the 50 pulls it satisfied: a handful of wake-ups, not 51
+    assert server.loop_wakeups - wakeups <= 5
+    server.stop(2.0)  # closing answers the held pulls at once
+    for f in pulls[50:]:
+        answer = broker_pb2.PullMessageResponse.FromString(f.result(3))
+        assert answer.status == broker_pb2.NO_NEW_MSG
+
+
+def test_send_duplicate_offsets_and_errors_over_frames(
+    node: BrokerNode, served: tuple[DataServer, LoopThread, FrameClient]
+) -> None:
+    _, _, client = served
+    req = send_req("T", 1, b"x")
+    req.producer_id, req.first_sequence = "p1", 0
+    first = broker_pb2.SendMessageResponse.FromString(call(client, DataMethod.SEND_MESSAGE, req))
+    again = broker_pb2.SendMessageResponse.FromString(call(client, DataMethod.SEND_MESSAGE, req))
+    assert [(r.queue_offset, r.duplicate) for r in first.results] == [(0, False)]
+    assert [(r.queue_offset, r.duplicate) for r in again.results] == [(0, True)]
+    commit = broker_pb2.CommitOffsetRequest(
+        consumer_group="g", offsets=[broker_pb2.QueueOffset(topic="T", queue_id=1, offset=1)]
+    )
+    call(client, DataMethod.COMMIT_OFFSET, commit)
+    got = broker_pb2.QueryOffsetResponse.FromString(
+        call(
+            client,
+            DataMethod.QUERY_OFFSET,
+            broker_pb2.QueryOffsetRequest(consumer_group="g", topic="T", queue_id=1),
+        )
+    )
+    assert got.offset == 1
+    with pytest.raises(InvalidArgumentError, match="SendMessageRequest"):
+        client.call_threadsafe(DataMethod.SEND_MESSAGE, b"\xff\xff\xff", 5).result(6)
+    with pytest.raises(OffsetOutOfRangeError):
+        call(client, DataMethod.PULL_MESSAGE, pull_req("T", 1, 50, 0))
+    call(
+        client,
+        DataMethod.HEARTBEAT,
+        broker_pb2.HeartbeatRequest(consumer_group="g", client_id="c1", topics=["T"]),
+    )
+    with node.consumers_lock:
+        assert node.consumers.members("g", time.monotonic_ns() // 1_000_000) == ["c1"]
+
+
+def test_data_listen_setting(tmp_path: Path) -> None:
+    from tests.broker.test_node_decisions import settings
+
+    assert settings(tmp_path).data_bind == ("127.0.0.1", 0)  # the gRPC host, any port
+    assert settings(tmp_path, data_listen="0.0.0.0:7100").data_bind == ("0.0.0.0", 7100)
+    assert settings(tmp_path, data_listen="off").data_bind is None
+    for bad in ("7100", "host:", "host:70000"):
+        with pytest.raises(ValueError, match="data_listen"):
+            settings(tmp_path, data_listen=bad)
+    with pytest.raises(ValueError, match="data_max_frame_bytes"):
+        settings(tmp_path, data_max_frame_bytes=100)
