@@ -67,6 +67,8 @@ class PullConsumer:
         self._positions: dict[QueueRef, int] = {}  # next offset poll() will return per queue
         self._committer: ThreadPoolExecutor | None = None  # commit_async's one thread
         self._closed = False
+        # Called (on a fetch thread, never blocking) after each delivery: client/aio.py's wake-up.
+        self._on_data: Callable[[], None] | None = None
 
     # ---- assignment ---------------------------------------------------------------------------
 
@@ -191,6 +193,8 @@ class PullConsumer:
             self._buffer.append(fetched)
             self._buffered += len(fetched.messages)
             self._cond.notify_all()
+        if self._on_data is not None:
+            self._on_data()
 
     def _reset(self, q: QueueRef, offset: int) -> int | None:
         """The fetch offset fell outside the queue: go on from the bound the policy names."""

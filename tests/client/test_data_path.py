@@ -6,6 +6,7 @@ gRPC when no data address is known; a frame server killed mid-send maps to the o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from raftmq.client.admin import Admin
+from raftmq.client.aio import AsyncProducer, AsyncPullConsumer
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer, wait_idle
 from raftmq.client.data_pool import DataPool, may_have_stored
@@ -316,3 +318,32 @@ def test_falls_back_to_grpc_without_a_data_address(
     got = drain(cluster, name, "g-grpc", 100, None)
     assert sorted(m.body for m in got) == sorted(b"g%d" % i for i in range(100))
     assert {m: total(proxies, m) for m in DataMethod} == counts
+
+
+# ---- the asyncio face ---------------------------------------------------------------------
+
+
+def test_asyncio_face_over_frames(cluster: Cluster, proxies: dict[str, FrameBrokerProxy]) -> None:
+    name = topic(cluster, "dp-aio")
+
+    async def run() -> list[bytes]:
+        async with AsyncProducer(cluster.namesrv) as p:
+            p.producer.routes._override_data_addresses(overrides(proxies))
+            results = await asyncio.gather(*(p.send(name, b"x%d" % i) for i in range(200)))
+            assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
+        got: list[bytes] = []
+        async with AsyncPullConsumer(cluster.namesrv, "g-aio", start_from=StartFrom.EARLIEST) as c:
+            c.consumer.routes._override_data_addresses(overrides(proxies))
+            await c.subscribe(name)
+            async with asyncio.timeout(30):
+                async for m in c:
+                    got.append(m.body)
+                    if len(got) == 200:
+                        break
+            await c.commit()
+        return got
+
+    sends_before = total(proxies, DataMethod.SEND_MESSAGE)
+    got = asyncio.run(run())
+    assert sorted(got) == sorted(b"x%d" % i for i in range(200))
+    assert total(proxies, DataMethod.SEND_MESSAGE) > sends_before
