@@ -12,7 +12,7 @@ import asyncio
 import collections
 import logging
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from google.protobuf.message import DecodeError, Message
@@ -126,21 +126,26 @@ class DataPool:
         raw = fc.call_threadsafe(int(method), request.SerializeToString(), timeout_s)
 
         def parse(f: Future[bytes]) -> None:
+            if out.done():  # cancelled by its caller meanwhile: nobody wants the answer
+                return
             exc = f.exception()
-            if exc is not None:
-                out.set_exception(exc)
-                return
             try:
-                msg = response_type.FromString(f.result())
-            except DecodeError as derr:
-                out.set_exception(
-                    InternalError(
-                        f"{data_address} answered {method.name} with bytes that are not a "
-                        f"{response_type.__name__}: {derr}"
+                if exc is not None:
+                    out.set_exception(exc)
+                    return
+                try:
+                    msg = response_type.FromString(f.result())
+                except DecodeError as derr:
+                    out.set_exception(
+                        InternalError(
+                            f"{data_address} answered {method.name} with bytes that are not a "
+                            f"{response_type.__name__}: {derr}"
+                        )
                     )
-                )
-                return
-            out.set_result(msg)
+                    return
+                out.set_result(msg)
+            except InvalidStateError:
+                pass  # cancelled between the check and now
 
         raw.add_done_callback(parse)
         return out
