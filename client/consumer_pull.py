@@ -1,6 +1,7 @@
 """PullConsumer: the application assigns queues (or subscribes to a topic), seeks, and polls;
-fetchers prefetch ahead into a bounded buffer. Offsets are committed only when asked (commit()),
-to the broker group as replicated state."""
+fetchers prefetch ahead into a bounded buffer (pulls are futures driven by a few shared threads,
+over frames where a node offers them). Offsets are committed only when asked (commit()), to the
+broker group as replicated state."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
+from raftmq.client.data_pool import DataPool
+from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache
@@ -46,8 +48,10 @@ class PullConsumer:
         check_subscription(tag_expression, sql_expression)
         self.group = group
         self._pool = ChannelPool()
+        self._data = DataPool(name="raftmq-consumer-data")
+        self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
-        self._offsets = BrokerOffsets(group, self.routes, self._pool)
+        self._offsets = BrokerOffsets(group, self.routes, self._pool, self._data)
         self._start_from = start_from
         self._settings = FetchSettings(
             group,
@@ -65,6 +69,8 @@ class PullConsumer:
         self._positions: dict[QueueRef, int] = {}  # next offset poll() will return per queue
         self._committer: ThreadPoolExecutor | None = None  # commit_async's one thread
         self._closed = False
+        # Called (on a fetch thread, never blocking) after each delivery: client/aio.py's wake-up.
+        self._on_data: Callable[[], None] | None = None
 
     # ---- assignment ---------------------------------------------------------------------------
 
@@ -97,7 +103,16 @@ class PullConsumer:
             start = self._offsets.start_offset(q, self._start_from, self._offsets.committed(q))
             self._positions[q] = start
             f = QueueFetcher(
-                q, start, self._settings, self.routes, self._pool, self._deliver, self._reset
+                q,
+                start,
+                self._settings,
+                self.routes,
+                self._pool,
+                self._deliver,
+                self._reset,
+                driver=self._driver,
+                has_room=self._has_room,
+                data=self._data,
             )
             self._fetchers[q] = f
             f.start()
@@ -173,13 +188,21 @@ class PullConsumer:
 
     # ---- polling ------------------------------------------------------------------------------
 
+    def _has_room(self) -> bool:
+        # Unlocked read of an int: a stale answer costs one pull more or a recheck later.
+        return self._buffered < self._max_prefetch and not self._closed
+
     def _deliver(self, fetched: Fetched) -> None:
+        # Never blocks (it runs on a fetch driver thread): the fetchers pause on _has_room, so
+        # the buffer passes max_prefetch_messages by at most one pull per queue.
         with self._cond:
-            while self._buffered >= self._max_prefetch and not self._closed:
-                self._cond.wait(0.5)
+            if self._closed:
+                return
             self._buffer.append(fetched)
             self._buffered += len(fetched.messages)
             self._cond.notify_all()
+        if self._on_data is not None:
+            self._on_data()
 
     def _reset(self, q: QueueRef, offset: int) -> int | None:
         """The fetch offset fell outside the queue: go on from the bound the policy names."""
@@ -222,6 +245,10 @@ class PullConsumer:
                     self._positions[fetched.queue] = take[-1].queue_offset + 1
                 self._buffered -= len(take)
             self._cond.notify_all()
+            room = self._buffered < self._max_prefetch
+            fetchers = list(self._fetchers.values()) if room and out else []
+        for f in fetchers:
+            f.wake()
         return out
 
     def close(self) -> None:
@@ -233,8 +260,10 @@ class PullConsumer:
         for f in self._fetchers.values():
             f.stop()
         self._fetchers.clear()
+        self._driver.close()
         if self._committer is not None:
             self._committer.shutdown(wait=True)  # commits already asked for still happen
+        self._data.close()
         self._pool.close()
 
     def __enter__(self) -> PullConsumer:

@@ -4,7 +4,8 @@ Clustering: the group's members (heartbeats to every node of every broker group)
 topic's queues by a deterministic allocation, recomputed every rebalance period; offsets are
 committed to the broker groups. Broadcasting: every member reads every queue and keeps its own
 offsets in a local file. A queue's committed offset never passes a message whose listener has
-not returned SUCCESS (RocketMQ's ProcessQueue): a crash redelivers, never skips.
+not returned SUCCESS (RocketMQ's ProcessQueue): a crash redelivers, never skips. Pulls, offsets
+and heartbeats go over the framed data path where a node offers one, gRPC otherwise.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from raftmq.client.fetcher import Fetched, FetchSettings, QueueFetcher
+from raftmq.client.data_pool import DataPool
+from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
@@ -31,6 +34,7 @@ from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.arguments import checked
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     InvalidArgumentError,
     RaftMQError,
@@ -126,8 +130,10 @@ class PushConsumer:
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
         self._pool = ChannelPool()
+        self._data = DataPool(name="raftmq-consumer-data")
+        self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
-        self._broker_offsets = BrokerOffsets(group, self.routes, self._pool)
+        self._broker_offsets = BrokerOffsets(group, self.routes, self._pool, self._data)
         self._file_offsets: FileOffsets | None = None
         if message_model is MessageModel.BROADCASTING:
             path = offset_file or Path.home() / ".raftmq" / "offsets" / f"{group}.{topic}.json"
@@ -160,7 +166,9 @@ class PushConsumer:
             self._closed = True  # nothing started yet: release the threads and channels
             self._scheduler.close()
             self._heartbeats.close()
+            self._driver.close()
             self._executor.shutdown(wait=False)
+            self._data.close()
             self._pool.close()
             raise
         if self._model is MessageModel.CLUSTERING:
@@ -182,6 +190,7 @@ class PushConsumer:
             f.stop(join=False)
         for f in self._fetchers.values():
             f.stop()
+        self._driver.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         try:
             self.commit()
@@ -189,6 +198,7 @@ class PushConsumer:
             log.warning("consumer.final_commit_failed error=%s", exc.message)
         if self._model is MessageModel.CLUSTERING:
             self._heartbeat(leaving=True)
+        self._data.close()
         self._pool.close()
 
     def __enter__(self) -> PushConsumer:
@@ -219,9 +229,19 @@ class PushConsumer:
         except RaftMQError as exc:
             log.warning("consumer.heartbeat_no_route error=%s", exc.message)
             return
+        # Every node at once over frames (where offered), then the gRPC ones in turn; a dead node
+        # is skipped: the others carry the membership.
+        framed = []
         for a in nodes:
-            with contextlib.suppress(grpc.RpcError):  # a dead node: the others carry it
+            data_address = self.routes.data_address(a)
+            if data_address:
+                framed.append(self._data.submit(data_address, DataMethod.HEARTBEAT, req, 2.0))
+                continue
+            with contextlib.suppress(grpc.RpcError):
                 self._pool.broker(a).Heartbeat(req, timeout=2)
+        for fut in framed:
+            with contextlib.suppress(RaftMQError, FutureTimeout):
+                fut.result(timeout=2 + 1)
         if not leaving:
             self._check_membership()
 
@@ -313,6 +333,9 @@ class PushConsumer:
                     self._pool,
                     functools.partial(self._deliver, pq),
                     functools.partial(self._reset, pq),
+                    driver=self._driver,
+                    has_room=functools.partial(self._has_room, pq),
+                    data=self._data,
                 )
                 self._fetchers[q] = f
                 f.start()
@@ -335,11 +358,15 @@ class PushConsumer:
 
     # ---- consuming ----------------------------------------------------------------------------
 
-    def _deliver(self, pq: ProcessQueue, fetched: Fetched) -> None:
+    def _has_room(self, pq: ProcessQueue) -> bool:
+        # Back-pressure: the fetcher pauses while its queue has too much in listeners.
         with self._lock:
-            # Back-pressure: the fetcher waits while its queue has too much in listeners.
-            while not pq.has_room() and not pq.dropped and not self._closed:
-                self._lock.wait(0.5)
+            return pq.has_room() or pq.dropped or self._closed
+
+    def _deliver(self, pq: ProcessQueue, fetched: Fetched) -> None:
+        # Never blocks (a fetch driver thread): a queue passes max_inflight_per_queue by at
+        # most one pull, since its fetcher asks _has_room before each pull.
+        with self._lock:
             if pq.dropped or self._closed:
                 return
             pq.add([m.queue_offset for m in fetched.messages], fetched.next_offset)
@@ -374,6 +401,10 @@ class PushConsumer:
         with self._lock:
             pq.done(m.queue_offset)
             self._lock.notify_all()
+            f = self._fetchers.get(QueueRef(m.topic, m.broker_group, m.queue_id))
+            wake = f is not None and pq.has_room()
+        if wake and f is not None:
+            f.wake()
 
     def _report_stuck(self, stuck: StuckMessage) -> None:
         m = stuck.message

@@ -2,23 +2,34 @@
 raw record batches from the group's leader (a follower when the leader is away and follower
 reads are allowed), a client-side recheck of the tag filter, and a bounded hand-over.
 
-It owns no offsets beyond "where to fetch next"; consumers decide what is committed.
+No thread waits on a pull: each pull is a future (the framed data path's where the node offers
+one, grpc's otherwise) whose answer is handed to the consumer's FetchDriver, a few threads
+shared by all its queues; a queue whose consumer has no room pauses until woken. It owns no
+offsets beyond "where to fetch next"; consumers decide what is committed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import Message
 
+from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.raw_batch import decode_batches
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.scheduler import Scheduler
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
+    BrokerUnavailableError,
     NotLeaderError,
     OffsetOutOfRangeError,
     RaftMQError,
@@ -33,6 +44,9 @@ log = logging.getLogger("raftmq.consumer")
 MAX_BACKOFF_S = 1.0
 FOLLOWER_STICK_S = 5.0  # then the leader is tried again
 FOLLOWER_LAG_WAIT_S = 0.1
+PAUSE_RECHECK_S = 0.05  # a paused queue looks for room this often even if nobody wakes it
+PULL_TIMEOUT_MARGIN_S = 5.0  # past the long poll before a pull counts as lost
+DEFAULT_DRIVER_THREADS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +69,49 @@ class Fetched:
 
 # (queue, the offset pulled) -> the offset to continue from, or None: not out of range after all
 OutOfRange = Callable[[QueueRef, int], int | None]
+# Takes a fetch without blocking (the consumer buffers it).
+Deliver = Callable[[Fetched], None]
+# Whether the consumer wants more now; a fetcher without room pauses until wake() or a recheck.
+HasRoom = Callable[[], bool]
+
+
+class FetchDriver:
+    """The threads that run every fetcher step of one consumer: decoding, handing over, route
+    look-ups and offset resets (which may block), and timers for back-offs. Bounded: `threads`
+    workers whatever the number of queues; no step waits for a pull's answer."""
+
+    def __init__(self, name: str, threads: int = DEFAULT_DRIVER_THREADS) -> None:
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self._timer = Scheduler(f"{name}-timer")
+        self._closed = False
+
+    def run(self, step: Callable[[], None]) -> None:
+        if self._closed:
+            return
+        # Shut down meanwhile: closing, the consumer no longer wants anything fetched.
+        with contextlib.suppress(RuntimeError):
+            self._pool.submit(self._guarded, step)
+
+    def later(self, delay_s: float, step: Callable[[], None]) -> None:
+        self._timer.call_later(delay_s, lambda: self.run(step))
+
+    @staticmethod
+    def _guarded(step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception:  # a bug: say so loudly rather than let a queue go quiet
+            log.exception("consumer.fetch_step_crashed")
+
+    def close(self) -> None:
+        self._closed = True
+        self._timer.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class QueueFetcher:
-    """One thread pulling one queue from `offset` on, handing each non-empty answer to `deliver`
-    (which may block: that is the back-pressure). stop() ends it; seek() restarts its position."""
+    """Pulls one queue from `offset` on, handing each non-empty answer to `deliver` while
+    `has_room()`; stop() ends it; seek() restarts its position; wake() resumes it when room
+    frees. One pull (or one timer) at a time; its steps run on the driver's threads."""
 
     def __init__(
         self,
@@ -68,8 +120,12 @@ class QueueFetcher:
         settings: FetchSettings,
         routes: RouteCache,
         pool: ChannelPool,
-        deliver: Callable[[Fetched], None],
+        deliver: Deliver,
         on_out_of_range: OutOfRange,
+        *,
+        driver: FetchDriver,
+        has_room: HasRoom = lambda: True,
+        data: DataPool | None = None,
     ) -> None:
         self.queue = queue
         self._offset = offset
@@ -77,20 +133,43 @@ class QueueFetcher:
         self._settings = settings
         self._routes = routes
         self._pool = pool
+        self._data = data
+        self._driver = driver
         self._deliver = deliver
+        self._has_room = has_room
         self._out_of_range = on_out_of_range
         self._tags: TagFilter = parse_tag_expression(settings.tag_expression or "*")
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"fetch-{queue}", daemon=True)
+        self._lock = threading.Lock()  # guards offset, epoch, paused
+        self._step_lock = threading.Lock()  # one step of this fetcher at a time
+        self._stopped = False
+        self._paused = False
+        self._inflight: grpc.Future[broker_pb2.PullMessageResponse] | None = (
+            None  # a gRPC pull, cancelled by stop()
+        )
+        self._failures = 0
+        self._follower_until = 0.0  # after a follower served, keep reading there until then
+        self.pulls = 0
 
     def start(self) -> None:
-        self._thread.start()
+        self._driver.run(self._pull)
 
     def stop(self, join: bool = True) -> None:
-        self._stop.set()
-        if join and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=self._settings.long_poll_ms / 1000 + 5)
+        """No delivery starts after this returns with `join` (one running may finish first)."""
+        self._stopped = True
+        inflight = self._inflight
+        if inflight is not None:
+            inflight.cancel()
+        if join:
+            with self._step_lock:
+                pass
+
+    def wake(self) -> None:
+        """The consumer has room again: resume a paused fetcher at once."""
+        with self._lock:
+            if not self._paused:
+                return
+            self._paused = False
+        self._driver.run(self._pull)
 
     @property
     def epoch(self) -> int:
@@ -111,91 +190,180 @@ class QueueFetcher:
                 return followers[(failures // 2) % len(followers)]
         return self._routes.leader(self.queue.topic, self.queue.broker_group)
 
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception:  # a bug: say so loudly rather than let the queue go quiet
-            log.exception("consumer.fetcher_crashed queue=%s", self.queue)
-            raise
+    # ---- steps (driver threads) ---------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _pull(self) -> None:
+        with self._step_lock:
+            if self._stopped:
+                return
+            if not self._has_room():
+                with self._lock:
+                    self._paused = True
+                self._driver.later(PAUSE_RECHECK_S, self.wake)
+                return
+            self._start_pull()
+
+    def _start_pull(self) -> None:
         s = self._settings
-        failures = 0
-        follower_until = 0.0  # after a follower served, keep reading there until then
-        while not self._stop.is_set():
-            with self._lock:
-                offset, epoch = self._offset, self._epoch
-            req = broker_pb2.PullMessageRequest(
-                consumer_group=s.group,
-                topic=self.queue.topic,
-                queue_id=self.queue.queue_id,
-                offset=offset,
-                max_count=s.max_messages_per_pull,
-                filter_type=broker_pb2.SQL92 if s.sql_expression else broker_pb2.TAG,
-                filter_expression=s.sql_expression or s.tag_expression,
-                max_wait_ms=s.long_poll_ms,
-                allow_follower_read=s.allow_follower_read,
-                raw_batches=True,
+        with self._lock:
+            offset, epoch = self._offset, self._epoch
+        req = broker_pb2.PullMessageRequest(
+            consumer_group=s.group,
+            topic=self.queue.topic,
+            queue_id=self.queue.queue_id,
+            offset=offset,
+            max_count=s.max_messages_per_pull,
+            filter_type=broker_pb2.SQL92 if s.sql_expression else broker_pb2.TAG,
+            filter_expression=s.sql_expression or s.tag_expression,
+            max_wait_ms=s.long_poll_ms,
+            allow_follower_read=s.allow_follower_read,
+            raw_batches=True,
+        )
+        use_follower = s.allow_follower_read and (
+            self._failures % 2 == 1 or time.monotonic() < self._follower_until
+        )
+        timeout_s = s.long_poll_ms / 1000 + PULL_TIMEOUT_MARGIN_S
+        try:
+            address = self._address(use_follower, self._failures)
+        except RaftMQError as err:  # no route or no leader known
+            self._backoff(err)
+            return
+        self.pulls += 1
+        data_address = self._routes.data_address(address) if self._data is not None else ""
+        if data_address and self._data is not None:
+            fut = self._data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
+            fut.add_done_callback(
+                lambda f: self._driver.run(
+                    lambda: self._on_frame_answer(f, offset, epoch, use_follower)
+                )
             )
-            use_follower = s.allow_follower_read and (
-                failures % 2 == 1 or time.monotonic() < follower_until
+            return
+        gfut = self._pool.broker(address).PullMessage.future(req, timeout=timeout_s)
+        self._inflight = gfut
+        gfut.add_done_callback(
+            lambda f: self._driver.run(lambda: self._on_grpc_answer(f, offset, epoch, use_follower))
+        )
+
+    def _on_frame_answer(
+        self,
+        fut: concurrent.futures.Future[Message],
+        offset: int,
+        epoch: int,
+        use_follower: bool,
+    ) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if fut.cancelled() or exc is not None:
+            err = (
+                exc
+                if isinstance(exc, RaftMQError)
+                else BrokerUnavailableError(f"pull of {self.queue} failed: {exc!r}")
             )
-            try:
-                address = self._address(use_follower, failures)
-                resp = self._pool.broker(address).PullMessage(
-                    req, timeout=s.long_poll_ms / 1000 + 5
-                )
-                stored = decode_batches(resp.batches, self.queue.broker_group, self.queue.queue_id)
-                messages = [ReceivedMessage.from_stored(m) for m in stored]
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if isinstance(err, OffsetOutOfRangeError):
-                    if use_follower and (err.max_offset or 0) < offset:
-                        # A follower behind the leader: not the end of the queue, just its
-                        # view; it catches up (never reset a position on a follower's word).
-                        self._stop.wait(FOLLOWER_LAG_WAIT_S)
-                        continue
-                    if not self._reset_position(offset, epoch, err):
-                        failures = self._backoff(None, failures)
-                    continue
-                failures = self._backoff(err, failures)
-                continue
-            except RaftMQError as err:  # no route or no leader known
-                failures = self._backoff(err, failures)
-                continue
-            except Exception as exc:  # a batch that does not decode: never skip it silently
-                log.error(
-                    "consumer.fetch_failed queue=%s offset=%d error=%s", self.queue, offset, exc
-                )
-                failures = self._backoff(None, failures)
-                continue
-            if resp.status == broker_pb2.OFFSET_ILLEGAL:  # the status form of the same answer
-                if use_follower and resp.max_offset < offset:
-                    self._stop.wait(FOLLOWER_LAG_WAIT_S)
-                    continue
-                illegal = OffsetOutOfRangeError.for_offset(
-                    self.queue.topic,
-                    self.queue.queue_id,
-                    offset,
-                    resp.min_offset,
-                    resp.max_offset,
-                )
-                if not self._reset_position(offset, epoch, illegal):
-                    failures = self._backoff(None, failures)
-                continue
-            if use_follower and failures:
-                # The leader failed and a follower serves: stay there a while rather than
-                # paying a failed leader pull for every answer.
-                follower_until = time.monotonic() + FOLLOWER_STICK_S
-            failures = 0
-            if not self._tags.is_all:
-                messages = [m for m in messages if self._tags.matches(m.tags)]  # hash collisions
-            with self._lock:
-                if self._epoch != epoch:
-                    continue  # seeked meanwhile
-                self._offset = resp.next_offset
-            if messages:
-                self._deliver(Fetched(self.queue, epoch, messages, resp.next_offset))
+            self._step(None, err, offset, epoch, use_follower)
+            return
+        resp = fut.result()
+        assert isinstance(resp, broker_pb2.PullMessageResponse)
+        self._step(resp, None, offset, epoch, use_follower)
+
+    def _on_grpc_answer(
+        self,
+        fut: grpc.Future[broker_pb2.PullMessageResponse],
+        offset: int,
+        epoch: int,
+        use_follower: bool,
+    ) -> None:
+        self._inflight = None
+        if fut.cancelled():
+            return  # stop() cancelled it
+        exc = fut.exception()
+        if exc is not None:
+            err = (
+                from_rpc_error(exc)
+                if isinstance(exc, grpc.RpcError)
+                else BrokerUnavailableError(f"pull of {self.queue} failed: {exc!r}")
+            )
+            self._step(None, err, offset, epoch, use_follower)
+            return
+        resp = fut.result()
+        assert isinstance(resp, broker_pb2.PullMessageResponse)
+        self._step(resp, None, offset, epoch, use_follower)
+
+    def _step(
+        self,
+        resp: broker_pb2.PullMessageResponse | None,
+        err: RaftMQError | None,
+        offset: int,
+        epoch: int,
+        use_follower: bool,
+    ) -> None:
+        with self._step_lock:
+            if self._stopped:
+                return
+            wait_s = self._handle(resp, err, offset, epoch, use_follower)
+        if wait_s is None:
+            return  # a back-off timer is set
+        if wait_s > 0:
+            self._driver.later(wait_s, self._pull)
+        else:
+            self._pull()
+
+    def _handle(
+        self,
+        resp: broker_pb2.PullMessageResponse | None,
+        err: RaftMQError | None,
+        offset: int,
+        epoch: int,
+        use_follower: bool,
+    ) -> float | None:
+        """One answer through the fetch state machine; how long to wait before the next pull
+        (None: a back-off timer was set)."""
+        if err is not None:
+            if isinstance(err, OffsetOutOfRangeError):
+                if use_follower and (err.max_offset or 0) < offset:
+                    # A follower behind the leader: not the end of the queue, just its
+                    # view; it catches up (never reset a position on a follower's word).
+                    return FOLLOWER_LAG_WAIT_S
+                if not self._reset_position(offset, epoch, err):
+                    self._backoff(None)
+                    return None
+                return 0.0
+            self._backoff(err)
+            return None
+        assert resp is not None
+        try:
+            stored = decode_batches(resp.batches, self.queue.broker_group, self.queue.queue_id)
+            messages = [ReceivedMessage.from_stored(m) for m in stored]
+        except Exception as exc:  # a batch that does not decode: never skip it silently
+            log.error("consumer.fetch_failed queue=%s offset=%d error=%s", self.queue, offset, exc)
+            self._backoff(None)
+            return None
+        if resp.status == broker_pb2.OFFSET_ILLEGAL:  # the status form of the same answer
+            if use_follower and resp.max_offset < offset:
+                return FOLLOWER_LAG_WAIT_S
+            illegal = OffsetOutOfRangeError.for_offset(
+                self.queue.topic,
+                self.queue.queue_id,
+                offset,
+                resp.min_offset,
+                resp.max_offset,
+            )
+            if not self._reset_position(offset, epoch, illegal):
+                self._backoff(None)
+                return None
+            return 0.0
+        if use_follower and self._failures:
+            # The leader failed and a follower serves: stay there a while rather than
+            # paying a failed leader pull for every answer.
+            self._follower_until = time.monotonic() + FOLLOWER_STICK_S
+        self._failures = 0
+        if not self._tags.is_all:
+            messages = [m for m in messages if self._tags.matches(m.tags)]  # hash collisions
+        with self._lock:
+            if self._epoch != epoch:
+                return 0.0  # seeked meanwhile
+            self._offset = resp.next_offset
+        if messages:
+            self._deliver(Fetched(self.queue, epoch, messages, resp.next_offset))
+        return 0.0
 
     def _reset_position(self, offset: int, epoch: int, err: OffsetOutOfRangeError) -> bool:
         """The offset fell outside the queue: go on where the consumer's policy says. False if
@@ -225,11 +393,12 @@ class QueueFetcher:
                 self._offset = new
         return True
 
-    def _backoff(self, err: RaftMQError | None, failures: int) -> int:
-        failures += 1
+    def _backoff(self, err: RaftMQError | None) -> None:
+        """Count a failed pull and pull again after a growing pause."""
+        self._failures += 1
+        failures = self._failures
         if isinstance(err, NotLeaderError) or err is None or err.retryable:
             self._routes.invalidate(self.queue.topic)
         if err is not None and not err.retryable:
             log.warning("consumer.pull_failed queue=%s error=%s", self.queue, err.message)
-        self._stop.wait(min(MAX_BACKOFF_S, 0.05 * (2 ** min(failures, 5))))
-        return failures
+        self._driver.later(min(MAX_BACKOFF_S, 0.05 * (2 ** min(failures, 5))), self._pull)

@@ -1,5 +1,6 @@
 """Where a consumer starts and where its committed offsets live: the broker group (clustering,
-replicated state) or a local file (broadcasting). Shared by PullConsumer and PushConsumer."""
+replicated state) or a local file (broadcasting). Shared by PullConsumer and PushConsumer.
+Broker calls go over the framed data path where the leader offers one, gRPC otherwise."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
+from raftmq.client.data_pool import DataPool
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import RaftMQError, from_rpc_error
 from raftmq.common.pb import broker_pb2
 from raftmq.common.types import QueueRef
@@ -30,16 +34,24 @@ class StartFrom(enum.Enum):
 class BrokerOffsets:
     """Offsets and bounds of queues, asked of each group's leader."""
 
-    def __init__(self, group: str, routes: RouteCache, pool: ChannelPool) -> None:
+    def __init__(
+        self, group: str, routes: RouteCache, pool: ChannelPool, data: DataPool | None = None
+    ) -> None:
         self.group = group
         self._routes = routes
         self._pool = pool
+        self._data = data  # None: gRPC only
 
-    def _call(self, q: QueueRef, fn_name: str, req: object) -> object:
+    def _call(self, q: QueueRef, method: DataMethod, fn_name: str, req: Message) -> object:
+        """`req` to the group's leader (frames where offered), up to 3 tries on retryable
+        errors; each call is idempotent (reads, and commits of absolute offsets)."""
         last: RaftMQError | None = None
         for attempt in range(3):
             try:
                 address = self._routes.leader(q.topic, q.broker_group, refresh=attempt > 0)
+                data_address = self._routes.data_address(address) if self._data else ""
+                if data_address and self._data is not None:
+                    return self._data.call(data_address, method, req, RPC_TIMEOUT_S)
                 fn = getattr(self._pool.broker(address), fn_name)
                 return fn(req, timeout=RPC_TIMEOUT_S)
             except grpc.RpcError as exc:
@@ -57,13 +69,13 @@ class BrokerOffsets:
         req = broker_pb2.QueryOffsetRequest(
             consumer_group=self.group, topic=q.topic, queue_id=q.queue_id
         )
-        out = self._call(q, "QueryOffset", req)
+        out = self._call(q, DataMethod.QUERY_OFFSET, "QueryOffset", req)
         assert isinstance(out, broker_pb2.QueryOffsetResponse)
         return None if out.offset < 0 else out.offset
 
     def bounds(self, q: QueueRef) -> tuple[int, int]:
         req = broker_pb2.GetQueueBoundsRequest(topic=q.topic, queue_id=q.queue_id)
-        out = self._call(q, "GetQueueBounds", req)
+        out = self._call(q, DataMethod.GET_QUEUE_BOUNDS, "GetQueueBounds", req)
         assert isinstance(out, broker_pb2.GetQueueBoundsResponse)
         return out.min_offset, out.max_offset
 
@@ -71,7 +83,7 @@ class BrokerOffsets:
         req = broker_pb2.SearchOffsetByTimestampRequest(
             topic=q.topic, queue_id=q.queue_id, timestamp_ms=timestamp_ms
         )
-        out = self._call(q, "SearchOffsetByTimestamp", req)
+        out = self._call(q, DataMethod.SEARCH_OFFSET_BY_TIMESTAMP, "SearchOffsetByTimestamp", req)
         assert isinstance(out, broker_pb2.SearchOffsetByTimestampResponse)
         return out.offset
 
@@ -105,7 +117,7 @@ class BrokerOffsets:
                     for q in queues
                 ],
             )
-            self._call(queues[0], "CommitOffset", req)
+            self._call(queues[0], DataMethod.COMMIT_OFFSET, "CommitOffset", req)
 
 
 class FileOffsets:

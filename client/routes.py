@@ -2,7 +2,8 @@
 
 The cache asks the NameServers in turn (each is independent and any may be down), keeps a topic's
 route for refresh_interval_ms, and drops it at once when a broker says NOT_LEADER or cannot be
-reached. It never guesses a leader: without one a group is reported as having none.
+reached. It never guesses a leader: without one a group is reported as having none. Each node's
+framed data address (`BrokerNode.data_address`, "" = gRPC only) is kept beside its gRPC address.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -46,6 +47,7 @@ CHANNEL_OPTIONS = [
 ]
 NAMESRV_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 1.0  # asking a wrong-role address what it is (only after UNIMPLEMENTED)
+MAX_KNOWN_NODES = 4096  # gRPC -> data address entries kept (least recently seen dropped)
 
 
 def monotonic_ms() -> int:
@@ -111,6 +113,14 @@ class ChannelPool:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where one node serves: gRPC always, the framed data path when it offers one."""
+
+    address: str  # gRPC "host:port": admin, control plane, and the data path's fallback
+    data_address: str  # framed data path "host:port"; "" = gRPC only
+
+
+@dataclass(frozen=True, slots=True)
 class GroupRoute:
     """One broker group as a route names it: its leader and every node, leader first."""
 
@@ -118,6 +128,7 @@ class GroupRoute:
     leader_address: str  # "" = no leader known
     addresses: tuple[str, ...]
     term: int
+    data_addresses: tuple[str, ...] = ()  # beside `addresses`, "" where a node has none
 
     @property
     def followers(self) -> tuple[str, ...]:
@@ -200,6 +211,7 @@ def _route_from_pb(r: namesrv_pb2.TopicRouteData, now_ms: int) -> TopicRoute:
             g.leader_address,
             tuple(n.address for n in nodes if n.address),
             g.term,
+            tuple(n.data_address for n in nodes if n.address),
         )
     queues = tuple(
         QueueData(q.broker_group, q.read_queue_nums, q.write_queue_nums, q.perm, q.ordered)
@@ -228,6 +240,10 @@ class RouteCache:
         self._lock = threading.Lock()
         self._routes: collections.OrderedDict[str, TopicRoute] = collections.OrderedDict()
         self._preferred = 0  # the NameServer that answered last
+        # gRPC address -> framed data address of every node seen in a route or cluster info, so
+        # a leader hint (a gRPC address) finds its data address too. Bounded like the routes.
+        self._data: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._data_overrides: dict[str, str] = {}
 
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The topic's route; fetched when absent, stale, or `refresh`. Raises NoRouteError when
@@ -248,7 +264,35 @@ class RouteCache:
             self._routes.move_to_end(topic)
             while len(self._routes) > self._max_topics:
                 self._routes.popitem(last=False)
+            for g in fresh.groups.values():
+                self._learn_locked(zip(g.addresses, g.data_addresses, strict=False))
         return fresh
+
+    def _learn_locked(self, pairs: Iterable[tuple[str, str]]) -> None:
+        for address, data_address in pairs:
+            self._data[address] = data_address
+            self._data.move_to_end(address)
+        while len(self._data) > MAX_KNOWN_NODES:
+            self._data.popitem(last=False)
+
+    def data_address(self, address: str) -> str:
+        """The framed data address of the node serving gRPC at `address`; "" when it offers
+        none (or is not known yet): the caller uses gRPC then."""
+        with self._lock:
+            override = self._data_overrides.get(address)
+            if override is not None:
+                return override
+            return self._data.get(address, "")
+
+    def node(self, address: str) -> NodeAddress:
+        return NodeAddress(address, self.data_address(address))
+
+    def _override_data_addresses(self, overrides: Mapping[str, str]) -> None:
+        """Test and benchmark hook, not API: gRPC address -> data address to use instead of
+        what the routes advertise ("" forces gRPC). tests/client/frame_broker.py uses it to
+        point the SDK at a framed proxy in front of a broker that offers no data path yet."""
+        with self._lock:
+            self._data_overrides = dict(overrides)
 
     def leader(self, topic: str, broker_group: str, *, refresh: bool = False) -> str:
         """The gRPC address of the group's leader as the NameServers last said."""
@@ -256,6 +300,10 @@ class RouteCache:
         if g is None or not g.leader_address:
             raise NotLeaderError.for_node("-", broker_group, "")
         return g.leader_address
+
+    def leader_node(self, topic: str, broker_group: str, *, refresh: bool = False) -> NodeAddress:
+        """The group's leader as the NameServers last said: its gRPC and data addresses."""
+        return self.node(self.leader(topic, broker_group, refresh=refresh))
 
     def nodes(self, topic: str, broker_group: str) -> tuple[str, ...]:
         """Every node of the group, leader first."""
@@ -348,6 +396,14 @@ class RouteCache:
         req = namesrv_pb2.GetClusterInfoRequest()
         out = self.call_namesrv(lambda s: s.GetClusterInfo(req, timeout=NAMESRV_TIMEOUT_S))
         assert isinstance(out, namesrv_pb2.ClusterInfo)
+        with self._lock:
+            self._learn_locked(
+                (n.address, n.data_address)
+                for c in out.clusters
+                for g in c.groups
+                for n in g.nodes
+                if n.address
+            )
         return out
 
     def all_topics(self) -> list[str]:

@@ -547,6 +547,24 @@ def _reject(fut: _AnyFuture, exc: BaseException) -> None:
             fut.set_exception(exc)
 
 
+# A call's failure says whether its request could have reached the server, which a writer needs
+# to tell "surely not stored" from "maybe stored": the transport's own failures before a request
+# left this process carry details[NOT_SENT] = "1"; those after it was handed to a connection
+# (lost connection, no answer in time) carry details["request_id"]; an ERROR frame's error is
+# the server's verdict, with the server's details unchanged.
+NOT_SENT = "not_sent"
+
+
+def _unsent(exc: errors.RaftMQError) -> errors.RaftMQError:
+    exc.details[NOT_SENT] = "1"
+    return exc
+
+
+def was_never_sent(exc: BaseException) -> bool:
+    """True when a FrameClient call failed before its request left this process."""
+    return isinstance(exc, errors.RaftMQError) and exc.details.get(NOT_SENT) == "1"
+
+
 class FrameClient:
     """One framed connection to one server, opened on demand and reopened after a drop.
 
@@ -607,23 +625,28 @@ class FrameClient:
         return self._conn is not None and self._conn.ready
 
     async def call(self, method: int, payload: bytes | memoryview, timeout_s: float) -> bytes:
-        """Send one request and wait for its answer; a RaftMQError of the table on failure."""
-        loop = self._bind()
-        conn = self._conn
-        if conn is None or not conn.ready:
-            t0 = loop.time()
-            conn = await self._connect(min(self.connect_timeout_s, timeout_s))
-            timeout_s = max(0.0, timeout_s - (loop.time() - t0))
-        if conn.write_paused:  # the socket takes less than we write: wait, within the timeout
-            t0 = loop.time()
-            try:
-                await asyncio.wait_for(conn.writable(), timeout_s)
-            except TimeoutError:
-                raise errors.RequestTimeoutError(
-                    f"the connection to {self.address} stayed full of unsent requests "
-                    f"(max_pending_write_bytes) for {timeout_s:.3g}s; nothing was sent"
-                ) from None
-            timeout_s = max(0.0, timeout_s - (loop.time() - t0))
+        """Send one request and wait for its answer; a RaftMQError of the table on failure
+        (`was_never_sent(exc)` when the request surely never left this process)."""
+        try:
+            loop = self._bind()
+            conn = self._conn
+            if conn is None or not conn.ready:
+                t0 = loop.time()
+                conn = await self._connect(min(self.connect_timeout_s, timeout_s))
+                timeout_s = max(0.0, timeout_s - (loop.time() - t0))
+            if conn.write_paused:  # the socket takes less than we write: wait, within the timeout
+                t0 = loop.time()
+                try:
+                    await asyncio.wait_for(conn.writable(), timeout_s)
+                except TimeoutError:
+                    raise errors.RequestTimeoutError(
+                        f"the connection to {self.address} stayed full of unsent requests "
+                        f"(max_pending_write_bytes) for {timeout_s:.3g}s; nothing was sent"
+                    ) from None
+                timeout_s = max(0.0, timeout_s - (loop.time() - t0))
+        except errors.RaftMQError as exc:
+            _unsent(exc)
+            raise
         fut: asyncio.Future[bytes] = loop.create_future()
         self._submit(conn, method, payload, timeout_s, fut)
         return await fut
@@ -746,27 +769,36 @@ class FrameClient:
         fut: _AnyFuture,
     ) -> None:
         if not 0 <= method <= MAX_METHOD:
-            _reject(fut, errors.InvalidArgumentError(f"method id {method} outside 0..{MAX_METHOD}"))
+            _reject(
+                fut,
+                _unsent(errors.InvalidArgumentError(f"method id {method} outside 0..{MAX_METHOD}")),
+            )
             return
         if len(self._pending) >= self.max_pending_calls:
             _reject(
                 fut,
-                errors.QueueFullError(
-                    f"{len(self._pending)} calls already wait on {self.address} "
-                    f"(max_pending_calls); back off and retry"
+                _unsent(
+                    errors.QueueFullError(
+                        f"{len(self._pending)} calls already wait on {self.address} "
+                        f"(max_pending_calls); back off and retry"
+                    )
                 ),
             )
             return
         if not conn.ready:  # lost or sent GOAWAY while this call waited
             _reject(
                 fut,
-                errors.BrokerUnavailableError(
-                    f"the connection to {self.address} closed before the request was sent; retry"
+                _unsent(
+                    errors.BrokerUnavailableError(
+                        f"the connection to {self.address} closed before the request was sent; "
+                        "retry"
+                    )
                 ),
             )
             return
         if len(payload) + _REQUEST_OVERHEAD > conn.peer_max_frame:
-            _reject(fut, errors.MessageTooLargeError.for_size(len(payload), conn.peer_max_frame))
+            too_large = errors.MessageTooLargeError.for_size(len(payload), conn.peer_max_frame)
+            _reject(fut, _unsent(too_large))
             return
         rid = self._new_id()
         timer = conn.loop.call_later(timeout_s, self._on_timeout, rid)
@@ -812,7 +844,7 @@ class FrameClient:
                 except errors.RaftMQError as exc:
                     held, self._held = self._held, []
                     for *_, fut in held:
-                        _reject(fut, exc)
+                        _reject(fut, _unsent(exc))
                     return
                 held, self._held = self._held, []
                 for method, payload, timeout_s, fut in held:

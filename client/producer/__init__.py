@@ -4,7 +4,8 @@ sequence per queue, retries on the new leader and avoidance of broker groups tha
 This module is the facade: it checks arguments, builds messages and chooses each message's
 queue; sender.py buffers, sends and retries (one request per queue in flight, a retried request
 keeps its queue and sequences), by the pure rule in retry.py. No network call happens here
-except the route look-ups of queue choice.
+except the route look-ups of queue choice. Sends go over the framed data path where the leader
+offers one (client/data_pool.py), over gRPC otherwise.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from raftmq.client.accumulator import Accumulator
+from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
@@ -81,7 +83,10 @@ class SendOptions:
 
 class Producer:
     """A context manager; thread-safe. `send()` blocks for the result, `send_async()` returns a
-    Future, `send_oneway()` returns at once and only logs failures.
+    Future, `send_oneway()` returns at once and only logs failures. `send_async(callback=...)`
+    runs the callback on the producer's callback thread, in completion order; callbacks added
+    to the returned Future yourself run on the I/O thread that completed it: keep them short and
+    never block in them (no send() there).
 
     Every message has its outcome within `send_timeout_ms` of entering the buffer (Kafka's
     delivery.timeout.ms; entering may block up to `max_block_ms` when the buffer is full), time
@@ -130,6 +135,7 @@ class Producer:
         self._max_block_s = max_block_ms / 1000
         self._max_message_bytes = max_message_bytes
         self._pool = ChannelPool()
+        self._data = DataPool(name="raftmq-producer-data")
         self.routes = RouteCache(
             namesrv_addresses, self._pool, refresh_interval_ms=route_refresh_ms
         )
@@ -154,7 +160,9 @@ class Producer:
             max_buffered_messages=max_buffered_messages,
             max_buffered_bytes=max_buffered_bytes,
         )
-        self._sender = Sender(config, accumulator, self.routes, self._pool)
+        self._sender = Sender(config, accumulator, self.routes, self._pool, self._data)
+        # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
+        self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
         self._sticky_lock = threading.Lock()  # guards _sticky
         self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
         self._sticky_messages = sticky_messages
@@ -265,6 +273,8 @@ class Producer:
             return
         self.flush(timeout_s)
         self._sender.close()
+        self._data.close()
+        self._callbacks.shutdown(wait=True)
         self._pool.close()
 
     def __enter__(self) -> Producer:
@@ -284,9 +294,20 @@ class Producer:
         target = self._choose_queue(topic, options)
         fut: Future[SendResult] = Future()
         if callback is not None:
-            fut.add_done_callback(_callback_adapter(callback))
+            fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
         self._sender.enqueue(target, [Pending(msg, fut, len(msg.body), options.movable)])
         return fut
+
+    def _on_callback_thread(
+        self, fn: Callable[[Future[SendResult]], None]
+    ) -> Callable[[Future[SendResult]], None]:
+        def hop(fut: Future[SendResult]) -> None:
+            try:
+                self._callbacks.submit(fn, fut)
+            except RuntimeError:  # closed: run it here rather than lose it
+                fn(fut)
+
+        return hop
 
     def _wait(self, fut: Future[SendResult]) -> SendResult:
         # Bounded: the request's own deadline settles it long before this one.

@@ -2,6 +2,12 @@
 request per queue in flight, and drives each request through its attempts (retry on the new
 leader, move to another group, fail) by the pure rule in retry.py.
 
+A request goes over the framed data path (client/data_pool.py) when the leader advertises a data
+address, with no thread waiting for it: the answer's callback runs on the pool's loop thread and
+does only non-blocking work (results, the next batch of the queue when its leader is known);
+failures and anything that may look up routes go to the timer thread. Otherwise it is a blocking
+gRPC call on an I/O thread, as before.
+
 A retried request keeps its queue and sequence numbers, so the broker stores it once whatever
 happened to an earlier attempt; only a request that surely never reached a broker may move to
 another broker group. It never chooses a queue for a new message (the Producer does).
@@ -18,8 +24,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import Message
 
+from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
+from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import SendResult
 from raftmq.client.producer.retry import (
     Next,
@@ -31,6 +40,7 @@ from raftmq.client.producer.retry import (
 from raftmq.client.queue_selector import FaultTable, PublishQueues, select_queue
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.scheduler import Scheduler
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
     NoRouteError,
@@ -105,10 +115,12 @@ class Sender:
         accumulator: Accumulator[Pending],
         routes: RouteCache,
         pool: ChannelPool,
+        data: DataPool | None = None,
     ) -> None:
         self.config = config
         self.routes = routes
         self._pool = pool
+        self._data = data  # None: gRPC only
         self._acc = accumulator
         self._scheduler = Scheduler("raftmq-producer-timer")
         # One blocking call per busy queue at a time; more threads than that only wait.
@@ -219,7 +231,7 @@ class Sender:
             refresh = req.attempts > 1 and group not in self._leaders
             req.address = self._leader_of(req.queue.topic, group, refresh=refresh)
         except RaftMQError as exc:
-            self._failed(req, exc)
+            self._failed(req, exc, maybe_stored=False)  # nothing left this process
             return
         idempotent = self.config.idempotent
         wire = broker_pb2.SendMessageRequest(
@@ -230,6 +242,12 @@ class Sender:
             first_sequence=req.batch.first_sequence if idempotent else 0,
             timeout_ms=int(self.config.request_timeout_s * 1000),
         )
+        data_address = self.routes.data_address(req.address) if self._data is not None else ""
+        if data_address and self._data is not None and not self.closed:
+            left = max(0.05, min(req.deadline - time.monotonic(), self.config.request_timeout_s))
+            fut = self._data.submit(data_address, DataMethod.SEND_MESSAGE, wire, left)
+            fut.add_done_callback(lambda f: self._on_frame_answer(req, f))
+            return
         try:
             self._io.submit(self._call, req, wire)
         except RuntimeError:  # closed meanwhile; an earlier attempt may have stored it
@@ -262,6 +280,30 @@ class Sender:
             req = self._request(nxt)
         return req
 
+    def _on_frame_answer(self, req: Request, fut: Future[Message]) -> None:
+        """The framed answer, on the data pool's loop thread: never block here."""
+        exc = fut.exception()
+        if exc is None:
+            resp = fut.result()
+            assert isinstance(resp, broker_pb2.SendMessageResponse)
+            self._answered(req, resp)
+            return
+        if isinstance(exc, RaftMQError):
+            err, maybe = exc, data_pool.may_have_stored(exc)
+        else:  # a bug below us: we cannot tell how far it got
+            err = BrokerUnavailableError(f"send to {req.address} failed: {exc!r}")
+            maybe = True
+        if self.closed:  # no timer thread to retry on: the outcome is final now
+            req.maybe_stored = req.maybe_stored or maybe
+            group = req.queue.broker_group
+            self._finish(
+                req,
+                final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
+            )
+            return
+        # The failure path may look up routes (blocking): run it on the timer thread.
+        self._scheduler.call_later(0, lambda: self._failed(req, err, maybe_stored=maybe))
+
     def _call(self, req: Request, wire: broker_pb2.SendMessageRequest) -> None:
         # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
         # whenever none is running, which cost ~3 ms per send here (measured with cProfile).
@@ -269,12 +311,19 @@ class Sender:
         try:
             resp = self._pool.broker(req.address).SendMessage(wire, timeout=left)
         except grpc.RpcError as exc:
-            self._failed(req, from_rpc_error(exc), rpc=exc)
+            err = from_rpc_error(exc)
+            self._failed(req, err, maybe_stored=may_have_stored(err, exc))
             return
         except Exception as exc:
-            req.maybe_stored = True  # we cannot tell how far it got
-            self._failed(req, BrokerUnavailableError(f"send to {req.address} failed: {exc}"))
+            # we cannot tell how far it got
+            err = BrokerUnavailableError(f"send to {req.address} failed: {exc}")
+            self._failed(req, err, maybe_stored=True)
             return
+        self._answered(req, resp)
+
+    def _answered(self, req: Request, resp: broker_pb2.SendMessageResponse) -> None:
+        """A broker's answer: every message's result, then the queue's next batch. Runs on the
+        loop thread for framed sends, so nothing here may block."""
         latency_ms = int((time.monotonic() - req.started) * 1000)
         with self._lock:
             self._faults = self._faults.record(req.queue.broker_group, latency_ms, monotonic_ms())
@@ -301,9 +350,11 @@ class Sender:
                 )
         self._finish(req, None)
 
-    def _failed(self, req: Request, err: RaftMQError, rpc: grpc.RpcError | None = None) -> None:
+    def _failed(self, req: Request, err: RaftMQError, *, maybe_stored: bool) -> None:
+        """An attempt failed; `maybe_stored` says whether it may have reached a broker's log
+        (retry.may_have_stored for gRPC, data_pool.may_have_stored for frames)."""
         group = req.queue.broker_group
-        if may_have_stored(err, rpc):
+        if maybe_stored:
             req.maybe_stored = True
         log.debug(
             "producer.attempt_failed queue=%s address=%s attempt=%d left=%.2fs error=%s %s",
@@ -413,5 +464,11 @@ class Sender:
 
     def _finish(self, req: Request, err: RaftMQError | None) -> None:
         nxt = self._settle(req, err, sent=True)
-        if nxt is not None:
-            self._issue(self._request(nxt))
+        if nxt is None:
+            return
+        on_loop = self._data is not None and self._data.on_loop_thread()
+        if on_loop and nxt.queue.broker_group not in self._leaders:
+            # Issuing would look the leader up (maybe a NameServer call): not on the loop thread.
+            self._scheduler.call_later(0, lambda: self._issue(self._request(nxt)))
+            return
+        self._issue(self._request(nxt))
