@@ -40,7 +40,15 @@ GROUP = "broker-a"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("data-path"), (GROUP,), namesrvs=1)
+    # The brokers' own data servers are off: these tests put a forwarding proxy in front of
+    # each node (frames in, gRPC out) to count and kill the frame path at will; the brokers'
+    # data server itself is tested in tests/broker/test_data_server.py and by every other suite.
+    c = start_cluster(
+        tmp_path_factory.mktemp("data-path"),
+        (GROUP,),
+        namesrvs=1,
+        broker_args=["--data-listen", "off"],
+    )
     try:
         with Admin(c.namesrv) as admin:
             wait_until(
@@ -309,7 +317,7 @@ def test_falls_back_to_grpc_without_a_data_address(
     name = topic(cluster, "dp-grpc")
     counts = {m: total(proxies, m) for m in DataMethod}
     with Producer(cluster.namesrv) as p:
-        # the NameServer advertises no data_address until the broker's data server is merged
+        # the brokers run with --data-listen off: the NameServer advertises no data_address
         route = p.routes.route(name)
         assert all(not d for g in route.groups.values() for d in g.data_addresses)
         for f in [p.send_async(name, b"g%d" % i) for i in range(100)]:
