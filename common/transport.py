@@ -612,6 +612,7 @@ class FrameClient:
         self._inbox_lock = threading.Lock()
         self._inbox_wakeup = False
         # calls from threads that wait for a connection or for room in the socket, in order
+        # calls waiting for a connection: (method, payload, deadline on the loop's clock, future)
         self._held: list[tuple[int, bytes | memoryview, float, _AnyFuture]] = []
         self._held_task: asyncio.Task[None] | None = None
         self.late_answers = 0  # answers that came after their call timed out (dropped)
@@ -820,9 +821,14 @@ class FrameClient:
                 self._submit(conn, method, payload, timeout_s, fut)
             return
         # Not connected, or the socket is full: hold them, in order, behind any held already.
-        self._held.extend(items)
+        # A held call keeps its own timeout: connecting (up to connect_timeout_s) must not
+        # stretch it, so each one expires on its own, as never sent.
+        assert self._loop is not None
+        now = self._loop.time()
+        for method, payload, timeout_s, fut in items:
+            self._held.append((method, payload, now + timeout_s, fut))
+            self._loop.call_at(now + timeout_s, self._expire_held, fut, timeout_s)
         if self._held_task is None:
-            assert self._loop is not None
             self._held_task = self._loop.create_task(self._submit_held())
 
     async def _submit_held(self) -> None:
@@ -833,7 +839,8 @@ class FrameClient:
                     if conn is None or not conn.ready:
                         conn = await self._connect(self.connect_timeout_s)
                     if conn.write_paused:
-                        wait_s = max(timeout_s for _, _, timeout_s, _ in self._held)
+                        now = asyncio.get_running_loop().time()
+                        wait_s = max(0.0, max(d for _, _, d, _ in self._held) - now)
                         try:
                             await asyncio.wait_for(conn.writable(), wait_s)
                         except TimeoutError:
@@ -847,10 +854,26 @@ class FrameClient:
                         _reject(fut, _unsent(exc))
                     return
                 held, self._held = self._held, []
-                for method, payload, timeout_s, fut in held:
-                    self._submit(conn, method, payload, timeout_s, fut)
+                now = asyncio.get_running_loop().time()
+                for method, payload, deadline, fut in held:
+                    if not fut.done():  # not expired while held
+                        self._submit(conn, method, payload, max(0.0, deadline - now), fut)
         finally:
             self._held_task = None
+
+    def _expire_held(self, fut: _AnyFuture, timeout_s: float) -> None:
+        if fut.done() or not any(f is fut for *_, f in self._held):
+            return
+        self._held = [h for h in self._held if h[3] is not fut]
+        _reject(
+            fut,
+            _unsent(
+                errors.RequestTimeoutError(
+                    f"no connection to {self.address} within the call's {timeout_s:.3g}s; "
+                    "nothing was sent"
+                )
+            ),
+        )
 
     def _on_timeout(self, rid: int) -> None:
         call = self._pending.pop(rid, None)

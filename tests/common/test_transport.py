@@ -33,6 +33,7 @@ from raftmq.common.transport import (
     LoopThread,
     RequestContext,
     new_event_loop,
+    was_never_sent,
 )
 
 T = TypeVar("T")
@@ -628,3 +629,25 @@ def test_tls(tmp_path: Path) -> None:
                     await plain.call(ECHO, b"", 2)
 
     run(main())
+
+
+def test_a_call_waiting_for_the_connection_keeps_its_own_timeout() -> None:
+    """A peer that accepts TCP but never says HELLO (a SIGSTOPped broker): a threadsafe call
+    held for the connection fails at its own timeout, as never sent, not after the longer
+    connect timeout (the producer's send timeout counts on it)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        with LoopThread() as lt:
+            client = FrameClient("127.0.0.1", silent.getsockname()[1], loop=lt.loop)
+            t0 = time.monotonic()
+            fut = client.call_threadsafe(ECHO, b"x", 0.3)
+            exc = fut.exception(10)
+            elapsed = time.monotonic() - t0
+            assert isinstance(exc, errors.RequestTimeoutError), exc
+            assert was_never_sent(exc)
+            assert elapsed < 1.5, f"held {elapsed:.2f} s for a 0.3 s call"
+            lt.run(client.close())
+    finally:
+        silent.close()
