@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from typing import NoReturn
 
 from rich.console import Console
+from rich.markup import escape
 
 from raftmq.common.errors import RaftMQError
 from raftmq.ops.cluster_spec import SpecError
@@ -42,8 +43,14 @@ class OneLineParser(argparse.ArgumentParser):
     subparsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see `{self.prog} --help`)\n")
         sys.exit(2)
+
+
+def one_line(text: str) -> str:
+    """`text` with every unprintable character (newlines, NEL, escapes from an argument or a
+    peer) written as its escape, so an error stays one line on any terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,21 +101,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except RaftMQError as exc:
         err_console.print(
-            f"[red]error ({exc.code}):[/] {exc.message}", highlight=False, soft_wrap=True
+            f"[red]error ({exc.code}):[/] {escape(one_line(exc.message))}",
+            highlight=False,
+            soft_wrap=True,
         )
         return 1
     except SpecError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True
+        )
         return 2
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # a file or socket of this machine: one line, no traceback
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True
+        )
         return 1
     except Exception as exc:  # a bug of ours: one line for the user, the traceback in the log
         log.debug("cli.internal_error", exc_info=exc)
         err_console.print(
-            f"[red]internal error:[/] {type(exc).__name__}: {exc}; please report it "
+            f"[red]internal error:[/] {type(exc).__name__}: {escape(one_line(str(exc)))}; please "
+            "report it "
             "(`--verbose` shows where)",
             highlight=False,
             soft_wrap=True,

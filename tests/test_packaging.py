@@ -173,7 +173,8 @@ def _base_requirements(metadata: str) -> list[str]:
 def test_the_base_install_is_the_sdk_alone(dists: Dists) -> None:
     base = _base_requirements(_dist_info(dists.wheel, "METADATA"))
     names = {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in base}
-    assert names == {"grpcio", "protobuf"}, base
+    # typeguard: the SDK's argument checks (common/arguments.py); pure Python, no dependencies
+    assert names == {"grpcio", "protobuf", "typeguard"}, base
     assert not names & set(NOT_IN_BASE)
 
 
