@@ -27,6 +27,7 @@ class RoleReporter:
         self._leader = self._addresses[0] if self._addresses else ""
         self._cond = threading.Condition()
         self._pending: controller_pb2.ReportRoleRequest | None = None
+        self._latest_term = 0  # reports of an older term are stale by construction
         self._closed = False
         self.last_response: controller_pb2.ReportRoleResponse | None = None
         self._thread = threading.Thread(target=self._run, name="role-reporter", daemon=True)
@@ -44,8 +45,9 @@ class RoleReporter:
             role=common_pb2.LEADER if leader else common_pb2.FOLLOWER,
         )
         with self._cond:
-            if self._pending is not None and self._pending.term > term:
+            if term < self._latest_term:
                 return  # a heartbeat that read the role just before a newer change: keep that
+            self._latest_term = term
             self._pending = req
             self._cond.notify()
 
