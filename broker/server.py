@@ -36,6 +36,8 @@ _log = logging.getLogger("broker")
 BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"]
 
 WIRE_OVERHEAD_BYTES = 1 << 20  # request framing and properties beyond the message bodies
+UNREACHABLE_WARN_HEARTBEATS = 3  # no controller answered for this many heartbeats: say so,
+UNREACHABLE_WARN_MAX_MS = 10_000  # or for this long, whichever is shorter
 
 
 class BrokerServer:
@@ -51,7 +53,17 @@ class BrokerServer:
         # Order matters: the Raft log runs (and may win or lose an election) from the moment
         # node_factory builds it, so everything the role listener calls exists before the node,
         # and the role the node reached before its listener was registered is reported after.
-        self.reporter = RoleReporter(settings.controller_list) if settings.controller_list else None
+        self.reporter = (
+            RoleReporter(
+                settings.controller_list,
+                unreachable_warn_ms=min(
+                    UNREACHABLE_WARN_HEARTBEATS * settings.heartbeat_interval_ms,
+                    UNREACHABLE_WARN_MAX_MS,
+                ),
+            )
+            if settings.controller_list
+            else None
+        )
         self.address = ""
         self.data_address = ""  # advertised once bound
         self.registrar = Registrar(
