@@ -49,6 +49,7 @@ from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
 from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
+from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
 
@@ -71,8 +72,11 @@ class BrokerNode:
         *,
         leader_ready_wait_s: float = LEADER_READY_WAIT_S,
         dispatcher_settings: DispatcherSettings | None = None,
+        health: StorageHealth | None = None,
     ) -> None:
         self.settings = settings
+        # Every writer of this node (journal, raft meta, index store) reports to one verdict.
+        self.health = health if health is not None else StorageHealth(settings.node_id)
         self.me: Member = settings.me
         self.group = settings.broker_group
         self.members = settings.member_list
@@ -91,6 +95,7 @@ class BrokerNode:
             settings=dispatcher_settings,
             on_progress=self._on_progress,
             name=f"dispatch-{self.me.node_id}",
+            health=self.health,
         )
         self.reader = MessageReader(self.group, rlog.read)
         self._ready_term = 0  # the leader term whose readiness latch is open (0: none)
@@ -406,9 +411,10 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     its creator)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = MessageStore(settings.data_dir / "store", map_size_bytes=settings.store_map_size_bytes)
+    health = StorageHealth(settings.node_id)
     try:
-        rlog = ReplicatedLog(settings.raft_config())
+        rlog = ReplicatedLog(settings.raft_config(), health=health)
     except BaseException:
         store.close()
         raise
-    return BrokerNode(settings, rlog, store)
+    return BrokerNode(settings, rlog, store, health=health)

@@ -33,6 +33,7 @@ from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("raftlog.log")
 
@@ -59,8 +60,14 @@ class ReplicatedLog:
     """A node of a replicated log. Create it from a thread that outlives it (pysyncobj's tick
     thread stops when its creating thread exits); close() it to leave the group cleanly."""
 
-    def __init__(self, cfg: RaftLogConfig, on_role_change: RoleListener | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RaftLogConfig,
+        on_role_change: RoleListener | None = None,
+        health: StorageHealth | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.health = health if health is not None else StorageHealth(cfg.node_id)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._journal = SegmentJournal(
             cfg.data_dir / "journal",
@@ -84,7 +91,7 @@ class ReplicatedLog:
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
         self._next_flush = 0.0
-        adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"))
+        adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
         self._node = RaftNode(cfg, adapter, self._on_tick)
         try:
             self._node.waitBinded()
@@ -189,7 +196,9 @@ class ReplicatedLog:
                 self._complete(*data)
             elif kind == "role":
                 self._on_role(data)
-            self._expire(time.monotonic())
+            now = time.monotonic()
+            self._expire(now)
+            self.health.settle(now)
 
     def _complete(self, batch_id: int, index: int, err: int) -> None:
         with self._lock:
@@ -264,7 +273,14 @@ class ReplicatedLog:
             now = time.monotonic()
             if now >= self._next_flush and self._journal.dirty:
                 self._next_flush = now + self.cfg.flush_interval_ms / 1000
-                self._journal.sync()
+                try:
+                    self._journal.sync()
+                except OSError as exc:  # retried at the next flush; the health says why
+                    self._next_flush = now + self.health.failed(
+                        "journal sync", str(self._journal.directory), exc, now
+                    )
+                else:
+                    self.health.succeeded("journal sync", now)
         key = self._node.role_key()
         if key != self._role_key:
             self._role_key = key
