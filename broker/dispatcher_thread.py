@@ -71,8 +71,10 @@ class DispatcherThread:
         on_progress: ProgressListener | None = None,
         name: str = "broker-dispatcher",
         health: StorageHealth | None = None,
+        on_stall: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
         self._log = rlog
+        self._on_stall = on_stall
         self.health = health if health is not None else StorageHealth(name)
         self._store = store
         self._dispatcher = dispatcher if dispatcher is not None else Dispatcher()
@@ -182,6 +184,8 @@ class DispatcherThread:
             self._dispatch(entries)
         except StoreWriteError as exc:
             backoff_s = self.health.failed("index store", exc.path, exc.cause, now)
+            if self._on_stall is not None:
+                self._on_stall(exc)
             self._stopping.wait(backoff_s)  # then the same entries again: nothing was stored
             return
         self.health.succeeded("index store", now)

@@ -22,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
-from raftmq.broker.errors import DispatcherStoppedError, StoreFullError
+from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
 from raftmq.broker.offsets import OffsetProcessor
 from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
@@ -96,6 +96,7 @@ class BrokerNode:
             on_progress=self._on_progress,
             name=f"dispatch-{self.me.node_id}",
             health=self.health,
+            on_stall=self._on_dispatch_stall,
         )
         self.reader = MessageReader(self.group, rlog.read)
         self._ready_term = 0  # the leader term whose readiness latch is open (0: none)
@@ -149,6 +150,17 @@ class BrokerNode:
                 listener(change)
             except Exception:
                 log.exception("broker.role_listener_failed")
+
+    def _on_dispatch_stall(self, exc: StoreWriteError) -> None:
+        """The index store refuses writes: requests waiting for their entry's dispatch here end
+        now. Their entries are committed on a majority, so a retry with the same producer
+        sequence is answered by the next leader (this one hands leadership off)."""
+        self.outcomes.release(
+            OutcomeUnknownError(
+                f"committed on broker group {self.group} but not indexed on {self.me.node_id}, "
+                f"whose disk refuses writes ({exc.cause}); retry with the same producer sequence"
+            )
+        )
 
     def _on_progress(self, progress: DispatchProgress) -> None:
         self.outcomes.record(progress)
@@ -242,6 +254,8 @@ class BrokerNode:
             raise self.dispatcher_down(exc) from exc
 
     def dispatcher_down(self, exc: BaseException) -> RaftMQError:
+        if isinstance(exc, OutcomeUnknownError):
+            return exc  # released by a dispatch stall (_on_dispatch_stall): already typed
         if self._closed:
             return BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
         failure = self.dispatcher.failure

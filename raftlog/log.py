@@ -38,6 +38,7 @@ from raftmq.raftlog.storage_health import StorageHealth
 log = logging.getLogger("raftlog.log")
 
 RoleListener = Callable[[RoleChange], None]
+HANDOFF_RETRY_S = 0.2  # a leader that cannot write asks a follower to take over this often
 
 
 @dataclass(slots=True)
@@ -90,6 +91,8 @@ class ReplicatedLog:
         self._applied_cond = threading.Condition()
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
+        self._handing_off = False  # leader with an unwritable disk, transferring leadership
+        self._next_handoff_s = 0.0
         self._next_flush = 0.0
         adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
         self._node = RaftNode(cfg, adapter, self._on_tick)
@@ -118,7 +121,7 @@ class ReplicatedLog:
         if self._closed:
             raise LogClosedError("the replicated log is closed")
         fut: Future[Committed] = Future()
-        if self._paused or not self._node.is_leader():
+        if self._paused or not self._node.is_leader() or self.health.error is not None:
             fut.set_exception(NotLeaderError(self.cfg.node_id, self._leader_hint()))
             return fut
         with self._lock:
@@ -156,7 +159,7 @@ class ReplicatedLog:
                     size += nxt
                 batch_id = self._next_batch_id
                 self._next_batch_id += 1
-                if self._node.is_leader() and not self._paused:
+                if self._node.is_leader() and not self._paused and self.health.error is None:
                     self._inflight[batch_id] = _InFlight(
                         [s.future for s in batch],
                         size,
@@ -199,6 +202,7 @@ class ReplicatedLog:
             now = time.monotonic()
             self._expire(now)
             self.health.settle(now)
+            self._hand_off_if_unwritable(now)
 
     def _complete(self, batch_id: int, index: int, err: int) -> None:
         with self._lock:
@@ -241,6 +245,28 @@ class ReplicatedLog:
         for e in entries:
             for fut in e.futures:
                 _fail(fut, OutcomeUnknownError("no commit within commit_timeout_ms"))
+
+    def _hand_off_if_unwritable(self, now: float) -> None:
+        """A leader whose disk refuses writes hands leadership to a follower that can append
+        (the most caught-up one), retrying every HANDOFF_RETRY_S; writes are refused meanwhile
+        and what was in flight ends unknown at once (it may still commit under the next leader)."""
+        if self.health.error is None or self._closed or not self._node.is_leader():
+            self._handing_off = False
+            return
+        if not self._handing_off:
+            self._handing_off = True
+            log.warning(
+                "raft.handing_off_leadership node=%s reason=%s",
+                self.cfg.node_id,
+                self.health.error.describe().replace(" ", "_"),
+            )
+            self._fail_all(
+                OutcomeUnknownError("the leader's disk refused writes; it hands leadership off"),
+                NotLeaderError(self.cfg.node_id, None),
+            )
+        if now >= self._next_handoff_s:
+            self._next_handoff_s = now + HANDOFF_RETRY_S
+            self._node.request_transfer(None)
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(

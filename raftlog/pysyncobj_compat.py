@@ -108,7 +108,11 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
         self._commit_saved = self._commit_index
 
     def add(self, command: bytes, idx: int, term: int) -> None:
-        self.journal.append(idx, term, command)
+        try:
+            self.journal.append(idx, term, command)
+        except OSError as exc:  # the leader's append: RaftNode._onTick ends the tick quietly
+            self.health.failed("journal", str(self.journal.directory), exc, time.monotonic())
+            raise
 
     def clear(self) -> None:
         raise RuntimeError("raftlog journals are never cleared by pysyncobj (snapshots are off)")
@@ -143,8 +147,14 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
 
     def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         # Raft: term and vote are durable before any message that reflects them is sent.
-        self._meta = RaftMeta(term, votedForNodeId, self._commit_index)
-        self._meta_store.store(self._meta)
+        meta = RaftMeta(term, votedForNodeId, self._commit_index)
+        try:
+            self._meta_store.store(meta)
+        except OSError as exc:  # nothing is sent: the vote or the election does not happen
+            self.health.failed("raft meta", str(self._meta_store.path), exc, time.monotonic())
+            raise
+        self.health.succeeded("raft meta", time.monotonic())
+        self._meta = meta
         self._commit_saved = self._commit_index
 
     def getCurrentTerm(self) -> int:
@@ -321,11 +331,48 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         done.wait(timeout_s)
         return bool(result and result[0])
 
+    def request_transfer(self, node_id: str | None = None) -> None:
+        """transfer_to without waiting for the answer (any thread)."""
+        self._rm_tick_calls.append(lambda: self.transferLeadership(node=node_id))
+
     def _rm_run_tick_calls(self) -> None:
         while self._rm_tick_calls:
             self._rm_tick_calls.popleft()()
 
     # ---- overrides (tick thread) ----------------------------------------------------------------
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        health = self._rm_health
+        if health.error is not None and self._SyncObj__raftState != _LEADER:
+            # A node that cannot write does not stand for election (a TimeoutNow included):
+            # it would lead a group it cannot append to. Its vote for others is unaffected.
+            self._SyncObj__raftElectionDeadline = (
+                time.monotonic() + self._SyncObj__generateRaftTimeout()
+            )
+        try:
+            SyncObj._onTick(self, timeToWait)
+        except OSError:
+            # A write the disk refused (the writer told StorageHealth, which logs once per
+            # episode): no traceback per tick. Queued commands were never appended: refuse them.
+            if (
+                self._SyncObj__raftState == _LEADER
+                and self._SyncObj__raftCurrentTerm != self._SyncObj__raftLog.getCurrentTerm()
+            ):
+                # A higher term was seen but could not be stored, so pysyncobj never stepped
+                # down: do it here (always safe), or this node would claim a term it never won.
+                self._SyncObj__setState(_FOLLOWER)
+                self._SyncObj__raftLeader = None
+            self._rm_refuse_queued()
+
+    def _rm_refuse_queued(self) -> None:
+        commands = self._SyncObj__commandsQueue
+        for _ in range(self._SyncObj__conf.commandsQueueSize):
+            try:
+                _command, callback = commands.get_nowait()
+            except Exception:  # pysyncobj's queue raises its own Empty: nothing left
+                return
+            if callable(callback):
+                callback(None, FAIL_REASON.NOT_LEADER)
 
     def _SyncObj__getEntries(
         self, fromIDx: int | None, count: int | None = None, maxSizeBytes: int | None = None
