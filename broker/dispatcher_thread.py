@@ -1,6 +1,7 @@
 """The dispatch loop: one thread follows the committed log, runs the Dispatcher and writes outputs
 to the MessageStore, several entries per transaction. It decides nothing, and on any failure it
-stops loudly rather than skip an entry."""
+stops loudly rather than skip an entry, except a write the disk refused (full): that transaction
+is retried with a bounded back-off, reported through the node's StorageHealth."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from raftmq.broker.errors import DispatcherStoppedError
+from raftmq.broker.errors import DispatcherStoppedError, StoreWriteError
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
 from raftmq.raftlog.record import Entry
+from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.dispatcher")
 
@@ -68,8 +70,12 @@ class DispatcherThread:
         settings: DispatcherSettings | None = None,
         on_progress: ProgressListener | None = None,
         name: str = "broker-dispatcher",
+        health: StorageHealth | None = None,
+        on_stall: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
         self._log = rlog
+        self._on_stall = on_stall
+        self.health = health if health is not None else StorageHealth(name)
         self._store = store
         self._dispatcher = dispatcher if dispatcher is not None else Dispatcher()
         self._settings = settings if settings is not None else DispatcherSettings()
@@ -165,12 +171,24 @@ class DispatcherThread:
                     nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
                 )
                 if entries:
-                    self._dispatch(entries[: s.max_batch_entries])
+                    self._dispatch_or_back_off(entries[: s.max_batch_entries])
         except Exception as exc:
             log.exception("broker.dispatcher_failed index=%d", self._index)
             with self._cond:
                 self._failure = exc
                 self._cond.notify_all()
+
+    def _dispatch_or_back_off(self, entries: list[Entry]) -> None:
+        now = time.monotonic()
+        try:
+            self._dispatch(entries)
+        except StoreWriteError as exc:
+            backoff_s = self.health.failed("index store", exc.path, exc.cause, now)
+            if self._on_stall is not None:
+                self._on_stall(exc)
+            self._stopping.wait(backoff_s)  # then the same entries again: nothing was stored
+            return
+        self.health.succeeded("index store", now)
 
     def _dispatch(self, entries: list[Entry]) -> None:
         pending = PendingState(self._store)

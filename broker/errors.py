@@ -29,5 +29,15 @@ class StoreFullError(StoreError):
     """The lmdb map is full; the broker must be restarted with a larger map_size_bytes."""
 
 
+class StoreWriteError(StoreError):
+    """A write to the store failed in the file system (a full disk, an I/O error): nothing of the
+    transaction is stored, and the same write can be retried once the disk takes it."""
+
+    def __init__(self, path: str, cause: BaseException) -> None:
+        super().__init__(f"write to the store at {path} failed: {cause}")
+        self.path = path
+        self.cause = cause
+
+
 class DispatcherStoppedError(BrokerError):
     """The dispatcher thread is not running (stopped, or stopped itself after a failure)."""

@@ -22,7 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
-from raftmq.broker.errors import DispatcherStoppedError, StoreFullError
+from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
 from raftmq.broker.offsets import OffsetProcessor
 from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
@@ -49,6 +49,7 @@ from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
 from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
+from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
 
@@ -71,8 +72,11 @@ class BrokerNode:
         *,
         leader_ready_wait_s: float = LEADER_READY_WAIT_S,
         dispatcher_settings: DispatcherSettings | None = None,
+        health: StorageHealth | None = None,
     ) -> None:
         self.settings = settings
+        # Every writer of this node (journal, raft meta, index store) reports to one verdict.
+        self.health = health if health is not None else StorageHealth(settings.node_id)
         self.me: Member = settings.me
         self.group = settings.broker_group
         self.members = settings.member_list
@@ -91,6 +95,8 @@ class BrokerNode:
             settings=dispatcher_settings,
             on_progress=self._on_progress,
             name=f"dispatch-{self.me.node_id}",
+            health=self.health,
+            on_stall=self._on_dispatch_stall,
         )
         self.reader = MessageReader(self.group, rlog.read)
         self._ready_term = 0  # the leader term whose readiness latch is open (0: none)
@@ -144,6 +150,17 @@ class BrokerNode:
                 listener(change)
             except Exception:
                 log.exception("broker.role_listener_failed")
+
+    def _on_dispatch_stall(self, exc: StoreWriteError) -> None:
+        """The index store refuses writes: requests waiting for their entry's dispatch here end
+        now. Their entries are committed on a majority, so a retry with the same producer
+        sequence is answered by the next leader (this one hands leadership off)."""
+        self.outcomes.release(
+            OutcomeUnknownError(
+                f"committed on broker group {self.group} but not indexed on {self.me.node_id}, "
+                f"whose disk refuses writes ({exc.cause}); retry with the same producer sequence"
+            )
+        )
 
     def _on_progress(self, progress: DispatchProgress) -> None:
         self.outcomes.record(progress)
@@ -237,6 +254,8 @@ class BrokerNode:
             raise self.dispatcher_down(exc) from exc
 
     def dispatcher_down(self, exc: BaseException) -> RaftMQError:
+        if isinstance(exc, OutcomeUnknownError):
+            return exc  # released by a dispatch stall (_on_dispatch_stall): already typed
         if self._closed:
             return BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
         failure = self.dispatcher.failure
@@ -406,9 +425,10 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     its creator)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = MessageStore(settings.data_dir / "store", map_size_bytes=settings.store_map_size_bytes)
+    health = StorageHealth(settings.node_id)
     try:
-        rlog = ReplicatedLog(settings.raft_config())
+        rlog = ReplicatedLog(settings.raft_config(), health=health)
     except BaseException:
         store.close()
         raise
-    return BrokerNode(settings, rlog, store)
+    return BrokerNode(settings, rlog, store, health=health)

@@ -42,6 +42,9 @@ class OutcomeBook:
         # Requests that wait without a thread (the data server): raft index -> (slot, callback)
         self._callbacks: dict[int, list[tuple[int, OutcomeCallback]]] = {}
         self._callback_count = 0
+        # release(): every request waiting at that moment ends with this error, once.
+        self._release_gen = 0
+        self._released: BaseException | None = None
 
     @property
     def pending_callbacks(self) -> int:
@@ -86,6 +89,21 @@ class OutcomeBook:
         for callback in callbacks:
             callback(None, exc)
 
+    def release(self, exc: BaseException) -> None:
+        """Dispatch stalls (the disk refuses writes): end every request waiting now with `exc`
+        rather than hold it to its deadline; later requests wait as usual."""
+        with self._lock:
+            self._released = exc
+            self._release_gen += 1
+            for event in self._waiters.values():
+                event.set()
+            self._waiters.clear()
+            callbacks = [cb for entries in self._callbacks.values() for _, cb in entries]
+            self._callbacks.clear()
+            self._callback_count = 0
+        for callback in callbacks:
+            callback(None, exc)
+
     def on_outcome(self, raft_index: int, slot: int, callback: OutcomeCallback) -> None:
         """`wait` without a thread: `callback(outcome, failure)` runs once, on the dispatcher
         thread when the entry is dispatched (or the dispatcher fails), or at once on the calling
@@ -108,10 +126,14 @@ class OutcomeBook:
         """The outcome of chunk `slot` of entry `raft_index`, once dispatched; None on timeout or
         when the entry has already been forgotten. Raises the dispatcher's failure, if any."""
         deadline = time.monotonic() + timeout_s
+        gen = self._release_gen
         while True:
             with self._lock:
                 if self._failed is not None:
                     raise self._failed
+                if self._dispatched < raft_index and self._release_gen != gen:
+                    assert self._released is not None
+                    raise self._released
                 if self._dispatched >= raft_index:
                     outcomes = self._by_index.get(raft_index)
                     break

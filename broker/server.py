@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import grpc
 from raftmq.broker import settings as settings_mod
 from raftmq.broker.convert import topic_to_pb
 from raftmq.broker.data_server import DataServer
-from raftmq.broker.node import build_broker_node
+from raftmq.broker.node import BrokerNode, build_broker_node
 from raftmq.broker.registration import Registrar
 from raftmq.broker.role_reporter import RoleReporter
 from raftmq.broker.service import ROLE_TO_PB, BrokerService
@@ -36,15 +36,40 @@ _log = logging.getLogger("broker")
 BROKER_SERVICE = broker_pb2.DESCRIPTOR.services_by_name["Broker"]
 
 WIRE_OVERHEAD_BYTES = 1 << 20  # request framing and properties beyond the message bodies
+UNREACHABLE_WARN_HEARTBEATS = 3  # no controller answered for this many heartbeats: say so,
+UNREACHABLE_WARN_MAX_MS = 10_000  # or for this long, whichever is shorter
 
 
 class BrokerServer:
     """A BrokerNode behind a gRPC server, registered with the NameServers. Build it on the main
     thread; start() then stop(), once each."""
 
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        node_factory: Callable[[BrokerSettings], BrokerNode] = build_broker_node,
+    ) -> None:
         self.settings = settings
-        self.node = build_broker_node(settings)
+        # Order matters: the Raft log runs (and may win or lose an election) from the moment
+        # node_factory builds it, so everything the role listener calls exists before the node,
+        # and the role the node reached before its listener was registered is reported after.
+        self.reporter = (
+            RoleReporter(
+                settings.controller_list,
+                unreachable_warn_ms=min(
+                    UNREACHABLE_WARN_HEARTBEATS * settings.heartbeat_interval_ms,
+                    UNREACHABLE_WARN_MAX_MS,
+                ),
+            )
+            if settings.controller_list
+            else None
+        )
+        self.address = ""
+        self.data_address = ""  # advertised once bound
+        self.registrar = Registrar(
+            settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
+        )
+        self.node = node_factory(settings)
         wire_max = 2 * settings.max_message_bytes + WIRE_OVERHEAD_BYTES
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -60,14 +85,10 @@ class BrokerServer:
         )
         add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
         self.data_server = DataServer(self.node, settings) if settings.data_bind else None
-        self.data_address = ""  # advertised once bound
-        self.registrar = Registrar(
-            settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
-        )
         self.node.add_role_listener(self._on_role_change)
         self.node.add_topic_listener(self.registrar.poke)
-        self.reporter = RoleReporter(settings.controller_list) if settings.controller_list else None
-        self.address = ""
+        st = self.node.status()  # the role reached before the listener existed
+        self._on_role_change(RoleChange(st.node_id, st.role, st.term, st.leader))
 
     def _registration(self) -> namesrv_pb2.RegisterBrokerRequest:
         st = self.node.status()

@@ -179,6 +179,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
 
 def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
     st = node.status()
+    storage = node.health.error
     leader = node.leader()
     topics = []
     for cfg in node.topics()[:MAX_STATUS_TOPICS]:
@@ -200,4 +201,6 @@ def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
         applied_index=st.applied_index,
         dispatch_index=node.dispatcher.dispatched_index,
         topics=topics,
+        storage_error=storage.describe() if storage is not None else "",
+        disk_full=storage is not None and storage.disk_full,
     )

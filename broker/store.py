@@ -14,7 +14,12 @@ from typing import Any
 import lmdb
 
 from raftmq.broker.dispatch import DispatchOutput
-from raftmq.broker.errors import DispatchGapError, StoreError, StoreFullError
+from raftmq.broker.errors import (
+    DispatchGapError,
+    StoreError,
+    StoreFullError,
+    StoreWriteError,
+)
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
 from raftmq.common.record_batch import (
@@ -213,6 +218,12 @@ class MessageStore:
                 f"the store at {self.path} is full ({self._env.info()['map_size']} bytes); "
                 "restart with a larger map_size_bytes"
             ) from exc
+        except (lmdb.Error, OSError) as exc:
+            if type(exc) is not lmdb.Error and not isinstance(exc, (lmdb.DiskError, OSError)):
+                raise  # lmdb's other typed errors (bad value, corrupt page) are not the disk
+            # A full disk reaches here as "mdb_txn_commit: Input/output error"; the aborted
+            # transaction left the store as it was.
+            raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
 
     def _write(self, txn: Any, out: DispatchOutput) -> None:

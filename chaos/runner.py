@@ -6,6 +6,7 @@ The harness talks to the nodes out of band through the bridge's own address (nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from raftmq.chaos.checkers import CheckReport, check_all
+from raftmq.chaos.disks import TmpfsDisks
 from raftmq.chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
 from raftmq.chaos.netfaults import NetFaults
 from raftmq.chaos.netns import Net
@@ -81,8 +83,10 @@ class Nemesis:
         recorder: Recorder,
         pick: Callable[[list[str]], str],
         console: Console,
+        disks: TmpfsDisks | None = None,
     ) -> None:
         self.net = net
+        self.disks = disks  # the group nodes' small data disks (full-disk scenarios only)
         self.runner = runner
         self.group = group
         self.rec = recorder
@@ -95,6 +99,7 @@ class Nemesis:
         self._paused: set[str] = set()
         self._killed: set[str] = set()
         self._delayed: set[str] = set()
+        self._filled: set[str] = set()
 
     # ---- roles --------------------------------------------------------------------------------
 
@@ -184,6 +189,11 @@ class Nemesis:
             elif f.kind is Kind.DELAY:
                 self.net.delay(t, f.delay_ms, f.jitter_ms)
                 self._delayed.add(t)
+            elif f.kind is Kind.DISK_FULL:
+                if self.disks is None or t not in self.disks.data_dirs:
+                    raise RunError(f"{t} has no small data disk to fill")
+                self.disks.fill(t)
+                self._filled.add(t)
 
     def stop(self, index: int, f: FaultSpec) -> None:
         targets = self._targets.pop(index, [])
@@ -196,6 +206,9 @@ class Nemesis:
             if t in self._delayed:
                 self.net.clear_delay(t)
                 self._delayed.discard(t)
+            if t in self._filled and self.disks is not None:
+                self.disks.free(t)
+                self._filled.discard(t)
         dead = [t for t in targets if t in self._killed]
         for t in dead:
             self.runner.start(t)
@@ -213,6 +226,9 @@ class Nemesis:
         for t in list(self._delayed):
             self.net.clear_delay(t)
         self._delayed.clear()
+        if self.disks is not None:
+            self.disks.free_all()
+        self._filled.clear()
         self._net_active.clear()
         self.net.heal()
         for t in list(self._killed):
@@ -367,10 +383,15 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
-    with Net([*names, CLIENT]) as net:
+    disks = (
+        TmpfsDisks({p.name: p.data_dir for p in spec.processes() if p.group == group})
+        if any(f.kind is Kind.DISK_FULL for f in schedule.faults)
+        else None
+    )
+    with Net([*names, CLIENT]) as net, disks or contextlib.nullcontext():
         spec = spec.with_hosts({n: net.ip(n) for n in names})
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
-        nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console)
+        nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks)
         workload: subprocess.Popen[str] | None = None
         try:
             console.log(f"starting {len(names)} processes in namespaces ({net.control_ip}/24)")

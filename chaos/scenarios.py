@@ -23,6 +23,7 @@ class Kind(enum.Enum):
     CLIENT_CUT = "client-cut"  # the client host cannot reach the target
     DELAY = "delay"  # every packet the target sends is held `delay_ms` (+- jitter_ms)
     LOSS = "loss"  # `loss_pct` % of the target's packets dropped, both ways
+    DISK_FULL = "disk-full"  # the target's data disk (a small tmpfs) filled; heal: freed
 
 
 # Role selectors, resolved by the runner when the fault starts.
@@ -181,6 +182,12 @@ SCENARIOS: tuple[Scenario, ...] = (
                                 FOLLOWER, loss_pct=25)),
     Scenario("group-restart", "SIGKILL all three nodes of the group; restart them at the heal",
              False, _single(Kind.KILL, GROUP, majority=False)),
+    Scenario("leader-disk-full",
+             "fill the leader's data disk (each group node on a 64 MiB tmpfs), free it at the heal:"
+             " it hands leadership to a follower that can write and catches up afterwards",
+             False, _single(Kind.DISK_FULL, LEADER)),
+    Scenario("follower-disk-full", "fill one follower's data disk: no failover, no gap", False,
+             _single(Kind.DISK_FULL, FOLLOWER)),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
 )  # fmt: skip

@@ -50,7 +50,11 @@ def _load(args: argparse.Namespace) -> cluster_spec.ClusterSpec:
 
 def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table:
     table = Table(title=title)
-    for col in ("process", "group", "address", "pid", "raft role", "term", "leader", "commit"):
+    columns = ["process", "group", "address", "pid", "raft role", "term", "leader", "commit"]
+    storage = any(r.storage_error for r in rows)
+    if storage:
+        columns.append("disk")  # only when a node cannot write: the usual table stays narrow
+    for col in columns:
         table.add_column(col)
     for r in rows:
         role = {"LEADER": "[bold green]LEADER[/]", "FOLLOWER": "FOLLOWER", "-": "[dim]-[/]"}.get(
@@ -67,6 +71,11 @@ def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table
             str(r.term or ""),
             r.leader,
             str(r.commit_index or ""),
+            *(
+                [f"[bold red]{'FULL' if r.disk_full else 'ERROR'}[/] {r.storage_error}"]
+                if storage and r.storage_error
+                else [""] * storage
+            ),
         )
     return table
 

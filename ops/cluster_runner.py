@@ -65,6 +65,8 @@ class NodeStatus:
     term: int
     leader: str
     commit_index: int
+    storage_error: str = ""  # "" = the node's disk takes writes
+    disk_full: bool = False
 
 
 def role_available(module: str) -> bool:
@@ -206,6 +208,8 @@ def broker_status(name: str, group: str, address: str, pid: int = 0) -> NodeStat
         st.term,
         st.leader_node_id,
         st.commit_index,
+        st.storage_error,
+        st.disk_full,
     )
 
 

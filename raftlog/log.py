@@ -33,10 +33,12 @@ from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("raftlog.log")
 
 RoleListener = Callable[[RoleChange], None]
+HANDOFF_RETRY_S = 0.2  # a leader that cannot write asks a follower to take over this often
 
 
 @dataclass(slots=True)
@@ -59,8 +61,14 @@ class ReplicatedLog:
     """A node of a replicated log. Create it from a thread that outlives it (pysyncobj's tick
     thread stops when its creating thread exits); close() it to leave the group cleanly."""
 
-    def __init__(self, cfg: RaftLogConfig, on_role_change: RoleListener | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RaftLogConfig,
+        on_role_change: RoleListener | None = None,
+        health: StorageHealth | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.health = health if health is not None else StorageHealth(cfg.node_id)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._journal = SegmentJournal(
             cfg.data_dir / "journal",
@@ -83,8 +91,10 @@ class ReplicatedLog:
         self._applied_cond = threading.Condition()
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
+        self._handing_off = False  # leader with an unwritable disk, transferring leadership
+        self._next_handoff_s = 0.0
         self._next_flush = 0.0
-        adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"))
+        adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
         self._node = RaftNode(cfg, adapter, self._on_tick)
         try:
             self._node.waitBinded()
@@ -111,7 +121,7 @@ class ReplicatedLog:
         if self._closed:
             raise LogClosedError("the replicated log is closed")
         fut: Future[Committed] = Future()
-        if self._paused or not self._node.is_leader():
+        if self._paused or not self._node.is_leader() or self.health.error is not None:
             fut.set_exception(NotLeaderError(self.cfg.node_id, self._leader_hint()))
             return fut
         with self._lock:
@@ -149,7 +159,7 @@ class ReplicatedLog:
                     size += nxt
                 batch_id = self._next_batch_id
                 self._next_batch_id += 1
-                if self._node.is_leader() and not self._paused:
+                if self._node.is_leader() and not self._paused and self.health.error is None:
                     self._inflight[batch_id] = _InFlight(
                         [s.future for s in batch],
                         size,
@@ -189,7 +199,10 @@ class ReplicatedLog:
                 self._complete(*data)
             elif kind == "role":
                 self._on_role(data)
-            self._expire(time.monotonic())
+            now = time.monotonic()
+            self._expire(now)
+            self.health.settle(now)
+            self._hand_off_if_unwritable(now)
 
     def _complete(self, batch_id: int, index: int, err: int) -> None:
         with self._lock:
@@ -233,6 +246,28 @@ class ReplicatedLog:
             for fut in e.futures:
                 _fail(fut, OutcomeUnknownError("no commit within commit_timeout_ms"))
 
+    def _hand_off_if_unwritable(self, now: float) -> None:
+        """A leader whose disk refuses writes hands leadership to a follower that can append
+        (the most caught-up one), retrying every HANDOFF_RETRY_S; writes are refused meanwhile
+        and what was in flight ends unknown at once (it may still commit under the next leader)."""
+        if self.health.error is None or self._closed or not self._node.is_leader():
+            self._handing_off = False
+            return
+        if not self._handing_off:
+            self._handing_off = True
+            log.warning(
+                "raft.handing_off_leadership node=%s reason=%s",
+                self.cfg.node_id,
+                self.health.error.describe().replace(" ", "_"),
+            )
+            self._fail_all(
+                OutcomeUnknownError("the leader's disk refused writes; it hands leadership off"),
+                NotLeaderError(self.cfg.node_id, None),
+            )
+        if now >= self._next_handoff_s:
+            self._next_handoff_s = now + HANDOFF_RETRY_S
+            self._node.request_transfer(None)
+
     def _on_role(self, change: RoleChange) -> None:
         log.info(
             "raft.role node=%s role=%s term=%d leader=%s",
@@ -264,7 +299,14 @@ class ReplicatedLog:
             now = time.monotonic()
             if now >= self._next_flush and self._journal.dirty:
                 self._next_flush = now + self.cfg.flush_interval_ms / 1000
-                self._journal.sync()
+                try:
+                    self._journal.sync()
+                except OSError as exc:  # retried at the next flush; the health says why
+                    self._next_flush = now + self.health.failed(
+                        "journal sync", str(self._journal.directory), exc, now
+                    )
+                else:
+                    self.health.succeeded("journal sync", now)
         key = self._node.role_key()
         if key != self._role_key:
             self._role_key = key

@@ -42,6 +42,7 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
+from raftmq.raftlog.storage_health import StorageHealth
 
 PINNED_VERSION = "0.3.17"
 if VERSION != PINNED_VERSION:  # the overrides below name mangled private members of this release
@@ -96,15 +97,22 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
     Raft index instead, so only `[0]`, `[-1]`, `len()` and `add()` remain on pysyncobj's side.
     """
 
-    def __init__(self, journal: SegmentJournal, meta_store: MetaStore) -> None:
+    def __init__(
+        self, journal: SegmentJournal, meta_store: MetaStore, health: StorageHealth | None = None
+    ) -> None:
         self.journal = journal
+        self.health = health if health is not None else StorageHealth(str(journal.directory))
         self._meta_store = meta_store
         self._meta = meta_store.load()
         self._commit_index = self._meta.commit_index
         self._commit_saved = self._commit_index
 
     def add(self, command: bytes, idx: int, term: int) -> None:
-        self.journal.append(idx, term, command)
+        try:
+            self.journal.append(idx, term, command)
+        except OSError as exc:  # the leader's append: RaftNode._onTick ends the tick quietly
+            self.health.failed("journal", str(self.journal.directory), exc, time.monotonic())
+            raise
 
     def clear(self) -> None:
         raise RuntimeError("raftlog journals are never cleared by pysyncobj (snapshots are off)")
@@ -139,8 +147,14 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
 
     def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         # Raft: term and vote are durable before any message that reflects them is sent.
-        self._meta = RaftMeta(term, votedForNodeId, self._commit_index)
-        self._meta_store.store(self._meta)
+        meta = RaftMeta(term, votedForNodeId, self._commit_index)
+        try:
+            self._meta_store.store(meta)
+        except OSError as exc:  # nothing is sent: the vote or the election does not happen
+            self.health.failed("raft meta", str(self._meta_store.path), exc, time.monotonic())
+            raise
+        self.health.succeeded("raft meta", time.monotonic())
+        self._meta = meta
         self._commit_saved = self._commit_index
 
     def getCurrentTerm(self) -> int:
@@ -152,8 +166,17 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
     def onOneSecondTimer(self) -> None:
         # The commit index is only a restart hint (followers relearn it): once a second is enough.
         if self._commit_index != self._commit_saved:
-            self._meta = RaftMeta(self._meta.current_term, self._meta.voted_for, self._commit_index)
-            self._meta_store.store(self._meta)
+            now = time.monotonic()
+            if not self.health.may_try("raft meta", now):
+                return
+            meta = RaftMeta(self._meta.current_term, self._meta.voted_for, self._commit_index)
+            try:
+                self._meta_store.store(meta)
+            except OSError as exc:  # a hint only: kept in memory, stored once the disk takes it
+                self.health.failed("raft meta", str(self._meta_store.path), exc, now)
+                return
+            self.health.succeeded("raft meta", now)
+            self._meta = meta
             self._commit_saved = self._commit_index
 
 
@@ -242,6 +265,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_cfg = cfg
         self._rm_on_fatal = on_fatal  # a broken invariant: stop_process unless a test says so
         self._rm_journal = journal.journal
+        self._rm_health = journal.health
         self._rm_sync_flush = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
         self._rm_restart_commit: int | None = journal.getRaftCommitIndex()
         self._rm_max_inflight = cfg.max_inflight_bytes_per_peer
@@ -307,11 +331,48 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         done.wait(timeout_s)
         return bool(result and result[0])
 
+    def request_transfer(self, node_id: str | None = None) -> None:
+        """transfer_to without waiting for the answer (any thread)."""
+        self._rm_tick_calls.append(lambda: self.transferLeadership(node=node_id))
+
     def _rm_run_tick_calls(self) -> None:
         while self._rm_tick_calls:
             self._rm_tick_calls.popleft()()
 
     # ---- overrides (tick thread) ----------------------------------------------------------------
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        health = self._rm_health
+        if health.error is not None and self._SyncObj__raftState != _LEADER:
+            # A node that cannot write does not stand for election (a TimeoutNow included):
+            # it would lead a group it cannot append to. Its vote for others is unaffected.
+            self._SyncObj__raftElectionDeadline = (
+                time.monotonic() + self._SyncObj__generateRaftTimeout()
+            )
+        try:
+            SyncObj._onTick(self, timeToWait)
+        except OSError:
+            # A write the disk refused (the writer told StorageHealth, which logs once per
+            # episode): no traceback per tick. Queued commands were never appended: refuse them.
+            if (
+                self._SyncObj__raftState == _LEADER
+                and self._SyncObj__raftCurrentTerm != self._SyncObj__raftLog.getCurrentTerm()
+            ):
+                # A higher term was seen but could not be stored, so pysyncobj never stepped
+                # down: do it here (always safe), or this node would claim a term it never won.
+                self._SyncObj__setState(_FOLLOWER)
+                self._SyncObj__raftLeader = None
+            self._rm_refuse_queued()
+
+    def _rm_refuse_queued(self) -> None:
+        commands = self._SyncObj__commandsQueue
+        for _ in range(self._SyncObj__conf.commandsQueueSize):
+            try:
+                _command, callback = commands.get_nowait()
+            except Exception:  # pysyncobj's queue raises its own Empty: nothing left
+                return
+            if callable(callback):
+                callback(None, FAIL_REASON.NOT_LEADER)
 
     def _SyncObj__getEntries(
         self, fromIDx: int | None, count: int | None = None, maxSizeBytes: int | None = None
@@ -434,6 +495,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._SyncObj__leaderCommitIndex = leader_commit
 
         j = self._rm_journal
+        health = self._rm_health
+        now = time.monotonic()
+        if not health.may_try("journal", now):
+            # A full disk: take nothing until the back-off ends; the leader resends from here.
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+            return
         try:
             decision = follower_append(
                 j,
@@ -452,20 +519,29 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if not reply.success:
             self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=reply.next_index, reset=True)
             return
-        if decision.truncate_from is not None:
-            last = j.last_index
-            j.truncate_suffix(decision.truncate_from)
-            log.warning(
-                "raft.truncated_uncommitted node=%s from_index=%d to_index=%d count=%d",
-                self._rm_cfg.node_id,
-                decision.truncate_from,
-                last,
-                last - decision.truncate_from + 1,
-            )
-        for command, idx, entry_term in decision.append:
-            j.append(idx, entry_term, command)
-        if decision.append and self._rm_sync_flush:
-            j.sync()  # SYNC_FLUSH: durable before this node counts toward the commit
+        try:
+            if decision.truncate_from is not None:
+                last = j.last_index
+                j.truncate_suffix(decision.truncate_from)
+                log.warning(
+                    "raft.truncated_uncommitted node=%s from_index=%d to_index=%d count=%d",
+                    self._rm_cfg.node_id,
+                    decision.truncate_from,
+                    last,
+                    last - decision.truncate_from + 1,
+                )
+            for command, idx, entry_term in decision.append:
+                j.append(idx, entry_term, command)
+            if decision.append and self._rm_sync_flush:
+                j.sync()  # SYNC_FLUSH: durable before this node counts toward the commit
+        except OSError as exc:
+            # What was appended stays (unacknowledged); the leader resends the rest after the
+            # back-off. Durability: nothing is acknowledged that is not written.
+            health.failed("journal", str(j.directory), exc, now)
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+            return
+        if decision.append:
+            health.succeeded("journal", now)
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=reply.next_index, success=True)
         if decision.commit_index > self._SyncObj__raftCommitIndex:
             self._SyncObj__raftCommitIndex = decision.commit_index

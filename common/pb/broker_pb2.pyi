@@ -323,7 +323,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +336,8 @@ class BrokerStatus(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     DISPATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    DISK_FULL_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -348,7 +350,9 @@ class BrokerStatus(_message.Message):
     applied_index: int
     dispatch_index: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicStats]
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ...) -> None: ...
+    storage_error: str
+    disk_full: bool
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
 
 class LeadershipTransferRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")

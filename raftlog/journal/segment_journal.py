@@ -105,6 +105,10 @@ class SegmentJournal:
     # ---- properties ------------------------------------------------------------------------------
 
     @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
     def first_index(self) -> int:
         """First stored index; when empty, the index the next append must use."""
         return self._first_index

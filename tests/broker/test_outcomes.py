@@ -95,3 +95,30 @@ def test_on_outcome_calls_back_once_dispatched_at_once_if_already_and_on_failure
     book.fail(boom)
     book.on_outcome(10, 0, keep)
     assert got == [(None, boom), (None, boom)]
+
+
+def test_release_ends_the_requests_waiting_now_and_only_those() -> None:
+    import threading
+
+    from raftmq.broker.outcomes import OutcomeBook
+
+    book = OutcomeBook(0)
+    got: list[BaseException | None] = []
+    book.on_outcome(5, 0, lambda outcome, failure: got.append(failure))
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            book.wait(5, 0, 10.0)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    while not book._waiters:  # the waiter registered
+        pass
+    book.release(RuntimeError("stalled"))
+    t.join(2)
+    assert not t.is_alive() and [str(e) for e in errors] == ["stalled"]
+    assert [str(f) for f in got] == ["stalled"]
+    assert book.wait(5, 0, 0.05) is None  # a later request waits as usual

@@ -3,6 +3,7 @@ progress rules, and a property test that a follower fed one leader's history nev
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
+from raftmq.raftlog.storage_health import StorageHealth
 
 
 @dataclass
@@ -370,6 +372,7 @@ class ShellStub:
 
     def __init__(self, journal: SegmentJournal, commit_index: int, term: int) -> None:
         self._rm_journal = journal
+        self._rm_health = StorageHealth("127.0.0.1:1")
         self._rm_cfg = SimpleNamespace(node_id="127.0.0.1:1")
         self._rm_sync_flush = True
         self.fatal: list[BaseException] = []
@@ -437,3 +440,28 @@ def test_shell_stops_on_a_conflict_at_a_committed_index(tmp_path: Path) -> None:
         assert stub.sent == []  # no reply: nothing was acknowledged
         assert j.last_index == 4 and j.term_at(3) == 1  # nothing truncated or written
         assert stub._SyncObj__raftCommitIndex == 3
+
+
+def test_shell_on_a_full_disk_keeps_what_it_wrote_and_backs_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with SegmentJournal(tmp_path) as j:
+        j.append(1, 1, b"old1")
+        stub = ShellStub(j, commit_index=1, term=1)
+        real_append = j.append
+
+        def append(index: int, term: int, command: bytes) -> None:
+            if index >= 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real_append(index, term, command)
+
+        monkeypatch.setattr(j, "append", append)
+        msg = wire(1, 1, 1, ents(2, [1, 1, 1]), term=1)
+        RaftNode._rm_on_append_entries(stub, "leader", msg)
+        assert j.last_index == 2  # entry 2 stays; 3 and 4 did not fit
+        assert stub.sent == [{"nextNodeIdx": 3, "reset": True}]  # resend from 3, later
+        err = stub._rm_health.error
+        assert err is not None and err.disk_full and err.where == "journal"
+        RaftNode._rm_on_append_entries(stub, "leader", wire(2, 1, 1, ents(3, [1, 1]), term=1))
+        assert stub.sent[-1] == {"nextNodeIdx": 3, "reset": True}  # backing off: not tried
+        assert j.last_index == 2

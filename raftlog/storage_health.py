@@ -1,0 +1,132 @@
+"""StorageHealth: one node's verdict on its disk, fed by every writer (journal appends and
+fsyncs, the Raft meta file, the broker's index store) and read by status, logs and leadership.
+
+A failed write is an episode, not an event per attempt: the first failure of an episode logs one
+line (no traceback) naming the path and, for ENOSPC, that the disk is full; writers retry with a
+bounded back-off; once writes have succeeded for `settle_s` with no failure, one line says the
+episode is over. It never raises and never blocks: a full disk must not stop the node.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+log = logging.getLogger("raftlog.storage")
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+SETTLE_S = 3.0  # writes succeed this long, with no failure, before the episode is declared over
+
+
+@dataclass(frozen=True, slots=True)
+class StorageError:
+    """The failure that opened the current episode."""
+
+    where: str  # which writer: journal, raft meta, index store
+    path: str
+    reason: str  # strerror, e.g. "No space left on device"
+    disk_full: bool
+    since_s: float  # monotonic
+
+    def describe(self) -> str:
+        what = "disk full" if self.disk_full else "write failed"
+        return f"{what}: {self.where} at {self.path}: {self.reason}"
+
+
+def is_disk_full(exc: BaseException, path: str) -> bool:
+    """ENOSPC/EDQUOT, or (lmdb says only EIO) a file system with no free block left."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def reason_of(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+class StorageHealth:
+    """Thread-safe. `failed` and `succeeded` take the time (monotonic seconds) from the caller."""
+
+    def __init__(self, node_id: str, settle_s: float = SETTLE_S) -> None:
+        self.node_id = node_id
+        self.settle_s = settle_s
+        self._lock = threading.Lock()
+        self._error: StorageError | None = None
+        self._last_failure_s = 0.0
+        self._backoff_s: dict[str, float] = {}
+        self._retry_at_s: dict[str, float] = {}
+        self.episodes = 0
+
+    @property
+    def error(self) -> StorageError | None:
+        """The open episode's first failure; None while the disk takes writes."""
+        return self._error
+
+    def may_try(self, where: str, now_s: float) -> bool:
+        """False while `where`'s back-off after its last failure runs."""
+        return now_s >= self._retry_at_s.get(where, 0.0)
+
+    def retry_in_s(self, where: str, now_s: float) -> float:
+        return max(0.0, self._retry_at_s.get(where, 0.0) - now_s)
+
+    def failed(self, where: str, path: str, exc: BaseException, now_s: float) -> float:
+        """A write of `where` failed; the back-off (s) before it should try again."""
+        full = is_disk_full(exc, path)
+        with self._lock:
+            backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff_s.get(where, 0.0) * 2))
+            self._backoff_s[where] = backoff
+            self._retry_at_s[where] = now_s + backoff
+            self._last_failure_s = now_s
+            opened = self._error is None
+            if opened:
+                self._error = StorageError(where, path, reason_of(exc), full, now_s)
+                self.episodes += 1
+        if opened:
+            log.error(
+                "storage.%s node=%s where=%s path=%s error=%s: %s; the node stays up, "
+                "retries every %.1f s at most and recovers by itself once writes succeed",
+                "disk_full" if full else "write_failed",
+                self.node_id,
+                where,
+                path,
+                reason_of(exc).replace(" ", "_"),
+                "the disk is full, free space on it" if full else "the disk refuses writes",
+                BACKOFF_MAX_S,
+            )
+        return backoff
+
+    def succeeded(self, where: str, now_s: float) -> None:
+        """A write of `where` went through; may close the episode."""
+        if self._error is None and where not in self._backoff_s:
+            return  # the hot path: nothing to do
+        with self._lock:
+            self._backoff_s.pop(where, None)
+            self._retry_at_s.pop(where, None)
+        self.settle(now_s)
+
+    def settle(self, now_s: float) -> None:
+        """Close the episode once no writer is backing off and none failed for settle_s."""
+        if self._error is None:
+            return
+        with self._lock:
+            err = self._error
+            if err is None or self._backoff_s or now_s - self._last_failure_s < self.settle_s:
+                return
+            self._error = None
+        log.info(
+            "storage.recovered node=%s where=%s path=%s failed_for_s=%.1f",
+            self.node_id,
+            err.where,
+            err.path,
+            now_s - err.since_s,
+        )
