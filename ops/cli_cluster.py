@@ -33,7 +33,7 @@ from raftmq.ops.cluster_runner import (
     tail,
 )
 from raftmq.ops.cluster_state import ClusterState, ProcessRecord
-from raftmq.ops.compose import compose_yaml
+from raftmq.ops.compose import DEFAULT_ADVERTISE_HOST, compose_yaml
 
 # The default cluster description ships inside the package (deploy/cluster.toml links to it).
 DEFAULT_SPEC = Path(__file__).resolve().parent / "cluster.toml"
@@ -313,7 +313,20 @@ def status(args: argparse.Namespace) -> int:
 
 
 def compose(args: argparse.Namespace) -> int:
-    print(compose_yaml(cluster_spec.load(Path(args.spec))), end="")
+    spec = cluster_spec.load(Path(args.spec))
+    if args.advertise_host is not None and not args.host_reachable:
+        raise cluster_spec.SpecError("--advertise-host needs --host-reachable")
+    print(
+        compose_yaml(
+            spec,
+            host_reachable=args.host_reachable,
+            advertise_host=args.advertise_host or DEFAULT_ADVERTISE_HOST,
+            source="deploy/cluster.toml"
+            if Path(args.spec).resolve() == DEFAULT_SPEC.resolve()
+            else str(args.spec),
+        ),
+        end="",
+    )
     return 0
 
 
@@ -339,5 +352,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=status)
     p = sub.add_parser("compose", help="print the docker-compose file of a description")
-    p.add_argument("--spec", default=str(DEFAULT_SPEC))
+    p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
+    p.add_argument(
+        "--host-reachable",
+        action="store_true",
+        help="publish every client-facing port on the host and make the brokers advertise "
+        "host addresses (default: clients run inside the compose network)",
+    )
+    p.add_argument(
+        "--advertise-host",
+        default=None,
+        help=f"with --host-reachable: the host name or IP clients use for the Docker host "
+        f"(default {DEFAULT_ADVERTISE_HOST}; give the host's LAN name for remote clients and "
+        "for the controllers' leader balancing)",
+    )
     p.set_defaults(func=compose)

@@ -19,6 +19,7 @@ from typing import Any
 from raftmq.common.settings import settings_table
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+DATA_PORT_OFFSET = 1000  # a broker's data port in host-reachable compose: gRPC port + 1000
 
 
 class SpecError(ValueError):
@@ -40,10 +41,19 @@ class BrokerNodeSpec:
     node_id: str
     address: Endpoint
     raft: Endpoint
+    # The framed data path's port in `raftmq cluster compose --host-reachable` (None: the gRPC
+    # port + DATA_PORT_OFFSET). Elsewhere the broker binds any free port (its data_listen).
+    data_port: int | None = None
 
     @property
     def name(self) -> str:
         return f"{self.group}-{self.node_id}"
+
+    @property
+    def compose_data_port(self) -> int:
+        return (
+            self.data_port if self.data_port is not None else self.address.port + DATA_PORT_OFFSET
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +376,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
                     _name(_str(n, "id", where), f"{where}.id"),
                     Endpoint(_str(n, "host", where), _port(n, "port", where)),
                     Endpoint(_str(n, "host", where), _port(n, "raft_port", where)),
+                    _port(n, "data_port", where) if "data_port" in n else None,
                 )
             )
         if not nodes:

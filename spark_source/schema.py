@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-import pyarrow as pa
+try:
+    import pyarrow as pa
+except ModuleNotFoundError as _exc:  # a worker started with another Python than the driver's
+    from raftmq.spark_source import worker_lacks
+
+    raise worker_lacks(_exc) from _exc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,

@@ -14,7 +14,12 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import pyarrow as pa
+try:
+    import pyarrow as pa
+except ModuleNotFoundError as _exc:  # a worker started with another Python than the driver's
+    from raftmq.spark_source import worker_lacks
+
+    raise worker_lacks(_exc) from _exc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -26,6 +31,7 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
+from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.types import QueueRef
 from raftmq.spark_source import cluster
 from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
@@ -89,6 +95,19 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
         raise SinkSchemaError(
             f"say where to write: a `topic` column or the {TOPIC!r} option (which wins)"
         )
+
+
+def check_sink_topic(opts: SinkOptions) -> None:
+    """Driver side, at query or job start: the `topic` option names a topic some broker group
+    serves; TopicNotFoundError naming it and `raftmq topic create` otherwise (instead of the
+    first micro-batch's tasks failing). Topics from a `topic` column are checked per row."""
+    if opts.topic is None:
+        return
+    pool = ChannelPool()
+    try:
+        cluster.route_or_unknown(RouteCache(opts.namesrv, pool), opts.topic)
+    finally:
+        pool.close()
 
 
 def _text(value: object, column: str, row: int) -> str | None:
@@ -196,6 +215,7 @@ class RaftMQBatchWriter(DataSourceArrowWriter):
         if overwrite:
             raise ValueError("the raftmq sink only appends; use mode('append')")
         check_sink_schema(schema, self.opts)
+        check_sink_topic(self.opts)
         self.job_id = uuid.uuid4().hex  # made once on the driver, shared by every task
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
@@ -212,6 +232,7 @@ class RaftMQStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = parse_sink_options(options)
         check_sink_schema(schema, self.opts)
+        check_sink_topic(self.opts)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         ctx = _task()

@@ -14,7 +14,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
+try:
+    import pyarrow as pa
+except ModuleNotFoundError as _exc:  # a worker started with another Python than the driver's
+    from raftmq.spark_source import worker_lacks
+
+    raise worker_lacks(_exc) from _exc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,

@@ -1,5 +1,6 @@
 """docker-compose.yml is generated from the cluster description, is current, is valid for
-docker-compose, and each service's command parses with its role's own parser."""
+docker-compose, and each service's command parses with its role's own parser; the host-reachable
+mode publishes every client-facing port and makes every broker advertise host addresses."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 
 from raftmq.broker import server as broker_server
 from raftmq.broker import settings as broker_settings
+from raftmq.broker.data_server import _WILDCARD_HOSTS
 from raftmq.controller import server as controller_server
 from raftmq.controller import settings as controller_settings
 from raftmq.namesrv import server as namesrv_server
 from raftmq.namesrv import settings as namesrv_settings
-from raftmq.ops.cluster_spec import load
+from raftmq.ops import cli
+from raftmq.ops.cluster_spec import SpecError, load, parse
 from raftmq.ops.compose import compose_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,18 +31,36 @@ def test_compose_file_is_current() -> None:
     ), "docker-compose.yml is stale: run .venv/bin/raftmq cluster compose > docker-compose.yml"
 
 
-def test_compose_file_is_valid_and_commands_parse() -> None:
+def _validate(path: Path) -> None:
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail("docker-compose is missing: `make deps` installs the Debian package")
     out = subprocess.run(
-        [exe, "-f", "docker-compose.yml", "config", "--quiet"],
+        [exe, "-f", str(path), "config", "--quiet"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     assert out.returncode == 0, out.stderr
+
+
+def _services(text: str) -> dict[str, dict[str, list[str]]]:
+    """Service name -> its `command` argv and `ports` list (both JSON flow lists as rendered)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    name = ""
+    for raw in text.split("\nservices:\n", 1)[1].split("\nvolumes:\n", 1)[0].splitlines():
+        if raw.startswith("  ") and not raw.startswith("    ") and raw.endswith(":"):
+            name = raw.strip().rstrip(":")
+            out[name] = {"command": [], "ports": []}
+        for key in ("command", "ports"):
+            if raw.strip().startswith(f"{key}: "):
+                out[name][key] = json.loads(raw.strip().removeprefix(f"{key}: "))
+    return out
+
+
+def test_compose_file_is_valid_and_commands_parse() -> None:
+    _validate(ROOT / "docker-compose.yml")
     spec = load(ROOT / "deploy" / "cluster.toml")
     for raw in (ROOT / "docker-compose.yml").read_text().splitlines():
         line = raw.strip()
@@ -57,3 +78,79 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
             assert module == "raftmq.controller.server" and spec.controllers
             c = controller_settings.load(*controller_server.parse_args(args), environ={})
             assert len(c.peer_list) == len(spec.controllers) - 1
+
+
+def _published(ports: list[str]) -> set[int]:
+    out = set()
+    for item in ports:
+        host, _, container = item.rpartition(":")
+        assert host == container, f"{item}: the published port must keep its number"
+        out.add(int(host))
+    return out
+
+
+@pytest.mark.parametrize("advertise", [None, "mq.example.net"])
+def test_host_reachable_mode_publishes_and_advertises_host_addresses(
+    tmp_path: Path, advertise: str | None
+) -> None:
+    spec = load(ROOT / "deploy" / "cluster.toml")
+    host = advertise or "127.0.0.1"
+    chosen = {"advertise_host": advertise} if advertise else {}  # None: the default host
+    text = compose_yaml(spec, host_reachable=True, **chosen)
+    path = tmp_path / "docker-compose.host.yml"
+    path.write_text(text)
+    _validate(path)
+    services = _services(text)
+    assert set(services) == {p.name for p in spec.processes()}
+    for i, e in enumerate(spec.namesrvs):
+        assert e.port in _published(services[f"namesrv-{i}"]["ports"])
+    for c in spec.controllers:
+        assert c.address.port in _published(services[c.name]["ports"])
+    brokers = 0
+    for name, svc in services.items():
+        argv = svc["command"]
+        if argv[2] != "raftmq.broker.server":
+            continue
+        brokers += 1
+        b = broker_settings.load(*broker_server.parse_args(argv[3:]), environ={})
+        published = _published(svc["ports"])
+        # gRPC: what the broker registers (and what its group's leader hints name) is its
+        # `members` address; it binds every interface of its container on the same port.
+        grpc_host, _, grpc_port = b.me.address.rpartition(":")
+        assert grpc_host == host and int(grpc_port) in published, (name, b.me.address)
+        assert b.listen == f"0.0.0.0:{grpc_port}"
+        for m in b.member_list:
+            assert m.address.startswith(f"{host}:"), m
+            assert m.raft_address.startswith(f"{b.broker_group}-{m.node_id}:"), m
+        # Data path: a wildcard bind is advertised on the gRPC address's host with the bound
+        # (fixed, published) port (broker/data_server.py).
+        bind = b.data_bind
+        assert bind is not None and bind[0] in _WILDCARD_HOSTS and bind[1] in published
+        assert bind[1] == int(grpc_port) + 1000
+        assert published == {int(grpc_port), bind[1]}
+    assert brokers == sum(len(n) for n in spec.groups.values())
+    # Everything else keeps to the compose network.
+    assert all(
+        a.startswith(("namesrv-", "controller-")) for a in b.namesrv_list + b.controller_list
+    )
+
+
+def test_host_reachable_data_port_from_the_description_and_clashes_refused() -> None:
+    text = (ROOT / "deploy" / "cluster.toml").read_text()
+    spec = parse(text.replace("raft_port = 20911 }", "raft_port = 20911, data_port = 30911 }"))
+    services = _services(compose_yaml(spec, host_reachable=True))
+    assert _published(services["broker-a-n0"]["ports"]) == {10911, 30911}
+    clash = parse(text.replace("raft_port = 20911 }", "raft_port = 20911, data_port = 9876 }"))
+    with pytest.raises(SpecError, match="data port 9876 is also used by namesrv-0"):
+        compose_yaml(clash, host_reachable=True)
+    with pytest.raises(SpecError, match="advertise-host"):
+        compose_yaml(spec, host_reachable=True, advertise_host="a:1")
+
+
+def test_compose_command_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster", "compose"]) == 0
+    assert capsys.readouterr().out == (ROOT / "docker-compose.yml").read_text()
+    assert cli.main(["cluster", "compose", "--host-reachable", "--advertise-host", "h1"]) == 0
+    assert '"n0=h1:10911/broker-a-n0:20911' in capsys.readouterr().out
+    assert cli.main(["cluster", "compose", "--advertise-host", "h1"]) == 2
+    assert "needs --host-reachable" in capsys.readouterr().err

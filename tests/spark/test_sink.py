@@ -133,3 +133,30 @@ def test_batch_write_and_schema_checks(spark: Any, cluster: Cluster) -> None:
             "append"
         ).save()
     assert len(tracker.getJobIdsForGroup()) == jobs
+
+
+def test_missing_output_topic_fails_at_start_naming_the_fix(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The README's sink to a topic that does not exist: the query fails before its first
+    micro-batch runs, with the topic and the command that creates it (as does a batch write)."""
+    src, missing = "spark-sink-present", "spark-sink-missing"
+    cluster.create_topic(src, queues=1)
+    cluster.send(src, "broker-a", 0, [b"x"])
+    tracker = spark.sparkContext.statusTracker()
+    jobs = len(tracker.getJobIdsForGroup())
+    fix = f"raftmq topic create {missing}"
+    with pytest.raises(Exception, match=fix) as failed:
+        query = _pipeline(spark, cluster, src, missing, tmp_path / "ck")
+        try:
+            query.awaitTermination(60)
+            assert query.exception() is None
+        finally:
+            query.stop()
+    assert "TopicNotFoundError" in str(failed.value) or "unknown" in str(failed.value)
+    df = spark.createDataFrame([("x",)], "value string")
+    with pytest.raises(Exception, match=fix):
+        df.write.format("raftmq").option("nameServer", cluster.namesrv_address).option(
+            "topic", missing
+        ).mode("append").save()
+    assert len(tracker.getJobIdsForGroup()) == jobs, "a Spark job ran before the topic check"
