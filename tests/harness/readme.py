@@ -4,7 +4,8 @@ placeholder rule, in one place for tests/acceptance/test_readme.py and tests/spa
 Rules (visible on purpose, so a reader of a failure knows what ran):
 - Every fenced block is extracted with its language and line. A block preceded by an HTML
   comment `<!-- readme-test: TAG -->` carries TAG: `spark` blocks run in tests/spark with the
-  shared SparkSession; `skip` blocks are not run (the comment says why).
+  shared SparkSession; `sparkregister` blocks run from another directory in
+  tests/spark/test_worker_python.py; `skip` blocks are not run (the comment says why).
 - The README's NameServer addresses (README_NAMESRV, the `make run` cluster) are replaced by the
   test cluster's; other literal replacements are passed by the caller and listed in its test.
 - A Python statement that is only `...` (a placeholder body: "your code runs here") becomes a
