@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import shutil
 import subprocess
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +52,11 @@ class TmpfsDisks:
     def unmount(self) -> None:
         while self._mounted:
             d = self._mounted.pop()
+            # The node's log lives on its tmpfs: keep a copy beside it, or the run loses it.
+            log = d / "process.log"
+            with contextlib.suppress(OSError):
+                if log.exists():
+                    shutil.copyfile(log, d.parent / f"{d.name}.process.log")
             subprocess.run(["umount", "-l", str(d)], check=False, capture_output=True)
 
     def fill(self, name: str) -> int:
