@@ -280,6 +280,15 @@ class ControllerNode:
                     t.to_node,
                 )
                 return
+            if st.disk_full or st.storage_error:
+                # It would refuse to lead, and the attempt holds the leader's writes meanwhile.
+                log.info(
+                    "controller.balance_skipped group=%s to=%s reason=target_cannot_write error=%s",
+                    t.broker_group,
+                    t.to_node,
+                    st.storage_error or "disk full",
+                )
+                return
             with grpc.insecure_channel(t.from_address) as ch:
                 out = broker_pb2_grpc.BrokerStub(ch).LeadershipTransfer(
                     broker_pb2.LeadershipTransferRequest(
