@@ -26,9 +26,8 @@ def spark() -> Iterator[Any]:
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         pytest.skip("Spark needs Java 17 or 21 (apt-get install openjdk-17-jre-headless)")
     os.environ.update(spark_env())
-    from pyspark.sql import SparkSession
-
     from pyspark.errors.exceptions.base import PySparkRuntimeError
+    from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master("local[2]").appName("raftmq-spark-tests")
     for k, v in SPARK_CONF.items():
