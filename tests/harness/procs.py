@@ -110,6 +110,9 @@ class GroupLayout:
     group: str
     grpc_ports: list[int]
     raft_ports: list[int]
+    # The framed data path's ports. Given, so that no broker binds an ephemeral port the harness
+    # handed out to another process (free_ports picks from the ephemeral range); empty: ephemeral.
+    data_ports: list[int] = field(default_factory=list)
 
     @property
     def members(self) -> str:
@@ -143,6 +146,7 @@ def broker_procs(
             ",".join(namesrvs),
             "--heartbeat-interval-ms",
             "1000",
+            *(["--data-listen", f"127.0.0.1:{layout.data_ports[i]}"] if layout.data_ports else []),
             *extra,
         ]
         procs.append(Proc(name, argv, tmp / f"{name}.log"))
@@ -176,7 +180,7 @@ def start_cluster(
     namesrvs: int = 2,
     broker_args: Sequence[str] = (),
 ) -> Cluster:
-    ports = free_ports(namesrvs + 6 * len(groups))
+    ports = free_ports(namesrvs + 9 * len(groups))
     ns_ports, rest = ports[:namesrvs], ports[namesrvs:]
     ns_procs = [
         namesrv_proc(tmp, f"ns{i}", p, ["--broker-expiry-ms", "5000", "--scan-interval-ms", "200"])
@@ -185,8 +189,8 @@ def start_cluster(
     addrs = [f"127.0.0.1:{p}" for p in ns_ports]
     layout: dict[str, tuple[GroupLayout, list[Proc]]] = {}
     for i, g in enumerate(groups):
-        chunk = rest[6 * i : 6 * i + 6]
-        gl = GroupLayout(g, chunk[:3], chunk[3:])
+        chunk = rest[9 * i : 9 * i + 9]
+        gl = GroupLayout(g, chunk[:3], chunk[3:6], chunk[6:])
         layout[g] = (gl, broker_procs(tmp, gl, addrs, broker_args))
     cluster = Cluster(tmp, ns_procs, addrs, layout)
     try:
