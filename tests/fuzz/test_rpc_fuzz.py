@@ -64,7 +64,7 @@ STRINGS = ["", " ", "fuzz", "a b", "%RETRY%g", "%DLQ%g", "RMQ_SYS_TRANS_HALF_TOP
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, str]]:
     tmp = tmp_path_factory.mktemp("fuzz")
-    ns_port, ctl_raft, *rest = free_ports(8)
+    ns_port, ctl_raft, *rest = free_ports(11)
     ns_addr = f"127.0.0.1:{ns_port}"
     ns = namesrv_proc(
         tmp,
@@ -77,7 +77,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster,
             "--no-controller-balance-leaders",
         ],
     )  # fmt: skip
-    layout = GroupLayout(REAL_GROUP, rest[:3], rest[3:6])
+    layout = GroupLayout(REAL_GROUP, rest[:3], rest[3:6], rest[6:9])
     brokers = broker_procs(tmp, layout, [ns_addr], ["--controller-addresses", ns_addr])
     c = Cluster(tmp, [ns], [ns_addr], {REAL_GROUP: (layout, brokers)})
     try:
