@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,9 +129,14 @@ class ClusterRunner:
         prefix = list(self._wrap(p)) if self._wrap is not None else []
         tie = not self._detached and procs.can_tie_to_parent()
         offset = log.stat().st_size if log.exists() else 0
+        # PDEATHSIG through setpriv(1) where it exists: a preexec_fn makes Python fork() instead of
+        # vfork(), which runs grpc's fork handlers in this (threaded, grpc-using) process and was
+        # seen to abort it (epoll_wait: Bad file descriptor) once in five full runs.
+        setpriv = shutil.which("setpriv") if tie else None
+        tie_prefix = [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
         with open(log, "ab") as out:
             popen = subprocess.Popen(
-                [*prefix, self._python, *p.argv],
+                [*tie_prefix, *prefix, self._python, *p.argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -138,7 +144,9 @@ class ClusterRunner:
                 start_new_session=True,  # Ctrl-C in the terminal reaches only `cluster up`
                 # Safe here despite threads: it only calls prctl, getppid and kill (no imports,
                 # no locks); libc was looked up in the parent.
-                preexec_fn=procs.die_with_parent(os.getpid()) if tie else None,  # noqa: PLW1509
+                preexec_fn=(  # noqa: PLW1509
+                    procs.die_with_parent(os.getpid()) if tie and not setpriv else None
+                ),
             )
         run = Running(p, popen, log)
         self.running[name] = run
