@@ -23,7 +23,7 @@ import grpc
 
 from raftmq.client.admin import Admin
 from raftmq.common.data_api import DataMethod
-from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
 from raftmq.common.transport import FrameClient, LoopThread
 from tests.harness.procs import Proc, start_cluster, wait_until
 
@@ -61,17 +61,18 @@ def main() -> int:
 
 
 def _run(namesrv: str, procs: list[Proc], io: LoopThread, sends: int, block: int) -> int:
-    def leader_node() -> object:
+    def leader_node() -> namesrv_pb2.BrokerNode | None:
         with Admin(namesrv) as admin:
             (g,) = [g for g in admin.groups() if g.broker_group == GROUP]
             found = [n for n in g.nodes if n.is_leader and n.data_address]
             return found[0] if len(g.nodes) == 3 and found else None
 
     leader = wait_until(leader_node, 60, "a leader with a data address")
-    proc = next(p for p in procs if p.name.endswith("-" + leader.node_id))  # type: ignore[attr-defined]
-    host, _, port = leader.data_address.rpartition(":")  # type: ignore[attr-defined]
+    assert isinstance(leader, namesrv_pb2.BrokerNode)
+    proc = next(p for p in procs if p.name.endswith("-" + leader.node_id))
+    host, _, port = leader.data_address.rpartition(":")
     frames = FrameClient(host, int(port), loop=io.loop)
-    channel = grpc.insecure_channel(leader.address)  # type: ignore[attr-defined]
+    channel = grpc.insecure_channel(leader.address)
     stub = broker_pb2_grpc.BrokerStub(channel)
     req = broker_pb2.SendMessageRequest(
         topic=TOPIC, queue_id=0, messages=[common_pb2.Message(body=BODY, tags="t")]
