@@ -118,7 +118,7 @@ def cleanup_cmd(args: argparse.Namespace) -> int:
     from raftmq.chaos.netns import NetError, cleanup
 
     try:
-        removed = cleanup(force=args.force)
+        removed = cleanup(force=args.force, only=args.run)
     except NetError as exc:
         console.print(f"[red]cleanup failed:[/] {exc}", highlight=False)
         return 2
@@ -156,5 +156,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _run_options(p)
     p.set_defaults(func=suite_cmd)
     p = sub.add_parser("cleanup", help="remove namespaces, bridges and tables of crashed runs")
-    p.add_argument("--force", action="store_true", help="also those of runs still alive")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="also runs whose owner is alive or cannot be seen (another pid namespace)",
+    )
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="PREFIX",
+        help="only the run of this prefix (rq and four hex digits)",
+    )
     p.set_defaults(func=cleanup_cmd)

@@ -45,7 +45,7 @@ PREFIX_RE = re.compile(r"^rq[0-9a-f]{4}$")
 NS_RE = re.compile(r"^(rq[0-9a-f]{4})-\d+$")
 LINK_RE = re.compile(r"^(rq[0-9a-f]{4})(?:br|h\d+)$")
 TABLE_RE = re.compile(r"^table bridge (rq[0-9a-f]{4})$")
-ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+) run=[0-9a-f]+$")
+ALIAS_RE = re.compile(rf"^{ALIAS_TAG} owner=(\d+) start=(\d+) pidns=(\d+) run=[0-9a-f]+$")
 _GONE = ("Cannot find device", "No such device", "No such file or directory", "does not exist")
 LINK_GROUP_BASE = 0x52510000  # "RQ" << 16: a run's links share group BASE + its prefix's hex
 
@@ -142,7 +142,17 @@ def _start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _owner_alive(pid: int, start_ticks: int) -> bool:
+def _pid_namespace() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid)."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _owner_alive(pid: int, start_ticks: int, pidns: int) -> bool:
+    """Whether the run's owner still runs. An owner in another pid namespace (another container
+    sharing this network namespace, say) cannot be seen from here, so it cannot be shown dead:
+    it counts as alive, and only `force` removes its run."""
+    if pidns != _pid_namespace():
+        return True
     return pid > 0 and _start_ticks(pid) == start_ticks
 
 
@@ -347,7 +357,8 @@ class Net:
         # another state directory sees the owner lives, and a run that collides on the prefix
         # can tell the bridge is not its own.
         self._alias = (
-            f"{ALIAS_TAG} owner={pid} start={_start_ticks(pid)} run={secrets.token_hex(4)}"
+            f"{ALIAS_TAG} owner={pid} start={_start_ticks(pid)} pidns={_pid_namespace()} "
+            f"run={secrets.token_hex(4)}"
         )
         self._up = True
         atexit.register(self._teardown_at_exit)
@@ -380,6 +391,7 @@ class Net:
         state = {
             "owner_pid": pid,
             "owner_start": _start_ticks(pid),
+            "owner_pidns": _pid_namespace(),
             "prefix": self.prefix,
             "hosts": list(self.hosts),
             "namespaces": [self.namespace(h) for h in self.hosts],
@@ -613,10 +625,10 @@ class Net:
 # ---- crashed runs -------------------------------------------------------------------------------
 
 
-def _state_owner(path: Path) -> tuple[int, int] | None:
+def _state_owner(path: Path) -> tuple[int, int, int] | None:
     try:
         st = json.loads(path.read_text())
-        return int(st["owner_pid"]), int(st["owner_start"])
+        return int(st["owner_pid"]), int(st["owner_start"]), int(st["owner_pidns"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # unreadable or from an older layout: nobody can be shown to own it
 
@@ -628,17 +640,19 @@ def _alias(bridge: str) -> str | None:
         return None
 
 
-def _alias_owner(bridge: str) -> tuple[int, int] | None:
+def _alias_owner(bridge: str) -> tuple[int, int, int] | None:
     m = ALIAS_RE.match(_alias(bridge) or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
-def cleanup(state_dir: Path = STATE_DIR, force: bool = False) -> list[str]:
+def cleanup(state_dir: Path = STATE_DIR, force: bool = False, only: str | None = None) -> list[str]:
     """Removes what crashed runs left: the runs of state_dir whose owner process is dead (every
     run with force), and any rq????-named namespace, bridge, veth or bridge-family nft table
     that no live run owns. A run is live when its owner (pid and start time, so a recycled pid
     does not count) runs, as recorded in its state file here or in STATE_DIR, or in its
-    bridge's alias (runs of other state directories). Returns what it removed."""
+    bridge's alias (runs of other state directories); an owner in another pid namespace cannot
+    be seen, so its run is kept unless force. `only` limits all this to the one run of that
+    prefix. Returns what it removed."""
     why = require_root_tools()
     if why is not None:
         raise NetError(why)
@@ -661,6 +675,8 @@ def cleanup(state_dir: Path = STATE_DIR, force: bool = False) -> list[str]:
     dead |= {m.group(1) for ns in _namespaces() if (m := NS_RE.match(ns))} - live
     dead |= {m.group(1) for ln in _links() if (m := LINK_RE.match(ln))} - live
     dead |= set(_bridge_tables()) - live
+    if only is not None:
+        dead &= {only}
     for prefix in sorted(dead):
         gone, failed = _destroy(prefix)
         removed += gone

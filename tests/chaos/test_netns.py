@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -200,23 +201,33 @@ def test_leaving_the_block_by_an_exception_tears_down(tmp_path: Path) -> None:
     assert prefix and leftovers(prefix) == []
 
 
-def test_cleanup_removes_what_a_killed_owner_left(tmp_path: Path, net: Net) -> None:
-    code = (
+def _owner_code(state_dir: Path) -> str:
+    """A process that builds a two-host network with a fault and a process in it, prints the
+    prefix and sleeps: a run to be SIGKILLed."""
+    return (
         "import subprocess, sys, time\n"
         "from pathlib import Path\n"
         "from raftmq.chaos.netns import Net\n"
-        f"n = Net(['x', 'y'], state_dir=Path({str(tmp_path)!r}))\n"
+        f"n = Net(['x', 'y'], state_dir=Path({str(state_dir)!r}))\n"
         "n.apply(n.faults.one_way('x', 'y'))\n"
         "subprocess.Popen([*n.wrap('y'), 'sleep', '60'])\n"
         "print(n.prefix, flush=True)\n"
         "time.sleep(60)\n"
     )
+
+
+def _start_owner(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
     root = Path(__file__).resolve().parents[2]
-    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             cwd=root)  # fmt: skip
+    owner = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=root)
     assert owner.stdout is not None
     prefix = owner.stdout.readline().strip()
     assert prefix.startswith("rq") and leftovers(prefix)
+    return owner, prefix
+
+
+def test_cleanup_removes_what_a_killed_owner_left(tmp_path: Path, net: Net) -> None:
+    cleanup(tmp_path)  # what dead runs of earlier sessions left is not this test's to count
+    owner, prefix = _start_owner([sys.executable, "-c", _owner_code(tmp_path)])
     assert cleanup(tmp_path) == []  # its owner lives: kept
     assert leftovers(prefix)
     os.kill(owner.pid, signal.SIGKILL)
@@ -232,6 +243,28 @@ def test_cleanup_removes_what_a_killed_owner_left(tmp_path: Path, net: Net) -> N
     # The module's live network (another state directory) was not touched.
     assert leftovers(net.prefix) and reachable(net, "client", ["n0"]) == {"n0"}
     assert cleanup(tmp_path) == []
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_cleanup_keeps_a_run_whose_owner_it_cannot_see(tmp_path: Path) -> None:
+    # An owner in another pid namespace (another container on this network namespace, as a CI
+    # runner beside a developer's chaos run) is invisible here: its pid means nothing, so its
+    # run must be kept, even once it is gone, until someone forces it.
+    cleanup(tmp_path)
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c",
+            _owner_code(tmp_path / "elsewhere")]  # fmt: skip
+    owner, prefix = _start_owner(argv)
+    try:
+        assert not [r for r in cleanup(tmp_path) if prefix in r]
+        owner.kill()
+        owner.wait()
+        assert not [r for r in cleanup(tmp_path) if prefix in r]
+        assert leftovers(prefix)
+    finally:
+        owner.kill()
+        owner.wait()
+        removed = cleanup(tmp_path, force=True, only=prefix)
+    assert f"namespace {prefix}-0" in removed and leftovers(prefix) == []
 
 
 def test_bad_arguments_fail_before_anything_is_built(tmp_path: Path) -> None:
