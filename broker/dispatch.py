@@ -28,6 +28,8 @@ from raftmq.broker.rows import (
     TimeRow,
     TopicRow,
 )
+from raftmq.broker.txn_apply import TxnApplier, TxnRow
+from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import validate_group, validate_producer_id, validate_topic
@@ -77,6 +79,7 @@ class DispatchOutput:
     offset_rows: tuple[OffsetRow, ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
+    txn_rows: tuple[TxnRow, ...] = ()  # transactions touched (broker/txn_apply.py)
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -143,6 +146,47 @@ class _EntryWork:
         self.offset_rows: list[OffsetRow] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
+        self.txn_rows: dict[str, TxnRow] = {}
+
+    def append_rows(
+        self,
+        topic: str,
+        queue_id: int,
+        raft_index: int,
+        slot: int,
+        ts: int,
+        chunk_offsets: tuple[int, ...],
+        body_sizes: tuple[int, ...],
+        tag_hashes: tuple[int, ...],
+        keys: tuple[tuple[str, ...], ...] = (),
+    ) -> int:
+        """ConsumeQueue, key and time index rows for messages of chunk (raft_index, slot) at the
+        queue's head; returns the first offset. Produce batches and transaction commits."""
+        head = self.queue_head(topic, queue_id)
+        first = head.next_offset
+        self.cq_batches.append(
+            CQBatch(
+                topic,
+                queue_id,
+                first,
+                raft_index,
+                slot,
+                ts,
+                chunk_offsets,
+                body_sizes,
+                tag_hashes,
+                keys,
+            )
+        )
+        time_ms = head.time_index_ms
+        if ts > time_ms:
+            self.time_rows.append(TimeRow(topic, queue_id, ts, first))
+            time_ms = ts
+        self.heads[topic, queue_id] = QueueHead(topic, queue_id, first + len(body_sizes), time_ms)
+        return first
+
+    def put_topic(self, cfg: TopicConfig) -> None:
+        self.topics[cfg.name] = TopicRow(cfg.name, cfg)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead:
         head = self.heads.get((topic, queue_id)) or self.state.queue_head(topic, queue_id)
@@ -166,10 +210,13 @@ class Dispatcher:
     from the leader: every replica derives the same rows, and a submission that failed on the
     leader leaves no hole in the queue."""
 
-    def __init__(self, *, recent_batches_per_producer: int = 5) -> None:
+    def __init__(
+        self, *, recent_batches_per_producer: int = 5, transactions: TxnApplier | None = None
+    ) -> None:
         if not 1 <= recent_batches_per_producer <= 64:
             raise ValueError("recent_batches_per_producer must be within 1..64")
         self._recent = recent_batches_per_producer
+        self.transactions = transactions  # None: half messages are stored as plain messages
 
     def apply(self, entry: Entry, state: DispatchState) -> DispatchOutput:
         expected = state.dispatched_index + 1
@@ -178,7 +225,11 @@ class Dispatcher:
         if not entry.chunks:
             return DispatchOutput(entry.index, entry.term)
         work = _EntryWork(state)
+        txns = self.transactions
         for slot, chunk in enumerate(entry.chunks):
+            if txns is not None and is_txn_chunk(chunk):
+                work.outcomes.append(txns.apply_record(work, entry.index, slot, chunk))
+                continue
             try:
                 record, offsets = decode_with_offsets(chunk)
             except MalformedBatchError as exc:
@@ -205,6 +256,7 @@ class Dispatcher:
             offset_rows=tuple(work.offset_rows),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
+            txn_rows=tuple(work.txn_rows.values()),
         )
 
     def _produce(
@@ -249,8 +301,6 @@ class Dispatcher:
                 if first_seq > prev.last_sequence + 1:
                     gap = SequenceGap(prev.last_sequence + 1, first_seq)
 
-        head = work.queue_head(topic, queue_id)
-        first = head.next_offset
         ts = batch.store_timestamp_ms
         hashes: dict[str | None, int] = {}
         tag_hashes = []
@@ -263,25 +313,25 @@ class Dispatcher:
         if any(m.keys for m in messages):
             # A key repeated in one message gives one index row; empty keys give none.
             keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
-        work.cq_batches.append(
-            CQBatch(
-                topic,
-                queue_id,
-                first,
-                raft_index,
-                slot,
-                ts,
-                chunk_offsets,
-                tuple([len(m.body) for m in messages]),
-                tuple(tag_hashes),
-                keys,
+        body_sizes = tuple([len(m.body) for m in messages])
+        if producer is None and self.transactions is not None and self.transactions.is_half(batch):
+            # Stored, invisible: no ConsumeQueue row until a commit adds one (one message).
+            outcome = self.transactions.apply_half(
+                work, raft_index, slot, batch, chunk_offsets[0], tag_hashes[0], keys
             )
+            work.outcomes.append(outcome)
+            return
+        first = work.append_rows(
+            topic,
+            queue_id,
+            raft_index,
+            slot,
+            ts,
+            chunk_offsets,
+            body_sizes,
+            tuple(tag_hashes),
+            keys,
         )
-        time_ms = head.time_index_ms
-        if ts > time_ms:
-            work.time_rows.append(TimeRow(topic, queue_id, ts, first))
-            time_ms = ts
-        work.heads[topic, queue_id] = QueueHead(topic, queue_id, first + count, time_ms)
         if producer is not None:
             origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
             recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]

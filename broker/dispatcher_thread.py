@@ -184,6 +184,9 @@ class DispatcherThread:
             self._dispatch(entries)
         except StoreWriteError as exc:
             backoff_s = self.health.failed("index store", exc.path, exc.cause, now)
+            txns = self._dispatcher.transactions
+            if txns is not None:  # it applied these entries in memory: back to the store's state
+                txns.reload(self._store.transaction_values())
             if self._on_stall is not None:
                 self._on_stall(exc)
             self._stopping.wait(backoff_s)  # then the same entries again: nothing was stored

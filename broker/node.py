@@ -21,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
+from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
 from raftmq.broker.offsets import OffsetProcessor
@@ -32,6 +33,8 @@ from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.broker.topics import TopicProcessor
+from raftmq.broker.transaction import TxnSettings
+from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -89,9 +92,19 @@ class BrokerNode:
         self._topic_listeners: list[Callable[[], None]] = []
         self.outcomes = OutcomeBook(self.store.dispatched_index)
         rlog.add_role_listener(self._on_role_change)
+        # Transactions: the replicated table, restored from the store, applied by the dispatcher.
+        self.transactions = TxnApplier(
+            TxnSettings(
+                transaction_timeout_ms=settings.transaction_timeout_ms,
+                check_interval_ms=settings.transaction_check_interval_ms,
+                max_checks=settings.transaction_max_checks,
+            ),
+            store.transaction_values(),
+        )
         self.dispatcher = DispatcherThread(
             rlog,
             store,
+            dispatcher=Dispatcher(transactions=self.transactions),
             settings=dispatcher_settings,
             on_progress=self._on_progress,
             name=f"dispatch-{self.me.node_id}",

@@ -26,6 +26,8 @@ from raftmq.broker.registration import Registrar
 from raftmq.broker.role_reporter import RoleReporter
 from raftmq.broker.service import ROLE_TO_PB, BrokerService
 from raftmq.broker.settings import BrokerSettings
+from raftmq.broker.transactions_service import TRANSACTION_SERVICE, TransactionService
+from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
@@ -84,6 +86,8 @@ class BrokerServer:
             maximum_concurrent_rpcs=settings.max_workers * 4,
         )
         add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
+        self.transactions = TransactionShell(self.node, self.node.transactions)
+        add_servicer(self._server, TransactionService(self.transactions), TRANSACTION_SERVICE)
         self.data_server = DataServer(self.node, settings) if settings.data_bind else None
         self.node.add_role_listener(self._on_role_change)
         self.node.add_topic_listener(self.registrar.poke)
@@ -141,6 +145,7 @@ class BrokerServer:
         if port == 0:
             raise OSError(f"cannot listen on {listen} (address in use?)")
         self.node.start()
+        self.transactions.start()
         if self.data_server is not None:
             bind = self.settings.data_bind
             assert bind is not None
@@ -161,6 +166,7 @@ class BrokerServer:
             except Exception:
                 _log.exception("broker.transfer_on_stop_failed")
         grace_s = self.settings.shutdown_grace_ms / 1000
+        self.transactions.stop()  # held check polls answer at once
         grpc_stopped = self._server.stop(grace_s)
         if self.data_server is not None:
             self.data_server.stop(grace_s)  # held pulls answer at once; in-flight calls finish

@@ -136,6 +136,22 @@ class BrokerSettings:
         default=3_000, unit="ms", doc="on SIGTERM, in-flight calls get this long to finish"
     )
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+    transaction_timeout_ms: int = setting(
+        default=6_000,
+        unit="ms",
+        doc="a half message not ended this long after it was stored is checked back "
+        "(RocketMQ transactionTimeOut)",
+    )
+    transaction_check_interval_ms: int = setting(
+        default=60_000,
+        unit="ms",
+        doc="between check-backs of one half message (RocketMQ transactionCheckInterval)",
+    )
+    transaction_max_checks: int = setting(
+        default=15,
+        unit="checks",
+        doc="unanswered check-backs before a half message moves to TRANS_CHECK_MAX_TIME_TOPIC",
+    )
     debug_ack_before_commit: bool = setting(
         default=False,
         unit="",
@@ -164,6 +180,8 @@ class BrokerSettings:
             "pull_max_bytes": self.pull_max_bytes,
             "data_max_connections": self.data_max_connections,
             "data_max_inflight_per_conn": self.data_max_inflight_per_conn,
+            "transaction_timeout_ms": self.transaction_timeout_ms,
+            "transaction_check_interval_ms": self.transaction_check_interval_ms,
         }
         for key, value in positive.items():
             if value <= 0:
@@ -174,6 +192,8 @@ class BrokerSettings:
             raise ValueError(
                 f"data_max_frame_bytes must be within {MIN_FRAME_BYTES}..{MAX_FRAME_BYTES}"
             )
+        if self.transaction_max_checks < 0:
+            raise ValueError("transaction_max_checks must be >= 0")
         if not 4 <= self.max_workers <= 4096:
             raise ValueError("max_workers must be within 4..4096")
         if self.log_level.upper() not in LOG_LEVELS:

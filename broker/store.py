@@ -21,6 +21,7 @@ from raftmq.broker.errors import (
     StoreWriteError,
 )
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
+from raftmq.broker.transaction import MOVED_TOPIC
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
 from raftmq.common.record_batch import (
     MalformedBatchError,
@@ -171,6 +172,7 @@ class MessageStore:
         self._topics = db(b"topics")
         self._batches = db(b"batches")
         self._meta = db(b"meta")
+        self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
             if fmt is None:
@@ -271,6 +273,11 @@ class MessageStore:
                 _encode_producer(p.state),
                 db=self._producers,
             )
+        for t_row in out.txn_rows:
+            if t_row.value is None:
+                txn.delete(t_row.txn_id.encode("utf-8"), db=self._txns)
+            else:
+                put(t_row.txn_id.encode("utf-8"), t_row.value, db=self._txns)
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -300,6 +307,11 @@ class MessageStore:
         return _decode_topic(key, raw) if raw is not None else None
 
     # ---- reads (any thread) ------------------------------------------------------------------
+
+    def transaction_values(self) -> list[bytes]:
+        """Every persisted transaction (broker/txn_apply.py restores the table from them)."""
+        with self._env.begin() as txn:
+            return [bytes(v) for _, v in txn.cursor(db=self._txns)]
 
     def topics(self) -> list[TopicConfig]:
         with self._env.begin() as txn:
@@ -559,6 +571,7 @@ class MessageReader:
             header = decode_produce_header(chunk)
         except MalformedBatchError as exc:
             raise StoreError(f"{row} points at a chunk that is not a produce batch: {exc}") from exc
-        if header.topic != row.topic:
+        if row.topic not in (header.topic, MOVED_TOPIC):
+            # (A half message moved after max checks is indexed under MOVED_TOPIC in place.)
             raise StoreError(f"{row} points at a batch for topic {header.topic!r}")
         return chunk, header

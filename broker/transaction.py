@@ -144,6 +144,9 @@ class TransactionBook:
     _producers: dict[str, set[str]] = field(default_factory=dict)  # group -> live client ids
     _cursor: dict[str, int] = field(default_factory=dict)
     _inflight: set[str] = field(default_factory=set)  # leader: proposed, not applied yet
+    # Ids forgotten since the last take_forgotten(), when a persistent shell must delete them too.
+    track_forgotten: bool = False
+    _forgotten: list[str] = field(default_factory=list)
 
     # ---- apply: every replica, in log order ---------------------------------------------------
 
@@ -208,6 +211,23 @@ class TransactionBook:
             return None
         self._close(txn, TxnState.MOVED, ts_ms)
         return txn.ref
+
+    def restore(self, txns: Iterable[Txn]) -> None:
+        """Load a persisted table into an empty book: open halves and ended transactions, the
+        ended ones in the order they ended (the order forgetting follows)."""
+        if self._open or self._ended:
+            raise ValueError("restore() fills an empty book only")
+        for txn in txns:
+            if txn.state is TxnState.HALF:
+                self._open[txn.txn_id] = txn
+                bisect.insort(self._check_order, (txn.next_check_ms, txn.txn_id))
+            else:
+                self._ended[txn.txn_id] = txn
+
+    def take_forgotten(self) -> list[str]:
+        """Ended ids forgotten since the last call (with track_forgotten on)."""
+        out, self._forgotten = self._forgotten, []
+        return out
 
     # ---- the live producers (heartbeats; the choice is recorded in "check sent") ---------------
 
@@ -325,4 +345,6 @@ class TransactionBook:
             txn = next(iter(self._ended.values()))
             if txn.ended_ms is None or txn.ended_ms > horizon:
                 break
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            if self.track_forgotten:
+                self._forgotten.append(forgotten)

@@ -27,6 +27,10 @@ class Kind(enum.IntEnum):
     COMMIT_OFFSET = 2
     RESET_OFFSETS = 3
     TOPIC_CONFIG = 4
+    # Transactions (broker/txn_records.py encodes them): an end, a check sent, a move.
+    TXN_END = 20
+    TXN_CHECK = 21
+    TXN_MOVED = 22
 
 
 class TopicOp(enum.IntEnum):

@@ -1,0 +1,437 @@
+"""TransactionProducer: RocketMQ's TransactionMQProducer. A producer group and a checker.
+
+`send_in_transaction` stores a half message (invisible to consumers), runs the local
+transaction, then commits or rolls back (or leaves it unknown: the broker checks back). The
+checker answers check-backs: each instance keeps one long poll (PollTransactionChecks) open on
+the leader of every broker group of the cluster, so the broker never connects to a client, and
+any live member of the group may be asked, whichever instance sent the half message.
+
+Ends and half sends are idempotent (a retried end of an ended transaction is a success; a half
+retried under the same transaction id is stored once), so both are retried across leader
+changes until `end_timeout_ms` / `send_timeout_ms`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from raftmq.client.messages import ReceivedMessage, to_pb
+from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.arguments import checked
+from raftmq.common.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    NoRouteError,
+    NotLeaderError,
+    OutcomeUnknownError,
+    RaftMQError,
+    RequestTimeoutError,
+    from_rpc_error,
+)
+from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.pb import transaction_pb2, transaction_pb2_grpc
+from raftmq.common.types import QueueRef
+
+__all__ = [
+    "HalfMessage",
+    "LocalTransactionState",
+    "TransactionCheck",
+    "TransactionProducer",
+    "TransactionSendResult",
+]
+
+log = logging.getLogger("raftmq.producer.transaction")
+T = TypeVar("T")
+
+RETRY_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 1.0
+
+
+class LocalTransactionState(enum.Enum):
+    """RocketMQ's LocalTransactionState: what the local transaction (or the checker) says."""
+
+    COMMIT = "commit"
+    ROLLBACK = "rollback"
+    UNKNOWN = "unknown"  # not decided yet: the broker checks back later
+
+
+_TO_PB = {
+    LocalTransactionState.COMMIT: transaction_pb2.COMMIT,
+    LocalTransactionState.ROLLBACK: transaction_pb2.ROLLBACK,
+    LocalTransactionState.UNKNOWN: transaction_pb2.UNKNOWN,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HalfMessage:
+    """The stored half message, as the local transaction sees it."""
+
+    transaction_id: str
+    msg_id: str
+    topic: str
+    broker_group: str
+    queue_id: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionSendResult:
+    """The half message and how its transaction ended here. `end_error`: the end could not be
+    delivered (the broker will check back and the checker decides); None when it was, or when
+    the state is UNKNOWN (nothing is sent then)."""
+
+    half: HalfMessage
+    state: LocalTransactionState
+    end_error: RaftMQError | None = None
+
+    @property
+    def transaction_id(self) -> str:
+        return self.half.transaction_id
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionCheck:
+    """A check-back: the half message as stored and how many times it was checked so far."""
+
+    transaction_id: str
+    producer_group: str
+    message: ReceivedMessage
+    check_times: int
+
+
+LocalTransaction = Callable[[HalfMessage], LocalTransactionState]
+TransactionChecker = Callable[[TransactionCheck], LocalTransactionState]
+
+
+def _retryable(err: RaftMQError) -> bool:
+    # Both calls are idempotent, so an unknown outcome is retried like an unavailable leader.
+    return isinstance(
+        err, (NotLeaderError, BrokerUnavailableError, RequestTimeoutError, OutcomeUnknownError)
+    )
+
+
+class TransactionProducer:
+    """A context manager; thread-safe. `checker` runs on this producer's check threads (one per
+    broker group), one check at a time per group: keep it short."""
+
+    @checked
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        producer_group: str,
+        checker: TransactionChecker,
+        *,
+        client_id: str | None = None,
+        request_timeout_ms: int = 3_000,
+        send_timeout_ms: int = 15_000,
+        end_timeout_ms: int = 15_000,
+        check_poll_ms: int = 2_000,
+        group_refresh_ms: int = 5_000,
+    ) -> None:
+        validate_group(producer_group)
+        if not callable(checker):
+            raise InvalidArgumentError("checker must be a callable(TransactionCheck) -> state")
+        for name, value in (
+            ("request_timeout_ms", request_timeout_ms),
+            ("send_timeout_ms", send_timeout_ms),
+            ("end_timeout_ms", end_timeout_ms),
+            ("check_poll_ms", check_poll_ms),
+            ("group_refresh_ms", group_refresh_ms),
+        ):
+            if value <= 0:
+                raise InvalidArgumentError(f"{name} must be > 0, got {value}")
+        self.producer_group = producer_group
+        self.client_id = client_id or f"{socket.gethostname()}@txn-{uuid.uuid4().hex[:12]}"
+        self._checker = checker
+        self._request_s = request_timeout_ms / 1000
+        self._send_s = send_timeout_ms / 1000
+        self._end_s = end_timeout_ms / 1000
+        self._poll_ms = check_poll_ms
+        self._refresh_s = group_refresh_ms / 1000
+        self._pool = ChannelPool()
+        self.routes = RouteCache(namesrv_addresses, self._pool)
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+        self._leaders: dict[str, str] = {}  # broker group -> leader gRPC address
+        self._stubs: dict[str, transaction_pb2_grpc.BrokerTransactionStub] = {}
+        self._rr = itertools.count()
+        self._closed = threading.Event()
+        self._pollers: dict[str, threading.Thread] = {}
+        self._watcher = threading.Thread(
+            target=self._watch_groups, name="raftmq-txn-groups", daemon=True
+        )
+        self._watcher.start()
+
+    # ---- public API ---------------------------------------------------------------------------
+
+    def send_in_transaction(
+        self,
+        topic: str,
+        body: bytes,
+        local_transaction: LocalTransaction,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        queue: QueueRef | None = None,
+        check_immunity_ms: int = 0,
+    ) -> TransactionSendResult:
+        """Store a half message, run `local_transaction(half)` and end the transaction with its
+        answer (an exception counts as UNKNOWN, as in RocketMQ). Raises if the half message
+        could not be stored (then the local transaction did not run)."""
+        if self._closed.is_set():
+            raise InvalidArgumentError("the transaction producer is closed")
+        validate_topic(topic)
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"a message body must be bytes, not {type(body).__name__}")
+        if not callable(local_transaction):
+            raise InvalidArgumentError("local_transaction must be a callable(HalfMessage)")
+        if isinstance(keys, str):
+            raise InvalidArgumentError("keys must be a sequence of strings, not one string")
+        if check_immunity_ms < 0:
+            raise InvalidArgumentError("check_immunity_ms must be >= 0")
+        group, queue_id = self._choose(topic, queue)
+        txn_id = uuid.uuid4().hex
+        born_ms = time.time_ns() // 1_000_000
+        msg = to_pb(bytes(body), tags, tuple(keys), properties, born_ms, self._host)
+        req = transaction_pb2.SendHalfMessageRequest(
+            topic=topic,
+            queue_id=queue_id,
+            message=msg,
+            producer_group=self.producer_group,
+            client_id=self.client_id,
+            transaction_id=txn_id,
+            check_immunity_ms=check_immunity_ms,
+        )
+        resp = self._on_leader(
+            group,
+            lambda stub: stub.SendHalfMessage(req, timeout=self._request_s),
+            self._send_s,
+        )
+        half = HalfMessage(txn_id, resp.msg_id, topic, group, resp.queue_id, bytes(body))
+        try:
+            state = local_transaction(half)
+            if not isinstance(state, LocalTransactionState):
+                log.warning(
+                    "producer.local_transaction_bad_answer txn=%s answer=%r: taken as UNKNOWN",
+                    txn_id,
+                    state,
+                )
+                state = LocalTransactionState.UNKNOWN
+        except Exception:
+            log.exception("producer.local_transaction_failed txn=%s: taken as UNKNOWN", txn_id)
+            state = LocalTransactionState.UNKNOWN
+        if state is LocalTransactionState.UNKNOWN:
+            return TransactionSendResult(half, state)
+        try:
+            self.end_transaction(group, txn_id, state)
+        except RaftMQError as exc:
+            log.warning("producer.end_transaction_failed txn=%s error=%s", txn_id, exc)
+            return TransactionSendResult(half, state, exc)
+        return TransactionSendResult(half, state)
+
+    def end_transaction(
+        self,
+        broker_group: str,
+        transaction_id: str,
+        state: LocalTransactionState,
+        *,
+        from_check: bool = False,
+    ) -> str:
+        """Commit or roll back (UNKNOWN: report it) a transaction of this producer group on
+        `broker_group`; returns its state after the end. Repeating an end is a success;
+        TransactionNotFoundError / TransactionConflictError say why an end cannot be done."""
+        if not isinstance(state, LocalTransactionState):
+            raise InvalidArgumentError("state must be a LocalTransactionState")
+        req = transaction_pb2.EndTransactionRequest(
+            transaction_id=transaction_id,
+            producer_group=self.producer_group,
+            resolution=_TO_PB[state],
+            from_check=from_check,
+            client_id=self.client_id,
+        )
+        resp = self._on_leader(
+            broker_group,
+            lambda stub: stub.EndTransaction(req, timeout=self._request_s),
+            self._end_s,
+        )
+        return resp.state
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._watcher.join(5)
+        for t in list(self._pollers.values()):
+            t.join(self._poll_ms / 1000 + 5)
+        self._pool.close()
+
+    def __enter__(self) -> TransactionProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- routing ------------------------------------------------------------------------------
+
+    def _choose(self, topic: str, queue: QueueRef | None) -> tuple[str, int]:
+        if queue is not None:
+            if queue.topic != topic:
+                raise InvalidArgumentError(f"queue {queue} is not a queue of topic {topic!r}")
+            return queue.broker_group, queue.queue_id
+        try:
+            queues = self.routes.route(topic).publish_queues().queues
+        except NoRouteError:
+            queues = ()
+        if queues:
+            q = queues[next(self._rr) % len(queues)]
+            return q.broker_group, q.queue_id
+        groups = self._groups()  # unknown topic: a group's leader auto-creates it (or refuses)
+        if not groups:
+            raise NoRouteError.for_topic(topic, self.routes.namesrv_addresses)
+        return groups[next(self._rr) % len(groups)], -1
+
+    def _groups(self) -> list[str]:
+        info = self.routes.cluster_info()
+        found: dict[str, str] = {}
+        for c in info.clusters:
+            for g in c.groups:
+                found[g.broker_group] = g.leader_address
+        with self._lock:
+            for group, leader in found.items():
+                if leader:
+                    self._leaders[group] = leader
+        return sorted(found)
+
+    def _leader(self, group: str, refresh: bool) -> str:
+        with self._lock:
+            address = self._leaders.get(group)
+        if address and not refresh:
+            return address
+        self._groups()
+        with self._lock:
+            address = self._leaders.get(group)
+        if not address:
+            raise NotLeaderError.for_node("-", group, "")
+        return address
+
+    def _stub(self, address: str) -> transaction_pb2_grpc.BrokerTransactionStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                stub = self._stubs[address] = transaction_pb2_grpc.BrokerTransactionStub(
+                    self._pool.channel(address)
+                )
+            return stub
+
+    def _on_leader(
+        self,
+        group: str,
+        call: Callable[[transaction_pb2_grpc.BrokerTransactionStub], T],
+        budget_s: float,
+    ) -> T:
+        """`call` on the group's leader, retried across leader changes within budget_s."""
+        deadline = time.monotonic() + budget_s
+        refresh = False
+        backoff = RETRY_BACKOFF_S
+        while True:
+            err: RaftMQError
+            try:
+                address = self._leader(group, refresh)
+                return call(self._stub(address))
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+            except RaftMQError as exc:
+                err = exc
+            if not _retryable(err) or time.monotonic() + backoff > deadline:
+                raise err
+            if err.leader_hint:
+                with self._lock:
+                    self._leaders[group] = err.leader_hint
+                refresh = False
+            else:
+                refresh = True
+                time.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+    # ---- check-back ---------------------------------------------------------------------------
+
+    def _watch_groups(self) -> None:
+        """Keep one poller per broker group of the cluster (groups appear as they register)."""
+        while not self._closed.is_set():
+            try:
+                for group in self._groups():
+                    if group not in self._pollers:
+                        t = threading.Thread(
+                            target=self._poll_loop,
+                            args=(group,),
+                            name=f"raftmq-txn-check-{group}",
+                            daemon=True,
+                        )
+                        self._pollers[group] = t
+                        t.start()
+            except RaftMQError as exc:
+                log.debug("producer.txn_groups_unknown error=%s", exc)
+            self._closed.wait(self._refresh_s)
+
+    def _poll_loop(self, group: str) -> None:
+        req = transaction_pb2.PollTransactionChecksRequest(
+            producer_group=self.producer_group,
+            client_id=self.client_id,
+            max_wait_ms=self._poll_ms,
+        )
+        refresh = False
+        backoff = RETRY_BACKOFF_S
+        while not self._closed.is_set():
+            try:
+                address = self._leader(group, refresh)
+                resp = self._stub(address).PollTransactionChecks(
+                    req, timeout=self._poll_ms / 1000 + self._request_s
+                )
+            except (grpc.RpcError, RaftMQError) as exc:
+                err = from_rpc_error(exc) if isinstance(exc, grpc.RpcError) else exc
+                if err.leader_hint:
+                    with self._lock:
+                        self._leaders[group] = err.leader_hint
+                    refresh = False
+                    continue
+                refresh = True
+                self._closed.wait(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            refresh = False
+            backoff = RETRY_BACKOFF_S
+            for check in resp.checks:
+                self._answer(group, check)
+
+    def _answer(self, group: str, pb: transaction_pb2.TransactionCheck) -> None:
+        check = TransactionCheck(
+            pb.transaction_id,
+            pb.producer_group,
+            ReceivedMessage.from_pb(pb.message),
+            pb.check_times,
+        )
+        try:
+            state = self._checker(check)
+            if not isinstance(state, LocalTransactionState):
+                state = LocalTransactionState.UNKNOWN
+        except Exception:
+            log.exception("producer.transaction_checker_failed txn=%s", pb.transaction_id)
+            state = LocalTransactionState.UNKNOWN
+        if state is LocalTransactionState.UNKNOWN:
+            return  # nothing changes; the broker checks again after check_interval_ms
+        try:
+            self.end_transaction(group, pb.transaction_id, state, from_check=True)
+        except RaftMQError as exc:
+            log.warning("producer.check_answer_failed txn=%s error=%s", pb.transaction_id, exc)
