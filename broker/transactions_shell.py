@@ -84,6 +84,7 @@ def _validate_ids(txn_id: str, group: str) -> None:
 @dataclass(slots=True)
 class _Client:
     last_seen: float
+    polls: int = 0  # polls held right now: a client holding one is live, however long it waits
     pending: collections.deque[transaction_pb2.TransactionCheck] = field(
         default_factory=lambda: collections.deque(maxlen=MAX_PENDING_PER_CLIENT)
     )
@@ -121,30 +122,41 @@ class ProducerChecks:
     def wait(
         self, group: str, client: str, deadline: float, max_n: int
     ) -> list[transaction_pb2.TransactionCheck]:
+        """The client's waiting checks, at most max_n, as soon as there are any (or [] at the
+        deadline); the client counts as live while it waits."""
         with self._cond:
-            while True:
+            held = self._clients.get((group, client))
+            if held is not None:
+                held.polls += 1
+            try:
+                while True:
+                    c = self._clients.get((group, client))
+                    if c is None:
+                        return []  # cleared: no longer leading
+                    if c.pending:
+                        n = min(max_n, len(c.pending))
+                        return [c.pending.popleft() for _ in range(n)]
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    self._cond.wait(left)
+            finally:
                 c = self._clients.get((group, client))
-                if c is not None and c.pending:
-                    n = min(max_n, len(c.pending))
-                    return [c.pending.popleft() for _ in range(n)]
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return []
-                self._cond.wait(left)
+                if c is not None and c is held:
+                    c.polls -= 1
+                    c.last_seen = time.monotonic()
 
     def expire(self, now: float) -> list[tuple[str, str]]:
         """Clients whose last poll is older than expiry_s (no poll is held either)."""
         with self._cond:
-            gone = [k for k, c in self._clients.items() if now - c.last_seen > self.expiry_s]
+            gone = [
+                k
+                for k, c in self._clients.items()
+                if c.polls == 0 and now - c.last_seen > self.expiry_s
+            ]
             for k in gone:
                 del self._clients[k]
             return gone
-
-    def touch_waiting(self, group: str, client: str, now: float) -> None:
-        with self._cond:
-            c = self._clients.get((group, client))
-            if c is not None:
-                c.last_seen = now
 
     def clear(self) -> None:
         with self._cond:
@@ -289,7 +301,6 @@ class TransactionShell:
         wait_s = min(max(req.max_wait_ms, 0), self.node.settings.long_poll_max_ms) / 1000
         max_n = min(req.max_checks or 32, MAX_CHECKS_PER_POLL)
         got = self.checks.wait(group, client, min(deadline, now + wait_s), max_n)
-        self.checks.touch_waiting(group, client, time.monotonic())
         return transaction_pb2.PollTransactionChecksResponse(checks=got)
 
     # ---- the leader's check loop --------------------------------------------------------------
@@ -358,7 +369,9 @@ class TransactionShell:
 
     def _deliver(self, action: CheckAction) -> None:
         row = self.applier.half_row(action.txn_id)
-        txn = self.applier.book.get(action.txn_id)
+        with self.applier.lock:
+            txn = self.applier.book.get(action.txn_id)
+            times = txn.checks if txn is not None else 0
         if row is None or txn is None or action.client is None:
             return
         try:
@@ -370,13 +383,13 @@ class TransactionShell:
             transaction_id=action.txn_id,
             producer_group=action.producer_group,
             message=stored_to_pb(stored),
-            check_times=txn.checks,
+            check_times=times,
         )
         log.info(
             "broker.transaction_check txn=%s group=%s client=%s times=%d",
             action.txn_id,
             action.producer_group,
             action.client,
-            txn.checks,
+            times,
         )
         self.checks.push(action.producer_group, action.client, check)
