@@ -25,6 +25,8 @@ from raftmq.broker.held_pulls import HeldPulls
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pull import PullResult, PullSteps, PullWait, WaitDispatched
 from raftmq.broker.settings import BrokerSettings
+from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
+from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.data_api import PAYLOADS, DataMethod
 from raftmq.common.errors import InvalidArgumentError
@@ -55,9 +57,15 @@ class DataServer:
     """Build it beside the gRPC server; `start()` binds and returns the address to advertise,
     `stop()` answers held pulls, refuses new requests and lets in-flight ones finish."""
 
-    def __init__(self, node: BrokerNode, settings: BrokerSettings) -> None:
+    def __init__(
+        self,
+        node: BrokerNode,
+        settings: BrokerSettings,
+        transactions: TransactionShell | None = None,
+    ) -> None:
         self.node = node
         self.settings = settings
+        self.transactions = transactions
         self._io: LoopThread | None = None
         self._server: FrameServer | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -136,7 +144,10 @@ class DataServer:
             ),
             DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
         }
-        missing = set(PAYLOADS) - set(handlers)
+        if self.transactions is not None:
+            assert self._waker is not None
+            handlers.update(transaction_handlers(self.transactions, self._blocking, self._waker))
+        missing = set(PAYLOADS) - set(handlers) - (TXN_METHODS if not self.transactions else set())
         assert not missing, f"no handler for {sorted(m.name for m in missing)}"
         return {int(m): h for m, h in handlers.items()}
 

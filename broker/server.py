@@ -88,7 +88,9 @@ class BrokerServer:
         add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
         self.transactions = TransactionShell(self.node, self.node.transactions)
         add_servicer(self._server, TransactionService(self.transactions), TRANSACTION_SERVICE)
-        self.data_server = DataServer(self.node, settings) if settings.data_bind else None
+        self.data_server = (
+            DataServer(self.node, settings, self.transactions) if settings.data_bind else None
+        )
         self.node.add_role_listener(self._on_role_change)
         self.node.add_topic_listener(self.registrar.poke)
         st = self.node.status()  # the role reached before the listener existed

@@ -90,6 +90,13 @@ class _Client:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedHalf:
+    payload: bytes
+    queue_id: int
+    timeout_s: float
+
+
 class ProducerChecks:
     """Leader-local: each live producer (group, client) by its last poll, and the checks waiting
     for its next poll. Bounded: clients, checks per client."""
@@ -196,6 +203,17 @@ class TransactionShell:
     def send_half(
         self, req: transaction_pb2.SendHalfMessageRequest
     ) -> transaction_pb2.SendHalfMessageResponse:
+        """The whole half send, blocking the calling thread through replication."""
+        prepared = self.prepare_half(req)
+        return self.half_answer(
+            prepared, self.node.replicate([prepared.payload], prepared.timeout_s)[0]
+        )
+
+    def half_needs_thread(self, req: transaction_pb2.SendHalfMessageRequest) -> bool:
+        return self.node.sends.needs_thread(req.topic)
+
+    def prepare_half(self, req: transaction_pb2.SendHalfMessageRequest) -> PreparedHalf:
+        """Everything checked and decided before replication (may block: see half_needs_thread)."""
         _validate_ids(req.transaction_id, req.producer_group)
         if not req.client_id or not req.client_id.isprintable() or len(req.client_id) > 256:
             raise InvalidArgumentError("client_id must be printable text of 1..256 characters")
@@ -228,7 +246,11 @@ class TransactionShell:
             )
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot encode the half message: {exc}") from exc
-        outcome = self.node.replicate([payload], prepared.timeout_s)[0]
+        return PreparedHalf(payload, prepared.queue_id, prepared.timeout_s)
+
+    def half_answer(
+        self, prepared: PreparedHalf, outcome: ChunkOutcome
+    ) -> transaction_pb2.SendHalfMessageResponse:
         group = self.node.group
         if isinstance(outcome, Appended):
             s = outcome.stored
@@ -248,6 +270,24 @@ class TransactionShell:
     def end(
         self, req: transaction_pb2.EndTransactionRequest
     ) -> transaction_pb2.EndTransactionResponse:
+        """The whole end, blocking the calling thread through replication."""
+        prepared = self.prepare_end(req)
+        if isinstance(prepared, transaction_pb2.EndTransactionResponse):
+            return prepared
+        outcome = self.node.replicate([prepared], self._timeout_s)[0]
+        return self.end_answer(req, outcome)
+
+    def end_needs_thread(self) -> bool:
+        return not self.node.leader_gate_open()
+
+    @property
+    def end_timeout_s(self) -> float:
+        return self._timeout_s
+
+    def prepare_end(
+        self, req: transaction_pb2.EndTransactionRequest
+    ) -> bytes | transaction_pb2.EndTransactionResponse:
+        """The entry to replicate, or the answer when none is needed (typed errors raised)."""
         _validate_ids(req.transaction_id, req.producer_group)
         resolution = RESOLUTION_FROM_PB.get(req.resolution)
         if resolution is None:
@@ -264,14 +304,13 @@ class TransactionShell:
             if resolution is Resolution.UNKNOWN and txn is not None:
                 # UNKNOWN changes nothing: no entry; the next check stays scheduled.
                 return transaction_pb2.EndTransactionResponse(state=txn.state.value)
-        record = TxnEnd(req.transaction_id, resolution, _now_ms(), req.from_check)
-        outcome = self.node.replicate([encode_txn(record)], self._timeout_s)[0]
-        return self._end_answer(req.transaction_id, resolution, outcome)
+        return encode_txn(TxnEnd(req.transaction_id, resolution, _now_ms(), req.from_check))
 
     @staticmethod
-    def _end_answer(
-        txn_id: str, resolution: Resolution, outcome: ChunkOutcome
+    def end_answer(
+        req: transaction_pb2.EndTransactionRequest, outcome: ChunkOutcome
     ) -> transaction_pb2.EndTransactionResponse:
+        txn_id, resolution = req.transaction_id, RESOLUTION_FROM_PB[req.resolution]
         if not isinstance(outcome, Applied):
             raise InternalError(f"unexpected outcome {outcome!r} for a transaction end")
         result, state = parse_end_detail(outcome.detail)

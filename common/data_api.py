@@ -11,7 +11,7 @@ import enum
 
 from google.protobuf.message import Message
 
-from raftmq.common.pb import broker_pb2
+from raftmq.common.pb import broker_pb2, transaction_pb2
 
 
 class DataMethod(enum.IntEnum):
@@ -22,6 +22,9 @@ class DataMethod(enum.IntEnum):
     GET_QUEUE_BOUNDS = 5
     SEARCH_OFFSET_BY_TIMESTAMP = 6
     HEARTBEAT = 7
+    # Transactions (broker/transactions_data.py); the check-back long poll stays on gRPC.
+    SEND_HALF_MESSAGE = 20
+    END_TRANSACTION = 21
 
 
 # method -> (request type, response type)
@@ -39,4 +42,12 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
         broker_pb2.SearchOffsetByTimestampResponse,
     ),
     DataMethod.HEARTBEAT: (broker_pb2.HeartbeatRequest, broker_pb2.HeartbeatResponse),
+    DataMethod.SEND_HALF_MESSAGE: (
+        transaction_pb2.SendHalfMessageRequest,
+        transaction_pb2.SendHalfMessageResponse,
+    ),
+    DataMethod.END_TRANSACTION: (
+        transaction_pb2.EndTransactionRequest,
+        transaction_pb2.EndTransactionResponse,
+    ),
 }

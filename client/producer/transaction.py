@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
+from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.arguments import checked
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("raftmq.producer.transaction")
-T = TypeVar("T")
+T = TypeVar("T", bound=Message)
 
 RETRY_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 1.0
@@ -160,6 +163,7 @@ class TransactionProducer:
         self._poll_ms = check_poll_ms
         self._refresh_s = group_refresh_ms / 1000
         self._pool = ChannelPool()
+        self._data = DataPool(name="raftmq-txn-data")  # half sends and ends, where offered
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._host = socket.gethostname()
         self._lock = threading.Lock()
@@ -216,6 +220,8 @@ class TransactionProducer:
         )
         resp = self._on_leader(
             group,
+            DataMethod.SEND_HALF_MESSAGE,
+            req,
             lambda stub: stub.SendHalfMessage(req, timeout=self._request_s),
             self._send_s,
         )
@@ -263,6 +269,8 @@ class TransactionProducer:
         )
         resp = self._on_leader(
             broker_group,
+            DataMethod.END_TRANSACTION,
+            req,
             lambda stub: stub.EndTransaction(req, timeout=self._request_s),
             self._end_s,
         )
@@ -275,6 +283,7 @@ class TransactionProducer:
         self._watcher.join(5)
         for t in list(self._pollers.values()):
             t.join(self._poll_ms / 1000 + 5)
+        self._data.close()
         self._pool.close()
 
     def __enter__(self) -> TransactionProducer:
@@ -338,10 +347,13 @@ class TransactionProducer:
     def _on_leader(
         self,
         group: str,
+        method: DataMethod,
+        request: Message,
         call: Callable[[transaction_pb2_grpc.BrokerTransactionStub], T],
         budget_s: float,
     ) -> T:
-        """`call` on the group's leader, retried across leader changes within budget_s."""
+        """`request` on the group's leader, over its framed data path where it offers one (else
+        `call` over gRPC), retried across leader changes within budget_s."""
         deadline = time.monotonic() + budget_s
         refresh = False
         backoff = RETRY_BACKOFF_S
@@ -349,7 +361,11 @@ class TransactionProducer:
             err: RaftMQError
             try:
                 address = self._leader(group, refresh)
-                return call(self._stub(address))
+                data_address = self.routes.data_address(address)
+                if not data_address:
+                    return call(self._stub(address))
+                out = self._data.call(data_address, method, request, self._request_s)
+                return out  # type: ignore[return-value]  # PAYLOADS: the method's response
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
             except RaftMQError as exc:

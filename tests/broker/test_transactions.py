@@ -158,6 +158,19 @@ def test_commit_and_rollback_and_bad_ends(cluster: Cluster) -> None:
     assert not checker.seen  # every transaction ended before its timeout: never checked
 
 
+def test_over_grpc_where_no_data_path_is_offered(cluster: Cluster) -> None:
+    t = topic(cluster, "txn-grpc")
+    layout, _ = cluster.groups[GROUP]
+    with producer(cluster, "pg-grpc", Answers()) as p:
+        p.routes._override_data_addresses({layout.address(i): "" for i in range(3)})
+        ok = p.send_in_transaction(t, b"via-grpc", answer(COMMIT))
+        no = p.send_in_transaction(t, b"dropped", answer(ROLLBACK))
+        assert ok.end_error is None and no.end_error is None
+        with pytest.raises(TransactionConflictError):
+            p.end_transaction(GROUP, no.transaction_id, COMMIT)
+    assert drain(cluster, t, 1) == [b"via-grpc"]
+
+
 def test_unknown_is_checked_back_then_committed_or_rolled_back(cluster: Cluster) -> None:
     t = topic(cluster, "txn-check")
     checker = Answers()

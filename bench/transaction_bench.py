@@ -1,0 +1,135 @@
+"""Transactional send + commit rate against plain sends, on a real three-node broker group (all on
+this machine). `--threads` senders each send synchronously, one 1 KiB message at a time: plain
+with Producer.send, transactional with TransactionProducer.send_in_transaction whose local
+transaction commits at once (a half message and an end: two Raft entries, each answered after
+the majority commit). The modes take turns in rounds so a change in the machine's load hits
+both. One JSON line per mode plus the ratio; appends to bench/results/transactions.jsonl.
+
+Run: `PYTHONPATH=$PWD .venv/bin/python bench/transaction_bench.py [--seconds 5] [--rounds 3]
+[--threads 8]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from raftmq.client.admin import Admin
+from raftmq.client.producer import Producer
+from raftmq.client.producer.transaction import LocalTransactionState, TransactionProducer
+from tests.harness.procs import start_cluster, wait_until
+
+RESULTS = Path(__file__).resolve().parent / "results" / "transactions.jsonl"
+GROUP = "broker-a"
+TOPIC = "bench-txn"
+BODY = b"x" * 1024
+
+
+def _pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else 0.0
+
+
+def _run_for(seconds: float, threads: int, send: Callable[[], None]) -> tuple[int, list[float]]:
+    stop = time.monotonic() + seconds
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        mine = []
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            send()
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            lat.extend(mine)
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return len(lat), lat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=5.0, help="per mode per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=8)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="txn-bench-") as tmp:
+        cluster = start_cluster(Path(tmp), groups=(GROUP,), namesrvs=1)
+        try:
+            with Admin(cluster.namesrv) as admin:
+                wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
+                admin.create_topic(TOPIC, queues=4)
+                wait_until(lambda: admin.route(TOPIC).write_queues(), 30, "the route")
+            commit = LocalTransactionState.COMMIT
+            with (
+                Producer(cluster.namesrv) as plain,
+                TransactionProducer(cluster.namesrv, "bench-txn", lambda check: commit) as txn,
+            ):
+                modes: dict[str, Callable[[], None]] = {
+                    "plain_send": lambda: None if plain.send(TOPIC, BODY) else None,
+                    "txn_send_commit": lambda: (
+                        None if txn.send_in_transaction(TOPIC, BODY, lambda half: commit) else None
+                    ),
+                }
+                for send in modes.values():  # warm up: routes, channels, topic
+                    _run_for(0.5, 1, send)
+                totals = {m: [0, 0.0, []] for m in modes}  # count, seconds, latencies
+                for _ in range(args.rounds):
+                    for mode, send in modes.items():
+                        n, lat = _run_for(args.seconds, args.threads, send)
+                        totals[mode][0] += n  # type: ignore[operator]
+                        totals[mode][1] += args.seconds  # type: ignore[operator]
+                        totals[mode][2].extend(lat)  # type: ignore[union-attr]
+        finally:
+            cluster.close()
+    rates: dict[str, float] = {}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    lines = []
+    for mode, (n, secs, lat) in totals.items():
+        rate = n / secs  # type: ignore[operator]
+        rates[mode] = rate
+        lines.append(
+            {
+                "bench": "transactions",
+                "mode": mode,
+                "threads": args.threads,
+                "rate_per_s": round(rate, 1),
+                "p50_ms": round(_pct(lat, 50) * 1000, 2),  # type: ignore[arg-type]
+                "p99_ms": round(_pct(lat, 99) * 1000, 2),  # type: ignore[arg-type]
+                "messages": n,
+                "body_bytes": len(BODY),
+                "when": stamp,
+                "machine": f"{platform.machine()} {platform.node()} cpus=2",
+            }
+        )
+    lines.append(
+        {
+            "bench": "transactions",
+            "mode": "ratio",
+            "txn_over_plain": round(rates["txn_send_commit"] / rates["plain_send"], 3),
+            "target": ">= 0.5",
+            "when": stamp,
+        }
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with RESULTS.open("a") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    for line in lines:
+        print(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
