@@ -51,6 +51,11 @@ _EXPORTS: dict[str, str] = {
     "ThrottledError": "raftmq.common.errors",
     "OutcomeUnknownError": "raftmq.common.errors",
     "InternalError": "raftmq.common.errors",
+    "TransactionProducer": "raftmq.client.producer.transaction",
+    "LocalTransactionState": "raftmq.client.producer.transaction",
+    "TransactionCheck": "raftmq.client.producer.transaction",
+    "TransactionNotFoundError": "raftmq.common.errors",
+    "TransactionConflictError": "raftmq.common.errors",
 }
 
 __all__ = [
@@ -62,6 +67,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidNameError",
+    "LocalTransactionState",
     "MessageModel",
     "MessageNotFoundError",
     "MessageTooLargeError",
@@ -83,6 +89,10 @@ __all__ = [
     "ThrottledError",
     "TopicAlreadyExistsError",
     "TopicNotFoundError",
+    "TransactionCheck",
+    "TransactionConflictError",
+    "TransactionNotFoundError",
+    "TransactionProducer",
     "UnsupportedError",
 ]
 
@@ -93,6 +103,11 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from raftmq.client.messages import ReceivedMessage, SendResult
     from raftmq.client.offsets import StartFrom
     from raftmq.client.producer import Producer
+    from raftmq.client.producer.transaction import (
+        LocalTransactionState,
+        TransactionCheck,
+        TransactionProducer,
+    )
     from raftmq.common.errors import (
         BrokerUnavailableError,
         Fault,
@@ -113,6 +128,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         ThrottledError,
         TopicAlreadyExistsError,
         TopicNotFoundError,
+        TransactionConflictError,
+        TransactionNotFoundError,
         UnsupportedError,
     )
     from raftmq.common.types import QueueRef

@@ -281,10 +281,11 @@ class TransactionProducer:
             return
         self._closed.set()
         self._watcher.join(5)
+        self._pool.close()  # cancels the held check polls: their threads end at once
         for t in list(self._pollers.values()):
             t.join(self._poll_ms / 1000 + 5)
         self._data.close()
-        self._pool.close()
+        self._pool.close()  # a channel a poller opened meanwhile
 
     def __enter__(self) -> TransactionProducer:
         return self
