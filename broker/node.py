@@ -98,6 +98,7 @@ class BrokerNode:
                 transaction_timeout_ms=settings.transaction_timeout_ms,
                 check_interval_ms=settings.transaction_check_interval_ms,
                 max_checks=settings.transaction_max_checks,
+                ended_retention_ms=settings.transaction_ended_retention_ms,
             ),
             store.transaction_values(),
         )

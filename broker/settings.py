@@ -152,6 +152,13 @@ class BrokerSettings:
         unit="checks",
         doc="unanswered check-backs before a half message moves to TRANS_CHECK_MAX_TIME_TOPIC",
     )
+    transaction_ended_retention_ms: int = setting(
+        default=120_000,
+        unit="ms",
+        doc="an ended transaction is remembered this long, so a repeated end is answered as "
+        "before (after it: not found); keep it well above the producers' end retries (15 s). "
+        "Memory: ~0.6 KB per transaction ended within this window",
+    )
     debug_ack_before_commit: bool = setting(
         default=False,
         unit="",
@@ -182,6 +189,7 @@ class BrokerSettings:
             "data_max_inflight_per_conn": self.data_max_inflight_per_conn,
             "transaction_timeout_ms": self.transaction_timeout_ms,
             "transaction_check_interval_ms": self.transaction_check_interval_ms,
+            "transaction_ended_retention_ms": self.transaction_ended_retention_ms,
         }
         for key, value in positive.items():
             if value <= 0:

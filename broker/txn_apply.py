@@ -12,6 +12,7 @@ thread writes).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -135,8 +136,9 @@ class TxnApplier:
         msg = batch.messages[0]
         props = msg.properties
         txn_id = props.get(PROP_TRANSACTION_ID, "")
-        group = props.get(PROP_PRODUCER_GROUP, "")
-        client = props.get(PROP_TRANSACTION_CLIENT, "")
+        # Groups, clients and topics repeat across many transactions: one string object each.
+        group = sys.intern(props.get(PROP_PRODUCER_GROUP, ""))
+        client = sys.intern(props.get(PROP_TRANSACTION_CLIENT, ""))
         if not txn_id or not group or len(txn_id.encode("utf-8")) > MAX_TXN_ID_BYTES:
             return Rejected(slot, "a half message without a valid transaction id or group")
         immunity_ms: int | None = None
@@ -147,7 +149,7 @@ class TxnApplier:
             if self.book.get(txn_id) is not None:
                 # A retried half send: stored already; this copy stays invisible forever.
                 return Duplicate(slot, batch.topic, batch.queue_id, None)
-            ref = MessageRef(raft_index, slot, 0, batch.topic, batch.queue_id)
+            ref = MessageRef(raft_index, slot, 0, sys.intern(batch.topic), batch.queue_id)
             self.book.apply_half(txn_id, group, client, ref, batch.store_timestamp_ms, immunity_ms)
             self._places[txn_id] = HalfPlace(
                 chunk_offset, len(msg.body), tag_hash, keys[0] if keys else ()
@@ -248,7 +250,9 @@ class TxnApplier:
     def _persist(self, work: RowSink, txn_id: str) -> None:
         txn = self.book.get(txn_id)
         assert txn is not None
-        place = self._places[txn_id]
+        if txn.state is not TxnState.HALF:
+            self._places.pop(txn_id, None)  # ended: nothing will point at its bytes again
+        place = self._places.get(txn_id)
         doc = {
             "id": txn.txn_id,
             "g": txn.producer_group,
@@ -262,7 +266,11 @@ class TxnApplier:
             "lc": txn.last_check_client,
             "e": txn.ended_ms,
             "ei": self._ended_at.get(txn_id, 0),
-            "p": [place.chunk_offset, place.body_bytes, place.tag_hash, list(place.keys)],
+            "p": (
+                [place.chunk_offset, place.body_bytes, place.tag_hash, list(place.keys)]
+                if place is not None
+                else None
+            ),
         }
         work.txn_rows[txn_id] = TxnRow(txn_id, json.dumps(doc, separators=(",", ":")).encode())
 
@@ -289,8 +297,9 @@ class TxnApplier:
                 d["lc"],
                 d["e"],
             )
-            at, size, tag, keys = d["p"]
-            self._places[txn.txn_id] = HalfPlace(at, size, tag, tuple(keys))
+            if d["p"] is not None:
+                at, size, tag, keys = d["p"]
+                self._places[txn.txn_id] = HalfPlace(at, size, tag, tuple(keys))
             if txn.state is not TxnState.HALF:
                 self._ended_at[txn.txn_id] = d["ei"]
             txns.append((d["ei"], txn))
