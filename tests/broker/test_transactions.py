@@ -104,11 +104,13 @@ class Answers:
         self.default = default
         self.by_body: dict[bytes, LocalTransactionState] = {}
         self.seen: list[TransactionCheck] = []
+        self.when: dict[str, float] = {}  # transaction id -> monotonic time of its first check
         self.lock = threading.Lock()
 
     def __call__(self, check: TransactionCheck) -> LocalTransactionState:
         with self.lock:
             self.seen.append(check)
+            self.when.setdefault(check.transaction_id, time.monotonic())
             return self.by_body.get(check.message.body, self.default)
 
     def checks_of(self, txn_id: str) -> list[TransactionCheck]:
@@ -285,13 +287,16 @@ def test_leader_killed_between_half_and_commit(cluster: Cluster) -> None:
         return COMMIT
 
     with producer(cluster, "pg-failover", checker) as p:
-        pending = p.send_in_transaction(t, b"checked", answer(UNKNOWN))  # for the new leader
+        # For the new leader to check; its check immunity (4 s) leaves time to elect it.
+        sent_at = time.monotonic()
+        pending = p.send_in_transaction(t, b"checked", answer(UNKNOWN), check_immunity_ms=4000)
         r = p.send_in_transaction(t, b"survives", kill_leader)
         assert killed, "the local transaction did not run"
         assert r.end_error is None, r.end_error
         assert p.end_transaction(GROUP, r.transaction_id, COMMIT) == "committed"
         # The new leader continues the check schedule of the half sent to the old one.
         wait_until(lambda: checker.checks_of(pending.transaction_id), 40, "check by new leader")
+        assert checker.when[pending.transaction_id] - sent_at >= 3.6  # not before its immunity
         got = drain(cluster, t, 2)
     assert sorted(got) == [b"checked", b"survives"]
 
