@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftmq.client.admin import Admin
 from raftmq.client.producer import Producer
 from raftmq.client.producer.transaction import LocalTransactionState, TransactionProducer
-from tests.harness.procs import start_cluster, wait_until
+from tests.harness.procs import Proc, start_cluster, wait_until
 
 RESULTS = Path(__file__).resolve().parent / "results" / "transactions.jsonl"
 GROUP = "broker-a"
@@ -34,6 +36,24 @@ BODY = b"x" * 1024
 def _pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else 0.0
+
+
+@dataclass
+class Totals:
+    count: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
+def _cpu_s(procs: list[Proc]) -> float:
+    """utime + stime of the broker processes (all three: the leader and its followers)."""
+    total = 0.0
+    for proc in procs:
+        assert proc.popen is not None
+        fields = Path(f"/proc/{proc.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _run_for(seconds: float, threads: int, send: Callable[[], None]) -> tuple[int, list[float]]:
@@ -76,28 +96,38 @@ def main() -> int:
                 Producer(cluster.namesrv) as plain,
                 TransactionProducer(cluster.namesrv, "bench-txn", lambda check: commit) as txn,
             ):
+
+                def plain_send() -> None:
+                    plain.send(TOPIC, BODY)
+
+                def txn_send_commit() -> None:
+                    txn.send_in_transaction(TOPIC, BODY, lambda half: commit)
+
                 modes: dict[str, Callable[[], None]] = {
-                    "plain_send": lambda: None if plain.send(TOPIC, BODY) else None,
-                    "txn_send_commit": lambda: (
-                        None if txn.send_in_transaction(TOPIC, BODY, lambda half: commit) else None
-                    ),
+                    "plain_send": plain_send,
+                    "txn_send_commit": txn_send_commit,
                 }
                 for send in modes.values():  # warm up: routes, channels, topic
                     _run_for(0.5, 1, send)
-                totals = {m: [0, 0.0, []] for m in modes}  # count, seconds, latencies
+                totals = {m: Totals() for m in modes}
+                procs = cluster.groups[GROUP][1]
                 for _ in range(args.rounds):
                     for mode, send in modes.items():
+                        cpu0 = _cpu_s(procs)
                         n, lat = _run_for(args.seconds, args.threads, send)
-                        totals[mode][0] += n  # type: ignore[operator]
-                        totals[mode][1] += args.seconds  # type: ignore[operator]
-                        totals[mode][2].extend(lat)  # type: ignore[union-attr]
+                        tot = totals[mode]
+                        tot.count += n
+                        tot.seconds += args.seconds
+                        tot.latencies.extend(lat)
+                        tot.cpu_s += _cpu_s(procs) - cpu0
         finally:
             cluster.close()
     rates: dict[str, float] = {}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lines = []
-    for mode, (n, secs, lat) in totals.items():
-        rate = n / secs  # type: ignore[operator]
+    for mode, tot in totals.items():
+        n, lat = tot.count, tot.latencies
+        rate = n / tot.seconds
         rates[mode] = rate
         lines.append(
             {
@@ -105,9 +135,10 @@ def main() -> int:
                 "mode": mode,
                 "threads": args.threads,
                 "rate_per_s": round(rate, 1),
-                "p50_ms": round(_pct(lat, 50) * 1000, 2),  # type: ignore[arg-type]
-                "p99_ms": round(_pct(lat, 99) * 1000, 2),  # type: ignore[arg-type]
+                "p50_ms": round(_pct(lat, 50) * 1000, 2),
+                "p99_ms": round(_pct(lat, 99) * 1000, 2),
                 "messages": n,
+                "brokers_cpu_us_per_message": round(tot.cpu_s / n * 1e6, 1),
                 "body_bytes": len(BODY),
                 "when": stamp,
                 "machine": f"{platform.machine()} {platform.node()} cpus=2",
