@@ -269,6 +269,12 @@ class Dispatcher:
     ) -> None:
         topic, queue_id, messages = batch.topic, batch.queue_id, batch.messages
         validate_topic(topic, allow_system=True)
+        if self.transactions is not None and self.transactions.is_half(batch):
+            # Stored, invisible: no ConsumeQueue row until a commit adds one.
+            work.outcomes.append(
+                self.transactions.apply_half(work, raft_index, slot, batch, chunk_offsets)
+            )
+            return
         count = len(messages)
         gap: SequenceGap | None = None
         producer = batch.producer
@@ -314,13 +320,6 @@ class Dispatcher:
             # A key repeated in one message gives one index row; empty keys give none.
             keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
         body_sizes = tuple([len(m.body) for m in messages])
-        if producer is None and self.transactions is not None and self.transactions.is_half(batch):
-            # Stored, invisible: no ConsumeQueue row until a commit adds one (one message).
-            outcome = self.transactions.apply_half(
-                work, raft_index, slot, batch, chunk_offsets[0], tag_hashes[0], keys
-            )
-            work.outcomes.append(outcome)
-            return
         first = work.append_rows(
             topic,
             queue_id,

@@ -32,6 +32,7 @@ from raftmq.broker.transaction import (
 )
 from raftmq.broker.txn_apply import MAX_TXN_ID_BYTES, TxnApplier, parse_end_detail
 from raftmq.broker.txn_records import (
+    HALF_PRODUCER_ID,
     PROP_CHECK_IMMUNITY,
     PROP_PRODUCER_GROUP,
     PROP_TRAN_MSG,
@@ -52,7 +53,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.message import Message, encode_msg_id, validate_group, validate_topic
 from raftmq.common.pb import transaction_pb2
-from raftmq.common.record_batch import ProduceBatch
+from raftmq.common.record_batch import ProduceBatch, ProducerSequence
 
 log = logging.getLogger("broker.transactions")
 
@@ -242,7 +243,13 @@ class TransactionShell:
         )
         try:
             payload = record_batch.encode(
-                ProduceBatch(req.topic, prepared.queue_id, _now_ms(), (half,), None)
+                ProduceBatch(
+                    req.topic,
+                    prepared.queue_id,
+                    _now_ms(),
+                    (half,),
+                    ProducerSequence(HALF_PRODUCER_ID, 0),
+                )
             )
         except ValueError as exc:
             raise InvalidArgumentError(f"cannot encode the half message: {exc}") from exc

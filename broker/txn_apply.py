@@ -39,6 +39,7 @@ from raftmq.broker.transaction import (
     TxnState,
 )
 from raftmq.broker.txn_records import (
+    HALF_PRODUCER_ID,
     PROP_CHECK_IMMUNITY,
     PROP_PRODUCER_GROUP,
     PROP_TRAN_MSG,
@@ -49,6 +50,7 @@ from raftmq.broker.txn_records import (
     TxnMoved,
     decode_txn,
 )
+from raftmq.common.filter.tag import tag_hash
 from raftmq.common.record_batch import Kind, MalformedBatchError, ProduceBatch
 from raftmq.common.topic_config import Permission, TopicConfig
 
@@ -119,9 +121,9 @@ class TxnApplier:
 
     @staticmethod
     def is_half(batch: ProduceBatch) -> bool:
-        """A half message: one message with TRAN_MSG, which only the broker sets (clients cannot:
-        validate_message refuses reserved property names)."""
-        return len(batch.messages) == 1 and PROP_TRAN_MSG in batch.messages[0].properties
+        """A half message: its batch carries the HALF_PRODUCER_ID mark, which only the broker's
+        SendHalfMessage writes."""
+        return batch.producer is not None and batch.producer.producer_id == HALF_PRODUCER_ID
 
     def apply_half(
         self,
@@ -129,17 +131,22 @@ class TxnApplier:
         raft_index: int,
         slot: int,
         batch: ProduceBatch,
-        chunk_offset: int,
-        tag_hash: int,
-        keys: tuple[tuple[str, ...], ...],
+        chunk_offsets: tuple[int, ...],
     ) -> ChunkOutcome:
+        if len(batch.messages) != 1:
+            return Rejected(slot, f"a half message batch of {len(batch.messages)} messages")
         msg = batch.messages[0]
         props = msg.properties
         txn_id = props.get(PROP_TRANSACTION_ID, "")
         # Groups, clients and topics repeat across many transactions: one string object each.
         group = sys.intern(props.get(PROP_PRODUCER_GROUP, ""))
         client = sys.intern(props.get(PROP_TRANSACTION_CLIENT, ""))
-        if not txn_id or not group or len(txn_id.encode("utf-8")) > MAX_TXN_ID_BYTES:
+        if (
+            props.get(PROP_TRAN_MSG) != "true"
+            or not txn_id
+            or not group
+            or len(txn_id.encode("utf-8")) > MAX_TXN_ID_BYTES
+        ):
             return Rejected(slot, "a half message without a valid transaction id or group")
         immunity_ms: int | None = None
         raw = props.get(PROP_CHECK_IMMUNITY, "")
@@ -151,8 +158,9 @@ class TxnApplier:
                 return Duplicate(slot, batch.topic, batch.queue_id, None)
             ref = MessageRef(raft_index, slot, 0, sys.intern(batch.topic), batch.queue_id)
             self.book.apply_half(txn_id, group, client, ref, batch.store_timestamp_ms, immunity_ms)
+            keys = tuple(k for k in dict.fromkeys(msg.keys) if k)
             self._places[txn_id] = HalfPlace(
-                chunk_offset, len(msg.body), tag_hash, keys[0] if keys else ()
+                chunk_offsets[0], len(msg.body), tag_hash(msg.tags), keys
             )
             self._persist(work, txn_id)
             self._forget(work)

@@ -24,6 +24,11 @@ PROP_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 # Not a RocketMQ name: the producer instance that sent the half (under the reserved prefix).
 PROP_TRANSACTION_CLIENT = "__RMQ.TRANSACTION_CLIENT"
 
+# The half message's batch-level mark: its producer id, one that no client can send
+# (validate_producer_id refuses unprintable ids) and that no copy of a consumed message carries
+# (consumers never see producer ids), unlike the TRAN_MSG property a committed message keeps.
+HALF_PRODUCER_ID = "\x00transaction-half"
+
 TXN_KINDS = frozenset({Kind.TXN_END, Kind.TXN_CHECK, Kind.TXN_MOVED})
 
 _RESOLUTION_CODE = {Resolution.COMMIT: 1, Resolution.ROLLBACK: 2, Resolution.UNKNOWN: 3}

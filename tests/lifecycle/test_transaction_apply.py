@@ -17,6 +17,7 @@ from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.broker.transaction import MOVED_TOPIC, Resolution, TxnSettings, TxnState
 from raftmq.broker.txn_apply import TxnApplier, parse_end_detail
 from raftmq.broker.txn_records import (
+    HALF_PRODUCER_ID,
     PROP_PRODUCER_GROUP,
     PROP_TRAN_MSG,
     PROP_TRANSACTION_CLIENT,
@@ -28,7 +29,12 @@ from raftmq.broker.txn_records import (
     encode_txn,
 )
 from raftmq.common.message import Message
-from raftmq.common.record_batch import MalformedBatchError, ProduceBatch, encode
+from raftmq.common.record_batch import (
+    MalformedBatchError,
+    ProduceBatch,
+    ProducerSequence,
+    encode,
+)
 from raftmq.raftlog.record import Entry
 
 SETTINGS = TxnSettings(transaction_timeout_ms=1000, check_interval_ms=500, max_checks=2)
@@ -44,7 +50,7 @@ def half(txn_id: str, body: bytes, ts: int, queue_id: int = 1) -> bytes:
         "user": "x",
     }
     msg = Message(T, body, "tagA", ("key-" + txn_id,), props)
-    return encode(ProduceBatch(T, queue_id, ts, (msg,)))
+    return encode(ProduceBatch(T, queue_id, ts, (msg,), ProducerSequence(HALF_PRODUCER_ID, 0)))
 
 
 def plain(body: bytes, ts: int, queue_id: int = 1) -> bytes:
@@ -165,8 +171,9 @@ def test_a_half_without_its_properties_or_a_bad_record_is_rejected_everywhere(
     tmp_path: Path,
 ) -> None:
     node = Node(tmp_path / "a", [])
+    mark = ProducerSequence(HALF_PRODUCER_ID, 0)
     bad_half = encode(
-        ProduceBatch(T, 0, 1, (Message(T, b"x", properties={PROP_TRAN_MSG: "true"}),))
+        ProduceBatch(T, 0, 1, (Message(T, b"x", properties={PROP_TRAN_MSG: "true"}),), mark)
     )
     out = node.feed(bad_half, b"\x14\x01garbage", encode_txn(TxnEnd("nope", Resolution.COMMIT, 5)))
     assert isinstance(out.outcomes[0], Rejected)
@@ -209,3 +216,18 @@ def test_truncated_or_extended_records_are_malformed(
         decode_txn(raw[:cut])
     with pytest.raises(MalformedBatchError):
         decode_txn(raw + b"\x00")
+
+
+def test_a_copy_of_a_committed_message_is_a_plain_message(tmp_path: Path) -> None:
+    """A committed message keeps its TRAN_MSG properties (as in RocketMQ); a copy stored by another
+    path (a retry's send-back, a dead letter resent) has no half mark and is visible at once."""
+    node = Node(tmp_path / "a", [])
+    node.feed(half("t1", b"one", 1000))
+    node.feed(encode_txn(TxnEnd("t1", Resolution.COMMIT, 1100)))
+    [stored] = node.reader.read(node.store.read_queue(T, 1, 0, 1))
+    assert stored.message.properties[PROP_TRAN_MSG] == "true"
+    copy = encode(ProduceBatch(T, 1, 1200, (stored.message,)))
+    out = node.feed(copy)
+    assert isinstance(out.outcomes[0], Appended) and out.outcomes[0].stored.first_offset == 1
+    assert node.bodies() == [b"one", b"one"]
+    node.close()
