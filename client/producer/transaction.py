@@ -59,6 +59,7 @@ T = TypeVar("T", bound=Message)
 
 RETRY_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 1.0
+HINT_PAUSE_S = 0.02  # after following a NOT_LEADER hint
 
 
 class LocalTransactionState(enum.Enum):
@@ -377,6 +378,7 @@ class TransactionProducer:
                 with self._lock:
                     self._leaders[group] = err.leader_hint
                 refresh = False
+                time.sleep(HINT_PAUSE_S)  # two nodes that point at each other: no busy loop
             else:
                 refresh = True
                 time.sleep(backoff)
@@ -422,6 +424,7 @@ class TransactionProducer:
                     with self._lock:
                         self._leaders[group] = err.leader_hint
                     refresh = False
+                    self._closed.wait(HINT_PAUSE_S)
                     continue
                 refresh = True
                 self._closed.wait(backoff)
