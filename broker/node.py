@@ -23,6 +23,7 @@ from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.offsets import OffsetProcessor
 from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
@@ -111,6 +112,7 @@ class BrokerNode:
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()
+        self.metrics = BrokerMetrics(self)  # both transports count into it, once per request
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

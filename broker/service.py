@@ -54,14 +54,21 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def SendMessage(
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SendMessageResponse:
-        return requests.send(self.node, request)
+        answer = requests.send(self.node, request)
+        self.node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
+        return answer
 
     @rpc_errors
     def PullMessage(
         self, request: broker_pb2.PullMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PullMessageResponse:
         steps = requests.pull_steps(self.node, request, _deadline(context))
-        return requests.pull_answer(self.node, self.node.pulls.run_blocking(steps))
+        result = self.node.pulls.run_blocking(steps)
+        answer = requests.pull_answer(self.node, result)
+        self.node.metrics.on_pull(
+            request.consumer_group, request.topic, result.count, answer.ByteSize()
+        )
+        return answer
 
     @rpc_errors
     def CommitOffset(
