@@ -44,9 +44,11 @@ ROLE_NAMES = {Role.LEADER: "leader", Role.FOLLOWER: "follower", Role.CANDIDATE: 
 
 class BrokerMetrics:
     """One per node, with its own registry (no process-global state: tests run several nodes in
-    one process). `registry` is what the metrics endpoint serves."""
+    one process). `registry` is what the metrics endpoint serves. Disabled (no endpoint to read
+    them), the request path records nothing and the transports are not wrapped at all."""
 
-    def __init__(self, node: BrokerNode) -> None:
+    def __init__(self, node: BrokerNode, *, enabled: bool = True) -> None:
+        self.enabled = enabled
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self._msgs_in = Counter(
@@ -81,6 +83,8 @@ class BrokerMetrics:
 
     def on_send(self, topic: str, count: int, nbytes: int) -> None:
         """A send of `count` messages in `nbytes` of request was stored."""
+        if not self.enabled:
+            return
         children = self._in_children.get(topic)
         if children is None:
             children = self._child_in(topic)
@@ -89,7 +93,7 @@ class BrokerMetrics:
 
     def on_pull(self, group: str, topic: str, count: int, nbytes: int) -> None:
         """A pull answered `count` messages in `nbytes` of answer."""
-        if count <= 0:
+        if count <= 0 or not self.enabled:
             return
         children = self._out_children.get((topic, group))
         if children is None:
@@ -119,6 +123,8 @@ class BrokerMetrics:
 
     def frame_handler(self, method: str, handler: Handler) -> Handler:
         """`handler` of the framed data path, timed, its typed errors counted by code."""
+        if not self.enabled:
+            return handler
         observe, on_error = self.rpc.observe, self.rpc.on_error
 
         async def timed(payload: memoryview, ctx: RequestContext) -> bytes | memoryview:
@@ -138,8 +144,8 @@ class BrokerMetrics:
 
         return timed
 
-    def grpc_interceptor(self) -> grpc.ServerInterceptor[Any, Any]:
-        return self.rpc.interceptor()
+    def grpc_interceptors(self) -> list[grpc.ServerInterceptor[Any, Any]]:
+        return [self.rpc.interceptor()] if self.enabled else []
 
 
 # ---- scrape time -------------------------------------------------------------------------------

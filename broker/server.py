@@ -84,7 +84,7 @@ class BrokerServer:
                 *SERVER_LIVENESS,
             ],
             maximum_concurrent_rpcs=settings.max_workers * 4,
-            interceptors=[self.node.metrics.grpc_interceptor()],
+            interceptors=self.node.metrics.grpc_interceptors(),
         )
         self.metrics: MetricsServer | None = None
         self.metrics_address = ""
@@ -224,7 +224,8 @@ def serve(settings: BrokerSettings, stop: threading.Event) -> int:
     )
     print(
         f"broker.started listen={address} node={settings.node_id} group={settings.broker_group} "
-        f"data={server.data_address} metrics={server.metrics_address}",
+        f"data={server.data_address}"
+        + (f" metrics={server.metrics_address}" if server.metrics_address else ""),
         flush=True,
     )
     while not stop.wait(0.5):

@@ -136,8 +136,8 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
     server.start()
     address = f"{settings.listen.rpartition(':')[0]}:{port}"
     print(
-        f"controller.started listen={address} node={settings.node_id} "
-        f"metrics={http.address if http is not None else ''}",
+        f"controller.started listen={address} node={settings.node_id}"
+        + (f" metrics={http.address}" if http is not None else ""),
         flush=True,
     )
     while not stop.wait(0.5):

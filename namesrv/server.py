@@ -212,7 +212,9 @@ def serve(config: NameServerConfig, stop: threading.Event) -> int:
         settings.broker_expiry_ms,
         settings.scan_interval_ms,
     )
-    print(f"namesrv.started listen={address} metrics={server.metrics_address}", flush=True)
+    # metrics= only when served: tools split the line after listen= (the address comes last).
+    metrics = f" metrics={server.metrics_address}" if server.metrics_address else ""
+    print(f"namesrv.started{metrics} listen={address}", flush=True)
     while not stop.wait(0.5) and not server.failed.is_set():
         pass
     server.stop()
