@@ -12,19 +12,18 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from raftmq.common.errors import RaftMQError
-from raftmq.common.metrics_http import RpcMetrics, code_name
+from raftmq.common.metrics_http import HotCounters, RpcMetrics, code_name
 from raftmq.common.transport import Handler, RequestContext
 from raftmq.raftlog.record import Role
 
@@ -51,31 +50,26 @@ class BrokerMetrics:
         self.enabled = enabled
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self._msgs_in = Counter(
-            "rocketmq_messages_in", "Messages stored by sends to this node", ["topic"], registry=r
-        )
-        self._bytes_in = Counter(
-            "rocketmq_throughput_in",
-            "Bytes of send requests (as received) stored by this node",
+        # RocketMQ 5's names; *_total is added by the exposition.
+        self._in = HotCounters(
+            [
+                ("rocketmq_messages_in", "Messages stored by sends to this node"),
+                ("rocketmq_throughput_in", "Bytes of send requests (as received) stored here"),
+            ],
             ["topic"],
-            registry=r,
+            max_series=MAX_TOPIC_LABELS,
         )
-        self._msgs_out = Counter(
-            "rocketmq_messages_out",
-            "Messages answered to pulls by this node",
+        self._out = HotCounters(
+            [
+                ("rocketmq_messages_out", "Messages answered to pulls by this node"),
+                ("rocketmq_throughput_out", "Bytes of pull answers (as sent) by this node"),
+            ],
             ["topic", "consumer_group"],
-            registry=r,
+            max_series=MAX_TOPIC_LABELS,
         )
-        self._bytes_out = Counter(
-            "rocketmq_throughput_out",
-            "Bytes of pull answers (as sent) by this node",
-            ["topic", "consumer_group"],
-            registry=r,
-        )
+        r.register(self._in)
+        r.register(self._out)
         self.rpc = RpcMetrics(r, LATENCY_BUCKETS_S)
-        self._lock = threading.Lock()  # creating label children (rare); increments are locked
-        self._in_children: dict[str, tuple[Any, Any]] = {}
-        self._out_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.held_pulls: Callable[[], int] = lambda: 0  # the data server plugs its count in
         r.register(NodeCollector(node, self))
 
@@ -83,41 +77,13 @@ class BrokerMetrics:
 
     def on_send(self, topic: str, count: int, nbytes: int) -> None:
         """A send of `count` messages in `nbytes` of request was stored."""
-        if not self.enabled:
-            return
-        children = self._in_children.get(topic)
-        if children is None:
-            children = self._child_in(topic)
-        children[0].inc(count)
-        children[1].inc(nbytes)
+        if self.enabled:
+            self._in.add((topic,), count, nbytes)
 
     def on_pull(self, group: str, topic: str, count: int, nbytes: int) -> None:
         """A pull answered `count` messages in `nbytes` of answer."""
-        if count <= 0 or not self.enabled:
-            return
-        children = self._out_children.get((topic, group))
-        if children is None:
-            children = self._child_out(topic, group)
-        children[0].inc(count)
-        children[1].inc(nbytes)
-
-    def _child_in(self, topic: str) -> tuple[Any, Any]:
-        with self._lock:
-            if len(self._in_children) >= MAX_TOPIC_LABELS:
-                topic = OTHER
-            children = (self._msgs_in.labels(topic), self._bytes_in.labels(topic))
-            if topic != OTHER or OTHER not in self._in_children:
-                self._in_children[topic] = children
-            return children
-
-    def _child_out(self, topic: str, group: str) -> tuple[Any, Any]:
-        with self._lock:
-            key = (topic, group)
-            if len(self._out_children) >= MAX_TOPIC_LABELS:
-                key = (OTHER, OTHER)
-            children = (self._msgs_out.labels(*key), self._bytes_out.labels(*key))
-            self._out_children.setdefault(key, children)
-            return children
+        if count > 0 and self.enabled:
+            self._out.add((topic, group), count, nbytes)
 
     # ---- wrappers for the two transports --------------------------------------------------------
 
