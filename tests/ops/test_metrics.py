@@ -6,6 +6,10 @@ majority."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +28,7 @@ from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import ClusterSpec, ProcessSpec, local_description, parse
 from tests.harness.local_cluster import free_ports
-from tests.harness.procs import wait_until
+from tests.harness.procs import ROOT, wait_until
 
 TOPIC = "metrics-t"
 GROUP = "metrics-g"
@@ -231,3 +235,41 @@ def test_readyz_follows_the_group_majority(runner: ClusterRunner) -> None:
     wait_until(
         lambda: all(get(f"http://{p.metrics}/readyz")[0] == 200 for p in brokers), 60, "ready again"
     )
+
+
+def test_cluster_up_prints_where_the_metrics_are(tmp_path: Path) -> None:
+    """`make run` is `raftmq cluster up`: it names every process's /metrics URL."""
+    spec_file = tmp_path / "cluster.toml"
+    spec_file.write_text(
+        local_description(
+            free_ports(5),  # 1 NameServer, 1 group of 1 node (gRPC + Raft), metrics for both
+            tmp_path / "data",
+            name="Up",
+            namesrvs=1,
+            controllers=0,
+            nodes_per_group=1,
+            metrics=True,
+        )
+    )
+    spec = parse(spec_file.read_text())
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "raftmq.ops.cli", "cluster", *args, "--spec", str(spec_file)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    up = cli("up", "--detach")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        for name, url in spec.metrics_endpoints():
+            assert re.search(rf"{re.escape(name)}\s+{re.escape(url)}", up.stdout), up.stdout
+            assert get(url)[0] == 200
+    finally:
+        cli("down")
