@@ -426,12 +426,10 @@ class ResetOffsetsRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
 
 class ResetOffsetsResponse(_message.Message):
-    __slots__ = ("offsets", "reset_id")
+    __slots__ = ("offsets",)
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
-    RESET_ID_FIELD_NUMBER: _ClassVar[int]
     offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
-    reset_id: int
-    def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ..., reset_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
 
 class ListConsumerGroupsRequest(_message.Message):
     __slots__ = ()
