@@ -35,9 +35,8 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-MAX_TOPIC_LABELS = 1000  # topics (or topic, group pairs) with their own series; the rest: OTHER
+MAX_TOPIC_LABELS = 1000  # topics (or topic, group pairs) with their own series; the rest: _other
 MAX_LAG_SERIES = 10_000  # consumer lag rows reported per scrape (committed offsets read)
-OTHER = "_other"
 ROLE_NAMES = {Role.LEADER: "leader", Role.FOLLOWER: "follower", Role.CANDIDATE: "candidate"}
 
 
