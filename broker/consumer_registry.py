@@ -56,6 +56,11 @@ class ConsumerRegistry:
         self._expire_group(group, now_ms)
         return sorted(self._groups.get(group, {}))
 
+    def snapshot(self, now_ms: int) -> dict[str, dict[str, tuple[str, ...]]]:
+        """Every live group -> client id -> the topics it subscribes (admin, metrics)."""
+        self._expire(now_ms)
+        return {g: {c: m.topics for c, m in ms.items()} for g, ms in self._groups.items()}
+
     def _expire_group(self, group: str, now_ms: int) -> None:
         members = self._groups.get(group)
         if members is None:

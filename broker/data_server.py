@@ -80,12 +80,13 @@ class DataServer:
         io = self._io = LoopThread(name=f"broker-data-{self.node.me.node_id}")
         self._waker = LoopWaker(io.loop)
         s = self.settings
-        self._held = HeldPulls(
+        self._held = held = HeldPulls(
             self.node.store,
             self._waker,
             max_waiters=s.data_max_connections * s.data_max_inflight_per_conn,
         )
-        self.node.dispatcher.add_listener(self._held.on_progress)
+        self.node.dispatcher.add_listener(held.on_progress)
+        self.node.metrics.held_pulls = lambda: held.held
         self._pool = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="broker-data-block")
         self._server = FrameServer(
             self._handlers(),
@@ -149,7 +150,8 @@ class DataServer:
             handlers.update(transaction_handlers(self.transactions, self._blocking, self._waker))
         missing = set(PAYLOADS) - set(handlers) - (TXN_METHODS if not self.transactions else set())
         assert not missing, f"no handler for {sorted(m.name for m in missing)}"
-        return {int(m): h for m, h in handlers.items()}
+        timed = self.node.metrics.frame_handler
+        return {int(m): timed(m.name, h) for m, h in handlers.items()}
 
     def _inline(
         self, cls: type[_M], fn: Callable[[BrokerNode, _M], Message]
@@ -182,6 +184,7 @@ class DataServer:
                 [prepared.payload], prepared.timeout_s, self._waker
             )
             queue_id, outcomes = prepared.queue_id, node.sends.outcomes(prepared, chunk)
+        node.metrics.on_send(req.topic, prepared.count, len(payload))
         return requests.send_answer(node, queue_id, outcomes, term).SerializeToString()
 
     async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
@@ -208,7 +211,9 @@ class DataServer:
         deadline = time.monotonic() + self.settings.long_poll_max_ms / 1000
         steps = requests.pull_steps(node, req, deadline)
         result = await self._drive(steps)
-        return requests.pull_answer(node, result).SerializeToString()
+        answer = requests.pull_answer(node, result).SerializeToString()
+        node.metrics.on_pull(req.consumer_group, req.topic, result.count, len(answer))
+        return answer
 
     async def _drive(self, steps: PullSteps) -> PullResult:
         try:

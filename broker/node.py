@@ -24,6 +24,8 @@ from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.metrics import BrokerMetrics
+from raftmq.broker.offset_resets import ResetBook
 from raftmq.broker.offsets import OffsetProcessor
 from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
@@ -47,6 +49,7 @@ from raftmq.common.errors import (
     RaftMQError,
 )
 from raftmq.common.message import MessageLimits
+from raftmq.common.metrics_http import metrics_bind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
@@ -55,6 +58,11 @@ from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
 
 LEADER_READY_WAIT_S = (
     2.0  # a new leader indexes earlier terms' entries first; hold writes that long
@@ -125,6 +133,12 @@ class BrokerNode:
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()
+        self.resets = ResetBook()  # recent offset resets, told to the group's heartbeats
+        # Both transports count into it, once per request; nothing is counted without an
+        # endpoint that serves the counts.
+        self.metrics = BrokerMetrics(
+            self, enabled=metrics_bind(settings.metrics_listen) is not None
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -178,6 +192,10 @@ class BrokerNode:
 
     def _on_progress(self, progress: DispatchProgress) -> None:
         self.outcomes.record(progress)
+        for out in progress.outputs:
+            if out.offset_rows and any(r.reset for r in out.offset_rows):
+                with self.consumers_lock:
+                    self.resets.record(out.raft_index, out.offset_rows, _monotonic_ms())
         if any(out.topic_rows for out in progress.outputs):
             for listener in list(self._topic_listeners):
                 try:

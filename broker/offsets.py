@@ -7,7 +7,7 @@ leader gate and the log; queries read this node's store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -102,6 +102,35 @@ class OffsetProcessor:
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         self._topics.readable_topic(topic, queue_id)
         return self._store.offset_for_timestamp(topic, queue_id, timestamp_ms)
+
+    def reset_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        """An administrative reset of some queues of `topic` to explicit offsets, each kept within
+        its queue's bounds (an offset past the end means the end, before the start the start).
+        Replicated as a reset, so running consumers of the group are told (broker/offset_resets)."""
+        validate_group(group)
+        cfg = self._topics.readable_topic(topic, -1)
+        if not offsets:
+            raise InvalidArgumentError("a reset names at least one queue")
+        for queue_id, offset in offsets.items():
+            if not 0 <= queue_id < cfg.read_queue_nums:
+                raise InvalidArgumentError(
+                    f"queue {queue_id} does not exist: topic {topic!r} has "
+                    f"{cfg.read_queue_nums} read queues on {self._node.group}"
+                )
+            if offset < 0:
+                raise InvalidArgumentError(f"offset {offset} of queue {queue_id} is negative")
+        self._node.require_leader()
+        clamped = {}
+        for queue_id, offset in sorted(offsets.items()):
+            low, high = self._store.queue_bounds(topic, queue_id)
+            clamped[queue_id] = min(max(offset, low), high)
+        outcome = self._node.replicate(
+            [record_batch.encode(ResetOffsets(group, topic, clamped))],
+            self._settings.send_timeout_ms / 1000,
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"offset reset refused: {outcome.reason}")
+        return clamped
 
     def reset_offsets_to_timestamp(
         self, group: str, topic: str, timestamp_ms: int

@@ -58,6 +58,11 @@ class PullResult:
     max_offset: int
     raw_parts: list[RawPart] = field(default_factory=list)  # instead of messages, when asked
 
+    @property
+    def count(self) -> int:
+        """Messages answered (a sum over parts: no walk over messages)."""
+        return len(self.messages) + sum(len(p.positions) for p in self.raw_parts)
+
 
 @dataclass(frozen=True, slots=True)
 class WaitDispatched:

@@ -53,7 +53,20 @@ def heartbeat(node: BrokerNode, req: broker_pb2.HeartbeatRequest) -> broker_pb2.
                 )
             except RegistryFullError as exc:
                 raise QueueFullError(str(exc)) from exc
-    return broker_pb2.HeartbeatResponse()
+        orders = node.resets.pending(req.consumer_group, req.topics, monotonic_ms())
+    return broker_pb2.HeartbeatResponse(
+        resets=[
+            broker_pb2.OffsetReset(
+                broker_group=node.group,
+                reset_id=o.reset_id,
+                topic=o.topic,
+                queue_id=q,
+                offset=off,
+            )
+            for o in orders
+            for q, off in o.offsets
+        ]
+    )
 
 
 def consumer_list(

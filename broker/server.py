@@ -21,6 +21,7 @@ import grpc
 from raftmq.broker import settings as settings_mod
 from raftmq.broker.convert import topic_to_pb
 from raftmq.broker.data_server import DataServer
+from raftmq.broker.metrics import readiness
 from raftmq.broker.node import BrokerNode, build_broker_node
 from raftmq.broker.registration import Registrar
 from raftmq.broker.role_reporter import RoleReporter
@@ -30,6 +31,7 @@ from raftmq.broker.transactions_service import TRANSACTION_SERVICE, TransactionS
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.raftlog.record import Role, RoleChange
@@ -84,7 +86,10 @@ class BrokerServer:
                 *SERVER_LIVENESS,
             ],
             maximum_concurrent_rpcs=settings.max_workers * 4,
+            interceptors=self.node.metrics.grpc_interceptors(),
         )
+        self.metrics: MetricsServer | None = None
+        self.metrics_address = ""
         add_servicer(self._server, BrokerService(self.node), BROKER_SERVICE)
         self.transactions = TransactionShell(self.node, self.node.transactions)
         add_servicer(self._server, TransactionService(self.transactions), TRANSACTION_SERVICE)
@@ -155,6 +160,11 @@ class BrokerServer:
                 self.data_address = self.data_server.start(*bind)
             except OSError as exc:
                 raise OSError(f"cannot listen on {bind[0]}:{bind[1]} (data_listen): {exc}") from exc
+        node = self.node
+        self.metrics = start_metrics(
+            self.settings.metrics_listen, node.metrics.registry, lambda: readiness(node), "broker"
+        )
+        self.metrics_address = self.metrics.address if self.metrics is not None else ""
         self._server.start()
         self.registrar.start()
         self.address = f"{host}:{port}"
@@ -182,6 +192,8 @@ class BrokerServer:
         )
         if self.reporter is not None:
             self.reporter.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.node.close()
 
 
@@ -220,7 +232,8 @@ def serve(settings: BrokerSettings, stop: threading.Event) -> int:
     )
     print(
         f"broker.started listen={address} node={settings.node_id} group={settings.broker_group} "
-        f"data={server.data_address}",
+        f"data={server.data_address}"
+        + (f" metrics={server.metrics_address}" if server.metrics_address else ""),
         flush=True,
     )
     while not stop.wait(0.5):

@@ -7,6 +7,7 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
@@ -14,7 +15,7 @@ import grpc
 from raftmq.broker import requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
-from raftmq.common.errors import rpc_errors
+from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.raftlog.record import Role
 
@@ -54,14 +55,21 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def SendMessage(
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SendMessageResponse:
-        return requests.send(self.node, request)
+        answer = requests.send(self.node, request)
+        self.node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
+        return answer
 
     @rpc_errors
     def PullMessage(
         self, request: broker_pb2.PullMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PullMessageResponse:
         steps = requests.pull_steps(self.node, request, _deadline(context))
-        return requests.pull_answer(self.node, self.node.pulls.run_blocking(steps))
+        result = self.node.pulls.run_blocking(steps)
+        answer = requests.pull_answer(self.node, result)
+        self.node.metrics.on_pull(
+            request.consumer_group, request.topic, result.count, answer.ByteSize()
+        )
+        return answer
 
     @rpc_errors
     def CommitOffset(
@@ -100,6 +108,31 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
                 for q, o in sorted(offsets.items())
             ]
         )
+
+    @rpc_errors
+    def ResetOffsets(
+        self, request: broker_pb2.ResetOffsetsRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ResetOffsetsResponse:
+        wanted: dict[int, int] = {}
+        for o in request.offsets:
+            if o.topic and o.topic != request.topic:
+                raise InvalidArgumentError(
+                    f"offset of topic {o.topic!r} in a reset of topic {request.topic!r}"
+                )
+            wanted[o.queue_id] = o.offset
+        done = self.node.offsets.reset_offsets(request.consumer_group, request.topic, wanted)
+        return broker_pb2.ResetOffsetsResponse(
+            offsets=[
+                broker_pb2.QueueOffset(topic=request.topic, queue_id=q, offset=o)
+                for q, o in sorted(done.items())
+            ]
+        )
+
+    @rpc_errors
+    def ListConsumerGroups(
+        self, request: broker_pb2.ListConsumerGroupsRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ListConsumerGroupsResponse:
+        return consumer_groups(self.node)
 
     @rpc_errors
     def QueryMessageById(
@@ -177,6 +210,43 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         )
 
 
+MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+SECRET_SETTINGS = frozenset({"raft_password"})
+
+
+def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
+    """Groups with members heartbeating here (soft state) or committed offsets (replicated)."""
+    with node.consumers_lock:
+        live = node.consumers.snapshot(requests.monotonic_ms())
+    committed: dict[str, set[str]] = {}
+    for group, topic, _queue, _offset in node.store.all_committed_offsets(MAX_LISTED_OFFSETS):
+        committed.setdefault(group, set()).add(topic)
+    return broker_pb2.ListConsumerGroupsResponse(
+        groups=[
+            broker_pb2.ConsumerGroupInfo(
+                consumer_group=g,
+                members=[
+                    broker_pb2.ConsumerMember(client_id=c, topics=list(topics))
+                    for c, topics in sorted(live.get(g, {}).items())
+                ],
+                committed_topics=sorted(committed.get(g, ())),
+            )
+            for g in sorted(set(live) | set(committed))
+        ]
+    )
+
+
+def settings_config(node: BrokerNode) -> dict[str, str]:
+    """The node's settings as text, secrets left out (set ones show as "***")."""
+    out = {}
+    for f in dataclasses.fields(node.settings):
+        value = getattr(node.settings, f.name)
+        if f.name in SECRET_SETTINGS:
+            value = "***" if value else ""
+        out[f.name] = getattr(value, "value", None) or str(value)
+    return out
+
+
 def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
     st = node.status()
     storage = node.health.error
@@ -203,4 +273,5 @@ def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
         topics=topics,
         storage_error=storage.describe() if storage is not None else "",
         disk_full=storage is not None and storage.disk_full,
+        config=settings_config(node),
     )

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_address_list, parse_members
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
@@ -46,6 +47,12 @@ class BrokerSettings:
         doc='framed data path (send, pull, offsets, heartbeats) bind address; "" = the host of '
         'this node\'s gRPC address, any free port; "off" = gRPC only. The bound address is '
         "registered as the node's data_address",
+    )
+    metrics_listen: str = setting(
+        default="",
+        unit="host:port",
+        doc='Prometheus /metrics, /healthz and /readyz over HTTP; "" or "off" = none, port 0 = '
+        "any free port",
     )
     data_max_frame_bytes: int = setting(
         default=16 * MIB, unit="bytes", doc="framed data path: largest request or answer frame"
@@ -172,6 +179,7 @@ class BrokerSettings:
             raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")
         if self.listen:
             check_host_port(self.listen, "listen")
+        check_metrics_listen(self.metrics_listen)
         if self.data_listen not in ("", DATA_LISTEN_OFF):
             _check_bind_address(self.data_listen, "data_listen")
         _split(self.namesrv_addresses, "namesrv_addresses")  # at least one, each host:port

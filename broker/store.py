@@ -447,6 +447,27 @@ class MessageStore:
                 out[_U32.unpack_from(k, len(prefix))[0]] = _U64.unpack(v)[0]
         return out
 
+    def all_committed_offsets(self, max_rows: int) -> list[tuple[str, str, int, int]]:
+        """(group, topic, queue id, offset) of every committed offset, in key order, at most
+        `max_rows` (metrics and the admin's group list read this; the bound keeps a scrape
+        short on a broker with very many groups)."""
+        out: list[tuple[str, str, int, int]] = []
+        with self._env.begin() as txn, txn.cursor(db=self._offsets) as cur:
+            for k, v in cur.iternext():
+                if len(out) >= max_rows:
+                    break
+                head, queue = k[:-4], k[-4:]
+                group, _, topic = head[:-1].partition(b"\0")
+                out.append(
+                    (
+                        group.decode("utf-8", "replace"),
+                        topic.decode("utf-8", "replace"),
+                        _U32.unpack(queue)[0],
+                        _U64.unpack(v)[0],
+                    )
+                )
+        return out
+
     def cq_row_at(self, raft_index: int, slot: int, position: int) -> CQRow | None:
         """The ConsumeQueue row of the message at (raft index, slot, position), i.e. the one a
         message id names; None if no appended batch is there."""

@@ -1,5 +1,6 @@
-"""Admin: topics, routes, cluster and broker status, group lag, offset resets by time, message
-queries. Every call goes to the right broker group's leader (found through the NameServers)."""
+"""Admin: topics, routes, cluster and broker status, consumer groups and their members, group
+lag, offset resets (planned, then executed), message queries. Every call goes to the right
+broker group's leader (found through the NameServers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TypeVar
 import grpc
 
 from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.arguments import checked
@@ -19,6 +21,7 @@ from raftmq.common.errors import (
     InvalidTopicConfigError,
     MessageNotFoundError,
     NotLeaderError,
+    RaftMQError,
     TopicNotFoundError,
     from_rpc_error,
 )
@@ -72,6 +75,37 @@ class GroupInfo:
     nodes: tuple[namesrv_pb2.BrokerNode, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerMemberInfo:
+    client_id: str  # the SDK's "host@pid@..." id: where the member connects from
+    topics: tuple[str, ...]
+    broker_groups: tuple[str, ...]  # the broker groups it heartbeats to (its connections)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupInfo:
+    group: str
+    members: tuple[ConsumerMemberInfo, ...]  # online now, sorted by client id
+    topics: tuple[str, ...]  # subscribed by a member or with committed offsets
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    queue: QueueRef
+    min_offset: int
+    max_offset: int  # the next message's offset
+    last_store_timestamp_ms: int  # 0: empty
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    broker_group: str
+    node_id: str
+    address: str
+    status: broker_pb2.BrokerStatus | None  # None: the node did not answer (see error)
+    error: str = ""
+
+
 class Admin:
     """A context manager; thread-safe."""
 
@@ -115,6 +149,21 @@ class Admin:
                 broker_pb2.GetBrokerStatusRequest(), timeout=RPC_TIMEOUT_S
             )
         )
+
+    def broker_statuses(self, broker_groups: Sequence[str] | None = None) -> list[NodeStatus]:
+        """Every node of every (or the named) broker group, each asked directly (status, term,
+        indexes, storage and its settings in `config`); a node that does not answer is listed
+        with its error."""
+        out = []
+        for g in self._select(broker_groups):
+            for n in g.nodes:
+                try:
+                    st = self.broker_status(n.address)
+                except RaftMQError as exc:
+                    out.append(NodeStatus(g.broker_group, n.node_id, n.address, None, exc.message))
+                    continue
+                out.append(NodeStatus(g.broker_group, n.node_id, n.address, st))
+        return out
 
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
         return self._pool.broker(address)
@@ -277,7 +326,120 @@ class Admin:
     def route(self, topic: str) -> TopicRoute:
         return self.routes.route(topic, refresh=True)
 
+    @checked
+    def topic_status(self, topic: str) -> list[QueueStatus]:
+        """mqadmin topicStatus: min and max offset and last store time of every queue, from
+        each broker group's leader."""
+        validate_topic(topic)
+        out = []
+        for q in self.route(topic).read_queues():
+            g = self._select([q.broker_group])[0]
+            b = self._on_leader(
+                g,
+                lambda s, q=q: s.GetQueueBounds(  # type: ignore[misc]
+                    broker_pb2.GetQueueBoundsRequest(topic=topic, queue_id=q.queue_id),
+                    timeout=RPC_TIMEOUT_S,
+                ),
+            )
+            out.append(QueueStatus(q, b.min_offset, b.max_offset, b.max_store_timestamp_ms))
+        return out
+
     # ---- groups and offsets -------------------------------------------------------------------
+
+    def consumer_groups(self) -> list[ConsumerGroupInfo]:
+        """Every consumer group a broker group knows: with members heartbeating now (and the
+        broker groups each reaches: its connections) or with committed offsets."""
+        members: dict[str, dict[str, tuple[set[str], set[str]]]] = {}
+        topics: dict[str, set[str]] = {}
+        for g in self._select(None):
+            resp = self._on_leader(
+                g,
+                lambda s: s.ListConsumerGroups(
+                    broker_pb2.ListConsumerGroupsRequest(), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            for info in resp.groups:
+                group_topics = topics.setdefault(info.consumer_group, set())
+                group_topics.update(info.committed_topics)
+                by_client = members.setdefault(info.consumer_group, {})
+                for m in info.members:
+                    subscribed, reached = by_client.setdefault(m.client_id, (set(), set()))
+                    subscribed.update(m.topics)
+                    reached.add(g.broker_group)
+                    group_topics.update(m.topics)
+        return [
+            ConsumerGroupInfo(
+                name,
+                tuple(
+                    ConsumerMemberInfo(cid, tuple(sorted(t)), tuple(sorted(b)))
+                    for cid, (t, b) in sorted(members.get(name, {}).items())
+                ),
+                tuple(sorted(topics[name])),
+            )
+            for name in sorted(topics)
+        ]
+
+    @checked
+    def plan_offset_reset(self, group: str, topic: str, target: ResetTarget) -> list[QueueReset]:
+        """Where `target` puts each queue of `topic` for `group`, changing nothing (--dry-run)."""
+        validate_group(group)
+        offsets = BrokerOffsets(group, self.routes, self._pool)
+        plan = []
+        for q in self.route(topic).read_queues():
+            committed = offsets.committed(q)
+            low, high = offsets.bounds(q)
+            at_time = (
+                offsets.for_timestamp(q, target.value) if target.kind is ResetTo.TIME else None
+            )
+            plan.append(
+                QueueReset(
+                    q, committed, low, high, target_offset(target, committed, low, high, at_time)
+                )
+            )
+        return plan
+
+    @checked
+    def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        target: ResetTarget,
+        *,
+        allow_new_group: bool = False,
+    ) -> list[QueueReset]:
+        """Plan the reset and execute it on each broker group's leader (replicated). Running
+        PushConsumers of the group move to the new offsets at their next heartbeat. A group
+        that never used the topic is refused unless `allow_new_group`."""
+        validate_group(group)
+        if not allow_new_group and not self.group_exists(group, topic):
+            raise InvalidArgumentError(
+                f"consumer group {group!r} has no committed offset on topic {topic!r} and no "
+                "consumer online: check the name, or allow a new group (--create) to start it "
+                "at these offsets"
+            )
+        plan = self.plan_offset_reset(group, topic, target)
+        by_group: dict[str, list[QueueReset]] = {}
+        for row in plan:
+            by_group.setdefault(row.queue.broker_group, []).append(row)
+        done: dict[QueueRef, int] = {}
+        for name, rows in sorted(by_group.items()):
+            g = self._select([name])[0]
+            req = broker_pb2.ResetOffsetsRequest(
+                consumer_group=group,
+                topic=topic,
+                offsets=[
+                    broker_pb2.QueueOffset(topic=topic, queue_id=r.queue.queue_id, offset=r.new)
+                    for r in rows
+                ],
+            )
+            resp = self._on_leader(g, lambda s, req=req: s.ResetOffsets(req, timeout=RPC_TIMEOUT_S))  # type: ignore[misc]
+            for o in resp.offsets:
+                done[QueueRef(topic, name, o.queue_id)] = o.offset
+        # The stored offsets (bounds may have moved since the plan was made).
+        return [
+            QueueReset(r.queue, r.current, r.min_offset, r.max_offset, done.get(r.queue, r.new))
+            for r in plan
+        ]
 
     @checked
     def group_lag(self, group: str, topic: str) -> list[QueueLag]:

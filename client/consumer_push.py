@@ -28,6 +28,7 @@ import grpc
 from raftmq.client.data_pool import DataPool
 from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offset_reset import SeenResets
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
@@ -150,6 +151,7 @@ class PushConsumer:
         self._pqs: dict[QueueRef, ProcessQueue] = {}
         self._rebalance_lock = threading.Lock()
         self._members_seen: list[str] | None = None  # the membership the assignment is for
+        self._resets = SeenResets()  # administrative resets followed (from heartbeat answers)
         self._started = False
         self._closed = False
         self.rebalances = 0
@@ -232,18 +234,47 @@ class PushConsumer:
         # Every node at once over frames (where offered), then the gRPC ones in turn; a dead node
         # is skipped: the others carry the membership.
         framed = []
+        answers: list[broker_pb2.HeartbeatResponse] = []
         for a in nodes:
             data_address = self.routes.data_address(a)
             if data_address:
                 framed.append(self._data.submit(data_address, DataMethod.HEARTBEAT, req, 2.0))
                 continue
             with contextlib.suppress(grpc.RpcError):
-                self._pool.broker(a).Heartbeat(req, timeout=2)
+                answers.append(self._pool.broker(a).Heartbeat(req, timeout=2))
         for fut in framed:
             with contextlib.suppress(RaftMQError, FutureTimeout):
-                fut.result(timeout=2 + 1)
+                answer = fut.result(timeout=2 + 1)
+                assert isinstance(answer, broker_pb2.HeartbeatResponse)
+                answers.append(answer)
         if not leaving:
+            self._follow_resets(answers)
             self._check_membership()
+
+    def _follow_resets(self, answers: Sequence[broker_pb2.HeartbeatResponse]) -> None:
+        """Administrative offset resets the brokers announce: each queue this member holds
+        restarts at its new offset (RocketMQ's resetOffset pushed to the clients)."""
+        moves = self._resets.take(r for a in answers for r in a.resets)
+        if answers:
+            self._resets.prime()
+        for q, offset in sorted(moves.items()):
+            self._restart_queue(q, offset)
+
+    def _restart_queue(self, q: QueueRef, offset: int) -> None:
+        with self._rebalance_lock:
+            if self._closed:
+                return
+            fetcher = self._fetchers.pop(q, None)
+            if fetcher is None:
+                return  # not held here: whoever starts it reads the reset committed offset
+            fetcher.stop(join=False)
+            with self._lock:
+                old = self._pqs.pop(q, None)
+            if old is not None:
+                old.dropped = True  # what its listeners still finish is not committed
+            self._start_queue(q, offset)
+        log.info("consumer.offset_reset client=%s queue=%s offset=%d", self.client_id, q, offset)
+        self._commit_offsets({q: offset})
 
     def _check_membership(self) -> None:
         """Rebalance at once when the group's members changed (RocketMQ's brokers notify the
@@ -320,25 +351,29 @@ class PushConsumer:
                 except RaftMQError as exc:
                     log.warning("consumer.start_offset_failed queue=%s error=%s", q, exc.message)
                     continue
-                pq = ProcessQueue(start, self._max_inflight)
-                with self._lock:
-                    self._pqs[q] = pq
-                # Bound to this process queue: a fetcher stopped by an earlier rebalance of the
-                # same queue may still deliver once, and that must not reach the new one.
-                f = QueueFetcher(
-                    q,
-                    start,
-                    self._settings,
-                    self.routes,
-                    self._pool,
-                    functools.partial(self._deliver, pq),
-                    functools.partial(self._reset, pq),
-                    driver=self._driver,
-                    has_room=functools.partial(self._has_room, pq),
-                    data=self._data,
-                )
-                self._fetchers[q] = f
-                f.start()
+                self._start_queue(q, start)
+
+    def _start_queue(self, q: QueueRef, start: int) -> None:
+        """A process queue and its fetcher from `start` (the rebalance lock is held)."""
+        pq = ProcessQueue(start, self._max_inflight)
+        with self._lock:
+            self._pqs[q] = pq
+        # Bound to this process queue: a fetcher stopped by an earlier rebalance of the
+        # same queue may still deliver once, and that must not reach the new one.
+        f = QueueFetcher(
+            q,
+            start,
+            self._settings,
+            self.routes,
+            self._pool,
+            functools.partial(self._deliver, pq),
+            functools.partial(self._reset, pq),
+            driver=self._driver,
+            has_room=functools.partial(self._has_room, pq),
+            data=self._data,
+        )
+        self._fetchers[q] = f
+        f.start()
 
     def _start_offset(self, q: QueueRef) -> int:
         committed = (

@@ -13,13 +13,16 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.metrics_http import start_metrics
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.controller import settings as settings_mod
+from raftmq.controller.metrics import ControllerMetrics, readiness
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.settings import ControllerSettings
 from raftmq.controller.state import RoleReport
@@ -103,9 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(settings: ControllerSettings, stop: threading.Event) -> int:
     node = ControllerNode(settings)
+    metrics = ControllerMetrics(node, CollectorRegistry(auto_describe=False))
+    assert metrics.rpc is not None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
         options=[("grpc.so_reuseport", 0), *SERVER_LIVENESS],
+        interceptors=[metrics.rpc.interceptor()],
     )
     add_servicer(server, ControllerService(node), CONTROLLER_SERVICE)
     try:
@@ -118,13 +124,27 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
         _log.error("controller.listen_failed listen=%s (address in use?)", settings.listen)
         node.close()
         return 1
+    try:
+        http = start_metrics(
+            settings.metrics_listen, metrics.registry, lambda: readiness(node), "controller"
+        )
+    except OSError as exc:
+        _log.error("controller.listen_failed error=%s", exc)
+        node.close()
+        return 1
     node.start()
     server.start()
     address = f"{settings.listen.rpartition(':')[0]}:{port}"
-    print(f"controller.started listen={address} node={settings.node_id}", flush=True)
+    print(
+        f"controller.started listen={address} node={settings.node_id}"
+        + (f" metrics={http.address}" if http is not None else ""),
+        flush=True,
+    )
     while not stop.wait(0.5):
         pass
     server.stop(2).wait()
+    if http is not None:
+        http.stop()
     node.close()
     return 0
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, parse_address_list, parse_members
 from raftmq.controller.balance import BalancePolicy, parse_preferred
@@ -29,6 +30,12 @@ class ControllerSettings:
         doc="the other controllers: id=gRPC address/Raft address",
     )
     data_dir: Path = setting(default=Path("data/controller"), unit="path", doc="Raft journal")
+    metrics_listen: str = setting(
+        default="",
+        unit="host:port",
+        doc='Prometheus /metrics, /healthz and /readyz over HTTP; "" or "off" = none, port 0 = '
+        "any free port",
+    )
     namesrv_addresses: str = setting(
         default="127.0.0.1:9876", unit="host:port,...", doc="NameServers to push leaders to"
     )
@@ -60,6 +67,7 @@ class ControllerSettings:
     )
 
     def __post_init__(self) -> None:
+        check_metrics_listen(self.metrics_listen)
         peers = self.peer_list
         if self.node_id in {p.node_id for p in peers}:
             raise ValueError(f"peers must not contain this controller ({self.node_id})")

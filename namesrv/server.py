@@ -20,13 +20,17 @@ import grpc
 
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import controller_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_role_args, run_role
 from raftmq.controller import settings as controller_settings_mod
+from raftmq.controller.metrics import ControllerMetrics
+from raftmq.controller.metrics import readiness as controller_readiness
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.server import ControllerService
 from raftmq.controller.settings import ControllerSettings
 from raftmq.namesrv import settings as settings_mod
+from raftmq.namesrv.metrics import NameServerMetrics, readiness
 from raftmq.namesrv.route_table import RouteTable
 from raftmq.namesrv.service import NameServerService
 from raftmq.namesrv.settings import NameServerSettings
@@ -45,6 +49,11 @@ class NameServer:
         self.settings = settings
         self.controller = controller
         self.service = NameServerService(RouteTable(settings.broker_expiry_ms))
+        self.metrics = NameServerMetrics(self.service)
+        if controller is not None:  # one endpoint per process: the controller's beside ours
+            ControllerMetrics(controller, self.metrics.registry, with_rpc=False)
+        self._http: MetricsServer | None = None
+        self.metrics_address = ""
         self.failed = threading.Event()  # set if the scan thread died; the process must exit
         self._stop = threading.Event()
         self._server = grpc.server(
@@ -57,6 +66,7 @@ class NameServer:
                 ("grpc.so_reuseport", 0),  # two servers must never share a port silently
                 *SERVER_LIVENESS,
             ],
+            interceptors=[self.metrics.rpc.interceptor()],
         )
         add_servicer(self._server, self.service, NAMESRV_SERVICE)
         if controller is not None:
@@ -76,6 +86,14 @@ class NameServer:
         if port == 0:
             self._server.stop(0)
             raise OSError(f"cannot listen on {self.settings.listen} (address in use?)")
+        try:
+            self._http = start_metrics(
+                self.settings.metrics_listen, self.metrics.registry, self._ready, "namesrv"
+            )
+        except OSError:
+            self._server.stop(0)
+            raise
+        self.metrics_address = self._http.address if self._http is not None else ""
         if self.controller is not None:
             self.controller.start()
         self._server.start()
@@ -83,7 +101,16 @@ class NameServer:
         self.address = f"{host}:{port}"
         return self.address
 
+    def _ready(self) -> tuple[bool, str]:
+        ok, why = readiness(self.service)
+        if self.controller is not None:
+            c_ok, c_why = controller_readiness(self.controller)
+            return ok and c_ok, f"{why}; {c_why}"
+        return ok, why
+
     def stop(self) -> None:
+        if self._http is not None:
+            self._http.stop()
         self._stop.set()
         self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
         if self._scanner.is_alive():
@@ -185,7 +212,9 @@ def serve(config: NameServerConfig, stop: threading.Event) -> int:
         settings.broker_expiry_ms,
         settings.scan_interval_ms,
     )
-    print(f"namesrv.started listen={address}", flush=True)
+    # metrics= only when served: tools split the line after listen= (the address comes last).
+    metrics = f" metrics={server.metrics_address}" if server.metrics_address else ""
+    print(f"namesrv.started{metrics} listen={address}", flush=True)
     while not stop.wait(0.5) and not server.failed.is_set():
         pass
     server.stop()

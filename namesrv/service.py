@@ -16,6 +16,7 @@ import grpc
 from raftmq.common.errors import NoRouteError, rpc_errors
 from raftmq.common.pb import common_pb2, namesrv_pb2, namesrv_pb2_grpc
 from raftmq.namesrv.route_table import (
+    ClusterView,
     ExpiredNode,
     GroupView,
     LeaderChange,
@@ -116,6 +117,11 @@ class NameServerService(namesrv_pb2_grpc.NameServerServicer):
         self._table = table
         self._clock_ms = clock_ms
         self._lock = threading.Lock()
+
+    def snapshot(self) -> tuple[tuple[ClusterView, ...], tuple[str, ...]]:
+        """Every cluster's groups and every topic with a route, now (metrics)."""
+        with self._lock:
+            return self._table.cluster_info(self._clock_ms()), self._table.all_topics()
 
     def expire(self) -> list[ExpiredNode]:
         """Drop nodes past the expiry time (called by the server's scan thread)."""

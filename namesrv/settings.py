@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_NAMESRV_"
@@ -33,6 +34,12 @@ class NameServerSettings:
         unit="ms",
         doc="how often expired broker nodes are looked for (RocketMQ: 5 s)",
     )
+    metrics_listen: str = setting(
+        default="",
+        unit="host:port",
+        doc='Prometheus /metrics, /healthz and /readyz over HTTP; "" or "off" = none, port 0 = '
+        "any free port",
+    )
     max_workers: int = setting(default=16, unit="threads", doc="gRPC handler threads")
     max_message_bytes: int = setting(
         default=4 * MIB, unit="bytes", doc="largest request or response accepted on the wire"
@@ -51,6 +58,7 @@ class NameServerSettings:
     )
 
     def __post_init__(self) -> None:
+        check_metrics_listen(self.metrics_listen)
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:
             raise ValueError(f"listen {self.listen!r} is not host:port")

@@ -89,6 +89,17 @@ TRY = """[bold]try:[/]
 HEALTHY_TIMEOUT_S = 60.0
 
 
+def metrics_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
+    """Where each process serves Prometheus metrics (and /healthz, /readyz), for `cluster up`."""
+    endpoints = spec.metrics_endpoints()
+    if not endpoints:
+        return ["metrics: none (give processes a metrics_port in the cluster description)"]
+    width = max(len(name) for name, _ in endpoints)
+    return ["metrics (Prometheus; /healthz and /readyz beside each):"] + [
+        f"  {name:<{width}}  {url}" for name, url in endpoints
+    ]
+
+
 def down_command(args: argparse.Namespace) -> str:
     """The command that stops the cluster `args` describe, as the user would type it."""
     cmd = "raftmq cluster down"
@@ -222,6 +233,8 @@ def up(args: argparse.Namespace) -> int:
     try:
         wait_healthy(spec, stop)
         console.print(f"[green]cluster {spec.name} is up[/]: NameServers {spec.namesrv_addresses}")
+        for line in metrics_lines(spec):
+            console.print(line, soft_wrap=True, highlight=False)
         console.print(TRY)
         with Live(status_table(runner.status()), console=console, refresh_per_second=1) as live:
             while not stop.wait(1.0):
@@ -259,6 +272,8 @@ def _detached(
         f"[green]cluster {spec.name} is up[/] (detached): NameServers {spec.namesrv_addresses}",
         soft_wrap=True,
     )
+    for line in metrics_lines(spec):
+        console.print(line, soft_wrap=True, highlight=False)
     console.print(f"logs: {spec.data_dir.resolve()}/<process>/process.log", soft_wrap=True)
     console.print(f"stop it with: {down_command(args)}", soft_wrap=True, highlight=False)
     return 0

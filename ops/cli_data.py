@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import itertools
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -214,7 +216,25 @@ def produce(args: argparse.Namespace) -> int:
         head = f"{i:012d} ".encode()
         return (head + pad)[: max(size, len(head))]
 
-    keys = [args.key] if args.key else []
+    from raftmq.ops import cli_admin
+
+    keys = (args.key,) if args.key else ()
+    props = cli_admin.parse_properties(args.property)
+    if args.key_separator is not None and not args.stdin:
+        raise InvalidArgumentError("--key-separator reads keys from lines: it needs --stdin")
+    source: Iterator[OutgoingMessage]
+    if args.stdin:
+        total: int | None = None  # as many as there are lines
+        source = cli_admin.stdin_messages(
+            sys.stdin,
+            tags=args.tags,
+            keys=keys,
+            properties=props,
+            key_separator=args.key_separator,
+        )
+    else:
+        total = args.count
+        source = (OutgoingMessage(body_of(i), args.tags, keys, props) for i in range(args.count))
     tally = _Tally()
     started = time.monotonic()
     interval = 1.0 / args.rate if args.rate else 0.0
@@ -222,25 +242,31 @@ def produce(args: argparse.Namespace) -> int:
     inflight: list[Future[SendResult]] = []
     interrupted = False
     with Producer(_namesrv(args)) as p, _progress() as progress:
-        task = progress.add_task(f"producing to {args.topic}", total=args.count)
+        task = progress.add_task(f"producing to {args.topic}", total=total)
 
         def done(f: Future[SendResult]) -> None:
             tally.count(f)
             progress.update(task, completed=len(tally.acknowledged))  # successes only
 
         try:
-            while sent < args.count:
-                n = min(args.batch, args.count - sent)
+            while True:
+                msgs = list(itertools.islice(source, args.batch))
+                n = len(msgs)
+                if not msgs:
+                    break
                 try:
                     if args.batch > 1:
-                        msgs = [
-                            OutgoingMessage(body_of(sent + i), args.tags, tuple(keys))
-                            for i in range(n)
-                        ]
                         futures = p.send_batch_async(args.topic, msgs)
                     else:
+                        m = msgs[0]
                         futures = [
-                            p.send_async(args.topic, body_of(sent), tags=args.tags, keys=keys)
+                            p.send_async(
+                                args.topic,
+                                m.body,
+                                tags=m.tags,
+                                keys=m.keys,
+                                properties=m.properties or None,
+                            )
                         ]
                 except RaftMQError as exc:  # refused before sending: count it and stop
                     tally.failure(exc, n)
@@ -281,10 +307,21 @@ def produce(args: argparse.Namespace) -> int:
 
 
 def consume(args: argparse.Namespace) -> int:
+    from raftmq.ops import cli_admin
+
     start = StartFrom.EARLIEST if args.from_beginning else StartFrom.LATEST
     got = 0
     deadline = time.monotonic() + args.timeout if args.timeout else None
-    with PullConsumer(_namesrv(args), args.group, start_from=start, tag_expression=args.tags) as c:
+    show = cli_admin.print_json if args.json else None
+    if args.sql and args.tags != "*":
+        raise InvalidArgumentError("give --tags or --sql, not both (a subscription has one filter)")
+    with PullConsumer(
+        _namesrv(args),
+        args.group,
+        start_from=start,
+        tag_expression=args.tags if not args.sql else "*",
+        sql_expression=args.sql,
+    ) as c:
         c.subscribe(args.topic)
         try:
             while args.max == 0 or got < args.max:
@@ -292,14 +329,20 @@ def consume(args: argparse.Namespace) -> int:
                     break
                 batch = c.poll(500, max_messages=(args.max - got) if args.max else 10_000)
                 for m in batch:
-                    _print_message(m, args.quiet)
+                    if show is not None:
+                        show(m)
+                    else:
+                        _print_message(m, args.quiet)
                 got += len(batch)
                 if batch:
                     c.commit()
         except KeyboardInterrupt:
             pass
         c.commit()
-    console.print(f"[green]{got} messages[/] consumed by group {args.group}")
+    # With --json standard output holds only the messages (for jq and pipes).
+    (Console(stderr=True) if args.json else console).print(
+        f"[green]{got} messages[/] consumed by group {args.group}"
+    )
     return 0
 
 
@@ -334,26 +377,6 @@ def group_lag(args: argparse.Namespace) -> int:
         )
     table.add_row("[bold]total[/]", "", "", f"[bold]{total}[/]")
     console.print(table)
-    return 0
-
-
-def group_reset(args: argparse.Namespace) -> int:
-    ms = parse_time_ms(args.to_time)
-    with Admin(_namesrv(args)) as admin:
-        if not args.create and not admin.group_exists(args.group, args.topic):
-            raise InvalidArgumentError(
-                f"consumer group {args.group!r} has no committed offset on topic {args.topic!r} "
-                "and no consumer online: check the name (`raftmq group lag GROUP --topic "
-                f"{args.topic}`), or add --create to start a new group at these offsets"
-            )
-        offsets = admin.reset_offsets_to_time(args.group, args.topic, ms)
-    table = Table(title=f"group {args.group} reset to {_fmt_ms(ms)}")
-    table.add_column("queue")
-    table.add_column("new offset", justify="right")
-    for q, off in sorted(offsets.items()):
-        table.add_row(str(q), str(off))
-    console.print(table)
-    console.print("running consumers of the group pick the new offsets up when restarted")
     return 0
 
 
@@ -440,6 +463,9 @@ def _progress() -> Progress:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from raftmq.ops import cli_admin  # it imports this module (console, parsing helpers)
+
+    cli_admin.register(subparsers)
     topic = subparsers.add_parser("topic", help="create, list, route, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")
@@ -470,6 +496,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = tsub.add_parser("delete", help="delete a topic from every group")
     p.add_argument("topic")
     p.set_defaults(func=topic_delete)
+    cli_admin.register_topic(tsub)
 
     p = subparsers.add_parser(
         "produce", help="send messages (the bar counts acknowledged ones; a summary at the end)"
@@ -483,6 +510,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--key", default=None)
     p.add_argument("--rate", type=float, default=0.0, help="messages per second (0 = as fast)")
     p.add_argument("--show-ids", action="store_true", help="print the first message ids")
+    cli_admin.add_produce_args(p)
     p.set_defaults(func=produce)
 
     p = subparsers.add_parser("consume", help="read messages as a consumer group")
@@ -493,6 +521,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
     p.add_argument("--tags", default="*", help='tag expression, e.g. "TagA || TagB"')
     p.add_argument("--quiet", action="store_true", help="count only, print no messages")
+    cli_admin.add_consume_args(p)
     p.set_defaults(func=consume)
 
     group = subparsers.add_parser(
@@ -503,19 +532,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("group")
     p.add_argument("--topic", required=True)
     p.set_defaults(func=group_lag)
-    p = gsub.add_parser("reset", help="reset a group's offsets to a time (backtracking)")
-    p.add_argument("group")
-    p.add_argument("--topic", required=True)
-    p.add_argument(
-        "--to-time",
-        required=True,
-        help="ms since the epoch, ISO time, or a relative time: --to-time -10m (or -2h, -30s)",
-    )
-    p.add_argument(
-        "--create", action="store_true", help="allow a group that has never committed an offset"
-    )
-    p.set_defaults(func=group_reset)
-
+    cli_admin.register_group(gsub)
     p = gsub.add_parser("elect", help="hand a broker group's leadership to one of its nodes")
     p.add_argument("--group", required=True, help="broker group, e.g. broker-a")
     p.add_argument("--node", required=True, help="node id, e.g. n1")

@@ -80,6 +80,7 @@ class ProcessSpec:
     host: str
     ports: tuple[int, ...]
     group: str = ""
+    metrics: str = ""  # host:port of its /metrics, /healthz and /readyz; "" = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,9 @@ class ClusterSpec:
     # The controllers run inside the NameServer processes (controller i in NameServer i, on its
     # gRPC port; its Raft port is the controller's raft endpoint).
     controller_in_namesrv: bool = False
+    # Process name -> the HTTP port of its /metrics (with /healthz, /readyz) on its own host;
+    # a process not named serves no metrics. From each table's `metrics_port`.
+    metrics_ports: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def namesrv_addresses(self) -> str:
@@ -168,15 +172,27 @@ class ClusterSpec:
                     )
                     for c in self.controllers
                 )
+            metrics_ports = {name: next(it) for name in self._metrics_names()}
         except StopIteration:
             raise SpecError(f"{self.port_count()} ports are needed, {len(ports)} given") from None
-        return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
+        return replace(
+            self,
+            namesrvs=namesrvs,
+            groups=groups,
+            controllers=controllers,
+            metrics_ports=metrics_ports,
+        )
+
+    def _metrics_names(self) -> list[str]:
+        """Processes with a metrics port, in the order of processes()."""
+        return [p.name for p in self.processes() if p.name in self.metrics_ports]
 
     def port_count(self) -> int:
         return (
             len(self.namesrvs)
             + 2 * sum(len(n) for n in self.groups.values())
             + (1 if self.controller_in_namesrv else 2) * len(self.controllers)
+            + len(self.metrics_ports)
         )
 
     def without_controllers(self) -> ClusterSpec:
@@ -297,7 +313,23 @@ class ClusterSpec:
                         group,
                     )
                 )
-        return out
+        return [self._with_metrics(p) for p in out]
+
+    def _with_metrics(self, p: ProcessSpec) -> ProcessSpec:
+        port = self.metrics_ports.get(p.name)
+        if port is None:
+            return p
+        listen = f"{p.host}:{port}"
+        return replace(
+            p,
+            argv=(*p.argv, "--metrics-listen", listen),
+            ports=(*p.ports, port),
+            metrics=listen,
+        )
+
+    def metrics_endpoints(self) -> list[tuple[str, str]]:
+        """(process name, http://host:port/metrics) of every process that serves metrics."""
+        return [(p.name, f"http://{p.metrics}/metrics") for p in self.processes() if p.metrics]
 
 
 def _embedded_flag(arg: str) -> str:
@@ -347,6 +379,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source} is not valid TOML: {exc}") from exc
     known = {"cluster", "namesrv", "group", "controller", "settings"}
+    metrics_ports: dict[str, int] = {}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SpecError(
@@ -361,6 +394,9 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     )
     if not namesrvs:
         raise SpecError(f"{source}: at least one [[namesrv]] is needed")
+    for i, t in enumerate(raw.get("namesrv", [])):
+        if "metrics_port" in t:
+            metrics_ports[f"namesrv-{i}"] = _port(t, "metrics_port", f"namesrv[{i}]")
     groups: dict[str, tuple[BrokerNodeSpec, ...]] = {}
     preferred: dict[str, str] = {}
     for i, g in enumerate(raw.get("group", [])):
@@ -379,6 +415,8 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
                     _port(n, "data_port", where) if "data_port" in n else None,
                 )
             )
+            if "metrics_port" in n:
+                metrics_ports[nodes[-1].name] = _port(n, "metrics_port", where)
         if not nodes:
             raise SpecError(f"{source}: group {gname!r} has no nodes")
         if len({n.node_id for n in nodes}) != len(nodes):
@@ -412,6 +450,9 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         )
         for i, c in enumerate(raw.get("controller", []))
     )
+    for i, c in enumerate(raw.get("controller", [])):
+        if "metrics_port" in c and not embedded:
+            metrics_ports[controllers[i].name] = _port(c, "metrics_port", f"controller[{i}]")
     if embedded:
         controllers = tuple(
             ControllerSpec(f"c{i}", ns, Endpoint(ns.host, _port(t, "raft_port", f"namesrv[{i}]")))
@@ -422,7 +463,9 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
     for role, table in settings.items():
         _check_settings_keys(role, table, source)
-    spec = ClusterSpec(name, data_dir, namesrvs, groups, controllers, settings, preferred, embedded)
+    spec = ClusterSpec(
+        name, data_dir, namesrvs, groups, controllers, settings, preferred, embedded, metrics_ports
+    )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
     ]
@@ -479,21 +522,35 @@ def local_description(
     controllers: int = 3,
     nodes_per_group: int = 3,
     extra: str = "",
+    metrics: bool = False,
 ) -> str:
     """A cluster description on 127.0.0.1 with the given ports in the order with_ports uses
     (NameServers, then per group each node's gRPC and Raft port, then per controller its gRPC
-    and Raft port): tests and benchmarks start real clusters on free ports from it."""
-    it = iter(ports)
-    ns = "".join(f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(namesrvs))
+    and Raft port; with `metrics`, then one metrics port per process in that order): tests and
+    benchmarks start real clusters on free ports from it."""
+    count = namesrvs + len(groups) * nodes_per_group + controllers
+    it = iter(list(ports)[: len(ports) - (count if metrics else 0)])
+    m_it = iter(list(ports)[len(ports) - count :]) if metrics else iter(())
+
+    def m() -> str:
+        return f",metrics_port={next(m_it)}" if metrics else ""
+
+    def mline() -> str:
+        return f"metrics_port={next(m_it)}\n" if metrics else ""
+
+    ns = "".join(
+        f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n{mline()}" for _ in range(namesrvs)
+    )
     grp = ""
     for g in groups:
         nodes = ",".join(
-            f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}}}"
+            f"{{id='n{i}',host='127.0.0.1',port={next(it)},raft_port={next(it)}{m()}}}"
             for i in range(nodes_per_group)
         )
         grp += f"[[group]]\nname='{g}'\nnodes=[{nodes}]\n"
     ctl = "".join(
         f"[[controller]]\nid='c{i}'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
+        f"{mline()}"
         for i in range(controllers)
     )
     return f"[cluster]\nname='{name}'\ndata_dir='{data_dir}'\n{ns}{grp}{ctl}{extra}"

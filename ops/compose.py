@@ -51,6 +51,8 @@ def compose_yaml(
                     "--listen", f"{WILDCARD}:{n.address.port}",
                     "--data-listen", f"{WILDCARD}:{n.compose_data_port}",
                 ]  # fmt: skip
+        for name, port in spec.metrics_ports.items():  # published: bind every interface
+            extra.setdefault(name, []).extend(["--metrics-listen", f"{WILDCARD}:{port}"])
         header = HOST_HEADER.format(
             source=source,
             namesrvs=",".join(f"{advertise_host}:{e.port}" for e in spec.namesrvs),
@@ -87,8 +89,8 @@ def compose_yaml(
 
 def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple[int, ...]]:
     """Process name -> the ports published on the host (same number inside and out). Both modes
-    publish the NameServers; host-reachable mode adds each broker's gRPC and data port and each
-    controller's gRPC port (`raftmq controller status`)."""
+    publish the NameServers; host-reachable mode adds each broker's gRPC and data port, each
+    controller's gRPC port (`raftmq controller status`) and every metrics port."""
     out: dict[str, tuple[int, ...]] = {
         f"namesrv-{i}": (e.port,) for i, e in enumerate(spec.namesrvs)
     }
@@ -100,6 +102,8 @@ def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple
     if not spec.controller_in_namesrv:
         for c in spec.controllers:
             out[c.name] = (c.address.port,)
+    for name, port in spec.metrics_ports.items():  # Prometheus on the host scrapes these
+        out[name] = (*out.get(name, ()), port)
     # A data port (the only port not in the description itself) must clash with nothing: not
     # with a published port on the host, nor with the other ports of its own container.
     taken: dict[int, str] = {}

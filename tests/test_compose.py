@@ -127,7 +127,10 @@ def test_host_reachable_mode_publishes_and_advertises_host_addresses(
         bind = b.data_bind
         assert bind is not None and bind[0] in _WILDCARD_HOSTS and bind[1] in published
         assert bind[1] == int(grpc_port) + 1000
-        assert published == {int(grpc_port), bind[1]}
+        # Metrics: the description's port, bound on every interface and published.
+        metrics = spec.metrics_ports[name]
+        assert b.metrics_listen == f"0.0.0.0:{metrics}"
+        assert published == {int(grpc_port), bind[1], metrics}
     assert brokers == sum(len(n) for n in spec.groups.values())
     # Everything else keeps to the compose network.
     assert all(
@@ -137,10 +140,10 @@ def test_host_reachable_mode_publishes_and_advertises_host_addresses(
 
 def test_host_reachable_data_port_from_the_description_and_clashes_refused() -> None:
     text = (ROOT / "deploy" / "cluster.toml").read_text()
-    spec = parse(text.replace("raft_port = 20911 }", "raft_port = 20911, data_port = 30911 }"))
+    spec = parse(text.replace("raft_port = 20911,", "raft_port = 20911, data_port = 30911,"))
     services = _services(compose_yaml(spec, host_reachable=True))
-    assert _published(services["broker-a-n0"]["ports"]) == {10911, 30911}
-    clash = parse(text.replace("raft_port = 20911 }", "raft_port = 20911, data_port = 9876 }"))
+    assert _published(services["broker-a-n0"]["ports"]) == {10911, 30911, 12911}
+    clash = parse(text.replace("raft_port = 20911,", "raft_port = 20911, data_port = 9876,"))
     with pytest.raises(SpecError, match="data port 9876 is also used by namesrv-0"):
         compose_yaml(clash, host_reachable=True)
     with pytest.raises(SpecError, match="advertise-host"):

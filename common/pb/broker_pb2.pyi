@@ -323,7 +323,14 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +345,7 @@ class BrokerStatus(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
     DISK_FULL_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -352,7 +360,8 @@ class BrokerStatus(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[TopicStats]
     storage_error: str
     disk_full: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
+    config: _containers.ScalarMap[str, str]
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LeadershipTransferRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")
@@ -387,8 +396,68 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., expiry_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
+    __slots__ = ("resets",)
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    resets: _containers.RepeatedCompositeFieldContainer[OffsetReset]
+    def __init__(self, resets: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ...) -> None: ...
+
+class OffsetReset(_message.Message):
+    __slots__ = ("broker_group", "reset_id", "topic", "queue_id", "offset")
+    BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    RESET_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    broker_group: str
+    reset_id: int
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, broker_group: _Optional[str] = ..., reset_id: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetsRequest(_message.Message):
+    __slots__ = ("consumer_group", "topic", "offsets")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+
+class ResetOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[QueueOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[QueueOffset, _Mapping]]] = ...) -> None: ...
+
+class ListConsumerGroupsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ConsumerMember(_message.Message):
+    __slots__ = ("client_id", "topics")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ConsumerGroupInfo(_message.Message):
+    __slots__ = ("consumer_group", "members", "committed_topics")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    members: _containers.RepeatedCompositeFieldContainer[ConsumerMember]
+    committed_topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ConsumerMember, _Mapping]]] = ..., committed_topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListConsumerGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[ConsumerGroupInfo]
+    def __init__(self, groups: _Optional[_Iterable[_Union[ConsumerGroupInfo, _Mapping]]] = ...) -> None: ...
 
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)

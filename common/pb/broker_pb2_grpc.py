@@ -119,6 +119,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.GetConsumerListResponse.FromString,
                 _registered_method=True)
+        self.ResetOffsets = channel.unary_unary(
+                '/raftmq.v1.Broker/ResetOffsets',
+                request_serializer=raftmq_dot_broker__pb2.ResetOffsetsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ResetOffsetsResponse.FromString,
+                _registered_method=True)
+        self.ListConsumerGroups = channel.unary_unary(
+                '/raftmq.v1.Broker/ListConsumerGroups',
+                request_serializer=raftmq_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -232,6 +242,21 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetOffsets(self, request, context):
+        """Admin (mqadmin, kafka-consumer-groups): set a group's offsets of some queues on this broker
+        group to explicit values (replicated, as a reset: running consumers of the group learn it
+        from their next heartbeat answer), and list the groups this node knows with their members.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumerGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +344,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetConsumerList,
                     request_deserializer=raftmq_dot_broker__pb2.GetConsumerListRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.GetConsumerListResponse.SerializeToString,
+            ),
+            'ResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffsets,
+                    request_deserializer=raftmq_dot_broker__pb2.ResetOffsetsRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ResetOffsetsResponse.SerializeToString,
+            ),
+            'ListConsumerGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumerGroups,
+                    request_deserializer=raftmq_dot_broker__pb2.ListConsumerGroupsRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ListConsumerGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -780,6 +815,60 @@ class Broker:
             '/raftmq.v1.Broker/GetConsumerList',
             raftmq_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
             raftmq_dot_broker__pb2.GetConsumerListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ResetOffsets',
+            raftmq_dot_broker__pb2.ResetOffsetsRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ResetOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumerGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ListConsumerGroups',
+            raftmq_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,14 @@ class BrokerStub:
         _broker_pb2.GetConsumerListRequest,
         _broker_pb2.GetConsumerListResponse,
     ]
+    ResetOffsets: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ResetOffsetsRequest,
+        _broker_pb2.ResetOffsetsResponse,
+    ]
+    ListConsumerGroups: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ListConsumerGroupsRequest,
+        _broker_pb2.ListConsumerGroupsResponse,
+    ]
 
 
 class BrokerServicer:
@@ -164,6 +172,16 @@ class BrokerServicer:
         request: _broker_pb2.GetConsumerListRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.GetConsumerListResponse: ...
+    def ResetOffsets(
+        self,
+        request: _broker_pb2.ResetOffsetsRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ResetOffsetsResponse: ...
+    def ListConsumerGroups(
+        self,
+        request: _broker_pb2.ListConsumerGroupsRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ListConsumerGroupsResponse: ...
 
 
 def add_BrokerServicer_to_server(

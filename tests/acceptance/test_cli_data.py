@@ -75,8 +75,9 @@ def test_topic_produce_consume_lag_reset_and_lookup(
     code, out, _ = run(cluster, capsys, "group", "lag", "g-cli", "--topic", "cli-topic")
     assert code == 0 and total_lag(out) == 0, out
     code, out, _ = run(
-        cluster, capsys, "group", "reset", "g-cli", "--topic", "cli-topic", "--to-time", "0"
-    )
+        cluster, capsys, "group", "reset", "g-cli", "--topic", "cli-topic", "--to-time", "0",
+        "--execute",
+    )  # fmt: skip
     assert code == 0 and "cli-topic@broker-a#0" in out
     code, out, _ = run(cluster, capsys, "group", "lag", "g-cli", "--topic", "cli-topic")
     assert code == 0 and total_lag(out) == 201, "after a reset to the start all is lag again"
@@ -161,12 +162,13 @@ def test_cli_words_say_what_happened_and_what_to_do(
     assert code == 1 and "--create" in one_error_line(err, "INVALID_ARGUMENT")
     code, out, _ = run(
         cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-10m",
-        "--create",
+        "--create", "--execute",
     )  # fmt: skip
     assert code == 0 and "cli-words@broker-a#0" in out, out
     code, out, _ = run(
-        cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-1h"
-    )
+        cluster, capsys, "group", "reset", "g-never", "--topic", "cli-words", "--to-time", "-1h",
+        "--execute",
+    )  # fmt: skip
     assert code == 0, "a group with committed offsets exists"
 
     code, out, err = run(

@@ -1,0 +1,329 @@
+"""The HTTP endpoint every server role shares: Prometheus text at /metrics (prometheus_client's
+exposition of the role's own registry), /healthz (the process serves) and /readyz (the role says
+it can do its job; 503 with the reason when not).
+
+A thread per scrape, off every server's hot path; it reads values, it never changes any.
+Only server processes import this module (prometheus_client is in the `server` extra).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
+from raftmq.common.pb import common_pb2
+
+_log = logging.getLogger("metrics")
+
+# (ready, why): why says what is missing when not ready, or what the role is when ready.
+Readiness = Callable[[], tuple[bool, str]]
+METRICS_OFF = "off"
+
+
+def check_metrics_listen(value: str, what: str = "metrics_listen") -> None:
+    """'' or 'off' (no endpoint) or host:port, port 0 = any free port."""
+    if value in ("", METRICS_OFF):
+        return
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not host:port (port 0 = any free port), '' or 'off'")
+
+
+def metrics_bind(value: str) -> tuple[str, int] | None:
+    """(host, port) of a checked metrics_listen value; None when off."""
+    if value in ("", METRICS_OFF):
+        return None
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+# Seconds: control-plane calls take a few ms; a broker's pull may be held up to 30 s.
+RPC_LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+
+
+def code_name(exc: RaftMQError) -> str:
+    """The ErrorCode name of a typed error (the errors metric's `code` label)."""
+    return row_for(type(exc)).code
+
+
+class HotCounters(Collector):
+    """Counter families that share label values and move together on a server's hot path
+    (e.g. messages and bytes per topic): one lock and one dict lookup per call for all of them
+    (measured here, CPU time: 0.50 us for a message and a byte count, against 0.36 us for each
+    prometheus_client Counter.inc, one per family). Exposed at scrape time as counters; the
+    label sets are bounded: past `max_series` new ones are counted under `overflow`."""
+
+    def __init__(
+        self,
+        families: Sequence[tuple[str, str]],  # (name without _total, help) per value
+        labels: Sequence[str],
+        *,
+        max_series: int = 1000,
+        overflow: tuple[str, ...] = (),
+    ) -> None:
+        self._families = tuple(families)
+        self._labels = tuple(labels)
+        self._max = max_series
+        self._overflow = overflow or tuple("_other" for _ in labels)
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, ...], list[float]] = {}
+
+    def add(self, key: tuple[str, ...], *values: float) -> None:
+        with self._lock:
+            row = self._series.get(key)
+            if row is None:
+                if len(self._series) >= self._max:
+                    key = self._overflow
+                row = self._series.setdefault(key, [0.0] * len(self._families))
+            for i, v in enumerate(values):
+                row[i] += v
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            rows = [(k, list(v)) for k, v in self._series.items()]
+        for i, (name, doc) in enumerate(self._families):
+            family = CounterMetricFamily(name, doc, labels=self._labels)
+            for key, values in rows:
+                family.add_metric(list(key), values[i])
+            yield family
+
+
+class HotHistogram(Collector):
+    """A latency histogram per label key for the hot path: bisect into fixed buckets and one
+    lock per observation (0.41 us of CPU here; prometheus_client's Histogram walks its buckets
+    in Python). Exposed as a histogram family at scrape time."""
+
+    def __init__(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        self._name, self._doc, self._labels = name, doc, tuple(labels)
+        self._bounds = tuple(sorted(buckets))
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def observe(self, key: tuple[str, ...], seconds: float) -> None:
+        i = bisect.bisect_left(self._bounds, seconds)  # le semantics: a value on a bound is in it
+        with self._lock:
+            row = self._series.get(key)
+            if row is None:
+                row = self._series[key] = ([0] * (len(self._bounds) + 1), [0.0])
+            row[0][i] += 1
+            row[1][0] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            rows = [(k, list(c), s[0]) for k, (c, s) in self._series.items()]
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labels)
+        for key, counts, total in rows:
+            cumulative, buckets = 0, []
+            for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
+                cumulative += n
+                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+            family.add_metric(list(key), buckets, total)
+        yield family
+
+
+class RpcMetrics:
+    """Request latency per (protocol, method) and errors per (protocol, method, raftmq code):
+    rocketmq_rpc_latency_seconds and raftmq_errors_total. Label sets are bounded by the
+    servers' method tables and the error table."""
+
+    def __init__(
+        self, registry: CollectorRegistry, buckets: Sequence[float] = RPC_LATENCY_BUCKETS_S
+    ) -> None:
+        self._latency = HotHistogram(
+            "rocketmq_rpc_latency_seconds",
+            "Time from request to answer, per protocol and method (a broker's pulls include "
+            "their long-poll hold)",
+            ["protocol", "method"],
+            buckets,
+        )
+        registry.register(self._latency)
+        self._errors = Counter(
+            "raftmq_errors",
+            "Requests answered with an error, by method and raftmq error code",
+            ["protocol", "method", "code"],
+            registry=registry,
+        )
+
+    def observe(self, protocol: str, method: str, seconds: float) -> None:
+        self._latency.observe((protocol, method), seconds)
+
+    def on_error(self, protocol: str, method: str, code: str) -> None:
+        self._errors.labels(protocol, method, code).inc()
+
+    def interceptor(self) -> grpc.ServerInterceptor[Any, Any]:
+        return _GrpcMetrics(self)
+
+
+class _RecordingContext:
+    """A servicer context that remembers the error detail `abort_with` attaches (its code is
+    the raftmq ErrorCode the errors metric counts); everything else passes through."""
+
+    def __init__(self, inner: grpc.ServicerContext) -> None:
+        self._inner = inner
+        self.code_name = ""
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        for key, value in metadata:
+            if key == ERROR_DETAIL_KEY and isinstance(value, bytes):
+                try:
+                    detail = common_pb2.ErrorDetail.FromString(value)
+                    self.code_name = common_pb2.ErrorCode.Name(detail.code)
+                except Exception:
+                    self.code_name = "UNKNOWN"
+        self._inner.set_trailing_metadata(metadata)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _GrpcMetrics(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    """Times every unary call of a gRPC server and counts its errors by raftmq code."""
+
+    def __init__(self, metrics: RpcMetrics) -> None:
+        self._metrics = metrics
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rpartition("/")[2]
+        inner = handler.unary_unary
+        metrics = self._metrics
+
+        @functools.wraps(inner)
+        def timed(request: Any, context: grpc.ServicerContext) -> Any:
+            t0 = time.perf_counter()
+            ctx = _RecordingContext(context)
+            try:
+                return inner(request, ctx)  # type: ignore[arg-type]
+            except BaseException:
+                metrics.on_error("grpc", method, ctx.code_name or "INTERNAL")
+                raise
+            finally:
+                metrics.observe("grpc", method, time.perf_counter() - t0)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class MetricsServer:
+    """Serve `registry` and the two probes on (host, port); `start()` returns the bound
+    "host:port", `stop()` closes the socket. Scrapes run on their own threads, bounded by the
+    socket's backlog and each handler's short life (collectors read in-memory state)."""
+
+    def __init__(self, registry: CollectorRegistry, ready: Readiness, name: str) -> None:
+        self.registry = registry
+        self._ready = ready
+        self._name = name
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.address = ""
+
+    def start(self, host: str, port: int) -> str:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    try:
+                        body = generate_latest(server.registry)
+                    except Exception as exc:  # a collector's bug: say so, keep serving
+                        _log.exception("metrics.collect_failed")
+                        self._reply(500, f"collecting metrics failed: {exc}\n".encode())
+                        return
+                    self._reply(200, body, CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._reply(200, b"ok\n")
+                elif path == "/readyz":
+                    try:
+                        ok, why = server._ready()
+                    except Exception as exc:
+                        ok, why = False, f"readiness check failed: {exc}"
+                    self._reply(
+                        200 if ok else 503, f"{'ready' if ok else 'not ready'}: {why}\n".encode()
+                    )
+                else:
+                    self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+            def _reply(
+                self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
+            ) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # a scrape every few seconds is not worth a log line
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._httpd = Server((host, port), Handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.5},
+            name=f"metrics-{self._name}",
+            daemon=True,
+        )
+        self._thread.start()
+        bound_port = self._httpd.server_address[1]
+        self.address = f"{host}:{bound_port}"
+        _log.info("metrics.started address=%s", self.address)
+        return self.address
+
+    def stop(self) -> None:
+        httpd = self._httpd
+        if httpd is None:
+            return
+        self._httpd = None
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def start_metrics(
+    listen: str, registry: CollectorRegistry, ready: Readiness, name: str
+) -> MetricsServer | None:
+    """A started MetricsServer on `listen` (a metrics_listen value), or None when off. Raises
+    OSError naming the address when it cannot bind."""
+    bind = metrics_bind(listen)
+    if bind is None:
+        return None
+    server = MetricsServer(registry, ready, name)
+    try:
+        server.start(*bind)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {listen} (metrics_listen): {exc}") from exc
+    return server

@@ -1,0 +1,334 @@
+"""`raftmq` admin commands RocketMQ and Kafka users reach for (mqadmin, kafka-consumer-groups):
+`group list` (members and their connections), `group reset` to earliest / latest / an offset /
+a shift / a time with --dry-run before --execute, `topic status` (min and max offset per queue),
+`broker status` (with --config), and what `produce` reads from standard input and `consume`
+prints as JSON. Everything goes through `Admin` (client/admin.py); cli_data.py registers these
+beside its own commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+from rich.table import Table
+
+from raftmq.client.admin import Admin
+from raftmq.client.messages import OutgoingMessage, ReceivedMessage
+from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.pb import common_pb2
+from raftmq.ops import cli_data  # the console, --namesrv and time parsing
+
+MAX_STDIN_LINE_BYTES = 4 << 20  # one message per line; a longer line is refused, not cut
+ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
+
+
+# ---- group list / reset ------------------------------------------------------------------------
+
+
+def group_list(args: argparse.Namespace) -> int:
+    with Admin(cli_data._namesrv(args)) as admin:
+        groups = admin.consumer_groups()
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "group": g.group,
+                        "topics": list(g.topics),
+                        "members": [
+                            {
+                                "client_id": m.client_id,
+                                "topics": list(m.topics),
+                                "connections": list(m.broker_groups),
+                            }
+                            for m in g.members
+                        ],
+                    }
+                    for g in groups
+                ]
+            )
+        )
+        return 0
+    table = Table(title="consumer groups")
+    for col in ("group", "topics", "members", "client id", "connections (broker groups)"):
+        table.add_column(col)
+    for g in groups:
+        first = True
+        for m in g.members or (None,):
+            table.add_row(
+                g.group if first else "",
+                ", ".join(g.topics) if first else "",
+                str(len(g.members)) if first else "",
+                m.client_id if m else "[dim]none online[/]",
+                ", ".join(m.broker_groups) if m else "",
+            )
+            first = False
+    cli_data.console.print(table)
+    return 0
+
+
+def reset_target(args: argparse.Namespace) -> ResetTarget:
+    if args.to_earliest:
+        return ResetTarget(ResetTo.EARLIEST)
+    if args.to_latest:
+        return ResetTarget(ResetTo.LATEST)
+    if args.to_offset is not None:
+        return ResetTarget(ResetTo.OFFSET, args.to_offset)
+    if args.shift_by is not None:
+        return ResetTarget(ResetTo.SHIFT, args.shift_by)
+    return ResetTarget(ResetTo.TIME, cli_data.parse_time_ms(args.to_time))
+
+
+def group_reset(args: argparse.Namespace) -> int:
+    """kafka-consumer-groups --reset-offsets: the plan first (--dry-run, also when neither flag
+    is given), changed only with --execute."""
+    target = reset_target(args)
+    with Admin(cli_data._namesrv(args)) as admin:
+        if not args.create and not admin.group_exists(args.group, args.topic):
+            raise InvalidArgumentError(
+                f"consumer group {args.group!r} has no committed offset on topic {args.topic!r} "
+                "and no consumer online: check the name (`raftmq group list`), or add --create "
+                "to start a new group at these offsets"
+            )
+        if args.execute:
+            rows = admin.reset_offsets(args.group, args.topic, target, allow_new_group=True)
+        else:
+            rows = admin.plan_offset_reset(args.group, args.topic, target)
+    done = "reset" if args.execute else "reset plan (dry run: nothing changed)"
+    title = f"group {args.group} {done}: {args.topic} to {target.describe()}"
+    cli_data.console.print(_reset_table(rows, title))
+    if args.execute:
+        cli_data.console.print(
+            "running consumers of the group move to the new offsets at their next heartbeat"
+        )
+    else:
+        cli_data.console.print("[yellow]dry run:[/] add --execute to apply this plan")
+    return 0
+
+
+def _reset_table(rows: Iterable[QueueReset], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("queue", "min", "max", "current", "new", "change"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for r in rows:
+        table.add_row(
+            str(r.queue),
+            str(r.min_offset),
+            str(r.max_offset),
+            "-" if r.current is None else str(r.current),
+            str(r.new),
+            "-" if r.change is None else f"{r.change:+d}",
+        )
+    return table
+
+
+# ---- topic status / broker status --------------------------------------------------------------
+
+
+def topic_status(args: argparse.Namespace) -> int:
+    with Admin(cli_data._namesrv(args)) as admin:
+        queues = admin.topic_status(args.topic)
+    table = Table(title=f"topic {args.topic}")
+    for col in ("broker group", "queue", "min offset", "max offset", "messages", "last stored"):
+        table.add_column(col, justify="left" if col in ("broker group", "last stored") else "right")
+    total = 0
+    for q in queues:
+        total += q.max_offset - q.min_offset
+        table.add_row(
+            q.queue.broker_group,
+            str(q.queue.queue_id),
+            str(q.min_offset),
+            str(q.max_offset),
+            str(q.max_offset - q.min_offset),
+            cli_data._fmt_ms(q.last_store_timestamp_ms),
+        )
+    table.add_row("[bold]total[/]", "", "", "", f"[bold]{total}[/]", "")
+    cli_data.console.print(table)
+    return 0
+
+
+def broker_status(args: argparse.Namespace) -> int:
+    groups = cli_data._groups(args)
+    with Admin(cli_data._namesrv(args)) as admin:
+        nodes = admin.broker_statuses(groups)
+    table = Table(title="broker nodes")
+    for col in (
+        "group", "node", "address", "role", "term", "commit", "applied", "dispatched",
+        "topics", "storage",
+    ):  # fmt: skip
+        table.add_column(col)
+    for n in nodes:
+        st = n.status
+        if st is None:
+            table.add_row(n.broker_group, n.node_id, n.address, f"[red]{n.error}[/]", *[""] * 6)
+            continue
+        table.add_row(
+            n.broker_group,
+            n.node_id,
+            n.address,
+            ROLE_NAMES.get(st.role, "candidate"),
+            str(st.term),
+            str(st.commit_index),
+            str(st.applied_index),
+            str(st.dispatch_index),
+            str(len(st.topics)),
+            f"[red]{st.storage_error}[/]" if st.storage_error else "ok",
+        )
+    cli_data.console.print(table)
+    if args.config:
+        shown = [n for n in nodes if n.status is not None]
+        keys = sorted({k for n in shown for k in n.status.config})  # type: ignore[union-attr]
+        conf = Table(title="broker config")
+        conf.add_column("key")
+        for n in shown:
+            conf.add_column(f"{n.broker_group}/{n.node_id}")
+        for k in keys:
+            conf.add_row(k, *(n.status.config.get(k, "") for n in shown))  # type: ignore[union-attr]
+        cli_data.console.print(conf)
+    return 0
+
+
+# ---- produce from standard input, consume as JSON ----------------------------------------------
+
+
+def parse_properties(items: Iterable[str]) -> dict[str, str]:
+    """`--property k=v` (repeatable) as a dict; a missing `=` names the item."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidArgumentError(f"--property {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def stdin_messages(
+    stream: TextIO,
+    *,
+    tags: str | None,
+    keys: tuple[str, ...],
+    properties: dict[str, str],
+    key_separator: str | None,
+) -> Iterator[OutgoingMessage]:
+    """One message per line of `stream` (the line end dropped); with `key_separator`, each line
+    is KEY<sep>BODY (kafka-console-producer's parse.key), the key added to `keys`."""
+    for n, line in enumerate(stream, 1):
+        text = line.rstrip("\r\n")
+        if len(text) > MAX_STDIN_LINE_BYTES:
+            raise InvalidArgumentError(f"line {n} of standard input is over 4 MiB")
+        line_keys = keys
+        if key_separator is not None:
+            key, sep, text = text.partition(key_separator)
+            if not sep:
+                raise InvalidArgumentError(
+                    f"line {n} of standard input has no key separator {key_separator!r}"
+                )
+            line_keys = (*keys, key) if key else keys
+        yield OutgoingMessage(text.encode(), tags, line_keys, properties)
+
+
+def message_json(m: ReceivedMessage) -> str:
+    """One line of `consume --json`: the body as text when it is UTF-8, else base64."""
+    try:
+        body: dict[str, str] = {"body": m.body.decode("utf-8")}
+    except UnicodeDecodeError:
+        body = {"body_base64": base64.b64encode(m.body).decode()}
+    return json.dumps(
+        {
+            "msg_id": m.msg_id,
+            "topic": m.topic,
+            "broker_group": m.broker_group,
+            "queue_id": m.queue_id,
+            "queue_offset": m.queue_offset,
+            "tags": m.tags,
+            "keys": list(m.keys),
+            "properties": dict(m.properties),
+            "store_timestamp_ms": m.store_timestamp_ms,
+            "born_timestamp_ms": m.born_timestamp_ms,
+            "born_host": m.born_host,
+            "reconsume_times": m.reconsume_times,
+            **body,
+        },
+        ensure_ascii=False,
+    )
+
+
+def print_json(m: ReceivedMessage) -> None:
+    sys.stdout.write(message_json(m) + "\n")
+
+
+# ---- parser ------------------------------------------------------------------------------------
+
+
+def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = gsub.add_parser("list", help="consumer groups with their members and connections")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=group_list)
+    p = gsub.add_parser(
+        "reset",
+        help="reset a group's offsets (earliest, latest, offset, shift, time): --dry-run "
+        "shows the plan, --execute applies it",
+    )
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    to = p.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="the first stored message")
+    to.add_argument("--to-latest", action="store_true", help="after the last message")
+    to.add_argument("--to-offset", type=int, default=None, help="this offset in every queue")
+    to.add_argument(
+        "--shift-by", type=int, default=None, help="move each committed offset by N (-N: back)"
+    )
+    to.add_argument(
+        "--to-time",
+        default=None,
+        help="ms since the epoch, ISO time, or a relative time: --to-time -10m (or -2h, -30s)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="show the plan (the default)")
+    mode.add_argument("--execute", action="store_true", help="apply the plan")
+    p.add_argument(
+        "--create", action="store_true", help="allow a group that has never committed an offset"
+    )
+    p.set_defaults(func=group_reset)
+
+
+def register_topic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = tsub.add_parser("status", help="min and max offset and last store time per queue")
+    p.add_argument("topic")
+    p.set_defaults(func=topic_status)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    broker = subparsers.add_parser("broker", help="broker nodes: status and configuration")
+    bsub = broker.add_subparsers(dest="broker_command", required=True)
+    p = bsub.add_parser("status", help="every node: role, term, indexes, storage (and --config)")
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument("--config", action="store_true", help="also each node's settings")
+    p.set_defaults(func=broker_status)
+
+
+def add_produce_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stdin", action="store_true", help="one message per line of standard input")
+    p.add_argument(
+        "--property",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a user property of every message (repeatable)",
+    )
+    p.add_argument(
+        "--key-separator",
+        default=None,
+        help="with --stdin: each line is KEY<separator>BODY (e.g. --key-separator :)",
+    )
+
+
+def add_consume_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sql", default="", help='SQL92 filter on properties, e.g. "a > 5"')
+    p.add_argument("--json", action="store_true", help="print one JSON object per message")

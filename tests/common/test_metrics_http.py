@@ -1,0 +1,102 @@
+"""The shared metrics pieces: the hot-path counters and histogram expose what was recorded
+(parsed back with prometheus_client's parser), their label sets stay bounded, and the HTTP
+endpoint answers /metrics, /healthz and /readyz (503 with the reason) on a real socket."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from raftmq.common.metrics_http import (
+    HotCounters,
+    HotHistogram,
+    MetricsServer,
+    check_metrics_listen,
+    metrics_bind,
+    start_metrics,
+)
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_hot_counters_sum_and_overflow_past_the_bound() -> None:
+    r = CollectorRegistry()
+    c = HotCounters([("m_in", "messages"), ("b_in", "bytes")], ["topic"], max_series=2)
+    r.register(c)
+    c.add(("a",), 3, 300)
+    c.add(("a",), 2, 200)
+    c.add(("b",), 1, 10)
+    c.add(("c",), 7, 70)  # a third topic: counted, under the overflow label
+    c.add(("d",), 1, 1)
+    s = samples(r)
+    assert s[("m_in_total", (("topic", "a"),))] == 5
+    assert s[("b_in_total", (("topic", "a"),))] == 500
+    assert s[("m_in_total", (("topic", "b"),))] == 1
+    assert s[("m_in_total", (("topic", "_other"),))] == 8
+    assert ("m_in_total", (("topic", "c"),)) not in s
+
+
+def test_hot_histogram_buckets_are_cumulative_with_le_bounds() -> None:
+    r = CollectorRegistry()
+    h = HotHistogram("lat_seconds", "latency", ["method"], [0.001, 0.01])
+    r.register(h)
+    for v in (0.001, 0.0005, 0.005, 3.0):  # 0.001 lies on a bound: it is in le=0.001
+        h.observe(("send",), v)
+    s = samples(r)
+    key = (("method", "send"),)
+    assert s[("lat_seconds_bucket", (("le", "0.001"), *key))] == 2
+    assert s[("lat_seconds_bucket", (("le", "0.01"), *key))] == 3
+    assert s[("lat_seconds_bucket", (("le", "+Inf"), *key))] == 4
+    assert s[("lat_seconds_count", key)] == 4
+    assert s[("lat_seconds_sum", key)] == pytest.approx(3.0065)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_endpoint_serves_metrics_and_probes() -> None:
+    r = CollectorRegistry()
+    c = HotCounters([("x", "x")], ["k"])
+    r.register(c)
+    c.add(("v",), 1)
+    state = {"ready": False}
+    server = MetricsServer(r, lambda: (state["ready"], "the reason"), "test")
+    address = server.start("127.0.0.1", 0)
+    try:
+        code, text = get(f"http://{address}/metrics")
+        assert code == 200 and 'x_total{k="v"} 1.0' in text
+        assert get(f"http://{address}/healthz") == (200, "ok\n")
+        assert get(f"http://{address}/readyz") == (503, "not ready: the reason\n")
+        state["ready"] = True
+        assert get(f"http://{address}/readyz") == (200, "ready: the reason\n")
+        assert get(f"http://{address}/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_listen_values() -> None:
+    for ok in ("", "off", "127.0.0.1:0", "0.0.0.0:9100"):
+        check_metrics_listen(ok)
+    for bad in ("9100", "host:", "host:99999", ":80"):
+        with pytest.raises(ValueError, match="metrics_listen"):
+            check_metrics_listen(bad)
+    assert metrics_bind("off") is None and metrics_bind("") is None
+    assert metrics_bind("[::1]:9100") == ("::1", 9100)
+    assert start_metrics("off", CollectorRegistry(), lambda: (True, ""), "x") is None

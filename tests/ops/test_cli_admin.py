@@ -1,0 +1,249 @@
+"""The admin commands of issue 18 against a real cluster (NameServer + one broker group of three
+processes): `produce --stdin` with properties and keys, `consume --sql --json`, `topic status`,
+`broker status --config`, `group list` with members and connections, and `group reset` to
+earliest / latest / an offset / a shift / a time: --dry-run changes nothing, an unknown group is
+refused without --create, and --execute is followed by a running PushConsumer."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_push import ConsumeResult, PushConsumer
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offset_reset import ResetTarget, ResetTo
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.common.types import QueueRef
+from raftmq.ops import cli, cli_data
+from tests.harness.procs import Cluster, start_cluster, wait_until
+
+GROUP = "broker-a"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("cli-admin"), groups=(GROUP,), namesrvs=1)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_data.console, "width", 250)
+    monkeypatch.setattr(cli.err_console, "width", 400)
+
+
+def run(cluster: Cluster, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(["--namesrv", cluster.namesrv, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def make_topic(cluster: Cluster, name: str, queues: int = 2) -> None:
+    with Admin(cluster.namesrv) as admin:
+        admin.create_topic(name, queues=queues)
+        wait_until(lambda: admin.route(name), 30, f"the route of {name}")
+
+
+def highs(cluster: Cluster, topic: str) -> dict[int, int]:
+    with Admin(cluster.namesrv) as admin:
+        return {q.queue.queue_id: q.max_offset for q in admin.topic_status(topic)}
+
+
+def committed(cluster: Cluster, group: str, topic: str) -> dict[int, int | None]:
+    with Admin(cluster.namesrv) as admin:
+        return {q.queue.queue_id: q.committed for q in admin.group_lag(group, topic)}
+
+
+def test_produce_stdin_consume_sql_json_topic_and_broker_status(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_topic(cluster, "adm-in")
+    lines = "".join(f"k{i}:body {i}\n" for i in range(10))
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    code, out, _ = run(
+        cluster, capsys, "produce", "adm-in", "--stdin", "--key-separator", ":",
+        "--property", "color=red", "--property", "n=1", "--tags", "T",
+    )  # fmt: skip
+    assert code == 0 and "10 messages acknowledged" in out, out
+    monkeypatch.setattr("sys.stdin", io.StringIO("plain a\nplain b\n"))
+    code, out, _ = run(
+        cluster, capsys, "produce", "adm-in", "--stdin", "--property", "color=blue", "--batch", "5"
+    )
+    assert code == 0 and "2 messages acknowledged" in out, out
+    code, _, err = run(cluster, capsys, "produce", "adm-in", "--property", "novalue")
+    assert code == 1 and "NAME=VALUE" in err
+
+    code, out, err = run(
+        cluster, capsys, "consume", "adm-in", "--group", "g-sql", "--from-beginning",
+        "--sql", "color = 'red'", "--json", "--max", "10", "--timeout", "30",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["body"] for r in rows) == sorted(f"body {i}" for i in range(10))
+    for r in rows:
+        i = r["body"].split()[1]
+        assert r["keys"] == [f"k{i}"] and r["tags"] == "T"
+        assert r["properties"]["color"] == "red" and r["properties"]["n"] == "1"
+        assert r["topic"] == "adm-in" and r["msg_id"] and r["broker_group"] == GROUP
+    assert "10 messages" in err  # the summary leaves stdout to the JSON lines
+
+    code, out, _ = run(cluster, capsys, "topic", "status", "adm-in")
+    assert code == 0
+    total_row = next(line for line in out.splitlines() if "total" in line)
+    assert re.findall(r"\d+", total_row)[-1] == "12", out
+    assert f"{GROUP}" in out and "last stored" in out
+
+    code, out, _ = run(cluster, capsys, "broker", "status", "--config")
+    assert code == 0
+    assert out.count("leader") >= 1 and out.count("follower") >= 2, out
+    assert "max_message_bytes" in out and "raft_password" in out
+    assert "***" not in out  # no password set: shown empty, never a secret
+
+
+def test_group_list_shows_members_and_connections(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_topic(cluster, "adm-members")
+    consumer = PushConsumer(
+        cluster.namesrv,
+        "g-members",
+        "adm-members",
+        lambda m: ConsumeResult.SUCCESS,
+        heartbeat_interval_ms=300,
+        client_id="test-host@123@members",
+    )
+    with consumer:
+
+        def listed() -> list[dict[str, object]]:
+            code, out, _ = run(cluster, capsys, "group", "list", "--json")
+            assert code == 0
+            return [g for g in json.loads(out) if g["group"] == "g-members"]
+
+        groups = wait_until(listed, 20, "g-members in the group list")
+        assert isinstance(groups, list)
+        [g] = groups
+        assert g["topics"] == ["adm-members"]
+        assert g["members"] == [
+            {
+                "client_id": "test-host@123@members",
+                "topics": ["adm-members"],
+                "connections": [GROUP],
+            }
+        ]
+        code, out, _ = run(cluster, capsys, "group", "list")
+        assert code == 0 and "test-host@123@members" in out and "g-members" in out
+
+
+def test_reset_dry_run_execute_and_a_running_consumer_follows(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic, group = "adm-reset", "g-reset"
+    make_topic(cluster, topic, queues=2)
+    with Producer(cluster.namesrv) as p:
+        for f in [p.send_async(topic, b"m%d" % i) for i in range(100)]:
+            f.result(30)
+    lock = threading.Lock()
+    seen: list[ReceivedMessage] = []
+
+    def listen(m: ReceivedMessage) -> ConsumeResult:
+        with lock:
+            seen.append(m)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(
+        cluster.namesrv,
+        group,
+        topic,
+        listen,
+        start_from=StartFrom.EARLIEST,
+        heartbeat_interval_ms=300,
+        commit_interval_ms=200,
+    )
+    end = highs(cluster, topic)  # the producer spreads 100 over 2 queues, not always 50/50
+    assert sum(end.values()) == 100 and min(end.values()) >= 10, end
+    with consumer:
+        wait_until(lambda: len(seen) >= 100, 30, "100 messages")
+        wait_until(lambda: committed(cluster, group, topic) == end, 20, "commits at the end")
+        before = committed(cluster, group, topic)
+
+        # Every target, as a dry run: the plan is printed, nothing changes.
+        for target, new in (
+            (["--to-earliest"], "0"),
+            (["--to-offset", "7"], "7"),
+            (["--shift-by", "-10"], str(end[0] - 10)),
+            (["--to-time", "0"], "0"),
+            (["--to-latest"], str(end[0])),
+        ):
+            code, out, _ = run(
+                cluster, capsys, "group", "reset", group, "--topic", topic, *target, "--dry-run"
+            )
+            assert code == 0 and "dry run" in out, out
+            row = next(line for line in out.splitlines() if f"{topic}@{GROUP}#0" in line)
+            assert re.findall(r"[+-]?\d+", row.split("#0", 1)[1])[3] == new, (target, row)
+        code, out, _ = run(
+            cluster, capsys, "group", "reset", group, "--topic", topic, "--to-earliest"
+        )
+        assert code == 0 and "add --execute" in out  # neither flag: a dry run too
+        assert committed(cluster, group, topic) == before
+
+        # An unknown group is refused unless asked for.
+        code, _, err = run(
+            cluster, capsys, "group", "reset", "g-typo", "--topic", topic, "--to-earliest",
+            "--execute",
+        )  # fmt: skip
+        assert code == 1 and "--create" in err
+        assert committed(cluster, "g-typo", topic) == {0: None, 1: None}
+
+        # Executed: the running consumer moves back 10 on each queue and consumes them again.
+        count_before = len(seen)
+        code, out, _ = run(
+            cluster, capsys, "group", "reset", group, "--topic", topic, "--shift-by", "-10",
+            "--execute",
+        )  # fmt: skip
+        assert code == 0 and "next heartbeat" in out, out
+        wait_until(lambda: len(seen) >= count_before + 20, 30, "the 20 reset messages again")
+        with lock:
+            again = seen[count_before:]
+        assert sorted((m.queue_id, m.queue_offset) for m in again) == sorted(
+            (q, o) for q in (0, 1) for o in range(end[q] - 10, end[q])
+        )
+        wait_until(lambda: committed(cluster, group, topic) == end, 20, "commits at the end")
+
+    # The same through the Admin API, the consumer stopped: a plan, then the reset.
+    with Admin(cluster.namesrv) as admin:
+        plan = admin.plan_offset_reset(group, topic, ResetTarget(ResetTo.OFFSET, 20))
+        assert [(r.queue, r.current, r.new) for r in plan] == [
+            (QueueRef(topic, GROUP, 0), end[0], min(20, end[0])),
+            (QueueRef(topic, GROUP, 1), end[1], min(20, end[1])),
+        ]
+        assert committed(cluster, group, topic) == end
+        done = admin.reset_offsets(group, topic, ResetTarget(ResetTo.OFFSET, 999))
+        assert [r.new for r in done] == [end[0], end[1]]  # clamped to the end
+        admin.reset_offsets(group, topic, ResetTarget(ResetTo.EARLIEST))
+    assert committed(cluster, group, topic) == {0: 0, 1: 0}
+
+
+def test_reset_of_a_new_group_with_create(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    make_topic(cluster, "adm-new", queues=1)
+    with Producer(cluster.namesrv) as p:
+        for f in [p.send_async("adm-new", b"x") for _ in range(5)]:
+            f.result(30)
+    code, out, _ = run(
+        cluster, capsys, "group", "reset", "g-new", "--topic", "adm-new", "--to-offset", "3",
+        "--create", "--execute",
+    )  # fmt: skip
+    assert code == 0, out
+    assert committed(cluster, "g-new", "adm-new") == {0: 3}
