@@ -1,0 +1,190 @@
+"""Scenarios of the official RocketMQ 5 Python client (PyPI `rocketmq-python-client`) against a
+raftmq proxy, run as a separate process: `python official_client.py SCENARIO ENDPOINT ARGS_JSON`.
+Prints one JSON line (`RESULT {...}`) with what the client saw; the tests assert on it.
+
+A separate process because the official client registers the same protobuf symbols
+(apache.rocketmq.v2.*) as raftmq's generated modules, and one process cannot hold both; it is also
+the black box the issue asks for: nothing of raftmq is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+
+
+def _config(endpoint: str) -> ClientConfiguration:
+    return ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+
+
+def _view(m: Any) -> dict[str, Any]:
+    return {
+        "id": m.message_id,
+        "body": m.body.decode(),
+        "tag": m.tag,
+        "keys": sorted(m.keys),
+        "properties": dict(m.properties),
+        "group": m.message_group,
+        "attempt": m.delivery_attempt,
+        "born_ms": m.born_timestamp,
+        "handle": m.receipt_handle,
+    }
+
+
+def produce(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """args: topic, messages [{body, tag?, keys?, properties?, group?}]"""
+    p = Producer(_config(endpoint), (args["topic"],))
+    p.startup()
+    sent = []
+    try:
+        for spec in args["messages"]:
+            m = Message()
+            m.topic = args["topic"]
+            m.body = spec["body"].encode()
+            if spec.get("tag"):
+                m.tag = spec["tag"]
+            if spec.get("keys"):
+                for key in spec["keys"]:
+                    m.keys = key  # the setter adds one key per assignment
+            for k, v in spec.get("properties", {}).items():
+                m.add_property(k, v)
+            if spec.get("group"):
+                m.message_group = spec["group"]
+            r = p.send(m)
+            sent.append({"id": r.message_id, "offset": r.offset})
+    finally:
+        p.shutdown()
+    return {"sent": sent}
+
+
+def _consumer(endpoint: str, args: dict[str, Any]) -> SimpleConsumer:
+    expr = FilterExpression(args.get("filter", "*"))
+    c = SimpleConsumer(
+        _config(endpoint),
+        args["group"],
+        {args["topic"]: expr},
+        await_duration=args.get("await_s", 2),
+    )
+    c.startup()
+    return c
+
+
+def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive and ack until `count` messages or `timeout_s`; then one more receive must be
+    empty (`extra`: what it got)."""
+    c = _consumer(endpoint, args)
+    got: list[dict[str, Any]] = []
+    try:
+        deadline = time.time() + args.get("timeout_s", 30)
+        while len(got) < args["count"] and time.time() < deadline:
+            for m in c.receive(args.get("batch", 16), args.get("invisible_s", 20)):
+                got.append(_view(m))
+                c.ack(m)
+        extra = [_view(m) for m in c.receive(16, 20)] if args.get("check_empty") else []
+    finally:
+        c.shutdown()
+    return {"got": got, "extra": extra}
+
+
+def _error(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def redeliver(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive one message without acking (invisible 4 s); a receive right after (long polling
+    1 s) must not get it; it comes back after its invisible duration with attempt 2; the old
+    handle is then refused and the new one acks."""
+    c = _consumer(endpoint, args)
+    out: dict[str, Any] = {}
+    try:
+        first: list[Any] = []
+        deadline = time.time() + 20
+        while not first and time.time() < deadline:
+            first = c.receive(1, 4)
+        out["first"] = [_view(m) for m in first]
+        t0 = time.time()
+        out["at_once"] = [_view(m) for m in c.receive(1, 4)]  # its long poll ends first
+        again: list[Any] = []
+        while not again and time.time() < t0 + 20:
+            again = c.receive(1, 10)
+        out["again"] = [_view(m) for m in again]
+        out["again_after_s"] = time.time() - t0
+        if first and again:
+            out["old_ack_error"] = _error(lambda: c.ack(first[0]))
+            out["new_ack_error"] = _error(lambda: c.ack(again[0]))
+        out["after"] = [_view(m) for m in c.receive(1, 10)]
+    finally:
+        c.shutdown()
+    return out
+
+
+def change_invisible(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive with 2 s invisible, extend to 30 s: it must not come back after 4 s; ack with the
+    new handle."""
+    c = _consumer(endpoint, args)
+    out: dict[str, Any] = {}
+    try:
+        first: list[Any] = []
+        deadline = time.time() + 20
+        while not first and time.time() < deadline:
+            first = c.receive(1, 2)
+        out["first"] = [_view(m) for m in first]
+        if first:
+            c.change_invisible_duration(first[0], 30)
+            out["new_handle"] = first[0].receipt_handle
+            time.sleep(3)
+            out["meanwhile"] = [_view(m) for m in c.receive(1, 10)]
+            out["ack_error"] = _error(lambda: c.ack(first[0]))
+    finally:
+        c.shutdown()
+    return out
+
+
+def fifo(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive everything of an ordered topic, acking each batch in order, and record the order.
+    `probe_block`: after the first batch, receive again before acking it: a FIFO queue with
+    unacknowledged messages must give nothing (every message in one group: one queue)."""
+    c = _consumer(endpoint, args)
+    got: list[dict[str, Any]] = []
+    probe: list[dict[str, Any]] = []
+    try:
+        deadline = time.time() + args.get("timeout_s", 40)
+        while len(got) < args["count"] and time.time() < deadline:
+            batch = c.receive(args.get("batch", 4), 20)
+            if batch and args.get("probe_block") and not got:
+                probe = [_view(m) for m in c.receive(32, 20)]
+            for m in batch:
+                got.append(_view(m))
+                c.ack(m)
+    finally:
+        c.shutdown()
+    return {"got": got, "probe": probe}
+
+
+SCENARIOS = {
+    "produce": produce,
+    "consume": consume,
+    "redeliver": redeliver,
+    "change_invisible": change_invisible,
+    "fifo": fifo,
+}
+
+if __name__ == "__main__":
+    name, endpoint, raw = sys.argv[1], sys.argv[2], sys.argv[3]
+    result = SCENARIOS[name](endpoint, json.loads(raw))
+    print("RESULT " + json.dumps(result), flush=True)

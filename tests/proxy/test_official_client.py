@@ -1,0 +1,240 @@
+"""The official RocketMQ 5 Python client (PyPI rocketmq-python-client) against a real raftmq
+cluster behind a real proxy process: normal and FIFO sends, SimpleConsumer receive / ack /
+change invisible duration, redelivery after the invisible duration, tag filters; and bad requests
+answered with v2 codes (a gRPC client of the proxy's own generated stubs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from raftmq.client.admin import Admin
+from raftmq.client.producer import Producer
+from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
+from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
+from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
+from tests.harness.local_cluster import free_ports
+from tests.harness.procs import ROOT, Cluster, Proc, start_cluster
+
+DRIVER = Path(__file__).with_name("official_client.py")
+TOPICS = {
+    "n1": False,
+    "tagt": False,
+    "rd": False,
+    "ci": False,
+    "ff": True,
+    "fb": True,
+    "sdk": False,
+}
+
+# Looked up, never imported: its generated protobuf modules register the same symbols as ours.
+if importlib.util.find_spec("rocketmq") is None:
+    pytest.skip(
+        "the official client is missing: pip install rocketmq-python-client (the dev extra)",
+        allow_module_level=True,
+    )
+
+
+class Env:
+    def __init__(self, cluster: Cluster, proxy: Proc, endpoint: str) -> None:
+        self.cluster = cluster
+        self.proxy = proxy
+        self.endpoint = endpoint
+
+    def run(self, scenario: str, **args: Any) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, str(DRIVER), scenario, self.endpoint, json.dumps(args)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        for line in out.stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line.removeprefix("RESULT "))  # type: ignore[no-any-return]
+        raise AssertionError(
+            f"{scenario} gave no result (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
+            f"{out.stderr[-3000:]}\nproxy log:\n{self.proxy.tail()}"
+        )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("rmq5")
+    cluster = start_cluster(tmp, groups=("broker-a",), namesrvs=1)
+    port = free_ports(1)[0]
+    endpoint = f"127.0.0.1:{port}"
+    proxy = Proc(
+        "proxy",
+        [
+            "-m",
+            "raftmq.proxy.server",
+            "--listen",
+            endpoint,
+            "--namesrv-addresses",
+            cluster.namesrv,
+            "--offset-commit-interval-ms",
+            "100",
+        ],
+        tmp / "proxy.log",
+    )
+    try:
+        proxy.start("proxy.started")
+        with Admin(cluster.namesrv) as admin:
+            for topic, ordered in TOPICS.items():
+                admin.create_topic(topic, queues=4, ordered=ordered)
+        yield Env(cluster, proxy, endpoint)
+    finally:
+        proxy.kill()
+        cluster.close()
+    assert "Traceback" not in proxy.tail(400), proxy.tail(400)
+
+
+def test_normal_messages_round_trip(env: Env) -> None:
+    msgs = [
+        {
+            "body": f"m{i}",
+            "tag": "A" if i % 2 else "B",
+            "keys": [f"k{i}"],
+            "properties": {"color": "red", "i": str(i)},
+        }
+        for i in range(6)
+    ]
+    sent = env.run("produce", topic="n1", messages=msgs)["sent"]
+    assert len({s["id"] for s in sent}) == 6
+    res = env.run("consume", topic="n1", group="g-n1", count=6, check_empty=True)
+    got = {m["id"]: m for m in res["got"]}
+    assert sorted(got) == sorted(s["id"] for s in sent), "the ids the producer was given"
+    for s, spec in zip(sent, msgs, strict=True):
+        m = got[s["id"]]
+        assert m["body"] == spec["body"] and m["tag"] == spec["tag"]
+        assert m["keys"] == spec["keys"] and m["properties"] == spec["properties"]
+        assert m["attempt"] == 1 and m["born_ms"] > 0 and m["group"] is None
+    assert res["extra"] == [], "acknowledged messages came back"
+
+
+def test_tag_filter(env: Env) -> None:
+    env.run(
+        "produce", topic="tagt", messages=[{"body": f"t{i}", "tag": "AB"[i % 2]} for i in range(6)]
+    )
+    res = env.run("consume", topic="tagt", group="g-tag", filter="A", count=3, check_empty=True)
+    assert sorted(m["body"] for m in res["got"]) == ["t0", "t2", "t4"]
+    assert res["extra"] == []
+
+
+def test_unacked_message_comes_back_after_its_invisible_duration(env: Env) -> None:
+    sent = env.run("produce", topic="rd", messages=[{"body": "once"}])["sent"]
+    res = env.run("redeliver", topic="rd", group="g-rd", await_s=1)
+    assert [m["id"] for m in res["first"]] == [sent[0]["id"]]
+    assert res["at_once"] == [], "an invisible message was delivered again"
+    assert [m["id"] for m in res["again"]] == [sent[0]["id"]]
+    assert res["again"][0]["attempt"] == 2
+    assert res["again_after_s"] > 1.5  # invisible for 4 s from the first receive
+    assert "expired" in res["old_ack_error"], res["old_ack_error"]
+    assert res["new_ack_error"] == ""
+    assert res["after"] == [], "an acknowledged message came back"
+
+
+def test_change_invisible_duration(env: Env) -> None:
+    env.run("produce", topic="ci", messages=[{"body": "slow"}])
+    res = env.run("change_invisible", topic="ci", group="g-ci")
+    assert [m["body"] for m in res["first"]] == ["slow"]
+    assert res["new_handle"] != res["first"][0]["handle"]
+    assert res["meanwhile"] == [], "visible again although its invisible time was extended"
+    assert res["ack_error"] == ""
+
+
+def test_fifo_order_per_message_group(env: Env) -> None:
+    msgs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb", "gc")]
+    env.run("produce", topic="ff", messages=msgs)
+    res = env.run("fifo", topic="ff", group="g-ff", count=15)
+    assert len(res["got"]) == 15
+    for g in ("ga", "gb", "gc"):
+        seq = [m["body"] for m in res["got"] if m["group"] == g]
+        assert seq == [f"{g}-{i}" for i in range(5)], seq
+
+
+def test_fifo_queue_gives_nothing_while_unacknowledged(env: Env) -> None:
+    env.run("produce", topic="fb", messages=[{"body": f"x{i}", "group": "one"} for i in range(6)])
+    res = env.run("fifo", topic="fb", group="g-fb", count=6, batch=2, probe_block=True)
+    assert res["probe"] == [], "a FIFO queue handed out more before the first batch was acked"
+    assert [m["body"] for m in res["got"]] == [f"x{i}" for i in range(6)]
+
+
+def test_sdk_producer_official_consumer(env: Env) -> None:
+    with Producer(env.cluster.namesrv) as p:
+        r = p.send("sdk", b"from-sdk", tags="T", keys=["key1"], properties={"p": "1"})
+    res = env.run("consume", topic="sdk", group="g-sdk", count=1)
+    [m] = res["got"]
+    assert m["id"] == r.msg_id and m["body"] == "from-sdk" and m["tag"] == "T"
+    assert m["keys"] == ["key1"] and m["properties"] == {"p": "1"}
+
+
+# ---- bad requests, through the proxy's own generated stubs ---------------------------------------
+
+
+def _stub(env: Env) -> service_pb2_grpc.MessagingServiceStub:
+    return service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(env.endpoint))
+
+
+def test_bad_requests_get_v2_codes(env: Env) -> None:
+    stub = _stub(env)
+    r = stub.QueryRoute(svc.QueryRouteRequest(topic=v2.Resource(name="no-such-topic")), timeout=10)
+    assert r.status.code == v2.TOPIC_NOT_FOUND, r.status
+    r2 = stub.QueryRoute(svc.QueryRouteRequest(topic=v2.Resource(name="bad topic!")), timeout=10)
+    assert r2.status.code == v2.ILLEGAL_TOPIC and "bad topic!" in r2.status.message
+    big = v2.Message(
+        topic=v2.Resource(name="n1"),
+        body=b"x" * (4 * 1024 * 1024 + 1),
+        system_properties=v2.SystemProperties(message_type=v2.NORMAL, message_id="big"),
+    )
+    s = stub.SendMessage(svc.SendMessageRequest(messages=[big]), timeout=10)
+    assert s.status.code == v2.MESSAGE_BODY_TOO_LARGE, s.status
+    fifo_without_group = v2.Message(
+        topic=v2.Resource(name="ff"),
+        body=b"x",
+        system_properties=v2.SystemProperties(message_type=v2.FIFO),
+    )
+    s2 = stub.SendMessage(svc.SendMessageRequest(messages=[fifo_without_group]), timeout=10)
+    assert s2.status.code == v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, s2.status
+    for handle in ("", "garbage", "rmq1~x~broker-a~0~0~1~2", "rmq1~x~broker-a~0~a~1~2"):
+        a = stub.AckMessage(
+            svc.AckMessageRequest(
+                group=v2.Resource(name="g-bad"),
+                topic=v2.Resource(name="n1"),
+                entries=[svc.AckMessageEntry(message_id="m", receipt_handle=handle)],
+            ),
+            timeout=10,
+        )
+        assert a.status.code == v2.INVALID_RECEIPT_HANDLE, (handle, a.status)
+        assert a.entries[0].status.message
+    rq = svc.ReceiveMessageRequest(
+        group=v2.Resource(name="g-bad"),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name="n1")),
+        filter_expression=v2.FilterExpression(type=v2.SQL, expression="a = = 1"),
+        batch_size=1,
+    )
+    [resp] = list(stub.ReceiveMessage(rq, timeout=10))
+    assert resp.status.code == v2.ILLEGAL_FILTER_EXPRESSION, resp.status
+    rq.filter_expression.type = v2.TAG
+    rq.filter_expression.expression = "*"
+    rq.invisible_duration.FromMilliseconds(10)
+    [resp] = list(stub.ReceiveMessage(rq, timeout=10))
+    assert resp.status.code == v2.ILLEGAL_INVISIBLE_TIME, resp.status
+    raw = env_channel_call(env, "/apache.rocketmq.v2.MessagingService/SendMessage", b"\xff\xff")
+    assert svc.SendMessageResponse.FromString(raw).status.code == v2.BAD_REQUEST
+
+
+def env_channel_call(env: Env, method: str, payload: bytes) -> bytes:
+    with grpc.insecure_channel(env.endpoint) as ch:
+        call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+        return call(payload, timeout=10)  # type: ignore[no-any-return]
