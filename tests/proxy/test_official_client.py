@@ -22,10 +22,12 @@ from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
 from tests.harness.local_cluster import free_ports
-from tests.harness.procs import ROOT, Cluster, Proc, start_cluster
+from tests.harness.procs import ROOT, Cluster, Proc, start_cluster, wait_until
+from tests.harness.readme import readme_blocks
 
 DRIVER = Path(__file__).with_name("official_client.py")
 TOPICS = {
+    "orders": False,  # the README example
     "n1": False,
     "tagt": False,
     "rd": False,
@@ -92,11 +94,33 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         with Admin(cluster.namesrv) as admin:
             for topic, ordered in TOPICS.items():
                 admin.create_topic(topic, queues=4, ordered=ordered)
+        with grpc.insecure_channel(endpoint) as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            for topic in TOPICS:  # registered with the NameServer: the clients find routes
+
+                def routed(topic: str = topic) -> bool:
+                    req = svc.QueryRouteRequest(topic=v2.Resource(name=topic))
+                    return stub.QueryRoute(req, timeout=10).status.code == v2.OK
+
+                wait_until(routed, 30, f"a route of {topic}", interval_s=0.2)
         yield Env(cluster, proxy, endpoint)
     finally:
         proxy.kill()
         cluster.close()
     assert "Traceback" not in proxy.tail(400), proxy.tail(400)
+
+
+def test_the_readme_example_runs(env: Env, tmp_path: Path) -> None:
+    (block,) = readme_blocks("python", "rmq5")
+    script = tmp_path / "readme_rmq5.py"
+    script.write_text(block.code.replace("127.0.0.1:8081", env.endpoint))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout
+    assert lines[1] == f"{lines[0]} b'hello from RocketMQ 5'"  # the id the producer was given
 
 
 def test_normal_messages_round_trip(env: Env) -> None:
