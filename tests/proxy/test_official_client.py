@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,7 +138,7 @@ def test_normal_messages_round_trip(env: Env) -> None:
     ]
     sent = env.run("produce", topic="n1", messages=msgs)["sent"]
     assert len({s["id"] for s in sent}) == 6
-    res = env.run("consume", topic="n1", group="g-n1", count=6, check_empty=True)
+    res = env.run("consume", topic="n1", group="g-n1", count=6, check_empty=True, await_s=1)
     got = {m["id"]: m for m in res["got"]}
     assert sorted(got) == sorted(s["id"] for s in sent), "the ids the producer was given"
     for s, spec in zip(sent, msgs, strict=True):
@@ -150,7 +153,9 @@ def test_tag_filter(env: Env) -> None:
     env.run(
         "produce", topic="tagt", messages=[{"body": f"t{i}", "tag": "AB"[i % 2]} for i in range(6)]
     )
-    res = env.run("consume", topic="tagt", group="g-tag", filter="A", count=3, check_empty=True)
+    res = env.run(
+        "consume", topic="tagt", group="g-tag", filter="A", count=3, check_empty=True, await_s=1
+    )
     assert sorted(m["body"] for m in res["got"]) == ["t0", "t2", "t4"]
     assert res["extra"] == []
 
@@ -189,7 +194,7 @@ def test_fifo_order_per_message_group(env: Env) -> None:
 
 def test_fifo_queue_gives_nothing_while_unacknowledged(env: Env) -> None:
     env.run("produce", topic="fb", messages=[{"body": f"x{i}", "group": "one"} for i in range(6)])
-    res = env.run("fifo", topic="fb", group="g-fb", count=6, batch=2, probe_block=True)
+    res = env.run("fifo", topic="fb", group="g-fb", count=6, batch=2, probe_block=True, await_s=1)
     assert res["probe"] == [], "a FIFO queue handed out more before the first batch was acked"
     assert [m["body"] for m in res["got"]] == [f"x{i}" for i in range(6)]
 
@@ -262,3 +267,112 @@ def env_channel_call(env: Env, method: str, payload: bytes) -> bytes:
     with grpc.insecure_channel(env.endpoint) as ch:
         call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
         return call(payload, timeout=10)  # type: ignore[no-any-return]
+
+
+# ---- POP through the proxy's own stubs: concurrent receivers, proxy restart ---------------------
+
+
+def _receive(
+    stub: service_pb2_grpc.MessagingServiceStub,
+    group: str,
+    topic: str,
+    *,
+    batch: int = 32,
+    invisible_ms: int = 20_000,
+    poll_ms: int = 1_000,
+) -> list[v2.Message]:
+    req = svc.ReceiveMessageRequest(
+        group=v2.Resource(name=group),
+        message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        batch_size=batch,
+    )
+    req.invisible_duration.FromMilliseconds(invisible_ms)
+    req.long_polling_timeout.FromMilliseconds(poll_ms)
+    out = []
+    for r in stub.ReceiveMessage(req, timeout=poll_ms / 1000 + 10):
+        if r.HasField("status"):
+            assert r.status.code in (v2.OK, v2.MESSAGE_NOT_FOUND), r.status
+        if r.HasField("message"):
+            out.append(r.message)
+    return out
+
+
+def _ack(
+    stub: service_pb2_grpc.MessagingServiceStub, group: str, topic: str, handles: list[str]
+) -> svc.AckMessageResponse:
+    return stub.AckMessage(
+        svc.AckMessageRequest(
+            group=v2.Resource(name=group),
+            topic=v2.Resource(name=topic),
+            entries=[svc.AckMessageEntry(receipt_handle=h) for h in handles],
+        ),
+        timeout=10,
+    )
+
+
+def test_concurrent_receivers_of_one_group_never_share_a_message(env: Env) -> None:
+    with Producer(env.cluster.namesrv) as p:
+        sent = {p.send("sdk", f"c{i}".encode()).msg_id for i in range(60)}
+    stub = _stub(env)
+    got: list[str] = []
+
+    def worker() -> None:
+        while True:
+            msgs = _receive(stub, "g-many", "sdk", batch=4, poll_ms=500)
+            if not msgs:
+                return
+            got.extend(m.system_properties.message_id for m in msgs)
+            a = _ack(stub, "g-many", "sdk", [m.system_properties.receipt_handle for m in msgs])
+            assert a.status.code == v2.OK, a.status
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == len(set(got)), "a message was handed to two receivers"
+    assert sent <= set(got)  # the topic also holds test_sdk_producer_official_consumer's
+
+
+def test_proxy_restart_redelivers_unacked_and_refuses_old_handles(env: Env) -> None:
+    """Proxy-local POP state (docs/design.md): after a restart, acknowledged messages stay
+    acknowledged, unacknowledged ones come back, and handles of the old process are refused."""
+    with Producer(env.cluster.namesrv) as p:
+        for i in range(4):
+            p.send("rd", f"restart{i}".encode())
+    stub = _stub(env)
+    group = "g-restart"
+    msgs: list[v2.Message] = []
+    deadline = time.monotonic() + 20
+    while len(msgs) < 5 and time.monotonic() < deadline:  # rd also holds "once"
+        msgs += _receive(stub, group, "rd", batch=8)
+    assert len(msgs) == 5
+    acked, kept = msgs[:3], msgs[3:]
+    assert (
+        _ack(stub, group, "rd", [m.system_properties.receipt_handle for m in acked]).status.code
+        == v2.OK
+    )
+    time.sleep(0.5)  # offset_commit_interval_ms = 100: the acks are committed
+    env.proxy.kill(signal.SIGTERM)
+    env.proxy.start("proxy.started")
+    stub = _stub(env)
+    a = _ack(stub, group, "rd", [kept[0].system_properties.receipt_handle])
+    assert a.status.code == v2.INVALID_RECEIPT_HANDLE and "restarted" in a.status.message
+
+    # Committed per queue up to its first unacknowledged message: those after it come back.
+    def key(m: v2.Message) -> tuple[int, int]:
+        return m.system_properties.queue_id, m.system_properties.queue_offset
+
+    expected = {m.system_properties.message_id for m in kept} | {
+        m.system_properties.message_id
+        for m in acked
+        if any(key(k)[0] == key(m)[0] and key(k)[1] < key(m)[1] for k in kept)
+    }
+    again: list[v2.Message] = []
+    deadline = time.monotonic() + 20
+    while len(again) < len(expected) and time.monotonic() < deadline:
+        again += _receive(stub, group, "rd", batch=8)
+    assert sorted(m.system_properties.message_id for m in again) == sorted(expected)
+    assert all(m.system_properties.delivery_attempt == 1 for m in again)  # a new process
+    assert _receive(stub, group, "rd", poll_ms=300) == []
