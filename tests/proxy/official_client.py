@@ -16,10 +16,13 @@ from typing import Any
 
 from rocketmq import (
     ClientConfiguration,
+    ConsumeResult,
     Credentials,
     FilterExpression,
     Message,
+    MessageListener,
     Producer,
+    PushConsumer,
     SimpleConsumer,
 )
 
@@ -176,7 +179,30 @@ def fifo(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got, "probe": probe}
 
 
+def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer (QueryAssignment, then receives by the client itself) until `count`."""
+    got: list[dict[str, Any]] = []
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            got.append(_view(message))
+            return ConsumeResult.SUCCESS
+
+    c = PushConsumer(
+        _config(endpoint), args["group"], Listener(), {args["topic"]: FilterExpression("*")}
+    )
+    c.startup()
+    try:
+        deadline = time.time() + args.get("timeout_s", 30)
+        while len(got) < args["count"] and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        c.shutdown()
+    return {"got": got}
+
+
 SCENARIOS = {
+    "push": push,
     "produce": produce,
     "consume": consume,
     "redeliver": redeliver,

@@ -38,6 +38,7 @@ TOPICS = {
     "ff": True,
     "fb": True,
     "sdk": False,
+    "push": False,
 }
 
 # Looked up, never imported: its generated protobuf modules register the same symbols as ours.
@@ -197,6 +198,12 @@ def test_fifo_queue_gives_nothing_while_unacknowledged(env: Env) -> None:
     res = env.run("fifo", topic="fb", group="g-fb", count=6, batch=2, probe_block=True, await_s=1)
     assert res["probe"] == [], "a FIFO queue handed out more before the first batch was acked"
     assert [m["body"] for m in res["got"]] == [f"x{i}" for i in range(6)]
+
+
+def test_push_consumer(env: Env) -> None:
+    sent = env.run("produce", topic="push", messages=[{"body": f"p{i}"} for i in range(5)])
+    res = env.run("push", topic="push", group="g-push", count=5)
+    assert sorted(m["id"] for m in res["got"]) == sorted(s["id"] for s in sent["sent"])
 
 
 def test_sdk_producer_official_consumer(env: Env) -> None:
