@@ -71,6 +71,32 @@ def produce(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"sent": sent}
 
 
+def produce_stream(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Send `count` messages one by one (`interval_s` apart), printing `SENT <id>` as each is
+    acknowledged (so a test can act mid-run); a failed send is recorded and the run goes on."""
+    p = Producer(_config(endpoint), (args["topic"],))
+    p.startup()
+    sent, failed = [], []
+    try:
+        for i in range(args["count"]):
+            m = Message()
+            m.topic = args["topic"]
+            m.body = f"s{i}".encode()
+            if args.get("groups"):
+                m.message_group = f"g{i % args['groups']}"
+            try:
+                r = p.send(m)
+            except Exception as exc:
+                failed.append(f"{i}: {type(exc).__name__}: {exc}")
+                continue
+            sent.append({"id": r.message_id, "body": f"s{i}"})
+            print(f"SENT {r.message_id}", flush=True)
+            time.sleep(args.get("interval_s", 0.0))
+    finally:
+        p.shutdown()
+    return {"sent": sent, "failed": failed}
+
+
 def _consumer(endpoint: str, args: dict[str, Any]) -> SimpleConsumer:
     expr = FilterExpression(args.get("filter", "*"))
     c = SimpleConsumer(
@@ -202,6 +228,7 @@ def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 SCENARIOS = {
+    "produce_stream": produce_stream,
     "push": push,
     "produce": produce,
     "consume": consume,
