@@ -227,7 +227,42 @@ def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got}
 
 
+def bench(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Send `count` messages of `size` bytes with up to `inflight` send_async in flight, then
+    receive and ack them all with a SimpleConsumer; the rates (bench/rmq5_bench.py)."""
+    topic, count, body = args["topic"], args["count"], b"x" * args.get("size", 1024)
+    p = Producer(_config(endpoint), (topic,))
+    p.startup()
+    window: list[Any] = []
+    t0 = time.perf_counter()
+    for _ in range(count):
+        m = Message()
+        m.topic = topic
+        m.body = body
+        window.append(p.send_async(m))
+        if len(window) >= args.get("inflight", 64):
+            window.pop(0).result(30)
+    for f in window:
+        f.result(30)
+    send_s = time.perf_counter() - t0
+    p.shutdown()
+    c = _consumer(endpoint, {"topic": topic, "group": args["group"], "await_s": 2})
+    got = 0
+    t0 = time.perf_counter()
+    deadline = time.time() + 120
+    try:
+        while got < count and time.time() < deadline:
+            for m in c.receive(32, 60):
+                c.ack(m)
+                got += 1
+        receive_s = time.perf_counter() - t0
+    finally:
+        c.shutdown()
+    return {"sent": count, "send_s": send_s, "received": got, "receive_s": receive_s}
+
+
 SCENARIOS = {
+    "bench": bench,
     "produce_stream": produce_stream,
     "push": push,
     "produce": produce,
