@@ -9,6 +9,7 @@ failure never sends a traceback (the proxy's log has it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import socket
@@ -43,7 +44,12 @@ SERVICE = svc.DESCRIPTOR.services_by_name["MessagingService"]
 CLIENT_ID_KEY = "x-mq-client-id"
 DEFAULT_INVISIBLE_MS = 30_000  # a receive that gives none (a push consumer's auto renew)
 MIN_WAIT_S = 0.05  # a failed held pull is not retried sooner than this
-MAX_HELD_PULL_MS = 20_000
+MAX_HELD_PULL_MS = 5_000
+# Held pulls a receive leaves behind when it returns stay on the broker until their wait ends;
+# past this many such pulls (their connection to a leader allows 256 in flight) a waiting receive
+# polls every POLL_S instead of holding more.
+MAX_HELD_PULLS = 128
+POLL_S = 0.2
 MAX_CLIENTS = 100_000
 
 
@@ -137,6 +143,8 @@ class MessagingService:
         self._clients: OrderedDict[str, ClientInfo] = OrderedDict()
         self._rotation = 0
         self._commit_task: asyncio.Task[None] | None = None
+        # When each held pull ends (ms; near ascending: over-counts a little at worst).
+        self._held_until: collections.deque[int] = collections.deque()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -368,8 +376,11 @@ class MessagingService:
             fut.set_result(st)
             return st
         except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: waiters (if any) get it from their await
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters (if any) get it from their await
             raise
         finally:
             del self._loading[key]
@@ -500,7 +511,7 @@ class MessagingService:
         new, or the time the earliest invisible message comes back, or the deadline."""
         now = now_ms()
         wake = deadline
-        pulls: list[asyncio.Future[Pulled]] = []
+        targets: list[tuple[QueueRef, int]] = []
         for q in queues:
             st = await self._state(group, q, fifo)
             visible = st.next_visible_ms()
@@ -508,20 +519,21 @@ class MessagingService:
                 wake = min(wake, visible)
             plan = st.plan(now, 1)
             if plan.new_from is not None:
-                pulls.append(
-                    asyncio.ensure_future(
-                        self.io.pull(
-                            group,
-                            q,
-                            plan.new_from,
-                            1,
-                            sql=flt.sql,
-                            tags=flt.tags,
-                            max_wait_ms=max(0, min(wake - now, MAX_HELD_PULL_MS)),
-                        )
-                    )
-                )
+                targets.append((q, plan.new_from))
         timeout_s = max(0.0, (wake - now) / 1000)
+        while self._held_until and self._held_until[0] <= now:
+            self._held_until.popleft()
+        if targets and len(self._held_until) + len(targets) > MAX_HELD_PULLS:
+            await asyncio.sleep(min(timeout_s, POLL_S))  # too many held: poll instead
+            return
+        hold_ms = max(0, min(wake - now, MAX_HELD_PULL_MS))
+        pulls = [
+            asyncio.ensure_future(
+                self.io.pull(group, q, offset, 1, sql=flt.sql, tags=flt.tags, max_wait_ms=hold_ms)
+            )
+            for q, offset in targets
+        ]
+        self._held_until.extend([now + hold_ms] * len(pulls))
         if not pulls:
             await asyncio.sleep(max(timeout_s, MIN_WAIT_S) if wake < deadline else timeout_s)
             return
@@ -637,16 +649,20 @@ class MessagingService:
             due = st.commit_due()
             if due is not None:
                 by_target.setdefault((key.group, key.queue.broker_group), {})[key.queue] = due
+        failed: RaftMQError | None = None
         for (group, _bg), offsets in by_target.items():
             try:
                 await self.io.commit(group, offsets)
-            except RaftMQError:
+            except RaftMQError as exc:
                 self._dirty.update(PopKey(group, q) for q in offsets)
-                raise
+                failed = exc
+                continue
             for q, off in offsets.items():
                 st = self._pops.get(PopKey(group, q))
                 if st is not None:
                     st.committed(off)
+        if failed is not None:
+            raise failed
 
     # ---- telemetry ----------------------------------------------------------------------------
 
