@@ -30,7 +30,9 @@ P_BORN_HOST = "rmq5.born_host"
 MAX_MESSAGE_GROUP_CHARS = 64  # RocketMQ proxy's maxMessageGroupSize
 
 # The message types this proxy stores now. DELAY and TRANSACTION plug in with the broker's
-# delayed delivery and transactions (`SendMapping.check_type` is where they are refused today).
+# delayed delivery and transactions: parse their fields into `Outgoing` (as `deliver_at_ms`
+# already is), add the type here and in `routing.accepted_types`, and let the service hand them
+# to the SDK's delayed / transactional send; `_refuse_unsupported` is where they stop today.
 SUPPORTED_TYPES = frozenset({v2.NORMAL, v2.FIFO})
 _TYPE_NAMES = frozenset(v2.MessageType.keys())
 
@@ -47,6 +49,7 @@ class Outgoing:
     message_id: str  # the client's (UNIQ_KEY); "" if it sent none
     message_group: str  # FIFO: the group whose order is kept; "" otherwise
     message_type: int
+    deliver_at_ms: int | None = None  # DELAY: the delivery timestamp (not stored yet)
 
 
 def check_topic(resource: v2.Resource) -> str:
@@ -96,13 +99,10 @@ def to_outgoing(msg: v2.Message, max_body_bytes: int) -> Outgoing:
     body = _body(msg, max_body_bytes)
     mtype = sp.message_type or v2.NORMAL
     group = sp.message_group if sp.HasField("message_group") else ""
-    if mtype not in SUPPORTED_TYPES:
-        what = v2.MessageType.Name(mtype) if mtype in v2.MessageType.values() else str(mtype)
-        raise ApiError(
-            v2.UNSUPPORTED,
-            f"{what} messages are not served by this proxy yet (NORMAL and FIFO are); send "
-            "them with the raftmq SDK meanwhile",
-        )
+    deliver_at_ms = (
+        sp.delivery_timestamp.ToMilliseconds() if sp.HasField("delivery_timestamp") else None
+    )
+    _refuse_unsupported(mtype, deliver_at_ms)
     if mtype == v2.FIFO and not group:
         raise ApiError(
             v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
@@ -118,11 +118,6 @@ def to_outgoing(msg: v2.Message, max_body_bytes: int) -> Outgoing:
             v2.ILLEGAL_MESSAGE_GROUP,
             f"message group {group[:80]!r} must be printable and at most "
             f"{MAX_MESSAGE_GROUP_CHARS} characters",
-        )
-    if sp.HasField("delivery_timestamp"):
-        raise ApiError(
-            v2.UNSUPPORTED,
-            "delivery timestamps (delayed messages) are not served by this proxy yet",
         )
     props: dict[str, str] = {}
     for name, value in msg.user_properties.items():
@@ -146,7 +141,24 @@ def to_outgoing(msg: v2.Message, max_body_bytes: int) -> Outgoing:
     if sp.born_host:
         props[P_BORN_HOST] = sp.born_host
     tag = sp.tag if sp.HasField("tag") and sp.tag else None
-    return Outgoing(topic, body, tag, tuple(sp.keys), props, sp.message_id, group, mtype)
+    return Outgoing(
+        topic, body, tag, tuple(sp.keys), props, sp.message_id, group, mtype, deliver_at_ms
+    )
+
+
+def _refuse_unsupported(mtype: int, deliver_at_ms: int | None) -> None:
+    if mtype not in SUPPORTED_TYPES:
+        what = v2.MessageType.Name(mtype) if mtype in v2.MessageType.values() else str(mtype)
+        raise ApiError(
+            v2.UNSUPPORTED,
+            f"{what} messages are not served by this proxy yet (NORMAL and FIFO are); send "
+            "them with the raftmq SDK meanwhile",
+        )
+    if deliver_at_ms is not None:
+        raise ApiError(
+            v2.UNSUPPORTED,
+            "delivery timestamps (delayed messages) are not served by this proxy yet",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,14 @@ def test_outgoing_refusals(sp: dict[str, object], code: int) -> None:
     assert exc.value.code == code and exc.value.message
 
 
+def test_delivery_timestamp_is_refused_until_delays_are_mapped() -> None:
+    m = _msg(message_type=v2.NORMAL)
+    m.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+    with pytest.raises(ApiError) as exc:
+        convert.to_outgoing(m, 1024)
+    assert exc.value.code == v2.UNSUPPORTED and "delayed" in exc.value.message
+
+
 def test_outgoing_body_and_property_checks() -> None:
     m = _msg()
     m.body = b""
