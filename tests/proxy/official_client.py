@@ -261,7 +261,14 @@ def bench(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"sent": count, "send_s": send_s, "received": got, "receive_s": receive_s}
 
 
+def steps(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Several scenarios in one process (one interpreter start): {"steps": [[name, args], ...]}
+    -> {"results": [...]}."""
+    return {"results": [SCENARIOS[name](endpoint, a) for name, a in args["steps"]]}
+
+
 SCENARIOS = {
+    "steps": steps,
     "bench": bench,
     "produce_stream": produce_stream,
     "push": push,

@@ -75,6 +75,13 @@ class Env:
             f"{out.stderr[-3000:]}\nproxy log:\n{self.proxy.tail()}"
         )
 
+    def produce_then(
+        self, produce: dict[str, Any], scenario: str, **args: Any
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """A produce, then `scenario`, in one client process: (what was sent, its result)."""
+        sent, res = self.run("steps", steps=[["produce", produce], [scenario, args]])["results"]
+        return sent["sent"], res
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
@@ -140,9 +147,16 @@ def test_normal_messages_round_trip(env: Env) -> None:
         }
         for i in range(6)
     ]
-    sent = env.run("produce", topic="n1", messages=msgs)["sent"]
+    sent, res = env.produce_then(
+        {"topic": "n1", "messages": msgs},
+        "consume",
+        topic="n1",
+        group="g-n1",
+        count=6,
+        check_empty=True,
+        await_s=1,
+    )
     assert len({s["id"] for s in sent}) == 6
-    res = env.run("consume", topic="n1", group="g-n1", count=6, check_empty=True, await_s=1)
     got = {m["id"]: m for m in res["got"]}
     assert sorted(got) == sorted(s["id"] for s in sent), "the ids the producer was given"
     for s, spec in zip(sent, msgs, strict=True):
@@ -154,19 +168,28 @@ def test_normal_messages_round_trip(env: Env) -> None:
 
 
 def test_tag_filter(env: Env) -> None:
-    env.run(
-        "produce", topic="tagt", messages=[{"body": f"t{i}", "tag": "AB"[i % 2]} for i in range(6)]
-    )
-    res = env.run(
-        "consume", topic="tagt", group="g-tag", filter="A", count=3, check_empty=True, await_s=1
+    _, res = env.produce_then(
+        {"topic": "tagt", "messages": [{"body": f"t{i}", "tag": "AB"[i % 2]} for i in range(6)]},
+        "consume",
+        topic="tagt",
+        group="g-tag",
+        filter="A",
+        count=3,
+        check_empty=True,
+        await_s=1,
     )
     assert sorted(m["body"] for m in res["got"]) == ["t0", "t2", "t4"]
     assert res["extra"] == []
 
 
 def test_unacked_message_comes_back_after_its_invisible_duration(env: Env) -> None:
-    sent = env.run("produce", topic="rd", messages=[{"body": "once"}])["sent"]
-    res = env.run("redeliver", topic="rd", group="g-rd", await_s=1)
+    sent, res = env.produce_then(
+        {"topic": "rd", "messages": [{"body": "once"}]},
+        "redeliver",
+        topic="rd",
+        group="g-rd",
+        await_s=1,
+    )
     assert [m["id"] for m in res["first"]] == [sent[0]["id"]]
     assert res["at_once"] == [], "an invisible message was delivered again"
     assert [m["id"] for m in res["again"]] == [sent[0]["id"]]
@@ -178,8 +201,12 @@ def test_unacked_message_comes_back_after_its_invisible_duration(env: Env) -> No
 
 
 def test_change_invisible_duration(env: Env) -> None:
-    env.run("produce", topic="ci", messages=[{"body": "slow"}])
-    res = env.run("change_invisible", topic="ci", group="g-ci")
+    _, res = env.produce_then(
+        {"topic": "ci", "messages": [{"body": "slow"}]},
+        "change_invisible",
+        topic="ci",
+        group="g-ci",
+    )
     assert [m["body"] for m in res["first"]] == ["slow"]
     assert res["new_handle"] != res["first"][0]["handle"]
     assert res["meanwhile"] == [], "visible again although its invisible time was extended"
@@ -188,8 +215,9 @@ def test_change_invisible_duration(env: Env) -> None:
 
 def test_fifo_order_per_message_group(env: Env) -> None:
     msgs = [{"body": f"{g}-{i}", "group": g} for i in range(5) for g in ("ga", "gb", "gc")]
-    env.run("produce", topic="ff", messages=msgs)
-    res = env.run("fifo", topic="ff", group="g-ff", count=15)
+    _, res = env.produce_then(
+        {"topic": "ff", "messages": msgs}, "fifo", topic="ff", group="g-ff", count=15
+    )
     assert len(res["got"]) == 15
     for g in ("ga", "gb", "gc"):
         seq = [m["body"] for m in res["got"] if m["group"] == g]
@@ -197,16 +225,29 @@ def test_fifo_order_per_message_group(env: Env) -> None:
 
 
 def test_fifo_queue_gives_nothing_while_unacknowledged(env: Env) -> None:
-    env.run("produce", topic="fb", messages=[{"body": f"x{i}", "group": "one"} for i in range(6)])
-    res = env.run("fifo", topic="fb", group="g-fb", count=6, batch=2, probe_block=True, await_s=1)
+    _, res = env.produce_then(
+        {"topic": "fb", "messages": [{"body": f"x{i}", "group": "one"} for i in range(6)]},
+        "fifo",
+        topic="fb",
+        group="g-fb",
+        count=6,
+        batch=2,
+        probe_block=True,
+        await_s=1,
+    )
     assert res["probe"] == [], "a FIFO queue handed out more before the first batch was acked"
     assert [m["body"] for m in res["got"]] == [f"x{i}" for i in range(6)]
 
 
 def test_push_consumer(env: Env) -> None:
-    sent = env.run("produce", topic="push", messages=[{"body": f"p{i}"} for i in range(5)])
-    res = env.run("push", topic="push", group="g-push", count=5)
-    assert sorted(m["id"] for m in res["got"]) == sorted(s["id"] for s in sent["sent"])
+    sent, res = env.produce_then(
+        {"topic": "push", "messages": [{"body": f"p{i}"} for i in range(5)]},
+        "push",
+        topic="push",
+        group="g-push",
+        count=5,
+    )
+    assert sorted(m["id"] for m in res["got"]) == sorted(s["id"] for s in sent)
 
 
 def test_sdk_producer_official_consumer(env: Env) -> None:
