@@ -42,6 +42,7 @@ TOPICS = {
     "sdk": False,
     "push": False,
     "sdk2": False,
+    "lp": False,
 }
 
 # Looked up, never imported: its generated protobuf modules register the same symbols as ours.
@@ -401,6 +402,26 @@ def test_concurrent_receivers_of_one_group_never_share_a_message(env: Env) -> No
         t.join(60)
     assert len(got) == len(set(got)), "a message was handed to two receivers"
     assert sent <= set(got)  # the topic also holds test_sdk_producer_official_consumer's
+
+
+def test_long_poll_returns_when_a_message_arrives(env: Env) -> None:
+    stub = _stub(env)
+    assert _receive(stub, "g-lp", "lp", poll_ms=200) == []  # loads the group's state
+    out: list[tuple[float, list[v2.Message]]] = []
+    t = threading.Thread(
+        target=lambda: out.append((0.0, _receive(stub, "g-lp", "lp", poll_ms=15_000)))
+    )
+    t.start()
+    time.sleep(1.0)  # the receive is held
+    with Producer(env.cluster.namesrv) as p:
+        p.send("lp", b"wake")
+    sent_at = time.monotonic()
+    t.join(20)
+    waited = time.monotonic() - sent_at
+    [(_, msgs)] = out
+    assert [m.body for m in msgs] == [b"wake"]
+    print(f"long poll answered {waited:.3f} s after the send returned")
+    assert waited < 8.0, f"the held receive answered {waited:.1f} s after the send"
 
 
 def test_proxy_restart_redelivers_unacked_and_refuses_old_handles(env: Env) -> None:
