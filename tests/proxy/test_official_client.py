@@ -43,6 +43,7 @@ TOPICS = {
     "push": False,
     "sdk2": False,
     "lp": False,
+    "sql": False,
 }
 
 # Looked up, never imported: its generated protobuf modules register the same symbols as ours.
@@ -349,11 +350,14 @@ def _receive(
     batch: int = 32,
     invisible_ms: int = 20_000,
     poll_ms: int = 1_000,
+    sql: str = "",
 ) -> list[v2.Message]:
     req = svc.ReceiveMessageRequest(
         group=v2.Resource(name=group),
         message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
-        filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+        filter_expression=v2.FilterExpression(type=v2.SQL, expression=sql)
+        if sql
+        else v2.FilterExpression(type=v2.TAG, expression="*"),
         batch_size=batch,
     )
     req.invisible_duration.FromMilliseconds(invisible_ms)
@@ -402,6 +406,19 @@ def test_concurrent_receivers_of_one_group_never_share_a_message(env: Env) -> No
         t.join(60)
     assert len(got) == len(set(got)), "a message was handed to two receivers"
     assert sent <= set(got)  # the topic also holds test_sdk_producer_official_consumer's
+
+
+def test_sql92_filter(env: Env) -> None:
+    with Producer(env.cluster.namesrv) as p:
+        for i in range(6):
+            p.send("sql", f"q{i}".encode(), tags="AB"[i % 2], properties={"n": str(i)})
+    stub = _stub(env)
+    got: list[v2.Message] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += _receive(stub, "g-sql", "sql", sql="n >= 2 AND TAGS = 'A'")
+    assert sorted(m.body for m in got) == [b"q2", b"q4"]
+    assert _receive(stub, "g-sql", "sql", sql="n >= 2 AND TAGS = 'A'", poll_ms=300) == []
 
 
 def test_long_poll_returns_when_a_message_arrives(env: Env) -> None:
