@@ -20,7 +20,8 @@ import grpc
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.proxy import settings as settings_mod
-from raftmq.proxy.service import MessagingService, add_to_server
+from raftmq.proxy.handlers import add_to_server
+from raftmq.proxy.service import MessagingService
 from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
