@@ -232,7 +232,7 @@ def up(args: argparse.Namespace) -> int:
         return _detached(args, spec, runner, state_file, stop)
     try:
         wait_healthy(spec, stop)
-        console.print(f"[green]cluster {spec.name} is up[/]: NameServers {spec.namesrv_addresses}")
+        console.print(f"[green]cluster {spec.name} is up[/]: {_endpoints(spec)}")
         for line in metrics_lines(spec):
             console.print(line, soft_wrap=True, highlight=False)
         console.print(TRY)
@@ -247,6 +247,14 @@ def up(args: argparse.Namespace) -> int:
         cluster_state.remove(state_file)
         console.print("[green]stopped[/]")
     return 0
+
+
+def _endpoints(spec: cluster_spec.ClusterSpec) -> str:
+    """Where clients connect: the NameServers (raftmq SDK) and the proxies (RocketMQ 5 clients)."""
+    out = f"NameServers {spec.namesrv_addresses}"
+    if spec.proxies:
+        out += f"; RocketMQ 5 API (proxies) {','.join(str(e) for e in spec.proxies)}"
+    return out
 
 
 def _detached(
@@ -269,7 +277,7 @@ def _detached(
         cluster_state.remove(state_file)
         return 1
     console.print(
-        f"[green]cluster {spec.name} is up[/] (detached): NameServers {spec.namesrv_addresses}",
+        f"[green]cluster {spec.name} is up[/] (detached): {_endpoints(spec)}",
         soft_wrap=True,
     )
     for line in metrics_lines(spec):

@@ -72,7 +72,7 @@ class ProcessSpec:
     """One process: `python -m <argv...>` prints a line starting with `ready_prefix` once up."""
 
     name: str
-    role: str  # "namesrv", "broker" or "controller"
+    role: str  # "namesrv", "broker", "controller" or "proxy"
     module: str
     argv: tuple[str, ...]  # after `python`
     ready_prefix: str
@@ -98,6 +98,8 @@ class ClusterSpec:
     # Process name -> the HTTP port of its /metrics (with /healthz, /readyz) on its own host;
     # a process not named serves no metrics. From each table's `metrics_port`.
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
+    # RocketMQ 5 gRPC API proxies (raftmq-proxy), named proxy-<i>; started after the brokers.
+    proxies: tuple[Endpoint, ...] = ()
 
     @property
     def namesrv_addresses(self) -> str:
@@ -140,7 +142,12 @@ class ClusterSpec:
                 replace(c, address=ns, raft=Endpoint(ns.host, c.raft.port))
                 for c, ns in zip(self.controllers, namesrvs, strict=True)
             )
-        return replace(self, namesrvs=namesrvs, groups=groups, controllers=controllers)
+        proxies = tuple(
+            Endpoint(hosts.get(f"proxy-{i}", e.host), e.port) for i, e in enumerate(self.proxies)
+        )
+        return replace(
+            self, namesrvs=namesrvs, groups=groups, controllers=controllers, proxies=proxies
+        )
 
     def with_ports(self, ports: list[int]) -> ClusterSpec:
         """Every port replaced, in order, from `ports` (tests: free ports)."""
@@ -172,6 +179,7 @@ class ClusterSpec:
                     )
                     for c in self.controllers
                 )
+            proxies = tuple(Endpoint(e.host, next(it)) for e in self.proxies)
             metrics_ports = {name: next(it) for name in self._metrics_names()}
         except StopIteration:
             raise SpecError(f"{self.port_count()} ports are needed, {len(ports)} given") from None
@@ -180,6 +188,7 @@ class ClusterSpec:
             namesrvs=namesrvs,
             groups=groups,
             controllers=controllers,
+            proxies=proxies,
             metrics_ports=metrics_ports,
         )
 
@@ -192,6 +201,7 @@ class ClusterSpec:
             len(self.namesrvs)
             + 2 * sum(len(n) for n in self.groups.values())
             + (1 if self.controller_in_namesrv else 2) * len(self.controllers)
+            + len(self.proxies)
             + len(self.metrics_ports)
         )
 
@@ -313,6 +323,28 @@ class ClusterSpec:
                         group,
                     )
                 )
+        px_flags = _flags(self.settings.get("proxy", {}))
+        peers = ",".join(str(e) for e in self.proxies)
+        for i, e in enumerate(self.proxies):
+            name = f"proxy-{i}"
+            argv = [
+                "-m", "raftmq.proxy.server", "--listen", str(e), "--advertise", str(e),
+                "--namesrv-addresses", self.namesrv_addresses,
+            ]  # fmt: skip
+            if len(self.proxies) > 1:
+                argv += ["--proxy-addresses", peers]
+            out.append(
+                ProcessSpec(
+                    name,
+                    "proxy",
+                    "raftmq.proxy.server",
+                    (*argv, *px_flags),
+                    "proxy.started",
+                    self.data_dir / name,
+                    e.host,
+                    (e.port,),
+                )
+            )
         return [self._with_metrics(p) for p in out]
 
     def _with_metrics(self, p: ProcessSpec) -> ProcessSpec:
@@ -378,7 +410,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source} is not valid TOML: {exc}") from exc
-    known = {"cluster", "namesrv", "group", "controller", "settings"}
+    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings"}
     metrics_ports: dict[str, int] = {}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -458,13 +490,28 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
             ControllerSpec(f"c{i}", ns, Endpoint(ns.host, _port(t, "raft_port", f"namesrv[{i}]")))
             for i, (ns, t) in enumerate(zip(namesrvs, raw.get("namesrv", []), strict=True))
         )
+    proxies = tuple(
+        Endpoint(_str(t, "host", f"proxy[{i}]"), _port(t, "port", f"proxy[{i}]"))
+        for i, t in enumerate(raw.get("proxy", []))
+    )
     settings = raw.get("settings", {})
-    if not isinstance(settings, dict) or not set(settings) <= {"namesrv", "broker", "controller"}:
-        raise SpecError(f"{source}: [settings] may hold only namesrv, broker and controller tables")
+    if not isinstance(settings, dict) or not set(settings) <= set(ROLE_SETTINGS):
+        raise SpecError(
+            f"{source}: [settings] may hold only namesrv, broker, controller and proxy tables"
+        )
     for role, table in settings.items():
         _check_settings_keys(role, table, source)
     spec = ClusterSpec(
-        name, data_dir, namesrvs, groups, controllers, settings, preferred, embedded, metrics_ports
+        name,
+        data_dir,
+        namesrvs,
+        groups,
+        controllers,
+        settings,
+        preferred,
+        embedded,
+        metrics_ports=metrics_ports,
+        proxies=proxies,
     )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
@@ -483,6 +530,7 @@ ROLE_SETTINGS = {
     "namesrv": ("raftmq.namesrv.settings", "NameServerSettings"),
     "broker": ("raftmq.broker.settings", "BrokerSettings"),
     "controller": ("raftmq.controller.settings", "ControllerSettings"),
+    "proxy": ("raftmq.proxy.settings", "ProxySettings"),
 }
 
 
@@ -521,13 +569,15 @@ def local_description(
     groups: Sequence[str] = ("broker-a",),
     controllers: int = 3,
     nodes_per_group: int = 3,
+    proxies: int = 0,
     extra: str = "",
     metrics: bool = False,
 ) -> str:
     """A cluster description on 127.0.0.1 with the given ports in the order with_ports uses
     (NameServers, then per group each node's gRPC and Raft port, then per controller its gRPC
-    and Raft port; with `metrics`, then one metrics port per process in that order): tests and
-    benchmarks start real clusters on free ports from it."""
+    and Raft port, then each proxy's port; with `metrics`, then one metrics port per NameServer,
+    node and controller in that order): tests and benchmarks start real clusters on free ports
+    from it."""
     count = namesrvs + len(groups) * nodes_per_group + controllers
     it = iter(list(ports)[: len(ports) - (count if metrics else 0)])
     m_it = iter(list(ports)[len(ports) - count :]) if metrics else iter(())
@@ -553,7 +603,8 @@ def local_description(
         f"{mline()}"
         for i in range(controllers)
     )
-    return f"[cluster]\nname='{name}'\ndata_dir='{data_dir}'\n{ns}{grp}{ctl}{extra}"
+    px = "".join(f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\n" for _ in range(proxies))
+    return f"[cluster]\nname='{name}'\ndata_dir='{data_dir}'\n{ns}{grp}{ctl}{px}{extra}"
 
 
 def load(path: Path) -> ClusterSpec:

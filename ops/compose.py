@@ -53,6 +53,8 @@ def compose_yaml(
                 ]  # fmt: skip
         for name, port in spec.metrics_ports.items():  # published: bind every interface
             extra.setdefault(name, []).extend(["--metrics-listen", f"{WILDCARD}:{port}"])
+        for i, e in enumerate(inside.proxies):
+            extra[f"proxy-{i}"] = ["--listen", f"{WILDCARD}:{e.port}"]
         header = HOST_HEADER.format(
             source=source,
             namesrvs=",".join(f"{advertise_host}:{e.port}" for e in spec.namesrvs),
@@ -99,6 +101,8 @@ def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple
     for nodes in spec.groups.values():
         for n in nodes:
             out[n.name] = (n.address.port, n.compose_data_port)
+    for i, e in enumerate(spec.proxies):
+        out[f"proxy-{i}"] = (e.port,)
     if not spec.controller_in_namesrv:
         for c in spec.controllers:
             out[c.name] = (c.address.port,)
@@ -130,12 +134,14 @@ def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple
 
 def _advertised(spec: ClusterSpec, advertise_host: str) -> ClusterSpec:
     """Each broker's gRPC address (what it registers and what `members` lists) on the advertise
-    host; its Raft address stays on its container hostname, where its peers reach it."""
+    host; its Raft address stays on its container hostname, where its peers reach it. Each
+    proxy advertises the host too (QueryRoute gives clients that address)."""
     groups = {
         g: tuple(replace(n, address=Endpoint(advertise_host, n.address.port)) for n in nodes)
         for g, nodes in spec.groups.items()
     }
-    return replace(spec, groups=groups)
+    proxies = tuple(Endpoint(advertise_host, e.port) for e in spec.proxies)
+    return replace(spec, groups=groups, proxies=proxies)
 
 
 def _check_advertise_host(host: str) -> None:

@@ -17,6 +17,7 @@ from raftmq.broker import settings as broker_settings  # noqa: E402
 from raftmq.common.settings import settings_markdown  # noqa: E402
 from raftmq.controller import settings as controller_settings  # noqa: E402
 from raftmq.namesrv import settings as namesrv_settings  # noqa: E402
+from raftmq.proxy import settings as proxy_settings  # noqa: E402
 
 BEGIN = "<!-- settings-tables:begin (scripts/settings_tables.py) -->"
 END = "<!-- settings-tables:end -->"
@@ -32,6 +33,7 @@ def tables() -> str:
             controller_settings.ControllerSettings,
             controller_settings.ENV_PREFIX,
         ),
+        ("Proxy", "proxy", proxy_settings.ProxySettings, proxy_settings.ENV_PREFIX),
     ]
     parts = []
     for title, section, cls, prefix in roles:

@@ -21,6 +21,8 @@ from raftmq.namesrv import settings as namesrv_settings
 from raftmq.ops import cli
 from raftmq.ops.cluster_spec import SpecError, load, parse
 from raftmq.ops.compose import compose_yaml
+from raftmq.proxy import server as proxy_server
+from raftmq.proxy import settings as proxy_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +76,9 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
         elif module == "raftmq.broker.server":
             b = broker_settings.load(*broker_server.parse_args(args), environ={})
             assert b.me.address.startswith(f"{b.broker_group}-{b.node_id}:")
+        elif module == "raftmq.proxy.server":
+            px = proxy_settings.load(*proxy_server.parse_args(args), environ={})
+            assert px.advertised.startswith("proxy-") and px.namesrv_addresses
         else:
             assert module == "raftmq.controller.server" and spec.controllers
             c = controller_settings.load(*controller_server.parse_args(args), environ={})
@@ -106,6 +111,11 @@ def test_host_reachable_mode_publishes_and_advertises_host_addresses(
         assert e.port in _published(services[f"namesrv-{i}"]["ports"])
     for c in spec.controllers:
         assert c.address.port in _published(services[c.name]["ports"])
+    for i, e in enumerate(spec.proxies):
+        argv = services[f"proxy-{i}"]["command"]
+        px = proxy_settings.load(*proxy_server.parse_args(argv[3:]), environ={})
+        assert px.listen == f"0.0.0.0:{e.port}" and px.advertised == f"{host}:{e.port}"
+        assert _published(services[f"proxy-{i}"]["ports"]) == {e.port}
     brokers = 0
     for name, svc in services.items():
         argv = svc["command"]

@@ -126,8 +126,9 @@ def test_the_readme_shows_what_this_test_runs() -> None:
     assert {"topic create", "produce", "consume"} <= shown, shown
     for b in every:  # every block is run here, in tests/spark, or marked as not run
         assert b.lang in ("python", "sh"), f"{b.name}: no rule for this language"
-        # sparkregister: run from another directory by tests/spark/test_worker_python.py
-        known = ("", "spark", "sparkregister", "skip")
+        # sparkregister: run from another directory by tests/spark/test_worker_python.py;
+        # rmq5: the official RocketMQ 5 client, by tests/proxy/test_official_client.py
+        known = ("", "spark", "sparkregister", "skip", "rmq5")
         assert b.tag in known, f"{b.name}: unknown readme-test tag {b.tag!r}"
 
 

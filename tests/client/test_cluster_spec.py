@@ -14,6 +14,8 @@ from raftmq.controller import settings as controller_settings
 from raftmq.namesrv import server as namesrv_server
 from raftmq.namesrv import settings as namesrv_settings
 from raftmq.ops.cluster_spec import SpecError, load, parse
+from raftmq.proxy import server as proxy_server
+from raftmq.proxy import settings as proxy_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "deploy" / "cluster.toml"
@@ -49,6 +51,31 @@ def test_every_argv_parses_with_its_role_settings() -> None:
             assert c.listen == f"{p.host}:{p.ports[0]}"
             assert c.raft_address == f"{p.host}:{p.ports[1]}"
             assert len(c.peer_list) == 2
+        else:
+            assert p.role == "proxy"
+            cfg, overrides = proxy_server.parse_args(list(p.argv[2:]))
+            px = proxy_settings.load(cfg, overrides, environ={})
+            assert px.listen == px.advertised == f"{p.host}:{p.ports[0]}"
+            assert px.namesrv_addresses == "127.0.0.1:9876,127.0.0.1:9877"
+
+
+def test_proxies_in_the_description() -> None:
+    text = SPEC.read_text()
+    spec = load(SPEC)
+    assert [p.name for p in spec.processes()][-1] == "proxy-0"  # after the brokers
+    two = parse(text + "\n[[proxy]]\nhost = '127.0.0.1'\nport = 8082\n")
+    argvs = [p.argv for p in two.processes() if p.role == "proxy"]
+    assert len(argvs) == 2
+    for argv in argvs:
+        px = proxy_settings.load(*proxy_server.parse_args(list(argv[2:])), environ={})
+        assert px.proxy_list == ("127.0.0.1:8081", "127.0.0.1:8082")
+    moved = two.with_ports(list(range(30000, 30000 + two.port_count())))
+    proxies_end = 30000 + two.port_count() - len(two.metrics_ports)  # metrics ports come last
+    assert [e.port for e in moved.proxies] == [proxies_end - 2, proxies_end - 1]
+    with pytest.raises(SpecError, match=r"both use 127\.0\.0\.1:8081"):
+        parse(text + "\n[[proxy]]\nhost = '127.0.0.1'\nport = 8081\n")
+    with pytest.raises(SpecError, match="no key 'max_long_poling_ms'"):
+        parse(text + "\n[settings.proxy]\nmax_long_poling_ms = 1\n")
 
 
 def test_hosts_and_ports_remap_consistently() -> None:

@@ -21,7 +21,7 @@ from tests.harness.local_cluster import free_ports
 from tests.harness.procs import ROOT, wait_until
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-PORTS = 7  # one NameServer, one group of three nodes (gRPC + Raft each)
+PORTS = 8  # one NameServer, one group of three nodes (gRPC + Raft each), one proxy
 
 
 def ignore_sigint() -> None:
@@ -36,7 +36,9 @@ class Small:
         self.data = tmp / "data"
         self.spec = tmp / "cluster.toml"
         self.spec.write_text(
-            local_description(self.ports, self.data, name="Small", namesrvs=1, controllers=0)
+            local_description(
+                self.ports, self.data, name="Small", namesrvs=1, controllers=0, proxies=1
+            )
         )
         self.log = tmp / "up.log"
 
@@ -97,7 +99,7 @@ def test_children_end_when_cluster_up_is_sigkilled(small: Small) -> None:
     try:
         small.wait_up(up)
         state = small.recorded()
-        assert len(small.live(state)) == 4 and state.runner_pid == up.pid
+        assert len(small.live(state)) == 5 and state.runner_pid == up.pid
         up.kill()
         up.wait(timeout=10)
         t0 = time.monotonic()
@@ -114,7 +116,7 @@ def test_detach_then_down_frees_every_port(small: Small) -> None:
     assert started.returncode == 0, started.stdout + started.stderr
     assert "raftmq cluster down --spec" in started.stdout and "process.log" in started.stdout
     state = small.recorded()
-    assert state.detached and len(small.live(state)) == 4
+    assert state.detached and len(small.live(state)) == 5
     assert not procs.is_running(state.runner_pid, state.runner_start_ticks)  # it returned
     assert small.busy()
     # A second `up` of the same description names the running one and how to stop it.
@@ -123,7 +125,7 @@ def test_detach_then_down_frees_every_port(small: Small) -> None:
     (line,) = again.stderr.strip().splitlines()
     assert "is in use by pid" in line and "of cluster Small" in line, line
     assert f"raftmq cluster down --spec {small.spec}" in line, line
-    assert len(small.live(state)) == 4
+    assert len(small.live(state)) == 5
     stopped = small.cli("down")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "stopped" in stopped.stdout and "namesrv-0" in stopped.stdout, stopped.stdout
@@ -173,7 +175,7 @@ def test_cluster_up_started_with_sigint_ignored_stops_cleanly_on_sigint(small: S
     try:
         small.wait_up(up)
         state = small.recorded()
-        assert len(small.live(state)) == 4
+        assert len(small.live(state)) == 5
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=90) == 0, small.log.read_text()[-3000:]
         assert "Traceback" not in small.log.read_text()
@@ -190,7 +192,7 @@ def test_down_stops_a_cluster_up_running_in_another_terminal(small: Small) -> No
     try:
         small.wait_up(up)
         state = small.recorded()
-        assert not state.detached and len(small.live(state)) == 4
+        assert not state.detached and len(small.live(state)) == 5
         stopped = small.cli("down")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "cluster up" in stopped.stdout and "broker-a-n0" in stopped.stdout, stopped.stdout

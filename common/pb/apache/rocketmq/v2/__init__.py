@@ -1,0 +1,1 @@
+"""Generated wire types (scripts/gen_proto.sh)."""

@@ -1,0 +1,1 @@
+"""raftmq proxy: the RocketMQ 5 gRPC API."""

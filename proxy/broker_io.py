@@ -1,0 +1,124 @@
+"""The proxy's way to the broker groups, through the raftmq SDK's routes, framed data path and
+offset calls, as awaitables for the proxy's event loop. Thin: no decisions here.
+
+A pull held by a broker (long polling) is a future on the data pool's loop, never a thread; route
+look-ups and offset calls, which may block, run on a bounded pool of `blocking_threads`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from raftmq.client.data_pool import DataPool
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offsets import BrokerOffsets
+from raftmq.client.raw_batch import decode_batches
+from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.data_api import DataMethod
+from raftmq.common.errors import NotLeaderError, RaftMQError, from_rpc_error
+from raftmq.common.pb import broker_pb2
+from raftmq.common.types import QueueRef
+
+T = TypeVar("T")
+PULL_MARGIN_S = 5.0  # past a held pull's wait before the call counts as lost
+MAX_PULL_MESSAGES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    status: int  # broker_pb2.PullStatus
+    messages: list[ReceivedMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class BrokerIO:
+    def __init__(self, namesrv_addresses: str, blocking_threads: int) -> None:
+        self.pool = ChannelPool()
+        self.data = DataPool(name="raftmq-proxy-data")
+        self.routes = RouteCache(namesrv_addresses, self.pool)
+        self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="proxy-blocking")
+        self._offsets: dict[str, BrokerOffsets] = {}
+
+    async def _blocking(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def route(self, topic: str) -> TopicRoute:
+        return await self._blocking(lambda: self.routes.route(topic))
+
+    def _offsets_of(self, group: str) -> BrokerOffsets:
+        bo = self._offsets.get(group)
+        if bo is None:
+            bo = self._offsets[group] = BrokerOffsets(group, self.routes, self.pool, self.data)
+        return bo
+
+    async def committed(self, group: str, q: QueueRef) -> int | None:
+        return await self._blocking(lambda: self._offsets_of(group).committed(q))
+
+    async def bounds(self, group: str, q: QueueRef) -> tuple[int, int]:
+        return await self._blocking(lambda: self._offsets_of(group).bounds(q))
+
+    async def commit(self, group: str, offsets: Mapping[QueueRef, int]) -> None:
+        await self._blocking(lambda: self._offsets_of(group).commit(offsets))
+
+    async def pull(
+        self,
+        group: str,
+        q: QueueRef,
+        offset: int,
+        max_count: int,
+        *,
+        sql: str = "",
+        tags: str = "*",
+        max_wait_ms: int = 0,
+    ) -> Pulled:
+        """One pull from the group's leader; RaftMQError on failure (routes refreshed)."""
+        req = broker_pb2.PullMessageRequest(
+            consumer_group=group,
+            topic=q.topic,
+            queue_id=q.queue_id,
+            offset=offset,
+            max_count=min(max_count, MAX_PULL_MESSAGES),
+            filter_type=broker_pb2.SQL92 if sql else broker_pb2.TAG,
+            filter_expression=sql or tags,
+            max_wait_ms=max_wait_ms,
+            raw_batches=True,
+        )
+        timeout_s = max_wait_ms / 1000 + PULL_MARGIN_S
+        try:
+            address = await self._blocking(lambda: self.routes.leader(q.topic, q.broker_group))
+            data_address = self.routes.data_address(address)
+            if data_address:
+                fut = self.data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
+                resp = await asyncio.wrap_future(fut)
+            else:
+                stub = self.pool.broker(address)
+                resp = await self._blocking(lambda: stub.PullMessage(req, timeout=timeout_s))
+        except grpc.RpcError as exc:
+            self.routes.invalidate(q.topic)
+            raise from_rpc_error(exc) from None
+        except RaftMQError as exc:
+            if isinstance(exc, NotLeaderError) or exc.retryable:
+                self.routes.invalidate(q.topic)
+            raise
+        assert isinstance(resp, broker_pb2.PullMessageResponse)
+        stored = decode_batches(resp.batches, q.broker_group, q.queue_id)
+        return Pulled(
+            resp.status,
+            [ReceivedMessage.from_stored(m) for m in stored],
+            resp.next_offset,
+            resp.min_offset,
+            resp.max_offset,
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.data.close()
+        self.pool.close()

@@ -1,0 +1,90 @@
+"""The proxy process: `raftmq-proxy --listen 127.0.0.1:8081 --namesrv-addresses ...` (or
+`python -m raftmq.proxy.server`), RocketMQ's proxy in "cluster" mode: a stateless front of the
+broker groups that serves apache.rocketmq.v2.MessagingService to the official RocketMQ 5 clients.
+
+One asyncio loop runs the gRPC server (grpc.aio) and every handler; SIGTERM or SIGINT stops it
+cleanly (exit 0). Once serving it prints `proxy.started listen=HOST:PORT` to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from raftmq.common.grpc_options import SERVER_LIVENESS
+from raftmq.common.process import SettingsSection, parse_one_section, run_role
+from raftmq.proxy import settings as settings_mod
+from raftmq.proxy.handlers import add_to_server
+from raftmq.proxy.service import MessagingService
+from raftmq.proxy.settings import ProxySettings
+
+log = logging.getLogger("proxy")
+MAX_GRPC_MESSAGE_EXTRA = 1 << 20  # headers, properties and batch framing beside the bodies
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
+    return parse_one_section(
+        "raftmq-proxy",
+        "raftmq proxy: the RocketMQ 5 gRPC API (apache.rocketmq.v2.MessagingService).",
+        SettingsSection(ProxySettings, settings_mod.ENV_PREFIX),
+        argv,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_role("proxy", lambda: settings_mod.load(*parse_args(argv)), serve)
+
+
+async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
+    limit = settings.max_message_bytes + MAX_GRPC_MESSAGE_EXTRA
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 32 * limit),  # a receive of a whole batch
+            ("grpc.so_reuseport", 0),
+            *SERVER_LIVENESS,
+        ]
+    )
+    service = MessagingService(settings)
+    add_to_server(server, service)
+    try:
+        port = server.add_insecure_port(settings.listen)
+    except RuntimeError as exc:
+        log.error("proxy.listen_failed listen=%s error=%s", settings.listen, exc)
+        await service.close()
+        return 1
+    if port == 0:
+        log.error("proxy.listen_failed listen=%s (address in use?)", settings.listen)
+        await service.close()
+        return 1
+    await server.start()
+    service.start()
+    address = f"{settings.listen.rpartition(':')[0]}:{port}"
+    log.info(
+        "proxy.started listen=%s advertise=%s proxies=%s namesrv=%s",
+        address,
+        service.me,
+        ",".join(service.proxies),
+        settings.namesrv_addresses,
+    )
+    print(f"proxy.started listen={address}", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, stop.wait)
+    await server.stop(settings.shutdown_grace_ms / 1000)
+    await service.close()
+    log.info("proxy.stopped listen=%s", address)
+    return 0
+
+
+def serve(settings: ProxySettings, stop: threading.Event) -> int:
+    return asyncio.run(_serve(settings, stop))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,736 @@
+"""apache.rocketmq.v2.MessagingService on raftmq: the handlers of the RocketMQ 5 gRPC API.
+
+A thin shell on the event loop: requests are checked and mapped by the pure modules (convert,
+routing, receipt, codes), POP decisions are made by `pop.QueuePop`, and the broker groups are
+reached through the raftmq SDK (`broker_io`, a Producer). Every answer carries a v2 status; a
+failure never sends a traceback (the proxy's log has it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import secrets
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from raftmq.client.messages import ReceivedMessage, SendResult
+from raftmq.client.producer import Producer
+from raftmq.common.errors import InvalidFilterError, InvalidNameError, RaftMQError
+from raftmq.common.filter.subscription import check_subscription
+from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.message import validate_group
+from raftmq.common.pb import broker_pb2
+from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
+from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
+from raftmq.common.types import QueueRef
+from raftmq.proxy import convert, receipt, routing
+from raftmq.proxy.broker_io import BrokerIO, Pulled
+from raftmq.proxy.codes import ApiError, ok, status_of
+from raftmq.proxy.pop import AckOutcome, Delivery, QueuePop
+from raftmq.proxy.settings import ProxySettings
+
+log = logging.getLogger("proxy")
+
+CLIENT_ID_KEY = "x-mq-client-id"
+DEFAULT_INVISIBLE_MS = 30_000  # a receive that gives none (a push consumer's auto renew)
+MIN_WAIT_S = 0.05  # a failed held pull is not retried sooner than this
+MAX_HELD_PULL_MS = 5_000
+# Held pulls a receive leaves behind when it returns stay on the broker until their wait ends;
+# past this many such pulls (their connection to a leader allows 256 in flight) a waiting receive
+# polls every POLL_S instead of holding more.
+MAX_HELD_PULLS = 128
+POLL_S = 0.2
+MAX_CLIENTS = 100_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class PopKey:
+    group: str
+    queue: QueueRef
+
+
+@dataclass(slots=True)
+class ClientInfo:
+    client_type: int
+    group: str
+    seen_ms: int
+    settings: v2.Settings | None = None
+
+
+@dataclass(slots=True)
+class Filter:
+    tags: str = "*"
+    sql: str = ""
+    _tag_filter: Any = field(default=None, repr=False)
+
+    def matches(self, m: ReceivedMessage) -> bool:
+        if self.sql or self.tags == "*":
+            return True
+        if self._tag_filter is None:
+            self._tag_filter = parse_tag_expression(self.tags)
+        return bool(self._tag_filter.matches(m.tags))
+
+
+def _check_group(resource: v2.Resource) -> str:
+    try:
+        validate_group(resource.name)
+    except InvalidNameError as exc:
+        raise ApiError(v2.ILLEGAL_CONSUMER_GROUP, exc.message) from None
+    return resource.name
+
+
+def _filter(expr: v2.FilterExpression) -> Filter:
+    text = expr.expression
+    try:
+        if expr.type == v2.SQL:
+            check_subscription(None, text)
+            return Filter(sql=text)
+        check_subscription(text or "*", None)
+        return Filter(tags=text or "*")
+    except InvalidFilterError as exc:
+        raise ApiError(v2.ILLEGAL_FILTER_EXPRESSION, exc.message) from None
+
+
+def _stored(m: ReceivedMessage) -> convert.Stored:
+    return convert.Stored(
+        m.topic,
+        m.body,
+        m.tags,
+        m.keys,
+        m.properties,
+        m.broker_group,
+        m.queue_id,
+        m.queue_offset,
+        m.msg_id,
+        m.store_timestamp_ms,
+        m.born_timestamp_ms,
+        m.born_host,
+    )
+
+
+class MessagingService:
+    """The handlers; one instance per proxy process, all state on its event loop."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.s = settings
+        self.me = settings.advertised
+        self.proxies = settings.proxy_list
+        self.epoch = secrets.token_hex(4)  # receipt handles name the process that issued them
+        self.io = BrokerIO(settings.namesrv_addresses, settings.blocking_threads)
+        self.producer = Producer(
+            settings.namesrv_addresses,
+            producer_id=f"proxy-{socket.gethostname()}-{self.epoch}",
+            max_message_bytes=settings.max_message_bytes,
+        )
+        self._tokens = iter(range(1, 1 << 62))
+        self._pops: OrderedDict[PopKey, QueuePop] = OrderedDict()
+        self._loading: dict[PopKey, asyncio.Future[QueuePop]] = {}
+        self._dirty: set[PopKey] = set()
+        self._clients: OrderedDict[str, ClientInfo] = OrderedDict()
+        self._rotation = 0
+        self._commit_task: asyncio.Task[None] | None = None
+        # When each held pull ends (ms; near ascending: over-counts a little at worst).
+        self._held_until: collections.deque[int] = collections.deque()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._commit_task = asyncio.get_running_loop().create_task(self._commit_loop())
+
+    async def close(self) -> None:
+        if self._commit_task is not None:
+            self._commit_task.cancel()
+        try:
+            await asyncio.wait_for(self.flush_commits(), 5.0)
+        except (TimeoutError, RaftMQError) as exc:
+            log.warning("proxy.final_commit_failed error=%s", exc)
+        await asyncio.get_running_loop().run_in_executor(None, self.producer.close, 5.0)
+        self.io.close()
+
+    # ---- clients ------------------------------------------------------------------------------
+
+    def _client_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        for key, value in context.invocation_metadata() or ():
+            if key == CLIENT_ID_KEY:
+                return str(value)
+        return ""
+
+    def _touch(self, client_id: str, client_type: int, group: str) -> None:
+        if not client_id:
+            return
+        info = self._clients.pop(client_id, None)
+        if info is None:
+            info = ClientInfo(client_type, group, now_ms())
+        info.seen_ms = now_ms()
+        if client_type:
+            info.client_type = client_type
+        if group:
+            info.group = group
+        self._clients[client_id] = info
+        expiry = now_ms() - self.s.client_expiry_ms
+        while self._clients and (
+            len(self._clients) > MAX_CLIENTS or next(iter(self._clients.values())).seen_ms < expiry
+        ):
+            self._clients.popitem(last=False)
+
+    # ---- routes -------------------------------------------------------------------------------
+
+    async def QueryRoute(
+        self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.QueryRouteResponse:
+        topic = convert.check_topic(request.topic)
+        route = await self.io.route(topic)
+        return svc.QueryRouteResponse(
+            status=ok(), message_queues=routing.message_queues(route, self.proxies)
+        )
+
+    async def QueryAssignment(
+        self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.QueryAssignmentResponse:
+        topic = convert.check_topic(request.topic)
+        _check_group(request.group)
+        route = await self.io.route(topic)
+        # One assignment per broker group: a receive pops every queue of its group.
+        out = []
+        seen = set()
+        for mq in routing.message_queues(route, self.proxies):
+            if mq.broker.name in seen or mq.permission not in (v2.READ, v2.READ_WRITE):
+                continue
+            seen.add(mq.broker.name)
+            mq.id = -1
+            out.append(v2.Assignment(message_queue=mq))
+        return svc.QueryAssignmentResponse(status=ok(), assignments=out)
+
+    async def Heartbeat(
+        self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.HeartbeatResponse:
+        group = _check_group(request.group) if request.group.name else ""
+        self._touch(self._client_id(context), request.client_type, group)
+        return svc.HeartbeatResponse(status=ok())
+
+    async def NotifyClientTermination(
+        self,
+        request: svc.NotifyClientTerminationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> svc.NotifyClientTerminationResponse:
+        self._clients.pop(self._client_id(context), None)
+        if request.group.name:
+            await self.flush_commits()
+        return svc.NotifyClientTerminationResponse(status=ok())
+
+    # ---- send ---------------------------------------------------------------------------------
+
+    async def SendMessage(
+        self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.SendMessageResponse:
+        if not request.messages:
+            raise ApiError(v2.BAD_REQUEST, "the request holds no message")
+        if len(request.messages) > 1024:
+            raise ApiError(v2.BAD_REQUEST, "at most 1024 messages per request")
+        entries = await asyncio.gather(*(self._send_one(m) for m in request.messages))
+        first_bad = next((e.status for e in entries if e.status.code != v2.OK), None)
+        return svc.SendMessageResponse(status=first_bad or ok(), entries=entries)
+
+    async def _send_one(self, msg: v2.Message) -> svc.SendResultEntry:
+        try:
+            out = convert.to_outgoing(msg, self.s.max_message_bytes)
+            route = await self.io.route(out.topic)
+            queue = routing.send_queue(route, out.message_group)
+            fut = self.producer.send_async(
+                out.topic,
+                out.body,
+                tags=out.tag,
+                keys=out.keys,
+                properties=out.properties,
+                queue=queue,
+            )
+            res: SendResult = await asyncio.wrap_future(fut)
+        except Exception as exc:  # each message's failure in its own entry
+            if not isinstance(exc, (ApiError, RaftMQError)):
+                log.exception("proxy.send_failed")
+            return svc.SendResultEntry(status=status_of(exc))
+        return svc.SendResultEntry(
+            status=ok(),
+            message_id=out.message_id or res.msg_id,
+            offset=res.queue_offset,
+        )
+
+    # ---- receive ------------------------------------------------------------------------------
+
+    async def ReceiveMessage(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[svc.ReceiveMessageResponse]:
+        try:
+            got = await self._receive(request, context)
+        except Exception as exc:
+            if not isinstance(exc, (ApiError, RaftMQError)):
+                log.exception("proxy.receive_failed")
+            yield svc.ReceiveMessageResponse(status=status_of(exc))
+            return
+        if not got:
+            yield svc.ReceiveMessageResponse(
+                status=v2.Status(
+                    code=v2.MESSAGE_NOT_FOUND,
+                    message="no message arrived within the long polling time",
+                )
+            )
+            return
+        yield svc.ReceiveMessageResponse(status=ok())
+        ts = svc.ReceiveMessageResponse()
+        ts.delivery_timestamp.FromMilliseconds(now_ms())
+        yield ts
+        for m in got:
+            yield svc.ReceiveMessageResponse(message=m)
+
+    async def _receive(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> list[v2.Message]:
+        group = _check_group(request.group)
+        topic = convert.check_topic(request.message_queue.topic)
+        self._touch(self._client_id(context), 0, group)
+        batch = request.batch_size
+        if not 1 <= batch <= self.s.max_receive_batch:
+            raise ApiError(
+                v2.BAD_REQUEST,
+                f"batch_size {batch} is outside 1..{self.s.max_receive_batch}",
+            )
+        invisible_ms = (
+            convert.duration_ms(request.invisible_duration)
+            if request.HasField("invisible_duration")
+            else DEFAULT_INVISIBLE_MS
+        )
+        self._check_invisible(invisible_ms)
+        poll_ms = (
+            convert.duration_ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else 0
+        )
+        if not 0 <= poll_ms <= self.s.max_long_polling_ms:
+            raise ApiError(
+                v2.ILLEGAL_POLLING_TIME,
+                f"long polling timeout of {poll_ms} ms is outside 0..{self.s.max_long_polling_ms}"
+                " ms (max_long_polling_ms)",
+            )
+        flt = _filter(request.filter_expression)
+        route = await self.io.route(topic)
+        queues = routing.read_queues(
+            route, request.message_queue.broker.name, self.me, self.proxies
+        )
+        if not queues:
+            raise ApiError(
+                v2.FORBIDDEN if route.queues else v2.TOPIC_NOT_FOUND,
+                f"topic {topic!r} has no readable queue served by this proxy ({self.me})",
+            )
+        fifo = routing.is_ordered(route)
+        deadline = now_ms() + poll_ms
+        while True:
+            got = await self._pop_once(group, queues, fifo, batch, invisible_ms, flt)
+            if got or now_ms() >= deadline or context.done():
+                return got
+            await self._wait(group, queues, fifo, flt, deadline)
+
+    def _check_invisible(self, invisible_ms: int) -> None:
+        if not self.s.min_invisible_ms <= invisible_ms <= self.s.max_invisible_ms:
+            raise ApiError(
+                v2.ILLEGAL_INVISIBLE_TIME,
+                f"invisible duration of {invisible_ms} ms is outside "
+                f"{self.s.min_invisible_ms}..{self.s.max_invisible_ms} ms",
+            )
+
+    async def _state(self, group: str, q: QueueRef, fifo: bool) -> QueuePop:
+        key = PopKey(group, q)
+        st = self._pops.get(key)
+        if st is not None:
+            self._pops.move_to_end(key)
+            st.fifo = fifo
+            return st
+        loading = self._loading.get(key)
+        if loading is not None:
+            return await asyncio.shield(loading)
+        fut: asyncio.Future[QueuePop] = asyncio.get_running_loop().create_future()
+        self._loading[key] = fut
+        try:
+            start = await self.io.committed(group, q)
+            if start is None:
+                low, high = await self.io.bounds(group, q)
+                start = low if self.s.consume_from == "earliest" else high
+            st = QueuePop(
+                start, fifo=fifo, max_inflight=self.s.max_inflight_per_queue, tokens=self._tokens
+            )
+            self._pops[key] = st
+            self._evict()
+            fut.set_result(st)
+            return st
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: waiters (if any) get it from their await
+            raise
+        finally:
+            del self._loading[key]
+
+    def _evict(self) -> None:
+        """Past max_pop_queues, forget the least recently used states with nothing in flight
+        (their progress is committed first by the commit loop; a forgotten one reloads)."""
+        if len(self._pops) <= self.s.max_pop_queues:
+            return
+        for key in list(self._pops):
+            if len(self._pops) <= self.s.max_pop_queues:
+                return
+            st = self._pops[key]
+            if not st.inflight and st.commit_due() is None:
+                del self._pops[key]
+
+    async def _pop_once(
+        self,
+        group: str,
+        queues: list[QueueRef],
+        fifo: bool,
+        batch: int,
+        invisible_ms: int,
+        flt: Filter,
+    ) -> list[v2.Message]:
+        out: list[v2.Message] = []
+        self._rotation += 1
+        start = self._rotation % len(queues)
+        for q in queues[start:] + queues[:start]:
+            if len(out) >= batch:
+                break
+            key = PopKey(group, q)
+            st = await self._state(group, q, fifo)
+            plan = st.plan(now_ms(), batch - len(out))
+            for offset in plan.redeliver:
+                try:
+                    m = await self._fetch_at(group, q, offset)
+                except (ApiError, RaftMQError):
+                    break  # later ones wait too: a FIFO queue keeps its order
+                if m is None:
+                    st.drop(offset)
+                    self._dirty.add(key)
+                    continue
+                d = st.redeliver(offset, now_ms(), invisible_ms)
+                if d is not None:
+                    out.append(self._v2(m, d, invisible_ms))
+            if plan.new_from is None or plan.new_max <= 0 or len(out) >= batch:
+                continue
+            try:
+                pulled = await self.io.pull(
+                    group, q, plan.new_from, plan.new_max, sql=flt.sql, tags=flt.tags
+                )
+            except RaftMQError as exc:
+                log.info("proxy.pull_failed queue=%s error=%s", q, exc.message)
+                continue
+            for m, d in self._claim(
+                key, st, plan.new_from, pulled, flt, invisible_ms, batch - len(out)
+            ):
+                out.append(self._v2(m, d, invisible_ms))
+        return out
+
+    def _claim(
+        self,
+        key: PopKey,
+        st: QueuePop,
+        pulled_from: int,
+        pulled: Pulled,
+        flt: Filter,
+        invisible_ms: int,
+        room: int,
+    ) -> list[tuple[ReceivedMessage, Delivery]]:
+        if pulled.status == broker_pb2.OFFSET_ILLEGAL:
+            if pulled_from == st.cursor:
+                st.reset(
+                    pulled.min_offset if pulled_from < pulled.min_offset else pulled.max_offset
+                )
+                self._dirty.add(key)
+            return []
+        matching = [m for m in pulled.messages if flt.matches(m)]  # tag hash collisions
+        if not matching:
+            st.skip_to(pulled_from, pulled.next_offset)
+            self._dirty.add(key)
+            return []
+        by_offset = {m.queue_offset: m for m in matching}
+        ds = st.claim_new(
+            pulled_from,
+            [m.queue_offset for m in matching],
+            pulled.next_offset,
+            now_ms(),
+            invisible_ms,
+            room,
+        )
+        self._dirty.add(key)
+        return [(by_offset[d.offset], d) for d in ds]
+
+    async def _fetch_at(self, group: str, q: QueueRef, offset: int) -> ReceivedMessage | None:
+        """The message at `offset` again (a redelivery); None if the queue no longer holds it."""
+        try:
+            pulled = await self.io.pull(group, q, offset, 1)
+        except RaftMQError as exc:
+            log.info("proxy.refetch_failed queue=%s offset=%d error=%s", q, offset, exc.message)
+            raise
+        for m in pulled.messages:
+            if m.queue_offset == offset:
+                return m
+        if pulled.status == broker_pb2.OFFSET_ILLEGAL and offset < pulled.min_offset:
+            return None
+        raise ApiError(
+            v2.INTERNAL_SERVER_ERROR, f"message at offset {offset} of {q} could not be read"
+        )
+
+    def _v2(self, m: ReceivedMessage, d: Delivery, invisible_ms: int) -> v2.Message:
+        handle = receipt.ReceiptHandle(
+            self.epoch, m.broker_group, m.queue_id, d.offset, d.token, d.visible_at_ms
+        ).encode()
+        return convert.to_v2(
+            _stored(m),
+            receipt_handle=handle,
+            delivery_attempt=d.attempt,
+            invisible_ms=invisible_ms,
+            store_host=self.me,
+        )
+
+    async def _wait(
+        self, group: str, queues: list[QueueRef], fifo: bool, flt: Filter, deadline: int
+    ) -> None:
+        """Until a message may be there: a held pull on every queue that may give something
+        new, or the time the earliest invisible message comes back, or the deadline."""
+        now = now_ms()
+        wake = deadline
+        targets: list[tuple[QueueRef, int]] = []
+        for q in queues:
+            st = await self._state(group, q, fifo)
+            visible = st.next_visible_ms()
+            if visible is not None:
+                wake = min(wake, visible)
+            plan = st.plan(now, 1)
+            if plan.new_from is not None:
+                targets.append((q, plan.new_from))
+        timeout_s = max(0.0, (wake - now) / 1000)
+        while self._held_until and self._held_until[0] <= now:
+            self._held_until.popleft()
+        if targets and len(self._held_until) + len(targets) > MAX_HELD_PULLS:
+            await asyncio.sleep(min(timeout_s, POLL_S))  # too many held: poll instead
+            return
+        hold_ms = max(0, min(wake - now, MAX_HELD_PULL_MS))
+        pulls = [
+            asyncio.ensure_future(
+                self.io.pull(group, q, offset, 1, sql=flt.sql, tags=flt.tags, max_wait_ms=hold_ms)
+            )
+            for q, offset in targets
+        ]
+        self._held_until.extend([now + hold_ms] * len(pulls))
+        if not pulls:
+            await asyncio.sleep(max(timeout_s, MIN_WAIT_S) if wake < deadline else timeout_s)
+            return
+        done, pending = await asyncio.wait(
+            pulls, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        for p in pending:
+            p.cancel()
+        failed = False
+        for p in done:
+            if p.exception() is not None:
+                failed = True
+        if failed:
+            await asyncio.sleep(MIN_WAIT_S)
+
+    # ---- ack / invisible duration -------------------------------------------------------------
+
+    def _lookup(
+        self, group: str, topic: str, handle: receipt.ReceiptHandle
+    ) -> tuple[PopKey, QueuePop]:
+        key = PopKey(group, QueueRef(topic, handle.broker_group, handle.queue_id))
+        st = self._pops.get(key)
+        if handle.epoch != self.epoch:
+            if st is not None and handle.offset < st.low_watermark():
+                return key, st  # done long ago: the ack is moot
+            raise ApiError(
+                v2.INVALID_RECEIPT_HANDLE,
+                "the receipt handle was issued before this proxy restarted; the message will "
+                "be delivered again (receive it again and use the new handle)",
+            )
+        if st is None:
+            raise ApiError(
+                v2.INVALID_RECEIPT_HANDLE,
+                f"no message of topic {topic!r} was received by group {group!r} with this "
+                "receipt handle; check the topic and group of the request",
+            )
+        return key, st
+
+    async def AckMessage(
+        self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.AckMessageResponse:
+        group = _check_group(request.group)
+        topic = convert.check_topic(request.topic)
+        entries = []
+        for e in request.entries:
+            try:
+                handle = receipt.decode(e.receipt_handle)
+                key, st = self._lookup(group, topic, handle)
+                outcome = st.ack(handle.offset, handle.token)
+                if outcome in (AckOutcome.DONE, AckOutcome.ALREADY):
+                    self._dirty.add(key)
+                    status = ok()
+                else:
+                    raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
+            except ApiError as exc:
+                status = status_of(exc)
+            entries.append(
+                svc.AckMessageResultEntry(
+                    message_id=e.message_id, receipt_handle=e.receipt_handle, status=status
+                )
+            )
+        codes = {x.status.code for x in entries}
+        overall = (
+            ok()
+            if codes <= {v2.OK}
+            else entries[0].status
+            if len(codes) == 1
+            else v2.Status(code=v2.MULTIPLE_RESULTS, message="entries have different results")
+        )
+        return svc.AckMessageResponse(status=overall, entries=entries)
+
+    async def ChangeInvisibleDuration(
+        self,
+        request: svc.ChangeInvisibleDurationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> svc.ChangeInvisibleDurationResponse:
+        group = _check_group(request.group)
+        topic = convert.check_topic(request.topic)
+        invisible_ms = convert.duration_ms(request.invisible_duration)
+        self._check_invisible(invisible_ms)
+        handle = receipt.decode(request.receipt_handle)
+        _key, st = self._lookup(group, topic, handle)
+        outcome, d = st.change_invisible(handle.offset, handle.token, now_ms(), invisible_ms)
+        if d is None:
+            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
+        new = receipt.ReceiptHandle(
+            self.epoch, handle.broker_group, handle.queue_id, d.offset, d.token, d.visible_at_ms
+        )
+        return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new.encode())
+
+    # ---- progress -----------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        interval_s = self.s.offset_commit_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.flush_commits()
+            except RaftMQError as exc:
+                log.warning("proxy.commit_failed error=%s", exc.message)
+            except Exception:
+                log.exception("proxy.commit_loop_error")
+
+    async def flush_commits(self) -> None:
+        """Commit every queue's acknowledged progress, one call per (consumer group, broker
+        group); a queue whose commit fails stays due."""
+        dirty, self._dirty = self._dirty, set()
+        by_target: dict[tuple[str, str], dict[QueueRef, int]] = {}
+        for key in dirty:
+            st = self._pops.get(key)
+            if st is None:
+                continue
+            due = st.commit_due()
+            if due is not None:
+                by_target.setdefault((key.group, key.queue.broker_group), {})[key.queue] = due
+        failed: RaftMQError | None = None
+        for (group, _bg), offsets in by_target.items():
+            try:
+                await self.io.commit(group, offsets)
+            except RaftMQError as exc:
+                self._dirty.update(PopKey(group, q) for q in offsets)
+                failed = exc
+                continue
+            for q, off in offsets.items():
+                st = self._pops.get(PopKey(group, q))
+                if st is not None:
+                    st.committed(off)
+        if failed is not None:
+            raise failed
+
+    # ---- telemetry ----------------------------------------------------------------------------
+
+    async def Telemetry(
+        self,
+        request_iterator: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[svc.TelemetryCommand]:
+        client_id = self._client_id(context)
+        async for cmd in request_iterator:
+            if cmd.WhichOneof("command") != "settings":
+                continue  # stack traces and verification results: nothing asked them yet
+            try:
+                answer = await self._settings(cmd.settings)
+            except Exception as exc:
+                if not isinstance(exc, (ApiError, RaftMQError)):
+                    log.exception("proxy.settings_failed")
+                yield svc.TelemetryCommand(status=status_of(exc))
+                continue
+            group = (
+                cmd.settings.subscription.group.name
+                if cmd.settings.HasField("subscription")
+                else ""
+            )
+            self._touch(client_id, cmd.settings.client_type, group)
+            info = self._clients.get(client_id)
+            if info is not None:
+                info.settings = cmd.settings
+            yield svc.TelemetryCommand(status=ok(), settings=answer)
+
+    async def _settings(self, mine: v2.Settings) -> v2.Settings:
+        """The server's side of the settings exchange: limits and policies the client follows."""
+        out = v2.Settings()
+        out.CopyFrom(mine)
+        if mine.HasField("publishing"):
+            out.publishing.max_body_size = self.s.max_message_bytes
+            out.publishing.validate_message_type = False
+            out.backoff_policy.max_attempts = mine.backoff_policy.max_attempts or 3
+            eb = out.backoff_policy.exponential_backoff
+            eb.initial.FromMilliseconds(10)
+            eb.max.FromMilliseconds(1_000)
+            eb.multiplier = 2.0
+        elif mine.HasField("subscription"):
+            sub = out.subscription
+            fifo = False
+            for entry in mine.subscription.subscriptions:
+                try:
+                    route = await self.io.route(convert.check_topic(entry.topic))
+                except (ApiError, RaftMQError):
+                    continue  # the topic appears later; receive says so then
+                fifo = fifo or routing.is_ordered(route)
+            sub.fifo = fifo
+            sub.receive_batch_size = self.s.max_receive_batch
+            if not mine.subscription.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.FromMilliseconds(min(30_000, self.s.max_long_polling_ms))
+            out.backoff_policy.max_attempts = mine.backoff_policy.max_attempts or 16
+            eb = out.backoff_policy.exponential_backoff
+            eb.initial.FromMilliseconds(1_000)
+            eb.max.FromMilliseconds(60_000)
+            eb.multiplier = 2.0
+        return out
+
+
+def _stale(outcome: AckOutcome, handle: receipt.ReceiptHandle) -> str:
+    if outcome is AckOutcome.STALE:
+        return (
+            "the receipt handle has expired: the message became visible again and was received "
+            "again (or its invisible duration was changed); use the newest handle"
+        )
+    return (
+        f"offset {handle.offset} of queue {handle.broker_group}/{handle.queue_id} was never "
+        "received with this handle"
+    )

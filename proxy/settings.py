@@ -1,0 +1,154 @@
+"""ProxySettings: every key of the proxy role (the RocketMQ 5 gRPC API) with its default and unit.
+
+Loaded from the `[proxy]` section of a TOML file, then RAFTMQ_PROXY_<KEY> environment variables,
+then flags. Values and validation only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.settings import load_settings, setting, settings_class
+from raftmq.common.types import parse_address_list
+
+ENV_PREFIX = "RAFTMQ_PROXY_"
+MIB = 1 << 20
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+CONSUME_FROM = ("earliest", "latest")
+
+
+@settings_class
+class ProxySettings:
+    listen: str = setting(
+        default="127.0.0.1:8081",
+        unit="host:port",
+        doc="gRPC address of apache.rocketmq.v2.MessagingService (RocketMQ's proxy: 8081)",
+    )
+    advertise: str = setting(
+        default="",
+        unit="host:port",
+        doc='the address QueryRoute gives clients for this proxy; "" = listen',
+    )
+    proxy_addresses: str = setting(
+        default="",
+        unit="host:port,...",
+        doc="every proxy of the cluster (advertised addresses); each broker group is served by "
+        'one of them, so a consumer group\'s POP state lives in one process; "" = this one',
+    )
+    namesrv_addresses: str = setting(
+        default="127.0.0.1:9876", unit="host:port,...", doc="NameServers for topic routes"
+    )
+    max_message_bytes: int = setting(
+        default=4 * MIB, unit="bytes", doc="largest message body accepted (Settings.publishing)"
+    )
+    min_invisible_ms: int = setting(
+        default=1_000, unit="ms", doc="shortest invisible duration a receive may ask for"
+    )
+    max_invisible_ms: int = setting(
+        default=12 * 3600 * 1000, unit="ms", doc="longest invisible duration (RocketMQ: 12 h)"
+    )
+    max_long_polling_ms: int = setting(
+        default=30_000, unit="ms", doc="longest long polling of a receive"
+    )
+    max_receive_batch: int = setting(
+        default=32, unit="messages", doc="most messages one receive returns"
+    )
+    max_inflight_per_queue: int = setting(
+        default=2_000,
+        unit="messages",
+        doc="received and not yet acknowledged messages per consumer group and queue; past it "
+        "the queue gives nothing new until acks arrive",
+    )
+    max_pop_queues: int = setting(
+        default=100_000, unit="queues", doc="(consumer group, queue) POP states held in memory"
+    )
+    offset_commit_interval_ms: int = setting(
+        default=500,
+        unit="ms",
+        doc="how often acknowledged progress is committed to the broker groups",
+    )
+    consume_from: str = setting(
+        default="earliest",
+        unit="",
+        doc="where a consumer group with no committed offset starts: earliest or latest",
+    )
+    client_expiry_ms: int = setting(
+        default=120_000, unit="ms", doc="a client not heard from for this long is forgotten"
+    )
+    blocking_threads: int = setting(
+        default=16, unit="threads", doc="threads for route look-ups and offset calls"
+    )
+    shutdown_grace_ms: int = setting(
+        default=2_000, unit="ms", doc="on SIGTERM or SIGINT, in-flight calls get this long"
+    )
+    log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        for key in ("listen", "advertise"):
+            value = getattr(self, key)
+            if key == "advertise" and not value:
+                continue
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"{key} {value!r} is not host:port")
+        if self.advertise and self.advertise.rpartition(":")[2] == "0":
+            raise ValueError("advertise needs a real port, not 0")
+        _split(self.namesrv_addresses, "namesrv_addresses")
+        if self.proxy_addresses.strip():
+            peers = _split(self.proxy_addresses, "proxy_addresses")
+            if self.advertised not in peers and not self.listen.endswith(":0"):
+                raise ValueError(
+                    f"proxy_addresses ({self.proxy_addresses}) does not name this proxy "
+                    f"({self.advertised}); list every proxy, this one included"
+                )
+        positive = {
+            "max_message_bytes": self.max_message_bytes,
+            "min_invisible_ms": self.min_invisible_ms,
+            "max_receive_batch": self.max_receive_batch,
+            "max_inflight_per_queue": self.max_inflight_per_queue,
+            "max_pop_queues": self.max_pop_queues,
+            "offset_commit_interval_ms": self.offset_commit_interval_ms,
+            "client_expiry_ms": self.client_expiry_ms,
+            "blocking_threads": self.blocking_threads,
+        }
+        for key, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{key} must be > 0, got {value}")
+        if self.max_invisible_ms < self.min_invisible_ms:
+            raise ValueError("max_invisible_ms must be >= min_invisible_ms")
+        if self.max_long_polling_ms < 0 or self.shutdown_grace_ms < 0:
+            raise ValueError("max_long_polling_ms and shutdown_grace_ms must be >= 0")
+        if self.consume_from not in CONSUME_FROM:
+            raise ValueError(f"consume_from must be one of {', '.join(CONSUME_FROM)}")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+
+    @property
+    def advertised(self) -> str:
+        return self.advertise or self.listen
+
+    @property
+    def proxy_list(self) -> tuple[str, ...]:
+        """Every proxy, this one included (sorted: each proxy computes the same division)."""
+        if not self.proxy_addresses.strip():
+            return (self.advertised,)
+        return tuple(sorted(_split(self.proxy_addresses, "proxy_addresses")))
+
+
+def _split(text: str, what: str) -> tuple[str, ...]:
+    """An address list by the one common parser; a ValueError, as settings checks raise."""
+    try:
+        return parse_address_list(text, what)
+    except InvalidArgumentError as exc:
+        raise ValueError(exc.message) from None
+
+
+def load(
+    file: Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProxySettings:
+    """ProxySettings from file [proxy] < RAFTMQ_PROXY_* < overrides (flags)."""
+    return load_settings(ProxySettings, file, ENV_PREFIX, overrides, environ=environ)
