@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from raftmq.broker import delivery
 from raftmq.broker.errors import DispatchGapError
 from raftmq.broker.rows import (
     NO_TIME_MS,
+    SCHEDULED_OFFSET,
     Appended,
     Applied,
     BatchOrigin,
@@ -23,11 +25,13 @@ from raftmq.broker.rows import (
     ProducerState,
     QueueHead,
     Rejected,
+    Scheduled,
     SequenceGap,
     StoredRange,
     TimeRow,
     TopicRow,
 )
+from raftmq.broker.schedule import MessageRef, ScheduleEntry, ScheduleKey
 from raftmq.broker.txn_apply import TxnApplier, TxnRow
 from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common.errors import InvalidArgumentError
@@ -35,6 +39,7 @@ from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import validate_group, validate_producer_id, validate_topic
 from raftmq.common.record_batch import (
     CommitOffset,
+    Deliver,
     Kind,
     MalformedBatchError,
     ProduceBatch,
@@ -63,6 +68,8 @@ class DispatchState(Protocol):
 
     def topic(self, name: str) -> TopicConfig | None: ...
 
+    def schedule_ref(self, key: ScheduleKey) -> MessageRef | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchOutput:
@@ -80,13 +87,18 @@ class DispatchOutput:
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
     txn_rows: tuple[TxnRow, ...] = ()  # transactions touched (broker/txn_apply.py)
+    # Delayed delivery (broker/delivery.py): rows of delivered messages, one per message (their
+    # positions are not a batch's 0..n-1), and the schedule's changes.
+    loose_rows: tuple[CQRow, ...] = ()
+    schedule_puts: tuple[ScheduleEntry, ...] = ()
+    schedule_deletes: tuple[ScheduleKey, ...] = ()
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
         return tuple(o for o in self.outcomes if isinstance(o, Rejected))
 
     def cq_rows(self) -> tuple[CQRow, ...]:
-        return tuple(row for batch in self.cq_batches for row in batch.rows())
+        return tuple(row for batch in self.cq_batches for row in batch.rows()) + self.loose_rows
 
     def key_rows(self) -> tuple[KeyRow, ...]:
         return tuple(row for batch in self.cq_batches for row in batch.key_rows())
@@ -102,10 +114,16 @@ class PendingState:
         self._heads: dict[tuple[str, int], QueueHead] = {}
         self._producers: dict[tuple[str, str, int], ProducerState] = {}
         self._topics: dict[str, TopicConfig | None] = {}
+        self._schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
 
     @property
     def dispatched_index(self) -> int:
         return self._index
+
+    def schedule_ref(self, key: ScheduleKey) -> MessageRef | None:
+        if key in self._schedule:
+            return self._schedule[key]
+        return self._base.schedule_ref(key)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
         head = self._heads.get((topic, queue_id))
@@ -132,6 +150,10 @@ class PendingState:
             self._producers[p.producer_id, p.topic, p.queue_id] = p.state
         for t in out.topic_rows:
             self._topics[t.name] = t.config
+        for e in out.schedule_puts:
+            self._schedule[e.key] = e.ref
+        for key in out.schedule_deletes:
+            self._schedule[key] = None
 
 
 class _EntryWork:
@@ -147,6 +169,28 @@ class _EntryWork:
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
         self.txn_rows: dict[str, TxnRow] = {}
+        self.loose_rows: list[CQRow] = []
+        self.schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
+
+    def set_head(self, head: QueueHead) -> None:
+        self.heads[head.topic, head.queue_id] = head
+
+    def add_time_row(self, row: TimeRow) -> None:
+        self.time_rows.append(row)
+
+    def add_loose_row(self, row: CQRow) -> None:
+        self.loose_rows.append(row)
+
+    def schedule_ref(self, key: ScheduleKey) -> MessageRef | None:
+        if key in self.schedule:
+            return self.schedule[key]
+        return self.state.schedule_ref(key)
+
+    def schedule_put(self, key: ScheduleKey, ref: MessageRef) -> None:
+        self.schedule[key] = ref
+
+    def schedule_delete(self, key: ScheduleKey) -> None:
+        self.schedule[key] = None
 
     def append_rows(
         self,
@@ -242,6 +286,9 @@ class Dispatcher:
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
+                elif isinstance(record, Deliver):
+                    counts = delivery.apply_deliver(work, record)
+                    work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
                 else:
                     self._topic_change(work, slot, record)
             except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
@@ -257,6 +304,9 @@ class Dispatcher:
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
             txn_rows=tuple(work.txn_rows.values()),
+            loose_rows=tuple(work.loose_rows),
+            schedule_puts=tuple(ScheduleEntry(k, r) for k, r in work.schedule.items() if r),
+            schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
         )
 
     def _produce(
@@ -319,6 +369,11 @@ class Dispatcher:
         if any(m.keys for m in messages):
             # A key repeated in one message gives one index row; empty keys give none.
             keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
+        if batch.scheduled:
+            delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes)
+            self._record_producer(work, batch, prev, SCHEDULED_OFFSET, raft_index, slot)
+            work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
+            return
         body_sizes = tuple([len(m.body) for m in messages])
         first = work.append_rows(
             topic,
@@ -331,17 +386,31 @@ class Dispatcher:
             tuple(tag_hashes),
             keys,
         )
-        if producer is not None:
-            origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
-            recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
-            work.producers[producer.producer_id, topic, queue_id] = ProducerRow(
-                producer.producer_id,
-                topic,
-                queue_id,
-                ProducerState(producer.first_sequence + count - 1, ts, recent),
-            )
+        self._record_producer(work, batch, prev, first, raft_index, slot)
         work.outcomes.append(
             Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
+        )
+
+    def _record_producer(
+        self,
+        work: _EntryWork,
+        batch: ProduceBatch,
+        prev: ProducerState | None,
+        first: int,
+        raft_index: int,
+        slot: int,
+    ) -> None:
+        producer = batch.producer
+        if producer is None:
+            return
+        count = len(batch.messages)
+        origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
+        recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
+        work.producers[producer.producer_id, batch.topic, batch.queue_id] = ProducerRow(
+            producer.producer_id,
+            batch.topic,
+            batch.queue_id,
+            ProducerState(producer.first_sequence + count - 1, batch.store_timestamp_ms, recent),
         )
 
     @staticmethod
@@ -386,6 +455,8 @@ def _find_original(state: ProducerState, first_seq: int, count: int) -> StoredRa
     for origin in reversed(state.recent):
         if origin.first_sequence <= first_seq and last_seq < origin.first_sequence + origin.count:
             skip = first_seq - origin.first_sequence
+            if origin.first_offset == SCHEDULED_OFFSET:  # a delayed batch: no offsets yet
+                return StoredRange(-1, count, origin.raft_index, origin.slot, skip)
             return StoredRange(
                 origin.first_offset + skip, count, origin.raft_index, origin.slot, skip
             )

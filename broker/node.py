@@ -21,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
+from raftmq.broker.delivery_loop import DeliveryLoop
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
@@ -32,6 +33,7 @@ from raftmq.broker.produce import SendProcessor
 from raftmq.broker.pull import PullProcessor
 from raftmq.broker.queries import QueryProcessor
 from raftmq.broker.rows import ChunkOutcome
+from raftmq.broker.send_back import SendBackProcessor
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.broker.topics import TopicProcessor
@@ -93,6 +95,7 @@ class BrokerNode:
         self.members = settings.member_list
         self._by_raft = {m.raft_address: m for m in self.members}
         self.limits = MessageLimits(max_message_bytes=settings.max_message_bytes)
+        self.delay_policy = settings.delay_policy()
         self.store = store
         self.rlog = rlog
         self._leader_ready_wait_s = leader_ready_wait_s
@@ -130,6 +133,7 @@ class BrokerNode:
         self.pulls = PullProcessor(self, self.topic_admin)
         self.offsets = OffsetProcessor(self, self.topic_admin)
         self.queries = QueryProcessor(self, self.topic_admin)
+        self.send_backs = SendBackProcessor(self)  # consumer retries and dead letters
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()
@@ -139,17 +143,21 @@ class BrokerNode:
         self.metrics = BrokerMetrics(
             self, enabled=metrics_bind(settings.metrics_listen) is not None
         )
+        # Delayed delivery: the leader moves due messages to their queues (broker/delivery.py).
+        self.delivery = DeliveryLoop(self, deliver_batch=settings.delay_deliver_batch)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.dispatcher.start()
+        self.delivery.start()
 
     def close(self) -> None:
         """Hand leadership off (writers see no error), then stop the log, dispatcher, store."""
         if self._closed:
             return
         self._closed = True
+        self.delivery.stop()
         self.rlog.close(transfer_leadership=True)
         self.dispatcher.stop()
         self.store.close()

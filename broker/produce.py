@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from raftmq.broker.rows import Appended, ChunkOutcome, Duplicate, Rejected
+from raftmq.broker import delivery
+from raftmq.broker.rows import Appended, ChunkOutcome, Duplicate, Rejected, Scheduled
 from raftmq.broker.topics import TopicProcessor
 from raftmq.common import record_batch
 from raftmq.common.errors import (
@@ -76,10 +77,14 @@ class SendProcessor:
         producer_id: str,
         first_sequence: int,
         timeout_ms: int,
+        *,
+        trusted: bool = False,
     ) -> tuple[int, list[SendOutcome]]:
         """Store `messages` in one queue (-1: the broker picks one). Returns (the queue id used,
         one outcome per message). A retried producer sequence is answered with the original."""
-        prepared = self.prepare(topic, queue_id, messages, producer_id, first_sequence, timeout_ms)
+        prepared = self.prepare(
+            topic, queue_id, messages, producer_id, first_sequence, timeout_ms, trusted=trusted
+        )
         if self._settings.debug_ack_before_commit:
             return self.ack_before_commit(prepared)
         outcome = self._node.replicate([prepared.payload], prepared.timeout_s)
@@ -108,9 +113,13 @@ class SendProcessor:
         producer_id: str,
         first_sequence: int,
         timeout_ms: int,
+        *,
+        trusted: bool = False,
     ) -> PreparedSend:
         """Everything a send checks and decides before replication: validation, the leader gate,
-        the topic (auto-created), the queue, the encoded entry. Raises the caller's errors."""
+        the topic (auto-created), the queue, the encoded entry. Raises the caller's errors.
+        `trusted`: the broker built the messages from stored ones (a retry, a dead letter) and
+        they carry reserved properties a client may not set."""
         settings = self._settings
         validate_topic(topic, allow_system=True)
         if not messages:
@@ -121,10 +130,16 @@ class SendProcessor:
                 f"{settings.max_batch_messages} (max_batch_messages)"
             )
         limits = self._node.limits
+        scheduled = False
         for m in messages:
             if len(m.body) > limits.max_message_bytes:
                 raise MessageTooLargeError.for_size(len(m.body), limits.max_message_bytes)
-            validate_message(m, limits, allow_system_topic=True)
+            if delivery.is_delayed(m):  # the SDK's delay arguments travel as reserved names
+                scheduled = True
+                if not trusted:
+                    validate_message(delivery.user_view(m), limits, allow_system_topic=True)
+            elif not trusted:
+                validate_message(m, limits, allow_system_topic=True)
         producer: ProducerSequence | None = None
         if producer_id:
             validate_producer_id(producer_id)
@@ -147,7 +162,10 @@ class SendProcessor:
                 f"queue {queue_id} does not exist: topic {topic!r} has {cfg.write_queue_nums} "
                 f"write queues on {self._node.group}"
             )
-        batch = ProduceBatch(topic, queue_id, _now_ms(), tuple(messages), producer)
+        now_ms = _now_ms()
+        if scheduled:  # InvalidDelayError (the caller's) before anything is replicated
+            messages = delivery.stamp_due(messages, now_ms, self._node.delay_policy)
+        batch = ProduceBatch(topic, queue_id, now_ms, tuple(messages), producer, scheduled)
         try:
             payload = record_batch.encode(batch)
         except ValueError as exc:
@@ -178,6 +196,13 @@ class SendProcessor:
                 )
                 for i in range(count)
             ]
+        if isinstance(outcome, Scheduled):  # delayed: queue offsets come when they fall due
+            return [
+                SendOutcome(
+                    encode_msg_id(group, outcome.raft_index, outcome.slot, i), queue_id, -1, False
+                )
+                for i in range(count)
+            ]
         if isinstance(outcome, Duplicate):
             s2 = outcome.stored
             if s2 is None:
@@ -186,7 +211,7 @@ class SendProcessor:
                 SendOutcome(
                     encode_msg_id(group, s2.raft_index, s2.slot, s2.first_position + i),
                     queue_id,
-                    s2.first_offset + i,
+                    s2.first_offset + i if s2.first_offset >= 0 else -1,
                     True,
                 )
                 for i in range(count)

@@ -12,6 +12,8 @@ from raftmq.common.record_batch import Kind
 from raftmq.common.topic_config import TopicConfig
 
 NO_TIME_MS = -1  # a queue head whose time index is still empty
+# BatchOrigin.first_offset of a delayed batch: its messages have no queue offsets when stored.
+SCHEDULED_OFFSET = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +199,18 @@ class Duplicate:
 
 
 @dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A delayed batch: stored at (raft_index, slot), its messages in the schedule, not in a
+    queue yet (they get queue offsets when they fall due: broker/delivery.py)."""
+
+    slot: int
+    topic: str
+    queue_id: int
+    raft_index: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Rejected:
     """A chunk skipped on every replica alike (undecodable, invalid names, sequence overlap)."""
 
@@ -213,4 +227,4 @@ class Applied:
     detail: str = ""
 
 
-ChunkOutcome = Appended | Duplicate | Rejected | Applied
+ChunkOutcome = Appended | Duplicate | Rejected | Applied | Scheduled

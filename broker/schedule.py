@@ -40,6 +40,11 @@ class MessageRef:
     position: int
     topic: str  # the real topic (RocketMQ's REAL_TOPIC)
     queue_id: int  # the real queue (REAL_QID)
+    # What the ConsumeQueue row of the real topic needs besides the location, so delivery reads
+    # nothing but the index: where the record starts in its chunk, its body size, its tag hash.
+    chunk_offset_bytes: int = 0
+    body_bytes: int = 0
+    tag_hash: int = 0
 
 
 @dataclass(frozen=True, slots=True)

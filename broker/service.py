@@ -52,6 +52,36 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return requests.consumer_list(self.node, request)
 
     @rpc_errors
+    def ConsumerSendBack(
+        self, request: broker_pb2.ConsumerSendBackRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ConsumerSendBackResponse:
+        back = self.node.send_backs.send_back(
+            request.consumer_group,
+            request.msg_id,
+            request.max_reconsume_times,
+            request.delay_level,
+        )
+        return broker_pb2.ConsumerSendBackResponse(
+            msg_id=back.outcome.msg_id,
+            topic=back.topic,
+            dead_letter=back.dead_letter,
+            reconsume_times=back.reconsume_times,
+            delay_level=back.delay_level,
+        )
+
+    @rpc_errors
+    def ResendDeadLetter(
+        self, request: broker_pb2.ResendDeadLetterRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ResendDeadLetterResponse:
+        topic, outcome = self.node.send_backs.resend_dead_letter(request.msg_id)
+        return broker_pb2.ResendDeadLetterResponse(
+            msg_id=outcome.msg_id,
+            topic=topic,
+            queue_id=outcome.queue_id,
+            queue_offset=outcome.queue_offset,
+        )
+
+    @rpc_errors
     def SendMessage(
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SendMessageResponse:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
@@ -142,6 +143,20 @@ class BrokerSettings:
     shutdown_grace_ms: int = setting(
         default=3_000, unit="ms", doc="on SIGTERM, in-flight calls get this long to finish"
     )
+    delay_levels: str = setting(
+        default=DEFAULT_DELAY_LEVELS_TEXT,
+        unit="levels",
+        doc="RocketMQ's messageDelayLevel: the delay of levels 1, 2, ... (units ms s m h d); "
+        "retries back off along them from level 3",
+    )
+    max_delay_ms: int = setting(
+        default=DEFAULT_MAX_DELAY_MS,
+        unit="ms",
+        doc="horizon of delayed delivery: a later delivery time is refused",
+    )
+    delay_deliver_batch: int = setting(
+        default=256, unit="messages", doc="due messages moved to their queue per Raft entry"
+    )
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
     transaction_timeout_ms: int = setting(
         default=6_000,
@@ -215,6 +230,12 @@ class BrokerSettings:
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         self.raft_config()  # the Raft keys are checked by raftlog's own rules
+        self.delay_policy()  # levels positive, increasing, within the horizon
+        if not 1 <= self.delay_deliver_batch <= 4096:
+            raise ValueError("delay_deliver_batch must be within 1..4096")
+
+    def delay_policy(self) -> DelayPolicy:
+        return DelayPolicy.from_text(self.delay_levels, max_delay_ms=self.max_delay_ms)
 
     @property
     def member_list(self) -> tuple[Member, ...]:

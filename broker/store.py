@@ -21,6 +21,8 @@ from raftmq.broker.errors import (
     StoreWriteError,
 )
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
+from raftmq.broker.schedule import MessageRef, ScheduleKey
+from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
 from raftmq.broker.transaction import MOVED_TOPIC
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
 from raftmq.common.record_batch import (
@@ -52,6 +54,7 @@ _KEY_VALUE = struct.Struct(">Q")  # store ts (key text follows, to rule out hash
 _ORDERED, _AUTO_CREATED = 0x01, 0x02
 _META_INDEX = b"dispatched_index"
 _META_FORMAT = b"format"
+_U64_MASK = (1 << 64) - 1
 _KEY_HASH_BYTES = 16  # user keys may be long; lmdb keys are at most 511 bytes
 
 
@@ -173,6 +176,7 @@ class MessageStore:
         self._batches = db(b"batches")
         self._meta = db(b"meta")
         self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
+        self._schedule = db(b"schedule")  # delayed messages by (due, location): schedule_store
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
             if fmt is None:
@@ -278,6 +282,12 @@ class MessageStore:
                 txn.delete(t_row.txn_id.encode("utf-8"), db=self._txns)
             else:
                 put(t_row.txn_id.encode("utf-8"), t_row.value, db=self._txns)
+        if out.loose_rows:
+            self._write_loose(txn, out.loose_rows)
+        for e in out.schedule_puts:
+            put(pack_key(e.key), pack_ref(e.ref), db=self._schedule)
+        for due in out.schedule_deletes:
+            txn.delete(pack_key(due), db=self._schedule)
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -285,7 +295,42 @@ class MessageStore:
             else:
                 put(name, _encode_topic(row.config), db=self._topics)
 
+    def _write_loose(self, txn: Any, rows: Sequence[CQRow]) -> None:
+        """Rows of delivered delayed messages, each on its own (positions need not be 0..n-1).
+        The batch entry lets a message id find its row: exact for a one-message batch, the
+        usual delayed send."""
+        for r in rows:
+            txn.put(
+                _queue_prefix(r.topic, r.queue_id) + _U64.pack(r.queue_offset),
+                _CQ_VALUE.pack(
+                    r.raft_index,
+                    r.slot,
+                    r.position,
+                    r.chunk_offset_bytes,
+                    r.body_bytes,
+                    r.tag_hash,
+                    r.store_timestamp_ms,
+                ),
+                db=self._cq,
+            )
+            txn.put(
+                _BATCH_KEY.pack(r.raft_index, r.slot),
+                # Modulo 2**64: a row at offset 0 with position 1 has "first offset" -1.
+                _BATCH_VALUE.pack(r.queue_id, (r.queue_offset - r.position) & _U64_MASK)
+                + r.topic.encode(),
+                db=self._batches,
+            )
+
     # ---- the dispatcher's view (DispatchState) ------------------------------------------------
+
+    def schedule_ref(self, key: ScheduleKey) -> MessageRef | None:
+        with self._env.begin() as txn:
+            raw = txn.get(pack_key(key), db=self._schedule)
+        return unpack_ref(raw) if raw is not None else None
+
+    def schedule_index(self) -> LmdbScheduleIndex:
+        """The schedule for the leader's delivery loop (reads; apply writes it)."""
+        return LmdbScheduleIndex(self._env, self._schedule)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
         with self._env.begin() as txn:
@@ -478,13 +523,14 @@ class MessageStore:
             queue_id, first = _BATCH_VALUE.unpack_from(raw)
             topic = raw[_BATCH_VALUE.size :].decode("utf-8")
             prefix = _queue_prefix(topic, queue_id)
-            value = txn.get(prefix + _U64.pack(first + position), db=self._cq)
+            offset = (first + position) & _U64_MASK  # see _write_loose
+            value = txn.get(prefix + _U64.pack(offset), db=self._cq)
         if value is None:
             return None
         index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
         if (index, row_slot, row_pos) != (raft_index, slot, position):
             return None  # the position is past the end of that batch
-        return CQRow(topic, queue_id, first + position, index, row_slot, row_pos, at, size, tag, ts)
+        return CQRow(topic, queue_id, offset, index, row_slot, row_pos, at, size, tag, ts)
 
 
 class MessageReader:
@@ -551,7 +597,13 @@ class MessageReader:
         cur: RawPart | None = None
         header: ProduceHeader | None = None
         for row in rows:
-            if cur is None or (cur.raft_index, cur.slot) != (row.raft_index, row.slot):
+            # A delivered delayed message's row sits alone (its position is not its offset's).
+            if (
+                cur is None
+                or (cur.raft_index, cur.slot) != (row.raft_index, row.slot)
+                or cur.first_offset != row.queue_offset - row.position
+                or cur.store_timestamp_ms != row.store_timestamp_ms
+            ):
                 entry = entries.get(row.raft_index)
                 if entry is None:
                     entry = entries[row.raft_index] = self._read_entry(row.raft_index)

@@ -4,15 +4,17 @@ broker group's leader (found through the NameServers)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 
-from raftmq.client.messages import ReceivedMessage
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
-from raftmq.client.offsets import BrokerOffsets
+from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.arguments import checked
 from raftmq.common.errors import (
@@ -20,12 +22,13 @@ from raftmq.common.errors import (
     InvalidArgumentError,
     InvalidTopicConfigError,
     MessageNotFoundError,
+    NoRouteError,
     NotLeaderError,
     RaftMQError,
     TopicNotFoundError,
     from_rpc_error,
 )
-from raftmq.common.message import decode_msg_id, validate_group, validate_topic
+from raftmq.common.message import decode_msg_id, dlq_topic, validate_group, validate_topic
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
 from raftmq.common.topic_config import MAX_QUEUES_PER_TOPIC
 from raftmq.common.types import QueueRef, check_offset
@@ -513,6 +516,60 @@ class Admin:
                 ),
             )
             return ReceivedMessage.from_pb(resp.message)
+        raise MessageNotFoundError.for_id(msg_id)
+
+    # ---- dead letters (issue 16) -------------------------------------------------------------
+
+    @checked
+    def dead_letters(
+        self, group: str, max_count: int = 100, timeout_ms: int = 10_000
+    ) -> list[ReceivedMessage]:
+        """The messages in the group's dead-letter topic (%DLQ%<group>), oldest first per queue,
+        at most max_count. Read without a consumer group's offsets: nothing is committed. Each
+        names its original topic and id (properties DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID)."""
+        validate_group(group)
+        if max_count < 1:
+            raise InvalidArgumentError("max_count must be at least 1")
+        topic = dlq_topic(group)
+        try:
+            queues = self.route(topic).read_queues()
+        except (TopicNotFoundError, NoRouteError):
+            return []  # no message of the group was ever dead-lettered
+        offsets = BrokerOffsets(group, self.routes, self._pool)
+        expect = 0
+        for q in queues:
+            low, high = offsets.bounds(q)
+            expect += max(0, high - low)
+        expect = min(expect, max_count)
+        out: list[ReceivedMessage] = []
+        if expect == 0:
+            return out
+        with PullConsumer(
+            self.routes.namesrv_addresses, group, start_from=StartFrom.EARLIEST
+        ) as reader:
+            reader.assign(queues)
+            for q in queues:
+                reader.seek_to_beginning(q)
+            deadline = time.monotonic() + timeout_ms / 1000
+            while len(out) < expect and time.monotonic() < deadline:
+                out.extend(reader.poll(200, max_messages=expect - len(out)))
+        return out
+
+    @checked
+    def resend_dead_letter(self, msg_id: str) -> SendResult:
+        """`raftmq dlq resend`: the dead letter `msg_id` back to its original topic, as a fresh
+        message (count 0); the dead letter itself stays where it is."""
+        group_name = decode_msg_id(msg_id).broker_group
+        for g in self._select(None):
+            if g.broker_group != group_name:
+                continue
+            resp = self._on_leader(
+                g,
+                lambda s: s.ResendDeadLetter(
+                    broker_pb2.ResendDeadLetterRequest(msg_id=msg_id), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            return SendResult(resp.msg_id, resp.topic, group_name, resp.queue_id, resp.queue_offset)
         raise MessageNotFoundError.for_id(msg_id)
 
     @checked

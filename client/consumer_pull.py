@@ -19,7 +19,7 @@ from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.arguments import checked
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
-from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
 from raftmq.common.types import QueueRef, check_offset
 
 
@@ -74,8 +74,12 @@ class PullConsumer:
 
     # ---- assignment ---------------------------------------------------------------------------
 
+    def _own_system_topic(self, topic: str) -> bool:
+        """A group may read its own retry and dead-letter topics (e.g. to inspect them)."""
+        return topic in (retry_topic(self.group), dlq_topic(self.group))
+
     def queues_of(self, topic: str) -> list[QueueRef]:
-        validate_topic(topic)
+        validate_topic(topic, allow_system=self._own_system_topic(topic))
         return self.routes.route(topic, refresh=True).read_queues()
 
     @checked
@@ -95,7 +99,7 @@ class PullConsumer:
                     f"{type(q).__name__}",
                     details={"argument": "queues"},
                 )
-            validate_topic(q.topic)
+            validate_topic(q.topic, allow_system=self._own_system_topic(q.topic))
         for q in [q for q in self._fetchers if q not in wanted]:
             self._fetchers.pop(q).stop()
             self._positions.pop(q, None)

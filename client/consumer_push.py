@@ -32,6 +32,7 @@ from raftmq.client.offset_reset import SeenResets
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
+from raftmq.client.retry_back import SendBack, listener_view
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.arguments import checked
@@ -42,7 +43,7 @@ from raftmq.common.errors import (
     from_rpc_error,
 )
 from raftmq.common.filter.subscription import check_subscription
-from raftmq.common.message import validate_group, validate_topic
+from raftmq.common.message import retry_topic, validate_group, validate_topic
 from raftmq.common.pb import broker_pb2
 from raftmq.common.types import QueueRef
 
@@ -66,9 +67,11 @@ Listener = Callable[[ReceivedMessage], "ConsumeResult | None"]
 
 @dataclass(frozen=True, slots=True)
 class StuckMessage:
-    """A message whose listener failed `attempts` times, reaching max_reconsume_times. It is
-    kept, never skipped: its queue's committed offset stays before it, and it is retried every
-    max_reconsume_backoff_ms until the listener succeeds (no dead-letter queue yet)."""
+    """A message whose listener failed `attempts` times, reaching max_reconsume_times, and that
+    could not be sent back to the broker (retry or dead-letter topic; or a broadcasting
+    consumer, which never sends back). It is kept, never skipped: its queue's committed offset
+    stays before it, and it is retried every max_reconsume_backoff_ms until the listener
+    succeeds or a send-back does."""
 
     message: ReceivedMessage
     attempts: int
@@ -100,6 +103,7 @@ class PushConsumer:
         max_reconsume_times: int = 16,
         reconsume_backoff_ms: int = 1_000,
         max_reconsume_backoff_ms: int = MAX_RECONSUME_DELAY_MS,
+        retry_delay_level: int = 0,
         long_poll_ms: int = 2_000,
         offset_file: Path | None = None,
         client_id: str | None = None,
@@ -126,6 +130,10 @@ class PushConsumer:
         if max_reconsume_times < 0:
             raise InvalidArgumentError("max_reconsume_times must be >= 0")
         self._max_reconsume = max_reconsume_times
+        if retry_delay_level < 0:
+            raise InvalidArgumentError("retry_delay_level must be >= 0 (0: the broker's back-off)")
+        # RocketMQ's delayLevelWhenNextConsume: 0 lets the broker back off (level 3 + count).
+        self._retry_delay_level = retry_delay_level
         self._on_stuck = on_stuck
         self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
@@ -142,6 +150,11 @@ class PushConsumer:
         self._settings = FetchSettings(
             group, tag_expression, sql_expression, 256, long_poll_ms, True
         )
+        # Clustering: a failed message goes back to the broker (%RETRY%<group>, then %DLQ%) and
+        # the consumer reads its retry topic beside its own, with no filter (RocketMQ's way).
+        self._retry_topic = retry_topic(group) if message_model is MessageModel.CLUSTERING else ""
+        self._retry_settings = FetchSettings(group, "*", "", 256, long_poll_ms, True)
+        self._send_back = SendBack(group, self.routes, self._pool)
         self._executor = ThreadPoolExecutor(consume_threads, thread_name_prefix="consume")
         self._scheduler = Scheduler("raftmq-consumer-timer")
         # Heartbeats on their own thread: a slow rebalance must not let membership expire.
@@ -222,7 +235,7 @@ class PushConsumer:
         req = broker_pb2.HeartbeatRequest(
             consumer_group=self.group,
             client_id=self.client_id,
-            topics=[self.topic],
+            topics=[self.topic, *([self._retry_topic] if self._retry_topic else [])],
             expiry_ms=max(3 * self._heartbeat_ms, 3_000),
             leaving=leaving,
         )
@@ -317,6 +330,7 @@ class PushConsumer:
         with self._rebalance_lock:
             try:
                 queues = self.routes.route(self.topic, refresh=True).read_queues()
+                queues += self._retry_queues()
                 if self._model is MessageModel.BROADCASTING:
                     mine = queues
                 else:
@@ -363,7 +377,7 @@ class PushConsumer:
         f = QueueFetcher(
             q,
             start,
-            self._settings,
+            self._retry_settings if q.topic == self._retry_topic else self._settings,
             self.routes,
             self._pool,
             functools.partial(self._deliver, pq),
@@ -374,6 +388,15 @@ class PushConsumer:
         )
         self._fetchers[q] = f
         f.start()
+
+    def _retry_queues(self) -> list[QueueRef]:
+        """The group's retry topic's queues; none until a first send-back created the topic."""
+        if not self._retry_topic:
+            return []
+        try:
+            return self.routes.route(self._retry_topic, refresh=True).read_queues()
+        except RaftMQError:
+            return []
 
     def _start_offset(self, q: QueueRef) -> int:
         committed = (
@@ -416,11 +439,13 @@ class PushConsumer:
             return
         error = "RECONSUME_LATER"
         try:
-            result = self._listener(m)
+            result = self._listener(listener_view(m))
         except Exception as exc:
             log.exception("consumer.listener_failed msg_id=%s", m.msg_id)
             result = ConsumeResult.RECONSUME_LATER
             error = f"{type(exc).__name__}: {exc}"
+        if result is ConsumeResult.RECONSUME_LATER and self._sent_back(m):
+            result = ConsumeResult.SUCCESS  # the broker holds it now: this queue moves on
         if result is ConsumeResult.RECONSUME_LATER:
             if attempt + 1 == self._max_reconsume + 1:
                 self._report_stuck(StuckMessage(m, attempt + 1, error))
@@ -440,6 +465,31 @@ class PushConsumer:
             wake = f is not None and pq.has_room()
         if wake and f is not None:
             f.wake()
+
+    def _sent_back(self, m: ReceivedMessage) -> bool:
+        """Clustering: hand a failed message to the broker (retry topic with its back-off, or
+        the dead-letter topic past the limit). False (keep it, retry locally) if that failed."""
+        if not self._retry_topic or self._closed:
+            return False
+        try:
+            back = self._send_back.send(m, self._max_reconsume, self._retry_delay_level)
+        except RaftMQError as exc:
+            log.warning("consumer.send_back_failed msg_id=%s error=%s", m.msg_id, exc.message)
+            return False
+        if back.dead_letter:
+            log.warning(
+                "consumer.dead_letter msg_id=%s topic=%s new_id=%s reconsume_times=%d",
+                m.msg_id,
+                back.topic,
+                back.msg_id,
+                back.reconsume_times,
+            )
+        elif not any(q.topic == back.topic for q in list(self._fetchers)):
+            # The first send-back created the retry topic: read it without waiting a period
+            # (twice: the NameServer learns of the topic from the broker's next registration).
+            self._scheduler.call_later(0.2, self.rebalance)
+            self._scheduler.call_later(1.5, self.rebalance)
+        return True
 
     def _report_stuck(self, stuck: StuckMessage) -> None:
         m = stuck.message

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     COMMIT_OFFSET = 2
     RESET_OFFSETS = 3
     TOPIC_CONFIG = 4
+    DELIVER = 10  # scheduled messages fall due: ConsumeQueue rows of their real topic (issue 16)
     # Transactions (broker/txn_records.py encodes them): an end, a check sent, a move.
     TXN_END = 20
     TXN_CHECK = 21
@@ -57,6 +58,28 @@ class ProduceBatch:
     store_timestamp_ms: int
     messages: tuple[Message, ...]
     producer: ProducerSequence | None = None
+    # Delayed delivery: the messages get no ConsumeQueue rows now; each enters the schedule at
+    # its TIMER_OUT_MS (set by the leader), and a DELIVER record adds the rows when it is due.
+    scheduled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverKey:
+    """A scheduled message in a DELIVER record: its due time and where it is stored."""
+
+    due_ms: int
+    raft_index: int
+    slot: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """The leader's "these are due" (broker/delivery.py): `now_ms` is the leader's clock when it
+    decided; apply delivers a key only if due_ms <= now_ms and it is still scheduled."""
+
+    now_ms: int
+    keys: tuple[DeliverKey, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +105,7 @@ class TopicConfigChange:
     config: TopicConfig  # for DELETE only the name matters
 
 
-BrokerRecord = ProduceBatch | CommitOffset | ResetOffsets | TopicConfigChange
+BrokerRecord = ProduceBatch | CommitOffset | ResetOffsets | TopicConfigChange | Deliver
 Bytes = bytes | bytearray | memoryview  # decoders copy anything but bytes once, up front
 
 _U16 = struct.Struct("<H")
@@ -97,6 +120,8 @@ _MSG_HEAD = struct.Struct("<IiqHHHH")
 _QUEUE_OFFSET = struct.Struct("<IQ")
 # read queues, write queues, permission, flags
 _TOPIC_BODY = struct.Struct("<HHBB")
+_DELIVER_HEAD = struct.Struct("<QI")  # now ms, key count
+_DELIVER_KEY = struct.Struct("<QQII")  # due ms, raft index, slot, position
 
 # A frozen dataclass __init__ costs ~2.5 us (one object.__setattr__ per field); decoding 1000
 # messages would spend most of its time there. The decoder fills the slots through their
@@ -108,6 +133,7 @@ if tuple(f.name for f in fields(Message)) != _MESSAGE_FIELDS:
 _MESSAGE_SETTERS = tuple(Message.__dict__[name].__set__ for name in _MESSAGE_FIELDS)
 
 _HAS_PRODUCER = 0x01
+_SCHEDULED = 0x02
 _NO_TAG = 0xFFFF
 _ORDERED = 0x01
 _AUTO_CREATED = 0x02
@@ -156,6 +182,17 @@ def encode(record: BrokerRecord) -> bytes:
                     _TOPIC_BODY.pack(cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm, flags),
                 )
             )
+        if isinstance(record, Deliver):
+            return b"".join(
+                (
+                    _HEAD.pack(Kind.DELIVER, VERSION),
+                    _DELIVER_HEAD.pack(record.now_ms, len(record.keys)),
+                    *(
+                        _DELIVER_KEY.pack(k.due_ms, k.raft_index, k.slot, k.position)
+                        for k in record.keys
+                    ),
+                )
+            )
     except struct.error as exc:
         raise ValueError(f"a field does not fit the record batch format: {exc}") from exc
     raise TypeError(f"not a broker record: {type(record).__name__}")
@@ -181,7 +218,9 @@ def _encode_produce(batch: ProduceBatch) -> bytes:
         raise ValueError("a produce batch carries at least one message")
     topic = batch.topic
     topic_b = topic.encode("utf-8")
-    flags = _HAS_PRODUCER if batch.producer is not None else 0
+    flags = (_HAS_PRODUCER if batch.producer is not None else 0) | (
+        _SCHEDULED if batch.scheduled else 0
+    )
     parts: list[bytes] = [
         _PRODUCE_HEAD.pack(
             Kind.PRODUCE, VERSION, flags, len(topic_b), batch.queue_id, batch.store_timestamp_ms
@@ -290,6 +329,13 @@ def decode(data: Bytes) -> BrokerRecord:
                 bool(flags & _AUTO_CREATED),
             )
             return TopicConfigChange(op, cfg)
+        if kind == Kind.DELIVER:
+            r = _Reader(data, _HEAD.size)
+            now_ms, count = r.unpack(_DELIVER_HEAD)
+            if count * _DELIVER_KEY.size != len(data) - r.pos:
+                raise MalformedBatchError(f"deliver record declares {count} keys that do not fit")
+            keys = tuple(DeliverKey(*k) for k in _DELIVER_KEY.iter_unpack(data[r.pos :]))
+            return Deliver(now_ms, keys)
     except UnicodeDecodeError as exc:
         raise MalformedBatchError(f"invalid utf-8 in a {_kind_name(kind)} record: {exc}") from exc
     except struct.error as exc:  # a safety net: lengths are checked before every unpack
@@ -348,6 +394,7 @@ class ProduceHeader:
     producer: ProducerSequence | None
     count: int
     messages_at: int  # byte offset of the first message
+    scheduled: bool = False
 
 
 def decode_produce_header(data: Bytes) -> ProduceHeader:
@@ -397,7 +444,7 @@ def decode_with_offsets(data: Bytes) -> tuple[BrokerRecord, tuple[int, ...]]:
 
 def _produce_header(data: bytes) -> ProduceHeader:
     _, _, flags, topic_len, queue_id, store_ts = _PRODUCE_HEAD.unpack_from(data, 0)
-    if flags & ~_HAS_PRODUCER:
+    if flags & ~(_HAS_PRODUCER | _SCHEDULED):
         raise MalformedBatchError(f"produce batch with unknown flags {flags:#x}")
     r = _Reader(data, _PRODUCE_HEAD.size)
     topic = r.take(topic_len).decode("utf-8")
@@ -409,7 +456,9 @@ def _produce_header(data: bytes) -> ProduceHeader:
     (count,) = r.unpack(_U32)
     if count == 0 or count * _MSG_HEAD.size > len(data) - r.pos:
         raise MalformedBatchError(f"produce batch declares {count} messages that do not fit")
-    return ProduceHeader(topic, queue_id, store_ts, producer, count, r.pos)
+    return ProduceHeader(
+        topic, queue_id, store_ts, producer, count, r.pos, bool(flags & _SCHEDULED)
+    )
 
 
 def _decode_produce(data: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
@@ -430,7 +479,12 @@ def _decode_produce(data: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
     if pos != size:
         raise MalformedBatchError(f"{size - pos} trailing bytes after {header.count} messages")
     batch = ProduceBatch(
-        topic, header.queue_id, header.store_timestamp_ms, tuple(messages), header.producer
+        topic,
+        header.queue_id,
+        header.store_timestamp_ms,
+        tuple(messages),
+        header.producer,
+        header.scheduled,
     )
     return batch, tuple(offsets)
 

@@ -546,3 +546,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.add_argument("--key")
     p.add_argument("--topic", default=None, help="with --key")
     p.set_defaults(func=message_get)
+
+    from raftmq.ops import cli_dlq  # here: it imports this module's helpers
+
+    cli_dlq.register(subparsers)

@@ -28,6 +28,14 @@ from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.common.arguments import checked
+from raftmq.common.delay import (
+    DelayFor,
+    DelayLevel,
+    DelayPolicy,
+    DelaySpec,
+    DeliverAt,
+    delay_to_properties,
+)
 from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -64,6 +72,7 @@ class SendOptions:
     sharding_key: str | None = None
     queue_selector: QueueSelector | None = None
     queue: QueueRef | None = None
+    delay: DelaySpec | None = None  # delayed delivery (RocketMQ 4 level or RocketMQ 5 timer)
 
     def __post_init__(self) -> None:
         # Cheap isinstance checks on the per-message path (tags, keys and properties are checked
@@ -74,6 +83,11 @@ class SendOptions:
             raise InvalidArgumentError(_wrong("queue_selector", "a callable", self.queue_selector))
         if self.queue is not None and not isinstance(self.queue, QueueRef):
             raise InvalidArgumentError(_wrong("queue", "a QueueRef or None", self.queue))
+
+    def delay_properties(self) -> Mapping[str, str] | None:
+        if self.delay is None:
+            return self.properties
+        return {**(self.properties or {}), **delay_to_properties(self.delay)}
 
     @property
     def movable(self) -> bool:
@@ -114,6 +128,7 @@ class Producer:
         route_refresh_ms: int = 30_000,
         max_io_threads: int = 32,
         sticky_messages: int = 32,
+        delay_policy: DelayPolicy | None = None,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -130,6 +145,8 @@ class Producer:
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         validate_producer_id(self.producer_id)
         self.idempotent = idempotent
+        # The SDK's copy of the delay rules, to fail early; the broker's own are authoritative.
+        self._delay_policy = delay_policy or DelayPolicy()
         self._timeout_s = send_timeout_ms / 1000
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -181,9 +198,19 @@ class Producer:
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
+        delay_level: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> SendResult:
-        """Send and wait for the result (stored on a majority of the group)."""
-        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        """Send and wait for the result (stored on a majority of the group).
+
+        Delayed delivery, at most one of: `delay_level` (RocketMQ 4's levels, 1..18 by default:
+        1s 5s 10s 30s 1m ... 2h), `delay_ms` (deliver this long after it is stored),
+        `deliver_at_ms` (at this time, ms since the epoch; up to the broker's horizon, 7 days by
+        default). A delayed message's result has queue_offset -1: it gets its offset when due.
+        A bad delay raises InvalidDelayError before anything is sent."""
+        spec = self._delay(delay_level, delay_ms, deliver_at_ms)
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue, spec)
         return self._wait(self._send(topic, body, options))
 
     def send_async(
@@ -198,11 +225,15 @@ class Producer:
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
         callback: SendCallback | None = None,
+        delay_level: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> Future[SendResult]:
         """A future of the result; `callback(result, error)` runs when it is known. Messages
         with the same `sharding_key` go to the same queue, in order; `queue_selector` picks the
-        queue itself; `queue` names it."""
-        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        queue itself; `queue` names it. The delay arguments are send()'s."""
+        spec = self._delay(delay_level, delay_ms, deliver_at_ms)
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue, spec)
         return self._send(topic, body, options, callback)
 
     def send_oneway(
@@ -216,9 +247,13 @@ class Producer:
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
+        delay_level: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> None:
         """Send without waiting for (or reporting) the outcome; failures are only logged."""
-        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        spec = self._delay(delay_level, delay_ms, deliver_at_ms)
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue, spec)
         self._send(topic, body, options).add_done_callback(_log_oneway_failure)
 
     @checked
@@ -319,6 +354,42 @@ class Producer:
                 f"no outcome within {limit_s:.0f} s; the message may or may not be stored"
             ) from None
 
+    def _delay(
+        self, level: int | None, delay_ms: int | None, deliver_at_ms: int | None
+    ) -> DelaySpec | None:
+        """The delay asked for, checked now by the SDK's copy of the rules (the broker checks
+        again with its own levels and horizon): InvalidDelayError names the allowed range."""
+        given = [
+            (n, v)
+            for n, v in (
+                ("delay_level", level),
+                ("delay_ms", delay_ms),
+                ("deliver_at_ms", deliver_at_ms),
+            )
+            if v is not None
+        ]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise InvalidArgumentError(
+                f"give at most one of delay_level, delay_ms, deliver_at_ms, not "
+                f"{' and '.join(n for n, _ in given)}"
+            )
+        name, value = given[0]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidArgumentError(_wrong(name, "an int (ms or a level)", value))
+        spec: DelaySpec
+        if name == "delay_level":
+            if value == 0:
+                return None  # RocketMQ: level 0 is "not delayed"
+            spec = DelayLevel(value)
+        elif name == "delay_ms":
+            spec = DelayFor(value)
+        else:
+            spec = DeliverAt(value)
+        self._delay_policy.due_ms(spec, time.time_ns() // 1_000_000)
+        return spec
+
     # ---- choosing a queue ---------------------------------------------------------------------
 
     def _message(self, body: bytes, options: SendOptions) -> common_pb2.Message:
@@ -336,7 +407,7 @@ class Producer:
             bytes(body),
             options.tags,
             tuple(keys),
-            options.properties,
+            options.delay_properties(),
             time.time_ns() // 1_000_000,
             self._host,
         )

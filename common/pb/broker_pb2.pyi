@@ -470,3 +470,47 @@ class GetConsumerListResponse(_message.Message):
     CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
     client_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ConsumerSendBackRequest(_message.Message):
+    __slots__ = ("consumer_group", "msg_id", "max_reconsume_times", "delay_level")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    msg_id: str
+    max_reconsume_times: int
+    delay_level: int
+    def __init__(self, consumer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., max_reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ...) -> None: ...
+
+class ConsumerSendBackResponse(_message.Message):
+    __slots__ = ("msg_id", "topic", "dead_letter", "reconsume_times", "delay_level")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    topic: str
+    dead_letter: bool
+    reconsume_times: int
+    delay_level: int
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., dead_letter: _Optional[bool] = ..., reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ...) -> None: ...
+
+class ResendDeadLetterRequest(_message.Message):
+    __slots__ = ("msg_id",)
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    def __init__(self, msg_id: _Optional[str] = ...) -> None: ...
+
+class ResendDeadLetterResponse(_message.Message):
+    __slots__ = ("msg_id", "topic", "queue_id", "queue_offset")
+    MSG_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...

@@ -129,6 +129,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
                 _registered_method=True)
+        self.ConsumerSendBack = channel.unary_unary(
+                '/raftmq.v1.Broker/ConsumerSendBack',
+                request_serializer=raftmq_dot_broker__pb2.ConsumerSendBackRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ConsumerSendBackResponse.FromString,
+                _registered_method=True)
+        self.ResendDeadLetter = channel.unary_unary(
+                '/raftmq.v1.Broker/ResendDeadLetter',
+                request_serializer=raftmq_dot_broker__pb2.ResendDeadLetterRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ResendDeadLetterResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -257,6 +267,21 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsumerSendBack(self, request, context):
+        """RocketMQ's consumerSendMsgBack (issue 16): a message the group's listener failed goes to
+        %RETRY%<group> after its back-off level, or to %DLQ%<group> past max_reconsume_times.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResendDeadLetter(self, request, context):
+        """`raftmq dlq resend`: a dead letter back to its original topic as a fresh message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -354,6 +379,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListConsumerGroups,
                     request_deserializer=raftmq_dot_broker__pb2.ListConsumerGroupsRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.ListConsumerGroupsResponse.SerializeToString,
+            ),
+            'ConsumerSendBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerSendBack,
+                    request_deserializer=raftmq_dot_broker__pb2.ConsumerSendBackRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ConsumerSendBackResponse.SerializeToString,
+            ),
+            'ResendDeadLetter': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResendDeadLetter,
+                    request_deserializer=raftmq_dot_broker__pb2.ResendDeadLetterRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ResendDeadLetterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -869,6 +904,60 @@ class Broker:
             '/raftmq.v1.Broker/ListConsumerGroups',
             raftmq_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
             raftmq_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerSendBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ConsumerSendBack',
+            raftmq_dot_broker__pb2.ConsumerSendBackRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ConsumerSendBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResendDeadLetter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ResendDeadLetter',
+            raftmq_dot_broker__pb2.ResendDeadLetterRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ResendDeadLetterResponse.FromString,
             options,
             channel_credentials,
             insecure,

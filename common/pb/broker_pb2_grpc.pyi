@@ -84,6 +84,14 @@ class BrokerStub:
         _broker_pb2.ListConsumerGroupsRequest,
         _broker_pb2.ListConsumerGroupsResponse,
     ]
+    ConsumerSendBack: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ConsumerSendBackRequest,
+        _broker_pb2.ConsumerSendBackResponse,
+    ]
+    ResendDeadLetter: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ResendDeadLetterRequest,
+        _broker_pb2.ResendDeadLetterResponse,
+    ]
 
 
 class BrokerServicer:
@@ -182,6 +190,16 @@ class BrokerServicer:
         request: _broker_pb2.ListConsumerGroupsRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.ListConsumerGroupsResponse: ...
+    def ConsumerSendBack(
+        self,
+        request: _broker_pb2.ConsumerSendBackRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ConsumerSendBackResponse: ...
+    def ResendDeadLetter(
+        self,
+        request: _broker_pb2.ResendDeadLetterRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ResendDeadLetterResponse: ...
 
 
 def add_BrokerServicer_to_server(

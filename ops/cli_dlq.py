@@ -1,0 +1,106 @@
+"""`raftmq dlq list|show|resend`: a consumer group's dead letters (%DLQ%<group>), what each was
+(original topic and id, how often it failed), and sending one back to its original topic.
+Registered by ops/cli_data.py; handlers return an exit code, typed errors are printed by ops/cli.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from raftmq.client.admin import Admin
+from raftmq.client.messages import ReceivedMessage
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.message import DLQ_TOPIC_PREFIX
+from raftmq.common.retry import (
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
+    reconsume_times,
+)
+from raftmq.ops.cli_data import _fmt_ms, _namesrv, console
+
+
+def _origin(m: ReceivedMessage) -> tuple[str, str]:
+    return (
+        m.properties.get(PROPERTY_DLQ_ORIGIN_TOPIC, ""),
+        m.properties.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID, ""),
+    )
+
+
+def dlq_list(args: argparse.Namespace) -> int:
+    if args.max < 1:
+        raise InvalidArgumentError("--max must be at least 1")
+    with Admin(_namesrv(args)) as admin:
+        found = admin.dead_letters(args.group, max_count=args.max)
+    table = Table(title=f"dead letters of group {args.group} ({len(found)})")
+    for col in ("msg id", "original topic", "original id", "failures", "stored", "body"):
+        table.add_column(col, overflow="fold")  # ids are copied from here: never cut them
+    for m in found:
+        topic, origin_id = _origin(m)
+        table.add_row(
+            m.msg_id,
+            topic,
+            origin_id,
+            str(reconsume_times(m.properties)),
+            _fmt_ms(m.store_timestamp_ms),
+            m.body[:40].decode("utf-8", "replace"),
+        )
+    console.print(table)
+    return 0
+
+
+def dlq_show(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        m = admin.message_by_id(args.id)
+    if not m.topic.startswith(DLQ_TOPIC_PREFIX):
+        raise InvalidArgumentError(
+            f"message {args.id} is in topic {m.topic!r}, not a dead-letter topic; "
+            "`raftmq message get --id` shows any message"
+        )
+    topic, origin_id = _origin(m)
+    table = Table(title=f"dead letter {m.msg_id}", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    rows = [
+        ("dead-letter topic", m.topic),
+        ("original topic", topic),
+        ("original id", origin_id),
+        ("failures", str(reconsume_times(m.properties))),
+        ("stored", _fmt_ms(m.store_timestamp_ms)),
+        ("born", _fmt_ms(m.born_timestamp_ms)),
+        ("tags", m.tags or ""),
+        ("keys", ",".join(m.keys)),
+        *((f"property {k}", v) for k, v in sorted(m.properties.items())),
+        ("body", m.body[:200].decode("utf-8", "replace")),
+    ]
+    for field, value in rows:
+        table.add_row(field, value)
+    console.print(table)
+    return 0
+
+
+def dlq_resend(args: argparse.Namespace) -> int:
+    with Admin(_namesrv(args)) as admin:
+        result = admin.resend_dead_letter(args.id)
+    console.print(
+        f"[green]resent[/] {args.id} to {result.topic} as {result.msg_id} "
+        f"({result.broker_group}#{result.queue_id}@{result.queue_offset})",
+        highlight=False,
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dlq = subparsers.add_parser("dlq", help="a consumer group's dead letters: list, show, resend")
+    dsub = dlq.add_subparsers(dest="dlq_command", required=True)
+    p = dsub.add_parser("list", help="the dead letters of a consumer group")
+    p.add_argument("--group", required=True, help="consumer group")
+    p.add_argument("--max", type=int, default=100, help="at most this many (default 100)")
+    p.set_defaults(func=dlq_list)
+    p = dsub.add_parser("show", help="one dead letter with its origin and properties")
+    p.add_argument("--id", required=True, help="the dead letter's message id")
+    p.set_defaults(func=dlq_show)
+    p = dsub.add_parser("resend", help="send a dead letter back to its original topic")
+    p.add_argument("--id", required=True, help="the dead letter's message id")
+    p.set_defaults(func=dlq_resend)
