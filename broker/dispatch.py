@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.retention import RetentionRecord, is_retention_chunk
+from raftmq.broker.retention import decode_record as decode_retention
 from raftmq.broker.rows import (
     NO_TIME_MS,
     Appended,
@@ -77,6 +79,7 @@ class DispatchOutput:
     offset_rows: tuple[OffsetRow, ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
+    retention: RetentionRecord | None = None  # the store applies the cut and keeps a base
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -143,6 +146,7 @@ class _EntryWork:
         self.offset_rows: list[OffsetRow] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
+        self.retention: RetentionRecord | None = None
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead:
         head = self.heads.get((topic, queue_id)) or self.state.queue_head(topic, queue_id)
@@ -179,6 +183,13 @@ class Dispatcher:
             return DispatchOutput(entry.index, entry.term)
         work = _EntryWork(state)
         for slot, chunk in enumerate(entry.chunks):
+            if is_retention_chunk(chunk):
+                try:
+                    work.retention = decode_retention(chunk)
+                    work.outcomes.append(Applied(slot, Kind.RETENTION))
+                except MalformedBatchError as exc:
+                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                continue
             try:
                 record, offsets = decode_with_offsets(chunk)
             except MalformedBatchError as exc:
@@ -205,6 +216,7 @@ class Dispatcher:
             offset_rows=tuple(work.offset_rows),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
+            retention=work.retention,
         )
 
     def _produce(

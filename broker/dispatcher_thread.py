@@ -14,6 +14,7 @@ from typing import Protocol
 
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from raftmq.broker.errors import DispatcherStoppedError, StoreWriteError
+from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
 from raftmq.raftlog.record import Entry
@@ -85,6 +86,8 @@ class DispatcherThread:
         self._term = 0  # term of the last entry dispatched by this thread (0: none yet)
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
+        self._step_lock = threading.Lock()  # held per loop step: a snapshot install waits for it
+        self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -164,18 +167,29 @@ class DispatcherThread:
         poll_s = s.poll_timeout_ms / 1000
         try:
             while not self._stopping.is_set():
-                nxt = self._index + 1
-                if not self._log.wait_committed(nxt, poll_s):
-                    continue
-                entries = self._log.read_from(
-                    nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
-                )
-                if entries:
-                    self._dispatch_or_back_off(entries[: s.max_batch_entries])
+                with self._step_lock:
+                    nxt = self._index + 1
+                    if not self._log.wait_committed(nxt, poll_s):
+                        continue
+                    entries = self._log.read_from(
+                        nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
+                    )
+                    if entries:
+                        self._dispatch_or_back_off(entries[: s.max_batch_entries])
         except Exception as exc:
             log.exception("broker.dispatcher_failed index=%d", self._index)
             with self._cond:
                 self._failure = exc
+                self._cond.notify_all()
+
+    def install(self, replace: Callable[[], tuple[int, int]]) -> None:
+        """Run `replace` (a snapshot install: it swaps the store and the log and returns the
+        new dispatched index and its term) between two steps, then go on from there."""
+        with self._step_lock:
+            index, term = replace()
+            with self._cond:
+                self._index = index
+                self._term = max(self._term, term)
                 self._cond.notify_all()
 
     def _dispatch_or_back_off(self, entries: list[Entry]) -> None:
@@ -206,6 +220,8 @@ class DispatcherThread:
                         err.reason,
                     )
         self._store.apply(outputs)
+        for cut in self._store.cuts_applied:
+            log_cut(self._name, cut)
         heads = {(h.topic, h.queue_id): h.next_offset for o in outputs for h in o.queue_heads}
         progress = DispatchProgress(outputs[-1].raft_index, tuple(outputs), heads)
         with self._cond:

@@ -28,6 +28,7 @@ from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
 from raftmq.broker.pull import PullProcessor
 from raftmq.broker.queries import QueryProcessor
+from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
 from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
@@ -35,6 +36,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    DiskPressureError,
     InternalError,
     InvalidArgumentError,
     MessageTooLargeError,
@@ -111,17 +113,25 @@ class BrokerNode:
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()
+        # Retention (broker/retention_service.py; built with the real log): why sends are
+        # refused right now (the disk guard), None while they are accepted.
+        self.retention: RetentionService | None = None
+        self.disk_pressure: str | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.dispatcher.start()
+        if self.retention is not None:
+            self.retention.start()
 
     def close(self) -> None:
         """Hand leadership off (writers see no error), then stop the log, dispatcher, store."""
         if self._closed:
             return
         self._closed = True
+        if self.retention is not None:
+            self.retention.stop()
         self.rlog.close(transfer_leadership=True)
         self.dispatcher.stop()
         self.store.close()
@@ -240,6 +250,16 @@ class BrokerNode:
             return self.dispatcher.wait_term(term, timeout_s)
         except DispatcherStoppedError as exc:
             raise self.dispatcher_down(exc) from exc
+
+    def check_disk_pressure(self) -> None:
+        """Sends are refused while the disk guard says so (offsets and reads go on)."""
+        reason = self.disk_pressure
+        if reason is not None:
+            raise DiskPressureError(
+                f"node {self.me.node_id} of broker group {self.group} refuses sends: {reason}; "
+                "nothing was stored; retry later (retention frees space) or free disk space",
+                details={"node_id": self.me.node_id, "retry_after_ms": "1000"},
+            )
 
     def require_readable(self, allow_follower_read: bool) -> None:
         if self._closed:
@@ -431,4 +451,7 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     except BaseException:
         store.close()
         raise
-    return BrokerNode(settings, rlog, store, health=health)
+    node = BrokerNode(settings, rlog, store, health=health)
+    node.retention = RetentionService(node, rlog)
+    rlog.set_snapshot_store(BrokerSnapshots(node))
+    return node

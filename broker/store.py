@@ -13,6 +13,7 @@ from typing import Any
 
 import lmdb
 
+from raftmq.broker import retention_store
 from raftmq.broker.dispatch import DispatchOutput
 from raftmq.broker.errors import (
     DispatchGapError,
@@ -155,7 +156,7 @@ class MessageStore:
         self._env = lmdb.open(
             str(self.path),
             map_size=map_size_bytes,
-            max_dbs=12,
+            max_dbs=32,  # room for the lifecycle's tables
             max_readers=max_readers,  # concurrent read transactions: one per reading thread
             sync=False,
             metasync=False,
@@ -171,6 +172,11 @@ class MessageStore:
         self._topics = db(b"topics")
         self._batches = db(b"batches")
         self._meta = db(b"meta")
+        self._retention = retention_store.Tables(
+            self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
+            self._topics, self._batches, self._meta, db(b"retention_bases"),
+        )  # fmt: skip
+        self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
             if fmt is None:
@@ -205,12 +211,19 @@ class MessageStore:
         if not batch:
             return
         index = self._dispatched_index
+        cuts: list[retention_store.CutApplied] = []
         try:
             with self._env.begin(write=True) as txn:
                 for out in batch:
                     if out.raft_index != index + 1:
                         raise DispatchGapError(index + 1, out.raft_index)
                     self._write(txn, out)
+                    if out.retention is not None:
+                        cuts.append(
+                            retention_store.apply_record(
+                                txn, self._retention, out.raft_index, out.term, out.retention
+                            )
+                        )
                     index = out.raft_index
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
@@ -225,6 +238,41 @@ class MessageStore:
             # transaction left the store as it was.
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
+        self.cuts_applied = cuts
+
+    # ---- retention (retention_store.py holds the logic) ----------------------------------------
+
+    @property
+    def cut_index(self) -> int:
+        """Entries below it are deleted by retention on every replica (0: no cut yet)."""
+        with self._env.begin() as txn:
+            return retention_store.cut_index(txn, self._retention)
+
+    def base_indexes(self) -> list[int]:
+        with self._env.begin() as txn:
+            return retention_store.base_indexes(txn, self._retention)
+
+    def base(self, index: int) -> bytes | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_U64.pack(index), db=self._retention.bases)
+        return bytes(raw) if raw is not None else None
+
+    def install_base(self, blob: bytes) -> int:
+        """Replace the whole store with a base the leader sent (the dispatcher is paused)."""
+        with self._env.begin(write=True) as txn:
+            index = retention_store.install(txn, self._retention, blob, _META_INDEX)
+        self._dispatched_index = index
+        return index
+
+    def trim_step(self, max_rows: int) -> int:
+        """Delete up to max_rows index rows below the retention cut; 0 when none is left."""
+        with self._env.begin(write=True) as txn:
+            return retention_store.trim_step(txn, self._retention, max_rows)
+
+    def size_bytes(self) -> int:
+        """Bytes the lmdb file holds in use (pages up to the last one written)."""
+        info, stat = self._env.info(), self._env.stat()
+        return int((info["last_pgno"] + 1) * stat["psize"])
 
     def _write(self, txn: Any, out: DispatchOutput) -> None:
         put = txn.put
@@ -414,7 +462,11 @@ class MessageStore:
                 if (begin_ms is not None and ts < begin_ms) or (end_ms is not None and ts > end_ms):
                     continue
                 queue_id = _U32.unpack_from(k, plen)[0]
-                hits.append(KeyHit(queue_id, _U64.unpack_from(k, plen + 4)[0], ts))
+                offset = _U64.unpack_from(k, plen + 4)[0]
+                head = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+                if head is not None and offset < _QUEUE_VALUE.unpack(head)[1]:
+                    continue  # deleted by retention (key rows are not swept)
+                hits.append(KeyHit(queue_id, offset, ts))
         return hits
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -446,8 +498,11 @@ class MessageStore:
             topic = raw[_BATCH_VALUE.size :].decode("utf-8")
             prefix = _queue_prefix(topic, queue_id)
             value = txn.get(prefix + _U64.pack(first + position), db=self._cq)
+            head = txn.get(prefix, db=self._queues)
         if value is None:
             return None
+        if head is not None and first + position < _QUEUE_VALUE.unpack(head)[1]:
+            return None  # deleted by retention, its row not trimmed yet
         index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
         if (index, row_slot, row_pos) != (raft_index, slot, position):
             return None  # the position is past the end of that batch

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     COMMIT_OFFSET = 2
     RESET_OFFSETS = 3
     TOPIC_CONFIG = 4
+    RETENTION = 40  # broker/retention.py: a replicated retention cut (its own codec)
 
 
 class TopicOp(enum.IntEnum):

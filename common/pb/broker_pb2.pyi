@@ -254,6 +254,34 @@ class QueryMessagesByKeyResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ...) -> None: ...
 
+class QueryMessagesByTimeRequest(_message.Message):
+    __slots__ = ("topic", "begin_timestamp_ms", "end_timestamp_ms", "max_count", "queue_id", "queue_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    END_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    begin_timestamp_ms: int
+    end_timestamp_ms: int
+    max_count: int
+    queue_id: int
+    queue_offset: int
+    def __init__(self, topic: _Optional[str] = ..., begin_timestamp_ms: _Optional[int] = ..., end_timestamp_ms: _Optional[int] = ..., max_count: _Optional[int] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesByTimeResponse(_message.Message):
+    __slots__ = ("messages", "more", "next_queue_id", "next_queue_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]
+    more: bool
+    next_queue_id: int
+    next_queue_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ..., more: _Optional[bool] = ..., next_queue_id: _Optional[int] = ..., next_queue_offset: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("config",)
     CONFIG_FIELD_NUMBER: _ClassVar[int]
