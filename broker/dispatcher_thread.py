@@ -221,7 +221,7 @@ class DispatcherThread:
                     )
         self._store.apply(outputs)
         for cut in self._store.cuts_applied:
-            log_cut(self._name, cut)
+            log_cut(self._name.removeprefix("dispatch-"), cut)
         heads = {(h.topic, h.queue_id): h.next_offset for o in outputs for h in o.queue_heads}
         progress = DispatchProgress(outputs[-1].raft_index, tuple(outputs), heads)
         with self._cond:

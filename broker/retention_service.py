@@ -59,6 +59,9 @@ class RetentionService:
         if self._thread.is_alive():
             self._thread.join(timeout=DELETE_WAIT_S + 1)
 
+    def journal_bytes(self) -> int:
+        return sum(seg.size_bytes for seg in self._rlog.segments())
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
@@ -79,8 +82,7 @@ class RetentionService:
 
     def _check_disk(self) -> None:
         node = self._node
-        journal_bytes = sum(seg.size_bytes for seg in self._rlog.segments())
-        used = journal_bytes + node.store.size_bytes()
+        used = self.journal_bytes() + node.store.size_bytes()
         try:
             st = os.statvfs(node.settings.data_dir)
             ratio = 1.0 - st.f_bavail / st.f_blocks if st.f_blocks else 0.0

@@ -203,4 +203,8 @@ def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
         topics=topics,
         storage_error=storage.describe() if storage is not None else "",
         disk_full=storage is not None and storage.disk_full,
+        first_index=st.first_index,
+        retention_cut_index=node.store.cut_index,
+        disk_pressure=node.disk_pressure or "",
+        journal_bytes=node.retention.journal_bytes() if node.retention is not None else 0,
     )

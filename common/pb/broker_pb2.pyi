@@ -351,7 +351,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +366,10 @@ class BrokerStatus(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
     DISK_FULL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -380,7 +384,11 @@ class BrokerStatus(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[TopicStats]
     storage_error: str
     disk_full: bool
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ...) -> None: ...
+    first_index: int
+    retention_cut_index: int
+    disk_pressure: str
+    journal_bytes: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ...) -> None: ...
 
 class LeadershipTransferRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")

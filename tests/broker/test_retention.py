@@ -1,0 +1,261 @@
+"""Retention on a real broker group (three processes, 1 MiB journal segments, a 4 s retention, a
+disk guard at 3.5 MiB): sends are refused at the threshold with DISK_PRESSURE and resume once
+retention frees space; old segments are deleted on all three nodes; nothing inside retention is
+lost; a lagging group is answered DELETED_BY_RETENTION with the count it lost and named in a log
+line; a follower that was down while the others deleted segments catches up through a snapshot
+(issue 16, item 5)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftmq.common.errors import (
+    DeletedByRetentionError,
+    DiskPressureError,
+    OffsetOutOfRangeError,
+    RaftMQError,
+    from_rpc_error,
+)
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.harness.procs import Cluster, start_cluster, wait_until
+
+GROUP = "broker-a"
+TOPIC = "ret"
+LAGGER = "lagging-group"
+BODY_BYTES = 8 * 1024
+RETENTION_MS = 4_000
+MAX_STORE_BYTES = 3_500_000
+SEGMENT_BYTES = 1 << 20
+
+
+@dataclass
+class Acked:
+    queue_offset: int
+    body: bytes
+    wall_ms: int  # when the answer arrived
+
+
+@dataclass
+class State:
+    cluster: Cluster
+    channels: list[grpc.Channel]
+    acked: list[Acked] = field(default_factory=list)
+
+    def stub(self, i: int) -> broker_pb2_grpc.BrokerStub:
+        return broker_pb2_grpc.BrokerStub(self.channels[i])
+
+    def status(self, i: int) -> broker_pb2.BrokerStatus:
+        return self.stub(i).GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=5)
+
+    def leader(self, among: range = range(3)) -> int:
+        def find() -> int | None:
+            for i in among:
+                try:
+                    if self.status(i).role == common_pb2.LEADER:
+                        return i
+                except grpc.RpcError:
+                    continue
+            return None
+
+        return int(wait_until(lambda: (x := find()) is not None and x + 1, 30, "a leader")) - 1  # type: ignore[operator]
+
+
+def call(fn: object, *args: object, **kw: object) -> object:
+    try:
+        return fn(*args, **kw)  # type: ignore[operator]
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[State]:
+    c = start_cluster(
+        tmp_path_factory.mktemp("retention"),
+        (GROUP,),
+        namesrvs=1,
+        broker_args=[
+            "--segment-bytes",
+            str(SEGMENT_BYTES),
+            "--retention-ms",
+            str(RETENTION_MS),
+            "--retention-check-interval-ms",
+            "300",
+            "--max-store-bytes",
+            str(MAX_STORE_BYTES),
+        ],
+    )
+    layout, _ = c.groups[GROUP]
+    channels = [grpc.insecure_channel(layout.address(i)) for i in range(3)]
+    try:
+        yield State(c, channels)
+    finally:
+        for ch in channels:
+            ch.close()
+        c.close()
+
+
+def send(st: State, leader: int, seq: int) -> broker_pb2.SendMessageResponse:
+    body = seq.to_bytes(8, "big") + b"x" * (BODY_BYTES - 8)
+    resp = call(
+        st.stub(leader).SendMessage,
+        broker_pb2.SendMessageRequest(
+            topic=TOPIC, queue_id=0, messages=[common_pb2.Message(body=body)], timeout_ms=10_000
+        ),
+        timeout=15,
+    )
+    assert isinstance(resp, broker_pb2.SendMessageResponse)
+    st.acked.append(Acked(resp.results[0].queue_offset, body, time.time_ns() // 1_000_000))
+    return resp
+
+
+def seg_files(st: State, i: int) -> list[str]:
+    return sorted(
+        p.name for p in (st.cluster.tmp / f"{GROUP}-n{i}" / "raft" / "journal").glob("*.seg")
+    )
+
+
+def test_retention_end_to_end(state: State) -> None:
+    st = state
+    leader = st.leader()
+    follower = next(i for i in range(3) if i != leader)
+    # A follower down from the start: the others delete segments it never saw.
+    _, procs = st.cluster.groups[GROUP]
+    send(st, leader, 0)
+    call(
+        st.stub(leader).CommitOffset,
+        broker_pb2.CommitOffsetRequest(
+            consumer_group=LAGGER,
+            offsets=[broker_pb2.QueueOffset(topic=TOPIC, queue_id=0, offset=1)],
+        ),
+        timeout=10,
+    )
+    procs[follower].kill()
+
+    # 1. Fill to the disk guard: a send is refused with DISK_PRESSURE before 6 MiB went in.
+    refused: DiskPressureError | None = None
+    seq = 1
+    while seq * BODY_BYTES < 6 * MAX_STORE_BYTES // 3:
+        try:
+            send(st, leader, seq)
+        except DiskPressureError as exc:
+            refused = exc
+            break
+        seq += 1
+    assert refused is not None, f"no DISK_PRESSURE after {seq * BODY_BYTES} bytes"
+    assert "max_store_bytes" in refused.message and refused.retryable
+    assert seq * BODY_BYTES >= MAX_STORE_BYTES * 0.8  # not refused long before the threshold
+    stored_before = len(st.acked)
+
+    # 2. Retention frees space (segments older than 4 s), sends resume by themselves.
+    def resumed() -> bool:
+        try:
+            send(st, leader, seq)
+        except DiskPressureError:
+            return False
+        return True
+
+    wait_until(resumed, 60, "sends to resume after retention", interval_s=0.3)
+    for n in range(seq + 1, seq + 20):
+        send(st, leader, n)
+
+    # 3. Old segments are gone on both live nodes, and disk space with them.
+    live = [i for i in range(3) if i != follower]
+    for i in live:
+        wait_until(lambda i=i: st.status(i).retention_cut_index > 1, 30, f"a cut on n{i}")
+        wait_until(
+            lambda i=i: seg_files(st, i)[0] != f"{1:020d}.seg", 30, f"segment 1 deleted on n{i}"
+        )
+        s = st.status(i)
+        assert s.first_index > 1 and s.journal_bytes < MAX_STORE_BYTES, s
+        assert not s.disk_pressure
+
+    # 4. Nothing inside retention is lost: every message acknowledged within the last
+    #    RETENTION_MS (before the cut was observed) is at or after the queue's min offset, and
+    #    every message from the min offset on reads back with its body.
+    now_ms = time.time_ns() // 1_000_000
+    low, high = bounds(st, leader)
+    assert low > 1 and high == st.acked[-1].queue_offset + 1
+    recent = [a for a in st.acked if a.wall_ms > now_ms - RETENTION_MS + 500]
+    assert recent and all(a.queue_offset >= low for a in recent)
+    by_offset = {a.queue_offset: a.body for a in st.acked}
+    assert read_all(st, leader, low, high) == [by_offset[o] for o in range(low, high)]
+
+    # 5. The lagging group: told precisely, typed through the SDK's error table, and logged.
+    with pytest.raises(DeletedByRetentionError) as info:
+        call(
+            st.stub(leader).PullMessage,
+            broker_pb2.PullMessageRequest(
+                consumer_group=LAGGER, topic=TOPIC, queue_id=0, offset=1, max_count=8
+            ),
+            timeout=10,
+        )
+    err = info.value
+    assert isinstance(err, OffsetOutOfRangeError) and err.deleted_by_retention
+    assert err.lost_messages == low - 1 and err.min_offset == low
+    assert "deleted by retention" in err.message
+    logs = "\n".join(procs[i].log.read_text(errors="replace") for i in live)
+    assert f"group={LAGGER} topic={TOPIC}" in logs and "retention_deleted_unconsumed" in logs
+    assert f"lost_messages={low - 1}" in logs or "lost_messages=" in logs
+    assert stored_before > 0
+
+    # 6. The follower that was down is behind the leader's first index: it gets a snapshot and
+    #    catches up (same bounds, same messages, readable from it).
+    assert st.status(leader).first_index > 2
+    procs[follower].start("broker.started")
+    wait_until(
+        lambda: st.status(follower).dispatch_index >= st.status(leader).commit_index - 2,
+        60,
+        "the restarted follower to catch up",
+        interval_s=0.3,
+    )
+    assert "broker.snapshot_installed" in procs[follower].log.read_text(errors="replace")
+    send(st, leader, 10_000)
+    wait_until(lambda: bounds(st, follower) == bounds(st, leader), 30, "equal bounds")
+    low2, high2 = bounds(st, leader)
+    assert read_all(st, follower, low2, high2, follower_read=True) == [
+        by_offset.get(o, b"") or st.acked[-1].body for o in range(low2, high2)
+    ]
+
+
+def bounds(st: State, i: int) -> tuple[int, int]:
+    r = call(
+        st.stub(i).GetQueueBounds,
+        broker_pb2.GetQueueBoundsRequest(topic=TOPIC, queue_id=0),
+        timeout=5,
+    )
+    assert isinstance(r, broker_pb2.GetQueueBoundsResponse)
+    return r.min_offset, r.max_offset
+
+
+def read_all(st: State, i: int, low: int, high: int, *, follower_read: bool = False) -> list[bytes]:
+    out: list[bytes] = []
+    offset = low
+    while offset < high:
+        r = call(
+            st.stub(i).PullMessage,
+            broker_pb2.PullMessageRequest(
+                consumer_group="reader",
+                topic=TOPIC,
+                queue_id=0,
+                offset=offset,
+                max_count=64,
+                allow_follower_read=follower_read,
+            ),
+            timeout=10,
+        )
+        assert isinstance(r, broker_pb2.PullMessageResponse)
+        assert r.status == broker_pb2.FOUND, r
+        out += [m.message.body for m in r.messages]
+        offset = r.next_offset
+    return out
+
+
+def test_raftmq_error_is_typed() -> None:
+    assert issubclass(DeletedByRetentionError, RaftMQError)
+    assert Path(__file__).exists()
