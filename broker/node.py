@@ -32,6 +32,7 @@ from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
 from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
+from raftmq.broker.time_query import TimeQueryProcessor
 from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import (
@@ -110,6 +111,7 @@ class BrokerNode:
         self.pulls = PullProcessor(self, self.topic_admin)
         self.offsets = OffsetProcessor(self, self.topic_admin)
         self.queries = QueryProcessor(self, self.topic_admin)
+        self.time_queries = TimeQueryProcessor(self, self.topic_admin)
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()
