@@ -34,6 +34,7 @@ _LEN = struct.Struct("<I")
 _MAGIC = b"RMQB"
 _VERSION = 1
 META_CUT = b"retention_cut"
+META_TRIMMED = b"retention_trimmed"  # the cut below which every index row is already deleted
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +210,9 @@ def trim_step(txn: Any, t: Tables, max_rows: int) -> int:
     time index) or below the cut (batch rows). Key-index rows stay (lookups drop hits below the
     min offset): sweeping them means a scan of the whole key index. Returns how many went."""
     cut = cut_index(txn, t)
-    if cut == 0:
-        return 0
+    trimmed = txn.get(META_TRIMMED, db=t.meta)
+    if cut == 0 or (trimmed is not None and int(_U64.unpack(trimmed)[0]) == cut):
+        return 0  # nothing below this cut is left (a full pass found nothing)
     done = 0
     mins = {}
     for key, value in txn.cursor(db=t.queues):
@@ -228,6 +230,8 @@ def trim_step(txn: Any, t: Tables, max_rows: int) -> int:
                 break
             cur.delete()
             done += 1
+    if done < max_rows:
+        txn.put(META_TRIMMED, _U64.pack(cut), db=t.meta)
     return done
 
 
