@@ -7,6 +7,7 @@ line; a follower that was down while the others deleted segments catches up thro
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from raftmq.client.consumer_pull import PullConsumer
 from raftmq.common.errors import (
     DeletedByRetentionError,
     DiskPressureError,
@@ -23,12 +25,14 @@ from raftmq.common.errors import (
     from_rpc_error,
 )
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.types import QueueRef
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
 GROUP = "broker-a"
 TOPIC = "ret"
 LAGGER = "lagging-group"
 BODY_BYTES = 8 * 1024
+by_offset: dict[int, bytes] = {}  # every acknowledged body by queue offset
 RETENTION_MS = 4_000
 MAX_STORE_BYTES = 3_500_000
 SEGMENT_BYTES = 1 << 20
@@ -111,6 +115,7 @@ def send(st: State, leader: int, seq: int) -> broker_pb2.SendMessageResponse:
     )
     assert isinstance(resp, broker_pb2.SendMessageResponse)
     st.acked.append(Acked(resp.results[0].queue_offset, body, time.time_ns() // 1_000_000))
+    by_offset[resp.results[0].queue_offset] = body
     return resp
 
 
@@ -120,7 +125,7 @@ def seg_files(st: State, i: int) -> list[str]:
     )
 
 
-def test_retention_end_to_end(state: State) -> None:
+def test_retention_end_to_end(state: State, caplog: pytest.LogCaptureFixture) -> None:
     st = state
     leader = st.leader()
     follower = next(i for i in range(3) if i != leader)
@@ -183,7 +188,6 @@ def test_retention_end_to_end(state: State) -> None:
     assert low > 1 and high == st.acked[-1].queue_offset + 1
     recent = [a for a in st.acked if a.wall_ms > now_ms - RETENTION_MS + 500]
     assert recent and all(a.queue_offset >= low for a in recent)
-    by_offset = {a.queue_offset: a.body for a in st.acked}
     assert read_all(st, leader, low, high) == [by_offset[o] for o in range(low, high)]
 
     # 5. The lagging group: told precisely, typed through the SDK's error table, and logged.
@@ -204,6 +208,19 @@ def test_retention_end_to_end(state: State) -> None:
     assert f"lost_messages={low - 1}" in logs or "lost_messages=" in logs
     assert stored_before > 0
 
+    # 5b. Through the SDK (framed data path): the lagging group's consumer is told, logs how
+    #     many it lost, and goes on with the oldest message still stored, not at the end.
+    with (
+        caplog.at_level(logging.WARNING, logger="raftmq.consumer"),
+        PullConsumer(st.cluster.namesrv, LAGGER, allow_follower_read=False) as consumer,
+    ):
+        consumer.assign([QueueRef(TOPIC, GROUP, 0)])
+        got = wait_until(lambda: consumer.poll(500), 30, "the lagging consumer's messages")
+    assert isinstance(got, list)
+    first = got[0].queue_offset
+    assert low <= first < high - 10, (low, first, high)
+    assert "consumer.deleted_by_retention" in caplog.text and "lost_messages=" in caplog.text
+
     # 6. The follower that was down is behind the leader's first index: it gets a snapshot and
     #    catches up (same bounds, same messages, readable from it).
     assert st.status(leader).first_index > 2
@@ -219,8 +236,24 @@ def test_retention_end_to_end(state: State) -> None:
     wait_until(lambda: bounds(st, follower) == bounds(st, leader), 30, "equal bounds")
     low2, high2 = bounds(st, leader)
     assert read_all(st, follower, low2, high2, follower_read=True) == [
-        by_offset.get(o, b"") or st.acked[-1].body for o in range(low2, high2)
+        by_offset[o] for o in range(low2, high2)
     ]
+
+    # 7. The node that installed a snapshot leads: it stores, serves and keeps retention going.
+    resp = call(
+        st.stub(leader).LeadershipTransfer,
+        broker_pb2.LeadershipTransferRequest(target_node_id=f"n{follower}", timeout_ms=10_000),
+        timeout=15,
+    )
+    assert isinstance(resp, broker_pb2.LeadershipTransferResponse) and resp.ok, resp
+    new_leader = st.leader()
+    assert new_leader == follower
+    for n in range(10_001, 10_011):
+        wait_until(lambda n=n: send(st, new_leader, n), 30, "a send to the new leader")
+    low3, high3 = bounds(st, new_leader)
+    assert read_all(st, new_leader, low3, high3) == [by_offset[o] for o in range(low3, high3)]
+    for i in range(3):
+        wait_until(lambda i=i: bounds(st, i) == bounds(st, new_leader), 30, f"n{i} in step")
 
 
 def bounds(st: State, i: int) -> tuple[int, int]:
