@@ -17,6 +17,7 @@ from raftmq.broker.errors import DispatcherStoppedError, StoreWriteError
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
+from raftmq.raftlog.errors import CompactedError
 from raftmq.raftlog.record import Entry
 from raftmq.raftlog.storage_health import StorageHealth
 
@@ -176,6 +177,18 @@ class DispatcherThread:
                     )
                     if entries:
                         self._dispatch_or_back_off(entries[: s.max_batch_entries])
+        except CompactedError as exc:
+            log.critical(
+                "broker.dispatcher_behind_retention index=%d first_index=%d: this node's index "
+                "store is older than its journal, whose prefix retention deleted (an index store "
+                "deleted or lost since); stop the node and empty its data directory: it then "
+                "gets a snapshot from the leader",
+                self._index,
+                exc.first_index,
+            )
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
         except Exception as exc:
             log.exception("broker.dispatcher_failed index=%d", self._index)
             with self._cond:

@@ -118,6 +118,10 @@ class RetentionService:
         if before <= first:
             return
         segments = {s.first_index: s for s in rlog.segments()}
+        # The index store is not fsynced (it is rebuilt from the journal after a crash): once
+        # the journal's prefix is gone it cannot be, so what it holds up to the cut must be
+        # durable first, or an OS crash could leave it behind the journal's first index.
+        node.store.sync()
         try:
             new_first = rlog.delete_prefix(before).result(DELETE_WAIT_S)
         except FutureTimeout:

@@ -269,6 +269,11 @@ class MessageStore:
         with self._env.begin(write=True) as txn:
             return retention_store.trim_step(txn, self._retention, max_rows)
 
+    def sync(self) -> None:
+        """Make every applied transaction durable (the store runs without fsync: retention
+        calls this before it deletes journal entries the store can no longer be rebuilt from)."""
+        self._env.sync(True)
+
     def size_bytes(self) -> int:
         """Bytes the lmdb file holds in use (pages up to the last one written)."""
         info, stat = self._env.info(), self._env.stat()
