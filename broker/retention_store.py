@@ -34,6 +34,7 @@ _LEN = struct.Struct("<I")
 _MAGIC = b"RMQB"
 _VERSION = 1
 META_CUT = b"retention_cut"
+MAX_TOPICS_LOGGED = 10  # per group in the lost-messages line
 META_TRIMMED = b"retention_trimmed"  # the cut below which every index row is already deleted
 
 
@@ -287,13 +288,19 @@ def log_cut(node_id: str, applied: CutApplied) -> None:
         len(applied.queues),
         sum(q.new_min - q.old_min for q in applied.queues),
     )
+    by_group: dict[str, list[GroupLoss]] = {}
     for loss in applied.losses:
+        by_group.setdefault(loss.group, []).append(loss)
+    for group, rows in by_group.items():  # one line per group, whatever its topic count
+        topics = ",".join(f"{r.topic}:{r.messages}" for r in rows[:MAX_TOPICS_LOGGED])
+        more = f",+{len(rows) - MAX_TOPICS_LOGGED}_more" if len(rows) > MAX_TOPICS_LOGGED else ""
         log.warning(
-            "broker.retention_deleted_unconsumed node=%s group=%s topic=%s queues=%d "
-            "lost_messages=%d: deleted by retention before the group consumed them",
+            "broker.retention_deleted_unconsumed node=%s group=%s lost_messages=%d queues=%d "
+            "topics=%s%s: deleted by retention before the group consumed them",
             node_id,
-            loss.group,
-            loss.topic,
-            loss.queues,
-            loss.messages,
+            group,
+            sum(r.messages for r in rows),
+            sum(r.queues for r in rows),
+            topics,
+            more,
         )
