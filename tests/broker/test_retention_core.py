@@ -4,12 +4,16 @@ bases and their install on a follower, the disk guard's hysteresis (issue 16, it
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.retention import (
     MAX_BASES,
     DiskLimits,
@@ -30,6 +34,7 @@ from raftmq.broker.retention import (
 from raftmq.broker.store import MessageStore
 from raftmq.common.record_batch import MalformedBatchError
 from raftmq.raftlog.journal import SegmentInfo
+from raftmq.raftlog.record import Entry
 
 from .support import commit, produce
 from .test_store import Node
@@ -195,3 +200,100 @@ def test_a_cut_is_the_same_on_every_replica_and_a_base_installs(tmp_path: Path) 
     finally:
         a.store.close()
         b.store.close()
+
+
+# ---- the protocol as a state machine: a replica with the whole history and one that installed
+#      the leader's base at some point agree on everything a client can observe ---------------
+
+
+class ReplicasAgree(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="rt-sm-"))
+        self.full = Node(self.dir / "full")
+        self.entries: list[Entry] = []
+        self.installed: MessageStore | None = None
+        self.n = 0
+        self.dispatcher = Dispatcher()
+
+    def _entry(self, *chunks: bytes) -> None:
+        out = self.full.entry(*chunks)
+        self.entries.append(Entry(out.raft_index, 1, tuple(chunks)))
+        if self.installed is not None:
+            self._follow(self.installed)
+
+    def _follow(self, store: MessageStore) -> None:
+        for e in self.entries[store.dispatched_index :]:
+            store.apply(self.dispatcher.apply(e, store))
+
+    @rule(topic=st.sampled_from(["t", "u"]), queue=st.integers(0, 1), n=st.integers(1, 4))
+    def produce(self, topic: str, queue: int, n: int) -> None:
+        self._entry(produce(topic, queue, n, ts_ms=1000 + len(self.entries)))
+
+    @rule(
+        group=st.sampled_from(["g1", "g2"]),
+        topic=st.sampled_from(["t", "u"]),
+        queue=st.integers(0, 1),
+        offset=st.integers(0, 40),
+    )
+    def commit(self, group: str, topic: str, queue: int, offset: int) -> None:
+        self._entry(commit(group, topic, queue, offset))
+
+    @rule()
+    def mark(self) -> None:
+        self._entry(retention(0))
+
+    @rule(data=st.data())
+    def cut(self, data: st.DataObject) -> None:
+        bases = [b for b in self.full.store.base_indexes() if b + 1 > self.full.store.cut_index]
+        target = data.draw(st.sampled_from(bases)) + 1 if bases else 0
+        self._entry(retention(target))
+
+    @rule(index=st.integers(1, 200))
+    def cut_anywhere(self, index: int) -> None:  # refused unless right after a base
+        self._entry(retention(index))
+
+    @precondition(lambda self: self.full.store.cut_index > 0)
+    @rule()
+    def install(self) -> None:
+        """A new follower behind the cut: the base the current cut stands on, then the rest."""
+        if self.installed is not None:
+            self.installed.close()
+        self.n += 1
+        store = MessageStore(self.dir / f"installed-{self.n}", map_size_bytes=16 << 20)
+        blob = self.full.store.base(self.full.store.cut_index - 1)
+        assert blob is not None
+        store.install_base(blob)
+        event("a follower installed a base")
+        self._follow(store)
+        self.installed = store
+
+    @invariant()
+    def agree(self) -> None:
+        a, b = self.full.store, self.installed
+        if b is None:
+            return
+        assert a.cut_index == b.cut_index and a.dispatched_index == b.dispatched_index
+        for topic in ("t", "u"):
+            for q in (0, 1):
+                bounds = a.queue_bounds(topic, q)
+                assert bounds == b.queue_bounds(topic, q)
+                rows_a = [r for r in a.read_queue(topic, q, bounds[0], 1000)]
+                assert rows_a == b.read_queue(topic, q, bounds[0], 1000)
+                for g in ("g1", "g2"):
+                    assert a.committed_offset(g, topic, q) == b.committed_offset(g, topic, q)
+        # and min offsets only ever rise to a base's next offsets, never past the end
+        for topic in ("t", "u"):
+            for q in (0, 1):
+                low, high = a.queue_bounds(topic, q)
+                assert 0 <= low <= high
+
+    def teardown(self) -> None:
+        self.full.store.close()
+        if self.installed is not None:
+            self.installed.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+ReplicasAgree.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+test_replicas_agree = ReplicasAgree.TestCase
