@@ -261,6 +261,18 @@ def test_retention_end_to_end(state: State, caplog: pytest.LogCaptureFixture) ->
     for i in range(3):
         wait_until(lambda i=i: bounds(st, i) == bounds(st, new_leader), 30, f"n{i} in step")
 
+    # 8. A node that deleted segments itself restarts (SIGKILL): its journal opens at its first
+    #    index with the base's term, and it follows the leader again.
+    old = leader
+    first_before = st.status(old).first_index
+    procs[old].kill()
+    procs[old].start("broker.started")
+    assert st.status(old).first_index >= first_before > 1
+    send(st, new_leader, 20_000)
+    wait_until(lambda: bounds(st, old) == bounds(st, new_leader), 30, "the restarted node")
+    lo, hi = bounds(st, old)
+    assert read_all(st, old, lo, hi, follower_read=True) == [by_offset[o] for o in range(lo, hi)]
+
 
 def bounds(st: State, i: int) -> tuple[int, int]:
     r = call(
