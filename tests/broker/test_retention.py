@@ -11,17 +11,16 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import pytest
 
 from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.producer import Producer
 from raftmq.common.errors import (
     DeletedByRetentionError,
     DiskPressureError,
     OffsetOutOfRangeError,
-    RaftMQError,
     from_rpc_error,
 )
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
@@ -67,7 +66,9 @@ class State:
                     continue
             return None
 
-        return int(wait_until(lambda: (x := find()) is not None and x + 1, 30, "a leader")) - 1  # type: ignore[operator]
+        found = wait_until(lambda: (x := find()) is not None and x + 1, 30, "a leader")
+        assert isinstance(found, int)
+        return found - 1
 
 
 def call(fn: object, *args: object, **kw: object) -> object:
@@ -156,6 +157,12 @@ def test_retention_end_to_end(state: State, caplog: pytest.LogCaptureFixture) ->
     assert "max_store_bytes" in refused.message and refused.retryable
     assert seq * BODY_BYTES >= MAX_STORE_BYTES * 0.8  # not refused long before the threshold
     stored_before = len(st.acked)
+    # The SDK's producer (framed data path) gets the same typed, retryable error.
+    with (
+        Producer(st.cluster.namesrv, retries=0, send_timeout_ms=5_000) as producer,
+        pytest.raises(DiskPressureError, match="nothing was stored"),
+    ):
+        producer.send(TOPIC, b"refused", queue=QueueRef(TOPIC, GROUP, 0))
 
     # 2. Retention frees space (segments older than 4 s), sends resume by themselves.
     def resumed() -> bool:
@@ -305,8 +312,3 @@ def read_all(st: State, i: int, low: int, high: int, *, follower_read: bool = Fa
         out += [m.message.body for m in r.messages]
         offset = r.next_offset
     return out
-
-
-def test_raftmq_error_is_typed() -> None:
-    assert issubclass(DeletedByRetentionError, RaftMQError)
-    assert Path(__file__).exists()
