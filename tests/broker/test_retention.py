@@ -245,6 +245,7 @@ def test_retention_end_to_end(state: State, caplog: pytest.LogCaptureFixture) ->
         interval_s=0.3,
     )
     assert "broker.snapshot_installed" in procs[follower].log.read_text(errors="replace")
+    assert st.status(follower).first_index > 1 and seg_files(st, follower)[0] != f"{1:020d}.seg"
     send(st, leader, 10_000)
     wait_until(lambda: bounds(st, follower) == bounds(st, leader), 30, "equal bounds")
     low2, high2 = bounds(st, leader)
