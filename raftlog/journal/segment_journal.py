@@ -273,11 +273,13 @@ class SegmentJournal:
                 self._active = new_active
                 self._active_pos = positions
                 self._last_index = from_index - 1
-                # Runs starting at or after from_index go; all of them if the journal is now empty.
+                # Runs starting at or after from_index go; if the journal is now empty, all of
+                # them but its base's (the run covering first_index - 1, if one is known).
                 k = bisect.bisect_left(self._run_starts, from_index)
                 if from_index == self._first_index:
-                    k = 0
+                    k = bisect.bisect_left(self._run_starts, self._first_index)
                 del self._run_starts[k:], self._run_terms[k:]
+                # The last record's term, or (now empty) the base's: terms never go below it.
                 self._last_term = self._run_terms[-1] if self._run_terms else 0
                 self._cache.drop_from(from_index)
                 self._write_seq += 1
@@ -319,12 +321,12 @@ class SegmentJournal:
                 # prevLogTerm of the next append the leader sends from there); older runs describe
                 # nothing, and none do if everything went (an empty active segment is all left).
                 k = max(0, bisect.bisect_right(self._run_starts, first - 1) - 1)
-                if first > self._last_index:
-                    k = len(self._run_starts)
-                    self._last_term = 0
+                if first > self._last_index:  # everything went: only the base's run stays
                     self._cache.last_record = None
                 if k > 0:
                     del self._run_starts[:k], self._run_terms[:k]
+                if first > self._last_index:
+                    self._last_term = self._run_terms[0] if self._run_terms else 0
                 self._cache.drop_before(first)
                 starts, terms = list(self._run_starts), list(self._run_terms)
             for seg in doomed:  # oldest first: every intermediate state is a suffix of the log
@@ -371,6 +373,7 @@ class SegmentJournal:
                 self._active = fresh
                 self._active_pos = array("Q")
                 self._run_starts, self._run_terms = list(base[0]), list(base[1])
+                self._last_term = base[1][0] if base[1] else 0  # appends never go below it
                 self._synced_seq = self._write_seq
 
     def sync(self) -> None:
@@ -755,4 +758,5 @@ class SegmentJournal:
             base = [(st, t) for st, t in runs if st <= self._first_index - 1][-1:]
             self._run_starts = [st for st, _ in base]
             self._run_terms = [t for _, t in base]
+            self._last_term = base[0][1] if base else 0
         self._write_seq = self._synced_seq = 0
