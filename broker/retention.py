@@ -105,14 +105,18 @@ def decide(
     dispatched_index: int,
     policy: RetentionPolicy,
     now_ms: int,
+    floor_index: int | None = None,
 ) -> Proposal | None:
     """What the leader proposes now, if anything: a cut right after the newest base the policy
-    allows (never past what this node has indexed), and a mark when no base lies in the active
-    segment yet (so the next boundary has a base right before it)."""
+    allows (never past what this node has indexed, nor past `floor_index`, the oldest entry
+    replicated state still points into), and a mark when no base lies in the active segment
+    yet (so the next boundary has a base right before it)."""
     if not segments:
         return None
     wanted, reason = wanted_first_index(segments, policy, now_ms)
     wanted = min(wanted, dispatched_index + 1)
+    if floor_index is not None:
+        wanted = min(wanted, floor_index)
     known = sorted(bases)
     fits = [b for b in known if cut_index <= b and b + 1 <= wanted]
     new_cut = fits[-1] + 1 if fits and fits[-1] + 1 > cut_index else 0

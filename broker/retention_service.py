@@ -155,6 +155,7 @@ class RetentionService:
             node.dispatcher.dispatched_index,
             self._policy,
             now_ms,
+            node.store.retention_floor(),
         )
         if proposal is None:
             return

@@ -135,10 +135,16 @@ def _queue_key(topic: str, queue_id: int) -> bytes:
 
 
 def apply_record(
-    txn: Any, t: Tables, raft_index: int, term: int, rec: RetentionRecord
+    txn: Any,
+    t: Tables,
+    raft_index: int,
+    term: int,
+    rec: RetentionRecord,
+    floor_index: int | None = None,
 ) -> CutApplied:
     """A RETENTION record at raft_index, on every replica alike: the cut (if it stands right
-    after a base this replica keeps and moves forward), then a new base as of raft_index."""
+    after a base this replica keeps, moves forward and does not pass `floor_index`, the oldest
+    entry replicated state still points into), then a new base as of raft_index."""
     current = cut_index(txn, t)
     cuts: list[QueueCut] = []
     loss: list[GroupLoss] = []
@@ -148,6 +154,8 @@ def apply_record(
         blob = txn.get(_U64.pack(rec.cut_index - 1), db=t.bases)
         if rec.cut_index > raft_index:
             refused = f"cut {rec.cut_index} lies after the record itself"
+        elif floor_index is not None and rec.cut_index > floor_index:
+            refused = f"entry {floor_index} is still referenced by replicated state"
         elif blob is None:
             refused = f"no base at {rec.cut_index - 1}"
         else:

@@ -221,7 +221,12 @@ class MessageStore:
                     if out.retention is not None:
                         cuts.append(
                             retention_store.apply_record(
-                                txn, self._retention, out.raft_index, out.term, out.retention
+                                txn,
+                                self._retention,
+                                out.raft_index,
+                                out.term,
+                                out.retention,
+                                self._retention_floor(txn),
                             )
                         )
                     index = out.raft_index
@@ -247,6 +252,18 @@ class MessageStore:
         """Entries below it are deleted by retention on every replica (0: no cut yet)."""
         with self._env.begin() as txn:
             return retention_store.cut_index(txn, self._retention)
+
+    def retention_floor(self) -> int | None:
+        with self._env.begin() as txn:
+            return self._retention_floor(txn)
+
+    def _retention_floor(self, txn: Any) -> int | None:
+        """The oldest raft index that replicated state other than the ConsumeQueue's own
+        batches still points into; retention never cuts past it (None: nothing does). Every
+        table whose rows name a journal entry must be consulted here: with delayed delivery and
+        transactions merged, the schedule's message refs, pending half messages and the rows of
+        delivered or committed messages whose bytes sit in an older entry ("loose" rows)."""
+        return None
 
     def base_indexes(self) -> list[int]:
         with self._env.begin() as txn:

@@ -120,6 +120,13 @@ def test_decide_never_cuts_what_it_must_keep(
             assert retention_ms > 0 and seg.mtime_ms < NOW - retention_ms
 
 
+def test_a_floor_holds_the_cut_back() -> None:
+    s = segs((1, 99, 5000), (100, 199, 3000), (200, 299, 0))
+    p = decide(s, [50, 150, 250], 0, 299, RetentionPolicy(2000, 0), NOW, floor_index=120)
+    assert p is not None and p.record.cut_index == 51
+    assert decide(s, [150, 250], 0, 299, RetentionPolicy(2000, 0), NOW, floor_index=120) is None
+
+
 def test_bases_to_keep_is_bounded_and_keeps_the_cut_base() -> None:
     assert bases_to_keep([5, 10, 20], 11) == [10, 20]
     many = list(range(100, 100 + 3 * MAX_BASES))
@@ -159,6 +166,23 @@ def feed(node: Node, topic: str = "t") -> None:
 
 def retention(cut: int) -> bytes:
     return encode_record(RetentionRecord(cut, Reason.TIME if cut else Reason.MARK, 7))
+
+
+def test_apply_refuses_a_cut_past_the_floor(tmp_path: Path) -> None:
+    from raftmq.broker import retention_store
+
+    n = Node(tmp_path / "s")
+    try:
+        feed(n)
+        mark = n.entry(retention(0)).raft_index
+        with n.store._env.begin(write=True) as txn:  # the store's own handles: a white-box check
+            applied = retention_store.apply_record(
+                txn, n.store._retention, mark + 1, 1, RetentionRecord(mark + 1, Reason.TIME, 0), 3
+            )
+            txn.abort()
+        assert "still referenced" in applied.refused and applied.cut_index == 0
+    finally:
+        n.store.close()
 
 
 def test_a_cut_is_the_same_on_every_replica_and_a_base_installs(tmp_path: Path) -> None:
