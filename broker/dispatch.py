@@ -9,6 +9,8 @@ from typing import Protocol
 
 from raftmq.broker import delivery
 from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.retention import RetentionRecord, is_retention_chunk
+from raftmq.broker.retention import decode_record as decode_retention
 from raftmq.broker.rows import (
     NO_TIME_MS,
     SCHEDULED_OFFSET,
@@ -92,6 +94,7 @@ class DispatchOutput:
     loose_rows: tuple[CQRow, ...] = ()
     schedule_puts: tuple[ScheduleEntry, ...] = ()
     schedule_deletes: tuple[ScheduleKey, ...] = ()
+    retention: RetentionRecord | None = None  # the store applies the cut and keeps a base
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -171,6 +174,7 @@ class _EntryWork:
         self.txn_rows: dict[str, TxnRow] = {}
         self.loose_rows: list[CQRow] = []
         self.schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
+        self.retention: RetentionRecord | None = None
 
     def set_head(self, head: QueueHead) -> None:
         self.heads[head.topic, head.queue_id] = head
@@ -274,6 +278,13 @@ class Dispatcher:
             if txns is not None and is_txn_chunk(chunk):
                 work.outcomes.append(txns.apply_record(work, entry.index, slot, chunk))
                 continue
+            if is_retention_chunk(chunk):
+                try:
+                    work.retention = decode_retention(chunk)
+                    work.outcomes.append(Applied(slot, Kind.RETENTION))
+                except MalformedBatchError as exc:
+                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                continue
             try:
                 record, offsets = decode_with_offsets(chunk)
             except MalformedBatchError as exc:
@@ -307,6 +318,7 @@ class Dispatcher:
             loose_rows=tuple(work.loose_rows),
             schedule_puts=tuple(ScheduleEntry(k, r) for k, r in work.schedule.items() if r),
             schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
+            retention=work.retention,
         )
 
     def _produce(

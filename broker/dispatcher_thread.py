@@ -14,8 +14,10 @@ from typing import Protocol
 
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from raftmq.broker.errors import DispatcherStoppedError, StoreWriteError
+from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
+from raftmq.raftlog.errors import CompactedError
 from raftmq.raftlog.record import Entry
 from raftmq.raftlog.storage_health import StorageHealth
 
@@ -85,6 +87,8 @@ class DispatcherThread:
         self._term = 0  # term of the last entry dispatched by this thread (0: none yet)
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
+        self._step_lock = threading.Lock()  # held per loop step: a snapshot install waits for it
+        self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -164,18 +168,41 @@ class DispatcherThread:
         poll_s = s.poll_timeout_ms / 1000
         try:
             while not self._stopping.is_set():
-                nxt = self._index + 1
-                if not self._log.wait_committed(nxt, poll_s):
-                    continue
-                entries = self._log.read_from(
-                    nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
-                )
-                if entries:
-                    self._dispatch_or_back_off(entries[: s.max_batch_entries])
+                with self._step_lock:
+                    nxt = self._index + 1
+                    if not self._log.wait_committed(nxt, poll_s):
+                        continue
+                    entries = self._log.read_from(
+                        nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
+                    )
+                    if entries:
+                        self._dispatch_or_back_off(entries[: s.max_batch_entries])
+        except CompactedError as exc:
+            log.critical(
+                "broker.dispatcher_behind_retention index=%d first_index=%d: this node's index "
+                "store is older than its journal, whose prefix retention deleted (an index store "
+                "deleted or lost since); stop the node and empty its data directory: it then "
+                "gets a snapshot from the leader",
+                self._index,
+                exc.first_index,
+            )
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
         except Exception as exc:
             log.exception("broker.dispatcher_failed index=%d", self._index)
             with self._cond:
                 self._failure = exc
+                self._cond.notify_all()
+
+    def install(self, replace: Callable[[], tuple[int, int]]) -> None:
+        """Run `replace` (a snapshot install: it swaps the store and the log and returns the
+        new dispatched index and its term) between two steps, then go on from there."""
+        with self._step_lock:
+            index, term = replace()
+            with self._cond:
+                self._index = index
+                self._term = max(self._term, term)
                 self._cond.notify_all()
 
     def _dispatch_or_back_off(self, entries: list[Entry]) -> None:
@@ -209,6 +236,8 @@ class DispatcherThread:
                         err.reason,
                     )
         self._store.apply(outputs)
+        for cut in self._store.cuts_applied:
+            log_cut(self._name.removeprefix("dispatch-"), cut)
         heads = {(h.topic, h.queue_id): h.next_offset for o in outputs for h in o.queue_heads}
         progress = DispatchProgress(outputs[-1].raft_index, tuple(outputs), heads)
         with self._cond:

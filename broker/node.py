@@ -32,16 +32,19 @@ from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
 from raftmq.broker.pull import PullProcessor
 from raftmq.broker.queries import QueryProcessor
+from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
 from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.send_back import SendBackProcessor
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageReader, MessageStore
+from raftmq.broker.time_query import TimeQueryProcessor
 from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import TxnSettings
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    DiskPressureError,
     InternalError,
     InvalidArgumentError,
     MessageTooLargeError,
@@ -145,12 +148,19 @@ class BrokerNode:
         )
         # Delayed delivery: the leader moves due messages to their queues (broker/delivery.py).
         self.delivery = DeliveryLoop(self, deliver_batch=settings.delay_deliver_batch)
+        self.time_queries = TimeQueryProcessor(self, self.topic_admin)
+        # Retention (broker/retention_service.py; built with the real log): why sends are
+        # refused right now (the disk guard), None while they are accepted.
+        self.retention: RetentionService | None = None
+        self.disk_pressure: str | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
         self.dispatcher.start()
         self.delivery.start()
+        if self.retention is not None:
+            self.retention.start()
 
     def close(self) -> None:
         """Hand leadership off (writers see no error), then stop the log, dispatcher, store."""
@@ -158,6 +168,8 @@ class BrokerNode:
             return
         self._closed = True
         self.delivery.stop()
+        if self.retention is not None:
+            self.retention.stop()
         self.rlog.close(transfer_leadership=True)
         self.dispatcher.stop()
         self.store.close()
@@ -280,6 +292,16 @@ class BrokerNode:
             return self.dispatcher.wait_term(term, timeout_s)
         except DispatcherStoppedError as exc:
             raise self.dispatcher_down(exc) from exc
+
+    def check_disk_pressure(self) -> None:
+        """Sends are refused while the disk guard says so (offsets and reads go on)."""
+        reason = self.disk_pressure
+        if reason is not None:
+            raise DiskPressureError(
+                f"node {self.me.node_id} of broker group {self.group} refuses sends: {reason}; "
+                "nothing was stored; retry later (retention frees space) or free disk space",
+                details={"node_id": self.me.node_id, "retry_after_ms": "1000"},
+            )
 
     def require_readable(self, allow_follower_read: bool) -> None:
         if self._closed:
@@ -471,4 +493,7 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     except BaseException:
         store.close()
         raise
-    return BrokerNode(settings, rlog, store, health=health)
+    node = BrokerNode(settings, rlog, store, health=health)
+    node.retention = RetentionService(node, rlog)
+    rlog.set_snapshot_store(BrokerSnapshots(node))
+    return node

@@ -147,6 +147,7 @@ class SendProcessor:
                 raise InvalidArgumentError(f"first_sequence {first_sequence} is negative")
             producer = ProducerSequence(producer_id, first_sequence)
         self._node.require_leader()
+        self._node.check_disk_pressure()
         cfg = self._topics.topic_for_write(topic)
         if not cfg.writable:
             raise PermissionDeniedError.for_topic(topic, "write", str(cfg.perm))

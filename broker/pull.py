@@ -24,10 +24,12 @@ from raftmq.broker.pull_plan import (
     keep_polling_after_empty_scan,
     pull_plan,
 )
+from raftmq.broker.retention import deleted_by_retention
 from raftmq.broker.rows import CQRow
 from raftmq.broker.store import RawPart
 from raftmq.broker.topics import TopicProcessor
 from raftmq.common.errors import (
+    DeletedByRetentionError,
     InternalError,
     InvalidArgumentError,
     InvalidFilterError,
@@ -210,6 +212,8 @@ class PullProcessor:
                 closing = yield WaitDispatched(step.index, step.wait_ms)
                 continue
             if isinstance(step, OutOfRange):
+                if deleted_by_retention(offset, low, store.cut_index):
+                    raise DeletedByRetentionError.for_offset(topic, queue_id, offset, low, high)
                 raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)
             if isinstance(step, NoNewMessage) or (
                 isinstance(step, WaitForMessage) and (node.closed or closing)

@@ -15,6 +15,7 @@ import grpc
 from raftmq.broker import requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.time_query import Cursor
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.raftlog.record import Role
@@ -186,6 +187,25 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return broker_pb2.QueryMessagesByKeyResponse(messages=[stored_to_pb(m) for m in found])
 
     @rpc_errors
+    def QueryMessagesByTime(
+        self, request: broker_pb2.QueryMessagesByTimeRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.QueryMessagesByTimeResponse:
+        page = self.node.time_queries.messages_by_time(
+            request.topic,
+            request.begin_timestamp_ms,
+            request.end_timestamp_ms,
+            request.max_count or 32,
+            Cursor(request.queue_id, request.queue_offset),
+        )
+        nxt = page.next
+        return broker_pb2.QueryMessagesByTimeResponse(
+            messages=[stored_to_pb(m) for m in page.messages],
+            more=nxt is not None,
+            next_queue_id=nxt.queue_id if nxt is not None else 0,
+            next_queue_offset=nxt.offset if nxt is not None else -1,
+        )
+
+    @rpc_errors
     def CreateTopic(
         self, request: broker_pb2.CreateTopicRequest, context: grpc.ServicerContext
     ) -> broker_pb2.CreateTopicResponse:
@@ -304,4 +324,8 @@ def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
         storage_error=storage.describe() if storage is not None else "",
         disk_full=storage is not None and storage.disk_full,
         config=settings_config(node),
+        first_index=st.first_index,
+        retention_cut_index=node.store.cut_index,
+        disk_pressure=node.disk_pressure or "",
+        journal_bytes=node.retention.journal_bytes() if node.retention is not None else 0,
     )

@@ -140,6 +140,33 @@ class BrokerSettings:
     store_map_size_bytes: int = setting(
         default=8 * GIB, unit="bytes", doc="lmdb map size of the indexes (sparse file)"
     )
+    retention_ms: int = setting(
+        default=72 * 3600 * 1000,
+        unit="ms",
+        doc="journal segments whose last write is older are deleted on every node (RocketMQ's "
+        "fileReservedTime, 72 h); 0 = no time limit",
+    )
+    retention_bytes: int = setting(
+        default=0,
+        unit="bytes",
+        doc="the oldest journal segments are deleted while the journal is larger; "
+        "0 = no size limit",
+    )
+    retention_check_interval_ms: int = setting(
+        default=10_000, unit="ms", doc="how often the leader checks retention and nodes trim"
+    )
+    max_store_bytes: int = setting(
+        default=0,
+        unit="bytes",
+        doc="sends are refused (DISK_PRESSURE) while this node's journal and indexes hold more; "
+        "they resume below 95% of it; 0 = no limit",
+    )
+    disk_max_used_ratio: float = setting(
+        default=0.90,
+        unit="ratio",
+        doc="sends are refused (DISK_PRESSURE) while the data disk is fuller (RocketMQ's "
+        "diskMaxUsedSpaceRatio); they resume below 95% of it; 1.0 = no limit",
+    )
     shutdown_grace_ms: int = setting(
         default=3_000, unit="ms", doc="on SIGTERM, in-flight calls get this long to finish"
     )
@@ -213,7 +240,12 @@ class BrokerSettings:
             "transaction_timeout_ms": self.transaction_timeout_ms,
             "transaction_check_interval_ms": self.transaction_check_interval_ms,
             "transaction_ended_retention_ms": self.transaction_ended_retention_ms,
+            "retention_check_interval_ms": self.retention_check_interval_ms,
         }
+        if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:
+            raise ValueError("retention_ms, retention_bytes and max_store_bytes must be >= 0")
+        if not 0.0 < self.disk_max_used_ratio <= 1.0:
+            raise ValueError("disk_max_used_ratio must be within (0, 1]")
         for key, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{key} must be > 0")

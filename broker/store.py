@@ -13,6 +13,7 @@ from typing import Any
 
 import lmdb
 
+from raftmq.broker import retention_store
 from raftmq.broker.dispatch import DispatchOutput
 from raftmq.broker.errors import (
     DispatchGapError,
@@ -159,7 +160,7 @@ class MessageStore:
         self._env = lmdb.open(
             str(self.path),
             map_size=map_size_bytes,
-            max_dbs=12,
+            max_dbs=32,  # room for the lifecycle's tables
             max_readers=max_readers,  # concurrent read transactions: one per reading thread
             sync=False,
             metasync=False,
@@ -177,6 +178,19 @@ class MessageStore:
         self._meta = db(b"meta")
         self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
         self._schedule = db(b"schedule")  # delayed messages by (due, location): schedule_store
+        # What retention must keep (see _retention_floor), by the raft index pointed into: rows
+        # of delivered, committed or moved messages whose bytes sit in an older entry (key:
+        # index + queue prefix + the row's offset), scheduled messages (index + schedule key)
+        # and open half messages (index + transaction id).
+        self._old_refs = db(b"old_refs")
+        self._sched_refs = db(b"schedule_refs")
+        self._half_refs = db(b"half_refs")
+        self._retention = retention_store.Tables(
+            self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
+            self._topics, self._batches, self._meta, db(b"retention_bases"),
+            (self._txns, self._schedule, self._old_refs, self._sched_refs, self._half_refs),
+        )  # fmt: skip
+        self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
             if fmt is None:
@@ -211,12 +225,24 @@ class MessageStore:
         if not batch:
             return
         index = self._dispatched_index
+        cuts: list[retention_store.CutApplied] = []
         try:
             with self._env.begin(write=True) as txn:
                 for out in batch:
                     if out.raft_index != index + 1:
                         raise DispatchGapError(index + 1, out.raft_index)
                     self._write(txn, out)
+                    if out.retention is not None:
+                        cuts.append(
+                            retention_store.apply_record(
+                                txn,
+                                self._retention,
+                                out.raft_index,
+                                out.term,
+                                out.retention,
+                                self._retention_floor(txn, out.retention.cut_index - 1),
+                            )
+                        )
                     index = out.raft_index
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
@@ -231,6 +257,85 @@ class MessageStore:
             # transaction left the store as it was.
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
+        self.cuts_applied = cuts
+
+    # ---- retention (retention_store.py holds the logic) ----------------------------------------
+
+    @property
+    def cut_index(self) -> int:
+        """Entries below it are deleted by retention on every replica (0: no cut yet)."""
+        with self._env.begin() as txn:
+            return retention_store.cut_index(txn, self._retention)
+
+    def retention_floor(self, base_index: int) -> int | None:
+        """The floor of a cut right after base_index (see _retention_floor)."""
+        with self._env.begin() as txn:
+            return self._retention_floor(txn, base_index, write=False)
+
+    def _retention_floor(self, txn: Any, base_index: int, write: bool = True) -> int | None:
+        """The oldest raft index that replicated state other than the ConsumeQueue's own
+        batches still points into after a cut right after base_index; retention never cuts past
+        it (None: nothing does). Scheduled messages and open half messages pin their entries.
+        So does a row of a delivered, committed or moved message whose bytes sit in an older
+        entry, if the row was written after the base (the cut moves each queue's min offset to
+        its next offset at the base, so a row written before it is cut with the rest) and is
+        still above its queue's min offset. The tables are replicated: every replica computes
+        the same floor at the same index. Dead rows are dropped on the way (in a write)."""
+        floors: list[int] = []
+        for db in (self._sched_refs, self._half_refs):
+            with txn.cursor(db=db) as cur:
+                if cur.first():
+                    floors.append(_U64.unpack_from(cur.key())[0])
+        with txn.cursor(db=self._old_refs) as cur:
+            more = cur.first()
+            for _ in range(10_000):  # past that, the row at hand is kept as the floor: safe
+                if not more:
+                    break
+                key = bytes(cur.key())
+                ref, last = _U64.unpack_from(key)[0], _U64.unpack_from(key, len(key) - 8)[0]
+                head = txn.get(key[8:-8], db=self._queues)
+                if head is not None and last < _QUEUE_VALUE.unpack(head)[1]:
+                    more = cur.delete() if write else cur.next()  # below the min offset: dead
+                    continue
+                if _U64.unpack(cur.value())[0] > base_index:
+                    floors.append(ref)
+                    break
+                more = cur.next()  # written before the base: the cut takes it away
+            else:
+                if more:
+                    floors.append(_U64.unpack_from(cur.key())[0])
+        return min(floors, default=None)
+
+    def base_indexes(self) -> list[int]:
+        with self._env.begin() as txn:
+            return retention_store.base_indexes(txn, self._retention)
+
+    def base(self, index: int) -> bytes | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_U64.pack(index), db=self._retention.bases)
+        return bytes(raw) if raw is not None else None
+
+    def install_base(self, blob: bytes) -> int:
+        """Replace the whole store with a base the leader sent (the dispatcher is paused)."""
+        with self._env.begin(write=True) as txn:
+            index = retention_store.install(txn, self._retention, blob, _META_INDEX)
+        self._dispatched_index = index
+        return index
+
+    def trim_step(self, max_rows: int) -> int:
+        """Delete up to max_rows index rows below the retention cut; 0 when none is left."""
+        with self._env.begin(write=True) as txn:
+            return retention_store.trim_step(txn, self._retention, max_rows)
+
+    def sync(self) -> None:
+        """Make every applied transaction durable (the store runs without fsync: retention
+        calls this before it deletes journal entries the store can no longer be rebuilt from)."""
+        self._env.sync(True)
+
+    def size_bytes(self) -> int:
+        """Bytes the lmdb file holds in use (pages up to the last one written)."""
+        info, stat = self._env.info(), self._env.stat()
+        return int((info["last_pgno"] + 1) * stat["psize"])
 
     def _write(self, txn: Any, out: DispatchOutput) -> None:
         put = txn.put
@@ -246,6 +351,10 @@ class MessageStore:
             ]
             with txn.cursor(db=self._cq) as cur:
                 cur.putmulti(items)
+            if index < out.raft_index:  # a commit or move: the bytes are in an older entry
+                last = first + len(b.body_sizes) - 1
+                put(pack_u64(index) + prefix + pack_u64(last), pack_u64(out.raft_index),
+                    db=self._old_refs)  # fmt: skip
             put(
                 _BATCH_KEY.pack(index, slot),
                 _BATCH_VALUE.pack(b.queue_id, first) + b.topic.encode("utf-8"),
@@ -278,16 +387,30 @@ class MessageStore:
                 db=self._producers,
             )
         for t_row in out.txn_rows:
+            tid = t_row.txn_id.encode("utf-8")
             if t_row.value is None:
-                txn.delete(t_row.txn_id.encode("utf-8"), db=self._txns)
+                txn.delete(tid, db=self._txns)
             else:
-                put(t_row.txn_id.encode("utf-8"), t_row.value, db=self._txns)
+                put(tid, t_row.value, db=self._txns)
+            if t_row.open_half_index is not None:
+                put(pack_u64(t_row.open_half_index) + tid, b"", db=self._half_refs)
+            elif t_row.ref_index:
+                txn.delete(pack_u64(t_row.ref_index) + tid, db=self._half_refs)
         if out.loose_rows:
             self._write_loose(txn, out.loose_rows)
+            for r in out.loose_rows:
+                if r.raft_index < out.raft_index:
+                    key = _queue_prefix(r.topic, r.queue_id) + pack_u64(r.queue_offset)
+                    put(pack_u64(r.raft_index) + key, pack_u64(out.raft_index), db=self._old_refs)
         for e in out.schedule_puts:
             put(pack_key(e.key), pack_ref(e.ref), db=self._schedule)
+            put(pack_u64(e.ref.raft_index) + pack_key(e.key), b"", db=self._sched_refs)
         for due in out.schedule_deletes:
-            txn.delete(pack_key(due), db=self._schedule)
+            ref = txn.pop(pack_key(due), db=self._schedule)
+            if ref is not None:
+                txn.delete(
+                    pack_u64(unpack_ref(ref).raft_index) + pack_key(due), db=self._sched_refs
+                )
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -471,7 +594,11 @@ class MessageStore:
                 if (begin_ms is not None and ts < begin_ms) or (end_ms is not None and ts > end_ms):
                     continue
                 queue_id = _U32.unpack_from(k, plen)[0]
-                hits.append(KeyHit(queue_id, _U64.unpack_from(k, plen + 4)[0], ts))
+                offset = _U64.unpack_from(k, plen + 4)[0]
+                head = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+                if head is not None and offset < _QUEUE_VALUE.unpack(head)[1]:
+                    continue  # deleted by retention (key rows are not swept)
+                hits.append(KeyHit(queue_id, offset, ts))
         return hits
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -525,8 +652,11 @@ class MessageStore:
             prefix = _queue_prefix(topic, queue_id)
             offset = (first + position) & _U64_MASK  # see _write_loose
             value = txn.get(prefix + _U64.pack(offset), db=self._cq)
+            head = txn.get(prefix, db=self._queues)
         if value is None:
             return None
+        if head is not None and offset < _QUEUE_VALUE.unpack(head)[1]:
+            return None  # deleted by retention, its row not trimmed yet
         index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
         if (index, row_slot, row_pos) != (raft_index, slot, position):
             return None  # the position is past the end of that batch

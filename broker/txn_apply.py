@@ -63,6 +63,10 @@ class TxnRow:
 
     txn_id: str
     value: bytes | None
+    # The raft index of the half message's bytes while the transaction is open (HALF), else
+    # None: retention must not cut an entry an open half still lives in (store.py).
+    open_half_index: int | None = None
+    ref_index: int = 0  # the half's raft index, whatever the state
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +284,12 @@ class TxnApplier:
                 else None
             ),
         }
-        work.txn_rows[txn_id] = TxnRow(txn_id, json.dumps(doc, separators=(",", ":")).encode())
+        work.txn_rows[txn_id] = TxnRow(
+            txn_id,
+            json.dumps(doc, separators=(",", ":")).encode(),
+            txn.ref.raft_index if txn.state is TxnState.HALF else None,
+            txn.ref.raft_index,
+        )
 
     def _forget(self, work: RowSink) -> None:
         for txn_id in self.book.take_forgotten():

@@ -5,7 +5,7 @@ broker group's leader (found through the NameServers)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -51,6 +51,33 @@ def check_queue_count(topic: str, queues: object) -> int:
             details={"argument": "queues", "topic": topic},
         )
     return queues
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    """One page of a query by time range; next_page_token "" = the last page."""
+
+    messages: list[ReceivedMessage]
+    next_page_token: str
+
+
+def _parse_page_token(token: str, groups: Sequence[str]) -> tuple[int, int, int]:
+    """(index of the broker group, queue id, offset) a page token names; "" = the start."""
+    if not token:
+        return 0, 0, -1
+    parts = token.split("/")
+    try:
+        group, queue_id, offset = parts[0], int(parts[1]), int(parts[2])
+    except (IndexError, ValueError):
+        raise InvalidArgumentError(
+            f"page token {token!r} is not one this query returned; start without one"
+        ) from None
+    if len(parts) != 3 or group not in groups or queue_id < 0 or offset < -1:
+        raise InvalidArgumentError(
+            f"page token {token!r} does not fit this topic's broker groups ({', '.join(groups)}); "
+            "start without one"
+        )
+    return list(groups).index(group), queue_id, offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,6 +598,72 @@ class Admin:
             )
             return SendResult(resp.msg_id, resp.topic, group_name, resp.queue_id, resp.queue_offset)
         raise MessageNotFoundError.for_id(msg_id)
+
+    @checked
+    def messages_by_time(
+        self,
+        topic: str,
+        begin_ms: int,
+        end_ms: int,
+        *,
+        page_size: int = 32,
+        page_token: str = "",
+    ) -> MessagePage:
+        """One page of the topic's messages stored within [begin_ms, end_ms] (ms since the
+        epoch, both inclusive), through each broker group's time index: broker group by group,
+        queue by queue, in offset order. Pass the page's next_page_token for the next page;
+        "" means the range is exhausted."""
+        validate_topic(topic)
+        if end_ms < begin_ms:
+            raise InvalidArgumentError(
+                f"the range ends ({end_ms}) before it begins ({begin_ms}): swap --from and --to"
+            )
+        if not 1 <= page_size <= 1024:
+            raise InvalidArgumentError(f"page size {page_size} must be within 1..1024")
+        groups = self._topic_groups(topic)
+        names = [n for n, _ in groups]
+        start, queue_id, offset = _parse_page_token(page_token, names)
+        for k in range(start, len(groups)):
+            name, g = groups[k]
+            request = broker_pb2.QueryMessagesByTimeRequest(
+                topic=topic,
+                begin_timestamp_ms=begin_ms,
+                end_timestamp_ms=end_ms,
+                max_count=page_size,
+                queue_id=queue_id,
+                queue_offset=offset,
+            )
+
+            def query(
+                s: broker_pb2_grpc.BrokerStub,
+                r: broker_pb2.QueryMessagesByTimeRequest = request,
+            ) -> broker_pb2.QueryMessagesByTimeResponse:
+                return s.QueryMessagesByTime(r, timeout=RPC_TIMEOUT_S)
+
+            resp = self._on_leader(g, query)
+            messages = [ReceivedMessage.from_pb(m) for m in resp.messages]
+            if resp.more:
+                token = f"{name}/{resp.next_queue_id}/{resp.next_queue_offset}"
+                return MessagePage(messages, token)
+            if messages or k + 1 == len(groups):
+                token = f"{names[k + 1]}/0/-1" if k + 1 < len(groups) else ""
+                return MessagePage(messages, token)
+            queue_id, offset = 0, -1  # nothing in this group: on to the next one
+        return MessagePage([], "")
+
+    def iter_messages_by_time(
+        self, topic: str, begin_ms: int, end_ms: int, page_size: int = 256
+    ) -> Iterator[ReceivedMessage]:
+        """Every message of messages_by_time's range, page after page."""
+        token = ""
+        while True:
+            page = self.messages_by_time(
+                topic, begin_ms, end_ms, page_size=page_size, page_token=token
+            )
+            yield from page.messages
+            token = page.next_page_token
+            if not token:
+                return
 
     @checked
     def messages_by_key(self, topic: str, key: str, max_count: int = 64) -> list[ReceivedMessage]:

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError, Message
 from raftmq.common.data_api import PAYLOADS, DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    DiskPressureError,
     InternalError,
     InvalidArgumentError,
     NotLeaderError,
@@ -49,7 +50,8 @@ def may_have_stored(err: RaftMQError) -> bool:
     connection, refused handshake, closed before sending: `was_never_sent`), or a node refused
     it as not the leader. A lost connection or a missing answer after the request was handed to
     the socket, and any other verdict of the server, may have reached the log."""
-    return not (was_never_sent(err) or isinstance(err, NotLeaderError))
+    # DISK_PRESSURE, like NOT_LEADER, is answered before anything is proposed.
+    return not (was_never_sent(err) or isinstance(err, (NotLeaderError, DiskPressureError)))
 
 
 class DataPool:

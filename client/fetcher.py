@@ -381,13 +381,24 @@ class QueueFetcher:
                 err.message,
             )
             return False
-        log.warning(
-            "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d (%s)",
-            self.queue,
-            offset,
-            new,
-            err.message,
-        )
+        if err.deleted_by_retention:
+            log.warning(
+                "consumer.deleted_by_retention queue=%s offset=%d lost_messages=%s reset_to=%d "
+                "(%s)",
+                self.queue,
+                offset,
+                err.details.get("lost_messages", "?"),
+                new,
+                err.message,
+            )
+        else:
+            log.warning(
+                "consumer.offset_out_of_range queue=%s offset=%d reset_to=%d (%s)",
+                self.queue,
+                offset,
+                new,
+                err.message,
+            )
         with self._lock:
             if self._epoch == epoch:
                 self._offset = new

@@ -102,6 +102,8 @@ class BrokerOffsets:
         low, high = self.bounds(q)
         if low <= offset <= high:
             return None
+        if offset < low:
+            return low  # deleted by retention: go on with the oldest message still stored
         return low if start_from is StartFrom.EARLIEST else high
 
     def commit(self, offsets: Mapping[QueueRef, int]) -> None:

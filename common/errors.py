@@ -155,6 +155,8 @@ class PermissionDeniedError(RaftMQError):
 class OffsetOutOfRangeError(RaftMQError):
     """An offset lies outside [min_offset, max_offset] of its queue."""
 
+    deleted_by_retention = False  # True on DeletedByRetentionError: below min, retention's doing
+
     @classmethod
     def for_offset(
         cls, topic: str, queue_id: int, offset: int, min_offset: int, max_offset: int
@@ -178,6 +180,37 @@ class OffsetOutOfRangeError(RaftMQError):
     @property
     def max_offset(self) -> int | None:
         return _int_detail(self.details, "max_offset")
+
+
+class DeletedByRetentionError(OffsetOutOfRangeError):
+    """The offset lies below the queue's min offset: retention deleted those messages. A
+    consumer catching it knows exactly how many it lost (`lost_messages`)."""
+
+    deleted_by_retention = True
+
+    @classmethod
+    def for_offset(
+        cls, topic: str, queue_id: int, offset: int, min_offset: int, max_offset: int
+    ) -> DeletedByRetentionError:
+        lost = min_offset - offset
+        return cls(
+            f"offset {offset} of {topic}/{queue_id} was deleted by retention: the queue now "
+            f"starts at {min_offset}, so {lost} messages were lost unconsumed; continue from "
+            f"{min_offset} (raise retention_ms or retention_bytes if consumers fall this far "
+            "behind)",
+            details={
+                "topic": topic,
+                "queue_id": str(queue_id),
+                "offset": str(offset),
+                "min_offset": str(min_offset),
+                "max_offset": str(max_offset),
+                "lost_messages": str(lost),
+            },
+        )
+
+    @property
+    def lost_messages(self) -> int | None:
+        return _int_detail(self.details, "lost_messages")
 
 
 class MessageNotFoundError(RaftMQError):
@@ -277,6 +310,11 @@ class ThrottledError(RaftMQError):
         return _int_detail(self.details, "retry_after_ms")
 
 
+class DiskPressureError(ThrottledError):
+    """The broker's disk passed its pressure threshold: sends are refused (nothing was stored)
+    until retention frees space; offsets and reads go on."""
+
+
 class OutcomeUnknownError(RaftMQError):
     """The write may or may not have been stored (leadership changed in flight).
 
@@ -328,6 +366,8 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(ThrottledError, _SC.RESOURCE_EXHAUSTED, "THROTTLED", _S, True),
     ErrorRow(OutcomeUnknownError, _SC.UNKNOWN, "OUTCOME_UNKNOWN", _S, False),
     ErrorRow(InternalError, _SC.INTERNAL, "INTERNAL", _S, False),
+    ErrorRow(DeletedByRetentionError, _SC.OUT_OF_RANGE, "DELETED_BY_RETENTION", _C, False),
+    ErrorRow(DiskPressureError, _SC.RESOURCE_EXHAUSTED, "DISK_PRESSURE", _S, True),
 )
 
 _BY_CLASS: dict[type[RaftMQError], ErrorRow] = {row.exc: row for row in ERROR_TABLE}

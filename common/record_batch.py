@@ -32,6 +32,7 @@ class Kind(enum.IntEnum):
     TXN_END = 20
     TXN_CHECK = 21
     TXN_MOVED = 22
+    RETENTION = 40  # broker/retention.py: a replicated retention cut (its own codec)
 
 
 class TopicOp(enum.IntEnum):

@@ -51,7 +51,7 @@ def _load(args: argparse.Namespace) -> cluster_spec.ClusterSpec:
 def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table:
     table = Table(title=title)
     columns = ["process", "group", "address", "pid", "raft role", "term", "leader", "commit"]
-    storage = any(r.storage_error for r in rows)
+    storage = any(r.storage_error or r.disk_pressure for r in rows)
     if storage:
         columns.append("disk")  # only when a node cannot write: the usual table stays narrow
     for col in columns:
@@ -74,6 +74,8 @@ def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table
             *(
                 [f"[bold red]{'FULL' if r.disk_full else 'ERROR'}[/] {r.storage_error}"]
                 if storage and r.storage_error
+                else [f"[bold yellow]PRESSURE[/] {r.disk_pressure}"]
+                if storage and r.disk_pressure
                 else [""] * storage
             ),
         )

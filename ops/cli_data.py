@@ -1,5 +1,5 @@
 """`raftmq` subcommands for data: topic create|list|route|delete, produce, consume,
-group lag|reset, message get. Each handler takes the parsed args (with `namesrv` from the
+group lag|reset, message get|list. Each handler takes the parsed args (with `namesrv` from the
 top-level parser) and returns an exit code; typed errors are printed by client/cli.py.
 """
 
@@ -448,6 +448,43 @@ def message_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def message_list(args: argparse.Namespace) -> int:
+    """A topic's messages stored within --from..--to, one page (or --all pages) as a table."""
+    begin_ms = parse_time_ms(args.from_time)
+    end_ms = parse_time_ms(args.to_time) if args.to_time else time.time_ns() // 1_000_000
+    token = args.page_token
+    shown = 0
+    with Admin(_namesrv(args)) as admin:
+        while True:
+            page = admin.messages_by_time(
+                args.topic, begin_ms, end_ms, page_size=args.page_size, page_token=token
+            )
+            table = Table(title=f"{args.topic}: stored {_fmt_ms(begin_ms)} .. {_fmt_ms(end_ms)}")
+            for col in ("stored", "msg id", "queue", "offset", "tags", "keys", "body"):
+                table.add_column(col)
+            for m in page.messages:
+                table.add_row(
+                    _fmt_ms(m.store_timestamp_ms),
+                    m.msg_id,
+                    f"{m.broker_group}#{m.queue_id}",
+                    str(m.queue_offset),
+                    m.tags or "",
+                    ",".join(m.keys),
+                    m.body[:40].decode("utf-8", "replace"),
+                )
+            if page.messages:
+                console.print(table)
+            shown += len(page.messages)
+            token = page.next_page_token
+            if not token or not args.all:
+                break
+    if token:
+        console.print(f"{shown} messages; next page: --page-token {token}")
+    else:
+        console.print(f"{shown} messages; no more in this range")
+    return 0
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -546,6 +583,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.add_argument("--key")
     p.add_argument("--topic", default=None, help="with --key")
     p.set_defaults(func=message_get)
+    p = msub.add_parser("list", help="a topic's messages stored within a time range, paged")
+    p.add_argument("--topic", required=True)
+    p.add_argument(
+        "--from",
+        dest="from_time",
+        required=True,
+        help="start, inclusive: ms since the epoch, an ISO time or a relative time like -10m",
+    )
+    p.add_argument("--to", dest="to_time", default="", help="end, inclusive (default: now)")
+    p.add_argument("--page-size", type=int, default=32, help="messages per page (1..1024)")
+    p.add_argument("--page-token", default="", help="continue where a page ended")
+    p.add_argument("--all", action="store_true", help="print every page, not only the first")
+    p.set_defaults(func=message_list)
 
     from raftmq.ops import cli_dlq  # here: it imports this module's helpers
 

@@ -68,6 +68,7 @@ class NodeStatus:
     commit_index: int
     storage_error: str = ""  # "" = the node's disk takes writes
     disk_full: bool = False
+    disk_pressure: str = ""  # why sends are refused (the disk guard); "" = accepted
 
 
 def role_available(module: str) -> bool:
@@ -218,6 +219,7 @@ def broker_status(name: str, group: str, address: str, pid: int = 0) -> NodeStat
         st.commit_index,
         st.storage_error,
         st.disk_full,
+        st.disk_pressure,
     )
 
 

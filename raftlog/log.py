@@ -29,10 +29,11 @@ from raftmq.raftlog.errors import (
     QueueFullError,
     RaftLogError,
 )
-from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("raftlog.log")
@@ -364,6 +365,26 @@ class ReplicatedLog:
                     return False
                 self._applied_cond.wait(left)
         return True
+
+    # ---- retention -------------------------------------------------------------------------------
+
+    def segments(self) -> list[SegmentInfo]:
+        """The journal's segments, oldest first (the last is the active one)."""
+        return self._journal.segments()
+
+    def delete_prefix(self, before_index: int) -> Future[int]:
+        """Delete whole segments whose entries all lie below before_index (never the active
+        one), on the Raft thread; resolves to the new first index. The caller decides what may
+        go: entries committed, applied and covered by a snapshot the state machine keeps."""
+        if before_index > self._applied + 1:
+            raise ValueError(
+                f"delete_prefix({before_index}) beyond the applied index {self._applied}"
+            )
+        return self._node.delete_prefix(before_index)
+
+    def set_snapshot_store(self, store: SnapshotStore | None) -> None:
+        """Where snapshots for followers behind retention come from and go to."""
+        self._node.set_snapshot_store(store)
 
     # ---- leadership and status -------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -42,6 +43,7 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
+from raftmq.raftlog.snapshot import MAX_SNAPSHOT_BYTES, SNAPSHOT_RESEND_S, Snapshot, SnapshotStore
 from raftmq.raftlog.storage_health import StorageHealth
 
 PINNED_VERSION = "0.3.17"
@@ -60,6 +62,10 @@ _MAX_APPLY_BYTES = 8 << 20  # entries read per apply step, so one tick never mat
 _MAX_APPLY_COUNT = 4096
 _MAX_SEND_COUNT = 4096
 _NEVER = 1 << 62
+_NOOP_COMMAND = bytes([1])
+_SNAPSHOT_MESSAGE = (
+    "rm_install_snapshot"  # pysyncobj's _COMMAND_TYPE.NO_OP as its journal stores it
+)
 EXIT_INVARIANT_VIOLATED = 70  # EX_SOFTWARE: a broken Raft invariant stopped the process
 
 _patch_lock = threading.Lock()
@@ -127,12 +133,20 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
         if not isinstance(item, int):
             raise TypeError("raftlog journal positions are ints; slices go through the overrides")
         j = self.journal
+        if item in (0, -1) and len(j) == 0 and j.has_base:
+            # Just after a snapshot install: pysyncobj reads its last index and term from the
+            # last entry; the base (first_index - 1) stands in for it until entries arrive.
+            base = j.first_index - 1
+            return (_NOOP_COMMAND, base, j.term_at(base))
         index = j.first_index + item if item >= 0 else j.last_index + 1 + item
         r = j.get(index)
         return (r.command, r.index, r.term)
 
     def __len__(self) -> int:
-        return len(self.journal)
+        # An empty journal with a base counts its base: pysyncobj appends a fresh no-op at
+        # index 1 to an empty journal when it starts.
+        n = len(self.journal)
+        return n if n or not self.journal.has_base else 1
 
     def _destroy(self) -> None:
         self.onOneSecondTimer()
@@ -271,6 +285,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_max_inflight = cfg.max_inflight_bytes_per_peer
         self._rm_send_bytes = cfg.batch_max_bytes * 2
         self._rm_warned_gap: set[str] = set()
+        self._rm_snapshots: SnapshotStore | None = None
+        self._rm_snapshot_sent: dict[str, float] = {}  # peer -> monotonic time of the last send
         self._rm_tick_calls: collections.deque[Callable[[], None]] = collections.deque(maxlen=64)
         super().__init__(cfg.node_id, list(cfg.peers), make_conf(cfg, journal))
         transport = self._SyncObj__transport
@@ -330,6 +346,23 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_tick_calls.append(lambda: self.transferLeadership(node=node_id, callback=cb))
         done.wait(timeout_s)
         return bool(result and result[0])
+
+    def set_snapshot_store(self, store: SnapshotStore | None) -> None:
+        self._rm_snapshots = store
+
+    def delete_prefix(self, before_index: int) -> Future[int]:
+        """Retention: delete whole journal segments below before_index, in the tick thread
+        (the journal's one writer). Resolves to the new first index."""
+        fut: Future[int] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(self._rm_journal.delete_prefix(before_index))
+            except Exception as exc:  # the caller logs it
+                fut.set_exception(exc)
+
+        self._rm_tick_calls.append(run)
+        return fut
 
     def request_transfer(self, node_id: str | None = None) -> None:
         """transfer_to without waiting for the answer (any thread)."""
@@ -410,6 +443,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries" and "prevLogIdx" in message and "transmission" not in message:
             self._rm_on_append_entries(node, message)
+        elif kind == _SNAPSHOT_MESSAGE:
+            self._rm_on_snapshot(node, message)
         elif kind == "next_node_idx" and self._SyncObj__raftState == _LEADER:
             self._rm_on_next_node_idx(node, message)
         else:
@@ -432,15 +467,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             conn = transport._connections.get(node)
             nxt = next_index[node]
             prev = nxt - 1
-            if prev < j.first_index:
-                if node.id not in self._rm_warned_gap:  # retention passed this follower's log end
-                    self._rm_warned_gap.add(node.id)
-                    log.error(
-                        "raft.follower_behind_retention peer=%s next_index=%d first_index=%d",
-                        node.id,
-                        nxt,
-                        j.first_index,
-                    )
+            if prev < j.first_index - 1 or (prev == j.first_index - 1 and not j.has_base):
+                # Retention passed this follower's log end: it gets a snapshot instead.
+                self._rm_send_snapshot(node, nxt, now)
                 continue
             heartbeat_due = True
             while True:
@@ -472,13 +501,61 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 if node not in connected or time.monotonic() - now > period:
                     break
 
+    def _rm_send_snapshot(self, node: Any, next_index: int, now: float) -> None:
+        """Leader: send the state machine's newest base to a follower behind retention, at most
+        every SNAPSHOT_RESEND_S (its answer moves next_index past the base)."""
+        j = self._rm_journal
+        if now - self._rm_snapshot_sent.get(node.id, 0.0) < SNAPSHOT_RESEND_S:
+            return
+        self._rm_snapshot_sent[node.id] = now
+        snap = self._rm_snapshots.snapshot_for(j.first_index) if self._rm_snapshots else None
+        if snap is None or snap.base_index < next_index - 1:
+            if node.id not in self._rm_warned_gap:
+                self._rm_warned_gap.add(node.id)
+                log.error(
+                    "raft.follower_behind_retention peer=%s next_index=%d first_index=%d "
+                    "action=none: no snapshot to send",
+                    node.id,
+                    next_index,
+                    j.first_index,
+                )
+            return
+        if len(snap.state) > MAX_SNAPSHOT_BYTES:
+            log.error(
+                "raft.snapshot_too_large peer=%s bytes=%d max=%d",
+                node.id,
+                len(snap.state),
+                MAX_SNAPSHOT_BYTES,
+            )
+            return
+        log.warning(
+            "raft.sending_snapshot peer=%s next_index=%d first_index=%d base_index=%d bytes=%d",
+            node.id,
+            next_index,
+            j.first_index,
+            snap.base_index,
+            len(snap.state),
+        )
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": _SNAPSHOT_MESSAGE,
+                "term": self._SyncObj__raftCurrentTerm,
+                "commit_index": self._SyncObj__raftCommitIndex,
+                "base_index": snap.base_index,
+                "base_term": snap.base_term,
+                "state": snap.state,
+            },
+        )
+
     # ---- our replication handlers ---------------------------------------------------------------
 
-    def _rm_on_append_entries(self, node: Any, msg: dict[str, Any]) -> None:
-        """Follower side of AppendEntries as the Raft paper has it: truncate only on conflict."""
+    def _rm_accept_leader(self, node: Any, msg: dict[str, Any]) -> bool:
+        """The prologue of a message from a leader: False for a deposed leader's; otherwise
+        this node follows `node` in the message's term."""
         term = msg["term"]
         if term < self._SyncObj__raftCurrentTerm:
-            return  # a deposed leader; it learns the new term from the new leader's traffic
+            return False  # a deposed leader; it learns the new term from the new leader's traffic
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__transferInProgress = False
         if not self._SyncObj__transferInProgress:
@@ -491,6 +568,44 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__setCurrentTerm(term, None)
         self._SyncObj__setState(_FOLLOWER)
+        return True
+
+    def _rm_on_snapshot(self, node: Any, msg: dict[str, Any]) -> None:
+        """Follower: install the leader's snapshot if this log ends before its base."""
+        if not self._rm_accept_leader(node, msg):
+            return
+        j = self._rm_journal
+        base_index, base_term = int(msg["base_index"]), int(msg["base_term"])
+        if j.last_index >= base_index or self._rm_snapshots is None:
+            if self._rm_snapshots is None:
+                log.error(
+                    "raft.snapshot_refused node=%s reason=no_snapshot_store", self._rm_cfg.node_id
+                )
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+            return
+        log.warning(
+            "raft.installing_snapshot node=%s last_index=%d base_index=%d bytes=%d",
+            self._rm_cfg.node_id,
+            j.last_index,
+            base_index,
+            len(msg["state"]),
+        )
+        snap = Snapshot(base_index, base_term, bytes(msg["state"]))
+        try:
+            self._rm_snapshots.install_snapshot(snap, lambda: j.reset(base_index + 1, base_term))
+        except OSError as exc:
+            self._rm_health.failed("snapshot", str(j.directory), exc, time.monotonic())
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
+            return
+        self._SyncObj__raftLastApplied = base_index
+        self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, base_index)
+        self._SyncObj__raftLog.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=base_index + 1, success=True)
+
+    def _rm_on_append_entries(self, node: Any, msg: dict[str, Any]) -> None:
+        """Follower side of AppendEntries as the Raft paper has it: truncate only on conflict."""
+        if not self._rm_accept_leader(node, msg):
+            return
         leader_commit = msg["commit_index"]
         self._SyncObj__leaderCommitIndex = leader_commit
 

@@ -27,7 +27,10 @@ class LogView(Protocol):
     @property
     def last_index(self) -> int: ...
 
-    def term_at(self, index: int) -> int: ...
+    def term_at(self, index: int) -> int:
+        """IndexError outside [first_index, last_index], except first_index - 1 when the log
+        keeps its base's term."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +100,17 @@ def follower_append(view: LogView, commit_index: int, msg: AppendRequest) -> App
             raise ValueError(
                 f"append_entries from prev_index {prev} carries index {index} at position {k}"
             )
-    if prev > last or prev < first:
+    if prev > last or prev < first - 1:
         # We lack prev (or retention removed it): the leader resumes from our end.
         return _reject(commit_index, last + 1)
-    if view.term_at(prev) != msg.prev_term:
+    try:
+        # prev == first - 1: the base a retention cut or a snapshot install left, if known.
+        our_prev_term = view.term_at(prev)
+    except IndexError:
+        return _reject(commit_index, last + 1)
+    if our_prev_term != msg.prev_term:
         if prev <= commit_index:
-            raise CommittedEntryConflictError(prev, commit_index, view.term_at(prev), msg.prev_term)
+            raise CommittedEntryConflictError(prev, commit_index, our_prev_term, msg.prev_term)
         # Skip our whole conflicting term run in one round trip instead of one entry per trip,
         # but never below what is committed here.
         return _reject(commit_index, max(first_index_of_term_run(view, prev), commit_index + 1))

@@ -11,6 +11,7 @@ import grpc
 
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    DiskPressureError,
     Fault,
     NotLeaderError,
     OutcomeUnknownError,
@@ -74,8 +75,8 @@ def may_have_stored(err: RaftMQError, rpc: grpc.RpcError | None) -> bool:
     (no route, no leader known: `rpc` is None), a node refused it as not the leader (raftlog
     fails a submission with NOT_LEADER only when it is surely not in the log), or the
     connection could not be made. Anything else may have reached the log."""
-    if rpc is None or isinstance(err, NotLeaderError):
-        return False
+    if rpc is None or isinstance(err, (NotLeaderError, DiskPressureError)):
+        return False  # DISK_PRESSURE is answered before anything is proposed
     if isinstance(err, BrokerUnavailableError):
         try:
             text = (rpc.details() or "").lower()

@@ -254,6 +254,34 @@ class QueryMessagesByKeyResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ...) -> None: ...
 
+class QueryMessagesByTimeRequest(_message.Message):
+    __slots__ = ("topic", "begin_timestamp_ms", "end_timestamp_ms", "max_count", "queue_id", "queue_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    END_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    begin_timestamp_ms: int
+    end_timestamp_ms: int
+    max_count: int
+    queue_id: int
+    queue_offset: int
+    def __init__(self, topic: _Optional[str] = ..., begin_timestamp_ms: _Optional[int] = ..., end_timestamp_ms: _Optional[int] = ..., max_count: _Optional[int] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ...) -> None: ...
+
+class QueryMessagesByTimeResponse(_message.Message):
+    __slots__ = ("messages", "more", "next_queue_id", "next_queue_offset")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]
+    more: bool
+    next_queue_id: int
+    next_queue_offset: int
+    def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ..., more: _Optional[bool] = ..., next_queue_id: _Optional[int] = ..., next_queue_offset: _Optional[int] = ...) -> None: ...
+
 class CreateTopicRequest(_message.Message):
     __slots__ = ("config",)
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -323,7 +351,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +374,10 @@ class BrokerStatus(_message.Message):
     STORAGE_ERROR_FIELD_NUMBER: _ClassVar[int]
     DISK_FULL_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -361,7 +393,11 @@ class BrokerStatus(_message.Message):
     storage_error: str
     disk_full: bool
     config: _containers.ScalarMap[str, str]
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    first_index: int
+    retention_cut_index: int
+    disk_pressure: str
+    journal_bytes: int
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ...) -> None: ...
 
 class LeadershipTransferRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")

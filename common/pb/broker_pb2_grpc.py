@@ -79,6 +79,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.QueryMessagesByKeyRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.QueryMessagesByKeyResponse.FromString,
                 _registered_method=True)
+        self.QueryMessagesByTime = channel.unary_unary(
+                '/raftmq.v1.Broker/QueryMessagesByTime',
+                request_serializer=raftmq_dot_broker__pb2.QueryMessagesByTimeRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.QueryMessagesByTimeResponse.FromString,
+                _registered_method=True)
         self.CreateTopic = channel.unary_unary(
                 '/raftmq.v1.Broker/CreateTopic',
                 request_serializer=raftmq_dot_broker__pb2.CreateTopicRequest.SerializeToString,
@@ -197,6 +202,13 @@ class BrokerServicer:
 
     def QueryMessagesByKey(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def QueryMessagesByTime(self, request, context):
+        """A topic's messages stored within a time range, through the time index, one page at a time.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -329,6 +341,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.QueryMessagesByKey,
                     request_deserializer=raftmq_dot_broker__pb2.QueryMessagesByKeyRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.QueryMessagesByKeyResponse.SerializeToString,
+            ),
+            'QueryMessagesByTime': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryMessagesByTime,
+                    request_deserializer=raftmq_dot_broker__pb2.QueryMessagesByTimeRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.QueryMessagesByTimeResponse.SerializeToString,
             ),
             'CreateTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopic,
@@ -634,6 +651,33 @@ class Broker:
             '/raftmq.v1.Broker/QueryMessagesByKey',
             raftmq_dot_broker__pb2.QueryMessagesByKeyRequest.SerializeToString,
             raftmq_dot_broker__pb2.QueryMessagesByKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryMessagesByTime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/QueryMessagesByTime',
+            raftmq_dot_broker__pb2.QueryMessagesByTimeRequest.SerializeToString,
+            raftmq_dot_broker__pb2.QueryMessagesByTimeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,10 @@ class BrokerStub:
         _broker_pb2.QueryMessagesByKeyRequest,
         _broker_pb2.QueryMessagesByKeyResponse,
     ]
+    QueryMessagesByTime: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.QueryMessagesByTimeRequest,
+        _broker_pb2.QueryMessagesByTimeResponse,
+    ]
     CreateTopic: grpc.UnaryUnaryMultiCallable[
         _broker_pb2.CreateTopicRequest,
         _broker_pb2.CreateTopicResponse,
@@ -140,6 +144,11 @@ class BrokerServicer:
         request: _broker_pb2.QueryMessagesByKeyRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.QueryMessagesByKeyResponse: ...
+    def QueryMessagesByTime(
+        self,
+        request: _broker_pb2.QueryMessagesByTimeRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.QueryMessagesByTimeResponse: ...
     def CreateTopic(
         self,
         request: _broker_pb2.CreateTopicRequest,

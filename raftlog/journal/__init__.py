@@ -7,7 +7,7 @@ recovery hold its parts. Nothing here imports the rest of raftmq but raftlog's e
 from __future__ import annotations
 
 from raftmq.raftlog.journal.format import HEADER_BYTES
-from raftmq.raftlog.journal.segment_journal import SegmentJournal
+from raftmq.raftlog.journal.segment_journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.journal.segments import (
     MAX_SEGMENT_RECORDS,
     index_name,
@@ -18,6 +18,7 @@ from raftmq.raftlog.journal.segments import (
 __all__ = [
     "HEADER_BYTES",
     "MAX_SEGMENT_RECORDS",
+    "SegmentInfo",
     "SegmentJournal",
     "index_name",
     "pending_index_name",

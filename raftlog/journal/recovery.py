@@ -240,7 +240,7 @@ class _Recovery:
         try:
             os.fdatasync(active.fd)
             os.fsync(self._dir_fd)
-            runs = runs_from(runs, kept[0].first)  # runs ending before it describe deleted records
+            runs = runs_from(self._with_base(runs, kept[0].first), kept[0].first - 1)
             encoded = encode_runs([s for s, _ in runs], [t for _, t in runs])
             if load_terms_bytes(self._dir) != encoded:
                 write_file_atomically(self._dir / TERMS_FILE, encoded)
@@ -249,6 +249,24 @@ class _Recovery:
             active.fd = -1
             raise
         return runs
+
+    def _with_base(self, runs: list[Run], first: int) -> list[Run]:
+        """The runs plus the stored run covering first - 1 (the base a retention cut or a
+        snapshot install left: its term is the next append's prevLogTerm), when the segments
+        alone do not name it (all of them rescanned, or none holds a record)."""
+        if first <= 1 or (runs and runs[0][0] <= first - 1):
+            return runs
+        data = load_terms_bytes(self._dir)
+        stored = decode_runs(data) if data is not None else None
+        below = [r for r in stored or [] if r[0] <= first - 1]
+        if not below:
+            return runs
+        base = below[-1]
+        if not runs:
+            return [base]
+        if base[1] == runs[0][1]:
+            return [(base[0], base[1]), *runs[1:]]
+        return [base, *runs] if base[1] < runs[0][1] else runs
 
     # ---- helpers -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import os
 import threading
 import zlib
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -47,6 +48,18 @@ from raftmq.raftlog.journal.term_runs import runs_from, write_terms
 from raftmq.raftlog.record import Record
 
 log = logging.getLogger("raftlog.journal")
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment as retention sees it."""
+
+    first_index: int
+    last_index: int  # first_index - 1 when empty
+    size_bytes: int
+    mtime_ms: int  # wall clock of the last write (RocketMQ ages CommitLog files the same way)
+    active: bool
+
 
 _RANGE_BATCH_RECORDS = 1024  # records located per idx read in read_range
 
@@ -127,6 +140,31 @@ class SegmentJournal:
         with self._lock:
             return self._last_index - self._first_index + 1
 
+    @property
+    def has_base(self) -> bool:
+        """The term of first_index - 1 is known (term_at answers for it)."""
+        with self._lock:
+            return bool(self._run_starts) and self._run_starts[0] < self._first_index
+
+    def segments(self) -> list[SegmentInfo]:
+        """The segments, oldest first (the last is the active one): what retention decides on.
+        The modification time is the file's (a stat per segment: call it from a timer)."""
+        with self._lock:
+            segs = [(s.first, s.path, s.count, s.size) for s in self._segments]
+            active = self._active
+        out: list[SegmentInfo] = []
+        for first, path, count, size in segs:
+            try:
+                mtime_ns = os.stat(path).st_mtime_ns
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            out.append(
+                SegmentInfo(
+                    first, first + count - 1, size, mtime_ns // 1_000_000, path == active.path
+                )
+            )
+        return out
+
     def __enter__(self) -> SegmentJournal:
         return self
 
@@ -156,7 +194,9 @@ class SegmentJournal:
         seg = self._active
         if seg.size and (seg.size + size > self._segment_bytes or seg.count >= MAX_SEGMENT_RECORDS):
             seg = self._roll(index)
-        new_run = term != self._last_term or not self._run_terms
+        # Compared with the last run, not _last_term: an empty journal may keep the run of its
+        # base (the entry before first_index, after retention or a snapshot install).
+        new_run = not self._run_terms or term != self._run_terms[-1]
         if new_run:
             # The terms file must name every run whose records may be on disk: write it first.
             write_terms(self._dir, [*self._run_starts, index], [*self._run_terms, term])
@@ -233,11 +273,13 @@ class SegmentJournal:
                 self._active = new_active
                 self._active_pos = positions
                 self._last_index = from_index - 1
-                # Runs starting at or after from_index go; all of them if the journal is now empty.
+                # Runs starting at or after from_index go; if the journal is now empty, all of
+                # them but its base's (the run covering first_index - 1, if one is known).
                 k = bisect.bisect_left(self._run_starts, from_index)
                 if from_index == self._first_index:
-                    k = 0
+                    k = bisect.bisect_left(self._run_starts, self._first_index)
                 del self._run_starts[k:], self._run_terms[k:]
+                # The last record's term, or (now empty) the base's: terms never go below it.
                 self._last_term = self._run_terms[-1] if self._run_terms else 0
                 self._cache.drop_from(from_index)
                 self._write_seq += 1
@@ -275,15 +317,16 @@ class SegmentJournal:
                     self._retire(seg)
                 first = self._firsts[0]
                 self._first_index = first
-                # Keep the run that covers the new first index; older runs describe nothing, and
-                # none do if everything went (an empty active segment is all that is left).
-                k = bisect.bisect_right(self._run_starts, first) - 1
-                if first > self._last_index:
-                    k = len(self._run_starts)
-                    self._last_term = 0
+                # Keep the run that covers the entry before the new first index (its term is the
+                # prevLogTerm of the next append the leader sends from there); older runs describe
+                # nothing, and none do if everything went (an empty active segment is all left).
+                k = max(0, bisect.bisect_right(self._run_starts, first - 1) - 1)
+                if first > self._last_index:  # everything went: only the base's run stays
                     self._cache.last_record = None
                 if k > 0:
                     del self._run_starts[:k], self._run_terms[:k]
+                if first > self._last_index:
+                    self._last_term = self._run_terms[0] if self._run_terms else 0
                 self._cache.drop_before(first)
                 starts, terms = list(self._run_starts), list(self._run_terms)
             for seg in doomed:  # oldest first: every intermediate state is a suffix of the log
@@ -293,8 +336,10 @@ class SegmentJournal:
                 write_terms(self._dir, starts, terms)
             return first
 
-    def reset(self, first_index: int) -> None:
-        """Drop everything; the journal becomes empty and the next append is first_index."""
+    def reset(self, first_index: int, prev_term: int = 0) -> None:
+        """Drop everything; the journal becomes empty and the next append is first_index.
+        `prev_term` (> 0) is the term of entry first_index - 1 (a snapshot's last entry): kept,
+        so term_at(first_index - 1) answers the leader's consistency check of its next append."""
         if first_index < 1:
             raise ValueError(f"reset to first_index {first_index}: indexes start at 1")
         with self._sync_lock:
@@ -318,12 +363,17 @@ class SegmentJournal:
             os.fsync(self._dir_fd)
             fresh = create_segment(self._dir, first_index)
             os.fsync(self._dir_fd)
-            write_terms(self._dir, [], [])
+            base = (
+                ([first_index - 1], [prev_term]) if prev_term > 0 and first_index > 1 else ([], [])
+            )
+            write_terms(self._dir, *base)
             with self._lock:
                 self._segments.append(fresh)
                 self._firsts.append(first_index)
                 self._active = fresh
                 self._active_pos = array("Q")
+                self._run_starts, self._run_terms = list(base[0]), list(base[1])
+                self._last_term = base[1][0] if base[1] else 0  # appends never go below it
                 self._synced_seq = self._write_seq
 
     def sync(self) -> None:
@@ -383,7 +433,12 @@ class SegmentJournal:
         with self._lock:
             if index == self._last_index and index >= self._first_index:
                 return self._last_term
-            if not self._first_index <= index <= self._last_index:
+            base = (
+                index == self._first_index - 1
+                and bool(self._run_starts)
+                and self._run_starts[0] <= index
+            )
+            if not (self._first_index <= index <= self._last_index or base):
                 raise IndexError(
                     f"index {index} outside the journal [{self._first_index}, {self._last_index}]"
                 )
@@ -685,7 +740,7 @@ class SegmentJournal:
         active.count = len(positions)
         self._first_index = segments[0].first
         self._last_index = active.first + active.count - 1
-        runs = runs_from(runs, self._first_index)  # earlier runs describe deleted records
+        runs = runs_from(runs, self._first_index - 1)  # earlier runs describe deleted records
         self._run_starts = [s for s, _ in runs]
         self._run_terms = [t for _, t in runs]
         self._last_term = 0
@@ -699,6 +754,9 @@ class SegmentJournal:
                 )
             self._cache.clear(last.index)  # the read above may have filled the LRU
             self._cache.seed(last)
-        else:
-            self._run_starts, self._run_terms = [], []
+        else:  # empty: only the base run (the term of first_index - 1), if one is known
+            base = [(st, t) for st, t in runs if st <= self._first_index - 1][-1:]
+            self._run_starts = [st for st, _ in base]
+            self._run_terms = [t for _, t in base]
+            self._last_term = base[0][1] if base else 0
         self._write_seq = self._synced_seq = 0

@@ -44,6 +44,7 @@ class JournalMachine(RuleBasedStateMachine):
         self.first = 1  # model: records[k] has index first + k
         self.records: list[Record] = []
         self.term_floor = 1
+        self.base_term: int | None = None  # the term of first - 1, once retention deleted it
 
     def _open(self) -> SegmentJournal:
         return SegmentJournal(
@@ -63,7 +64,8 @@ class JournalMachine(RuleBasedStateMachine):
         return self.first + len(self.records)
 
     def _append(self, size: int, seed: int, bump: int) -> None:
-        term = (self.records[-1].term if self.records else self.term_floor) + bump
+        floor = max(self.term_floor, self.base_term or 0)  # never below the base's term
+        term = (self.records[-1].term if self.records else floor) + bump
         rec = Record(self.next_index, term, random.Random(seed).randbytes(size))
         self.journal.append(rec.index, rec.term, rec.command)
         self.records.append(rec)
@@ -104,6 +106,7 @@ class JournalMachine(RuleBasedStateMachine):
         assert self.first <= new_first <= self.next_index
         if new_first > self.first:
             assert new_first <= before  # only records below before_index were deleted
+            self.base_term = self.records[new_first - self.first - 1].term
         del self.records[: new_first - self.first]
         self.first = new_first
 
@@ -112,6 +115,15 @@ class JournalMachine(RuleBasedStateMachine):
         first = data.draw(st.integers(1, self.next_index + 20), label="reset_to")
         self.journal.reset(first)
         self.first, self.records = first, []
+        self.base_term = None
+
+    @rule(data=st.data(), prev_term=st.integers(1, 5))
+    def reset_with_base(self, data: st.DataObject, prev_term: int) -> None:
+        """A snapshot install: empty, next index `first`, the term of first - 1 known."""
+        first = data.draw(st.integers(2, self.next_index + 20), label="install_at")
+        self.journal.reset(first, prev_term)
+        self.first, self.records = first, []
+        self.base_term = prev_term
 
     @rule()
     def sync(self) -> None:
@@ -195,6 +207,10 @@ class JournalMachine(RuleBasedStateMachine):
         for index in (below, self.next_index):
             with pytest.raises(IndexError):
                 self.journal.get(index)
+            if index == self.first - 1 and self.base_term is not None:
+                # The base's term stays known (the leader's next append checks against it).
+                assert self.journal.term_at(index) == self.base_term
+                continue
             with pytest.raises(IndexError):
                 self.journal.term_at(index)
 

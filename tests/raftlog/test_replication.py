@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +30,7 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
+from raftmq.raftlog.snapshot import Snapshot
 from raftmq.raftlog.storage_health import StorageHealth
 
 
@@ -401,6 +402,9 @@ class ShellStub:
     def _SyncObj__sendNextNodeIdx(self, node: object, **kw: object) -> None:
         self.sent.append(kw)
 
+    def _rm_accept_leader(self, node: object, msg: dict[str, object]) -> bool:
+        return bool(RaftNode._rm_accept_leader(self, node, msg))
+
 
 def wire(
     prev: int, prev_term: int, commit: int, entries: list[WireEntry], term: int
@@ -465,3 +469,41 @@ def test_shell_on_a_full_disk_keeps_what_it_wrote_and_backs_off(
         RaftNode._rm_on_append_entries(stub, "leader", wire(2, 1, 1, ents(3, [1, 1]), term=1))
         assert stub.sent[-1] == {"nextNodeIdx": 3, "reset": True}  # backing off: not tried
         assert j.last_index == 2
+
+
+class Snapshots:
+    """A SnapshotStore that records what it was asked to install."""
+
+    def __init__(self) -> None:
+        self.installed: list[Snapshot] = []
+
+    def snapshot_for(self, first_index: int) -> Snapshot | None:
+        return None
+
+    def install_snapshot(self, snapshot: Snapshot, reset_log: Callable[[], None]) -> None:
+        self.installed.append(snapshot)
+        reset_log()
+
+
+def test_shell_installs_a_snapshot_when_behind_its_base(tmp_path: Path) -> None:
+    with SegmentJournal(tmp_path / "j") as j:
+        for i in range(1, 6):
+            j.append(i, 1, b"x")
+        stub = ShellStub(j, commit_index=5, term=3)
+        snaps = Snapshots()
+        stub._rm_snapshots = snaps  # type: ignore[attr-defined]
+        stub._SyncObj__raftLastApplied = 5  # type: ignore[attr-defined]
+        msg = {"type": "rm_install_snapshot", "term": 3, "commit_index": 120,
+               "base_index": 100, "base_term": 2, "state": b"state"}  # fmt: skip
+        RaftNode._rm_on_snapshot(stub, "leader", msg)
+        assert [s.base_index for s in snaps.installed] == [100]
+        assert (j.first_index, j.last_index, j.term_at(100)) == (101, 100, 2)
+        assert stub.sent[-1] == {"nextNodeIdx": 101, "success": True}
+        assert stub._SyncObj__raftLastApplied == 100  # type: ignore[attr-defined]
+        assert stub._SyncObj__raftCommitIndex == 100
+        # The same snapshot again (its answer was lost): nothing installed twice.
+        RaftNode._rm_on_snapshot(stub, "leader", msg)
+        assert len(snaps.installed) == 1 and stub.sent[-1] == {"nextNodeIdx": 101, "reset": True}
+        # Entries from the base on are accepted: the check runs against the base's term.
+        RaftNode._rm_on_append_entries(stub, "leader", wire(100, 2, 101, [(b"c", 101, 3)], 3))
+        assert j.last_index == 101 and stub.sent[-1] == {"nextNodeIdx": 102, "success": True}
