@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.locks import apply_lock_change
+from raftmq.broker.queue_lock import Lease
 from raftmq.broker.rows import (
     NO_TIME_MS,
     Appended,
@@ -18,6 +20,7 @@ from raftmq.broker.rows import (
     CQRow,
     Duplicate,
     KeyRow,
+    LockRow,
     OffsetRow,
     ProducerRow,
     ProducerState,
@@ -36,6 +39,7 @@ from raftmq.common.record_batch import (
     Kind,
     MalformedBatchError,
     ProduceBatch,
+    QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
     TopicOp,
@@ -61,6 +65,8 @@ class DispatchState(Protocol):
 
     def topic(self, name: str) -> TopicConfig | None: ...
 
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchOutput:
@@ -77,6 +83,7 @@ class DispatchOutput:
     offset_rows: tuple[OffsetRow, ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
+    lock_rows: tuple[LockRow, ...] = ()  # final lease of each orderly queue touched
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -99,6 +106,7 @@ class PendingState:
         self._heads: dict[tuple[str, int], QueueHead] = {}
         self._producers: dict[tuple[str, str, int], ProducerState] = {}
         self._topics: dict[str, TopicConfig | None] = {}
+        self._leases: dict[tuple[str, str, int], Lease | None] = {}
 
     @property
     def dispatched_index(self) -> int:
@@ -119,6 +127,12 @@ class PendingState:
             return self._topics[name]
         return self._base.topic(name)
 
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        key = (group, topic, queue_id)
+        if key in self._leases:
+            return self._leases[key]
+        return self._base.queue_lease(group, topic, queue_id)
+
     def absorb(self, out: DispatchOutput) -> None:
         if out.raft_index != self._index + 1:
             raise DispatchGapError(self._index + 1, out.raft_index)
@@ -129,6 +143,8 @@ class PendingState:
             self._producers[p.producer_id, p.topic, p.queue_id] = p.state
         for t in out.topic_rows:
             self._topics[t.name] = t.config
+        for lock in out.lock_rows:
+            self._leases[lock.group, lock.topic, lock.queue_id] = lock.lease
 
 
 class _EntryWork:
@@ -143,6 +159,11 @@ class _EntryWork:
         self.offset_rows: list[OffsetRow] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
+        self.locks: dict[tuple[str, str, int], LockRow] = {}
+
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        row = self.locks.get((group, topic, queue_id))
+        return row.lease if row is not None else self.state.queue_lease(group, topic, queue_id)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead:
         head = self.heads.get((topic, queue_id)) or self.state.queue_head(topic, queue_id)
@@ -191,6 +212,8 @@ class Dispatcher:
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
+                elif isinstance(record, QueueLockChange):
+                    self._queue_lock(work, slot, record)
                 else:
                     self._topic_change(work, slot, record)
             except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
@@ -205,6 +228,7 @@ class Dispatcher:
             offset_rows=tuple(work.offset_rows),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
+            lock_rows=tuple(work.locks.values()),
         )
 
     def _produce(
@@ -311,6 +335,16 @@ class Dispatcher:
                 OffsetRow(rec.group, rec.topic, queue_id, rec.offsets[queue_id], reset=True)
             )
         work.outcomes.append(Applied(slot, Kind.RESET_OFFSETS, f"{len(rec.offsets)} queues"))
+
+    @staticmethod
+    def _queue_lock(work: _EntryWork, slot: int, rec: QueueLockChange) -> None:
+        validate_group(rec.group, allow_system=True)  # committed: apply what the log holds
+        validate_topic(rec.topic, allow_system=True)
+        result, rows = apply_lock_change(rec, work.queue_lease)
+        for row in rows:
+            work.locks[row.group, row.topic, row.queue_id] = row
+        detail = f"{len(result.granted)} granted, {len(result.refused)} refused"
+        work.outcomes.append(Applied(slot, Kind.QUEUE_LOCK, detail, result))
 
     @staticmethod
     def _topic_change(work: _EntryWork, slot: int, rec: TopicConfigChange) -> None:

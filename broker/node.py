@@ -23,6 +23,7 @@ from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.locks import LockProcessor
 from raftmq.broker.offsets import OffsetProcessor
 from raftmq.broker.outcomes import OutcomeBook
 from raftmq.broker.produce import SendProcessor
@@ -108,6 +109,7 @@ class BrokerNode:
         self.pulls = PullProcessor(self, self.topic_admin)
         self.offsets = OffsetProcessor(self, self.topic_admin)
         self.queries = QueryProcessor(self, self.topic_admin)
+        self.locks = LockProcessor(self)  # orderly consumers' queue locks (issue 16)
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()

@@ -8,6 +8,7 @@ status with an ErrorDetail, never as a traceback.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -16,6 +17,7 @@ from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
 from raftmq.common.errors import rpc_errors
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
 
 ROLE_TO_PB = {
@@ -49,6 +51,24 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.GetConsumerListRequest, context: grpc.ServicerContext
     ) -> broker_pb2.GetConsumerListResponse:
         return requests.consumer_list(self.node, request)
+
+    @rpc_errors
+    def LockQueues(
+        self, request: broker_pb2.LockQueuesRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.LockQueuesResponse:
+        result = self.node.locks.lock(
+            request.consumer_group, request.client_id, request.topic, list(request.queue_ids)
+        )
+        return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
+
+    @rpc_errors
+    def UnlockQueues(
+        self, request: broker_pb2.LockQueuesRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.LockQueuesResponse:
+        result = self.node.locks.unlock(
+            request.consumer_group, request.client_id, request.topic, list(request.queue_ids)
+        )
+        return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
 
     @rpc_errors
     def SendMessage(
@@ -175,6 +195,16 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             leader_node_id=leader.node_id if leader is not None else "",
             term=self.node.status().term,
         )
+
+
+def _lock_answer(
+    granted: Iterable[QueueRef], refused: Iterable[QueueRef], lease_ms: int
+) -> broker_pb2.LockQueuesResponse:
+    return broker_pb2.LockQueuesResponse(
+        granted=sorted(q.queue_id for q in granted),
+        refused=sorted(q.queue_id for q in refused),
+        lease_ms=lease_ms,
+    )
 
 
 def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:

@@ -20,6 +20,7 @@ from raftmq.broker.errors import (
     StoreFullError,
     StoreWriteError,
 )
+from raftmq.broker.queue_lock import Lease
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
 from raftmq.common.record_batch import (
@@ -171,6 +172,7 @@ class MessageStore:
         self._topics = db(b"topics")
         self._batches = db(b"batches")
         self._meta = db(b"meta")
+        self._locks = db(b"queue_locks")  # orderly queues' leases: key as offsets', u64 expiry
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
             if fmt is None:
@@ -271,6 +273,13 @@ class MessageStore:
                 _encode_producer(p.state),
                 db=self._producers,
             )
+        for lock in out.lock_rows:
+            key = _offset_key(lock.group, lock.topic, lock.queue_id)
+            if lock.lease is None:
+                txn.delete(key, db=self._locks)
+            else:
+                value = pack_u64(lock.lease.expires_ms) + lock.lease.client_id.encode("utf-8")
+                put(key, value, db=self._locks)
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -298,6 +307,13 @@ class MessageStore:
         with self._env.begin() as txn:
             raw = txn.get(key, db=self._topics)
         return _decode_topic(key, raw) if raw is not None else None
+
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_offset_key(group, topic, queue_id), db=self._locks)
+        if raw is None:
+            return None
+        return Lease(bytes(raw[8:]).decode("utf-8"), _U64.unpack_from(raw)[0])
 
     # ---- reads (any thread) ------------------------------------------------------------------
 

@@ -114,6 +114,7 @@ class Producer:
         route_refresh_ms: int = 30_000,
         max_io_threads: int = 32,
         sticky_messages: int = 32,
+        allow_system_topics: bool = False,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -130,6 +131,8 @@ class Producer:
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         validate_producer_id(self.producer_id)
         self.idempotent = idempotent
+        # The SDK's own producers (dead letters, traces) write system topics; users cannot.
+        self._allow_system = allow_system_topics
         self._timeout_s = send_timeout_ms / 1000
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -342,7 +345,7 @@ class Producer:
         )
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
-        validate_topic(topic)
+        validate_topic(topic, allow_system=self._allow_system)
         sharding_key, queue_selector, queue = (
             options.sharding_key,
             options.queue_selector,

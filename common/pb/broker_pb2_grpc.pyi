@@ -76,6 +76,14 @@ class BrokerStub:
         _broker_pb2.GetConsumerListRequest,
         _broker_pb2.GetConsumerListResponse,
     ]
+    LockQueues: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.LockQueuesRequest,
+        _broker_pb2.LockQueuesResponse,
+    ]
+    UnlockQueues: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.LockQueuesRequest,
+        _broker_pb2.LockQueuesResponse,
+    ]
 
 
 class BrokerServicer:
@@ -164,6 +172,16 @@ class BrokerServicer:
         request: _broker_pb2.GetConsumerListRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.GetConsumerListResponse: ...
+    def LockQueues(
+        self,
+        request: _broker_pb2.LockQueuesRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.LockQueuesResponse: ...
+    def UnlockQueues(
+        self,
+        request: _broker_pb2.LockQueuesRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.LockQueuesResponse: ...
 
 
 def add_BrokerServicer_to_server(
