@@ -44,7 +44,13 @@ from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
 from raftmq.common.errors import InvalidArgumentError, RaftMQError, from_rpc_error
 from raftmq.common.message import Message, StoredMessage
 from raftmq.common.pb import broker_pb2
-from raftmq.common.retry import PROPERTY_RECONSUME_TIME, RetryPolicy, send_back
+from raftmq.common.retry import (
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RECONSUME_TIME,
+    RetryPolicy,
+    send_back,
+)
+from raftmq.common.trace import MoveKind, MoveTrace
 from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer.orderly")
@@ -112,6 +118,7 @@ class OrderlyPushConsumer(PushConsumer):
         long_poll_ms: int = 2_000,
         client_id: str | None = None,
         on_dead_letter: DeadLetterCallback | None = None,
+        trace: bool = False,
     ) -> None:
         super().__init__(
             namesrv_addresses,
@@ -131,6 +138,7 @@ class OrderlyPushConsumer(PushConsumer):
             max_reconsume_times=max_reconsume_times,
             long_poll_ms=long_poll_ms,
             client_id=client_id,
+            trace=trace,
         )
         if suspend_ms < 0 or min(lock_renew_interval_ms, lock_live_ms, lock_retry_ms) < 1:
             raise InvalidArgumentError(
@@ -492,6 +500,19 @@ class OrderlyPushConsumer(PushConsumer):
                         exc.message)  # fmt: skip
             return None
         self.dead_letters += 1
+        if self._tracer is not None:
+            self._tracer.record(
+                MoveTrace(
+                    msg_id=stored.message.properties.get(PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id),
+                    timestamp_ms=time.time_ns() // 1_000_000,
+                    move=MoveKind.DEAD_LETTER,
+                    group=self.group,
+                    from_topic=m.topic,
+                    to_topic=decision.topic,
+                    reconsume_times=attempts,
+                    new_msg_id=result.msg_id,
+                )
+            )
         log.warning(
             "consumer.orderly_dead_lettered msg_id=%s queue=%s offset=%d attempts=%d dlq=%s "
             "dlq_msg_id=%s",

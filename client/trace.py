@@ -1,0 +1,374 @@
+"""Message trace in the SDK (RocketMQ's msgTrace, issue 16 item 4): the hooks that record send and
+consume traces, the background sender that ships them to RMQ_SYS_TRACE_TOPIC, and the reading
+side that turns a message's trace records into a time-stamped path.
+
+Off by default; `Producer(trace=True)` / `PushConsumer(trace=True)` turn it on per client. The
+records and the bounded batching buffer are common/trace.py's (pure). Recording never blocks and
+never raises into a send or a listener: a full buffer drops the record and counts it. One thread
+per traced client drains the buffer, in batches, through a producer of its own (system topic
+allowed, never traced itself), with at most `max_inflight` batches unanswered.
+
+A trace batch's keys are the message ids it traces, so `Admin.message_trace(id)` finds every
+batch naming a message through the broker's key index (one lookup per id).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeVar
+
+from raftmq.client.messages import ReceivedMessage, SendResult
+from raftmq.common.errors import RaftMQError
+from raftmq.common.pb import common_pb2
+from raftmq.common.retry import PROPERTY_ORIGIN_MESSAGE_ID, reconsume_times
+from raftmq.common.trace import (
+    TRACE_TOPIC,
+    ConsumeTrace,
+    EndTransactionTrace,
+    MoveTrace,
+    SendTrace,
+    TraceBatch,
+    TraceBuffer,
+    TraceRecord,
+)
+
+log = logging.getLogger("raftmq.trace")
+
+DEFAULT_MAX_INFLIGHT_BATCHES = 4
+CLOSE_FLUSH_S = 5.0
+IDLE_WAIT_S = 0.5  # the sender's longest sleep when nothing is buffered
+
+
+def _mono_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def default_client_id() -> str:
+    return f"{socket.gethostname()}@{os.getpid()}"
+
+
+class TraceSender:
+    """Buffers trace records and sends them to the trace topic from one background thread."""
+
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        *,
+        buffer: TraceBuffer | None = None,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT_BATCHES,
+        send_timeout_ms: int = 5_000,
+    ) -> None:
+        from raftmq.client.producer import Producer  # the producer module imports this one
+
+        self._buffer = buffer if buffer is not None else TraceBuffer()
+        self._max_inflight = max(1, max_inflight)
+        self._cond = threading.Condition()
+        self._inflight = 0
+        self._closed = False
+        self.sent_batches = 0
+        self.sent_records = 0
+        self.failed_batches = 0
+        # Non-idempotent and non-blocking: a trace batch is best effort, never worth a wait.
+        self._producer = Producer(
+            namesrv_addresses,
+            allow_system_topics=True,
+            idempotent=False,
+            send_timeout_ms=send_timeout_ms,
+            max_block_ms=0,
+            retries=3,
+        )
+        self._thread = threading.Thread(target=self._run, name="raftmq-trace", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        return self._buffer.dropped
+
+    def record(self, rec: TraceRecord) -> bool:
+        """Keep `rec` for the next batch: False (counted) when the buffer is full or closed."""
+        if self._closed:
+            return False
+        try:
+            with self._cond:
+                now = _mono_ms()
+                ok = self._buffer.add(rec, now)
+                if ok and self._buffer.ready(now):
+                    self._cond.notify()
+            return ok
+        except Exception:  # a trace must never fail what it traces
+            log.exception("trace.record_failed")
+            return False
+
+    def flush(self, timeout_s: float = CLOSE_FLUSH_S) -> bool:
+        """Send everything buffered now; True once it is answered (or dropped)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._flush_requested = True
+            self._cond.notify()
+            while len(self._buffer) or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout_s: float = CLOSE_FLUSH_S) -> None:
+        if self._closed:
+            return
+        self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        self._producer.close(timeout_s)
+        if self._buffer.dropped:
+            log.warning("trace.dropped records=%d (buffer full or oversized)", self._buffer.dropped)
+
+    # ---- the sender thread ----------------------------------------------------------------------
+
+    _flush_requested = False
+
+    def _next_batch(self) -> TraceBatch | None:
+        """Wait for a batch to send (None: closed)."""
+        with self._cond:
+            while not self._closed:
+                now = _mono_ms()
+                if self._inflight < self._max_inflight:
+                    batch = self._buffer.take(now, flush=self._flush_requested)
+                    if batch is not None:
+                        self._inflight += 1
+                        return batch
+                    self._flush_requested = False
+                deadline = self._buffer.next_deadline_ms()
+                wait_s = IDLE_WAIT_S if deadline is None else max(0.001, (deadline - now) / 1000)
+                self._cond.wait(min(wait_s, IDLE_WAIT_S))
+        return None
+
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                fut = self._producer.send_async(TRACE_TOPIC, batch.body, keys=batch.keys)
+            except RaftMQError as exc:
+                self._sent(batch, exc)
+                continue
+            fut.add_done_callback(functools.partial(self._batch_done, batch))
+
+    def _batch_done(self, batch: TraceBatch, fut: Future[SendResult]) -> None:
+        self._sent(batch, None if fut.cancelled() else fut.exception())
+
+    def _sent(self, batch: TraceBatch, exc: BaseException | None) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if exc is None:
+                self.sent_batches += 1
+                self.sent_records += batch.count
+            else:
+                self.failed_batches += 1
+            self._cond.notify_all()
+        if (exc is not None and self.failed_batches in (1, 10, 100)) or (
+            exc is not None and self.failed_batches % 1000 == 0
+        ):
+            log.warning("trace.batch_failed records=%d failed_batches=%d error=%s", batch.count,
+                        self.failed_batches, exc)  # fmt: skip
+
+
+# ---- the hooks -----------------------------------------------------------------------------------
+
+
+def on_send_done(
+    sender: TraceSender,
+    topic: str,
+    message: common_pb2.Message,
+    producer_group: str,
+    client_id: str,
+    started_wall_ms: int,
+    started_mono_ms: int,
+    fut: Future[SendResult],
+) -> None:
+    """A send's future completed: its SendTrace (a done callback: quick, never raises)."""
+    try:
+        exc = fut.exception() if not fut.cancelled() else None
+        result = fut.result() if exc is None and not fut.cancelled() else None
+        sender.record(
+            SendTrace(
+                msg_id=result.msg_id if result is not None else "",
+                timestamp_ms=started_wall_ms,
+                topic=topic,
+                producer_group=producer_group,
+                client_id=client_id,
+                keys=tuple(message.keys),
+                tags=message.tags or None,
+                broker_group=result.broker_group if result is not None else "",
+                queue_id=result.queue_id if result is not None else -1,
+                queue_offset=result.queue_offset if result is not None else -1,
+                cost_ms=_mono_ms() - started_mono_ms,
+                success=result is not None,
+            )
+        )
+    except Exception:
+        log.exception("trace.send_hook_failed")
+
+
+R = TypeVar("R")
+
+
+def traced_listener(
+    listener: Callable[[ReceivedMessage], R], sender: TraceSender, group: str, client_id: str
+) -> Callable[[ReceivedMessage], R]:
+    """`listener`, recording a ConsumeTrace of each call (its result or exception unchanged)."""
+
+    def call(m: ReceivedMessage) -> R:
+        wall, mono = _wall_ms(), _mono_ms()
+        status = "exception"
+        try:
+            result = listener(m)
+            name = getattr(result, "value", None)
+            status = "reconsume_later" if name == "reconsume_later" else "success"
+            return result
+        finally:
+            try:
+                sender.record(
+                    ConsumeTrace(
+                        msg_id=m.msg_id,
+                        timestamp_ms=wall,
+                        topic=m.topic,
+                        group=group,
+                        client_id=client_id,
+                        status=status,
+                        reconsume_times=max(m.reconsume_times, reconsume_times(m.properties)),
+                        cost_ms=_mono_ms() - mono,
+                        origin_msg_id=m.properties.get(PROPERTY_ORIGIN_MESSAGE_ID, ""),
+                        broker_group=m.broker_group,
+                        queue_id=m.queue_id,
+                        queue_offset=m.queue_offset,
+                    )
+                )
+            except Exception:
+                log.exception("trace.consume_hook_failed")
+
+    return call
+
+
+# ---- reading a trace -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """One row of `raftmq message trace`: when, what, where, and the rest."""
+
+    timestamp_ms: int
+    step: str  # send, store, consume, end-transaction, retry, dlq
+    msg_id: str
+    where: str  # broker group / queue / offset, or the topics of a move
+    who: str  # the producer or consumer group and client
+    status: str
+    cost_ms: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageTrace:
+    """A message's path as `Admin.message_trace` found it: its trace records (and its retry and
+    dead-letter copies'), time ordered, and the stored messages of the path still on a broker."""
+
+    msg_id: str
+    records: tuple[TraceRecord, ...]
+    stored: tuple[ReceivedMessage, ...] = ()
+
+    def steps(self) -> list[TraceStep]:
+        return trace_steps(self.records, self.stored)
+
+
+def trace_steps(
+    records: Iterable[TraceRecord], stored: Iterable[ReceivedMessage] = ()
+) -> list[TraceStep]:
+    """The rows of a message's path, time ordered; `stored` adds a store row per message the
+    broker still holds (its store time is the broker's, not a client's)."""
+    rows: list[TraceStep] = []
+    for r in records:
+        if isinstance(r, SendTrace):
+            rows.append(
+                TraceStep(
+                    r.timestamp_ms,
+                    "send",
+                    r.msg_id,
+                    f"{r.topic}@{r.broker_group}#{r.queue_id} offset {r.queue_offset}",
+                    f"{r.producer_group} ({r.client_id})",
+                    "ok" if r.success else "failed",
+                    r.cost_ms,
+                    f"keys={','.join(r.keys)} tags={r.tags or ''}".strip(),
+                )
+            )
+        elif isinstance(r, ConsumeTrace):
+            detail = f"reconsume {r.reconsume_times}"
+            if r.origin_msg_id:
+                detail += f", origin {r.origin_msg_id}"
+            rows.append(
+                TraceStep(
+                    r.timestamp_ms,
+                    "consume",
+                    r.msg_id,
+                    f"{r.topic}@{r.broker_group}#{r.queue_id} offset {r.queue_offset}",
+                    f"{r.group} ({r.client_id})",
+                    r.status,
+                    r.cost_ms,
+                    detail,
+                )
+            )
+        elif isinstance(r, EndTransactionTrace):
+            rows.append(
+                TraceStep(
+                    r.timestamp_ms,
+                    "end-transaction",
+                    r.msg_id,
+                    r.topic,
+                    r.producer_group,
+                    r.resolution,
+                    None,
+                    f"transaction {r.transaction_id}" + (" (check-back)" if r.from_check else ""),
+                )
+            )
+        elif isinstance(r, MoveTrace):
+            rows.append(
+                TraceStep(
+                    r.timestamp_ms,
+                    r.move.value,
+                    r.msg_id,
+                    f"{r.from_topic} -> {r.to_topic}",
+                    r.group,
+                    "moved",
+                    None,
+                    f"new id {r.new_msg_id}, delay {r.delay_ms} ms, reconsume {r.reconsume_times}",
+                )
+            )
+    for m in stored:
+        rows.append(
+            TraceStep(
+                m.store_timestamp_ms,
+                "store",
+                m.msg_id,
+                f"{m.topic}@{m.broker_group}#{m.queue_id} offset {m.queue_offset}",
+                m.broker_group,
+                "stored",
+                None,
+                f"born {m.born_host}",
+            )
+        )
+    order = {"send": 0, "store": 1, "end-transaction": 2, "consume": 3}
+    rows.sort(key=lambda s: (s.timestamp_ms, order.get(s.step, 4)))
+    return rows
