@@ -14,6 +14,7 @@ batch naming a message through the broker's key index (one lookup per id).
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -44,7 +45,8 @@ log = logging.getLogger("raftmq.trace")
 
 DEFAULT_MAX_INFLIGHT_BATCHES = 4
 CLOSE_FLUSH_S = 5.0
-IDLE_WAIT_S = 0.5  # the sender's longest sleep when nothing is buffered
+POLL_S = 0.05  # the trace thread drains what the hooks recorded at least this often
+WAKE_AT_INCOMING = 256  # or at once when this many are waiting
 
 
 def _mono_ms() -> int:
@@ -60,7 +62,12 @@ def default_client_id() -> str:
 
 
 class TraceSender:
-    """Buffers trace records and sends them to the trace topic from one background thread."""
+    """Buffers trace records and sends them to the trace topic from one background thread.
+
+    The hooks only append to `_incoming` (a deque append: no lock, no encoding), because they
+    run on the SDK's I/O thread (a send's completion) or a listener thread, which are a sender's
+    critical path; the trace thread turns what they left into records, encodes them into the
+    TraceBuffer and sends the batches."""
 
     def __init__(
         self,
@@ -73,10 +80,15 @@ class TraceSender:
         from raftmq.client.producer import Producer  # the producer module imports this one
 
         self._buffer = buffer if buffer is not None else TraceBuffer()
+        # Bounded like the buffer: together at most twice its records wait in memory.
+        self._incoming: collections.deque[TraceRecord | _SendDone] = collections.deque()
+        self._max_incoming = self._buffer.max_buffered
+        self._dropped_incoming = 0
         self._max_inflight = max(1, max_inflight)
         self._cond = threading.Condition()
         self._inflight = 0
         self._closed = False
+        self._flush_requested = False
         self.sent_batches = 0
         self.sent_records = 0
         self.failed_batches = 0
@@ -94,33 +106,35 @@ class TraceSender:
 
     @property
     def dropped(self) -> int:
-        return self._buffer.dropped
+        """Records lost to a full buffer (or larger than a batch): counted, never raised."""
+        return self._buffer.dropped + self._dropped_incoming
 
-    def record(self, rec: TraceRecord) -> bool:
-        """Keep `rec` for the next batch: False (counted) when the buffer is full or closed."""
+    def record(self, rec: TraceRecord | _SendDone) -> bool:
+        """Keep `rec` for the next batch: False (counted) when the buffer is full or closed.
+        Never blocks, never raises."""
         if self._closed:
             return False
-        try:
-            with self._cond:
-                now = _mono_ms()
-                ok = self._buffer.add(rec, now)
-                if ok and self._buffer.ready(now):
-                    self._cond.notify()
-            return ok
-        except Exception:  # a trace must never fail what it traces
-            log.exception("trace.record_failed")
+        if len(self._incoming) >= self._max_incoming:
+            self._dropped_incoming += 1  # racy by a few under contention: a statistic
             return False
+        self._incoming.append(rec)
+        if len(self._incoming) == WAKE_AT_INCOMING:  # a burst: drain before the next poll
+            with self._cond:
+                self._cond.notify()
+        return True
 
     def flush(self, timeout_s: float = CLOSE_FLUSH_S) -> bool:
-        """Send everything buffered now; True once it is answered (or dropped)."""
+        """Send everything recorded so far; True once it is answered (or dropped)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._flush_requested = True
             self._cond.notify()
-            while len(self._buffer) or self._inflight:
+            while self._incoming or len(self._buffer) or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
+                self._flush_requested = True
+                self._cond.notify()
                 self._cond.wait(min(left, 0.05))
         return True
 
@@ -133,18 +147,28 @@ class TraceSender:
             self._cond.notify_all()
         self._thread.join(timeout_s)
         self._producer.close(timeout_s)
-        if self._buffer.dropped:
-            log.warning("trace.dropped records=%d (buffer full or oversized)", self._buffer.dropped)
+        if self.dropped:
+            log.warning("trace.dropped records=%d (buffer full or oversized)", self.dropped)
 
     # ---- the sender thread ----------------------------------------------------------------------
 
-    _flush_requested = False
+    def _drain_incoming(self, now: int) -> None:
+        """Turn what the hooks left into encoded records in the buffer (caller holds _cond)."""
+        incoming = self._incoming
+        while incoming:
+            item = incoming.popleft()
+            try:
+                rec = item.record() if isinstance(item, _SendDone) else item
+                self._buffer.add(rec, now)
+            except Exception:  # a trace must never fail what it traces, nor stop the thread
+                log.exception("trace.record_failed")
 
     def _next_batch(self) -> TraceBatch | None:
         """Wait for a batch to send (None: closed)."""
         with self._cond:
             while not self._closed:
                 now = _mono_ms()
+                self._drain_incoming(now)
                 if self._inflight < self._max_inflight:
                     batch = self._buffer.take(now, flush=self._flush_requested)
                     if batch is not None:
@@ -152,8 +176,8 @@ class TraceSender:
                         return batch
                     self._flush_requested = False
                 deadline = self._buffer.next_deadline_ms()
-                wait_s = IDLE_WAIT_S if deadline is None else max(0.001, (deadline - now) / 1000)
-                self._cond.wait(min(wait_s, IDLE_WAIT_S))
+                wait_s = POLL_S if deadline is None else max(0.001, (deadline - now) / 1000)
+                self._cond.wait(min(wait_s, POLL_S))
         return None
 
     def _run(self) -> None:
@@ -190,6 +214,37 @@ class TraceSender:
 # ---- the hooks -----------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)  # not frozen: a frozen init costs a few us more on the I/O thread
+class _SendDone:
+    """What a send's completion leaves for the trace thread, which builds the SendTrace."""
+
+    topic: str
+    message: common_pb2.Message
+    producer_group: str
+    client_id: str
+    started_wall_ms: int
+    cost_ms: int
+    fut: Future[SendResult]
+
+    def record(self) -> SendTrace:
+        fut, message = self.fut, self.message
+        result = None if fut.cancelled() or fut.exception() is not None else fut.result()
+        return SendTrace(
+            msg_id=result.msg_id if result is not None else "",
+            timestamp_ms=self.started_wall_ms,
+            topic=self.topic,
+            producer_group=self.producer_group,
+            client_id=self.client_id,
+            keys=tuple(message.keys),
+            tags=message.tags or None,
+            broker_group=result.broker_group if result is not None else "",
+            queue_id=result.queue_id if result is not None else -1,
+            queue_offset=result.queue_offset if result is not None else -1,
+            cost_ms=self.cost_ms,
+            success=result is not None,
+        )
+
+
 def on_send_done(
     sender: TraceSender,
     topic: str,
@@ -200,28 +255,19 @@ def on_send_done(
     started_mono_ms: int,
     fut: Future[SendResult],
 ) -> None:
-    """A send's future completed: its SendTrace (a done callback: quick, never raises)."""
-    try:
-        exc = fut.exception() if not fut.cancelled() else None
-        result = fut.result() if exc is None and not fut.cancelled() else None
-        sender.record(
-            SendTrace(
-                msg_id=result.msg_id if result is not None else "",
-                timestamp_ms=started_wall_ms,
-                topic=topic,
-                producer_group=producer_group,
-                client_id=client_id,
-                keys=tuple(message.keys),
-                tags=message.tags or None,
-                broker_group=result.broker_group if result is not None else "",
-                queue_id=result.queue_id if result is not None else -1,
-                queue_offset=result.queue_offset if result is not None else -1,
-                cost_ms=_mono_ms() - started_mono_ms,
-                success=result is not None,
-            )
+    """A send's future completed (a done callback on the SDK's I/O thread): hand it to the
+    trace thread; nothing here encodes or takes a lock."""
+    sender.record(
+        _SendDone(
+            topic,
+            message,
+            producer_group,
+            client_id,
+            started_wall_ms,
+            _mono_ms() - started_mono_ms,
+            fut,
         )
-    except Exception:
-        log.exception("trace.send_hook_failed")
+    )
 
 
 R = TypeVar("R")
