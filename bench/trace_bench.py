@@ -4,7 +4,8 @@ records go to RMQ_SYS_TRACE_TOPIC on the same group), one without, taking turns 
 change in the machine's load hits both. Two senders: `sync` (one send() at a time: the rate is
 1 / latency) and `async` (send_async with up to --window sends in flight). Per mode and sender:
 the rate, and this process's CPU per message (the trace thread's work included). One JSON line per
-sender; appends to bench/results/trace.jsonl.
+sender; appends to bench/results/trace.jsonl. `rate_cost_median_pair_pct` compares each traced
+block with the untraced block next to it, and is the figure to read on a shared machine.
 
 Run: `PYTHONPATH=$PWD .venv/bin/python bench/trace_bench.py [--messages 4000] [--block 500]`
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import time
@@ -48,20 +50,27 @@ def _async_block(p: Producer, n: int, window: int) -> None:
 
 def _measure(
     producers: dict[str, Producer], block: Callable[[Producer, int], None], total: int, size: int
-) -> dict[str, tuple[float, float]]:
-    """name -> (messages per second, client CPU us per message), over alternating blocks."""
+) -> dict[str, tuple[float, float, list[float]]]:
+    """name -> (messages per second, client CPU us per message, rate of each block), over
+    alternating blocks (the order within a round alternates too)."""
     wall = dict.fromkeys(producers, 0.0)
     cpu = dict.fromkeys(producers, 0.0)
     done = dict.fromkeys(producers, 0)
+    rates: dict[str, list[float]] = {n: [] for n in producers}
+    names = list(producers)
     while min(done.values()) < total:
-        for name, p in producers.items():
+        for name in names:
+            p = producers[name]
             c0, t0 = time.process_time(), time.perf_counter()
             block(p, size)
             p.flush(30)
-            wall[name] += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            wall[name] += took
             cpu[name] += time.process_time() - c0
             done[name] += size
-    return {n: (done[n] / wall[n], cpu[n] / done[n] * 1e6) for n in producers}
+            rates[name].append(size / took)
+        names.reverse()
+    return {n: (done[n] / wall[n], cpu[n] / done[n] * 1e6, rates[n]) for n in producers}
 
 
 def main() -> int:
@@ -88,8 +97,13 @@ def main() -> int:
                 }
                 for mode, fn in modes.items():
                     got = _measure({"off": off, "on": on}, fn, args.messages, args.block)
-                    rate_off, cpu_off = got["off"]
-                    rate_on, cpu_on = got["on"]
+                    rate_off, cpu_off, blocks_off = got["off"]
+                    rate_on, cpu_on, blocks_on = got["on"]
+                    # Each "on" block against the "off" block next to it: robust to the load
+                    # of a shared machine moving between blocks.
+                    pairs = sorted(
+                        1 - on / off for on, off in zip(blocks_on, blocks_off, strict=True)
+                    )
                     tracer = on._tracer
                     line = {
                         "bench": "trace_overhead",
@@ -100,11 +114,13 @@ def main() -> int:
                         "rate_off_msg_s": round(rate_off),
                         "rate_on_msg_s": round(rate_on),
                         "rate_cost_pct": round(100 * (1 - rate_on / rate_off), 1),
+                        "rate_cost_median_pair_pct": round(100 * pairs[len(pairs) // 2], 1),
                         "client_cpu_us_off": round(cpu_off, 1),
                         "client_cpu_us_on": round(cpu_on, 1),
                         "trace_dropped": tracer.dropped if tracer is not None else 0,
                         "host": platform.node(),
-                        "cpus": __import__("os").cpu_count(),
+                        "cpus": os.cpu_count(),
+                        "load_avg_1m": round(os.getloadavg()[0], 1),
                         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     }
                     print(json.dumps(line))

@@ -13,7 +13,7 @@ import grpc
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
-from raftmq.client.trace import MessageTrace
+from raftmq.client.trace import MessageTrace, records_of_message
 from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -35,7 +35,6 @@ from raftmq.common.trace import (
     MalformedTraceError,
     MoveTrace,
     TraceRecord,
-    decode_batch,
     path_of,
 )
 from raftmq.common.types import QueueRef, check_offset
@@ -388,7 +387,7 @@ class Admin:
             looked.add(key)
             for m in self.messages_by_key(TRACE_TOPIC, key, max_count=64):
                 try:
-                    found.update(dict.fromkeys(decode_batch(m.body)))
+                    found.update(dict.fromkeys(records_of_message(m)))
                 except MalformedTraceError as exc:  # another writer's bytes: skip, say so
                     log.warning("admin.trace_record_skipped msg_id=%s error=%s", m.msg_id, exc)
             path = path_of(msg_id, found)

@@ -116,7 +116,7 @@ _ENUM_NAMES: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in fs if str(f.type) == "MoveKind") for cls, fs in _FIELDS.items()
 }
 # One encoder object (C accelerated): json.dumps with options builds a new one per call.
-_ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
 
 
 def encode_record(record: TraceRecord) -> bytes:
@@ -130,7 +130,7 @@ def encode_record(record: TraceRecord) -> bytes:
         value = body[name]
         assert isinstance(value, enum.Enum)
         body[name] = value.value
-    return _ENCODER.encode(body).encode("ascii")
+    return ENCODER.encode(body).encode("ascii")
 
 
 def _field_value(cls: type[Any], name: str, kind: str, value: object) -> object:
@@ -264,11 +264,18 @@ class TraceBuffer:
         if len(self._pending) >= self.max_buffered:
             self.dropped_full += 1
             return False
-        line = encode_record(record)
+        return self.add_encoded(record.msg_id, encode_record(record), now_ms)
+
+    def add_encoded(self, msg_id: str, line: bytes, now_ms: int) -> bool:
+        """`add` for a record its caller encoded itself (a hot path may skip building the
+        record object); `line` must be what encode_record gives for it."""
+        if len(self._pending) >= self.max_buffered:
+            self.dropped_full += 1
+            return False
         if len(line) > self.max_batch_bytes:
             self.dropped_oversize += 1
             return False
-        self._pending.append((now_ms, record.msg_id, line))
+        self._pending.append((now_ms, msg_id, line))
         self._bytes += len(line) + 1
         self.added += 1
         return True

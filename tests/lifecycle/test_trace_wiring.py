@@ -9,18 +9,27 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 
 from raftmq.client.admin import Admin
 from raftmq.client.consumer_orderly import DeadLetter, OrderlyPushConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
-from raftmq.client.messages import ReceivedMessage
+from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
-from raftmq.client.trace import TraceSender
-from raftmq.common.errors import InvalidMessageIdError, TraceNotFoundError
-from raftmq.common.trace import TRACE_TOPIC, ConsumeTrace, MoveTrace, SendTrace, TraceBuffer
+from raftmq.client.trace import TraceSender, _SendDone
+from raftmq.common.errors import InvalidMessageIdError, OutcomeUnknownError, TraceNotFoundError
+from raftmq.common.pb import common_pb2
+from raftmq.common.trace import (
+    TRACE_TOPIC,
+    ConsumeTrace,
+    MoveTrace,
+    SendTrace,
+    TraceBuffer,
+    encode_record,
+)
 from raftmq.ops.procs import child_env
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
@@ -183,3 +192,19 @@ def test_trace_is_off_by_default_and_never_fails_a_send(cluster: Cluster) -> Non
         sender.close()
     with Admin(cluster.namesrv) as admin:
         assert TRACE_TOPIC in admin.list_topics()
+
+
+def test_a_send_hook_line_is_the_records_encoding() -> None:
+    """The trace thread encodes a send without building its SendTrace: the bytes must be
+    encode_record's, for a stored send and a failed one."""
+    msg = common_pb2.Message(body=b"b", keys=["k1", "k2"], tags="T")
+    ok: Future[SendResult] = Future()
+    ok.set_result(SendResult("broker-a-" + "0" * 31 + "1", "t", "broker-a", 3, 77))
+    failed: Future[SendResult] = Future()
+    failed.set_exception(OutcomeUnknownError("maybe"))
+    for fut in (ok, failed):
+        done = _SendDone("t", msg, "p-1", "host@1", 1_700_000_000_000, 4, fut)
+        assert done.line() == encode_record(done.record())
+        assert done.msg_id() == done.record().msg_id
+    buf = TraceBuffer()
+    assert buf.add_encoded("x", b"{}", 0) and len(buf) == 1
