@@ -9,6 +9,8 @@ from typing import Protocol
 
 from raftmq.broker import delivery
 from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.locks import apply_lock_change
+from raftmq.broker.queue_lock import Lease
 from raftmq.broker.retention import RetentionRecord, is_retention_chunk
 from raftmq.broker.retention import decode_record as decode_retention
 from raftmq.broker.rows import (
@@ -22,6 +24,7 @@ from raftmq.broker.rows import (
     CQRow,
     Duplicate,
     KeyRow,
+    LockRow,
     OffsetRow,
     ProducerRow,
     ProducerState,
@@ -45,6 +48,7 @@ from raftmq.common.record_batch import (
     Kind,
     MalformedBatchError,
     ProduceBatch,
+    QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
     TopicOp,
@@ -71,6 +75,7 @@ class DispatchState(Protocol):
     def topic(self, name: str) -> TopicConfig | None: ...
 
     def schedule_ref(self, key: ScheduleKey) -> MessageRef | None: ...
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,7 @@ class DispatchOutput:
     schedule_puts: tuple[ScheduleEntry, ...] = ()
     schedule_deletes: tuple[ScheduleKey, ...] = ()
     retention: RetentionRecord | None = None  # the store applies the cut and keeps a base
+    lock_rows: tuple[LockRow, ...] = ()  # final lease of each orderly queue touched
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -118,6 +124,7 @@ class PendingState:
         self._producers: dict[tuple[str, str, int], ProducerState] = {}
         self._topics: dict[str, TopicConfig | None] = {}
         self._schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
+        self._leases: dict[tuple[str, str, int], Lease | None] = {}
 
     @property
     def dispatched_index(self) -> int:
@@ -143,6 +150,12 @@ class PendingState:
             return self._topics[name]
         return self._base.topic(name)
 
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        key = (group, topic, queue_id)
+        if key in self._leases:
+            return self._leases[key]
+        return self._base.queue_lease(group, topic, queue_id)
+
     def absorb(self, out: DispatchOutput) -> None:
         if out.raft_index != self._index + 1:
             raise DispatchGapError(self._index + 1, out.raft_index)
@@ -157,6 +170,8 @@ class PendingState:
             self._schedule[e.key] = e.ref
         for key in out.schedule_deletes:
             self._schedule[key] = None
+        for lock in out.lock_rows:
+            self._leases[lock.group, lock.topic, lock.queue_id] = lock.lease
 
 
 class _EntryWork:
@@ -175,6 +190,7 @@ class _EntryWork:
         self.loose_rows: list[CQRow] = []
         self.schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
         self.retention: RetentionRecord | None = None
+        self.locks: dict[tuple[str, str, int], LockRow] = {}
 
     def set_head(self, head: QueueHead) -> None:
         self.heads[head.topic, head.queue_id] = head
@@ -235,6 +251,10 @@ class _EntryWork:
 
     def put_topic(self, cfg: TopicConfig) -> None:
         self.topics[cfg.name] = TopicRow(cfg.name, cfg)
+
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        row = self.locks.get((group, topic, queue_id))
+        return row.lease if row is not None else self.state.queue_lease(group, topic, queue_id)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead:
         head = self.heads.get((topic, queue_id)) or self.state.queue_head(topic, queue_id)
@@ -300,6 +320,8 @@ class Dispatcher:
                 elif isinstance(record, Deliver):
                     counts = delivery.apply_deliver(work, record)
                     work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
+                elif isinstance(record, QueueLockChange):
+                    self._queue_lock(work, slot, record)
                 else:
                     self._topic_change(work, slot, record)
             except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
@@ -319,6 +341,7 @@ class Dispatcher:
             schedule_puts=tuple(ScheduleEntry(k, r) for k, r in work.schedule.items() if r),
             schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
             retention=work.retention,
+            lock_rows=tuple(work.locks.values()),
         )
 
     def _produce(
@@ -441,6 +464,16 @@ class Dispatcher:
                 OffsetRow(rec.group, rec.topic, queue_id, rec.offsets[queue_id], reset=True)
             )
         work.outcomes.append(Applied(slot, Kind.RESET_OFFSETS, f"{len(rec.offsets)} queues"))
+
+    @staticmethod
+    def _queue_lock(work: _EntryWork, slot: int, rec: QueueLockChange) -> None:
+        validate_group(rec.group, allow_system=True)  # committed: apply what the log holds
+        validate_topic(rec.topic, allow_system=True)
+        result, rows = apply_lock_change(rec, work.queue_lease)
+        for row in rows:
+            work.locks[row.group, row.topic, row.queue_id] = row
+        detail = f"{len(result.granted)} granted, {len(result.refused)} refused"
+        work.outcomes.append(Applied(slot, Kind.QUEUE_LOCK, detail, result))
 
     @staticmethod
     def _topic_change(work: _EntryWork, slot: int, rec: TopicConfigChange) -> None:

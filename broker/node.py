@@ -25,6 +25,7 @@ from raftmq.broker.delivery_loop import DeliveryLoop
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.locks import LockProcessor
 from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.offset_resets import ResetBook
 from raftmq.broker.offsets import OffsetProcessor
@@ -137,6 +138,7 @@ class BrokerNode:
         self.offsets = OffsetProcessor(self, self.topic_admin)
         self.queries = QueryProcessor(self, self.topic_admin)
         self.send_backs = SendBackProcessor(self)  # consumer retries and dead letters
+        self.locks = LockProcessor(self)  # orderly consumers' queue locks (issue 16)
         # Consumer membership (soft state): one table per node, whatever transport heartbeats.
         self.consumers = ConsumerRegistry()
         self.consumers_lock = threading.Lock()

@@ -60,6 +60,15 @@ class LockTable:
         if self.lease_ms <= 0:
             raise ValueError(f"lease_ms must be positive, got {self.lease_ms}")
 
+    def restore(self, group: str, queue: QueueRef, lease: Lease) -> None:
+        """Put back a lease kept elsewhere (the broker keeps leases in its store and builds a
+        table of just the queues an entry names)."""
+        self._leases[group, queue] = lease
+
+    def lease(self, group: str, queue: QueueRef) -> Lease | None:
+        """The lease on record, live or expired (None: never locked, unlocked or swept)."""
+        return self._leases.get((group, queue))
+
     def holder(self, group: str, queue: QueueRef, now_ms: int) -> str | None:
         lease = self._leases.get((group, queue))
         return lease.client_id if lease is not None and lease.live(now_ms) else None

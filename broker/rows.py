@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftmq.broker.queue_lock import Lease, LockResult
 from raftmq.common.record_batch import Kind
 from raftmq.common.topic_config import TopicConfig
 
@@ -219,12 +220,24 @@ class Rejected:
 
 
 @dataclass(frozen=True, slots=True)
+class LockRow:
+    """An orderly consumer queue's lease after an entry: held until `lease.expires_ms`, or
+    free (None: unlocked)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    lease: Lease | None
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     """A non-produce record took effect (or was a no-op, said in `detail`)."""
 
     slot: int
     kind: Kind
     detail: str = ""
+    locks: LockResult | None = None  # a queue lock record: what it granted and refused
 
 
 ChunkOutcome = Appended | Duplicate | Rejected | Applied | Scheduled

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -18,6 +19,7 @@ from raftmq.broker.node import BrokerNode
 from raftmq.broker.time_query import Cursor
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
 
 ROLE_TO_PB = {
@@ -81,6 +83,24 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             queue_id=outcome.queue_id,
             queue_offset=outcome.queue_offset,
         )
+
+    @rpc_errors
+    def LockQueues(
+        self, request: broker_pb2.LockQueuesRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.LockQueuesResponse:
+        result = self.node.locks.lock(
+            request.consumer_group, request.client_id, request.topic, list(request.queue_ids)
+        )
+        return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
+
+    @rpc_errors
+    def UnlockQueues(
+        self, request: broker_pb2.LockQueuesRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.LockQueuesResponse:
+        result = self.node.locks.unlock(
+            request.consumer_group, request.client_id, request.topic, list(request.queue_ids)
+        )
+        return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
 
     @rpc_errors
     def SendMessage(
@@ -295,6 +315,16 @@ def settings_config(node: BrokerNode) -> dict[str, str]:
             value = "***" if value else ""
         out[f.name] = getattr(value, "value", None) or str(value)
     return out
+
+
+def _lock_answer(
+    granted: Iterable[QueueRef], refused: Iterable[QueueRef], lease_ms: int
+) -> broker_pb2.LockQueuesResponse:
+    return broker_pb2.LockQueuesResponse(
+        granted=sorted(q.queue_id for q in granted),
+        refused=sorted(q.queue_id for q in refused),
+        lease_ms=lease_ms,
+    )
 
 
 def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:

@@ -21,6 +21,7 @@ from raftmq.broker.errors import (
     StoreFullError,
     StoreWriteError,
 )
+from raftmq.broker.queue_lock import Lease
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
@@ -176,6 +177,7 @@ class MessageStore:
         self._topics = db(b"topics")
         self._batches = db(b"batches")
         self._meta = db(b"meta")
+        self._locks = db(b"queue_locks")  # orderly queues' leases: key as offsets', u64 expiry
         self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
         self._schedule = db(b"schedule")  # delayed messages by (due, location): schedule_store
         # What retention must keep (see _retention_floor), by the raft index pointed into: rows
@@ -188,7 +190,8 @@ class MessageStore:
         self._retention = retention_store.Tables(
             self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
             self._topics, self._batches, self._meta, db(b"retention_bases"),
-            (self._txns, self._schedule, self._old_refs, self._sched_refs, self._half_refs),
+            (self._txns, self._schedule, self._old_refs, self._sched_refs, self._half_refs,
+             self._locks),
         )  # fmt: skip
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:
@@ -411,6 +414,13 @@ class MessageStore:
                 txn.delete(
                     pack_u64(unpack_ref(ref).raft_index) + pack_key(due), db=self._sched_refs
                 )
+        for lock in out.lock_rows:
+            key = _offset_key(lock.group, lock.topic, lock.queue_id)
+            if lock.lease is None:
+                txn.delete(key, db=self._locks)
+            else:
+                value = pack_u64(lock.lease.expires_ms) + lock.lease.client_id.encode("utf-8")
+                put(key, value, db=self._locks)
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -473,6 +483,13 @@ class MessageStore:
         with self._env.begin() as txn:
             raw = txn.get(key, db=self._topics)
         return _decode_topic(key, raw) if raw is not None else None
+
+    def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
+        with self._env.begin() as txn:
+            raw = txn.get(_offset_key(group, topic, queue_id), db=self._locks)
+        if raw is None:
+            return None
+        return Lease(bytes(raw[8:]).decode("utf-8"), _U64.unpack_from(raw)[0])
 
     # ---- reads (any thread) ------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ broker group's leader (found through the NameServers)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.client.trace import MessageTrace, records_of_message
 from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -26,12 +28,22 @@ from raftmq.common.errors import (
     NotLeaderError,
     RaftMQError,
     TopicNotFoundError,
+    TraceNotFoundError,
     from_rpc_error,
 )
 from raftmq.common.message import decode_msg_id, dlq_topic, validate_group, validate_topic
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
 from raftmq.common.topic_config import MAX_QUEUES_PER_TOPIC
+from raftmq.common.trace import (
+    TRACE_TOPIC,
+    MalformedTraceError,
+    MoveTrace,
+    TraceRecord,
+    path_of,
+)
 from raftmq.common.types import QueueRef, check_offset
+
+log = logging.getLogger("raftmq.admin")
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
@@ -664,6 +676,46 @@ class Admin:
             token = page.next_page_token
             if not token:
                 return
+
+    @checked
+    def message_trace(self, msg_id: str, *, max_lookups: int = 16) -> MessageTrace:
+        """The trace of a message sent or consumed with trace=True: every record naming it or its
+        retry and dead-letter copies, found through the key index of the trace topic (each
+        trace batch carries the ids it traces as keys: one key lookup per id on the path, at
+        most `max_lookups`), plus the stored copies (for the broker's store time).
+        TraceNotFoundError when no record names the message."""
+        decode_msg_id(msg_id)  # InvalidMessageIdError for something that is not an id
+        try:
+            self.route(TRACE_TOPIC)
+        except NoRouteError:
+            raise TraceNotFoundError.for_id(msg_id) from None  # nothing was ever traced
+        found: dict[TraceRecord, None] = {}
+        looked: set[str] = set()
+        todo = [msg_id]
+        while todo and len(looked) < max_lookups:
+            key = todo.pop(0)
+            looked.add(key)
+            for m in self.messages_by_key(TRACE_TOPIC, key, max_count=64):
+                try:
+                    found.update(dict.fromkeys(records_of_message(m)))
+                except MalformedTraceError as exc:  # another writer's bytes: skip, say so
+                    log.warning("admin.trace_record_skipped msg_id=%s error=%s", m.msg_id, exc)
+            path = path_of(msg_id, found)
+            ids = {r.msg_id for r in path} | {
+                r.new_msg_id for r in path if isinstance(r, MoveTrace) and r.new_msg_id
+            }
+            todo.extend(sorted(i for i in ids - looked if i and i not in todo))
+        path = path_of(msg_id, found)
+        if not path:
+            raise TraceNotFoundError.for_id(msg_id)
+        stored: list[ReceivedMessage] = []
+        copies = [r.new_msg_id for r in path if isinstance(r, MoveTrace)]
+        for i in dict.fromkeys(i for i in [*(r.msg_id for r in path), *copies] if i):
+            try:
+                stored.append(self.message_by_id(i))
+            except RaftMQError as exc:  # deleted by retention, or its group is away
+                log.info("admin.trace_store_unknown msg_id=%s error=%s", i, exc.message)
+        return MessageTrace(msg_id, tuple(path), tuple(stored))
 
     @checked
     def messages_by_key(self, topic: str, key: str, max_count: int = 64) -> list[ReceivedMessage]:

@@ -35,6 +35,7 @@ from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
 from raftmq.client.retry_back import SendBack, listener_view
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
+from raftmq.client.trace import TraceSender, traced_listener
 from raftmq.common.arguments import checked
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
@@ -108,6 +109,7 @@ class PushConsumer:
         offset_file: Path | None = None,
         client_id: str | None = None,
         on_stuck: StuckCallback | None = None,
+        trace: bool = False,
     ) -> None:
         validate_group(group)
         validate_topic(topic)
@@ -120,6 +122,10 @@ class PushConsumer:
         self.topic = topic
         self.client_id = client_id or f"{uuid.uuid4().hex[:12]}"
         self._listener = listener
+        # Message trace (issue 16): a ConsumeTrace per listener call, sent by client/trace.py.
+        self._tracer = TraceSender(namesrv_addresses) if trace else None
+        if self._tracer is not None:
+            self._listener = traced_listener(listener, self._tracer, group, self.client_id)
         self._model = message_model
         self._allocation = allocation
         self._start_from = start_from
@@ -185,6 +191,8 @@ class PushConsumer:
             self._executor.shutdown(wait=False)
             self._data.close()
             self._pool.close()
+            if self._tracer is not None:
+                self._tracer.close()
             raise
         if self._model is MessageModel.CLUSTERING:
             self._heartbeat()
@@ -213,6 +221,8 @@ class PushConsumer:
             log.warning("consumer.final_commit_failed error=%s", exc.message)
         if self._model is MessageModel.CLUSTERING:
             self._heartbeat(leaving=True)
+        if self._tracer is not None:
+            self._tracer.close()
         self._data.close()
         self._pool.close()
 

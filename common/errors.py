@@ -257,6 +257,19 @@ class TransactionConflictError(RaftMQError):
         )
 
 
+class TraceNotFoundError(RaftMQError):
+    """No trace record names this message id (not traced, not yet flushed, or expired)."""
+
+    @classmethod
+    def for_id(cls, msg_id: str) -> TraceNotFoundError:
+        return cls(
+            f"no trace of message {msg_id!r}: it was sent and consumed without trace=True, its "
+            "trace records are not flushed yet (they go out within a second), or they are older "
+            "than the trace topic's retention",
+            details={"msg_id": msg_id},
+        )
+
+
 # ---- the system's fault -------------------------------------------------------------------------
 
 
@@ -358,6 +371,7 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(InvalidDelayError, _SC.INVALID_ARGUMENT, "INVALID_DELAY", _C, False),
     ErrorRow(TransactionNotFoundError, _SC.NOT_FOUND, "TRANSACTION_NOT_FOUND", _C, False),
     ErrorRow(TransactionConflictError, _SC.FAILED_PRECONDITION, "TRANSACTION_CONFLICT", _C, False),
+    ErrorRow(TraceNotFoundError, _SC.NOT_FOUND, "TRACE_NOT_FOUND", _C, False),
     ErrorRow(NotLeaderError, _SC.UNAVAILABLE, "NOT_LEADER", _S, True),
     ErrorRow(NoRouteError, _SC.NOT_FOUND, "NO_ROUTE", _S, True),
     ErrorRow(BrokerUnavailableError, _SC.UNAVAILABLE, "BROKER_UNAVAILABLE", _S, True),

@@ -315,8 +315,14 @@ def validate_message(
             f"message has {len(msg.properties)} properties; the limit is "
             f"{limits.max_user_properties} (max_user_properties)"
         )
+    # A retry or dead-letter copy carries the reserved properties that say where it came from
+    # (common/retry.py send_back); only those system topics may, and only the SDK names them.
+    reserved_ok = allow_system_topic and msg.topic.startswith(
+        (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
+    )
     for name, value in msg.properties.items():
-        validate_property_name(name, limits)
+        if not (reserved_ok and name in SYSTEM_PROPERTY_NAMES):
+            validate_property_name(name, limits)
         if _has_control(value):
             raise InvalidMessageError(f"the value of property {name!r} contains control characters")
         user_bytes += _utf8_len(name) + _utf8_len(value)

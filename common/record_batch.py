@@ -33,6 +33,7 @@ class Kind(enum.IntEnum):
     TXN_CHECK = 21
     TXN_MOVED = 22
     RETENTION = 40  # broker/retention.py: a replicated retention cut (its own codec)
+    QUEUE_LOCK = 30  # orderly consumption: lock or unlock a consumer's queues (issue 16)
 
 
 class TopicOp(enum.IntEnum):
@@ -106,7 +107,28 @@ class TopicConfigChange:
     config: TopicConfig  # for DELETE only the name matters
 
 
-BrokerRecord = ProduceBatch | CommitOffset | ResetOffsets | TopicConfigChange | Deliver
+class QueueLockOp(enum.IntEnum):
+    LOCK = 1  # take free or expired queues, renew own ones (RocketMQ lockBatchMQ)
+    UNLOCK = 2  # let go of own queues (unlockBatchMQ)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLockChange:
+    """An orderly consumer's lock request for queues of one topic on this broker group. The
+    leader stamps the time and the lease, so every replica applies it alike."""
+
+    op: QueueLockOp
+    group: str
+    client_id: str
+    topic: str
+    queue_ids: tuple[int, ...]
+    timestamp_ms: int
+    lease_ms: int
+
+
+BrokerRecord = (
+    ProduceBatch | CommitOffset | ResetOffsets | TopicConfigChange | Deliver | QueueLockChange
+)
 Bytes = bytes | bytearray | memoryview  # decoders copy anything but bytes once, up front
 
 _U16 = struct.Struct("<H")
@@ -123,6 +145,8 @@ _QUEUE_OFFSET = struct.Struct("<IQ")
 _TOPIC_BODY = struct.Struct("<HHBB")
 _DELIVER_HEAD = struct.Struct("<QI")  # now ms, key count
 _DELIVER_KEY = struct.Struct("<QQII")  # due ms, raft index, slot, position
+# store timestamp, lease ms, queue count
+_LOCK_BODY = struct.Struct("<QII")
 
 # A frozen dataclass __init__ costs ~2.5 us (one object.__setattr__ per field); decoding 1000
 # messages would spend most of its time there. The decoder fills the slots through their
@@ -192,6 +216,17 @@ def encode(record: BrokerRecord) -> bytes:
                         _DELIVER_KEY.pack(k.due_ms, k.raft_index, k.slot, k.position)
                         for k in record.keys
                     ),
+                )
+            )
+        if isinstance(record, QueueLockChange):
+            return b"".join(
+                (
+                    struct.pack("<BBB", Kind.QUEUE_LOCK, VERSION, record.op),
+                    _short(record.group),
+                    _short(record.client_id),
+                    _short(record.topic),
+                    _LOCK_BODY.pack(record.timestamp_ms, record.lease_ms, len(record.queue_ids)),
+                    b"".join(_U32.pack(q) for q in record.queue_ids),
                 )
             )
     except struct.error as exc:
@@ -337,6 +372,17 @@ def decode(data: Bytes) -> BrokerRecord:
                 raise MalformedBatchError(f"deliver record declares {count} keys that do not fit")
             keys = tuple(DeliverKey(*k) for k in _DELIVER_KEY.iter_unpack(data[r.pos :]))
             return Deliver(now_ms, keys)
+        if kind == Kind.QUEUE_LOCK:
+            if len(data) < 3 or data[2] not in QueueLockOp._value2member_map_:
+                raise MalformedBatchError("queue lock with a missing or unknown operation")
+            r = _Reader(data, 3)
+            group, client_id, topic = r.short(), r.short(), r.short()
+            ts, lease, count = r.unpack(_LOCK_BODY)
+            if count * _U32.size != len(data) - r.pos:
+                raise MalformedBatchError(f"queue lock declares {count} queues that do not fit")
+            queue_ids = tuple(q for (q,) in _U32.iter_unpack(data[r.pos :]))
+            return QueueLockChange(QueueLockOp(data[2]), group, client_id, topic, queue_ids, ts,
+                                   lease)  # fmt: skip
     except UnicodeDecodeError as exc:
         raise MalformedBatchError(f"invalid utf-8 in a {_kind_name(kind)} record: {exc}") from exc
     except struct.error as exc:  # a safety net: lengths are checked before every unpack

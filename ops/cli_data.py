@@ -1,5 +1,5 @@
 """`raftmq` subcommands for data: topic create|list|route|delete, produce, consume,
-group lag|reset, message get|list. Each handler takes the parsed args (with `namesrv` from the
+group lag|reset, message get|list|trace. Each handler takes the parsed args (with `namesrv` from the
 top-level parser) and returns an exit code; typed errors are printed by client/cli.py.
 """
 
@@ -485,6 +485,29 @@ def message_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def message_trace(args: argparse.Namespace) -> int:
+    """A traced message's path (Admin.message_trace) as a time-stamped table."""
+    with Admin(_namesrv(args)) as admin:
+        trace = admin.message_trace(args.id)
+    steps = trace.steps()
+    table = Table(title=f"trace of {trace.msg_id}")
+    for col in ("time", "step", "msg id", "where", "who", "status", "cost ms", "detail"):
+        table.add_column(col)
+    for s in steps:
+        table.add_row(
+            _fmt_ms(s.timestamp_ms),
+            s.step,
+            s.msg_id,
+            s.where,
+            s.who,
+            s.status,
+            "" if s.cost_ms is None else str(s.cost_ms),
+            s.detail,
+        )
+    console.print(table)
+    return 0
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -583,6 +606,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.add_argument("--key")
     p.add_argument("--topic", default=None, help="with --key")
     p.set_defaults(func=message_get)
+    p = msub.add_parser(
+        "trace",
+        help="the path of a message sent or consumed with trace=True (send, store, consume)",
+    )
+    p.add_argument("--id", required=True, help="the message id a send returned")
+    p.set_defaults(func=message_trace)
     p = msub.add_parser("list", help="a topic's messages stored within a time range, paged")
     p.add_argument("--topic", required=True)
     p.add_argument(

@@ -10,6 +10,7 @@ offers one (client/data_pool.py), over gRPC otherwise.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import socket
@@ -27,6 +28,7 @@ from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
+from raftmq.client.trace import TraceSender, default_client_id, on_send_done
 from raftmq.common.arguments import checked
 from raftmq.common.delay import (
     DelayFor,
@@ -129,6 +131,8 @@ class Producer:
         max_io_threads: int = 32,
         sticky_messages: int = 32,
         delay_policy: DelayPolicy | None = None,
+        allow_system_topics: bool = False,
+        trace: bool = False,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -147,6 +151,8 @@ class Producer:
         self.idempotent = idempotent
         # The SDK's copy of the delay rules, to fail early; the broker's own are authoritative.
         self._delay_policy = delay_policy or DelayPolicy()
+        # The SDK's own producers (dead letters, traces) write system topics; users cannot.
+        self._allow_system = allow_system_topics
         self._timeout_s = send_timeout_ms / 1000
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -184,6 +190,9 @@ class Producer:
         self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
+        # Message trace (issue 16): off by default; records go out on a thread of their own.
+        self._tracer: TraceSender | None = TraceSender(namesrv_addresses) if trace else None
+        self._trace_client = default_client_id()
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -291,6 +300,7 @@ class Producer:
             om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
             pb = self._message(om.body, SendOptions(om.tags, om.keys, om.properties))
             pendings.append(Pending(pb, Future(), len(pb.body), False))
+            self._trace(topic, pb, pendings[-1].future)
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -308,6 +318,8 @@ class Producer:
             return
         self.flush(timeout_s)
         self._sender.close()
+        if self._tracer is not None:
+            self._tracer.close()  # after the sends: their traces are in its buffer
         self._data.close()
         self._callbacks.shutdown(wait=True)
         self._pool.close()
@@ -330,8 +342,16 @@ class Producer:
         fut: Future[SendResult] = Future()
         if callback is not None:
             fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
+        self._trace(topic, msg, fut)
         self._sender.enqueue(target, [Pending(msg, fut, len(msg.body), options.movable)])
         return fut
+
+    def _trace(self, topic: str, msg: common_pb2.Message, fut: Future[SendResult]) -> None:
+        if self._tracer is not None:
+            fut.add_done_callback(
+                functools.partial(on_send_done, self._tracer, topic, msg, self.producer_id,
+                                  self._trace_client, time.time_ns() // 1_000_000, monotonic_ms())
+            )  # fmt: skip
 
     def _on_callback_thread(
         self, fn: Callable[[Future[SendResult]], None]
@@ -413,7 +433,7 @@ class Producer:
         )
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
-        validate_topic(topic)
+        validate_topic(topic, allow_system=self._allow_system)
         sharding_key, queue_selector, queue = (
             options.sharding_key,
             options.queue_selector,

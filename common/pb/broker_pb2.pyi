@@ -32,6 +32,28 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class LockQueuesRequest(_message.Message):
+    __slots__ = ("consumer_group", "client_id", "topic", "queue_ids")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_IDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    client_id: str
+    topic: str
+    queue_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LockQueuesResponse(_message.Message):
+    __slots__ = ("granted", "refused", "lease_ms")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    granted: _containers.RepeatedScalarFieldContainer[int]
+    refused: _containers.RepeatedScalarFieldContainer[int]
+    lease_ms: int
+    def __init__(self, granted: _Optional[_Iterable[int]] = ..., refused: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
 class SendMessageRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "messages", "producer_id", "first_sequence", "timeout_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -144,6 +144,16 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.ResendDeadLetterRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.ResendDeadLetterResponse.FromString,
                 _registered_method=True)
+        self.LockQueues = channel.unary_unary(
+                '/raftmq.v1.Broker/LockQueues',
+                request_serializer=raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
+                _registered_method=True)
+        self.UnlockQueues = channel.unary_unary(
+                '/raftmq.v1.Broker/UnlockQueues',
+                request_serializer=raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -294,6 +304,20 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LockQueues(self, request, context):
+        """Orderly consumption (RocketMQ's lockBatchMQ / unlockBatchMQ): a consumer's lease on queues,
+        replicated through the Raft log so a new leader knows the holders (issue 16).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnlockQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -406,6 +430,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ResendDeadLetter,
                     request_deserializer=raftmq_dot_broker__pb2.ResendDeadLetterRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.ResendDeadLetterResponse.SerializeToString,
+            ),
+            'LockQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.LockQueues,
+                    request_deserializer=raftmq_dot_broker__pb2.LockQueuesRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.LockQueuesResponse.SerializeToString,
+            ),
+            'UnlockQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnlockQueues,
+                    request_deserializer=raftmq_dot_broker__pb2.LockQueuesRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.LockQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1002,6 +1036,60 @@ class Broker:
             '/raftmq.v1.Broker/ResendDeadLetter',
             raftmq_dot_broker__pb2.ResendDeadLetterRequest.SerializeToString,
             raftmq_dot_broker__pb2.ResendDeadLetterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LockQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/LockQueues',
+            raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
+            raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnlockQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/UnlockQueues',
+            raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
+            raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -96,6 +96,14 @@ class BrokerStub:
         _broker_pb2.ResendDeadLetterRequest,
         _broker_pb2.ResendDeadLetterResponse,
     ]
+    LockQueues: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.LockQueuesRequest,
+        _broker_pb2.LockQueuesResponse,
+    ]
+    UnlockQueues: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.LockQueuesRequest,
+        _broker_pb2.LockQueuesResponse,
+    ]
 
 
 class BrokerServicer:
@@ -209,6 +217,16 @@ class BrokerServicer:
         request: _broker_pb2.ResendDeadLetterRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.ResendDeadLetterResponse: ...
+    def LockQueues(
+        self,
+        request: _broker_pb2.LockQueuesRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.LockQueuesResponse: ...
+    def UnlockQueues(
+        self,
+        request: _broker_pb2.LockQueuesRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.LockQueuesResponse: ...
 
 
 def add_BrokerServicer_to_server(
