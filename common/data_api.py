@@ -22,6 +22,8 @@ class DataMethod(enum.IntEnum):
     GET_QUEUE_BOUNDS = 5
     SEARCH_OFFSET_BY_TIMESTAMP = 6
     HEARTBEAT = 7
+    # The fast data path (issue 14): the ready batches of all a leader's queues in one frame.
+    SEND_BATCHES = 50
 
 
 # method -> (request type, response type)
@@ -39,4 +41,5 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
         broker_pb2.SearchOffsetByTimestampResponse,
     ),
     DataMethod.HEARTBEAT: (broker_pb2.HeartbeatRequest, broker_pb2.HeartbeatResponse),
+    DataMethod.SEND_BATCHES: (broker_pb2.SendBatchesRequest, broker_pb2.SendBatchesResponse),
 }

@@ -2,10 +2,10 @@
 sequence per queue, retries on the new leader and avoidance of broker groups that just failed.
 
 This module is the facade: it checks arguments, builds messages and chooses each message's
-queue; sender.py buffers, sends and retries (one request per queue in flight, a retried request
-keeps its queue and sequences), by the pure rule in retry.py. No network call happens here
-except the route look-ups of queue choice. Sends go over the framed data path where the leader
-offers one (client/data_pool.py), over gRPC otherwise.
+queue; sender.py buffers, sends and retries (up to max_inflight_per_queue batches per queue in
+flight, a retried batch keeps its queue and sequences), by the pure rule in retry.py. No
+network call happens here except the route look-ups of queue choice. Sends go over the framed
+data path where the leader offers one (client/data_pool.py), over gRPC otherwise.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ class Producer:
         route_refresh_ms: int = 30_000,
         max_io_threads: int = 32,
         sticky_messages: int = 32,
+        max_inflight_per_queue: int = 5,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -123,6 +124,8 @@ class Producer:
             )
         if request_timeout_ms <= 0:
             raise InvalidArgumentError("request_timeout_ms must be > 0")
+        if not 1 <= max_inflight_per_queue <= 5:
+            raise InvalidArgumentError("max_inflight_per_queue must be within 1..5")
         if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
             raise InvalidArgumentError(
                 "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
@@ -159,6 +162,10 @@ class Producer:
             batch_max_bytes=batch_max_bytes,
             max_buffered_messages=max_buffered_messages,
             max_buffered_bytes=max_buffered_bytes,
+            # Several batches per queue keep their order only through the broker's sequence
+            # check, which needs the idempotent producer (Kafka's rule too).
+            max_inflight_per_queue=max_inflight_per_queue if idempotent else 1,
+            seal_on_send=True,
         )
         self._sender = Sender(config, accumulator, self.routes, self._pool, self._data)
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).

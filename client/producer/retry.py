@@ -14,6 +14,7 @@ from raftmq.common.errors import (
     Fault,
     NotLeaderError,
     OutcomeUnknownError,
+    OutOfOrderSequenceError,
     RaftMQError,
 )
 
@@ -46,7 +47,9 @@ def after_failure(
     if not retryable or attempts >= max_attempts or time_left_s <= 0:
         return Next.FAIL
     hinted = isinstance(err, NotLeaderError) and bool(err.leader_hint)
-    if movable and not maybe_stored and not hinted:
+    # Out of order: an earlier batch of the queue is in flight; it stays behind that one.
+    stay = hinted or isinstance(err, OutOfOrderSequenceError)
+    if movable and not maybe_stored and not stay:
         return Next.MOVE
     return Next.RETRY
 
@@ -74,7 +77,7 @@ def may_have_stored(err: RaftMQError, rpc: grpc.RpcError | None) -> bool:
     (no route, no leader known: `rpc` is None), a node refused it as not the leader (raftlog
     fails a submission with NOT_LEADER only when it is surely not in the log), or the
     connection could not be made. Anything else may have reached the log."""
-    if rpc is None or isinstance(err, NotLeaderError):
+    if rpc is None or isinstance(err, (NotLeaderError, OutOfOrderSequenceError)):
         return False
     if isinstance(err, BrokerUnavailableError):
         try:

@@ -51,6 +51,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_NOT_FOUND: _ClassVar[ErrorCode]
     TRANSACTION_CONFLICT: _ClassVar[ErrorCode]
     INVALID_FILTER: _ClassVar[ErrorCode]
+    OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
 PERM_READ_ONLY: Permission
@@ -85,6 +86,7 @@ INVALID_DELAY: ErrorCode
 TRANSACTION_NOT_FOUND: ErrorCode
 TRANSACTION_CONFLICT: ErrorCode
 INVALID_FILTER: ErrorCode
+OUT_OF_ORDER_SEQUENCE: ErrorCode
 
 class Message(_message.Message):
     __slots__ = ("body", "tags", "keys", "properties", "flag", "born_timestamp_ms", "born_host")
