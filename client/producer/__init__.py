@@ -91,7 +91,12 @@ class Producer:
     Every message has its outcome within `send_timeout_ms` of entering the buffer (Kafka's
     delivery.timeout.ms; entering may block up to `max_block_ms` when the buffer is full), time
     spent waiting behind an earlier request of its queue included. A failure is
-    OutcomeUnknownError when the message may be stored; any other error means it is not."""
+    OutcomeUnknownError when the message may be stored; any other error means it is not.
+
+    Throughput: up to `max_inflight_per_queue` batches of a queue are in flight at once (5, as
+    Kafka's idempotent producer; 1 without idempotence, which keeps the order otherwise), and
+    the batches bound for one leader travel together, `max_inflight_requests` requests at a
+    time per leader; what arrives meanwhile joins the next request."""
 
     @checked
     def __init__(
@@ -115,6 +120,7 @@ class Producer:
         max_io_threads: int = 32,
         sticky_messages: int = 32,
         max_inflight_per_queue: int = 5,
+        max_inflight_requests: int = 2,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -126,6 +132,8 @@ class Producer:
             raise InvalidArgumentError("request_timeout_ms must be > 0")
         if not 1 <= max_inflight_per_queue <= 5:
             raise InvalidArgumentError("max_inflight_per_queue must be within 1..5")
+        if not 1 <= max_inflight_requests <= 64:
+            raise InvalidArgumentError("max_inflight_requests must be within 1..64")
         if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
             raise InvalidArgumentError(
                 "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
@@ -155,6 +163,7 @@ class Producer:
             linger_s=self._linger_s,
             max_block_s=self._max_block_s,
             max_io_threads=max_io_threads,
+            max_inflight_requests=max_inflight_requests,
         )
         accumulator: Accumulator[Pending] = Accumulator(
             linger_ms=math.ceil(linger_ms),  # the accumulator counts whole ms

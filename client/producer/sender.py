@@ -114,6 +114,9 @@ class SenderConfig:
     linger_s: float
     max_block_s: float  # how long enqueue waits for buffer room
     max_io_threads: int
+    # SEND_BATCHES frames in flight per leader (Kafka's max.in.flight.requests.per.connection):
+    # while they are out, batches fill with what arrives, so fewer frames carry more.
+    max_inflight_requests: int = 2
 
 
 class Sender:
@@ -147,7 +150,11 @@ class Sender:
         self._outbox_lock = threading.Lock()
         self._outbox: dict[str, list[Request]] = {}
         self._single_sends: set[str] = set()  # data addresses without SEND_BATCHES
-        self.frames_sent = 0  # SEND_BATCHES frames (a figure for benchmarks and tests)
+        self._frames_out: dict[str, int] = {}  # data address -> frames in flight (loop thread)
+        # figures for benchmarks and tests: SEND_BATCHES frames, the batches and messages in them
+        self.frames_sent = 0
+        self.batches_sent = 0
+        self.messages_sent = 0
         self.closed = False
 
     # ---- what the Producer's queue choice shares ------------------------------------------------
@@ -311,8 +318,12 @@ class Sender:
     def _flush(self, data_address: str) -> None:
         """Loop thread: seal every batch waiting for `data_address` and send them as frames."""
         assert self._data is not None
+        if self._frames_out.get(data_address, 0) >= self.config.max_inflight_requests:
+            return  # the outbox waits (and its open batches fill): the next answer flushes it
         with self._outbox_lock:
             reqs = self._outbox.pop(data_address, [])
+        if not reqs:
+            return
         more: list[Batch[Pending]] = []
         frames: list[tuple[list[Request], list[broker_pb2.SendMessageRequest]]] = []
         with self._lock:
@@ -340,6 +351,9 @@ class Sender:
                 batches=wires, timeout_ms=int(self.config.request_timeout_s * 1000)
             )
             self.frames_sent += 1
+            self._frames_out[data_address] = self._frames_out.get(data_address, 0) + 1
+            self.batches_sent += len(batch_reqs)
+            self.messages_sent += sum(len(r.items) for r in batch_reqs)
             fut = self._data.submit(data_address, DataMethod.SEND_BATCHES, wire, left)
             fut.add_done_callback(
                 functools.partial(self._on_batches_answer, data_address, batch_reqs)
@@ -362,7 +376,18 @@ class Sender:
     def _on_batches_answer(
         self, data_address: str, reqs: list[Request], fut: Future[Message]
     ) -> None:
-        """A SEND_BATCHES answer, on the loop thread: each batch's result or error apart."""
+        """A SEND_BATCHES answer, on the loop thread: each batch's result or error apart; then
+        what waited for room in the leader's window of frames goes."""
+        self._frames_out[data_address] -= 1
+        try:
+            self._on_batches_results(data_address, reqs, fut)
+        finally:
+            if self._outbox.get(data_address):
+                self._flush(data_address)
+
+    def _on_batches_results(
+        self, data_address: str, reqs: list[Request], fut: Future[Message]
+    ) -> None:
         exc = fut.exception()
         if isinstance(exc, UnsupportedError):
             # A broker from before SEND_BATCHES (it stored nothing): one frame per batch there.
