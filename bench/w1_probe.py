@@ -68,8 +68,8 @@ def thread_names(pid: int) -> dict[str, str]:
     return names
 
 
-async def probe(scale: float) -> dict[str, Any]:
-    adapter = RaftMQ()
+async def probe(scale: float, api: str) -> dict[str, Any]:
+    adapter = RaftMQ(api=api) if api else RaftMQ()
     with tempfile.TemporaryDirectory() as workdir:
         await adapter.start_cluster(workdir)
         try:
@@ -115,8 +115,9 @@ async def probe(scale: float) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--scale", type=float, default=0.3, help="peerbench's count scale")
+    ap.add_argument("--api", default="", help="the adapter's --opt api (aio, threaded)")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(probe(args.scale))), flush=True)
+    print(json.dumps(asyncio.run(probe(args.scale, args.api))), flush=True)
 
 
 if __name__ == "__main__":
