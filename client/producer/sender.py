@@ -219,6 +219,18 @@ class Sender:
         self.closed = True
         self._scheduler.close()
         self._io.shutdown(wait=True, cancel_futures=True)
+        # Batches still waiting in an outbox (their flush will not run once the loop stops)
+        # end here; an earlier attempt of one may have stored it, which final_error says.
+        with self._outbox_lock:
+            waiting = [req for reqs in self._outbox.values() for req in reqs]
+            self._outbox.clear()
+        for req in waiting:
+            err = BrokerUnavailableError("the producer was closed before the send completed")
+            group = req.queue.broker_group
+            self._finish(
+                req,
+                final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
+            )
 
     def _request(self, batch: Batch[Pending]) -> Request:
         # The send timeout is per message: a batch is due when its oldest message is.
