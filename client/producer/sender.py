@@ -403,8 +403,11 @@ class Sender:
         exc = fut.exception()
         if isinstance(exc, UnsupportedError):
             # A broker from before SEND_BATCHES (it stored nothing): one frame per batch there.
+            # It also ignores strict sequences, so order per queue needs one batch in flight.
             log.info("producer.single_sends address=%s", data_address)
             self._single_sends.add(data_address)
+            with self._lock:
+                self._acc.max_inflight_per_queue = 1
             for req in reqs:
                 self._send_single(data_address, req)
             return
