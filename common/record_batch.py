@@ -107,7 +107,9 @@ if tuple(f.name for f in fields(Message)) != _MESSAGE_FIELDS:
 _MESSAGE_SETTERS = tuple(Message.__dict__[name].__set__ for name in _MESSAGE_FIELDS)
 
 _HAS_PRODUCER = 0x01
-_STRICT_SEQUENCE = 0x02  # with _HAS_PRODUCER only: ProducerSequence.strict
+# With _HAS_PRODUCER only: ProducerSequence.strict. 0x04, not 0x02: main gives 0x02 to the
+# delayed-delivery branch's scheduled batches.
+_STRICT_SEQUENCE = 0x04
 _NO_TAG = 0xFFFF
 _ORDERED = 0x01
 _AUTO_CREATED = 0x02
@@ -399,7 +401,9 @@ def decode_with_offsets(data: Bytes) -> tuple[BrokerRecord, tuple[int, ...]]:
 
 def _produce_header(data: bytes) -> ProduceHeader:
     _, _, flags, topic_len, queue_id, store_ts = _PRODUCE_HEAD.unpack_from(data, 0)
-    if flags & ~(_HAS_PRODUCER | _STRICT_SEQUENCE) or flags == _STRICT_SEQUENCE:
+    if flags & ~(_HAS_PRODUCER | _STRICT_SEQUENCE) or (
+        flags & _STRICT_SEQUENCE and not flags & _HAS_PRODUCER
+    ):
         raise MalformedBatchError(f"produce batch with unknown flags {flags:#x}")
     r = _Reader(data, _PRODUCE_HEAD.size)
     topic = r.take(topic_len).decode("utf-8")
