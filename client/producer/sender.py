@@ -445,11 +445,13 @@ class Sender:
             )
             return
         topic = req.queue.topic
-        if r.first_offset < 0:  # a duplicate whose original the broker no longer remembers
+        if r.raft_index <= 0:  # a duplicate whose original the broker no longer remembers
             for it in items:
                 if not it.future.done():
-                    it.future.set_result(SendResult("", topic, group, r.queue_id, -1, True))
+                    it.future.set_result(SendResult("", topic, group, r.queue_id, -1, r.duplicate))
         else:
+            # first_offset -1 with a place in the log: stored, its queue offsets not known yet
+            # (a delayed message gets them when it falls due)
             prefix = msg_id_prefix(group, r.raft_index, r.slot)
             pos, offset = r.first_position, r.first_offset
             for i, it in enumerate(items):
@@ -460,7 +462,7 @@ class Sender:
                             topic,
                             group,
                             r.queue_id,
-                            offset + i,
+                            offset + i if offset >= 0 else -1,
                             r.duplicate,
                         )
                     )
