@@ -26,6 +26,7 @@ from peerbench.adapter import Adapter, AdapterError
 from peerbench.common import LOOPBACK, Proc, free_port, wait_port
 
 from raftmq import Admin, Producer, PullConsumer, StartFrom
+from raftmq.client.aio import AsyncProducer
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
 
@@ -75,6 +76,12 @@ class RaftMQ(Adapter):
         self.grpc: dict[str, str] = {}  # node id -> gRPC address
         self.namesrv = ""
         self.producer: Producer | None = None
+        # "aio": the SDK's asyncio face (AsyncProducer.send_future, as an asyncio user would);
+        # "threaded": Producer.send_async wrapped with asyncio.wrap_future (--opt api=threaded)
+        self.api = str(opts.get("api", "aio"))
+        if self.api not in ("aio", "threaded"):
+            raise AdapterError(f"raftmq: --opt api must be aio or threaded, not {self.api!r}")
+        self.aproducer: AsyncProducer | None = None
         self.queues: list[QueueRef] = []
 
     def describe(self) -> dict[str, Any]:
@@ -84,7 +91,11 @@ class RaftMQ(Adapter):
         d.update(
             {
                 "server": f"raftmq {raftmq.__version__}",
-                "client": "raftmq SDK (threaded Producer/PullConsumer, idempotent)",
+                "client": (
+                    "raftmq SDK (AsyncProducer.send_future, PullConsumer, idempotent)"
+                    if self.api == "aio"
+                    else "raftmq SDK (threaded Producer + wrap_future, PullConsumer, idempotent)"
+                ),
                 "commit": "Raft majority (2/3) commit; group fsync every 5 ms (ASYNC_FLUSH)",
             }
         )
@@ -144,9 +155,14 @@ class RaftMQ(Adapter):
 
         await _until(topic_ready, START_TIMEOUT_S, "a leader and the topic's route")
         self.queues = [QueueRef(TOPIC, GROUP, q) for q in range(self.partitions)]
-        self.producer = Producer(self.namesrv)
+        if self.api == "aio":
+            self.aproducer = AsyncProducer(self.namesrv)
+            self.producer = self.aproducer.producer
+        else:
+            self.producer = Producer(self.namesrv)
 
     async def stop_cluster(self) -> None:
+        self.aproducer = None
         if self.producer is not None:
             producer, self.producer = self.producer, None
             # never raises: the processes are killed below anyway
@@ -178,8 +194,11 @@ class RaftMQ(Adapter):
     # ---- data path ----------------------------------------------------------------------------
 
     async def publish_async(self, seq: int, body: bytes) -> asyncio.Future[Any]:
+        queue = self.queues[seq % self.partitions]
+        if self.aproducer is not None:
+            return self.aproducer.send_future(TOPIC, body, queue=queue)
         assert self.producer is not None
-        fut = self.producer.send_async(TOPIC, body, queue=self.queues[seq % self.partitions])
+        fut = self.producer.send_async(TOPIC, body, queue=queue)
         return asyncio.wrap_future(fut)
 
     async def consume(  # type: ignore[override]  # an async generator, as the base documents

@@ -23,13 +23,14 @@ from raftmq.broker import requests
 from raftmq.broker.errors import DispatcherStoppedError
 from raftmq.broker.held_pulls import HeldPulls
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.produce import BatchStored, PreparedSend
 from raftmq.broker.pull import PullResult, PullSteps, PullWait, WaitDispatched
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.data_api import PAYLOADS, DataMethod
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
 
@@ -38,6 +39,7 @@ _log = logging.getLogger("broker.data_server")
 _M = TypeVar("_M", bound=Message)
 _T = TypeVar("_T")
 
+MAX_BATCHES_PER_REQUEST = 4096  # queue batches in one SEND_BATCHES frame (bounded work per task)
 BLOCKING_THREADS = 4  # leader gates of a new term and topic auto-creation (rare, each bounded)
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
@@ -144,6 +146,7 @@ class DataServer:
                 broker_pb2.SearchOffsetByTimestampRequest, requests.search_offset
             ),
             DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
+            DataMethod.SEND_BATCHES: self._send_batches,
         }
         if self.transactions is not None:
             assert self._waker is not None
@@ -186,6 +189,69 @@ class DataServer:
             queue_id, outcomes = prepared.queue_id, node.sends.outcomes(prepared, chunk)
         node.metrics.on_send(req.topic, prepared.count, len(payload))
         return requests.send_answer(node, queue_id, outcomes, term).SerializeToString()
+
+    async def _send_batches(self, payload: memoryview, ctx: RequestContext) -> bytes:
+        """The ready batches of all this leader's queues from one producer (issue 14): each is
+        prepared as a SEND_MESSAGE is, all are submitted back to back (so they share a Raft
+        entry, one chunk each) and each is answered on its own, with a base offset and count.
+        A batch's failure (refused, not leader, unknown outcome) is its own answer; the request
+        fails as a whole only for a malformed frame or a bug."""
+        node = self.node
+        req = parse(broker_pb2.SendBatchesRequest, payload)
+        if not req.batches:
+            raise InvalidArgumentError("a SEND_BATCHES request must carry at least one batch")
+        if len(req.batches) > MAX_BATCHES_PER_REQUEST:
+            raise InvalidArgumentError(
+                f"{len(req.batches)} batches in one SEND_BATCHES request; the limit is "
+                f"{MAX_BATCHES_PER_REQUEST}"
+            )
+        term = node.status().term
+        prepared: list[PreparedSend | RaftMQError] = []
+        inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
+        for batch in req.batches:
+            try:
+                ok = inline.get(batch.topic)
+                if ok is None:
+                    ok = inline[batch.topic] = not requests.send_needs_thread(node, batch)
+                if ok:
+                    prepared.append(requests.prepare_send(node, batch))
+                else:
+                    # In order, one at a time: a batch prepared on a thread is submitted only
+                    # with the others below, so the queue's batches keep their order.
+                    prepared.append(await self._blocking(requests.prepare_send, node, batch))
+                    inline.pop(batch.topic, None)
+            except RaftMQError as exc:
+                prepared.append(exc)
+        ready = [p for p in prepared if isinstance(p, PreparedSend)]
+        answers: list[BatchStored | RaftMQError] = []
+        if ready:
+            if node.settings.debug_ack_before_commit:
+                for p in ready:
+                    node.sends.ack_before_commit(p)
+                answers = [BatchStored(p.queue_id, -1, p.count, 0, 0, 0, False) for p in ready]
+            else:
+                assert self._waker is not None
+                timeout_s = min(p.timeout_s for p in ready)
+                if req.timeout_ms > 0:
+                    timeout_s = min(timeout_s, req.timeout_ms / 1000)
+                chunks = await node.replicate_each_async(
+                    [p.payload for p in ready], timeout_s, self._waker
+                )
+                for p, chunk in zip(ready, chunks, strict=True):
+                    if isinstance(chunk, RaftMQError):
+                        answers.append(chunk)
+                        continue
+                    try:
+                        answers.append(node.sends.stored(p, chunk))
+                    except RaftMQError as exc:
+                        answers.append(exc)
+        done = iter(answers)
+        results = [
+            requests.batch_result(p if isinstance(p, RaftMQError) else next(done)) for p in prepared
+        ]
+        return broker_pb2.SendBatchesResponse(
+            results=results, broker_group=node.group, term=term
+        ).SerializeToString()
 
     async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node

@@ -26,6 +26,7 @@ from raftmq.broker.rows import (
     KeyRow,
     LockRow,
     OffsetRow,
+    OutOfOrder,
     ProducerRow,
     ProducerState,
     QueueHead,
@@ -374,6 +375,20 @@ class Dispatcher:
                 )
                 return
             prev = work.producer_state(producer.producer_id, topic, queue_id)
+            expected = prev.last_sequence + 1 if prev is not None else 0
+            if producer.strict and first_seq > expected:
+                # An earlier batch of this queue is still in flight (retried): storing this one
+                # now would put it before that one, whose retry would then look like a
+                # duplicate and be dropped. Refused unstored; the producer retries it.
+                work.outcomes.append(
+                    OutOfOrder(
+                        slot,
+                        f"producer {producer.producer_id!r} sequence {first_seq} arrived before "
+                        f"{expected} on {topic}/{queue_id}; retry it after the earlier batch",
+                        expected,
+                    )
+                )
+                return
             if prev is not None:
                 if last_seq <= prev.last_sequence:
                     stored = _find_original(prev, first_seq, count)

@@ -456,6 +456,62 @@ class BrokerNode:
                 else:
                     answer.cancel()  # a late completion is dropped by the waker
 
+    async def replicate_each_async(
+        self, payloads: Sequence[bytes], timeout_s: float, waker: LoopWaker
+    ) -> list[ChunkOutcome | RaftMQError]:
+        """`replicate_async` answering each chunk on its own: its outcome or its typed error,
+        never raising for one chunk (the fast data path answers each queue batch apart). The
+        chunks are submitted in order, so the batcher packs them into one entry when they fit."""
+        loop = asyncio.get_running_loop()
+        commits: list[Future[Committed] | RaftMQError] = []
+        for p in payloads:
+            try:
+                commits.append(self.submit(p))
+            except RaftMQError as exc:
+                commits.append(exc)
+        answers: list[asyncio.Future[ChunkOutcome] | None] = []
+        for commit in commits:
+            if isinstance(commit, RaftMQError):
+                answers.append(None)
+                continue
+            answer: asyncio.Future[ChunkOutcome] = loop.create_future()
+            commit.add_done_callback(functools.partial(self._on_committed, waker, answer))
+            answers.append(answer)
+        waiting = [a for a in answers if a is not None]
+        try:
+            if waiting:
+                await asyncio.wait(waiting, timeout=timeout_s)  # never cancels what it waits on
+            results: list[ChunkOutcome | RaftMQError] = []
+            for commit, ans in zip(commits, answers, strict=True):
+                if isinstance(commit, RaftMQError):
+                    results.append(commit)
+                elif ans is not None and ans.done():
+                    failed = ans.exception()
+                    if failed is None:
+                        results.append(ans.result())
+                    elif isinstance(failed, RaftMQError):
+                        results.append(failed)
+                    else:
+                        raise failed  # not a typed error: a bug, answered as INTERNAL
+                elif not commit.done():
+                    results.append(self._commit_timeout())
+                else:
+                    cexc = commit.exception()
+                    if cexc is not None:
+                        mapped = self._commit_failure(cexc)
+                        if mapped is None:
+                            raise cexc
+                        results.append(mapped)
+                    else:
+                        results.append(self._no_outcome(commit.result().index))
+            return results
+        finally:
+            for a in waiting:
+                if a.done():
+                    a.exception()  # retrieved: an unread failure is not logged as lost
+                else:
+                    a.cancel()  # a late completion is dropped by the waker
+
     def _on_committed(
         self, waker: LoopWaker, answer: asyncio.Future[ChunkOutcome], commit: Future[Committed]
     ) -> None:

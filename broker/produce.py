@@ -16,13 +16,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from raftmq.broker import delivery
-from raftmq.broker.rows import Appended, ChunkOutcome, Duplicate, Rejected, Scheduled
+from raftmq.broker.rows import (
+    Appended,
+    ChunkOutcome,
+    Duplicate,
+    OutOfOrder,
+    Rejected,
+    Scheduled,
+)
 from raftmq.broker.topics import TopicProcessor
 from raftmq.common import record_batch
 from raftmq.common.errors import (
     InternalError,
     InvalidArgumentError,
     MessageTooLargeError,
+    OutOfOrderSequenceError,
     PermissionDeniedError,
 )
 from raftmq.common.message import (
@@ -45,6 +53,21 @@ class SendOutcome:
     msg_id: str  # "" for a duplicate whose original is no longer remembered
     queue_id: int
     queue_offset: int  # -1 when unknown (see msg_id)
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStored:
+    """Where a produce batch's messages are, as a base and a count (ids are derived from
+    raft_index, slot and first_position + i: common.message.encode_msg_id). A duplicate whose
+    original is no longer remembered has first_offset -1."""
+
+    queue_id: int
+    first_offset: int
+    count: int
+    raft_index: int
+    slot: int
+    first_position: int
     duplicate: bool
 
 
@@ -115,6 +138,7 @@ class SendProcessor:
         timeout_ms: int,
         *,
         trusted: bool = False,
+        strict: bool = False,
     ) -> PreparedSend:
         """Everything a send checks and decides before replication: validation, the leader gate,
         the topic (auto-created), the queue, the encoded entry. Raises the caller's errors.
@@ -145,7 +169,7 @@ class SendProcessor:
             validate_producer_id(producer_id)
             if first_sequence < 0:
                 raise InvalidArgumentError(f"first_sequence {first_sequence} is negative")
-            producer = ProducerSequence(producer_id, first_sequence)
+            producer = ProducerSequence(producer_id, first_sequence, strict)
         self._node.require_leader()
         self._node.check_disk_pressure()
         cfg = self._topics.topic_for_write(topic)
@@ -174,20 +198,54 @@ class SendProcessor:
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
         return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
-    def _send_outcomes(self, outcome: ChunkOutcome, count: int, queue_id: int) -> list[SendOutcome]:
+    def stored(self, prepared: PreparedSend, outcome: ChunkOutcome) -> BatchStored:
+        """`outcomes` per batch, not per message: the fast data path's answer (issue 14)."""
+        count, queue_id = prepared.count, prepared.queue_id
+        self._check_refused(outcome)
+        if isinstance(outcome, Appended):
+            self._log_gap(outcome, queue_id)
+            s = outcome.stored
+            return BatchStored(
+                queue_id, s.first_offset, count, s.raft_index, s.slot, s.first_position, False
+            )
+        if isinstance(outcome, Scheduled):  # delayed: offsets come when due (delivery.py)
+            return BatchStored(queue_id, -1, count, outcome.raft_index, outcome.slot, 0, False)
+        if isinstance(outcome, Duplicate):
+            s2 = outcome.stored
+            if s2 is None:
+                return BatchStored(queue_id, -1, count, 0, 0, 0, True)
+            return BatchStored(
+                queue_id, s2.first_offset, count, s2.raft_index, s2.slot, s2.first_position, True
+            )
+        raise InternalError(f"unexpected outcome {outcome!r} for a produce batch")
+
+    def _check_refused(self, outcome: ChunkOutcome) -> None:
         group = self._node.group
+        if isinstance(outcome, OutOfOrder):
+            raise OutOfOrderSequenceError(
+                f"broker group {group}: {outcome.reason}",
+                details={"expected_sequence": str(outcome.expected)},
+            )
         if isinstance(outcome, Rejected):
             raise InvalidArgumentError(f"send refused by broker group {group}: {outcome.reason}")
+
+    @staticmethod
+    def _log_gap(outcome: Appended, queue_id: int) -> None:
+        if outcome.sequence_gap is not None:
+            log.info(
+                "broker.sequence_gap queue=%s/%d expected=%d received=%d",
+                outcome.topic,
+                queue_id,
+                outcome.sequence_gap.expected,
+                outcome.sequence_gap.received,
+            )
+
+    def _send_outcomes(self, outcome: ChunkOutcome, count: int, queue_id: int) -> list[SendOutcome]:
+        group = self._node.group
+        self._check_refused(outcome)
         if isinstance(outcome, Appended):
             s = outcome.stored
-            if outcome.sequence_gap is not None:
-                log.info(
-                    "broker.sequence_gap queue=%s/%d expected=%d received=%d",
-                    outcome.topic,
-                    queue_id,
-                    outcome.sequence_gap.expected,
-                    outcome.sequence_gap.received,
-                )
+            self._log_gap(outcome, queue_id)
             return [
                 SendOutcome(
                     encode_msg_id(group, s.raft_index, s.slot, s.first_position + i),

@@ -13,9 +13,9 @@ import time
 from raftmq.broker.consumer_registry import RegistryFullError
 from raftmq.broker.convert import message_from_pb, stored_to_pb
 from raftmq.broker.node import BrokerNode
-from raftmq.broker.produce import PreparedSend, SendOutcome
+from raftmq.broker.produce import BatchStored, PreparedSend, SendOutcome
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps
-from raftmq.common.errors import InvalidArgumentError, QueueFullError
+from raftmq.common.errors import InvalidArgumentError, QueueFullError, RaftMQError, to_detail
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2
 
@@ -88,7 +88,28 @@ def send_needs_thread(node: BrokerNode, req: broker_pb2.SendMessageRequest) -> b
 def prepare_send(node: BrokerNode, req: broker_pb2.SendMessageRequest) -> PreparedSend:
     messages = [message_from_pb(req.topic, m) for m in req.messages]
     return node.sends.prepare(
-        req.topic, req.queue_id, messages, req.producer_id, req.first_sequence, req.timeout_ms
+        req.topic,
+        req.queue_id,
+        messages,
+        req.producer_id,
+        req.first_sequence,
+        req.timeout_ms,
+        strict=req.strict_sequence,
+    )
+
+
+def batch_result(stored: BatchStored | RaftMQError) -> broker_pb2.BatchResult:
+    """One batch's answer in a SendBatchesResponse: base offset and count, or its error."""
+    if isinstance(stored, RaftMQError):
+        return broker_pb2.BatchResult(error=to_detail(stored))
+    return broker_pb2.BatchResult(
+        queue_id=stored.queue_id,
+        first_offset=stored.first_offset,
+        count=stored.count,
+        raft_index=stored.raft_index,
+        slot=stored.slot,
+        first_position=stored.first_position,
+        duplicate=stored.duplicate,
     )
 
 

@@ -231,6 +231,15 @@ class LockRow:
 
 
 @dataclass(frozen=True, slots=True)
+class OutOfOrder(Rejected):
+    """A strict idempotent batch (ProducerSequence.strict) that skips past the next expected
+    sequence of its queue: an earlier batch is still in flight. Skipped like any Rejected; the
+    producer retries it after the earlier one."""
+
+    expected: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     """A non-produce record took effect (or was a no-op, said in `detail`)."""
 

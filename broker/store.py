@@ -4,6 +4,7 @@ never copies bodies, never fsyncs: the Raft journal is the truth and dispatch re
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -149,6 +150,9 @@ def _decode_topic(name: bytes, value: bytes) -> TopicConfig:
     )
 
 
+PRODUCER_CACHE_ROWS = 4096  # (producer, topic, queue) rows kept decoded, least recent out
+
+
 class MessageStore:
     """One node's indexes in an lmdb environment. Any thread may read; one thread (the
     dispatcher's) writes. Implements the dispatcher's DispatchState."""
@@ -205,6 +209,15 @@ class MessageStore:
                 )
             raw = txn.get(_META_INDEX, db=self._meta)
         self._dispatched_index = _U64.unpack(raw)[0] if raw is not None else 0
+        # The producer table's recent rows as written (issue 14): the dispatcher reads one per
+        # idempotent batch, and decoding the row's origins cost ~20-40 us each time. Filled
+        # only by apply() after its transaction commits, never by a read (a reader on another
+        # thread could otherwise put back a value older than the one just written), so it is
+        # the store's content whenever it holds a key. Anything that deletes or rewrites
+        # producer rows must go through apply() or clear it.
+        self._producer_cache: collections.OrderedDict[bytes, ProducerState] = (
+            collections.OrderedDict()
+        )
 
     def close(self) -> None:
         self._env.close()
@@ -249,6 +262,7 @@ class MessageStore:
                     index = out.raft_index
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
+            self._producer_cache.clear()
             raise StoreFullError(
                 f"the store at {self.path} is full ({self._env.info()['map_size']} bytes); "
                 "restart with a larger map_size_bytes"
@@ -258,9 +272,18 @@ class MessageStore:
                 raise  # lmdb's other typed errors (bad value, corrupt page) are not the disk
             # A full disk reaches here as "mdb_txn_commit: Input/output error"; the aborted
             # transaction left the store as it was.
+            self._producer_cache.clear()
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
         self.cuts_applied = cuts
+        cache = self._producer_cache
+        for out in batch:
+            for p in out.producer_rows:
+                key = _producer_key(p.producer_id, p.topic, p.queue_id)
+                cache[key] = p.state
+                cache.move_to_end(key)
+        while len(cache) > PRODUCER_CACHE_ROWS:
+            cache.popitem(last=False)
 
     # ---- retention (retention_store.py holds the logic) ----------------------------------------
 
@@ -320,6 +343,7 @@ class MessageStore:
 
     def install_base(self, blob: bytes) -> int:
         """Replace the whole store with a base the leader sent (the dispatcher is paused)."""
+        self._producer_cache.clear()  # the producer table is replaced with the base's
         with self._env.begin(write=True) as txn:
             index = retention_store.install(txn, self._retention, blob, _META_INDEX)
         self._dispatched_index = index
@@ -474,8 +498,12 @@ class MessageStore:
         return QueueHead(topic, queue_id, next_offset, time_ms)
 
     def producer_state(self, producer_id: str, topic: str, queue_id: int) -> ProducerState | None:
+        key = _producer_key(producer_id, topic, queue_id)
+        cached = self._producer_cache.get(key)
+        if cached is not None:
+            return cached
         with self._env.begin() as txn:
-            raw = txn.get(_producer_key(producer_id, topic, queue_id), db=self._producers)
+            raw = txn.get(key, db=self._producers)
         return _decode_producer(raw) if raw is not None else None
 
     def topic(self, name: str) -> TopicConfig | None:

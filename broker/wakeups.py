@@ -1,60 +1,8 @@
-"""LoopWaker: completes the asyncio futures of one event loop from other threads (the
-dispatcher, the Raft thread), waking the loop once per burst however many futures a burst
-completes. It decides nothing; it never blocks the thread that posts."""
+"""The broker's name for LoopWaker, which lives in the floor (common/wakeups.py) since the SDK's
+asyncio face uses it too."""
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import threading
-from typing import Any
+from raftmq.common.wakeups import LoopWaker
 
-
-class LoopWaker:
-    """`set_result` / `set_exception` from any thread. Completions queue up; the first one after
-    a drain schedules one `call_soon_threadsafe`, later ones ride on it (the FrameClient inbox's
-    scheme): a dispatch that answers 200 sends and wakes 50 held pulls costs the loop one wake-up.
-    A future already done (timed out, cancelled) when its completion arrives is left alone."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._ready: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = (
-            collections.deque()
-        )
-        self._lock = threading.Lock()
-        self._scheduled = False
-        self.wakeups = 0  # call_soon_threadsafe calls made (a metric; tests check coalescing)
-        self.completions = 0  # futures posted
-
-    def set_result(self, fut: asyncio.Future[Any], value: Any) -> None:
-        self._post(fut, value, None)
-
-    def set_exception(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
-        self._post(fut, None, exc)
-
-    def _post(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
-        self._ready.append((fut, value, exc))
-        with self._lock:
-            self.completions += 1
-            if self._scheduled:
-                return  # the scheduled drain takes this one too
-            self._scheduled = True
-            self.wakeups += 1
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody awaits these futures any more
-            with self._lock:
-                self._scheduled = False
-
-    def _drain(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        ready = self._ready
-        while ready:
-            fut, value, exc = ready.popleft()
-            if fut.done():
-                continue
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(value)
+__all__ = ["LoopWaker"]

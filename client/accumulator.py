@@ -1,8 +1,14 @@
 """The producer's record accumulator (Kafka's RecordAccumulator) as a pure value holder: messages
 wait per queue and leave as batches carrying the queue's idempotent sequence numbers.
 
-Time comes in as `now_ms`; no threads, no I/O, no clock. At most one batch per queue is in
-flight, so a retried batch keeps its sequence numbers and the queue's order holds.
+Time comes in as `now_ms`; no threads, no I/O, no clock. Up to `max_inflight_per_queue` batches
+per queue are in flight (Kafka keeps 5 under the idempotent producer); a retried batch keeps its
+sequence numbers, and the broker refuses a batch that would land before an earlier one of its
+queue (strict sequences), so the queue's order holds.
+
+With `seal_on_send`, a batch cut for sending stays open until the caller seals it right before
+it goes on the wire: messages arriving meanwhile join it instead of waiting behind it (the
+fast data path cuts on the caller's thread and sends from the I/O loop a moment later).
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ class Appended(Generic[T]):
 class _QueueState(Generic[T]):
     pending: collections.deque[tuple[T, int]] = field(default_factory=collections.deque)
     pending_bytes: int = 0
-    inflight: Batch[T] | None = None
+    inflight: list[Batch[T]] = field(default_factory=list)  # in sequence order
+    open: Batch[T] | None = None  # cut, not sealed yet (seal_on_send): the newest in flight
     next_sequence: int = 0
     linger_until_ms: int | None = None
 
@@ -66,6 +73,8 @@ class Accumulator(Generic[T]):
         batch_max_bytes: int,
         max_buffered_messages: int,
         max_buffered_bytes: int,
+        max_inflight_per_queue: int = 1,
+        seal_on_send: bool = False,
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must not be negative, got {linger_ms}")
@@ -73,6 +82,12 @@ class Accumulator(Generic[T]):
             raise ValueError("batch_max_messages and batch_max_bytes must be at least 1")
         if max_buffered_messages < 1 or max_buffered_bytes < 1:
             raise ValueError("max_buffered_messages and max_buffered_bytes must be at least 1")
+        if not 1 <= max_inflight_per_queue <= 5:
+            # the broker remembers the last 5 batches per producer and queue (Kafka's window):
+            # a retried batch older than that could no longer be answered with its offsets
+            raise ValueError("max_inflight_per_queue must be within 1..5")
+        self.max_inflight_per_queue = max_inflight_per_queue
+        self.seal_on_send = seal_on_send
         self.linger_ms = linger_ms
         self.batch_max_messages = batch_max_messages
         self.batch_max_bytes = batch_max_bytes
@@ -134,12 +149,55 @@ class Accumulator(Generic[T]):
         """`batch` surely never reached a broker and its items go elsewhere (another broker
         group): its sequence numbers are handed out again, so the queue's sequence has no gap."""
         st = self._release(batch)
-        st.next_sequence = batch.first_sequence
+        if batch.next_sequence == st.next_sequence:
+            # the newest batch of the queue: hand its sequences out again. An older one leaves
+            # a gap that the queue's next oldest batch skips (it is sent not strict).
+            st.next_sequence = batch.first_sequence
         return self._ready(batch.queue, st, now_ms, waited=True)
 
+    def seal(self, batch: Batch[T], now_ms: int) -> tuple[Batch[T], Batch[T] | None]:
+        """`batch` goes on the wire now: what waits for its queue joins it (up to the batch
+        limits), and it can no longer grow. Returns (the batch to send, the queue's next batch
+        if one is ready now because this one filled). A batch that is not open (sealed before,
+        or seal_on_send off) comes back unchanged."""
+        st = self._queues.get(batch.queue)
+        if st is None or st.open is not batch:
+            return batch, None
+        st.open = None
+        items = list(batch.items)
+        size = batch.size_bytes
+        while st.pending and len(items) < self.batch_max_messages:
+            item, item_size = st.pending[0]
+            if size + item_size > self.batch_max_bytes:
+                break
+            st.pending.popleft()
+            st.pending_bytes -= item_size
+            items.append(item)
+            size += item_size
+        if len(items) == len(batch.items):
+            return batch, None
+        sealed = Batch(batch.queue, tuple(items), batch.first_sequence, size)
+        assert st.inflight[-1] is batch, "the open batch is the newest in flight"
+        st.inflight[-1] = sealed
+        st.next_sequence = sealed.next_sequence
+        if not st.pending:
+            st.linger_until_ms = None
+        return sealed, self._ready(batch.queue, st, now_ms, waited=False)
+
     def inflight(self, queue: QueueRef) -> Batch[T] | None:
+        """The oldest batch of `queue` in flight."""
         st = self._queues.get(queue)
-        return st.inflight if st is not None else None
+        return st.inflight[0] if st is not None and st.inflight else None
+
+    def inflight_count(self, queue: QueueRef) -> int:
+        st = self._queues.get(queue)
+        return len(st.inflight) if st is not None else 0
+
+    def is_oldest(self, batch: Batch[T]) -> bool:
+        """Every earlier batch of its queue has its outcome (stored, or given up): a gap before
+        it is final, so it may be sent not strict."""
+        st = self._queues.get(batch.queue)
+        return st is not None and bool(st.inflight) and st.inflight[0] is batch
 
     def pending_count(self, queue: QueueRef) -> int:
         st = self._queues.get(queue)
@@ -153,9 +211,14 @@ class Accumulator(Generic[T]):
 
     def _release(self, batch: Batch[T]) -> _QueueState[T]:
         st = self._queues.get(batch.queue)
-        if st is None or st.inflight is not batch:
+        at = -1
+        if st is not None:
+            at = next((i for i, b in enumerate(st.inflight) if b is batch), -1)
+        if st is None or at < 0:
             raise ValueError(f"batch {batch.first_sequence} of {batch.queue} is not in flight")
-        st.inflight = None
+        del st.inflight[at]
+        if st.open is batch:
+            st.open = None
         self.buffered_messages -= len(batch.items)
         self.buffered_bytes -= batch.size_bytes
         return st
@@ -163,7 +226,7 @@ class Accumulator(Generic[T]):
     def _ready(
         self, queue: QueueRef, st: _QueueState[T], now_ms: int, *, waited: bool
     ) -> Batch[T] | None:
-        if st.inflight is not None or not st.pending:
+        if not st.pending or st.open is not None or len(st.inflight) >= self.max_inflight_per_queue:
             return None
         full = (
             len(st.pending) >= self.batch_max_messages or st.pending_bytes >= self.batch_max_bytes
@@ -186,5 +249,7 @@ class Accumulator(Generic[T]):
         st.linger_until_ms = None
         batch = Batch(queue, tuple(items), st.next_sequence, size)
         st.next_sequence = batch.next_sequence
-        st.inflight = batch
+        st.inflight.append(batch)
+        if self.seal_on_send:
+            st.open = batch
         return batch

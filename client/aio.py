@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.producer import Producer, QueueSelector
 from raftmq.common.types import QueueRef
+from raftmq.common.wakeups import LoopWaker
 
 __all__ = ["AsyncProducer", "AsyncPullConsumer"]
 
@@ -26,6 +28,7 @@ class AsyncProducer:
 
     def __init__(self, namesrv_addresses: str | Sequence[str], **kwargs: Any) -> None:
         self.producer = Producer(namesrv_addresses, **kwargs)
+        self._waker: LoopWaker | None = None
 
     async def send(
         self,
@@ -39,6 +42,38 @@ class AsyncProducer:
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
     ) -> SendResult:
+        return await self.send_future(
+            topic,
+            body,
+            tags=tags,
+            keys=keys,
+            properties=properties,
+            sharding_key=sharding_key,
+            queue_selector=queue_selector,
+            queue=queue,
+        )
+
+    def send_future(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> asyncio.Future[SendResult]:
+        """`send` without a coroutine: an asyncio future of the result, for a caller that keeps
+        many sends in flight (aiokafka's `send()` returns one too). Results of one answer from
+        the broker complete their futures with one wake-up of the loop, not one per message
+        (`asyncio.wrap_future` costs a self-pipe write per future)."""
+        loop = asyncio.get_running_loop()
+        waker = self._waker
+        if waker is None or waker.loop is not loop:
+            waker = self._waker = LoopWaker(loop)
+        out: asyncio.Future[SendResult] = loop.create_future()
         # send_async may wait up to max_block_ms for buffer room, like Kafka's send(): only
         # when the producer is saturated.
         fut = self.producer.send_async(
@@ -51,7 +86,16 @@ class AsyncProducer:
             queue_selector=queue_selector,
             queue=queue,
         )
-        return await asyncio.wrap_future(fut)
+
+        def done(f: Future[SendResult]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                waker.set_exception(out, exc)
+            else:
+                waker.set_result(out, f.result())
+
+        fut.add_done_callback(done)
+        return out
 
     async def flush(self, timeout_s: float | None = None) -> bool:
         return await asyncio.to_thread(self.producer.flush, timeout_s)

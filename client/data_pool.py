@@ -24,6 +24,7 @@ from raftmq.common.errors import (
     InternalError,
     InvalidArgumentError,
     NotLeaderError,
+    OutOfOrderSequenceError,
     RaftMQError,
     RequestTimeoutError,
 )
@@ -48,10 +49,14 @@ def may_have_stored(err: RaftMQError) -> bool:
     """The framed path's twin of producer/retry.py's rule: False only when the attempt surely
     stored nothing: the transport failed it before the request left this process (no
     connection, refused handshake, closed before sending: `was_never_sent`), or a node refused
-    it as not the leader. A lost connection or a missing answer after the request was handed to
-    the socket, and any other verdict of the server, may have reached the log."""
+    it as not the leader or as out of order (refused unstored). A lost connection or a missing
+    answer after the request was handed to the socket, and any other verdict of the server, may
+    have reached the log."""
     # DISK_PRESSURE, like NOT_LEADER, is answered before anything is proposed.
-    return not (was_never_sent(err) or isinstance(err, (NotLeaderError, DiskPressureError)))
+    return not (
+        was_never_sent(err)
+        or isinstance(err, (NotLeaderError, OutOfOrderSequenceError, DiskPressureError))
+    )
 
 
 class DataPool:
@@ -125,7 +130,11 @@ class DataPool:
             out.set_exception(exc)
             return out
         response_type = PAYLOADS[method][1]
-        raw = fc.call_threadsafe(int(method), request.SerializeToString(), timeout_s)
+        payload = request.SerializeToString()
+        if self.on_loop_thread():  # a done-callback's next call: no wake-up needed
+            raw = fc.call_on_loop(int(method), payload, timeout_s)
+        else:
+            raw = fc.call_threadsafe(int(method), payload, timeout_s)
 
         def parse(f: Future[bytes]) -> None:
             if out.done():  # cancelled by its caller meanwhile: nobody wants the answer

@@ -25,6 +25,8 @@ class DataMethod(enum.IntEnum):
     # Transactions (broker/transactions_data.py); the check-back long poll stays on gRPC.
     SEND_HALF_MESSAGE = 20
     END_TRANSACTION = 21
+    # The fast data path (issue 14): the ready batches of all a leader's queues in one frame.
+    SEND_BATCHES = 50
 
 
 # method -> (request type, response type)
@@ -50,4 +52,5 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
         transaction_pb2.EndTransactionRequest,
         transaction_pb2.EndTransactionResponse,
     ),
+    DataMethod.SEND_BATCHES: (broker_pb2.SendBatchesRequest, broker_pb2.SendBatchesResponse),
 }

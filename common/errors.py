@@ -335,6 +335,11 @@ class OutcomeUnknownError(RaftMQError):
     """
 
 
+class OutOfOrderSequenceError(RaftMQError):
+    """An idempotent batch arrived before an earlier batch of its queue (several in flight, one
+    being retried): not stored; retry it after the earlier one. The SDK does this itself."""
+
+
 class InternalError(RaftMQError):
     """A bug or invariant violation on the server; the server log holds the details."""
 
@@ -382,6 +387,7 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(InternalError, _SC.INTERNAL, "INTERNAL", _S, False),
     ErrorRow(DeletedByRetentionError, _SC.OUT_OF_RANGE, "DELETED_BY_RETENTION", _C, False),
     ErrorRow(DiskPressureError, _SC.RESOURCE_EXHAUSTED, "DISK_PRESSURE", _S, True),
+    ErrorRow(OutOfOrderSequenceError, _SC.ABORTED, "OUT_OF_ORDER_SEQUENCE", _S, True),
 )
 
 _BY_CLASS: dict[type[RaftMQError], ErrorRow] = {row.exc: row for row in ERROR_TABLE}

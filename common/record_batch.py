@@ -48,6 +48,9 @@ class ProducerSequence:
 
     producer_id: str
     first_sequence: int
+    # Several batches of a queue in flight (issue 14): refuse this batch, unstored, if it skips
+    # past the next expected sequence; False accepts a gap (the producer gave earlier ones up).
+    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,9 @@ _MESSAGE_SETTERS = tuple(Message.__dict__[name].__set__ for name in _MESSAGE_FIE
 
 _HAS_PRODUCER = 0x01
 _SCHEDULED = 0x02
+# With _HAS_PRODUCER only: ProducerSequence.strict. 0x04, not 0x02: main gives 0x02 to the
+# delayed-delivery branch's scheduled batches.
+_STRICT_SEQUENCE = 0x04
 _NO_TAG = 0xFFFF
 _ORDERED = 0x01
 _AUTO_CREATED = 0x02
@@ -254,9 +260,9 @@ def _encode_produce(batch: ProduceBatch) -> bytes:
         raise ValueError("a produce batch carries at least one message")
     topic = batch.topic
     topic_b = topic.encode("utf-8")
-    flags = (_HAS_PRODUCER if batch.producer is not None else 0) | (
-        _SCHEDULED if batch.scheduled else 0
-    )
+    flags = _SCHEDULED if batch.scheduled else 0
+    if batch.producer is not None:
+        flags |= _HAS_PRODUCER | (_STRICT_SEQUENCE if batch.producer.strict else 0)
     parts: list[bytes] = [
         _PRODUCE_HEAD.pack(
             Kind.PRODUCE, VERSION, flags, len(topic_b), batch.queue_id, batch.store_timestamp_ms
@@ -491,7 +497,9 @@ def decode_with_offsets(data: Bytes) -> tuple[BrokerRecord, tuple[int, ...]]:
 
 def _produce_header(data: bytes) -> ProduceHeader:
     _, _, flags, topic_len, queue_id, store_ts = _PRODUCE_HEAD.unpack_from(data, 0)
-    if flags & ~(_HAS_PRODUCER | _SCHEDULED):
+    if flags & ~(_HAS_PRODUCER | _SCHEDULED | _STRICT_SEQUENCE) or (
+        flags & _STRICT_SEQUENCE and not flags & _HAS_PRODUCER
+    ):
         raise MalformedBatchError(f"produce batch with unknown flags {flags:#x}")
     r = _Reader(data, _PRODUCE_HEAD.size)
     topic = r.take(topic_len).decode("utf-8")
@@ -499,7 +507,7 @@ def _produce_header(data: bytes) -> ProduceHeader:
     if flags & _HAS_PRODUCER:
         producer_id = r.short()
         (first_seq,) = r.unpack(_U64)
-        producer = ProducerSequence(producer_id, first_seq)
+        producer = ProducerSequence(producer_id, first_seq, bool(flags & _STRICT_SEQUENCE))
     (count,) = r.unpack(_U32)
     if count == 0 or count * _MSG_HEAD.size > len(data) - r.pos:
         raise MalformedBatchError(f"produce batch declares {count} messages that do not fit")

@@ -668,6 +668,16 @@ class FrameClient:
         loop.call_soon_threadsafe(self._drain_inbox)
         return cfut
 
+    def call_on_loop(
+        self, method: int, payload: bytes | memoryview, timeout_s: float
+    ) -> concurrent.futures.Future[bytes]:
+        """`call_threadsafe` from the client's own loop thread: handed to the connection now,
+        without a wake-up of the loop (the caller is already on it)."""
+        cfut: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+        self._inbox.append((method, payload, timeout_s, cfut))
+        self._drain_inbox()
+        return cfut
+
     async def connect(self) -> None:
         """Open the connection now instead of on the first call."""
         self._bind()

@@ -2,10 +2,10 @@
 sequence per queue, retries on the new leader and avoidance of broker groups that just failed.
 
 This module is the facade: it checks arguments, builds messages and chooses each message's
-queue; sender.py buffers, sends and retries (one request per queue in flight, a retried request
-keeps its queue and sequences), by the pure rule in retry.py. No network call happens here
-except the route look-ups of queue choice. Sends go over the framed data path where the leader
-offers one (client/data_pool.py), over gRPC otherwise.
+queue; sender.py buffers, sends and retries (up to max_inflight_per_queue batches per queue in
+flight, a retried batch keeps its queue and sequences), by the pure rule in retry.py. No
+network call happens here except the route look-ups of queue choice. Sends go over the framed
+data path where the leader offers one (client/data_pool.py), over gRPC otherwise.
 """
 
 from __future__ import annotations
@@ -107,7 +107,12 @@ class Producer:
     Every message has its outcome within `send_timeout_ms` of entering the buffer (Kafka's
     delivery.timeout.ms; entering may block up to `max_block_ms` when the buffer is full), time
     spent waiting behind an earlier request of its queue included. A failure is
-    OutcomeUnknownError when the message may be stored; any other error means it is not."""
+    OutcomeUnknownError when the message may be stored; any other error means it is not.
+
+    Throughput: up to `max_inflight_per_queue` batches of a queue are in flight at once (5, as
+    Kafka's idempotent producer; 1 without idempotence, which keeps the order otherwise), and
+    the batches bound for one leader travel together, `max_inflight_requests` requests at a
+    time per leader; what arrives meanwhile joins the next request."""
 
     @checked
     def __init__(
@@ -133,6 +138,8 @@ class Producer:
         delay_policy: DelayPolicy | None = None,
         allow_system_topics: bool = False,
         trace: bool = False,
+        max_inflight_per_queue: int = 5,
+        max_inflight_requests: int = 2,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -142,6 +149,10 @@ class Producer:
             )
         if request_timeout_ms <= 0:
             raise InvalidArgumentError("request_timeout_ms must be > 0")
+        if not 1 <= max_inflight_per_queue <= 5:
+            raise InvalidArgumentError("max_inflight_per_queue must be within 1..5")
+        if not 1 <= max_inflight_requests <= 64:
+            raise InvalidArgumentError("max_inflight_requests must be within 1..64")
         if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
             raise InvalidArgumentError(
                 "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
@@ -175,6 +186,7 @@ class Producer:
             linger_s=self._linger_s,
             max_block_s=self._max_block_s,
             max_io_threads=max_io_threads,
+            max_inflight_requests=max_inflight_requests,
         )
         accumulator: Accumulator[Pending] = Accumulator(
             linger_ms=math.ceil(linger_ms),  # the accumulator counts whole ms
@@ -182,6 +194,10 @@ class Producer:
             batch_max_bytes=batch_max_bytes,
             max_buffered_messages=max_buffered_messages,
             max_buffered_bytes=max_buffered_bytes,
+            # Several batches per queue keep their order only through the broker's sequence
+            # check, which needs the idempotent producer (Kafka's rule too).
+            max_inflight_per_queue=max_inflight_per_queue if idempotent else 1,
+            seal_on_send=True,
         )
         self._sender = Sender(config, accumulator, self.routes, self._pool, self._data)
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).

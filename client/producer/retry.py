@@ -15,6 +15,7 @@ from raftmq.common.errors import (
     Fault,
     NotLeaderError,
     OutcomeUnknownError,
+    OutOfOrderSequenceError,
     RaftMQError,
 )
 
@@ -47,7 +48,9 @@ def after_failure(
     if not retryable or attempts >= max_attempts or time_left_s <= 0:
         return Next.FAIL
     hinted = isinstance(err, NotLeaderError) and bool(err.leader_hint)
-    if movable and not maybe_stored and not hinted:
+    # Out of order: an earlier batch of the queue is in flight; it stays behind that one.
+    stay = hinted or isinstance(err, OutOfOrderSequenceError)
+    if movable and not maybe_stored and not stay:
         return Next.MOVE
     return Next.RETRY
 
@@ -75,7 +78,7 @@ def may_have_stored(err: RaftMQError, rpc: grpc.RpcError | None) -> bool:
     (no route, no leader known: `rpc` is None), a node refused it as not the leader (raftlog
     fails a submission with NOT_LEADER only when it is surely not in the log), or the
     connection could not be made. Anything else may have reached the log."""
-    if rpc is None or isinstance(err, (NotLeaderError, DiskPressureError)):
+    if rpc is None or isinstance(err, (NotLeaderError, DiskPressureError, OutOfOrderSequenceError)):
         return False  # DISK_PRESSURE is answered before anything is proposed
     if isinstance(err, BrokerUnavailableError):
         try:

@@ -1,12 +1,15 @@
-"""The producer's sender: buffers messages per queue (client/accumulator.py), keeps at most one
-request per queue in flight, and drives each request through its attempts (retry on the new
-leader, move to another group, fail) by the pure rule in retry.py.
+"""The producer's sender: buffers messages per queue (client/accumulator.py), keeps up to
+`max_inflight_per_queue` batches per queue in flight (strict sequences keep their order at the
+broker), and drives each batch through its attempts (retry on the new leader, move to another
+group, fail) by the pure rule in retry.py.
 
-A request goes over the framed data path (client/data_pool.py) when the leader advertises a data
-address, with no thread waiting for it: the answer's callback runs on the pool's loop thread and
-does only non-blocking work (results, the next batch of the queue when its leader is known);
-failures and anything that may look up routes go to the timer thread. Otherwise it is a blocking
-gRPC call on an I/O thread, as before.
+A batch goes over the framed data path (client/data_pool.py) when the leader advertises a data
+address: batches bound for one leader wait in its outbox until the pool's loop thread flushes it
+as one SEND_BATCHES frame (one Raft entry on the leader, one chunk per batch), sealing each batch
+with what arrived for its queue meanwhile. No thread waits for the answer: its callback runs on
+the loop thread and does only non-blocking work (results, the queue's next batch when its leader
+is known); failures and anything that may look up routes go to the timer thread. Otherwise a
+batch is a blocking gRPC call on an I/O thread, as before.
 
 A retried request keeps its queue and sequence numbers, so the broker stores it once whatever
 happened to an earlier attempt; only a request that surely never reached a broker may move to
@@ -15,6 +18,7 @@ another broker group. It never chooses a queue for a new message (the Producer d
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -46,15 +50,22 @@ from raftmq.common.errors import (
     NoRouteError,
     NotLeaderError,
     OutcomeUnknownError,
+    OutOfOrderSequenceError,
     QueueFullError,
     RaftMQError,
     RequestTimeoutError,
+    UnsupportedError,
     from_rpc_error,
 )
+from raftmq.common.frame import error_from_detail
+from raftmq.common.message import POSITION_HEX, msg_id_prefix
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.producer")
+
+FRAME_MAX_BATCHES = 1024  # queue batches in one SEND_BATCHES frame
+FRAME_MAX_BYTES = 4 << 20  # message bytes in one frame (the broker takes 8 MiB frames)
 
 
 @dataclass(slots=True)
@@ -103,6 +114,9 @@ class SenderConfig:
     linger_s: float
     max_block_s: float  # how long enqueue waits for buffer room
     max_io_threads: int
+    # SEND_BATCHES frames in flight per leader (Kafka's max.in.flight.requests.per.connection):
+    # while they are out, batches fill with what arrives, so fewer frames carry more.
+    max_inflight_requests: int = 2
 
 
 class Sender:
@@ -132,6 +146,15 @@ class Sender:
         self._faults = FaultTable()
         self._leaders: dict[str, str] = {}  # broker group -> leader address (hints win)
         self._nodes: dict[str, tuple[str, ...]] = {}  # broker group -> every node, leader first
+        # Framed batches waiting for the loop thread's flush, per leader data address.
+        self._outbox_lock = threading.Lock()
+        self._outbox: dict[str, list[Request]] = {}
+        self._single_sends: set[str] = set()  # data addresses without SEND_BATCHES
+        self._frames_out: dict[str, int] = {}  # data address -> frames in flight (loop thread)
+        # figures for benchmarks and tests: SEND_BATCHES frames, the batches and messages in them
+        self.frames_sent = 0
+        self.batches_sent = 0
+        self.messages_sent = 0
         self.closed = False
 
     # ---- what the Producer's queue choice shares ------------------------------------------------
@@ -196,6 +219,18 @@ class Sender:
         self.closed = True
         self._scheduler.close()
         self._io.shutdown(wait=True, cancel_futures=True)
+        # Batches still waiting in an outbox (their flush will not run once the loop stops)
+        # end here; an earlier attempt of one may have stored it, which final_error says.
+        with self._outbox_lock:
+            waiting = [req for reqs in self._outbox.values() for req in reqs]
+            self._outbox.clear()
+        for req in waiting:
+            err = BrokerUnavailableError("the producer was closed before the send completed")
+            group = req.queue.broker_group
+            self._finish(
+                req,
+                final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
+            )
 
     def _request(self, batch: Batch[Pending]) -> Request:
         # The send timeout is per message: a batch is due when its oldest message is.
@@ -233,21 +268,15 @@ class Sender:
         except RaftMQError as exc:
             self._failed(req, exc, maybe_stored=False)  # nothing left this process
             return
-        idempotent = self.config.idempotent
-        wire = broker_pb2.SendMessageRequest(
-            topic=req.queue.topic,
-            queue_id=req.queue.queue_id,
-            messages=[it.msg for it in req.items],
-            producer_id=self.config.producer_id if idempotent else "",
-            first_sequence=req.batch.first_sequence if idempotent else 0,
-            timeout_ms=int(self.config.request_timeout_s * 1000),
-        )
         data_address = self.routes.data_address(req.address) if self._data is not None else ""
         if data_address and self._data is not None and not self.closed:
-            left = max(0.05, min(req.deadline - time.monotonic(), self.config.request_timeout_s))
-            fut = self._data.submit(data_address, DataMethod.SEND_MESSAGE, wire, left)
-            fut.add_done_callback(lambda f: self._on_frame_answer(req, f))
+            self._post(data_address, req)
             return
+        with self._lock:
+            req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
+            wire = self._wire(req)
+        if nxt is not None:
+            self._issue(self._request(nxt))
         try:
             self._io.submit(self._call, req, wire)
         except RuntimeError:  # closed meanwhile; an earlier attempt may have stored it
@@ -261,6 +290,183 @@ class Sender:
                     group=req.queue.broker_group,
                 ),
             )
+
+    def _wire(self, req: Request) -> broker_pb2.SendMessageRequest:
+        """The batch as sent now (hold self._lock): strict unless it is its queue's oldest."""
+        idempotent = self.config.idempotent
+        return broker_pb2.SendMessageRequest(
+            topic=req.queue.topic,
+            queue_id=req.queue.queue_id,
+            messages=[it.msg for it in req.items],
+            producer_id=self.config.producer_id if idempotent else "",
+            first_sequence=req.batch.first_sequence if idempotent else 0,
+            timeout_ms=int(self.config.request_timeout_s * 1000),
+            strict_sequence=idempotent and not self._acc.is_oldest(req.batch),
+        )
+
+    # ---- the framed path: one SEND_BATCHES frame per leader per flush ---------------------------
+
+    def _post(self, data_address: str, req: Request) -> None:
+        """Queue `req` for `data_address`'s next frame; the first one in wakes the loop."""
+        assert self._data is not None
+        if data_address in self._single_sends:
+            self._send_single(data_address, req)
+            return
+        with self._outbox_lock:
+            box = self._outbox.get(data_address)
+            if box is not None:
+                box.append(req)
+                return
+            self._outbox[data_address] = [req]
+        try:
+            loop = self._data.loop
+            if self._data.on_loop_thread():
+                loop.call_soon(self._flush, data_address)
+            else:
+                loop.call_soon_threadsafe(self._flush, data_address)
+        except (RaftMQError, RuntimeError):  # the pool (and its loop) closed meanwhile
+            self._flush(data_address)
+
+    def _flush(self, data_address: str) -> None:
+        """Loop thread: seal every batch waiting for `data_address` and send them as frames."""
+        assert self._data is not None
+        if self._frames_out.get(data_address, 0) >= self.config.max_inflight_requests:
+            return  # the outbox waits (and its open batches fill): the next answer flushes it
+        with self._outbox_lock:
+            reqs = self._outbox.pop(data_address, [])
+        if not reqs:
+            return
+        more: list[Batch[Pending]] = []
+        frames: list[tuple[list[Request], list[broker_pb2.SendMessageRequest]]] = []
+        with self._lock:
+            now_ms = monotonic_ms()
+            size = 0
+            for req in reqs:
+                req.batch, nxt = self._acc.seal(req.batch, now_ms)
+                if nxt is not None:
+                    more.append(nxt)
+                if (
+                    not frames
+                    or len(frames[-1][0]) >= FRAME_MAX_BATCHES
+                    or (size + req.batch.size_bytes > FRAME_MAX_BYTES and frames[-1][0])
+                ):
+                    frames.append(([], []))
+                    size = 0
+                frames[-1][0].append(req)
+                frames[-1][1].append(self._wire(req))
+                size += req.batch.size_bytes
+        now = time.monotonic()
+        for batch_reqs, wires in frames:
+            left = min(r.deadline for r in batch_reqs) - now
+            left = max(0.05, min(left, self.config.request_timeout_s))
+            wire = broker_pb2.SendBatchesRequest(
+                batches=wires, timeout_ms=int(self.config.request_timeout_s * 1000)
+            )
+            self.frames_sent += 1
+            self._frames_out[data_address] = self._frames_out.get(data_address, 0) + 1
+            self.batches_sent += len(batch_reqs)
+            self.messages_sent += sum(len(r.items) for r in batch_reqs)
+            fut = self._data.submit(data_address, DataMethod.SEND_BATCHES, wire, left)
+            fut.add_done_callback(
+                functools.partial(self._on_batches_answer, data_address, batch_reqs)
+            )
+        for nxt in more:
+            self._issue(self._request(nxt))
+
+    def _send_single(self, data_address: str, req: Request) -> None:
+        """One batch as one SEND_MESSAGE frame: for a broker without SEND_BATCHES."""
+        assert self._data is not None
+        with self._lock:
+            req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
+            wire = self._wire(req)
+        left = max(0.05, min(req.deadline - time.monotonic(), self.config.request_timeout_s))
+        fut = self._data.submit(data_address, DataMethod.SEND_MESSAGE, wire, left)
+        fut.add_done_callback(lambda f: self._on_frame_answer(req, f))
+        if nxt is not None:
+            self._issue(self._request(nxt))
+
+    def _on_batches_answer(
+        self, data_address: str, reqs: list[Request], fut: Future[Message]
+    ) -> None:
+        """A SEND_BATCHES answer, on the loop thread: each batch's result or error apart; then
+        what waited for room in the leader's window of frames goes."""
+        self._frames_out[data_address] -= 1
+        try:
+            self._on_batches_results(data_address, reqs, fut)
+        finally:
+            if self._outbox.get(data_address):
+                self._flush(data_address)
+
+    def _on_batches_results(
+        self, data_address: str, reqs: list[Request], fut: Future[Message]
+    ) -> None:
+        exc = fut.exception()
+        if isinstance(exc, UnsupportedError):
+            # A broker from before SEND_BATCHES (it stored nothing): one frame per batch there.
+            # It also ignores strict sequences, so order per queue needs one batch in flight.
+            log.info("producer.single_sends address=%s", data_address)
+            self._single_sends.add(data_address)
+            with self._lock:
+                self._acc.max_inflight_per_queue = 1
+            for req in reqs:
+                self._send_single(data_address, req)
+            return
+        if exc is not None:
+            for req in reqs:
+                self._frame_failed(req, exc)
+            return
+        resp = fut.result()
+        assert isinstance(resp, broker_pb2.SendBatchesResponse)
+        if len(resp.results) != len(reqs):
+            err = OutcomeUnknownError(
+                f"broker answered {len(resp.results)} results for {len(reqs)} batches"
+            )
+            for req in reqs:
+                self._finish(req, err)
+            return
+        group = resp.broker_group
+        for req, r in zip(reqs, resp.results, strict=True):
+            if r.HasField("error"):
+                self._frame_failed(req, error_from_detail(r.error))
+            else:
+                self._answered_batch(req, r, group or req.queue.broker_group)
+
+    def _answered_batch(self, req: Request, r: broker_pb2.BatchResult, group: str) -> None:
+        """A batch stored (or found stored): ids derived from where it landed, as the broker
+        derives them (common.message.encode_msg_id)."""
+        latency_ms = int((time.monotonic() - req.started) * 1000)
+        with self._lock:
+            self._faults = self._faults.record(req.queue.broker_group, latency_ms, monotonic_ms())
+        items = req.items
+        if r.count != len(items):
+            self._finish(
+                req,
+                OutcomeUnknownError(f"broker answered {r.count} results for {len(items)} messages"),
+            )
+            return
+        topic = req.queue.topic
+        if r.raft_index <= 0:  # a duplicate whose original the broker no longer remembers
+            for it in items:
+                if not it.future.done():
+                    it.future.set_result(SendResult("", topic, group, r.queue_id, -1, r.duplicate))
+        else:
+            # first_offset -1 with a place in the log: stored, its queue offsets not known yet
+            # (a delayed message gets them when it falls due)
+            prefix = msg_id_prefix(group, r.raft_index, r.slot)
+            pos, offset = r.first_position, r.first_offset
+            for i, it in enumerate(items):
+                if not it.future.done():
+                    it.future.set_result(
+                        SendResult(
+                            prefix + format(pos + i, POSITION_HEX),
+                            topic,
+                            group,
+                            r.queue_id,
+                            offset + i if offset >= 0 else -1,
+                            r.duplicate,
+                        )
+                    )
+        self._finish(req, None)
 
     def _expire(self, req: Request) -> Request | None:
         """`req` if its messages still have time; otherwise they fail without being sent (they
@@ -288,6 +494,10 @@ class Sender:
             assert isinstance(resp, broker_pb2.SendMessageResponse)
             self._answered(req, resp)
             return
+        self._frame_failed(req, exc)
+
+    def _frame_failed(self, req: Request, exc: BaseException) -> None:
+        """A framed attempt failed (loop thread): final if closed, else retried off the loop."""
         if isinstance(exc, RaftMQError):
             err, maybe = exc, data_pool.may_have_stored(exc)
         else:  # a bug below us: we cannot tell how far it got
@@ -365,8 +575,9 @@ class Sender:
             err.code,
             err.message,
         )
-        with self._lock:
-            self._faults = self._faults.record(group, 0, monotonic_ms(), failed=True)
+        if not isinstance(err, OutOfOrderSequenceError):  # the group is fine: not a fault
+            with self._lock:
+                self._faults = self._faults.record(group, 0, monotonic_ms(), failed=True)
         if isinstance(err, NotLeaderError):
             if err.leader_hint:
                 self._leaders[group] = err.leader_hint

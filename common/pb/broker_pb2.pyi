@@ -55,20 +55,60 @@ class LockQueuesResponse(_message.Message):
     def __init__(self, granted: _Optional[_Iterable[int]] = ..., refused: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class SendMessageRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "messages", "producer_id", "first_sequence", "timeout_ms")
+    __slots__ = ("topic", "queue_id", "messages", "producer_id", "first_sequence", "timeout_ms", "strict_sequence")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     producer_id: str
     first_sequence: int
     timeout_ms: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    strict_sequence: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., producer_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., strict_sequence: _Optional[bool] = ...) -> None: ...
+
+class SendBatchesRequest(_message.Message):
+    __slots__ = ("batches", "timeout_ms")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[SendMessageRequest]
+    timeout_ms: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[SendMessageRequest, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class BatchResult(_message.Message):
+    __slots__ = ("queue_id", "first_offset", "count", "raft_index", "slot", "first_position", "duplicate", "error")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_POSITION_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    first_offset: int
+    count: int
+    raft_index: int
+    slot: int
+    first_position: int
+    duplicate: bool
+    error: _common_pb2.ErrorDetail
+    def __init__(self, queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., count: _Optional[int] = ..., raft_index: _Optional[int] = ..., slot: _Optional[int] = ..., first_position: _Optional[int] = ..., duplicate: _Optional[bool] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class SendBatchesResponse(_message.Message):
+    __slots__ = ("results", "broker_group", "term")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[BatchResult]
+    broker_group: str
+    term: int
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
 
 class SendResult(_message.Message):
     __slots__ = ("msg_id", "queue_id", "queue_offset", "duplicate")

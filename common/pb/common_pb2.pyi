@@ -54,6 +54,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DELETED_BY_RETENTION: _ClassVar[ErrorCode]
     DISK_PRESSURE: _ClassVar[ErrorCode]
     TRACE_NOT_FOUND: _ClassVar[ErrorCode]
+    OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
 PERM_READ_ONLY: Permission
@@ -91,6 +92,7 @@ INVALID_FILTER: ErrorCode
 DELETED_BY_RETENTION: ErrorCode
 DISK_PRESSURE: ErrorCode
 TRACE_NOT_FOUND: ErrorCode
+OUT_OF_ORDER_SEQUENCE: ErrorCode
 
 class Message(_message.Message):
     __slots__ = ("body", "tags", "keys", "properties", "flag", "born_timestamp_ms", "born_host")

@@ -18,7 +18,13 @@ import pytest
 
 from raftmq.client.admin import Admin
 from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import InvalidArgumentError, NotLeaderError, OffsetOutOfRangeError
+from raftmq.common.errors import (
+    InvalidArgumentError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+)
+from raftmq.common.message import encode_msg_id
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
 from raftmq.common.transport import FrameClient, LoopThread
 from tests.harness.procs import Cluster, Proc, start_cluster, wait_until
@@ -156,6 +162,82 @@ def test_send_with_idempotent_retry_then_pull(env: Env) -> None:
     with pytest.raises(OffsetOutOfRangeError) as info:
         env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, 0, 100, 0))
     assert info.value.code == "OFFSET_OUT_OF_RANGE"
+
+
+def batches_req(*batches: broker_pb2.SendMessageRequest) -> broker_pb2.SendBatchesRequest:
+    return broker_pb2.SendBatchesRequest(batches=batches)
+
+
+def sent_batches(raw: bytes) -> broker_pb2.SendBatchesResponse:
+    return broker_pb2.SendBatchesResponse.FromString(raw)
+
+
+def bodies(env: Env, queue_id: int) -> list[bytes]:
+    found = pulled(env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, queue_id, 0, 0)))
+    return [m.message.body for m in found.messages]
+
+
+def test_send_batches_share_one_entry_and_fail_apart(env: Env) -> None:
+    """The fast path's request: the batches of several queues in one frame become one Raft
+    entry (one chunk each), each answered with its base offset and count; a refused batch is
+    its own answer and does not fail the others."""
+    out = sent_batches(
+        env.call(
+            env.leader,
+            DataMethod.SEND_BATCHES,
+            batches_req(
+                send_req(TOPIC, 4, b"q4-a", b"q4-b"),
+                send_req(TOPIC, 99, b"no such queue"),
+                send_req(TOPIC, 5, b"q5-a"),
+            ),
+        )
+    )
+    assert out.broker_group == GROUP
+    ok4, bad, ok5 = out.results
+    assert not ok4.HasField("error") and not ok5.HasField("error")
+    assert (ok4.queue_id, ok4.first_offset, ok4.count) == (4, 0, 2)
+    assert (ok5.queue_id, ok5.first_offset, ok5.count) == (5, 0, 1)
+    assert ok4.raft_index == ok5.raft_index and ok4.slot != ok5.slot  # one entry, two chunks
+    assert common_pb2.ErrorCode.Name(bad.error.code) == "INVALID_ARGUMENT"
+    assert "queue 99 does not exist" in bad.error.message
+    found = pulled(env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, 4, 0, 0)))
+    assert [m.message.body for m in found.messages] == [b"q4-a", b"q4-b"]
+    assert [m.msg_id for m in found.messages] == [
+        encode_msg_id(GROUP, ok4.raft_index, ok4.slot, ok4.first_position + i) for i in range(2)
+    ]
+
+
+def test_a_strict_batch_never_lands_before_an_earlier_one(env: Env) -> None:
+    """Several batches of one queue in flight: the third arrives first (the first and second
+    are being retried). Stored then, the second's retry would be taken for a duplicate and
+    dropped while acknowledged. The broker refuses it unstored (OUT_OF_ORDER_SEQUENCE); the
+    queue holds every sequence once, in order; a retried batch gets its original offsets."""
+    pid, q = "p-strict", 6
+
+    def batch(seq: int, *names: bytes, strict: bool) -> broker_pb2.SendMessageRequest:
+        req = send_req(TOPIC, q, *names, producer=(pid, seq))
+        req.strict_sequence = strict
+        return req
+
+    first = batch(0, b"s0", b"s1", strict=False)  # the oldest in flight: not strict
+    second = batch(2, b"s2", b"s3", strict=True)
+    third = batch(4, b"s4", strict=True)
+    out = sent_batches(env.call(env.leader, DataMethod.SEND_BATCHES, batches_req(third, first)))
+    early, stored = out.results
+    assert common_pb2.ErrorCode.Name(early.error.code) == "OUT_OF_ORDER_SEQUENCE"
+    assert (stored.first_offset, stored.count, stored.duplicate) == (0, 2, False)
+    # the out-of-order batch again, still ahead of the second: refused again
+    with pytest.raises(OutOfOrderSequenceError):
+        env.call(env.leader, DataMethod.SEND_MESSAGE, third)
+    out = sent_batches(env.call(env.leader, DataMethod.SEND_BATCHES, batches_req(second, third)))
+    assert [(r.first_offset, r.count, r.duplicate) for r in out.results] == [
+        (2, 2, False),
+        (4, 1, False),
+    ]
+    # a retry of the second (its answer was lost): the original offsets, stored once
+    dup = sent_batches(env.call(env.leader, DataMethod.SEND_BATCHES, batches_req(second)))
+    assert [(r.first_offset, r.count, r.duplicate) for r in dup.results] == [(2, 2, True)]
+    assert bodies(env, q) == [b"s0", b"s1", b"s2", b"s3", b"s4"]
 
 
 def test_long_poll_answers_as_soon_as_a_message_arrives(env: Env) -> None:

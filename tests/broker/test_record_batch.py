@@ -220,3 +220,17 @@ def test_non_produce_records_have_no_offsets() -> None:
     )
     with pytest.raises(MalformedBatchError):
         decode_produce_header(encode(CommitOffset("g", "t", 1, 2)))
+
+
+def test_a_strict_sequence_survives_the_round_trip_and_needs_a_producer() -> None:
+    msg = Message("T", b"x", None, (), {}, 0, 1, "h:1")
+    for strict in (False, True):
+        data = encode(ProduceBatch("T", 0, 5, (msg,), ProducerSequence("p", 7, strict)))
+        record = decode(data)
+        assert isinstance(record, ProduceBatch) and record.producer == ProducerSequence(
+            "p", 7, strict
+        )
+    plain = bytearray(encode(ProduceBatch("T", 0, 5, (msg,))))
+    plain[2] |= 0x04  # the strict flag on a batch without a producer
+    with pytest.raises(MalformedBatchError, match="unknown flags"):
+        decode(bytes(plain))

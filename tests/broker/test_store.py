@@ -266,3 +266,17 @@ def test_full_store_is_a_typed_error(tmp_path: Path) -> None:
             for _ in range(200):
                 e = log.append([produce("T", 0, 200, keys=["k"])])
                 store.apply(d.apply(e, store))
+
+
+def test_producer_rows_read_from_the_cache_equal_the_rows_on_disk(node: Node) -> None:
+    """The decoded producer rows the dispatcher reads come from what apply() wrote; a store
+    opened afresh (empty cache) reads the same from lmdb, and a read never fills the cache."""
+    for seq in range(0, 14, 2):
+        node.entry(produce("T", 0, 2, producer=("p", seq)), produce("T", 1, 1, producer=("p", seq)))
+    cached = {q: node.store.producer_state("p", "T", q) for q in (0, 1)}
+    assert cached[0] is not None and cached[0].last_sequence == 13
+    assert len(cached[0].recent) == 5 and cached[0].recent[-1].first_offset == 12
+    node.reopen()
+    assert node.store._producer_cache == {}
+    assert {q: node.store.producer_state("p", "T", q) for q in (0, 1)} == cached
+    assert node.store._producer_cache == {}, "a read must not fill the cache"

@@ -339,6 +339,10 @@ def test_asyncio_face_over_frames(cluster: Cluster, proxies: dict[str, FrameBrok
             p.producer.routes._override_data_addresses(overrides(proxies))
             results = await asyncio.gather(*(p.send(name, b"x%d" % i) for i in range(200)))
             assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
+            # the results of one answer complete their futures with one wake-up of this loop
+            waker = p._waker
+            assert waker is not None and waker.completions == 200
+            assert waker.wakeups < 100, waker.wakeups
         got: list[bytes] = []
         async with AsyncPullConsumer(cluster.namesrv, "g-aio", start_from=StartFrom.EARLIEST) as c:
             c.consumer.routes._override_data_addresses(overrides(proxies))

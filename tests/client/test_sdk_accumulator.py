@@ -1,6 +1,7 @@
-"""The producer's accumulator: linger and size rules, one batch in flight per queue, idempotent
-sequence numbers (kept by a retry, handed out again only when a batch surely never left), and
-the buffer bound. Time is passed in."""
+"""The producer's accumulator: linger and size rules, one batch in flight per queue by default
+and up to max_inflight_per_queue sealed late (the fast path), idempotent sequence numbers (kept
+by a retry, handed out again only when a batch surely never left), and the buffer bound. Time is
+passed in."""
 
 from __future__ import annotations
 
@@ -193,3 +194,69 @@ def test_invariants_under_any_interleaving(
         seqs = [s for s, _ in stored[q]]
         assert seqs == list(range(len(seqs))), "sequences contiguous from 0, no gap"
         assert [i for _, i in stored[q]] == appended[q], "each item once, in append order"
+
+
+def windowed(max_inflight: int = 3) -> Accumulator[str]:
+    return Accumulator(
+        linger_ms=0,
+        batch_max_messages=4,
+        batch_max_bytes=1000,
+        max_buffered_messages=100,
+        max_buffered_bytes=10_000,
+        max_inflight_per_queue=max_inflight,
+        seal_on_send=True,
+    )
+
+
+def test_several_batches_in_flight_are_sealed_with_what_arrived_meanwhile() -> None:
+    """The fast path: a batch cut on the caller's thread takes, when the I/O loop seals it, the
+    messages that arrived meanwhile; then up to max_inflight_per_queue batches fly at once,
+    with contiguous sequences; the oldest is the one that may skip a gap."""
+    a = windowed()
+    first = a.append(Q0, items("m0"), now_ms=0).batch
+    assert first is not None
+    for i in (1, 2):  # arrive before the loop sealed it: they wait, no second batch is cut
+        assert a.append(Q0, items(f"m{i}"), now_ms=i).batch is None
+    sealed, nxt = a.seal(first, now_ms=3)
+    assert sealed.items == ("m0", "m1", "m2") and nxt is None
+    assert a.seal(sealed, now_ms=3) == (sealed, None)  # sealed once
+    second = a.append(Q0, items("m3"), now_ms=4).batch
+    assert second is not None and second.first_sequence == 3
+    second, _ = a.seal(second, now_ms=4)
+    third = a.append(Q0, items("m4"), now_ms=5).batch
+    assert third is not None and third.first_sequence == 4
+    third, _ = a.seal(third, now_ms=5)
+    assert a.append(Q0, items("m5"), now_ms=6).batch is None  # window of 3 full
+    assert a.inflight_count(Q0) == 3 and a.is_oldest(sealed) and not a.is_oldest(second)
+    # answers may come in any order; the window moves on when any completes
+    fourth = a.complete(second, now_ms=7)
+    assert fourth is not None and fourth.items == ("m5",) and fourth.first_sequence == 5
+    assert a.is_oldest(sealed)
+    assert a.complete(sealed, now_ms=8) is None
+    assert a.is_oldest(third)
+
+
+def test_abandoning_an_older_batch_leaves_a_gap_the_next_oldest_skips() -> None:
+    a = windowed()
+    b0 = a.append(Q0, items("m0"), now_ms=0).batch
+    assert b0 is not None
+    b0, _ = a.seal(b0, now_ms=0)
+    b1 = a.append(Q0, items("m1"), now_ms=1).batch
+    assert b1 is not None
+    b1, _ = a.seal(b1, now_ms=1)
+    a.abandon(b0, now_ms=2)  # surely never sent, but b1 (sequence 1) is in flight: no reuse
+    assert a.is_oldest(b1) and a.next_sequence(Q0) == 2
+    a.abandon(b1, now_ms=3)  # the newest: its sequences are handed out again
+    assert a.next_sequence(Q0) == 1
+
+
+def test_seal_fills_up_to_the_batch_limit_and_cuts_the_next() -> None:
+    a = windowed()
+    b = a.append(Q0, items("m0"), now_ms=0).batch
+    assert b is not None
+    assert a.append(Q0, items("m1", "m2", "m3", "m4", "m5"), now_ms=1).batch is None
+    sealed, nxt = a.seal(b, now_ms=2)
+    assert sealed.items == ("m0", "m1", "m2", "m3")
+    assert nxt is not None and nxt.items == ("m4", "m5") and nxt.first_sequence == 4
+    assert a.seal(nxt, now_ms=2) == (nxt, None)  # nothing more waited
+    assert a.buffered_messages == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from raftmq.client import data_pool
 from raftmq.client.producer.retry import (
     MAX_RETRY_BACKOFF_S,
     Next,
@@ -21,6 +22,7 @@ from raftmq.common.errors import (
     NoRouteError,
     NotLeaderError,
     OutcomeUnknownError,
+    OutOfOrderSequenceError,
     QueueFullError,
     RaftMQError,
     RequestTimeoutError,
@@ -79,6 +81,16 @@ def test_only_a_request_that_surely_never_left_moves() -> None:
     assert retry_delay_s(hinted, attempts=3, backoff_s=0.05) == 0.0
     # Keyed, selected and batch sends never move: their queue is their order.
     assert decide(NotLeaderError("x"), movable=False) is Next.RETRY
+
+
+def test_an_out_of_order_batch_waits_on_its_queue() -> None:
+    """Refused unstored because an earlier batch of its queue is still in flight: retried on
+    the same queue (never moved: it would leave its order) and it stored nothing."""
+    err = OutOfOrderSequenceError("x")
+    assert err.retryable and err.code == "OUT_OF_ORDER_SEQUENCE"
+    assert decide(err) is Next.RETRY
+    assert not may_have_stored(err, Failed(grpc.StatusCode.ABORTED, "out of order"))
+    assert not data_pool.may_have_stored(err)
 
 
 @pytest.mark.parametrize(
