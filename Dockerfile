@@ -14,4 +14,5 @@ COPY client ./client
 COPY ops ./ops
 COPY spark_source ./spark_source
 COPY chaos ./chaos
+COPY proxy ./proxy
 RUN pip install --no-cache-dir '.[server,cli]'

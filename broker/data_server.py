@@ -245,6 +245,10 @@ class DataServer:
                         answers.append(node.sends.stored(p, chunk))
                     except RaftMQError as exc:
                         answers.append(exc)
+        topics = [b.topic for b, p in zip(req.batches, prepared, strict=True) if p in ready]
+        for topic, p, answer in zip(topics, ready, answers, strict=True):  # per batch
+            if isinstance(answer, BatchStored):
+                node.metrics.on_send(topic, p.count, len(p.payload))
         done = iter(answers)
         results = [
             requests.batch_result(p if isinstance(p, RaftMQError) else next(done)) for p in prepared
