@@ -3,6 +3,7 @@ must flag, each legal behaviour they must let through; and the lifecycle scenari
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from raftmq.chaos.lifecycle_checks import (
     check_txn,
 )
 from raftmq.chaos.lifecycle_workload import delay_of, intent_of
-from raftmq.chaos.runner import retry_delays_s
+from raftmq.chaos.runner import RunOptions, _chaos_spec, retry_delays_s
 from raftmq.chaos.scenarios import SCENARIOS, by_name, ci_set
 from raftmq.chaos.workload import main as workload_main
 
@@ -209,3 +210,12 @@ def test_workload_refuses_an_unknown_mode(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         workload_main(["--namesrv", "x:1", "--topic", "t", "--out", "/dev/null", "--mode", "x"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_scenario_settings_are_laid_over_the_cluster_description(tmp_path: Path) -> None:
+    spec = _chaos_spec(RunOptions("txn-leader-kill", out_dir=tmp_path), by_name("txn-leader-kill"))
+    broker = spec.settings["broker"]
+    assert broker["transaction_timeout_ms"] == 2_000
+    assert broker["heartbeat_interval_ms"] == 2_000  # chaos/cluster.toml's own stays
+    plain = _chaos_spec(RunOptions("leader-kill", out_dir=tmp_path), by_name("leader-kill"))
+    assert "transaction_timeout_ms" not in plain.settings["broker"]
