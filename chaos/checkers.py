@@ -72,7 +72,7 @@ def _index(ops: Sequence[Op]) -> _Index:
     anomalies: Counter[str] = Counter()
     first_send = last_send = None
     for op in ordered:
-        if op.f == "nemesis":
+        if op.f in ("nemesis", "event"):  # events: lifecycle notes, chaos/lifecycle_checks.py
             continue
         value = op.value
         msg_id = value.get("id")

@@ -69,6 +69,7 @@ def _run_one(
         "order": q.get("order", {}),
         "worst_failover_gap_s": r.extra["worst_failover_gap_s"],
         "wall_s": round(time.monotonic() - started, 1),
+        "lifecycle": r.extra.get("lifecycle", {}),  # a lifecycle scenario's own checker
     }
 
 
@@ -94,6 +95,7 @@ def suite_cmd(args: argparse.Namespace) -> int:
     t = Table(title=f"chaos {args.set} set, seed {args.seed}")
     for col in ("scenario", "verdict", "acked", "lost", "dup", "reorder", "worst gap s", "wall s"):
         t.add_column(col)
+    t.add_column("feature check")
     for r in rows:
         q, o = r.get("queue", {}), r.get("order", {})
         t.add_row(
@@ -105,6 +107,7 @@ def suite_cmd(args: argparse.Namespace) -> int:
             str(o.get("reorder", "-")),
             str(r.get("worst_failover_gap_s", "-")),
             str(r.get("wall_s", "-")),
+            str(r.get("lifecycle", {}).get("summary", "-")),
         )
     console.print(t)
     summary = Path(args.out) / f"suite-{args.set}-seed{args.seed}.json"

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 OpType = Literal["invoke", "ok", "fail", "info"]
-OpF = Literal["send", "recv", "nemesis"]
+OpF = Literal[
+    "send", "recv", "nemesis", "event"
+]  # event: a lifecycle workload's note (a check-back)
 Phase = Literal["start", "stop"]
 OP_TYPES: tuple[str, ...] = get_args(OpType)
 OP_FS: tuple[str, ...] = get_args(OpF)

@@ -26,12 +26,24 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from raftmq.chaos.checkers import CheckReport, check_all
 from raftmq.chaos.disks import TmpfsDisks
 from raftmq.chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
+from raftmq.chaos.lifecycle_checks import check_lifecycle
 from raftmq.chaos.netfaults import NetFaults
 from raftmq.chaos.netns import Net
 from raftmq.chaos.report import plot, write_result
-from raftmq.chaos.scenarios import FOLLOWER, GROUP, LEADER, FaultSpec, Kind, Schedule, by_name
+from raftmq.chaos.scenarios import (
+    FOLLOWER,
+    GROUP,
+    LEADER,
+    FaultSpec,
+    Kind,
+    Scenario,
+    Schedule,
+    by_name,
+)
 from raftmq.client.admin import Admin
+from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import RaftMQError
+from raftmq.common.retry import RetryPolicy
 from raftmq.ops.cluster_runner import ClusterRunner, broker_status
 from raftmq.ops.cluster_spec import ClusterSpec, load
 from raftmq.ops.procs import child_env
@@ -243,17 +255,33 @@ def _events(schedule: Schedule) -> list[tuple[float, int, bool, FaultSpec]]:
     return sorted(ev, key=lambda e: (e[0], e[2]))
 
 
-def _chaos_spec(opts: RunOptions) -> ClusterSpec:
+def _chaos_spec(opts: RunOptions, scenario: Scenario) -> ClusterSpec:
     spec = load(opts.cluster)
-    if opts.ack_before_commit:
+    if opts.ack_before_commit or scenario.settings:
         settings = {k: dict(v) for k, v in spec.settings.items()}
-        settings.setdefault("broker", {})["debug_ack_before_commit"] = True
+        for section, values in scenario.settings.items():
+            settings.setdefault(section, {}).update(values)
+        if opts.ack_before_commit:
+            settings.setdefault("broker", {})["debug_ack_before_commit"] = True
         spec = replace(spec, settings=settings)
     return spec.with_data_dir(RunPaths(opts.out_dir).data)
 
 
+def retry_delays_s(scenario: Scenario) -> list[float]:
+    """The back-off of retry n (n = earlier failures) under the scenario's delay levels."""
+    text = scenario.settings.get("broker", {}).get("delay_levels")
+    policy = RetryPolicy(delay=DelayPolicy.from_text(str(text)) if text else DelayPolicy())
+    out = []
+    for n in range(policy.delay.max_level):
+        level = policy.delay_level(n)
+        out.append(policy.delay.level_delay_ms(level) / 1000)
+        if level >= policy.delay.max_level:
+            break
+    return out
+
+
 def _start_workload(
-    net: Net, spec: ClusterSpec, history: Path, rate: float
+    net: Net, spec: ClusterSpec, history: Path, rate: float, mode: str = "queue"
 ) -> subprocess.Popen[str]:
     argv = [
         *net.wrap(CLIENT),
@@ -268,6 +296,8 @@ def _start_workload(
         str(history),
         "--rate",
         str(rate),
+        "--mode",
+        mode,
     ]
     log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
@@ -373,7 +403,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     schedule = scenario.schedule(opts.seed, opts.duration_s)
     paths = RunPaths(opts.out_dir)
     paths.fresh()
-    spec = _chaos_spec(opts)
+    spec = _chaos_spec(opts, scenario)
     groups = list(spec.groups)
     if not groups:
         raise RunError(f"{opts.cluster} describes no broker group")
@@ -400,7 +430,9 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 nemesis.leader(30.0)
                 _create_topic(admin, group)
                 _wait_route(admin)
-            workload = _start_workload(net, spec, client_history, opts.rate_per_s)
+            workload = _start_workload(
+                net, spec, client_history, opts.rate_per_s, scenario.workload
+            )
             t0 = time.monotonic()
             console.log(
                 f"[bold]{schedule.scenario}[/] seed={schedule.seed}: producing for "
@@ -446,9 +478,15 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     windows = fault_windows(ops)
     report = check_all(ops, windows, scenario=schedule.scenario, seed=schedule.seed)
     failover = within_bound(report, schedule)
+    lifecycle = check_lifecycle(ops, scenario.workload, retry_delays_s=retry_delays_s(scenario))
     passed = report.valid and all(w["within_bound"] for w in failover)
     worst = max((w["longest_gap_s"] for w in failover if w["majority_remains"]), default=None)
     verdict = report.verdict()
+    if lifecycle is not None:
+        passed = passed and lifecycle.valid
+        if not lifecycle.valid:
+            verdict = verdict.replace("PASS", "FAIL", 1)
+        verdict += f"; {lifecycle.summary()}"
     if not all(w["within_bound"] for w in failover):
         verdict = verdict.replace("PASS", "FAIL", 1)
         verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
@@ -461,6 +499,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "passed": passed,
         "ack_before_commit": opts.ack_before_commit,
         "wall_s": round(time.monotonic() - t_setup, 1),
+        **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
     }
     write_result(result_path, _schedule_json(schedule), report, extra)
     plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 
 class Kind(enum.Enum):
@@ -78,6 +78,11 @@ class Scenario:
     ci: bool  # in the CI set (`make chaos`); every scenario is in `make chaos-full`
     build: Callable[[random.Random, float], tuple[FaultSpec, ...]]
     default_duration_s: float = 30.0
+    # The workload (chaos/workload.py `--mode`): "queue", or a lifecycle feature's
+    # (chaos/lifecycle_workload.py), checked by chaos/lifecycle_checks.py as well.
+    workload: str = "queue"
+    # Cluster settings laid over the cluster description's, per section ("broker": {...}).
+    settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
     def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
         produce_s = self.default_duration_s if duration_s is None else duration_s
@@ -151,6 +156,12 @@ def _random_mix(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
     return tuple(out)
 
 
+# Lifecycle scenarios' cluster settings: check-backs and retries scaled down so that many of
+# them happen inside one ~17 s fault window.
+TXN_SETTINGS = {"broker": {"transaction_timeout_ms": 2_000, "transaction_check_interval_ms": 1_000}}
+RETRY_DELAY_LEVELS = "100ms 200ms 500ms 1s 1500ms 2s 3s 4s 5s 6s 7s 8s 9s 10s 20s 30s 1m 2m"
+RETRY_SETTINGS = {"broker": {"delay_levels": RETRY_DELAY_LEVELS}}
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("baseline", "no fault: the checkers' sanity run", False, _none),
     Scenario("leader-kill", "SIGKILL the group leader, restart it at the heal", True,
@@ -188,6 +199,21 @@ SCENARIOS: tuple[Scenario, ...] = (
              False, _single(Kind.DISK_FULL, LEADER)),
     Scenario("follower-disk-full", "fill one follower's data disk: no failover, no gap", False,
              _single(Kind.DISK_FULL, FOLLOWER)),
+    Scenario("txn-leader-kill",
+             "transactions (commit, rollback, unknown then check-back) while the leader is "
+             "SIGKILLed: check-backs come from the new leader; none half delivered, none lost",
+             False, _single(Kind.KILL, LEADER), workload="txn", settings=TXN_SETTINGS),
+    Scenario("delay-leader-kill",
+             "messages delayed 0.5-8 s fall due while the leader is SIGKILLed: each delivered "
+             "once, none early, none lost", False, _single(Kind.KILL, LEADER), workload="delay"),
+    Scenario("retry-leader-kill",
+             "a push consumer fails every message twice (send-backs, retries at a scaled back-off)"
+             " while the leader is SIGKILLed: each consumed in the end, no retry early",
+             False, _single(Kind.KILL, LEADER), workload="retry", settings=RETRY_SETTINGS),
+    Scenario("orderly-leader-kill",
+             "keyed sends to an orderly push consumer while the leader is SIGKILLed: order per "
+             "key, one message per queue in the listener at a time", False,
+             _single(Kind.KILL, LEADER), workload="orderly"),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
 )  # fmt: skip

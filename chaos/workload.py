@@ -239,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ordered-producers", type=int, default=2)
     ap.add_argument("--rate", type=float, default=20.0, help="sends/s per producer")
     ap.add_argument("--request-timeout-ms", type=int, default=1_000)
+    ap.add_argument(
+        "--mode",
+        default="queue",
+        choices=("queue", "txn", "delay", "retry", "orderly"),
+        help="queue: this module's workload; the others: chaos/lifecycle_workload.py",
+    )
     args = ap.parse_args(argv)
     level = os.environ.get("CHAOS_CLIENT_LOG", "WARNING").upper()  # DEBUG to trace sends
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
@@ -249,9 +255,18 @@ def main(argv: list[str] | None = None) -> int:
         ordered_rate_per_s=args.rate,
         unordered_rate_per_s=args.rate,
         request_timeout_ms=args.request_timeout_ms,
+        # Delayed messages and retries arrive seconds after the last send: wait for them.
+        drain_idle_s=5.0 if args.mode == "queue" else 12.0,
+        drain_deadline_s=30.0 if args.mode == "queue" else 45.0,
     )
     rec = Recorder()
-    w = Workload(settings, rec)
+    w: Workload
+    if args.mode == "queue":
+        w = Workload(settings, rec)
+    else:
+        from raftmq.chaos.lifecycle_workload import LifecycleWorkload  # it imports this module
+
+        w = LifecycleWorkload(settings, rec, args.mode)
     w.start()
     print("ready", flush=True)
     for line in sys.stdin:  # the harness's commands; EOF (harness gone) also drains
