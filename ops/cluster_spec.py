@@ -410,7 +410,8 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source} is not valid TOML: {exc}") from exc
-    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings"}
+    # [dashboard] (host, port) is read by `raftmq dashboard` (ops/cli_dashboard.py) alone.
+    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings", "dashboard"}
     metrics_ports: dict[str, int] = {}
     unknown = sorted(set(raw) - known)
     if unknown:

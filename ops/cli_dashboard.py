@@ -1,0 +1,83 @@
+"""`raftmq dashboard`: serve the web dashboard (ops/dashboard) until Ctrl-C. The address comes
+from --listen, else from the `[dashboard]` table of the cluster description given with --spec
+(whose NameServers it then uses too), else 127.0.0.1:8080. Read-only unless --allow-actions."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from raftmq.common.types import parse_address
+from raftmq.ops import cli_data
+from raftmq.ops.cluster_spec import SpecError, load
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def listen_from_spec(path: Path) -> str:
+    """host:port of the description's [dashboard] table (host defaults to 127.0.0.1); "" when
+    it has none."""
+    table = tomllib.loads(path.read_text()).get("dashboard")
+    if table is None:
+        return ""
+    port = table.get("port") if isinstance(table, dict) else None
+    host = table.get("host", "127.0.0.1") if isinstance(table, dict) else None
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+        raise SpecError(f"{path}: dashboard.port must be a port number 1..65535, got {port!r}")
+    if not isinstance(host, str) or not host:
+        raise SpecError(f"{path}: dashboard.host must be a non-empty string, got {host!r}")
+    return f"{host}:{port}"
+
+
+def dashboard(args: argparse.Namespace) -> int:
+    from raftmq.client.admin import Admin
+    from raftmq.ops.dashboard.app import Dashboard
+    from raftmq.ops.dashboard.server import DashboardServer
+
+    namesrv = cli_data._namesrv(args)
+    listen = args.listen
+    if args.spec:
+        spec_path = Path(args.spec)
+        namesrv = load(spec_path).namesrv_addresses
+        listen = listen or listen_from_spec(spec_path)
+    host, _, port = parse_address(listen or DEFAULT_LISTEN, "--listen").rpartition(":")
+    with Admin(namesrv) as admin:
+        server = DashboardServer(
+            Dashboard(admin, allow_actions=args.allow_actions, namesrv=namesrv),
+            host.strip("[]"),
+            int(port),
+        )
+        mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
+        cli_data.console.print(
+            f"dashboard: http://{server.address}/ ({mode}); NameServers {namesrv}; Ctrl-C stops",
+            highlight=False,
+        )
+        try:
+            server.serve_forever(poll_interval=0.5)
+        finally:
+            server.server_close()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "dashboard", help="serve the web dashboard (cluster, topics, groups, messages)"
+    )
+    p.add_argument(
+        "--listen",
+        default="",
+        help=f"host:port to serve on (default: the [dashboard] of --spec, else {DEFAULT_LISTEN})",
+    )
+    p.add_argument(
+        "--spec",
+        default="",
+        help="cluster description (TOML): its NameServers and its [dashboard] host and port",
+    )
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="offer create topic, reset offsets and resend dead letter (each confirmed first)",
+    )
+    p.set_defaults(func=dashboard)
