@@ -5,30 +5,14 @@ from --listen, else from the `[dashboard]` table of the cluster description give
 from __future__ import annotations
 
 import argparse
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from raftmq.common.types import parse_address
 from raftmq.ops import cli_data
-from raftmq.ops.cluster_spec import SpecError, load
+from raftmq.ops.cluster_spec import load
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
-
-
-def listen_from_spec(path: Path) -> str:
-    """host:port of the description's [dashboard] table (host defaults to 127.0.0.1); "" when
-    it has none."""
-    table = tomllib.loads(path.read_text()).get("dashboard")
-    if table is None:
-        return ""
-    port = table.get("port") if isinstance(table, dict) else None
-    host = table.get("host", "127.0.0.1") if isinstance(table, dict) else None
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
-        raise SpecError(f"{path}: dashboard.port must be a port number 1..65535, got {port!r}")
-    if not isinstance(host, str) or not host:
-        raise SpecError(f"{path}: dashboard.host must be a non-empty string, got {host!r}")
-    return f"{host}:{port}"
 
 
 def dashboard(args: argparse.Namespace) -> int:
@@ -39,9 +23,9 @@ def dashboard(args: argparse.Namespace) -> int:
     namesrv = cli_data._namesrv(args)
     listen = args.listen
     if args.spec:
-        spec_path = Path(args.spec)
-        namesrv = load(spec_path).namesrv_addresses
-        listen = listen or listen_from_spec(spec_path)
+        spec = load(Path(args.spec))
+        namesrv = spec.namesrv_addresses
+        listen = listen or (str(spec.dashboard) if spec.dashboard else "")
     host, _, port = parse_address(listen or DEFAULT_LISTEN, "--listen").rpartition(":")
     with Admin(namesrv) as admin:
         server = DashboardServer(

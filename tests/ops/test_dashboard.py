@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -30,9 +33,11 @@ from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
+from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
 from raftmq.ops.dashboard.app import Dashboard, Request, parse_reset_target
 from raftmq.ops.dashboard.html import Raw, table
 from raftmq.ops.dashboard.server import DashboardServer
+from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
 GROUP = "broker-a"
@@ -78,6 +83,47 @@ def test_routing_without_a_cluster() -> None:
         assert r.status == 405
         r = ro.handle(Request("GET", "/message", {}))
         assert r.status == 400 and "id is required" in r.body
+
+
+def test_dashboard_address_in_the_cluster_description() -> None:
+    text = (REPO / "ops" / "cluster.toml").read_text()
+    assert load(REPO / "ops" / "cluster.toml").dashboard == Endpoint("127.0.0.1", 8080)
+    base = text.split("[dashboard]")[0]
+    assert parse(base).dashboard is None
+    assert parse(base + "[dashboard]\nport = 9090\n").dashboard == Endpoint("127.0.0.1", 9090)
+    for bad, match in (
+        ("port = 0", "port number"),
+        ('port = 8080\nhots = "x"', "unknown dashboard key"),
+        ('host = ""\nport = 8080', "non-empty string"),
+    ):
+        with pytest.raises(SpecError, match=match):
+            parse(base + f"[dashboard]\n{bad}\n")
+
+
+def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
+    port = free_ports(1)[0]
+    argv = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", cluster.namesrv, "dashboard",
+            "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+
+        def up() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_until(up, 60, "the dashboard's /healthz")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+            page = r.read().decode()
+        assert GROUP in page and "leader" in page
+        assert r.headers["X-Frame-Options"] == "DENY"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert f"dashboard: http://127.0.0.1:{port}/ (read-only)" in out, out
+    assert "Traceback" not in out and proc.returncode in (0, 130), out
 
 
 # ---- against a cluster, in a browser ----------------------------------------------------------
@@ -244,9 +290,9 @@ def cli_lag_total(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> int:
 
 
 def test_every_page_shows_what_admin_says(
+    browser: Any,
     cluster: Cluster,
     data: Data,
-    browser: Any,
     served: Served,
     shots: Path,
     capsys: pytest.CaptureFixture[str],
@@ -338,7 +384,7 @@ def test_missing_message_is_an_error_page_not_a_traceback(
 
 @pytest.mark.parametrize("served", [True], indirect=True)
 def test_actions_ask_for_confirmation_first(
-    cluster: Cluster, data: Data, browser: Any, served: Served, shots: Path
+    browser: Any, cluster: Cluster, data: Data, served: Served, shots: Path
 ) -> None:
     from selenium.webdriver.common.by import By
 
