@@ -9,11 +9,14 @@ carrying confirm=yes, changes anything. Each POST must carry this process's rand
 page of another site cannot post to the dashboard.
 
 Other pages plug in with `register_page` (the per-minute reports and the alerts of issue 18 will:
-they add a nav entry and a handler, nothing here changes)."""
+they add a nav entry and a handler, nothing here changes): a module named in PLUGIN_MODULES
+registers its pages when imported, and is imported when it exists. `html.bar_chart` draws
+per-minute counts as inline SVG (no script)."""
 
 from __future__ import annotations
 
 import hmac
+import importlib
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -67,6 +70,23 @@ class PageSpec:
 
 
 _PAGES: dict[str, PageSpec] = {}
+# Modules that add pages (each calls register_page on import); a missing one is skipped.
+PLUGIN_MODULES = ("raftmq.ops.dashboard.reports", "raftmq.ops.dashboard.alerts")
+
+
+def load_plugins() -> list[str]:
+    """Import the plugin modules that exist; the ones loaded. A plugin that exists but fails
+    to import (a missing dependency of its own) raises: that is a bug, not an absent page."""
+    loaded = []
+    for name in PLUGIN_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        loaded.append(name)
+    return loaded
 
 
 def register_page(path: str, title: str, handler: Handler, *, in_nav: bool = True) -> None:
@@ -105,6 +125,7 @@ class Dashboard:
         self.allow_actions = allow_actions
         self.namesrv = namesrv
         self.token = token or secrets.token_urlsafe(24)
+        self.plugins = load_plugins()
 
     def nav(self) -> list[tuple[str, str]]:
         return [(p.path, p.title) for p in _PAGES.values() if p.in_nav]

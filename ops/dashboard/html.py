@@ -138,3 +138,37 @@ def page(title: str, nav: Sequence[tuple[str, str]], current: str, body: Iterabl
         f'<header><span class="brand">raftmq</span>{links}</header>'
         f"<main><h1>{esc(title)}</h1>{content}</main></body></html>"
     )
+
+
+def bar_chart(
+    points: Sequence[tuple[int, float]],
+    *,
+    width: int = 640,
+    height: int = 120,
+    label: str = "",
+    chart_id: str = "",
+) -> Raw:
+    """An inline SVG bar chart of (ms timestamp, value) points, oldest first: for per-minute
+    counts (the resource reports). SVG, not a script, so the pages stay script-free; each bar's
+    <title> is its time and value (a tooltip)."""
+    attr = f' id="{esc(chart_id)}"' if chart_id else ""
+    if not points:
+        return Raw(f'<p class="muted"{attr}>no data{": " + esc(label) if label else ""}</p>')
+    top = max(v for _, v in points) or 1.0
+    bar = width / len(points)
+    out = [
+        f'<svg{attr} xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 16}" '
+        f'role="img" aria-label="{esc(label)}" style="background:#fff;border:1px solid #d9dde5">'
+    ]
+    for i, (ms, v) in enumerate(points):
+        h = max(0.0, v) / top * (height - 4)
+        out.append(
+            f'<rect x="{i * bar:.1f}" y="{height - h:.1f}" width="{max(bar - 1, 0.5):.1f}" '
+            f'height="{h:.1f}" fill="#3b6fb6"><title>{esc(fmt_ms(ms))}: {esc(f"{v:g}")}'
+            "</title></rect>"
+        )
+    out.append(
+        f'<text x="2" y="{height + 13}" font-size="11" fill="#556">{esc(label)} '
+        f"(max {esc(f'{top:g}')})</text></svg>"
+    )
+    return Raw("".join(out))

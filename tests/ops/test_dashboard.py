@@ -34,8 +34,9 @@ from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
 from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
+from raftmq.ops.dashboard import app
 from raftmq.ops.dashboard.app import Dashboard, Request, parse_reset_target
-from raftmq.ops.dashboard.html import Raw, table
+from raftmq.ops.dashboard.html import Raw, bar_chart, table
 from raftmq.ops.dashboard.server import DashboardServer
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Cluster, start_cluster, wait_until
@@ -55,6 +56,31 @@ def test_cells_are_escaped_and_raw_markup_is_not() -> None:
     out = str(table(("a", "b"), [("<script>x</script>", Raw("<b>ok</b>"))]))
     assert "<script>" not in out and "&lt;script&gt;x&lt;/script&gt;" in out
     assert "<b>ok</b>" in out
+
+
+def test_bar_chart_for_the_reports() -> None:
+    svg = str(bar_chart([(1_700_000_000_000, 3), (1_700_000_060_000, 6)], label="<in>/min"))
+    heights = [float(h) for h in re.findall(r'<rect [^>]*height="([0-9.]+)"', svg)]
+    assert len(heights) == 2 and heights[1] == pytest.approx(2 * heights[0])
+    assert "&lt;in&gt;/min" in svg and "<in>" not in svg and "(max 6)" in svg
+    assert "no data" in str(bar_chart([])) and "<script" not in svg
+
+
+def test_a_plugin_module_adds_a_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """How the reports and alerts pages plug in: a module in PLUGIN_MODULES registering a page."""
+    (tmp_path / "dash_plugin_demo.py").write_text(
+        "from raftmq.ops.dashboard.app import register_page\n"
+        "from raftmq.ops.dashboard.html import bar_chart\n"
+        "register_page('/reports', 'Reports', lambda d, req: [bar_chart([(0, 1)], label='in')])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(app, "_PAGES", dict(app._PAGES))
+    monkeypatch.setattr(app, "PLUGIN_MODULES", ("dash_plugin_demo", "dash_plugin_absent"))
+    with Admin("127.0.0.1:1") as admin:
+        d = Dashboard(admin)
+        assert d.plugins == ["dash_plugin_demo"] and ("/reports", "Reports") in d.nav()
+        r = d.handle(Request("GET", "/reports"))
+        assert r.status == 200 and "<svg" in r.body and "class=on>Reports<" in r.body
 
 
 def test_reset_targets_from_the_form() -> None:
@@ -83,6 +109,8 @@ def test_routing_without_a_cluster() -> None:
         assert r.status == 405
         r = ro.handle(Request("GET", "/message", {}))
         assert r.status == 400 and "id is required" in r.body
+        r = ro.handle(Request("GET", "/message", {"id": "<script>alert(1)</script>"}))
+        assert r.status == 400 and "<script>" not in r.body and "&lt;script&gt;" in r.body
 
 
 def test_dashboard_address_in_the_cluster_description() -> None:
