@@ -32,7 +32,7 @@ from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.types import QueueRef
-from raftmq.ops import cli, cli_data
+from raftmq.ops import cli, cli_cluster, cli_data
 from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
 from raftmq.ops.dashboard import app
 from raftmq.ops.dashboard.app import Dashboard, Request, parse_reset_target
@@ -117,7 +117,11 @@ def test_dashboard_address_in_the_cluster_description() -> None:
     text = (REPO / "ops" / "cluster.toml").read_text()
     assert load(REPO / "ops" / "cluster.toml").dashboard == Endpoint("127.0.0.1", 8080)
     base = text.split("[dashboard]")[0]
-    assert parse(base).dashboard is None
+    assert parse(base).dashboard is None and cli_cluster.dashboard_lines(parse(base)) == []
+    [line] = cli_cluster.dashboard_lines(load(REPO / "ops" / "cluster.toml"))
+    assert (
+        line.startswith("dashboard: http://127.0.0.1:8080/") and "--listen 127.0.0.1:8080" in line
+    )
     assert parse(base + "[dashboard]\nport = 9090\n").dashboard == Endpoint("127.0.0.1", 9090)
     for bad, match in (
         ("port = 0", "port number"),
