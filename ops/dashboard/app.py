@@ -22,10 +22,12 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import grpc
+
 from raftmq.client.admin import Admin
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
-from raftmq.common.errors import InvalidArgumentError, RaftMQError
+from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
 from raftmq.ops.dashboard.html import Cell, Raw, esc, fmt_ms, form, link, page, span, table
 
@@ -111,6 +113,14 @@ def _int_arg(req: Request, name: str) -> int:
         raise InvalidArgumentError(f"{name} must be a whole number, got {text!r}") from None
 
 
+def http_status(exc: RaftMQError) -> int:
+    """404 for what does not exist, 503 for the cluster's side (unavailable, no leader: try
+    again), 400 for what the request got wrong."""
+    if row_for(type(exc)).status is grpc.StatusCode.NOT_FOUND:
+        return 404
+    return 503 if exc.fault is Fault.SYSTEM else 400
+
+
 class Dashboard:
     """Routes requests to pages; thread-safe (Admin is)."""
 
@@ -144,7 +154,7 @@ class Dashboard:
         except HttpError as exc:
             return self._error_page(exc.status, spec.title, exc.message, req.path)
         except RaftMQError as exc:
-            status = 404 if "NOT_FOUND" in str(exc.code) else 400
+            status = http_status(exc)
             return self._error_page(status, spec.title, f"{exc.code}: {exc.message}", req.path)
         except Exception as exc:  # a bug of ours: one line on the page, the traceback logged
             log.exception("dashboard.internal_error path=%s", req.path)

@@ -107,6 +107,8 @@ def test_routing_without_a_cluster() -> None:
         assert r.status == 403 and "reload the page" in r.body
         r = rw.handle(Request("GET", "/actions/create-topic", {"topic": "t", "queues": "1"}))
         assert r.status == 405
+        r = ro.handle(Request("GET", "/"))
+        assert r.status == 503 and "BROKER_UNAVAILABLE" in r.body, "no NameServer: try again"
         r = ro.handle(Request("GET", "/message", {}))
         assert r.status == 400 and "id is required" in r.body
         r = ro.handle(Request("GET", "/message", {"id": "<script>alert(1)</script>"}))
