@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-DEBS := procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables
+DEBS := procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables chromium chromium-driver
 
 .PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs
 

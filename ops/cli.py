@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
             log.debug("cli.group_unavailable module=%s missing=%s", name, exc.name)
             continue  # its extra (raftmq[chaos], raftmq[server], ...) is not installed
         module.register(sub)
+    from raftmq.ops import cli_dashboard  # not an entry point yet: installed venvs lack it
+
+    cli_dashboard.register(sub)
     return parser
 
 

@@ -95,10 +95,25 @@ def metrics_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
     """Where each process serves Prometheus metrics (and /healthz, /readyz), for `cluster up`."""
     endpoints = spec.metrics_endpoints()
     if not endpoints:
-        return ["metrics: none (give processes a metrics_port in the cluster description)"]
+        return [
+            "metrics: none (give processes a metrics_port in the cluster description)",
+            *dashboard_lines(spec),
+        ]
     width = max(len(name) for name, _ in endpoints)
-    return ["metrics (Prometheus; /healthz and /readyz beside each):"] + [
-        f"  {name:<{width}}  {url}" for name, url in endpoints
+    return (
+        ["metrics (Prometheus; /healthz and /readyz beside each):"]
+        + [f"  {name:<{width}}  {url}" for name, url in endpoints]
+        + dashboard_lines(spec)
+    )
+
+
+def dashboard_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
+    """How to open the web dashboard of the description's [dashboard] (ops/cli_dashboard.py)."""
+    if spec.dashboard is None:
+        return []
+    return [
+        f"dashboard: http://{spec.dashboard}/ once started with `raftmq --namesrv "
+        f"{spec.namesrv_addresses} dashboard --listen {spec.dashboard}`"
     ]
 
 

@@ -100,6 +100,9 @@ class ClusterSpec:
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
     # RocketMQ 5 gRPC API proxies (raftmq-proxy), named proxy-<i>; started after the brokers.
     proxies: tuple[Endpoint, ...] = ()
+    # Where `raftmq dashboard --spec` (and the compose service `dashboard`) serves the web UI;
+    # from the [dashboard] table (host defaults to 127.0.0.1). None: no table.
+    dashboard: Endpoint | None = None
 
     @property
     def namesrv_addresses(self) -> str:
@@ -405,12 +408,27 @@ def _name(value: str, where: str) -> str:
     return value
 
 
+def _dashboard(table: object, source: str) -> Endpoint | None:
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise SpecError(f"{source}: [dashboard] must be a table with host and port")
+    unknown = sorted(set(table) - {"host", "port"})
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown dashboard key(s) {', '.join(unknown)}; known: host, port"
+        )
+    return Endpoint(
+        _str(table, "host", "dashboard", "127.0.0.1"), _port(table, "port", "dashboard")
+    )
+
+
 def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source} is not valid TOML: {exc}") from exc
-    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings"}
+    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings", "dashboard"}
     metrics_ports: dict[str, int] = {}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -512,6 +530,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         embedded,
         metrics_ports=metrics_ports,
         proxies=proxies,
+        dashboard=_dashboard(raw.get("dashboard"), source),
     )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)

@@ -82,6 +82,18 @@ def compose_yaml(
         ports = published.get(p.name)
         if ports:
             lines.append("    ports: [" + ", ".join(f'"{x}:{x}"' for x in ports) + "]")
+    # The web UI in the compose network. Not in host-reachable mode: there the brokers advertise
+    # host addresses that a container cannot reach; run `raftmq dashboard` on the host instead.
+    if inside.dashboard is not None and not host_reachable:
+        port = inside.dashboard.port
+        argv = ["python", "-m", "raftmq.ops.cli", "--namesrv", inside.namesrv_addresses,
+                "dashboard", "--listen", f"{WILDCARD}:{port}"]  # fmt: skip
+        lines.append("  dashboard:")
+        lines.append("    <<: *raftmq")
+        lines.append("    hostname: dashboard")
+        lines.append("    command: [" + ", ".join(json.dumps(a) for a in argv) + "]")
+        # On the host's loopback only: the UI has no login, so it is not offered to the network.
+        lines.append(f'    ports: ["127.0.0.1:{port}:{port}"]')
     lines.append("")
     lines.append("volumes:")
     for name in names:

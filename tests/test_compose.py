@@ -63,6 +63,8 @@ def _services(text: str) -> dict[str, dict[str, list[str]]]:
 
 def test_compose_file_is_valid_and_commands_parse() -> None:
     _validate(ROOT / "docker-compose.yml")
+    dashboard = _services((ROOT / "docker-compose.yml").read_text())["dashboard"]
+    assert dashboard["ports"] == ["127.0.0.1:8080:8080"]  # the host's loopback: no login
     spec = load(ROOT / "deploy" / "cluster.toml")
     for raw in (ROOT / "docker-compose.yml").read_text().splitlines():
         line = raw.strip()
@@ -79,6 +81,16 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
         elif module == "raftmq.proxy.server":
             px = proxy_settings.load(*proxy_server.parse_args(args), environ={})
             assert px.advertised.startswith("proxy-") and px.namesrv_addresses
+        elif module == "raftmq.ops.cli":  # the dashboard ([dashboard] of the description)
+            ns = cli.build_parser().parse_args(args)
+            assert (
+                ns.command == "dashboard"
+                and ns.namesrv
+                == spec.with_hosts(
+                    {f"namesrv-{i}": f"namesrv-{i}" for i in range(len(spec.namesrvs))}
+                ).namesrv_addresses
+            )
+            assert spec.dashboard and ns.listen == f"0.0.0.0:{spec.dashboard.port}"
         else:
             assert module == "raftmq.controller.server" and spec.controllers
             c = controller_settings.load(*controller_server.parse_args(args), environ={})
@@ -88,7 +100,7 @@ def test_compose_file_is_valid_and_commands_parse() -> None:
 def _published(ports: list[str]) -> set[int]:
     out = set()
     for item in ports:
-        host, _, container = item.rpartition(":")
+        host, container = item.split(":")[-2:]  # [bind ip:]host port:container port
         assert host == container, f"{item}: the published port must keep its number"
         out.add(int(host))
     return out
@@ -106,7 +118,7 @@ def test_host_reachable_mode_publishes_and_advertises_host_addresses(
     path.write_text(text)
     _validate(path)
     services = _services(text)
-    assert set(services) == {p.name for p in spec.processes()}
+    assert set(services) == {p.name for p in spec.processes()}  # no dashboard: run it on the host
     for i, e in enumerate(spec.namesrvs):
         assert e.port in _published(services[f"namesrv-{i}"]["ports"])
     for c in spec.controllers:

@@ -1,0 +1,67 @@
+"""`raftmq dashboard`: serve the web dashboard (ops/dashboard) until Ctrl-C. The address comes
+from --listen, else from the `[dashboard]` table of the cluster description given with --spec
+(whose NameServers it then uses too), else 127.0.0.1:8080. Read-only unless --allow-actions."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from raftmq.common.types import parse_address
+from raftmq.ops import cli_data
+from raftmq.ops.cluster_spec import load
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def dashboard(args: argparse.Namespace) -> int:
+    from raftmq.client.admin import Admin
+    from raftmq.ops.dashboard.app import Dashboard
+    from raftmq.ops.dashboard.server import DashboardServer
+
+    namesrv = cli_data._namesrv(args)
+    listen = args.listen
+    if args.spec:
+        spec = load(Path(args.spec))
+        namesrv = spec.namesrv_addresses
+        listen = listen or (str(spec.dashboard) if spec.dashboard else "")
+    host, _, port = parse_address(listen or DEFAULT_LISTEN, "--listen").rpartition(":")
+    with Admin(namesrv) as admin:
+        server = DashboardServer(
+            Dashboard(admin, allow_actions=args.allow_actions, namesrv=namesrv),
+            host.strip("[]"),
+            int(port),
+        )
+        mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
+        cli_data.console.print(
+            f"dashboard: http://{server.address}/ ({mode}); NameServers {namesrv}; Ctrl-C stops",
+            highlight=False,
+        )
+        try:
+            server.serve_forever(poll_interval=0.5)
+        finally:
+            server.server_close()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    p = subparsers.add_parser(
+        "dashboard", help="serve the web dashboard (cluster, topics, groups, messages)"
+    )
+    p.add_argument(
+        "--listen",
+        default="",
+        help=f"host:port to serve on (default: the [dashboard] of --spec, else {DEFAULT_LISTEN})",
+    )
+    p.add_argument(
+        "--spec",
+        default="",
+        help="cluster description (TOML): its NameServers and its [dashboard] host and port",
+    )
+    p.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="offer create topic, reset offsets and resend dead letter (each confirmed first)",
+    )
+    p.set_defaults(func=dashboard)

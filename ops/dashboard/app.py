@@ -1,0 +1,705 @@
+"""The dashboard's pages: each a function of the request and the SDK's `Admin` (never a server's
+internals) returning an HTML document. `Dashboard.handle` routes a request and turns a typed
+raftmq error into a page that says what went wrong (never a traceback).
+
+Read-only unless `allow_actions`: then create topic, reset offsets and resend a dead letter are
+offered as forms. Every action takes two POSTs: the first shows what will happen (for a reset,
+the plan of `Admin.plan_offset_reset`, the CLI's --dry-run) and a Confirm button; only the second,
+carrying confirm=yes, changes anything. Each POST must carry this process's random token, so a
+page of another site cannot post to the dashboard.
+
+Other pages plug in with `register_page` (the per-minute reports and the alerts of issue 18 will:
+they add a nav entry and a handler, nothing here changes): a module named in PLUGIN_MODULES
+registers its pages when imported, and is imported when it exists. `html.bar_chart` draws
+per-minute counts as inline SVG (no script)."""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from raftmq.client.admin import Admin
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.offset_reset import ResetTarget, ResetTo
+from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
+from raftmq.common.pb import common_pb2
+from raftmq.ops.dashboard.html import Cell, Raw, esc, fmt_ms, form, link, page, span, table
+
+log = logging.getLogger("raftmq.dashboard")
+
+BODY_PREVIEW_BYTES = 4096  # a body is shown up to this much; the rest is counted, not sent
+LIST_BODY_CHARS = 80
+MAX_QUERY_MESSAGES = 200  # one lookup by key or time shows at most this many
+MAX_LAG_LOOKUPS = 64  # (group, topic) lags computed for one groups page; the rest: follow a link
+ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str  # GET or POST
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)  # the URL's, or the POSTed form
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: str
+    content_type: str = "text/html; charset=utf-8"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+Handler = Callable[["Dashboard", Request], list[Cell]]
+
+
+@dataclass(frozen=True, slots=True)
+class PageSpec:
+    path: str
+    title: str
+    handler: Handler
+    in_nav: bool = True
+
+
+_PAGES: dict[str, PageSpec] = {}
+# Modules that add pages (each calls register_page on import); a missing one is skipped.
+PLUGIN_MODULES = ("raftmq.ops.dashboard.reports", "raftmq.ops.dashboard.alerts")
+
+
+def load_plugins() -> list[str]:
+    """Import the plugin modules that exist; the ones loaded. A plugin that exists but fails
+    to import (a missing dependency of its own) raises: that is a bug, not an absent page."""
+    loaded = []
+    for name in PLUGIN_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def register_page(path: str, title: str, handler: Handler, *, in_nav: bool = True) -> None:
+    """Add a page: `handler(dashboard, request)` returns the body parts (escaped strings or
+    Raw markup); a typed raftmq error it raises becomes an error page."""
+    _PAGES[path] = PageSpec(path, title, handler, in_nav)
+
+
+def _arg(req: Request, name: str, *, required: bool = True) -> str:
+    value = req.query.get(name, "").strip()
+    if required and not value:
+        raise InvalidArgumentError(f"{name} is required: fill it in the form")
+    return value
+
+
+def _int_arg(req: Request, name: str) -> int:
+    text = _arg(req, name)
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a whole number, got {text!r}") from None
+
+
+def http_status(exc: RaftMQError) -> int:
+    """404 for what does not exist, 503 for the cluster's side (unavailable, no leader: try
+    again), 400 for what the request got wrong."""
+    if row_for(type(exc)).status is grpc.StatusCode.NOT_FOUND:
+        return 404
+    return 503 if exc.fault is Fault.SYSTEM else 400
+
+
+class Dashboard:
+    """Routes requests to pages; thread-safe (Admin is)."""
+
+    def __init__(
+        self,
+        admin: Admin,
+        *,
+        allow_actions: bool = False,
+        namesrv: str = "",
+        token: str | None = None,
+    ) -> None:
+        self.admin = admin
+        self.allow_actions = allow_actions
+        self.namesrv = namesrv
+        self.token = token or secrets.token_urlsafe(24)
+        self.plugins = load_plugins()
+
+    def nav(self) -> list[tuple[str, str]]:
+        return [(p.path, p.title) for p in _PAGES.values() if p.in_nav]
+
+    def handle(self, req: Request) -> Response:
+        spec = _PAGES.get(req.path)
+        if spec is None:
+            return self._error_page(404, "Not found", f"no page {req.path}", req.path)
+        try:
+            if req.method == "POST":
+                self._check_post(req)
+            elif req.method != "GET":
+                raise HttpError(405, f"{req.method} is not served; use GET")
+            body = spec.handler(self, req)
+        except HttpError as exc:
+            return self._error_page(exc.status, spec.title, exc.message, req.path)
+        except RaftMQError as exc:
+            status = http_status(exc)
+            return self._error_page(status, spec.title, f"{exc.code}: {exc.message}", req.path)
+        except Exception as exc:  # a bug of ours: one line on the page, the traceback logged
+            log.exception("dashboard.internal_error path=%s", req.path)
+            return self._error_page(
+                500, spec.title, f"internal error: {type(exc).__name__}: {exc}", req.path
+            )
+        return Response(200, page(spec.title, self.nav(), req.path, body))
+
+    def _check_post(self, req: Request) -> None:
+        if not self.allow_actions:
+            raise HttpError(
+                403, "this dashboard is read-only; start it with --allow-actions to change things"
+            )
+        if not hmac.compare_digest(req.query.get("token", ""), self.token):
+            raise HttpError(403, "the form is stale or from elsewhere: reload the page")
+
+    def _error_page(self, status: int, title: str, message: str, path: str) -> Response:
+        body = [Raw(f'<div class="error" id="error">{esc(message)}</div>')]
+        return Response(status, page(title, self.nav(), path, body))
+
+    def action_form(
+        self,
+        action: str,
+        fields: list[tuple[str, str, str]],
+        button: str,
+        hidden: Mapping[str, str] | None = None,
+        form_id: str = "",
+    ) -> Raw:
+        return form(
+            action,
+            fields,
+            method="post",
+            button=button,
+            hidden={"token": self.token, **(hidden or {})},
+            form_id=form_id,
+        )
+
+    def confirm_form(self, action: str, values: Mapping[str, str], what: str) -> Raw:
+        """The second step of an action: what will happen, and a Confirm button re-posting the
+        same values with confirm=yes."""
+        hidden = {"token": self.token, **values, "confirm": "yes"}
+        return Raw(
+            f'<div class="notice" id="confirm-box">{esc(what)}'
+            + str(
+                form(
+                    action,
+                    [],
+                    method="post",
+                    button="Confirm",
+                    hidden=hidden,
+                    form_id="confirm",
+                    danger=True,
+                )
+            )
+            + f'<a href="{esc(action)}">cancel</a></div>'
+        )
+
+
+# ---- cluster -----------------------------------------------------------------------------------
+
+
+def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
+    groups = d.admin.groups()
+    out: list[Cell] = [Raw("<h2>Broker groups</h2>")]
+    out.append(
+        table(
+            ("cluster", "broker group", "leader", "leader address", "term", "nodes"),
+            (
+                (
+                    g.cluster,
+                    g.broker_group,
+                    span("leader", g.leader_node_id) if g.leader_node_id else span("bad", "none"),
+                    g.leader_address,
+                    g.term,
+                    ", ".join(f"{n.node_id}={n.address}" for n in g.nodes),
+                )
+                for g in groups
+            ),
+            numeric=(4,),
+            table_id="broker-groups",
+        )
+    )
+    out.append(Raw("<h2>Broker nodes</h2>"))
+    rows: list[tuple[Cell, ...]] = []
+    for n in d.admin.broker_statuses():
+        st = n.status
+        if st is None:
+            rows.append(
+                (n.broker_group, n.node_id, n.address, span("bad", n.error), "", "", "", "")
+            )
+            continue
+        role = ROLE_NAMES.get(st.role, "candidate")
+        rows.append(
+            (
+                n.broker_group,
+                n.node_id,
+                n.address,
+                span("leader", role) if role == "leader" else role,
+                st.term,
+                st.commit_index,
+                st.applied_index,
+                span("bad", st.storage_error) if st.storage_error else "ok",
+            )
+        )
+    out.append(
+        table(
+            ("group", "node", "address", "role", "term", "commit", "applied", "storage"),
+            rows,
+            numeric=(4, 5, 6),
+            table_id="broker-nodes",
+        )
+    )
+    if d.namesrv:
+        out.append(Raw(f'<p class="muted">NameServers: {esc(d.namesrv)}</p>'))
+    return out
+
+
+# ---- topics ------------------------------------------------------------------------------------
+
+
+def topics_page(d: Dashboard, req: Request) -> list[Cell]:
+    topics = d.admin.list_topics()
+    out: list[Cell] = []
+    if d.allow_actions:
+        out.append(
+            d.action_form(
+                "/actions/create-topic",
+                [("topic", "new topic", ""), ("queues", "queues per group", "8")],
+                "Create topic…",
+                form_id="create-topic",
+            )
+        )
+    rows = []
+    for name, per_group in topics.items():
+        rows.append(
+            (
+                link("/topic", name, name=name),
+                ", ".join(g for g, _ in per_group),
+                ", ".join(str(c.read_queue_nums) for _, c in per_group),
+                "yes" if any(c.ordered for _, c in per_group) else "",
+            )
+        )
+    out.append(table(("topic", "broker groups", "queues", "ordered"), rows, table_id="topics"))
+    return out
+
+
+def topic_page(d: Dashboard, req: Request) -> list[Cell]:
+    name = _arg(req, "name")
+    queues = d.admin.topic_status(name)
+    total = sum(q.max_offset - q.min_offset for q in queues)
+    return [
+        Raw(f"<h2>Topic {esc(name)}</h2>"),
+        table(
+            ("broker group", "queue", "min offset", "max offset", "messages", "last stored"),
+            (
+                (
+                    q.queue.broker_group,
+                    q.queue.queue_id,
+                    q.min_offset,
+                    q.max_offset,
+                    q.max_offset - q.min_offset,
+                    fmt_ms(q.last_store_timestamp_ms),
+                )
+                for q in queues
+            ),
+            numeric=(1, 2, 3, 4),
+            total=("total", "", "", "", total, ""),
+            table_id="queues",
+        ),
+        link("/messages", "find messages of this topic by time", topic=name, since="-1h"),
+    ]
+
+
+# ---- consumer groups ---------------------------------------------------------------------------
+
+
+def groups_page(d: Dashboard, req: Request) -> list[Cell]:
+    rows = []
+    lookups = 0
+    for g in d.admin.consumer_groups():
+        for t in g.topics or ("",):
+            lag: Cell = ""
+            if t and not t.startswith("%"):  # %RETRY% / %DLQ%: the group's own system topics
+                if lookups < MAX_LAG_LOOKUPS:
+                    lag = sum(q.lag for q in d.admin.group_lag(g.group, t))
+                else:
+                    lag = span("muted", "open the group")
+                lookups += 1
+            rows.append(
+                (
+                    g.group,
+                    link("/group", t, name=g.group, topic=t) if t else "",
+                    lag,
+                    len(g.members),
+                    ", ".join(m.client_id for m in g.members) or span("muted", "none online"),
+                    link("/dlq", "dead letters", group=g.group),
+                )
+            )
+    return [
+        table(
+            ("group", "topic", "lag", "members", "clients", ""),
+            rows,
+            numeric=(2, 3),
+            table_id="groups",
+        )
+    ]
+
+
+def group_page(d: Dashboard, req: Request) -> list[Cell]:
+    group, topic = _arg(req, "name"), _arg(req, "topic")
+    lags = d.admin.group_lag(group, topic)
+    total = sum(q.lag for q in lags)
+    out: list[Cell] = [
+        Raw(f"<h2>Group {esc(group)} on {esc(topic)}</h2>"),
+        table(
+            ("queue", "committed", "min offset", "max offset", "lag"),
+            (
+                (
+                    str(q.queue),
+                    "-" if q.committed is None else q.committed,
+                    q.min_offset,
+                    q.max_offset,
+                    q.lag,
+                )
+                for q in lags
+            ),
+            numeric=(1, 2, 3, 4),
+            total=("total", "", "", "", Raw(f'<span id="total-lag">{total}</span>')),
+            table_id="lag",
+        ),
+    ]
+    if d.allow_actions:
+        out.append(Raw("<h2>Reset offsets</h2>"))
+        out.append(
+            d.action_form(
+                "/actions/reset-offsets",
+                [("to", "to: earliest, latest, offset:N, shift:N or time:T", "latest")],
+                "Plan reset…",
+                hidden={"group": group, "topic": topic},
+                form_id="reset-offsets",
+            )
+        )
+    return out
+
+
+# ---- messages ----------------------------------------------------------------------------------
+
+
+def _body_text(body: bytes, limit: int) -> str:
+    text = body[:limit].decode("utf-8", "replace")
+    return text + (f" … ({len(body)} bytes)" if len(body) > limit else "")
+
+
+def _message_rows(msgs: list[ReceivedMessage]) -> Raw:
+    return table(
+        ("msg id", "topic", "queue", "offset", "tags", "keys", "stored", "body"),
+        (
+            (
+                link("/message", m.msg_id, id=m.msg_id),
+                m.topic,
+                f"{m.broker_group}#{m.queue_id}",
+                m.queue_offset,
+                m.tags,
+                ", ".join(m.keys),
+                fmt_ms(m.store_timestamp_ms),
+                _body_text(m.body, LIST_BODY_CHARS),
+            )
+            for m in msgs
+        ),
+        numeric=(3,),
+        table_id="messages",
+    )
+
+
+def messages_page(d: Dashboard, req: Request) -> list[Cell]:
+    from raftmq.ops.cli_data import parse_time_ms  # ms, ISO or -10m, as the CLI takes them
+
+    q = req.query
+    out: list[Cell] = [
+        Raw("<h2>By id</h2>"),
+        form("/message", [("id", "message id", q.get("id", ""))], button="Find", form_id="by-id"),
+        Raw("<h2>By key</h2>"),
+        form(
+            "/messages",
+            [("topic", "topic", q.get("topic", "")), ("key", "key", q.get("key", ""))],
+            button="Find",
+            form_id="by-key",
+        ),
+        Raw("<h2>By store time</h2>"),
+        form(
+            "/messages",
+            [
+                ("topic", "topic", q.get("topic", "")),
+                ("since", "from (ms, ISO time or -10m)", q.get("since", "")),
+                ("until", "to (empty: now)", q.get("until", "")),
+            ],
+            button="Find",
+            form_id="by-time",
+        ),
+    ]
+    topic = q.get("topic", "").strip()
+    if topic and q.get("key", "").strip():
+        found = d.admin.messages_by_key(topic, q["key"].strip(), max_count=MAX_QUERY_MESSAGES)
+        out += [
+            Raw(f"<h2>{len(found)} with key {esc(q['key'].strip())}</h2>"),
+            _message_rows(found),
+        ]
+    elif topic and q.get("since", "").strip():
+        begin = parse_time_ms(q["since"])
+        until = q.get("until", "").strip()
+        end = parse_time_ms(until) if until else _now_ms()
+        page_ = d.admin.messages_by_time(
+            topic, begin, end, page_size=64, page_token=q.get("page", "")
+        )
+        out += [Raw(f"<h2>Stored {esc(fmt_ms(begin))} to {esc(fmt_ms(end))}</h2>")]
+        out.append(_message_rows(page_.messages))
+        if page_.next_page_token:
+            out.append(
+                link(
+                    "/messages",
+                    "next page",
+                    topic=topic,
+                    since=str(begin),
+                    until=str(end),
+                    page=page_.next_page_token,
+                )
+            )
+    return out
+
+
+def _now_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
+
+
+def message_page(d: Dashboard, req: Request) -> list[Cell]:
+    m = d.admin.message_by_id(_arg(req, "id"))
+    fields: list[tuple[str, Cell]] = [
+        ("msg id", m.msg_id),
+        ("topic", link("/topic", m.topic, name=m.topic)),
+        ("queue", f"{m.broker_group}#{m.queue_id}"),
+        ("offset", m.queue_offset),
+        ("tags", m.tags),
+        ("keys", ", ".join(m.keys)),
+        ("stored", fmt_ms(m.store_timestamp_ms)),
+        ("born", f"{fmt_ms(m.born_timestamp_ms)} at {m.born_host}"),
+        ("reconsume times", m.reconsume_times),
+        ("body size", f"{len(m.body)} bytes"),
+    ]
+    fields += [(f"property {k}", v) for k, v in sorted(m.properties.items())]
+    return [
+        table(("field", "value"), fields, table_id="message"),
+        Raw("<h2>Body</h2>"),
+        Raw(f'<pre id="body">{esc(_body_text(m.body, BODY_PREVIEW_BYTES))}</pre>'),
+        link("/trace", "trace of this message", id=m.msg_id),
+    ]
+
+
+def trace_page(d: Dashboard, req: Request) -> list[Cell]:
+    msg_id = _arg(req, "id")
+    steps = d.admin.message_trace(msg_id).steps()
+    return [
+        Raw(f"<h2>Path of {esc(msg_id)}</h2>"),
+        table(
+            ("time", "step", "msg id", "where", "who", "status", "cost ms", "detail"),
+            (
+                (
+                    fmt_ms(s.timestamp_ms),
+                    s.step,
+                    link("/message", s.msg_id, id=s.msg_id),
+                    s.where,
+                    s.who,
+                    s.status,
+                    s.cost_ms,
+                    s.detail,
+                )
+                for s in steps
+            ),
+            numeric=(6,),
+            table_id="trace",
+        ),
+    ]
+
+
+# ---- dead letters ------------------------------------------------------------------------------
+
+
+def dlq_page(d: Dashboard, req: Request) -> list[Cell]:
+    group = req.query.get("group", "").strip()
+    out: list[Cell] = [form("/dlq", [("group", "consumer group", group)], form_id="dlq-group")]
+    if not group:
+        return out
+    letters = d.admin.dead_letters(group, max_count=MAX_QUERY_MESSAGES, timeout_ms=5_000)
+    rows = []
+    for m in letters:
+        resend: Cell = ""
+        if d.allow_actions:
+            resend = d.action_form("/actions/resend", [], "Resend…", hidden={"id": m.msg_id})
+        rows.append(
+            (
+                link("/message", m.msg_id, id=m.msg_id),
+                m.properties.get("DLQ_ORIGIN_TOPIC", ""),
+                m.properties.get("DLQ_ORIGIN_MESSAGE_ID", ""),
+                m.reconsume_times,
+                fmt_ms(m.store_timestamp_ms),
+                _body_text(m.body, LIST_BODY_CHARS),
+                resend,
+            )
+        )
+    out.append(Raw(f"<h2>{len(letters)} dead letters of {esc(group)}</h2>"))
+    out.append(
+        table(
+            ("msg id", "origin topic", "origin msg id", "reconsumed", "stored", "body", ""),
+            rows,
+            numeric=(3,),
+            table_id="dead-letters",
+        )
+    )
+    return out
+
+
+# ---- actions (only with allow_actions; two POSTs each) -----------------------------------------
+
+
+def _confirmed(req: Request) -> bool:
+    return req.method == "POST" and req.query.get("confirm") == "yes"
+
+
+def _needs_post(d: Dashboard, req: Request) -> None:
+    if not d.allow_actions:
+        raise HttpError(
+            403, "this dashboard is read-only; start it with --allow-actions to change things"
+        )
+    if req.method != "POST":
+        raise HttpError(405, "actions are started from their forms (POST)")
+
+
+def create_topic_action(d: Dashboard, req: Request) -> list[Cell]:
+    _needs_post(d, req)
+    topic, queues = _arg(req, "topic"), _int_arg(req, "queues")
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/create-topic",
+                {"topic": topic, "queues": str(queues)},
+                f"Create topic {topic} with {queues} queues on every broker group?",
+            )
+        ]
+    done = d.admin.create_topic(topic, queues=queues)
+    return [
+        Raw(f'<div class="notice" id="done">created {esc(topic)} on {esc(", ".join(done))}</div>'),
+        link("/topic", f"topic {topic}", name=topic),
+    ]
+
+
+def parse_reset_target(text: str) -> ResetTarget:
+    """The form's `to`: earliest, latest, offset:N, shift:N or time:T (T as the CLI takes it)."""
+    from raftmq.ops.cli_data import parse_time_ms
+
+    kind, _, value = text.strip().partition(":")
+    kind = kind.lower()
+    if kind in ("earliest", "latest") and not value:
+        return ResetTarget(ResetTo.EARLIEST if kind == "earliest" else ResetTo.LATEST)
+    try:
+        if kind == "offset":
+            return ResetTarget(ResetTo.OFFSET, int(value))
+        if kind == "shift":
+            return ResetTarget(ResetTo.SHIFT, int(value))
+    except ValueError:
+        pass
+    else:
+        if kind == "time" and value:
+            return ResetTarget(ResetTo.TIME, parse_time_ms(value))
+    raise InvalidArgumentError(
+        f"reset target {text!r}: give earliest, latest, offset:N, shift:N or time:T "
+        "(T in ms, an ISO time or -10m)"
+    )
+
+
+def reset_offsets_action(d: Dashboard, req: Request) -> list[Cell]:
+    _needs_post(d, req)
+    group, topic, to = _arg(req, "group"), _arg(req, "topic"), _arg(req, "to")
+    target = parse_reset_target(to)
+    if _confirmed(req):
+        rows = d.admin.reset_offsets(group, topic, target)
+        head = Raw(f'<div class="notice" id="done">group {esc(group)} reset on {esc(topic)}</div>')
+    else:
+        rows = d.admin.plan_offset_reset(group, topic, target)
+        head = d.confirm_form(
+            "/actions/reset-offsets",
+            {"group": group, "topic": topic, "to": to},
+            f"Reset group {group} on {topic} to {target.describe()}? The plan:",
+        )
+    return [
+        head,
+        table(
+            ("queue", "min", "max", "current", "new", "change"),
+            (
+                (
+                    str(r.queue),
+                    r.min_offset,
+                    r.max_offset,
+                    "-" if r.current is None else r.current,
+                    r.new,
+                    "-" if r.change is None else f"{r.change:+d}",
+                )
+                for r in rows
+            ),
+            numeric=(1, 2, 3, 4, 5),
+            table_id="reset-plan",
+        ),
+        link("/group", "back to the group", name=group, topic=topic),
+    ]
+
+
+def resend_action(d: Dashboard, req: Request) -> list[Cell]:
+    _needs_post(d, req)
+    msg_id = _arg(req, "id")
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/resend",
+                {"id": msg_id},
+                f"Resend dead letter {msg_id} to its original topic as a fresh message?",
+            )
+        ]
+    sent = d.admin.resend_dead_letter(msg_id)
+    return [
+        Raw(
+            f'<div class="notice" id="done">resent to {esc(sent.topic)} as '
+            f"{esc(link('/message', sent.msg_id, id=sent.msg_id))}</div>"
+        )
+    ]
+
+
+register_page("/", "Cluster", cluster_page)
+register_page("/topics", "Topics", topics_page)
+register_page("/topic", "Topic", topic_page, in_nav=False)
+register_page("/groups", "Consumer groups", groups_page)
+register_page("/group", "Consumer group", group_page, in_nav=False)
+register_page("/messages", "Messages", messages_page)
+register_page("/message", "Message", message_page, in_nav=False)
+register_page("/trace", "Trace", trace_page, in_nav=False)
+register_page("/dlq", "Dead letters", dlq_page)
+register_page("/actions/create-topic", "Create topic", create_topic_action, in_nav=False)
+register_page("/actions/reset-offsets", "Reset offsets", reset_offsets_action, in_nav=False)
+register_page("/actions/resend", "Resend dead letter", resend_action, in_nav=False)
