@@ -7,6 +7,7 @@ ForwardMessageToDeadLetterQueue), both landing in %DLQ%<group>."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,6 +152,29 @@ def test_bad_end_transaction_is_refused(env: Env) -> None:
             topic=v2.Resource(name="txn"), transaction_id="broker-a:0123"
         )
         assert stub.EndTransaction(no_resolution, timeout=10).status.code == v2.BAD_REQUEST
+
+
+def test_bad_delayed_send_and_forward_are_refused(env: Env) -> None:
+    with grpc.insecure_channel(env.endpoint) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        m = v2.Message(
+            topic=v2.Resource(name="dly"),
+            body=b"x",
+            system_properties=v2.SystemProperties(message_id="M1", message_type=v2.DELAY),
+        )
+        m.system_properties.delivery_timestamp.FromMilliseconds(
+            time.time_ns() // 1_000_000 + 30 * 24 * 3600 * 1000  # past the 7-day horizon
+        )
+        st = stub.SendMessage(svc.SendMessageRequest(messages=[m]), timeout=10).status
+        assert st.code == v2.ILLEGAL_DELIVERY_TIME and st.message, st
+        m.system_properties.delivery_timestamp.seconds = 10**15  # out of Timestamp's range
+        st = stub.SendMessage(svc.SendMessageRequest(messages=[m]), timeout=10).status
+        assert st.code == v2.ILLEGAL_DELIVERY_TIME, st
+        fwd = svc.ForwardMessageToDeadLetterQueueRequest(
+            group=v2.Resource(name="g-x"), topic=v2.Resource(name="dl1"), receipt_handle="junk"
+        )
+        st = stub.ForwardMessageToDeadLetterQueue(fwd, timeout=10).status
+        assert st.code == v2.INVALID_RECEIPT_HANDLE and st.message, st
 
 
 def test_unacknowledged_message_goes_to_dlq_after_max_attempts(env: Env) -> None:

@@ -17,7 +17,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.pb import common_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
-from raftmq.proxy import convert, receipt, routing
+from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.codes import ApiError, status_of
 
 
@@ -219,3 +219,19 @@ def test_error_table() -> None:
     assert status_of(OutcomeUnknownError("x")).code == v2.MASTER_PERSISTENCE_TIMEOUT
     s = status_of(KeyError("secret internals"))
     assert s.code == v2.INTERNAL_SERVER_ERROR and "secret" not in s.message
+
+
+def test_transaction_ids_name_their_broker_group() -> None:
+    tid = transactions.transaction_id("broker-a", "0f3c")
+    assert transactions.parse_transaction_id(tid) == ("broker-a", "0f3c")
+    for bad in ("", "nocolon", ":x", "g:"):
+        with pytest.raises(ApiError) as exc:
+            transactions.parse_transaction_id(bad)
+        assert (
+            exc.value.code == v2.INVALID_TRANSACTION_ID and "send of the half" in exc.value.message
+        )
+    assert transactions.resolution(v2.COMMIT).name == "COMMIT"
+    assert transactions.resolution(v2.ROLLBACK).name == "ROLLBACK"
+    with pytest.raises(ApiError) as exc:
+        transactions.resolution(v2.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    assert exc.value.code == v2.BAD_REQUEST
