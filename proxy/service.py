@@ -166,6 +166,9 @@ class MessagingService:
         # A consumer group's max delivery attempts, from its clients' settings (bounded LRU).
         self._max_attempts: OrderedDict[str, int] = OrderedDict()
         self._send_backs: OrderedDict[str, SendBack] = OrderedDict()
+        # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
+        # must not send them again (at most the in-flight messages).
+        self._dead_lettering: set[tuple[PopKey, int]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -774,11 +777,15 @@ class MessagingService:
         """Store `m` in %DLQ%<group> (the broker's send-back with no retries left) and stop
         waiting for its ack. False (or the error) if the broker could not: the message stays
         unacknowledged and comes again."""
+        busy = (key, m.queue_offset)
+        if busy in self._dead_lettering:
+            return True  # another call is storing it right now
         sb = self._send_backs.pop(group, None) or SendBack(group, self.io.routes, self.io.pool)
         self._send_backs[group] = sb
         while len(self._send_backs) > MAX_CLIENTS:
             self._send_backs.popitem(last=False)
         attempts = st.inflight[m.queue_offset].attempt if m.queue_offset in st.inflight else 0
+        self._dead_lettering.add(busy)
         try:
             back = await asyncio.get_running_loop().run_in_executor(None, sb.send, m, 0)
         except RaftMQError as exc:
@@ -788,6 +795,8 @@ class MessagingService:
             if raise_errors:
                 raise
             return False
+        finally:
+            self._dead_lettering.discard(busy)
         st.drop(m.queue_offset)
         self._dirty.add(key)
         log.info(
