@@ -355,9 +355,11 @@ def unacked(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got}
 
 
-def fifo_push_failing(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
-    """A PushConsumer on an ordered topic whose listener always fails: past its max attempts
-    the client forwards the message to the dead-letter queue (ForwardMessageToDeadLetterQueue)."""
+def push_failing(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer whose listener always fails, until it saw `attempts` deliveries and then
+    `linger_s`. On an ordered topic the client retries locally and past its max attempts
+    forwards the message to the dead-letter queue (ForwardMessageToDeadLetterQueue); otherwise
+    it nacks (changes the invisible duration) and the proxy counts the deliveries."""
     seen: list[dict[str, Any]] = []
 
     class Listener(MessageListener):  # type: ignore[misc]
@@ -390,7 +392,7 @@ SCENARIOS = {
     "delayed": delayed,
     "transactions": transactions,
     "unacked": unacked,
-    "fifo_push_failing": fifo_push_failing,
+    "push_failing": push_failing,
     "bench": bench,
     "produce_stream": produce_stream,
     "push": push,

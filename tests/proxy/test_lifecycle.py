@@ -2,8 +2,8 @@
 box (tests/proxy/official_client.py, its own process) against a real cluster behind a real proxy:
 delayed messages (not received before due), transactions (commit visible, rollback invisible, an
 open one answered through the proxy's check-back by the client's checker), and dead letters (a
-message never acknowledged past the max delivery attempts; a FIFO PushConsumer's
-ForwardMessageToDeadLetterQueue), both landing in %DLQ%<group>."""
+SimpleConsumer's message never acknowledged, or a PushConsumer's nacked one, past the max delivery
+attempts; a FIFO PushConsumer's ForwardMessageToDeadLetterQueue), all landing in %DLQ%<group>."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tests.harness.procs import Proc, start_cluster, wait_until
 # Skips this module too when the official client is missing.
 from tests.proxy.test_official_client import Env
 
-TOPICS = {"dly": False, "txn": False, "dl1": False, "dlf": True}
+TOPICS = {"dly": False, "txn": False, "dl1": False, "dlf": True, "dlp": False}
 MAX_ATTEMPTS = 2
 TXN_TIMEOUT_MS = 2_000
 
@@ -197,7 +197,7 @@ def test_unacknowledged_message_goes_to_dlq_after_max_attempts(env: Env) -> None
 def test_fifo_push_consumer_forwards_to_dlq(env: Env, tmp_path: Path) -> None:
     sent, res = env.produce_then(
         {"topic": "dlf", "messages": [{"body": "poison", "group": "mg"}]},
-        "fifo_push_failing",
+        "push_failing",
         topic="dlf",
         group="g-dlf",
         attempts=MAX_ATTEMPTS,
@@ -209,3 +209,19 @@ def test_fifo_push_consumer_forwards_to_dlq(env: Env, tmp_path: Path) -> None:
     assert dead.properties["rmq5.message_id"] == sent[0]["id"]
     # The client's ForwardMessageToDeadLetterQueue did it, not the proxy's attempt count.
     assert "proxy.dead_lettered group=g-dlf by=client" in env.proxy.tail(400)
+
+
+def test_push_consumer_nacks_go_to_dlq_after_max_attempts(env: Env) -> None:
+    sent, res = env.produce_then(
+        {"topic": "dlp", "messages": [{"body": "nacked"}]},
+        "push_failing",
+        topic="dlp",
+        group="g-dlp",
+        attempts=MAX_ATTEMPTS,
+        linger_s=8,  # the 2nd nack makes it invisible for 5 s (the 2nd backoff duration)
+    )
+    seen = [(m["body"], m["attempt"]) for m in res["seen"]]
+    assert seen == [("nacked", a) for a in range(1, MAX_ATTEMPTS + 1)], seen
+    (dead,) = _dead_letters(env, "g-dlp", 1)
+    assert dead.body == b"nacked" and dead.properties["rmq5.message_id"] == sent[0]["id"]
+    assert "proxy.dead_lettered group=g-dlp by=attempts" in env.proxy.tail(400)
