@@ -53,6 +53,7 @@ MAX_HELD_PULL_MS = 5_000
 MAX_HELD_PULLS = 128
 POLL_S = 0.2
 MAX_CLIENTS = 100_000
+TXN_SWEEP_S = 10.0  # how often idle transaction producers are looked for
 MAX_TELEMETRY_BACKLOG = 256  # commands queued to one client's stream; past it checks are dropped
 # (the broker checks again after its check interval)
 
@@ -814,14 +815,28 @@ class MessagingService:
 
     async def _commit_loop(self) -> None:
         interval_s = self.s.offset_commit_interval_ms / 1000
+        sweep_s = min(TXN_SWEEP_S, self.s.client_expiry_ms / 2000)
+        next_sweep = time.monotonic() + sweep_s
         while True:
             await asyncio.sleep(interval_s)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + sweep_s
+                await self._close_idle_transactions()
             try:
                 await self.flush_commits()
             except RaftMQError as exc:
                 log.warning("proxy.commit_failed error=%s", exc.message)
             except Exception:
                 log.exception("proxy.commit_loop_error")
+
+    async def _close_idle_transactions(self) -> None:
+        connected = {t for st in self._streams.values() for t in st.topics}
+        idle = self.txns.idle_topics(connected, self.s.client_expiry_ms / 1000)
+        if idle:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.txns.close_topics, idle)
+            except Exception:
+                log.exception("proxy.transaction_close_failed")
 
     async def flush_commits(self) -> None:
         """Commit every queue's acknowledged progress, one call per (consumer group, broker

@@ -7,6 +7,10 @@ makes the proxy the member of the producer group the broker checks back; each ch
 client connected through Telemetry that publishes the topic (RecoverOrphanedTransactionCommand),
 and that client's checker answers with EndTransaction (source SERVER_CHECK).
 
+A topic's producer is opened by a transactional send (or end) and closed once no client
+connected to this proxy publishes the topic and none used it for the client expiry time: the
+proxy holds the check poll only for producer groups it can reach a client of.
+
 The v2 transaction id names the broker group that holds the half message, so an EndTransaction
 needs no state here (and works on any proxy, after a restart too): `<broker group>:<raftmq id>`.
 """
@@ -15,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from raftmq.client.producer.transaction import (
     LocalTransactionState,
@@ -53,6 +58,14 @@ def parse_transaction_id(text: str) -> tuple[str, str]:
     return group, txn
 
 
+def idle(
+    last_used: Mapping[str, float], connected: Collection[str], now_s: float, grace_s: float
+) -> list[str]:
+    """Topics whose transaction producer may close: no client connected to this proxy publishes
+    them and no transactional call used them for `grace_s`. Pure."""
+    return [t for t, used in last_used.items() if t not in connected and now_s - used >= grace_s]
+
+
 def resolution(r: int) -> LocalTransactionState:
     if r == v2.COMMIT:
         return LocalTransactionState.COMMIT
@@ -72,6 +85,7 @@ class ProxyTransactions:
         self._max = max_topics
         self._lock = threading.Lock()
         self._producers: OrderedDict[str, TransactionProducer] = OrderedDict()
+        self._last_used: dict[str, float] = {}  # monotonic seconds
         self.on_check: CheckSink | None = None
 
     def producer(self, topic: str) -> TransactionProducer:
@@ -86,6 +100,7 @@ class ProxyTransactions:
             ) from None
         closing: list[TransactionProducer] = []
         with self._lock:
+            self._last_used[topic] = time.monotonic()
             p = self._producers.get(topic)
             if p is not None:
                 self._producers.move_to_end(topic)
@@ -98,7 +113,9 @@ class ProxyTransactions:
             )
             self._producers[topic] = p
             while len(self._producers) > self._max:
-                closing.append(self._producers.popitem(last=False)[1])
+                old_topic, old = self._producers.popitem(last=False)
+                self._last_used.pop(old_topic, None)
+                closing.append(old)
         for old in closing:
             old.close()
         return p
@@ -133,9 +150,26 @@ class ProxyTransactions:
         broker_group, txn = parse_transaction_id(v2_transaction_id)
         return self.producer(topic).end_transaction(broker_group, txn, state, from_check=from_check)
 
+    def idle_topics(self, connected: Collection[str], grace_s: float) -> list[str]:
+        with self._lock:
+            return idle(self._last_used, connected, time.monotonic(), grace_s)
+
+    def close_topics(self, topics: Collection[str]) -> None:
+        """Stop answering check-backs of `topics` (blocking: the pollers end). The broker asks
+        the producer group's other members, or asks again later."""
+        with self._lock:
+            closing = [p for t in topics if (p := self._producers.pop(t, None)) is not None]
+            for t in topics:
+                self._last_used.pop(t, None)
+        for p in closing:
+            p.close()
+        if closing:
+            log.info("proxy.transaction_producers_closed topics=%s", ",".join(sorted(topics)))
+
     def close(self) -> None:
         with self._lock:
             producers = list(self._producers.values())
             self._producers.clear()
+            self._last_used.clear()
         for p in producers:
             p.close()

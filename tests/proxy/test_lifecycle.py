@@ -29,6 +29,7 @@ from tests.proxy.test_official_client import Env
 TOPICS = {"dly": False, "txn": False, "dl1": False, "dlf": True, "dlp": False}
 MAX_ATTEMPTS = 2
 TXN_TIMEOUT_MS = 2_000
+CLIENT_EXPIRY_MS = 3_000  # a topic's transaction producer closes this long after its last client
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             "100",
             "--max-delivery-attempts",
             str(MAX_ATTEMPTS),
+            "--client-expiry-ms",
+            str(CLIENT_EXPIRY_MS),
         ],
         tmp / "proxy.log",
     )
@@ -132,6 +135,13 @@ def test_transactions_commit_rollback_and_check_back(env: Env) -> None:
     assert got == {"commit": sent["commit"]["id"], "orphan": sent["orphan"]["id"]}, consumed
     assert consumed["extra"] == [], consumed  # the rolled back one never shows
     assert "proxy.check_forwarded topic=txn" in env.proxy.tail(400)
+    # The client is gone: the proxy stops polling the topic's check-backs.
+    wait_until(
+        lambda: "proxy.transaction_producers_closed topics=txn" in env.proxy.tail(400),
+        20,
+        "the transaction producer of txn closed",
+        interval_s=0.3,
+    )
 
 
 def test_bad_end_transaction_is_refused(env: Env) -> None:

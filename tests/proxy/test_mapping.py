@@ -235,3 +235,11 @@ def test_transaction_ids_name_their_broker_group() -> None:
     with pytest.raises(ApiError) as exc:
         transactions.resolution(v2.TRANSACTION_RESOLUTION_UNSPECIFIED)
     assert exc.value.code == v2.BAD_REQUEST
+
+
+def test_idle_transaction_topics_are_the_unconnected_unused_ones() -> None:
+    last = {"a": 100.0, "b": 100.0, "c": 195.0}
+    # a: no client publishes it, unused for 100 s; b: a client publishes it; c: used recently.
+    assert transactions.idle(last, {"b"}, 200.0, 60.0) == ["a"]
+    assert transactions.idle(last, set(), 200.0, 60.0) == ["a", "b"]
+    assert transactions.idle(last, {"a", "b", "c"}, 1e9, 0.0) == []
