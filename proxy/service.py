@@ -178,6 +178,8 @@ class MessagingService:
         self._commit_task = loop.create_task(self._commit_loop())
 
         def on_check(topic: str, check: TransactionCheck) -> None:
+            if loop.is_closed():
+                return  # shutting down: the broker asks again, another member or later
             loop.call_soon_threadsafe(self._forward_check, topic, check)
 
         self.txns.on_check = on_check
