@@ -29,11 +29,9 @@ P_BORN_MS = "rmq5.born_timestamp"
 P_BORN_HOST = "rmq5.born_host"
 MAX_MESSAGE_GROUP_CHARS = 64  # RocketMQ proxy's maxMessageGroupSize
 
-# The message types this proxy stores now. DELAY and TRANSACTION plug in with the broker's
-# delayed delivery and transactions: parse their fields into `Outgoing` (as `deliver_at_ms`
-# already is), add the type here and in `routing.accepted_types`, and let the service hand them
-# to the SDK's delayed / transactional send; `_refuse_unsupported` is where they stop today.
-SUPPORTED_TYPES = frozenset({v2.NORMAL, v2.FIFO})
+# The message types this proxy stores: DELAY goes to the SDK's delayed send (deliver_at_ms),
+# TRANSACTION to a half send of the proxy's transaction producer of the topic.
+SUPPORTED_TYPES = frozenset({v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION})
 _TYPE_NAMES = frozenset(v2.MessageType.keys())
 
 
@@ -49,7 +47,7 @@ class Outgoing:
     message_id: str  # the client's (UNIQ_KEY); "" if it sent none
     message_group: str  # FIFO: the group whose order is kept; "" otherwise
     message_type: int
-    deliver_at_ms: int | None = None  # DELAY: the delivery timestamp (not stored yet)
+    deliver_at_ms: int | None = None  # DELAY: the delivery timestamp (ms since the epoch)
 
 
 def check_topic(resource: v2.Resource) -> str:
@@ -98,10 +96,10 @@ def to_outgoing(msg: v2.Message, max_body_bytes: int) -> Outgoing:
     sp = msg.system_properties
     body = _body(msg, max_body_bytes)
     mtype = sp.message_type or v2.NORMAL
+    if mtype == v2.NORMAL and sp.HasField("delivery_timestamp"):
+        mtype = v2.DELAY  # a client that did not set the type: the timestamp says it
     group = sp.message_group if sp.HasField("message_group") else ""
-    deliver_at_ms = (
-        sp.delivery_timestamp.ToMilliseconds() if sp.HasField("delivery_timestamp") else None
-    )
+    deliver_at_ms = _delivery_ms(sp) if sp.HasField("delivery_timestamp") else None
     _refuse_unsupported(mtype, deliver_at_ms)
     if mtype == v2.FIFO and not group:
         raise ApiError(
@@ -146,18 +144,33 @@ def to_outgoing(msg: v2.Message, max_body_bytes: int) -> Outgoing:
     )
 
 
+def _delivery_ms(sp: v2.SystemProperties) -> int:
+    try:
+        return int(sp.delivery_timestamp.ToMilliseconds())
+    except ValueError as exc:  # seconds out of Timestamp's range (e.g. ms given as seconds)
+        raise ApiError(
+            v2.ILLEGAL_DELIVERY_TIME, f"the delivery timestamp is not a valid time: {exc}"
+        ) from None
+
+
 def _refuse_unsupported(mtype: int, deliver_at_ms: int | None) -> None:
     if mtype not in SUPPORTED_TYPES:
         what = v2.MessageType.Name(mtype) if mtype in v2.MessageType.values() else str(mtype)
         raise ApiError(
             v2.UNSUPPORTED,
-            f"{what} messages are not served by this proxy yet (NORMAL and FIFO are); send "
-            "them with the raftmq SDK meanwhile",
+            f"{what} messages are not served by this proxy (NORMAL, FIFO, DELAY and "
+            "TRANSACTION are)",
         )
-    if deliver_at_ms is not None:
+    if mtype == v2.DELAY and deliver_at_ms is None:
         raise ApiError(
-            v2.UNSUPPORTED,
-            "delivery timestamps (delayed messages) are not served by this proxy yet",
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            "a DELAY message needs a delivery timestamp (when it becomes visible)",
+        )
+    if deliver_at_ms is not None and mtype != v2.DELAY:
+        raise ApiError(
+            v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+            f"only DELAY messages have a delivery timestamp; this one is "
+            f"{v2.MessageType.Name(mtype)}",
         )
 
 

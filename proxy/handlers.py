@@ -76,6 +76,8 @@ def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
         "AckMessage",
         "NotifyClientTermination",
         "ChangeInvisibleDuration",
+        "EndTransaction",
+        "ForwardMessageToDeadLetterQueue",
     ):
         handlers[name] = _unary(name, getattr(service, name))
         unimplemented.discard(name)

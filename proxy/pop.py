@@ -97,6 +97,12 @@ class QueuePop:
         d.visible_at_ms = now_ms + invisible_ms
         return d
 
+    def exhausted(self, offset: int, max_attempts: int) -> bool:
+        """`offset` is unacknowledged and was delivered `max_attempts` times already: it goes to
+        the dead-letter topic instead of an attempt more."""
+        d = self.inflight.get(offset)
+        return d is not None and d.attempt >= max_attempts
+
     def drop(self, offset: int) -> None:
         """The message is gone from the broker (retention): stop waiting for its ack."""
         self.inflight.pop(offset, None)

@@ -34,9 +34,8 @@ def endpoints(address: str) -> v2.Endpoints:
 
 
 def accepted_types(ordered: bool) -> list[int]:
-    """What a queue takes: FIFO on an ordered topic, NORMAL otherwise (DELAY and TRANSACTION
-    join when the proxy maps them)."""
-    return [v2.FIFO] if ordered else [v2.NORMAL]
+    """What a queue takes: FIFO on an ordered topic; NORMAL, DELAY and TRANSACTION otherwise."""
+    return [v2.FIFO] if ordered else [v2.NORMAL, v2.DELAY, v2.TRANSACTION]
 
 
 def message_queues(route: TopicRoute, proxies: Sequence[str]) -> list[v2.MessageQueue]:

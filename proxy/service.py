@@ -20,9 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.duration_pb2 import Duration
 
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.producer import Producer
+from raftmq.client.producer.transaction import TransactionCheck
+from raftmq.client.retry_back import SendBack
+from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
 from raftmq.common.errors import InvalidFilterError, InvalidNameError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.filter.tag import parse_tag_expression
@@ -31,7 +35,7 @@ from raftmq.common.pb import broker_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.types import QueueRef
-from raftmq.proxy import convert, receipt, routing
+from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.broker_io import BrokerIO, Pulled
 from raftmq.proxy.codes import ApiError, ok, status_of
 from raftmq.proxy.pop import AckOutcome, Delivery, QueuePop
@@ -49,6 +53,9 @@ MAX_HELD_PULL_MS = 5_000
 MAX_HELD_PULLS = 128
 POLL_S = 0.2
 MAX_CLIENTS = 100_000
+TXN_SWEEP_S = 10.0  # how often idle transaction producers are looked for
+MAX_TELEMETRY_BACKLOG = 256  # commands queued to one client's stream; past it checks are dropped
+# (the broker checks again after its check interval)
 
 
 def now_ms() -> int:
@@ -67,6 +74,14 @@ class ClientInfo:
     group: str
     seen_ms: int
     settings: v2.Settings | None = None
+
+
+@dataclass(slots=True)
+class Stream:
+    """One client's Telemetry stream: where the proxy sends it commands."""
+
+    queue: asyncio.Queue[svc.TelemetryCommand | None]
+    topics: frozenset[str] = frozenset()  # what it publishes (its transaction checks)
 
 
 @dataclass(slots=True)
@@ -143,11 +158,31 @@ class MessagingService:
         self._commit_task: asyncio.Task[None] | None = None
         # When each held pull ends (ms; near ascending: over-counts a little at worst).
         self._held_until: collections.deque[int] = collections.deque()
+        self.txns = transactions.ProxyTransactions(
+            settings.namesrv_addresses,
+            f"proxy-{socket.gethostname()}-{self.epoch}",
+            settings.max_transaction_topics,
+        )
+        self._streams: dict[str, Stream] = {}
+        # A consumer group's max delivery attempts, from its clients' settings (bounded LRU).
+        self._max_attempts: OrderedDict[str, int] = OrderedDict()
+        self._send_backs: OrderedDict[str, SendBack] = OrderedDict()
+        # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
+        # must not send them again (at most the in-flight messages).
+        self._dead_lettering: set[tuple[PopKey, int]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._commit_task = asyncio.get_running_loop().create_task(self._commit_loop())
+        loop = asyncio.get_running_loop()
+        self._commit_task = loop.create_task(self._commit_loop())
+
+        def on_check(topic: str, check: TransactionCheck) -> None:
+            if loop.is_closed():
+                return  # shutting down: the broker asks again, another member or later
+            loop.call_soon_threadsafe(self._forward_check, topic, check)
+
+        self.txns.on_check = on_check
 
     async def close(self) -> None:
         if self._commit_task is not None:
@@ -156,7 +191,9 @@ class MessagingService:
             await asyncio.wait_for(self.flush_commits(), 5.0)
         except (TimeoutError, RaftMQError) as exc:
             log.warning("proxy.final_commit_failed error=%s", exc)
+        self.txns.on_check = None
         await asyncio.get_running_loop().run_in_executor(None, self.producer.close, 5.0)
+        await asyncio.get_running_loop().run_in_executor(None, self.txns.close)
         self.io.close()
 
     # ---- clients ------------------------------------------------------------------------------
@@ -248,6 +285,8 @@ class MessagingService:
             out = convert.to_outgoing(msg, self.s.max_message_bytes)
             route = await self.io.route(out.topic)
             queue = routing.send_queue(route, out.message_group)
+            if out.message_type == v2.TRANSACTION:
+                return await self._send_half(out, queue)
             fut = self.producer.send_async(
                 out.topic,
                 out.body,
@@ -255,6 +294,7 @@ class MessagingService:
                 keys=out.keys,
                 properties=out.properties,
                 queue=queue,
+                deliver_at_ms=out.deliver_at_ms,
             )
             res: SendResult = await asyncio.wrap_future(fut)
         except Exception as exc:  # each message's failure in its own entry
@@ -266,6 +306,71 @@ class MessagingService:
             message_id=out.message_id or res.msg_id,
             offset=res.queue_offset,
         )
+
+    async def _send_half(
+        self, out: convert.Outgoing, queue: QueueRef | None
+    ) -> svc.SendResultEntry:
+        loop = asyncio.get_running_loop()
+        res = await loop.run_in_executor(None, self.txns.send_half, out, queue)
+        half = res.half
+        return svc.SendResultEntry(
+            status=ok(),
+            message_id=out.message_id or half.msg_id,
+            transaction_id=transactions.transaction_id(half.broker_group, half.transaction_id),
+        )
+
+    # ---- transactions -------------------------------------------------------------------------
+
+    async def EndTransaction(
+        self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> svc.EndTransactionResponse:
+        topic = convert.check_topic(request.topic)
+        state = transactions.resolution(request.resolution)
+        transactions.parse_transaction_id(request.transaction_id)  # a bad one: no producer made
+        from_check = request.source == v2.SOURCE_SERVER_CHECK
+        await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: self.txns.end(topic, request.transaction_id, state, from_check=from_check),
+        )
+        log.info(
+            "proxy.transaction_ended topic=%s txn=%s state=%s from_check=%s",
+            topic,
+            request.transaction_id,
+            state.name,
+            from_check,
+        )
+        return svc.EndTransactionResponse(status=ok())
+
+    def _forward_check(self, topic: str, check: TransactionCheck) -> None:
+        """A broker's check-back of a half message of `topic`: to one connected client that
+        publishes the topic (none: the broker asks again after its check interval)."""
+        m = check.message
+        txn = transactions.transaction_id(m.broker_group, check.transaction_id)
+        streams = [st for st in self._streams.values() if topic in st.topics]
+        if not streams:
+            log.info("proxy.check_unanswered topic=%s txn=%s: no client publishes it", topic, txn)
+            return
+        self._rotation += 1
+        target = streams[self._rotation % len(streams)]
+        cmd = svc.TelemetryCommand(
+            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
+                message=convert.to_v2(
+                    _stored(m),
+                    receipt_handle="",
+                    delivery_attempt=check.check_times or 1,
+                    invisible_ms=0,
+                    store_host=self.me,
+                ),
+                transaction_id=txn,
+            )
+        )
+        if target.queue.full():
+            log.warning(
+                "proxy.check_dropped topic=%s txn=%s: the client's stream is full", topic, txn
+            )
+            return
+        target.queue.put_nowait(cmd)
+        log.info("proxy.check_forwarded topic=%s txn=%s", topic, txn)
 
     # ---- receive ------------------------------------------------------------------------------
 
@@ -421,6 +526,10 @@ class MessagingService:
                 if m is None:
                     st.drop(offset)
                     self._dirty.add(key)
+                    continue
+                if st.exhausted(offset, self.max_attempts(group)):
+                    if not await self._dead_letter(group, key, st, m, "attempts"):
+                        break  # kept: tried again at the next receive
                     continue
                 d = st.redeliver(offset, now_ms(), invisible_ms)
                 if d is not None:
@@ -622,18 +731,114 @@ class MessagingService:
         )
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=new.encode())
 
+    # ---- dead letters -------------------------------------------------------------------------
+
+    async def ForwardMessageToDeadLetterQueue(
+        self,
+        request: svc.ForwardMessageToDeadLetterQueueRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        """The client gives up on a message (a push consumer past its attempts): to %DLQ%group
+        through the broker's send-back, then it counts as acknowledged."""
+        group = _check_group(request.group)
+        topic = convert.check_topic(request.topic)
+        handle = receipt.decode(request.receipt_handle)
+        key, st = self._lookup(group, topic, handle)
+        d = st.inflight.get(handle.offset)
+        if d is None or d.token != handle.token:
+            outcome = (
+                AckOutcome.STALE
+                if d is not None
+                else AckOutcome.ALREADY
+                if handle.offset < st.cursor
+                else AckOutcome.UNKNOWN
+            )
+            if outcome is AckOutcome.ALREADY:
+                return svc.ForwardMessageToDeadLetterQueueResponse(status=ok("already done"))
+            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
+        m = await self._fetch_at(group, key.queue, handle.offset)
+        if m is None:
+            st.drop(handle.offset)
+            self._dirty.add(key)
+            return svc.ForwardMessageToDeadLetterQueueResponse(
+                status=ok("the message is no longer in its queue")
+            )
+        if not await self._dead_letter(group, key, st, m, "client", raise_errors=True):
+            raise ApiError(v2.INTERNAL_SERVER_ERROR, "the message could not be dead-lettered")
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    async def _dead_letter(
+        self,
+        group: str,
+        key: PopKey,
+        st: QueuePop,
+        m: ReceivedMessage,
+        reason: str,
+        *,
+        raise_errors: bool = False,
+    ) -> bool:
+        """Store `m` in %DLQ%<group> (the broker's send-back with no retries left) and stop
+        waiting for its ack. False (or the error) if the broker could not: the message stays
+        unacknowledged and comes again."""
+        busy = (key, m.queue_offset)
+        if busy in self._dead_lettering:
+            return True  # another call is storing it right now
+        sb = self._send_backs.pop(group, None) or SendBack(group, self.io.routes, self.io.pool)
+        self._send_backs[group] = sb
+        while len(self._send_backs) > MAX_CLIENTS:
+            self._send_backs.popitem(last=False)
+        attempts = st.inflight[m.queue_offset].attempt if m.queue_offset in st.inflight else 0
+        self._dead_lettering.add(busy)
+        try:
+            back = await asyncio.get_running_loop().run_in_executor(None, sb.send, m, 0)
+        except RaftMQError as exc:
+            log.warning(
+                "proxy.dead_letter_failed group=%s msg_id=%s error=%s", group, m.msg_id, exc.message
+            )
+            if raise_errors:
+                raise
+            return False
+        finally:
+            self._dead_lettering.discard(busy)
+        st.drop(m.queue_offset)
+        self._dirty.add(key)
+        log.info(
+            "proxy.dead_lettered group=%s by=%s topic=%s msg_id=%s attempts=%d dlq_id=%s",
+            group,
+            reason,
+            m.topic,
+            m.msg_id,
+            attempts,
+            back.msg_id,
+        )
+        return True
+
     # ---- progress -----------------------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
         interval_s = self.s.offset_commit_interval_ms / 1000
+        sweep_s = min(TXN_SWEEP_S, self.s.client_expiry_ms / 2000)
+        next_sweep = time.monotonic() + sweep_s
         while True:
             await asyncio.sleep(interval_s)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + sweep_s
+                await self._close_idle_transactions()
             try:
                 await self.flush_commits()
             except RaftMQError as exc:
                 log.warning("proxy.commit_failed error=%s", exc.message)
             except Exception:
                 log.exception("proxy.commit_loop_error")
+
+    async def _close_idle_transactions(self) -> None:
+        connected = {t for st in self._streams.values() for t in st.topics}
+        idle = self.txns.idle_topics(connected, self.s.client_expiry_ms / 1000)
+        if idle:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.txns.close_topics, idle)
+            except Exception:
+                log.exception("proxy.transaction_close_failed")
 
     async def flush_commits(self) -> None:
         """Commit every queue's acknowledged progress, one call per (consumer group, broker
@@ -669,27 +874,68 @@ class MessagingService:
         request_iterator: AsyncIterator[svc.TelemetryCommand],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[svc.TelemetryCommand]:
+        """The settings exchange, and the way the proxy reaches the client: transaction
+        check-backs (RecoverOrphanedTransactionCommand) are queued on the client's stream."""
         client_id = self._client_id(context)
-        async for cmd in request_iterator:
-            if cmd.WhichOneof("command") != "settings":
-                continue  # stack traces and verification results: nothing asked them yet
-            try:
-                answer = await self._settings(cmd.settings)
-            except Exception as exc:
-                if not isinstance(exc, (ApiError, RaftMQError)):
-                    log.exception("proxy.settings_failed")
-                yield svc.TelemetryCommand(status=status_of(exc))
-                continue
-            group = (
-                cmd.settings.subscription.group.name
-                if cmd.settings.HasField("subscription")
-                else ""
-            )
-            self._touch(client_id, cmd.settings.client_type, group)
-            info = self._clients.get(client_id)
-            if info is not None:
-                info.settings = cmd.settings
-            yield svc.TelemetryCommand(status=ok(), settings=answer)
+        stream = Stream(asyncio.Queue(MAX_TELEMETRY_BACKLOG))
+        reader = asyncio.ensure_future(self._telemetry_reader(client_id, stream, request_iterator))
+        try:
+            while True:
+                cmd = await stream.queue.get()
+                if cmd is None:
+                    return
+                yield cmd
+        finally:
+            reader.cancel()
+            if client_id and self._streams.get(client_id) is stream:
+                del self._streams[client_id]
+
+    async def _telemetry_reader(
+        self,
+        client_id: str,
+        stream: Stream,
+        request_iterator: AsyncIterator[svc.TelemetryCommand],
+    ) -> None:
+        try:
+            async for cmd in request_iterator:
+                if cmd.WhichOneof("command") != "settings":
+                    continue  # stack traces and verification results: nothing asked them yet
+                await stream.queue.put(await self._telemetry_settings(client_id, stream, cmd))
+        except Exception as exc:  # the client went away mid-read
+            log.debug("proxy.telemetry_ended client=%s error=%s", client_id, exc)
+        await stream.queue.put(None)  # the stream ends once what is queued has gone out
+
+    async def _telemetry_settings(
+        self, client_id: str, stream: Stream, cmd: svc.TelemetryCommand
+    ) -> svc.TelemetryCommand:
+        try:
+            answer = await self._settings(cmd.settings)
+        except Exception as exc:
+            if not isinstance(exc, (ApiError, RaftMQError)):
+                log.exception("proxy.settings_failed")
+            return svc.TelemetryCommand(status=status_of(exc))
+        group = (
+            cmd.settings.subscription.group.name if cmd.settings.HasField("subscription") else ""
+        )
+        self._touch(client_id, cmd.settings.client_type, group)
+        info = self._clients.get(client_id)
+        if info is not None:
+            info.settings = cmd.settings
+        if group and answer.HasField("backoff_policy"):
+            self._remember_attempts(group, answer.backoff_policy.max_attempts)
+        if cmd.settings.HasField("publishing") and client_id:
+            stream.topics = frozenset(t.name for t in cmd.settings.publishing.topics)
+            self._streams[client_id] = stream
+        return svc.TelemetryCommand(status=ok(), settings=answer)
+
+    def _remember_attempts(self, group: str, attempts: int) -> None:
+        self._max_attempts.pop(group, None)
+        self._max_attempts[group] = attempts
+        while len(self._max_attempts) > MAX_CLIENTS:
+            self._max_attempts.popitem(last=False)
+
+    def max_attempts(self, group: str) -> int:
+        return self._max_attempts.get(group) or self.s.max_delivery_attempts
 
     async def _settings(self, mine: v2.Settings) -> v2.Settings:
         """The server's side of the settings exchange: limits and policies the client follows."""
@@ -716,11 +962,16 @@ class MessagingService:
             sub.receive_batch_size = self.s.max_receive_batch
             if not mine.subscription.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.FromMilliseconds(min(30_000, self.s.max_long_polling_ms))
-            out.backoff_policy.max_attempts = mine.backoff_policy.max_attempts or 16
-            eb = out.backoff_policy.exponential_backoff
-            eb.initial.FromMilliseconds(1_000)
-            eb.max.FromMilliseconds(60_000)
-            eb.multiplier = 2.0
+            # RocketMQ's default retry policy of a consumer group: customized, the delay levels'
+            # durations (1s 5s 10s 30s 1m ...); the official push consumers follow only a
+            # customized one (their local FIFO retries, their nack's invisible duration).
+            out.backoff_policy.max_attempts = (
+                mine.backoff_policy.max_attempts or self.s.max_delivery_attempts
+            )
+            out.backoff_policy.customized_backoff.next.extend(
+                Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+                for ms in DEFAULT_DELAY_LEVELS_MS
+            )
         return out
 
 

@@ -74,6 +74,20 @@ class ProxySettings:
         unit="",
         doc="where a consumer group with no committed offset starts: earliest or latest",
     )
+    max_delivery_attempts: int = setting(
+        default=16,
+        unit="deliveries",
+        doc="a received message not acknowledged after this many deliveries goes to the group's "
+        "dead-letter topic %DLQ%<group> (RocketMQ's default 16); a consumer's own backoff "
+        "policy (client settings) overrides it",
+    )
+    max_transaction_topics: int = setting(
+        default=256,
+        unit="topics",
+        doc="topics with transactional sends whose check-backs this proxy answers at once (one "
+        "transaction producer each, polling every broker group); the least recently used "
+        "beyond it is closed",
+    )
     client_expiry_ms: int = setting(
         default=120_000, unit="ms", doc="a client not heard from for this long is forgotten"
     )
@@ -111,6 +125,8 @@ class ProxySettings:
             "max_pop_queues": self.max_pop_queues,
             "offset_commit_interval_ms": self.offset_commit_interval_ms,
             "client_expiry_ms": self.client_expiry_ms,
+            "max_delivery_attempts": self.max_delivery_attempts,
+            "max_transaction_topics": self.max_transaction_topics,
             "blocking_threads": self.blocking_threads,
         }
         for key, value in positive.items():

@@ -24,6 +24,8 @@ from rocketmq import (
     Producer,
     PushConsumer,
     SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
 )
 
 
@@ -261,6 +263,124 @@ def bench(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"sent": count, "send_s": send_s, "received": got, "receive_s": receive_s}
 
 
+def delayed(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Send one message due `delay_s` whole seconds from now (the client's delivery_timestamp
+    is in seconds), then receive with a SimpleConsumer until it arrives: when it was sent, due
+    and received (ms since the epoch)."""
+    p = Producer(_config(endpoint), (args["topic"],))
+    p.startup()
+    try:
+        m = Message()
+        m.topic = args["topic"]
+        m.body = args["body"].encode()
+        due_s = int(time.time()) + args["delay_s"]
+        m.delivery_timestamp = due_s
+        due_ms = due_s * 1000
+        sent_ms = int(time.time() * 1000)
+        r = p.send(m)
+    finally:
+        p.shutdown()
+    c = _consumer(endpoint, args)
+    got: list[dict[str, Any]] = []
+    early: list[dict[str, Any]] = []
+    received_ms = 0
+    try:
+        deadline = time.time() + args.get("timeout_s", 40)
+        while not got and time.time() < deadline:
+            for msg in c.receive(16, 20):
+                view = _view(msg)
+                if int(time.time() * 1000) < due_ms - 50:
+                    early.append(view)
+                got.append(view)
+                received_ms = int(time.time() * 1000)
+                c.ack(msg)
+    finally:
+        c.shutdown()
+    return {
+        "id": r.message_id,
+        "sent_ms": sent_ms,
+        "due_ms": due_ms,
+        "received_ms": received_ms,
+        "got": got,
+        "early": early,
+    }
+
+
+def transactions(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Three transactions on `topic`: "commit" committed, "rollback" rolled back, "orphan" left
+    open; the checker answers the proxy's check-back of the orphan with COMMIT. The producer
+    stays up until the checker was asked (or `check_wait_s`)."""
+    checked: list[dict[str, Any]] = []
+
+    class Checker(TransactionChecker):  # type: ignore[misc]
+        def check(self, message: Any) -> Any:
+            checked.append({"id": message.message_id, "body": message.body.decode()})
+            return TransactionResolution.COMMIT
+
+    p = Producer(_config(endpoint), (args["topic"],), Checker())
+    p.startup()
+    out: dict[str, Any] = {"sent": {}}
+    try:
+        for body in ("commit", "rollback", "orphan"):
+            t = p.begin_transaction()
+            m = Message()
+            m.topic = args["topic"]
+            m.body = body.encode()
+            r = p.send(m, t)
+            out["sent"][body] = {"id": r.message_id, "txn": r.transaction_id}
+            if body == "commit":
+                t.commit()
+            elif body == "rollback":
+                t.rollback()
+        deadline = time.time() + args.get("check_wait_s", 40)
+        while not checked and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)  # the checker's EndTransaction goes out on the client's threads
+    finally:
+        p.shutdown()
+    out["checked"] = checked
+    return out
+
+
+def unacked(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive without ever acking (invisible 1 s) for `watch_s`: every delivery's attempt."""
+    c = _consumer(endpoint, args)
+    got: list[dict[str, Any]] = []
+    try:
+        deadline = time.time() + args.get("watch_s", 10)
+        while time.time() < deadline:
+            got.extend(_view(m) for m in c.receive(16, 1))
+    finally:
+        c.shutdown()
+    return {"got": got}
+
+
+def push_failing(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer whose listener always fails, until it saw `attempts` deliveries and then
+    `linger_s`. On an ordered topic the client retries locally and past its max attempts
+    forwards the message to the dead-letter queue (ForwardMessageToDeadLetterQueue); otherwise
+    it nacks (changes the invisible duration) and the proxy counts the deliveries."""
+    seen: list[dict[str, Any]] = []
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            seen.append(_view(message))
+            return ConsumeResult.FAILURE
+
+    c = PushConsumer(
+        _config(endpoint), args["group"], Listener(), {args["topic"]: FilterExpression("*")}
+    )
+    c.startup()
+    try:
+        deadline = time.time() + args.get("watch_s", 20)
+        while len(seen) < args["attempts"] and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(args.get("linger_s", 2))  # the forward goes out after the last attempt
+    finally:
+        c.shutdown()
+    return {"seen": seen}
+
+
 def steps(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     """Several scenarios in one process (one interpreter start): {"steps": [[name, args], ...]}
     -> {"results": [...]}."""
@@ -269,6 +389,10 @@ def steps(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
 
 SCENARIOS = {
     "steps": steps,
+    "delayed": delayed,
+    "transactions": transactions,
+    "unacked": unacked,
+    "push_failing": push_failing,
     "bench": bench,
     "produce_stream": produce_stream,
     "push": push,

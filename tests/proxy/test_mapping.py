@@ -17,7 +17,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.pb import common_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
-from raftmq.proxy import convert, receipt, routing
+from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.codes import ApiError, status_of
 
 
@@ -83,8 +83,8 @@ def test_sdk_message_is_received_with_its_raftmq_id() -> None:
     [
         ({"message_type": v2.FIFO}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         ({"message_type": v2.NORMAL, "message_group": "g"}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
-        ({"message_type": v2.TRANSACTION}, v2.UNSUPPORTED),
-        ({"message_type": v2.DELAY}, v2.UNSUPPORTED),
+        ({"message_type": v2.LITE}, v2.UNSUPPORTED),
+        ({"message_type": v2.DELAY}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         ({"message_type": v2.FIFO, "message_group": "g" * 65}, v2.ILLEGAL_MESSAGE_GROUP),
     ],
 )
@@ -94,12 +94,33 @@ def test_outgoing_refusals(sp: dict[str, object], code: int) -> None:
     assert exc.value.code == code and exc.value.message
 
 
-def test_delivery_timestamp_is_refused_until_delays_are_mapped() -> None:
-    m = _msg(message_type=v2.NORMAL)
-    m.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+def test_delivery_timestamp_makes_a_delay_message() -> None:
+    for mtype in (v2.NORMAL, v2.DELAY):
+        m = _msg(message_type=mtype)
+        m.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+        out = convert.to_outgoing(m, 1024)
+        assert out.deliver_at_ms == 2_000_000_000_000 and out.message_type == v2.DELAY
+    for mtype in (v2.TRANSACTION, v2.FIFO):
+        m = _msg(message_type=mtype, message_group="g")
+        m.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+        with pytest.raises(ApiError) as exc:
+            convert.to_outgoing(m, 1024)
+        assert exc.value.code == v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        assert "delivery timestamp" in exc.value.message
+
+
+def test_delivery_timestamp_out_of_range_is_refused() -> None:
+    m = _msg(message_type=v2.DELAY)
+    m.system_properties.delivery_timestamp.seconds = 1_795_482_867_067  # ms given as seconds
     with pytest.raises(ApiError) as exc:
         convert.to_outgoing(m, 1024)
-    assert exc.value.code == v2.UNSUPPORTED and "delayed" in exc.value.message
+    assert exc.value.code == v2.ILLEGAL_DELIVERY_TIME and "not a valid time" in exc.value.message
+
+
+def test_transaction_message_maps() -> None:
+    out = convert.to_outgoing(_msg(message_type=v2.TRANSACTION), 1024)
+    assert out.message_type == v2.TRANSACTION and out.deliver_at_ms is None
+    assert out.properties[convert.P_MESSAGE_TYPE] == "TRANSACTION"
 
 
 def test_outgoing_body_and_property_checks() -> None:
@@ -158,7 +179,7 @@ def test_routes_name_the_owning_proxy() -> None:
         )
         assert q.broker.endpoints.scheme == v2.IPv4 and q.broker.id == 0
     assert {q.permission for q in mqs if q.broker.name == "broker-b"} == {v2.READ}
-    assert all(list(q.accept_message_types) == [v2.NORMAL] for q in mqs)
+    assert all(list(q.accept_message_types) == [v2.NORMAL, v2.DELAY, v2.TRANSACTION] for q in mqs)
     assert all(
         list(q.accept_message_types) == [v2.FIFO]
         for q in routing.message_queues(_route(True), proxies)
@@ -198,3 +219,27 @@ def test_error_table() -> None:
     assert status_of(OutcomeUnknownError("x")).code == v2.MASTER_PERSISTENCE_TIMEOUT
     s = status_of(KeyError("secret internals"))
     assert s.code == v2.INTERNAL_SERVER_ERROR and "secret" not in s.message
+
+
+def test_transaction_ids_name_their_broker_group() -> None:
+    tid = transactions.transaction_id("broker-a", "0f3c")
+    assert transactions.parse_transaction_id(tid) == ("broker-a", "0f3c")
+    for bad in ("", "nocolon", ":x", "g:"):
+        with pytest.raises(ApiError) as exc:
+            transactions.parse_transaction_id(bad)
+        assert (
+            exc.value.code == v2.INVALID_TRANSACTION_ID and "send of the half" in exc.value.message
+        )
+    assert transactions.resolution(v2.COMMIT).name == "COMMIT"
+    assert transactions.resolution(v2.ROLLBACK).name == "ROLLBACK"
+    with pytest.raises(ApiError) as exc:
+        transactions.resolution(v2.TRANSACTION_RESOLUTION_UNSPECIFIED)
+    assert exc.value.code == v2.BAD_REQUEST
+
+
+def test_idle_transaction_topics_are_the_unconnected_unused_ones() -> None:
+    last = {"a": 100.0, "b": 100.0, "c": 195.0}
+    # a: no client publishes it, unused for 100 s; b: a client publishes it; c: used recently.
+    assert transactions.idle(last, {"b"}, 200.0, 60.0) == ["a"]
+    assert transactions.idle(last, set(), 200.0, 60.0) == ["a", "b"]
+    assert transactions.idle(last, {"a", "b", "c"}, 1e9, 0.0) == []

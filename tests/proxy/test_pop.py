@@ -144,3 +144,15 @@ def test_commit_never_passes_an_unacknowledged_message(ops: list, fifo: bool) ->
             assert not any(o < due for o in handed), "committed past an unacknowledged message"
             p.committed(due)
         assert set(p.inflight) == set(handed), "in flight is what was handed out and not acked"
+
+
+def test_exhausted_after_max_attempts_and_dropped_counts_as_done() -> None:
+    p = QueuePop(0, fifo=True, max_inflight=100)
+    [d] = _take(p, 0, 1, invisible=1000)
+    assert not p.exhausted(0, 2)  # delivered once
+    [d] = _take(p, 1000, 1, invisible=1000)
+    assert d.attempt == 2 and p.exhausted(0, 2) and not p.exhausted(0, 3)
+    assert not p.exhausted(1, 2)  # never delivered
+    p.drop(0)  # dead-lettered: no longer waited for
+    assert not p.exhausted(0, 2) and p.commit_due() == 1
+    assert p.ack(0, d.token) is AckOutcome.ALREADY
