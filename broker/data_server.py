@@ -188,6 +188,7 @@ class DataServer:
             )
             queue_id, outcomes = prepared.queue_id, node.sends.outcomes(prepared, chunk)
         node.metrics.on_send(req.topic, prepared.count, len(payload))
+        node.stats.on_send(req.topic, prepared.count)
         return requests.send_answer(node, queue_id, outcomes, term).SerializeToString()
 
     async def _send_batches(self, payload: memoryview, ctx: RequestContext) -> bytes:
@@ -283,6 +284,7 @@ class DataServer:
         result = await self._drive(steps)
         answer = requests.pull_answer(node, result).SerializeToString()
         node.metrics.on_pull(req.consumer_group, req.topic, result.count, len(answer))
+        node.stats.on_pull(req.consumer_group, req.topic, result.count)
         return answer
 
     async def _drive(self, steps: PullSteps) -> PullResult:

@@ -37,6 +37,7 @@ from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
 from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.send_back import SendBackProcessor
 from raftmq.broker.settings import BrokerSettings
+from raftmq.broker.stats import NodeStats
 from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.broker.time_query import TimeQueryProcessor
 from raftmq.broker.topics import TopicProcessor
@@ -148,6 +149,13 @@ class BrokerNode:
         self.metrics = BrokerMetrics(
             self, enabled=metrics_bind(settings.metrics_listen) is not None
         )
+        # Resource reports (broker/stats.py): per-minute counts, one call per batch.
+        self.stats = NodeStats(
+            settings.data_dir / "stats.sqlite3",
+            retention_ms=settings.stats_retention_ms,
+            flush_interval_ms=settings.stats_flush_interval_ms,
+            max_rows=settings.stats_max_rows,
+        )
         # Delayed delivery: the leader moves due messages to their queues (broker/delivery.py).
         self.delivery = DeliveryLoop(self, deliver_batch=settings.delay_deliver_batch)
         self.time_queries = TimeQueryProcessor(self, self.topic_admin)
@@ -161,6 +169,7 @@ class BrokerNode:
     def start(self) -> None:
         self.dispatcher.start()
         self.delivery.start()
+        self.stats.start()
         if self.retention is not None:
             self.retention.start()
 
@@ -170,6 +179,7 @@ class BrokerNode:
             return
         self._closed = True
         self.delivery.stop()
+        self.stats.stop()
         if self.retention is not None:
             self.retention.stop()
         self.rlog.close(transfer_leadership=True)

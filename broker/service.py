@@ -108,6 +108,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.SendMessageResponse:
         answer = requests.send(self.node, request)
         self.node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
+        self.node.stats.on_send(request.topic, len(answer.results))
         return answer
 
     @rpc_errors
@@ -120,6 +121,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self.node.metrics.on_pull(
             request.consumer_group, request.topic, result.count, answer.ByteSize()
         )
+        self.node.stats.on_pull(request.consumer_group, request.topic, result.count)
         return answer
 
     @rpc_errors
@@ -184,6 +186,12 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.ListConsumerGroupsRequest, context: grpc.ServicerContext
     ) -> broker_pb2.ListConsumerGroupsResponse:
         return consumer_groups(self.node)
+
+    @rpc_errors
+    def QueryStats(
+        self, request: broker_pb2.QueryStatsRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.QueryStatsResponse:
+        return query_stats(self.node, request)
 
     @rpc_errors
     def QueryMessageById(
@@ -278,6 +286,37 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             leader_node_id=leader.node_id if leader is not None else "",
             term=self.node.status().term,
         )
+
+
+MAX_STATS_ROWS = 100_000  # rows of one QueryStats answer (a week of one topic is 10 080)
+
+
+def query_stats(
+    node: BrokerNode, request: broker_pb2.QueryStatsRequest
+) -> broker_pb2.QueryStatsResponse:
+    if request.since_ms < 0 or request.until_ms < request.since_ms:
+        raise InvalidArgumentError(
+            f"since_ms {request.since_ms} and until_ms {request.until_ms}: need "
+            "0 <= since_ms <= until_ms"
+        )
+    limit = min(request.limit or MAX_STATS_ROWS, MAX_STATS_ROWS)
+    rows = node.stats.query(
+        topic=request.topic,
+        group=request.consumer_group,
+        since_ms=request.since_ms,
+        until_ms=request.until_ms,
+        limit=limit + 1,
+    )
+    return broker_pb2.QueryStatsResponse(
+        rows=[
+            broker_pb2.StatsRow(
+                minute_ms=r.minute_ms, topic=r.topic, consumer_group=r.group, count=r.count
+            )
+            for r in rows[:limit]
+        ],
+        truncated=len(rows) > limit,
+        retention_ms=node.stats.retention_ms if node.stats.enabled else 0,
+    )
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some

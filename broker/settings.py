@@ -155,6 +155,20 @@ class BrokerSettings:
     retention_check_interval_ms: int = setting(
         default=10_000, unit="ms", doc="how often the leader checks retention and nodes trim"
     )
+    stats_retention_ms: int = setting(
+        default=7 * 24 * 3600 * 1000,
+        unit="ms",
+        doc="resource reports: how long this node keeps its per-minute counts of messages "
+        "produced and consumed (`raftmq stats`); 0 = reports off",
+    )
+    stats_flush_interval_ms: int = setting(
+        default=5_000, unit="ms", doc="resource reports: how often counts go to their table"
+    )
+    stats_max_rows: int = setting(
+        default=1_000_000,
+        unit="rows",
+        doc="resource reports: the oldest minutes are deleted while the table holds more",
+    )
     max_store_bytes: int = setting(
         default=0,
         unit="bytes",
@@ -241,7 +255,11 @@ class BrokerSettings:
             "transaction_check_interval_ms": self.transaction_check_interval_ms,
             "transaction_ended_retention_ms": self.transaction_ended_retention_ms,
             "retention_check_interval_ms": self.retention_check_interval_ms,
+            "stats_flush_interval_ms": self.stats_flush_interval_ms,
+            "stats_max_rows": self.stats_max_rows,
         }
+        if self.stats_retention_ms < 0:
+            raise ValueError("stats_retention_ms must be >= 0 (0 = reports off)")
         if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:
             raise ValueError("retention_ms, retention_bytes and max_store_bytes must be >= 0")
         if not 0.0 < self.disk_max_used_ratio <= 1.0:

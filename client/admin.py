@@ -17,6 +17,7 @@ from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.client.stats_report import StatsReport, merge, report_range
 from raftmq.client.trace import MessageTrace, records_of_message
 from raftmq.common.arguments import checked
 from raftmq.common.errors import (
@@ -420,6 +421,55 @@ class Admin:
             )
             for name in sorted(topics)
         ]
+
+    # ---- resource reports (issue 18) -----------------------------------------------------------
+
+    @checked
+    def topic_stats(
+        self, topic: str, since_ms: int = 3_600_000, until_ms: int | None = None
+    ) -> StatsReport:
+        """Messages produced to `topic` per minute over the last `since_ms` (to `until_ms`,
+        epoch ms, default now): every node of every broker group asked, counts summed."""
+        validate_topic(topic)
+        return self._stats(topic, "", since_ms, until_ms)
+
+    @checked
+    def group_stats(
+        self,
+        group: str,
+        since_ms: int = 3_600_000,
+        until_ms: int | None = None,
+        topic: str = "",
+    ) -> StatsReport:
+        """Messages consumed by `group` per minute and topic (only `topic` if given)."""
+        validate_group(group)
+        if topic:
+            validate_topic(topic)
+        return self._stats(topic, group, since_ms, until_ms)
+
+    def _stats(self, topic: str, group: str, since_ms: int, until_ms: int | None) -> StatsReport:
+        lo, hi = report_range(int(time.time() * 1000), since_ms, until_ms)
+        request = broker_pb2.QueryStatsRequest(
+            topic=topic, consumer_group=group, since_ms=lo, until_ms=hi
+        )
+        rows: list[tuple[int, str, str, int]] = []
+        unanswered: list[str] = []
+        truncated = False
+        for g in self._select(None):
+            for n in g.nodes:
+                try:
+                    resp = self._query_stats(n.address, request)
+                except RaftMQError as exc:
+                    unanswered.append(f"{g.broker_group}/{n.node_id}: {exc.message}")
+                    continue
+                truncated = truncated or resp.truncated
+                rows.extend((r.minute_ms, r.topic, r.consumer_group, r.count) for r in resp.rows)
+        return merge(rows, lo, hi, unanswered=unanswered, truncated=truncated)
+
+    def _query_stats(
+        self, address: str, request: broker_pb2.QueryStatsRequest
+    ) -> broker_pb2.QueryStatsResponse:
+        return self._rpc(lambda: self._stub(address).QueryStats(request, timeout=RPC_TIMEOUT_S))
 
     @checked
     def plan_offset_reset(self, group: str, topic: str, target: ResetTarget) -> list[QueueReset]:

@@ -523,9 +523,10 @@ def _progress() -> Progress:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from raftmq.ops import cli_admin  # it imports this module (console, parsing helpers)
+    from raftmq.ops import cli_admin, cli_stats  # they import this module (console, parsing)
 
     cli_admin.register(subparsers)
+    cli_stats.register(subparsers)
     topic = subparsers.add_parser("topic", help="create, list, route, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")

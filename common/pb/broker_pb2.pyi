@@ -557,6 +557,42 @@ class ListConsumerGroupsResponse(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[ConsumerGroupInfo]
     def __init__(self, groups: _Optional[_Iterable[_Union[ConsumerGroupInfo, _Mapping]]] = ...) -> None: ...
 
+class QueryStatsRequest(_message.Message):
+    __slots__ = ("topic", "consumer_group", "since_ms", "until_ms", "limit")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    consumer_group: str
+    since_ms: int
+    until_ms: int
+    limit: int
+    def __init__(self, topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class StatsRow(_message.Message):
+    __slots__ = ("minute_ms", "topic", "consumer_group", "count")
+    MINUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    minute_ms: int
+    topic: str
+    consumer_group: str
+    count: int
+    def __init__(self, minute_ms: _Optional[int] = ..., topic: _Optional[str] = ..., consumer_group: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class QueryStatsResponse(_message.Message):
+    __slots__ = ("rows", "truncated", "retention_ms")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[StatsRow]
+    truncated: bool
+    retention_ms: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[StatsRow, _Mapping]]] = ..., truncated: _Optional[bool] = ..., retention_ms: _Optional[int] = ...) -> None: ...
+
 class GetConsumerListRequest(_message.Message):
     __slots__ = ("consumer_group",)
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -154,6 +154,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
                 _registered_method=True)
+        self.QueryStats = channel.unary_unary(
+                '/raftmq.v1.Broker/QueryStats',
+                request_serializer=raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -318,6 +323,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def QueryStats(self, request, context):
+        """Resource reports (issue 18): this node's per-minute counts of messages produced to topics
+        and consumed by groups (broker/stats.py); every node answers what it served.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -440,6 +453,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UnlockQueues,
                     request_deserializer=raftmq_dot_broker__pb2.LockQueuesRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.LockQueuesResponse.SerializeToString,
+            ),
+            'QueryStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.QueryStats,
+                    request_deserializer=raftmq_dot_broker__pb2.QueryStatsRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.QueryStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1090,6 +1108,33 @@ class Broker:
             '/raftmq.v1.Broker/UnlockQueues',
             raftmq_dot_broker__pb2.LockQueuesRequest.SerializeToString,
             raftmq_dot_broker__pb2.LockQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def QueryStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/QueryStats',
+            raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
+            raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -104,6 +104,10 @@ class BrokerStub:
         _broker_pb2.LockQueuesRequest,
         _broker_pb2.LockQueuesResponse,
     ]
+    QueryStats: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.QueryStatsRequest,
+        _broker_pb2.QueryStatsResponse,
+    ]
 
 
 class BrokerServicer:
@@ -227,6 +231,11 @@ class BrokerServicer:
         request: _broker_pb2.LockQueuesRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.LockQueuesResponse: ...
+    def QueryStats(
+        self,
+        request: _broker_pb2.QueryStatsRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.QueryStatsResponse: ...
 
 
 def add_BrokerServicer_to_server(
