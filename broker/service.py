@@ -8,6 +8,7 @@ status with an ErrorDetail, never as a traceback.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from collections.abc import Iterable
 
@@ -268,7 +269,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def GetBrokerStatus(
         self, request: broker_pb2.GetBrokerStatusRequest, context: grpc.ServicerContext
     ) -> broker_pb2.BrokerStatus:
-        return broker_status(self.node)
+        return broker_status(self.node, include_lags=request.include_lags)
 
     @rpc_errors
     def LeadershipTransfer(
@@ -366,7 +367,30 @@ def _lock_answer(
     )
 
 
-def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
+def group_lags(node: BrokerNode) -> list[broker_pb2.GroupLag]:
+    """Each (group, topic)'s lag summed over its queues, from the replicated committed offsets
+    (the leader's are current); at most MAX_LISTED_OFFSETS offsets read."""
+    bounds: dict[tuple[str, int], int] = {}
+    lags: dict[tuple[str, str], int] = {}
+    for group, topic, queue_id, offset in node.store.all_committed_offsets(MAX_LISTED_OFFSETS):
+        high = bounds.get((topic, queue_id))
+        if high is None:
+            high = bounds[(topic, queue_id)] = node.store.queue_bounds(topic, queue_id)[1]
+        lags[(group, topic)] = lags.get((group, topic), 0) + max(0, high - offset)
+    return [
+        broker_pb2.GroupLag(consumer_group=g, topic=t, lag=n) for (g, t), n in sorted(lags.items())
+    ]
+
+
+def disk_used_ratio(node: BrokerNode) -> float:
+    try:
+        usage = shutil.disk_usage(node.settings.data_dir)
+    except OSError:
+        return 0.0
+    return usage.used / usage.total if usage.total else 0.0
+
+
+def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2.BrokerStatus:
     st = node.status()
     storage = node.health.error
     leader = node.leader()
@@ -397,4 +421,6 @@ def broker_status(node: BrokerNode) -> broker_pb2.BrokerStatus:
         retention_cut_index=node.store.cut_index,
         disk_pressure=node.disk_pressure or "",
         journal_bytes=node.retention.journal_bytes() if node.retention is not None else 0,
+        disk_used_ratio=disk_used_ratio(node),
+        group_lags=group_lags(node) if include_lags and st.role is Role.LEADER else [],
     )

@@ -389,8 +389,10 @@ class ListTopicsResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ...) -> None: ...
 
 class GetBrokerStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("include_lags",)
+    INCLUDE_LAGS_FIELD_NUMBER: _ClassVar[int]
+    include_lags: bool
+    def __init__(self, include_lags: _Optional[bool] = ...) -> None: ...
 
 class QueueStats(_message.Message):
     __slots__ = ("queue_id", "min_offset", "max_offset", "last_store_timestamp_ms")
@@ -413,7 +415,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes", "disk_used_ratio", "group_lags")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +442,8 @@ class BrokerStatus(_message.Message):
     RETENTION_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
     DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_RATIO_FIELD_NUMBER: _ClassVar[int]
+    GROUP_LAGS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     broker_group: str
     node_id: str
@@ -459,7 +463,19 @@ class BrokerStatus(_message.Message):
     retention_cut_index: int
     disk_pressure: str
     journal_bytes: int
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ...) -> None: ...
+    disk_used_ratio: float
+    group_lags: _containers.RepeatedCompositeFieldContainer[GroupLag]
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ..., disk_used_ratio: _Optional[float] = ..., group_lags: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ...) -> None: ...
+
+class GroupLag(_message.Message):
+    __slots__ = ("consumer_group", "topic", "lag")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    topic: str
+    lag: int
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class LeadershipTransferRequest(_message.Message):
     __slots__ = ("target_node_id", "timeout_ms")
