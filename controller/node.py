@@ -11,6 +11,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -19,8 +20,9 @@ import grpc
 from raftmq.common.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.controller.alarm_service import AlarmService
 from raftmq.controller.balance import Transfer, parse_preferred, plan
-from raftmq.controller.liveness import Liveness
+from raftmq.controller.liveness import Liveness, Seen
 from raftmq.controller.settings import ControllerSettings
 from raftmq.controller.state import (
     CommandError,
@@ -113,13 +115,17 @@ class ControllerNode:
         self._balancing = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="controller-apply", daemon=True)
+        # Alarms (issue 18): evaluated by the controller leader only, on a thread of their own.
+        self.alarms = AlarmService(self)
 
     def start(self) -> None:
         self._thread.start()
+        self.alarms.start()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.alarms.close()
         self._balancer.shutdown(wait=False, cancel_futures=True)
         self.pusher.close()
         self.rlog.close(transfer_leadership=True)
@@ -170,6 +176,10 @@ class ControllerNode:
                     raise OutcomeUnknownError("the report was committed but not applied in time")
                 self._cond.wait(left)
             return self._verdicts[key]
+
+    def liveness_view(self) -> Mapping[tuple[str, str], Seen]:
+        with self._liveness_lock:
+            return self._liveness.view()
 
     def records(self) -> list[GroupRecord]:
         with self._cond:

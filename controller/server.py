@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
-from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.errors import InvalidArgumentError, NotLeaderError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import start_metrics
@@ -63,6 +63,43 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             leader_node_id=v.leader_node_id,
             term=v.term,
             epoch=v.epoch,
+        )
+
+    @rpc_errors
+    def GetAlerts(
+        self, request: controller_pb2.GetAlertsRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.GetAlertsResponse:
+        node = self.node
+        if not node.rlog.is_leader_ready():
+            _, address = node.leader()
+            hint = "" if address == node.settings.listen else address
+            raise NotLeaderError.for_node(node.settings.node_id, "controllers", hint)
+        active, events = node.alarms.snapshot()
+        return controller_pb2.GetAlertsResponse(
+            rules=[r.name for r in node.alarms.rules],
+            active=[
+                controller_pb2.Alert(
+                    rule=a.rule,
+                    subject=a.subject,
+                    state=a.state.value,
+                    since_ms=a.since_ms,
+                    value=a.value,
+                )
+                for a in active
+            ],
+            events=[
+                controller_pb2.AlertEvent(
+                    seq=e.seq,
+                    status=e.status,
+                    rule=e.rule,
+                    subject=e.subject,
+                    value=e.value,
+                    at_ms=e.at_ms,
+                    since_ms=e.since_ms,
+                )
+                for e in events
+            ],
+            node_id=node.settings.node_id,
         )
 
     @rpc_errors

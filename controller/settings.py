@@ -10,6 +10,7 @@ from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, parse_address_list, parse_members
+from raftmq.controller.alarms import RuleError, parse_rules
 from raftmq.controller.balance import BalancePolicy, parse_preferred
 from raftmq.raftlog.config import RaftLogConfig
 
@@ -65,6 +66,21 @@ class ControllerSettings:
         doc="a broker node silent this long is never handed leadership (keep it above the "
         "brokers' heartbeat_interval_ms)",
     )
+    alarm_rules: str = setting(
+        default="",
+        unit="rule;rule;...",
+        doc="alarms the controller leader evaluates, e.g. 'group_lag > 1000 for 1m; "
+        "dlq_growth > 0 within 5m; no_leader for 30s; disk_used > 0.9 for 1m; "
+        'follower_behind > 10000 for 30s\' (controller/alarms.py); "" = none',
+    )
+    alarm_interval_ms: int = setting(
+        default=5_000, unit="ms", doc="how often the controller leader evaluates the alarms"
+    )
+    alarm_webhook_url: str = setting(
+        default="",
+        unit="URL",
+        doc='each firing and resolved alarm event is POSTed here as JSON; "" = none',
+    )
 
     def __post_init__(self) -> None:
         check_metrics_listen(self.metrics_listen)
@@ -79,6 +95,16 @@ class ControllerSettings:
             raise ValueError(
                 "balance_interval_ms and balance_alive_ms must be > 0, balance_hold_ms >= 0"
             )
+        try:
+            parse_rules(self.alarm_rules)
+        except RuleError as exc:
+            raise ValueError(str(exc)) from None
+        if self.alarm_interval_ms <= 0:
+            raise ValueError("alarm_interval_ms must be > 0")
+        if self.alarm_webhook_url and not self.alarm_webhook_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValueError("alarm_webhook_url must be an http:// or https:// URL")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         self.raft_config()

@@ -74,3 +74,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="controller addresses as host:port, separated by ',' or ';' (env RAFTMQ_CONTROLLERS)",
     )
     p.set_defaults(func=status)
+    from raftmq.ops import cli_alerts  # it imports this module (console, default addresses)
+
+    cli_alerts.register(subparsers)

@@ -83,3 +83,51 @@ class ControllerStatus(_message.Message):
     applied_index: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupRecord]
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., leader_node_id: _Optional[str] = ..., term: _Optional[int] = ..., applied_index: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupRecord, _Mapping]]] = ...) -> None: ...
+
+class GetAlertsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Alert(_message.Message):
+    __slots__ = ("rule", "subject", "state", "since_ms", "value")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    subject: str
+    state: str
+    since_ms: int
+    value: float
+    def __init__(self, rule: _Optional[str] = ..., subject: _Optional[str] = ..., state: _Optional[str] = ..., since_ms: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+
+class AlertEvent(_message.Message):
+    __slots__ = ("seq", "status", "rule", "subject", "value", "at_ms", "since_ms")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    status: str
+    rule: str
+    subject: str
+    value: float
+    at_ms: int
+    since_ms: int
+    def __init__(self, seq: _Optional[int] = ..., status: _Optional[str] = ..., rule: _Optional[str] = ..., subject: _Optional[str] = ..., value: _Optional[float] = ..., at_ms: _Optional[int] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class GetAlertsResponse(_message.Message):
+    __slots__ = ("rules", "active", "events", "node_id")
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    active: _containers.RepeatedCompositeFieldContainer[Alert]
+    events: _containers.RepeatedCompositeFieldContainer[AlertEvent]
+    node_id: str
+    def __init__(self, rules: _Optional[_Iterable[str]] = ..., active: _Optional[_Iterable[_Union[Alert, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[AlertEvent, _Mapping]]] = ..., node_id: _Optional[str] = ...) -> None: ...

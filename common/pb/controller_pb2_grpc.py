@@ -44,6 +44,11 @@ class ControllerStub:
                 request_serializer=raftmq_dot_controller__pb2.GetControllerStatusRequest.SerializeToString,
                 response_deserializer=raftmq_dot_controller__pb2.ControllerStatus.FromString,
                 _registered_method=True)
+        self.GetAlerts = channel.unary_unary(
+                '/raftmq.v1.Controller/GetAlerts',
+                request_serializer=raftmq_dot_controller__pb2.GetAlertsRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.GetAlertsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -61,6 +66,14 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAlerts(self, request, context):
+        """Alarms (issue 18): the rules, what is pending or firing now and the recent events, as the
+        controller leader evaluates them (a follower answers NOT_LEADER with the leader's address).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +86,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetControllerStatus,
                     request_deserializer=raftmq_dot_controller__pb2.GetControllerStatusRequest.FromString,
                     response_serializer=raftmq_dot_controller__pb2.ControllerStatus.SerializeToString,
+            ),
+            'GetAlerts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAlerts,
+                    request_deserializer=raftmq_dot_controller__pb2.GetAlertsRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.GetAlertsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +147,33 @@ class Controller:
             '/raftmq.v1.Controller/GetControllerStatus',
             raftmq_dot_controller__pb2.GetControllerStatusRequest.SerializeToString,
             raftmq_dot_controller__pb2.ControllerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAlerts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/GetAlerts',
+            raftmq_dot_controller__pb2.GetAlertsRequest.SerializeToString,
+            raftmq_dot_controller__pb2.GetAlertsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -16,6 +16,10 @@ class ControllerStub:
         _controller_pb2.GetControllerStatusRequest,
         _controller_pb2.ControllerStatus,
     ]
+    GetAlerts: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.GetAlertsRequest,
+        _controller_pb2.GetAlertsResponse,
+    ]
 
 
 class ControllerServicer:
@@ -29,6 +33,11 @@ class ControllerServicer:
         request: _controller_pb2.GetControllerStatusRequest,
         context: grpc.ServicerContext,
     ) -> _controller_pb2.ControllerStatus: ...
+    def GetAlerts(
+        self,
+        request: _controller_pb2.GetAlertsRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.GetAlertsResponse: ...
 
 
 def add_ControllerServicer_to_server(
