@@ -105,7 +105,7 @@ def plot(report: StatsReport, title: str, path: Path) -> None:
     ax.set_title(title)
     ax.set_ylabel("messages / s (per-minute average)")
     if report.series:
-        ax.legend(loc="upper left", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
