@@ -9,8 +9,10 @@ each follower's distance to its leader's commit index, each (group, topic)'s lag
 group's DLQ size on the leaders. A kind whose inputs are incomplete this round (a leader did not
 answer) is not measured, so its alarms neither fire nor resolve on partial data.
 
-Soft state: a new controller leader starts with an empty book and, for `balance_alive_ms`, does
-not judge no_leader (its liveness table fills from the next reports).
+Each firing and resolution goes through the controller's Raft log before it is logged and
+posted: a new controller leader starts from the replicated firing alarms (no second firing of
+one still true; it posts the resolution). Pending states and the liveness table are soft: for
+`balance_alive_ms` a new leader does not judge no_leader (the table fills from the next reports).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.controller.alarms import Active, AlarmBook, Event, Kind, parse_rules
 from raftmq.controller.liveness import Seen
-from raftmq.controller.state import GroupRecord
+from raftmq.controller.state import AlarmChange, GroupRecord
 
 if TYPE_CHECKING:
     from raftmq.controller.node import ControllerNode
@@ -120,6 +122,7 @@ class AlarmService:
         self.book = AlarmBook(self.rules)
         self.lock = threading.Lock()
         self._led_since: float | None = None  # monotonic time this node became leader
+        self._reseed = False  # rebuild the book from the replicated record at the next round
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="alarm-poll")
         self._channels: dict[str, grpc.Channel] = {}  # one per broker node, kept
@@ -153,16 +156,32 @@ class AlarmService:
             if self._led_since is not None:  # lost the lead: the next leader judges
                 self._led_since = None
                 with self.lock:
-                    self.book = AlarmBook(self.rules)
+                    self.book = AlarmBook(self.rules, events=self.book.events)
             return
-        if self._led_since is None:
-            self._led_since = time.monotonic()
+        if self._led_since is None or self._reseed:
+            if not self.node.caught_up():
+                return  # the replicated firing alarms first
+            if self._led_since is None:
+                self._led_since = time.monotonic()
+            self._seed()
         now_ms = int(time.time() * 1000)
         observed = self.measure(now_ms)
         with self.lock:
             events = self.book.evaluate(now_ms, observed)
         leader_id = self.node.settings.node_id
         for e in events:
+            # Replicated before it is told: a new leader continues from it (no second firing;
+            # it posts the resolution). Not committed: this round's changes are derived again.
+            change = AlarmChange(e.status, e.rule, e.subject, e.since_ms, e.value)
+            if not self.node.commit_alarm(change):
+                log.warning(
+                    "controller.alarm_not_committed rule=%r subject=%s status=%s",
+                    e.rule,
+                    e.subject,
+                    e.status,
+                )
+                self._reseed = True
+                break
             fn = log.warning if e.status == "firing" else log.info
             fn(
                 "controller.alarm_%s rule=%r subject=%s value=%g since_ms=%d",
@@ -174,6 +193,15 @@ class AlarmService:
             )
             if self.webhook is not None:
                 self.webhook.post(event_json(e, leader_id))
+
+    def _seed(self) -> None:
+        """A fresh book holding the replicated firing alarms (recent events kept)."""
+        with self.lock:
+            book = AlarmBook(self.rules, events=self.book.events)
+            for a in self.node.firing_alarms():
+                book.restore(a.rule, a.subject, a.since_ms, a.value)
+            self.book = book
+        self._reseed = False
 
     # ---- measuring ----------------------------------------------------------------------------
 

@@ -238,6 +238,15 @@ class AlarmBook:
         self.events.append(e)
         return e
 
+    def restore(self, rule: str, subject: str, since_ms: int, value: float) -> bool:
+        """Mark (rule, subject) as firing since `since_ms` without an event: what a new
+        controller leader learns from the replicated record. False: no such rule (any more)."""
+        for i, r in enumerate(self.rules):
+            if r.name == rule:
+                self._tracks[(i, subject)] = _Track(State.FIRING, since_ms, value)
+                return True
+        return False
+
     def active(self) -> list[Active]:
         return [
             Active(self.rules[i].name, subject, t.state, t.since_ms, t.value)

@@ -25,6 +25,7 @@ from raftmq.controller.balance import Transfer, parse_preferred, plan
 from raftmq.controller.liveness import Liveness, Seen
 from raftmq.controller.settings import ControllerSettings
 from raftmq.controller.state import (
+    AlarmChange,
     CommandError,
     ControllerState,
     GroupRecord,
@@ -176,6 +177,31 @@ class ControllerNode:
                     raise OutcomeUnknownError("the report was committed but not applied in time")
                 self._cond.wait(left)
             return self._verdicts[key]
+
+    def commit_alarm(self, change: AlarmChange) -> bool:
+        """Replicate an alarm's firing or resolution and wait until it is applied here; False
+        if it was not (not the leader any more, or no quorum in time)."""
+        try:
+            fut = self.rlog.submit(change.encode())
+            committed = fut.result(timeout=REPORT_TIMEOUT_S)
+        except (FutureTimeout, rl_errors.NotLeaderError, rl_errors.RaftLogError):
+            return False
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        with self._cond:
+            while self.applied < committed.index:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def firing_alarms(self) -> list[AlarmChange]:
+        """The firing alarms as replicated (every controller holds them)."""
+        with self._cond:
+            return list(self.state.firing.values())
+
+    def caught_up(self) -> bool:
+        return self.applied >= self.rlog.committed_index
 
     def liveness_view(self) -> Mapping[tuple[str, str], Seen]:
         with self._liveness_lock:

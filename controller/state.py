@@ -14,6 +14,7 @@ from typing import Any
 
 MAX_GROUPS = 10_000
 MAX_MEMBERS = 64
+MAX_FIRING = 10_000  # firing alarms recorded (controller/alarm_service.py)
 
 
 class CommandError(ValueError):
@@ -44,6 +45,31 @@ class RoleReport:
         ).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class AlarmChange:
+    """An alarm fired or resolved (issue 18): replicated so a new controller leader continues
+    from the alarms that are firing instead of firing them again."""
+
+    status: str  # "firing" or "resolved"
+    rule: str
+    subject: str
+    since_ms: int
+    value: float
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "op": "alarm",
+                "status": self.status,
+                "rule": self.rule,
+                "subject": self.subject,
+                "since_ms": self.since_ms,
+                "value": self.value,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
 @dataclass(slots=True)
 class GroupRecord:
     broker_group: str
@@ -69,9 +95,20 @@ class Verdict:
     epoch: int
 
 
-def decode(data: bytes) -> RoleReport:
+def decode(data: bytes) -> RoleReport | AlarmChange:
     try:
         raw: Any = json.loads(data)
+        if raw.get("op") == "alarm":
+            alarm = AlarmChange(
+                str(raw["status"]),
+                str(raw["rule"]),
+                str(raw["subject"]),
+                int(raw["since_ms"]),
+                float(raw["value"]),
+            )
+            if alarm.status not in ("firing", "resolved"):
+                raise CommandError(f"alarm status {alarm.status!r}: firing or resolved")
+            return alarm
         if raw.get("op") != "report":
             raise CommandError(f"unknown controller command {raw.get('op')!r}")
         report = RoleReport(
@@ -92,6 +129,8 @@ def decode(data: bytes) -> RoleReport:
 class ControllerState:
     def __init__(self) -> None:
         self.groups: dict[str, GroupRecord] = {}
+        # (rule, subject) -> the firing alarm's change (since_ms, value)
+        self.firing: dict[tuple[str, str], AlarmChange] = {}
 
     def unchanged_verdict(self, report: RoleReport) -> Verdict | None:
         """The verdict `apply(report)` would give if applying it changes nothing (a heartbeat's
@@ -111,7 +150,10 @@ class ControllerState:
             return self._verdict(rec, True, False, "already recorded")
         return None
 
-    def apply(self, report: RoleReport) -> Verdict:
+    def apply(self, command: RoleReport | AlarmChange) -> Verdict:
+        if isinstance(command, AlarmChange):
+            return self._apply_alarm(command)
+        report = command
         rec = self.groups.get(report.broker_group)
         if rec is None:
             if len(self.groups) >= MAX_GROUPS:
@@ -141,6 +183,17 @@ class ControllerState:
         rec.epoch += 1
         rec.changed_ms = report.now_ms
         return self._verdict(rec, True, True, "leader changed")
+
+    def _apply_alarm(self, a: AlarmChange) -> Verdict:
+        key = (a.rule, a.subject)
+        accepted = True
+        if a.status == "resolved":
+            self.firing.pop(key, None)
+        elif key in self.firing or len(self.firing) < MAX_FIRING:
+            self.firing[key] = a
+        else:
+            accepted = False
+        return Verdict(accepted, False, f"alarm {a.status}", "", "", 0, 0)
 
     @staticmethod
     def _verdict(rec: GroupRecord, accepted: bool, changed: bool, reason: str) -> Verdict:

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.controller.alarms import AlarmBook, Kind, Rule, RuleError, State, parse_rules
+from raftmq.controller.state import AlarmChange, CommandError, ControllerState, decode
 
 observations = st.lists(
     st.tuples(st.integers(0, 5_000), st.one_of(st.none(), st.integers(0, 20))), max_size=60
@@ -125,3 +126,24 @@ def test_rules_parse_and_bad_rules_say_what_to_write() -> None:
     ):
         with pytest.raises(RuleError, match=words):
             parse_rules(bad)
+
+
+def test_restored_firing_alarm_resolves_without_firing_again() -> None:
+    book = AlarmBook(parse_rules("group_lag > 5 for 1s"))
+    assert book.restore("group_lag > 5 for 1s", "g/t", 100, 9.0)
+    assert not book.restore("gone > 1", "g/t", 100, 9.0)
+    assert book.evaluate(5000, {Kind.GROUP_LAG: {"g/t": 50.0}}) == []
+    [e] = book.evaluate(6000, {Kind.GROUP_LAG: {"g/t": 0.0}})
+    assert (e.status, e.since_ms) == ("resolved", 100)
+
+
+def test_alarm_changes_replicate_through_the_controller_state() -> None:
+    state = ControllerState()
+    fire = AlarmChange("firing", "no_leader for 2s", "broker-a", 100, 1.0)
+    assert decode(fire.encode()) == fire
+    assert state.apply(decode(fire.encode())).accepted
+    assert list(state.firing.values()) == [fire]
+    state.apply(decode(AlarmChange("resolved", fire.rule, fire.subject, 100, 0.0).encode()))
+    assert state.firing == {}
+    with pytest.raises(CommandError, match="firing or resolved"):
+        decode(b'{"op":"alarm","status":"maybe","rule":"r","subject":"s","since_ms":1,"value":0}')

@@ -1,6 +1,7 @@
 """Alarms on real processes (2 NameServers, broker-a of 3 nodes, 3 controllers): the controller
-leader fires one group_lag alert for a stalled consumer group and resolves it once the group
-catches up, fires and resolves no_leader for a killed and restarted broker group, and a local
+leader fires one group_lag alert for a stalled consumer group, a new controller leader (the
+old one killed) continues it without firing it again, and it resolves once the group catches up;
+it fires and resolves no_leader for a killed and restarted broker group, and a local
 webhook receiver gets each event exactly once; `raftmq alerts` shows them."""
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
+from raftmq.common.errors import RaftMQError
 from raftmq.ops import cli
+from raftmq.ops.cli_alerts import fetch_alerts
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import parse
-from tests.controller.test_controller_cluster import broker_leader, spec_text
+from tests.controller.test_controller_cluster import broker_leader, controller_leader, spec_text
 from tests.controller.test_failover import namesrv_str
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import wait_until
@@ -89,7 +92,19 @@ def setup(tmp_path: Path) -> Iterator[tuple[ClusterRunner, Receiver]]:
 
 
 def controllers(r: ClusterRunner) -> str:
-    return ",".join(f"{p.host}:{p.ports[0]}" for p in r.processes() if p.role == "controller")
+    return ",".join(
+        f"{p.host}:{p.ports[0]}"
+        for p in r.processes()
+        if p.role == "controller" and r.running[p.name].alive
+    )
+
+
+def firing_now(r: ClusterRunner) -> list[tuple[str, str]]:
+    try:
+        resp = fetch_alerts(controllers(r).split(","))
+    except RaftMQError:
+        return []
+    return [(a.rule, a.subject) for a in resp.active if a.state == "firing"]
 
 
 def test_lag_and_no_leader_fire_once_and_resolve(
@@ -112,6 +127,16 @@ def test_lag_and_no_leader_fire_once_and_resolve(
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and LAG_RULE in doc["rules"] and NO_LEADER_RULE in doc["rules"]
     assert [(a["rule"], a["state"]) for a in doc["active"]] == [(LAG_RULE, "firing")]
+
+    # The controller leader dies while the alarm fires: the next leader continues from the
+    # replicated record (the alarm restored as firing, not fired again).
+    old = controller_leader(r)
+    assert old
+    r.kill(old)
+    wait_until(lambda: controller_leader(r) not in ("", old), 30, "a new controller leader")
+    wait_until(lambda: firing_now(r) == [(LAG_RULE, f"{GROUP}/{TOPIC}")], 20, "the restored alarm")
+    time.sleep(2)
+    assert rx.events(LAG_RULE) == [("firing", f"{GROUP}/{TOPIC}")]
 
     # The group catches up: it reads everything and commits.
     got = 0
