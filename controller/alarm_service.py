@@ -205,10 +205,10 @@ class AlarmService:
 
     # ---- measuring ----------------------------------------------------------------------------
 
-    def measure(self, now_ms: int) -> dict[Kind, dict[str, float]]:
+    def measure(self, now_ms: int) -> dict[Kind, dict[str, float | None]]:
         kinds = {r.kind for r in self.rules}
         records = self.node.records()
-        out: dict[Kind, dict[str, float]] = {}
+        out: dict[Kind, dict[str, float | None]] = {}
         assert self._led_since is not None
         if Kind.NO_LEADER in kinds and (
             (time.monotonic() - self._led_since) * 1000 >= self.alive_ms
@@ -227,42 +227,47 @@ class AlarmService:
 
     def _broker_kinds(
         self, kinds: set[Kind], records: list[GroupRecord]
-    ) -> dict[Kind, dict[str, float]]:
+    ) -> dict[Kind, dict[str, float | None]]:
+        """Per node None where the node (or, for follower_behind, its leader) did not answer:
+        known but unmeasured, so its alarm neither fires nor resolves this round."""
         calls = [
             (g.broker_group, node_id, address)
             for g in records
             for node_id, address in sorted(g.members.items())
         ]
         statuses = list(self._pool.map(lambda c: self._status(c[2]), calls))
-        disk: dict[str, float] = {}
-        behind: dict[str, float] = {}
-        lag: dict[str, float] = {}
-        dlq: dict[str, float] = {}
+        disk: dict[str, float | None] = {}
+        behind: dict[str, float | None] = {}
+        lag: dict[str, float | None] = {}
+        dlq: dict[str, float | None] = {}
         complete = True  # every group's leader answered
         by_group: dict[str, list[tuple[str, broker_pb2.BrokerStatus | None]]] = {}
         for (group, node_id, _), st in zip(calls, statuses, strict=True):
             by_group.setdefault(group, []).append((node_id, st))
-            if st is not None:
-                disk[f"{group}/{node_id}"] = st.disk_used_ratio
+            disk[f"{group}/{node_id}"] = st.disk_used_ratio if st is not None else None
         for group, nodes in by_group.items():
             leaders = [st for _, st in nodes if st is not None and st.role == common_pb2.LEADER]
             if not leaders:
                 complete = False
+                for node_id, _ in nodes:
+                    behind[f"{group}/{node_id}"] = None
                 continue
             leader = max(leaders, key=lambda st: st.term)
             for node_id, st in nodes:
-                if st is not None and st is not leader:
+                if st is None:
+                    behind[f"{group}/{node_id}"] = None
+                elif st is not leader:
                     behind[f"{group}/{node_id}"] = float(
                         max(0, leader.commit_index - st.applied_index)
                     )
             for gl in leader.group_lags:
                 key = f"{gl.consumer_group}/{gl.topic}"
-                lag[key] = lag.get(key, 0.0) + gl.lag
+                lag[key] = (lag.get(key) or 0.0) + gl.lag
             for t in leader.topics:
                 if t.topic.startswith(DLQ_PREFIX):
                     name = t.topic.removeprefix(DLQ_PREFIX)
-                    dlq[name] = dlq.get(name, 0.0) + sum(q.max_offset for q in t.queues)
-        out: dict[Kind, dict[str, float]] = {}
+                    dlq[name] = (dlq.get(name) or 0.0) + sum(q.max_offset for q in t.queues)
+        out: dict[Kind, dict[str, float | None]] = {}
         if Kind.DISK_USED in kinds:
             out[Kind.DISK_USED] = disk
         if Kind.FOLLOWER_BEHIND in kinds:

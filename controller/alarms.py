@@ -167,10 +167,13 @@ class AlarmBook:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     _seq: int = 0
 
-    def evaluate(self, now_ms: int, observed: Mapping[Kind, Mapping[str, float]]) -> list[Event]:
-        """One round: `observed[kind][subject]` is the value seen now (a kind missing from
-        `observed` was not measured this round: its alarms stay as they are; a subject missing
-        from a measured kind is gone: its alarm resolves)."""
+    def evaluate(
+        self, now_ms: int, observed: Mapping[Kind, Mapping[str, float | None]]
+    ) -> list[Event]:
+        """One round: `observed[kind][subject]` is the value seen now; None: the subject is
+        there but could not be measured (a node that did not answer), its alarm stays as it is.
+        A kind missing from `observed` was not measured at all: its alarms stay as they are. A
+        subject missing from a measured kind is gone: its alarm resolves."""
         out: list[Event] = []
         for i, rule in enumerate(self.rules):
             values = observed.get(rule.kind)
@@ -181,18 +184,22 @@ class AlarmBook:
             if rule.kind is Kind.DLQ_GROWTH:
                 values = self._growth(i, rule, now_ms, values)
             for subject, value in values.items():
-                out += self._step(i, rule, subject, value, now_ms)
+                if value is not None:
+                    out += self._step(i, rule, subject, value, now_ms)
             for key in [k for k in self._tracks if k[0] == i and k[1] not in values]:
                 out += self._clear(key, rule, now_ms)
         return out
 
     def _growth(
-        self, i: int, rule: Rule, now_ms: int, totals: Mapping[str, float]
-    ) -> dict[str, float]:
+        self, i: int, rule: Rule, now_ms: int, totals: Mapping[str, float | None]
+    ) -> dict[str, float | None]:
         """Messages added within the rule's window: the total now less the oldest sample kept
         inside the window (0 until a second sample exists)."""
-        out = {}
+        out: dict[str, float | None] = {}
         for subject, total in totals.items():
+            if total is None:
+                out[subject] = None
+                continue
             samples = self._samples.get((i, subject))
             if samples is None:
                 if len(self._samples) >= MAX_TRACKED:

@@ -10,8 +10,11 @@ from hypothesis import strategies as st
 from raftmq.controller.alarms import AlarmBook, Kind, Rule, RuleError, State, parse_rules
 from raftmq.controller.state import AlarmChange, CommandError, ControllerState, decode
 
+# A value, None (the subject is gone) or UNKNOWN (there, but not measured this round).
+UNKNOWN = -1
 observations = st.lists(
-    st.tuples(st.integers(0, 5_000), st.one_of(st.none(), st.integers(0, 20))), max_size=60
+    st.tuples(st.integers(0, 5_000), st.one_of(st.none(), st.just(UNKNOWN), st.integers(0, 20))),
+    max_size=60,
 )
 
 
@@ -20,11 +23,13 @@ def model(
 ) -> list[tuple[str, int, int]]:
     """(status, at_ms, since_ms) the rule should give: a run of holding observations fires
     once at its first observation at least for_ms after the run began; it resolves at the
-    first observation that does not hold (None: the subject is gone)."""
+    first observation that does not hold (None: the subject is gone); UNKNOWN changes nothing."""
     out: list[tuple[str, int, int]] = []
     now, start, fired = 0, None, False
     for dt, value in seq:
         now += dt
+        if value == UNKNOWN:
+            continue
         if value is not None and value > threshold:
             if start is None:
                 start, fired = now, False
@@ -47,7 +52,9 @@ def test_state_machine_matches_the_model(
     now = 0
     for dt, value in seq:
         now += dt
-        seen = {} if value is None else {"g/t": float(value)}
+        seen: dict[str, float | None] = (
+            {} if value is None else {"g/t": None if value == UNKNOWN else float(value)}
+        )
         got += [(e.status, e.at_ms, e.since_ms) for e in book.evaluate(now, {Kind.GROUP_LAG: seen})]
     assert got == model(threshold, for_ms, seq)
     # Events alternate firing / resolved, sequence numbers increase, and what is still

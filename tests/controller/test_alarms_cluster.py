@@ -1,8 +1,9 @@
 """Alarms on real processes (2 NameServers, broker-a of 3 nodes, 3 controllers): the controller
 leader fires one group_lag alert for a stalled consumer group, a new controller leader (the
 old one killed) continues it without firing it again, and it resolves once the group catches up;
-it fires and resolves no_leader for a killed and restarted broker group, and a local
-webhook receiver gets each event exactly once; `raftmq alerts` shows them."""
+it fires and resolves no_leader for a killed and restarted broker group, keeps an always-true
+disk_used alarm firing once through all of it (an unanswering node is unmeasured, not resolved),
+and a local webhook receiver gets each event exactly once; `raftmq alerts` shows them."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ TOPIC = "alarm-t"
 GROUP = "alarm-g"
 LAG_RULE = "group_lag > 20 for 2s"
 NO_LEADER_RULE = "no_leader for 2s"
+# Always true for one node: it fires once and stays firing through the broker group's restart
+# (a node that does not answer is unmeasured, not resolved) and the controller failover.
+DISK_RULE = "disk_used[broker-a/n0] > 0 for 1s"
 
 
 class Receiver:
@@ -76,7 +80,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[ClusterRunner, Receiver]]:
     receiver = Receiver()
     extra = (
         "[settings.controller]\n"
-        f'alarm_rules="{LAG_RULE}; {NO_LEADER_RULE}"\n'
+        f'alarm_rules="{LAG_RULE}; {NO_LEADER_RULE}; {DISK_RULE}"\n'
         "alarm_interval_ms=500\n"
         f'alarm_webhook_url="{receiver.url}"\n'
         "balance_alive_ms=3000\n"
@@ -126,7 +130,9 @@ def test_lag_and_no_leader_fire_once_and_resolve(
     code = cli.main(["alerts", "--controllers", controllers(r), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and LAG_RULE in doc["rules"] and NO_LEADER_RULE in doc["rules"]
-    assert [(a["rule"], a["state"]) for a in doc["active"]] == [(LAG_RULE, "firing")]
+    assert sorted((a["rule"], a["state"]) for a in doc["active"]) == [
+        (DISK_RULE, "firing"), (LAG_RULE, "firing"),
+    ]  # fmt: skip
 
     # The controller leader dies while the alarm fires: the next leader continues from the
     # replicated record (the alarm restored as firing, not fired again).
@@ -134,7 +140,7 @@ def test_lag_and_no_leader_fire_once_and_resolve(
     assert old
     r.kill(old)
     wait_until(lambda: controller_leader(r) not in ("", old), 30, "a new controller leader")
-    wait_until(lambda: firing_now(r) == [(LAG_RULE, f"{GROUP}/{TOPIC}")], 20, "the restored alarm")
+    wait_until(lambda: (LAG_RULE, f"{GROUP}/{TOPIC}") in firing_now(r), 20, "the restored alarm")
     time.sleep(2)
     assert rx.events(LAG_RULE) == [("firing", f"{GROUP}/{TOPIC}")]
 
@@ -161,8 +167,9 @@ def test_lag_and_no_leader_fire_once_and_resolve(
     assert rx.events(NO_LEADER_RULE)[1] == ("resolved", "broker-a")
     time.sleep(2)
     # Each event exactly once (one key each), nothing else posted.
+    assert rx.events(DISK_RULE) == [("firing", "broker-a/n0")]
     keys = [(b["key"], b["status"]) for b in rx.bodies]
-    assert len(keys) == len(set(keys)) == 4, rx.bodies
+    assert len(keys) == len(set(keys)) == 5, rx.bodies
     code = cli.main(["alerts", "--controllers", controllers(r)])
     out = capsys.readouterr().out
-    assert code == 0 and "resolved" in out and "nothing pending or firing" in out, out
+    assert code == 0 and "resolved" in out and "FIRING" in out and "broker-a/n0" in out, out
