@@ -250,6 +250,7 @@ class DataServer:
         for topic, p, answer in zip(topics, ready, answers, strict=True):  # per batch
             if isinstance(answer, BatchStored):
                 node.metrics.on_send(topic, p.count, len(p.payload))
+                node.stats.on_send(topic, p.count)
         done = iter(answers)
         results = [
             requests.batch_result(p if isinstance(p, RaftMQError) else next(done)) for p in prepared
