@@ -26,6 +26,7 @@ from raftmq.ops import cli
 from raftmq.ops.cli_alerts import fetch_alerts
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import parse
+from raftmq.ops.dashboard.app import Dashboard, Request
 from tests.controller.test_controller_cluster import broker_leader, controller_leader, spec_text
 from tests.controller.test_failover import namesrv_str
 from tests.harness.local_cluster import free_ports
@@ -173,3 +174,7 @@ def test_lag_and_no_leader_fire_once_and_resolve(
     code = cli.main(["alerts", "--controllers", controllers(r)])
     out = capsys.readouterr().out
     assert code == 0 and "resolved" in out and "FIRING" in out and "broker-a/n0" in out, out
+    with Admin(ns) as admin:
+        page = Dashboard(admin).handle(Request("GET", "/alerts", {"controllers": controllers(r)}))
+    assert page.status == 200 and 'id="alert-events"' in page.body
+    assert page.body.count("resolved") >= 2 and "broker-a/n0" in page.body, page.body

@@ -22,6 +22,7 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.ops import cli, cli_data
+from raftmq.ops.dashboard.app import Dashboard, Request
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
 MINUTE = 60.0
@@ -121,6 +122,17 @@ def test_known_rates_give_exact_per_minute_counts(
     doc = json.loads(out)
     [series] = doc["series"]
     assert series["total"] == total and series["group"] == GROUP
+
+    # The dashboard's reports page shows the same totals and a chart per series.
+    with Admin(cluster.namesrv) as admin:
+        d = Dashboard(admin)
+        assert "raftmq.ops.dashboard.reports" in d.plugins and ("/reports", "Reports") in d.nav()
+        resp = d.handle(Request("GET", "/reports", {"topic": TOPIC, "since": "10m"}))
+        assert resp.status == 200 and f">{total}<" in resp.body and 'id="chart-0"' in resp.body
+        resp = d.handle(Request("GET", "/reports", {"group": GROUP, "since": "10m"}))
+        assert resp.status == 200 and f">{total}<" in resp.body, resp.body
+        resp = d.handle(Request("GET", "/reports", {"topic": TOPIC, "since": "soon"}))
+        assert resp.status == 400 and "positive number" in resp.body
 
 
 def test_bad_input_is_a_sentence(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
