@@ -62,7 +62,8 @@ def test_known_rates_give_exact_per_minute_counts(
     cluster: Cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with Admin(cluster.namesrv) as admin:
-        admin.create_topic(TOPIC, queues=2)
+        # The cluster fixture returns once the processes started, maybe before an election.
+        wait_until(lambda: admin.create_topic(TOPIC, queues=2) or True, 30, "a leader to create")
         wait_until(lambda: admin.route(TOPIC), 30, "the topic's route")
     sent: dict[int, int] = {}
     with Producer(cluster.namesrv) as producer:
