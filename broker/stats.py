@@ -3,9 +3,9 @@
 table, queried by time range (the `QueryStats` RPC; Admin sums every node's rows).
 
 The request path makes one call per batch (`on_send`, `on_pull`): a dict add under a lock. A
-flusher thread moves the counted minutes to sqlite every `stats_flush_interval_ms` and deletes
-minutes past the retention, then the oldest minutes while the table holds more than
-`stats_max_rows` rows. Soft state, not replicated: each batch is counted once, by the node that
+flusher thread moves the counted minutes to sqlite every `stats_flush_interval_ms` and, once a
+minute, deletes minutes past the retention, then the oldest minutes while the table holds more
+than `stats_max_rows` rows. Soft state, not replicated: each batch is counted once, by the node that
 served it, so a query sums over every node of every group (docs/design.md).
 """
 
@@ -85,9 +85,11 @@ class StatsStore:
         with self._lock:
             self._db.close()
 
-    def write(self, rows: list[StatsRow], *, keep_after_ms: int, max_rows: int) -> int:
-        """Add `rows`, then delete minutes before `keep_after_ms` and the oldest minutes past
-        `max_rows`; the rows deleted."""
+    def write(
+        self, rows: list[StatsRow], *, keep_after_ms: int, max_rows: int, prune: bool = True
+    ) -> int:
+        """Add `rows`, then (with `prune`) delete minutes before `keep_after_ms` and the oldest
+        minutes past `max_rows`; the rows deleted."""
         with self._lock:
             db = self._db
             db.execute("BEGIN")
@@ -97,9 +99,13 @@ class StatsStore:
                     "ON CONFLICT (minute, topic, grp) DO UPDATE SET n = n + excluded.n",
                     [(r.minute_ms, r.topic, r.group, r.count) for r in rows],
                 )
-                deleted = db.execute("DELETE FROM counts WHERE minute < ?", (keep_after_ms,))
-                removed = deleted.rowcount
-                (total,) = db.execute("SELECT COUNT(*) FROM counts").fetchone()
+                removed = 0
+                total = 0
+                if prune:
+                    removed = db.execute(
+                        "DELETE FROM counts WHERE minute < ?", (keep_after_ms,)
+                    ).rowcount
+                    (total,) = db.execute("SELECT COUNT(*) FROM counts").fetchone()
                 if total > max_rows:
                     # Whole minutes go, oldest first, so a kept minute is never partial.
                     cut = db.execute(
@@ -171,6 +177,7 @@ class NodeStats:
         self._store_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pruned_minute = -1  # the minute the table was last pruned in
 
     # ---- the request path: one call per batch -------------------------------------------------
 
@@ -226,9 +233,17 @@ class NodeStats:
         with self._lock:
             rows = self._counts.drain()
         now_ms = int(self._clock() * 1000)
-        return self._open().write(
-            rows, keep_after_ms=minute_of(now_ms - self.retention_ms), max_rows=self.max_rows
+        # The retention and the row cap once per minute: counting a big table every flush
+        # would cost more than the counts.
+        prune = minute_of(now_ms) != self._pruned_minute
+        removed = self._open().write(
+            rows,
+            keep_after_ms=minute_of(now_ms - self.retention_ms),
+            max_rows=self.max_rows,
+            prune=prune,
         )
+        self._pruned_minute = minute_of(now_ms)
+        return removed
 
     def query(
         self, *, topic: str, group: str, since_ms: int, until_ms: int, limit: int
