@@ -28,8 +28,8 @@ TOPIC = "by-time"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("time-query"), (GROUP,), namesrvs=1)
     try:
+        c.wait_leaders()
         with Admin(c.namesrv) as admin:
-            wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
             admin.create_topic(TOPIC, queues=4)
             wait_until(lambda: admin.route(TOPIC).groups, 30, "the topic's route")
         yield c

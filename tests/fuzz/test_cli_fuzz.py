@@ -2,7 +2,8 @@
 its options with garbage, boundary and missing values, unknown flags), run in-process against a
 NameServer address where nothing listens. Every run ends with exit code 0, 1 or 2, says why on
 stderr in one line when it fails, and never prints a traceback or an internal error.
-Commands that start or stop processes (`cluster up/down`, `chaos`) are parsed, never run."""
+Commands that start or stop processes or serve until interrupted (`cluster up/down`, `chaos`,
+`dashboard`) are parsed, never run."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from raftmq.ops import cli
 
 EXAMPLES = int(os.environ.get("RAFTMQ_FUZZ_EXAMPLES", "25")) * 4
 DEAD_NAMESRV = "127.0.0.1:1"  # connection refused at once: commands fail fast, typed
-NOT_RUN = {("cluster", "up"), ("cluster", "down"), ("chaos",)}
+# Serving until interrupted (cluster up, dashboard) or touching the host (cluster down, chaos).
+NOT_RUN = {("cluster", "up"), ("cluster", "down"), ("chaos",), ("dashboard",)}
 VALUES = ["", "-1", "0", "1", "99999999999999999999", "-10m", "1h", "abc", "%RETRY%g",
           "a b", "名前", "x" * 300, "||", "TagA && TagB", "a = = 'b'", "127.0.0.1:99999",
           "localhost", "broker-a", "n9", "{}", "[1", "nope.toml", "--", "-x"]  # fmt: skip

@@ -169,6 +169,20 @@ class Cluster:
     def procs(self) -> list[Proc]:
         return [*self.namesrvs, *(p for _, ps in self.groups.values() for p in ps)]
 
+    def wait_leaders(self, timeout_s: float = 60) -> None:
+        """Until the NameServers route a leader for every broker group: a test that creates a
+        topic or reads a route before that is refused with "no leader is known yet"."""
+        from raftmq.client.admin import Admin  # the harness stays importable without the SDK
+
+        with Admin(self.namesrv) as admin:
+            wait_until(
+                lambda: (
+                    {g.broker_group for g in admin.groups() if g.leader_address} >= set(self.groups)
+                ),
+                timeout_s,
+                "a routed leader of every broker group",
+            )
+
     def close(self) -> None:
         for p in self.procs():
             p.kill()

@@ -42,8 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         broker_args=["--delay-levels", LEVELS, "--max-delay-ms", str(HORIZON_MS)],
     )
     try:
-        with Admin(c.namesrv) as admin:
-            wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
+        c.wait_leaders()
         yield c
     finally:
         c.close()

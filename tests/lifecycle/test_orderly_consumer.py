@@ -42,8 +42,8 @@ DEAD = (2, PER_QUEUE // 2 + 7)  # always fails: dead-lettered after max_reconsum
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("orderly"), (GROUP,), namesrvs=1)
     try:
+        c.wait_leaders()
         with Admin(c.namesrv) as admin:
-            wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
             admin.create_topic(TOPIC, queues=QUEUES, ordered=True)
         yield c
     finally:

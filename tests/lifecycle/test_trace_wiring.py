@@ -41,8 +41,8 @@ TOPIC = "traced-topic"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("trace"), (GROUP,), namesrvs=1)
     try:
+        c.wait_leaders()
         with Admin(c.namesrv) as admin:
-            wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
             admin.create_topic(TOPIC, queues=2)
         yield c
     finally:

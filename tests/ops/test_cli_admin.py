@@ -32,6 +32,7 @@ GROUP = "broker-a"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("cli-admin"), groups=(GROUP,), namesrvs=1)
     try:
+        c.wait_leaders()
         yield c
     finally:
         c.close()

@@ -174,8 +174,7 @@ class Data:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(tmp_path_factory.mktemp("dashboard"), groups=(GROUP,), namesrvs=1)
     try:
-        with Admin(c.namesrv) as admin:
-            wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
+        c.wait_leaders()
         yield c
     finally:
         c.close()
