@@ -5,6 +5,7 @@ from --listen, else from the `[dashboard]` table of the cluster description give
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,21 @@ def dashboard(args: argparse.Namespace) -> int:
             f"dashboard: http://{server.address}/ ({mode}); NameServers {namesrv}; Ctrl-C stops",
             highlight=False,
         )
+        # Installed here, not inherited: a shell starts background jobs with SIGINT ignored,
+        # and a supervisor stops with SIGTERM; both end the loop the same way.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
         try:
             server.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            cli_data.console.print("dashboard stopped", highlight=False)
         finally:
             server.server_close()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from raftmq.ops.cluster_spec import parse
 from tests.harness.procs import Cluster
 from tests.harness.readme import (
     README,
@@ -36,6 +37,7 @@ from tests.harness.readme import (
 )
 
 ROOT = README.parent
+SHIPPED_SPEC = ROOT / "ops" / "cluster.toml"  # what `make run` starts
 PLACEHOLDER_WAIT_S = 15.0
 BLOCK_TIMEOUT_S = 120.0
 # Runs before a block: `__readme_wait__()` returns once the block printed a line (from any
@@ -125,7 +127,9 @@ def test_the_readme_shows_what_this_test_runs() -> None:
     }
     assert {"topic create", "produce", "consume"} <= shown, shown
     for b in every:  # every block is run here, in tests/spark, or marked as not run
-        assert b.lang in ("python", "sh"), f"{b.name}: no rule for this language"
+        assert b.lang in ("python", "sh", "toml"), f"{b.name}: no rule for this language"
+        if b.lang == "toml":  # cluster description settings: parsed, keys checked, as shown
+            parse(SHIPPED_SPEC.read_text() + "\n" + b.code, source=b.name)
         # sparkregister: run from another directory by tests/spark/test_worker_python.py;
         # rmq5: the official RocketMQ 5 client, by tests/proxy/test_official_client.py
         known = ("", "spark", "sparkregister", "skip", "rmq5")

@@ -138,7 +138,10 @@ def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
     port = free_ports(1)[0]
     argv = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", cluster.namesrv, "dashboard",
             "--listen", f"127.0.0.1:{port}"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Started with SIGINT ignored, as a shell starts a background job (and CI its steps): the
+    # command must install its own handler for Ctrl-C to stop it.
+    ignoring = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]
+    proc = subprocess.Popen(ignoring, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
 
         def up() -> bool:
