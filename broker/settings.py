@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
-from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
-from raftmq.common.settings import load_settings, setting, settings_class
-from raftmq.common.types import Member, check_host_port, parse_address_list, parse_members
+from raftmq.common.settings import address_list, load_settings, setting, settings_class
+from raftmq.common.types import Member, check_host_port, parse_members
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
@@ -238,9 +237,9 @@ class BrokerSettings:
         check_metrics_listen(self.metrics_listen)
         if self.data_listen not in ("", DATA_LISTEN_OFF):
             _check_bind_address(self.data_listen, "data_listen")
-        _split(self.namesrv_addresses, "namesrv_addresses")  # at least one, each host:port
+        address_list(self.namesrv_addresses, "namesrv_addresses")  # at least one, each host:port
         if self.controller_addresses.strip():
-            _split(self.controller_addresses, "controller_addresses")
+            address_list(self.controller_addresses, "controller_addresses")
         positive = {
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "max_message_bytes": self.max_message_bytes,
@@ -306,12 +305,12 @@ class BrokerSettings:
 
     @property
     def namesrv_list(self) -> tuple[str, ...]:
-        return _split(self.namesrv_addresses, "namesrv_addresses")
+        return address_list(self.namesrv_addresses, "namesrv_addresses")
 
     @property
     def controller_list(self) -> tuple[str, ...]:
         text = self.controller_addresses
-        return _split(text, "controller_addresses") if text.strip() else ()
+        return address_list(text, "controller_addresses") if text.strip() else ()
 
     def raft_config(self) -> RaftLogConfig:
         me = self.me
@@ -340,15 +339,6 @@ def _check_bind_address(value: str, what: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{what} {value!r} is not host:port (port 0 = any free port) or 'off'")
-
-
-def _split(text: str, what: str) -> tuple[str, ...]:
-    """An address list (`,` or `;` between host:port items) by the one common parser; a
-    ValueError, as every settings check raises, naming the key."""
-    try:
-        return parse_address_list(text, what)
-    except InvalidArgumentError as exc:
-        raise ValueError(exc.message) from None
 
 
 def load(

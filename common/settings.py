@@ -45,6 +45,18 @@ def setting(*, default: T, unit: str, doc: str) -> T:
     return dataclasses.field(default=default, metadata={"unit": unit, "doc": doc})
 
 
+def address_list(text: str, what: str) -> tuple[str, ...]:
+    """An address list setting (`,` or `;` between host:port items) by the one common parser,
+    as the ValueError every settings check raises, naming the key."""
+    from raftmq.common.errors import InvalidArgumentError
+    from raftmq.common.types import parse_address_list
+
+    try:
+        return parse_address_list(text, what)
+    except InvalidArgumentError as exc:
+        raise ValueError(exc.message) from None
+
+
 @typing.dataclass_transform(frozen_default=True, field_specifiers=(setting,))
 def settings_class(cls: C) -> C:
     """Make a role's settings class: a frozen, slotted dataclass whose keys use setting().

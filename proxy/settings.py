@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.settings import load_settings, setting, settings_class
-from raftmq.common.types import parse_address_list
+from raftmq.common.settings import address_list, load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_PROXY_"
 MIB = 1 << 20
@@ -109,9 +107,9 @@ class ProxySettings:
                 raise ValueError(f"{key} {value!r} is not host:port")
         if self.advertise and self.advertise.rpartition(":")[2] == "0":
             raise ValueError("advertise needs a real port, not 0")
-        _split(self.namesrv_addresses, "namesrv_addresses")
+        address_list(self.namesrv_addresses, "namesrv_addresses")
         if self.proxy_addresses.strip():
-            peers = _split(self.proxy_addresses, "proxy_addresses")
+            peers = address_list(self.proxy_addresses, "proxy_addresses")
             if self.advertised not in peers and not self.listen.endswith(":0"):
                 raise ValueError(
                     f"proxy_addresses ({self.proxy_addresses}) does not name this proxy "
@@ -150,15 +148,7 @@ class ProxySettings:
         """Every proxy, this one included (sorted: each proxy computes the same division)."""
         if not self.proxy_addresses.strip():
             return (self.advertised,)
-        return tuple(sorted(_split(self.proxy_addresses, "proxy_addresses")))
-
-
-def _split(text: str, what: str) -> tuple[str, ...]:
-    """An address list by the one common parser; a ValueError, as settings checks raise."""
-    try:
-        return parse_address_list(text, what)
-    except InvalidArgumentError as exc:
-        raise ValueError(exc.message) from None
+        return tuple(sorted(address_list(self.proxy_addresses, "proxy_addresses")))
 
 
 def load(
