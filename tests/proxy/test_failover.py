@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,9 +32,10 @@ def env(tmp_path: Path) -> Iterator[Env]:
     )
     try:
         proxy.start("proxy.started")
+        cluster.wait_leaders()  # topics are created through the leader
         with Admin(cluster.namesrv) as admin:
             admin.create_topic("fo", queues=4, ordered=True)
-        time.sleep(2)  # registered with the NameServer
+            wait_until(lambda: admin.route("fo"), 30, "the route of fo")
         yield Env(cluster, proxy, endpoint)
     finally:
         proxy.kill()

@@ -107,6 +107,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     )
     try:
         proxy.start("proxy.started")
+        cluster.wait_leaders()  # topics are created through the leader
         with Admin(cluster.namesrv) as admin:
             for topic, ordered in TOPICS.items():
                 admin.create_topic(topic, queues=4, ordered=ordered)
