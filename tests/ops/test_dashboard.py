@@ -158,7 +158,12 @@ def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
         assert r.headers["X-Frame-Options"] == "DENY"
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the test fails, and leaves no server behind
+            proc.communicate()
+            raise
     assert f"dashboard: http://127.0.0.1:{port}/ (read-only)" in out, out
     assert "Traceback" not in out and proc.returncode in (0, 130), out
 
