@@ -402,13 +402,17 @@ class ReplicatedLog:
 
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool:
         """Hand leadership to `target` (or the most caught-up follower): new submissions are
-        refused meanwhile so the target can catch up. True once this node is no longer leader."""
+        refused meanwhile so the target can catch up. True once another node leads: stepping
+        down is not enough, since the election that follows can bring this node back (then it
+        tries again while time is left)."""
         deadline = time.monotonic() + timeout_s
         self._paused = True
         try:
             while time.monotonic() < deadline:
                 if not self._node.is_leader():
-                    return True
+                    if self._another_leads(deadline):
+                        return True
+                    continue  # elected again: hand over again
                 if self._node.transfer_to(target, timeout_s=0.5):
                     wait_until = time.monotonic() + self.cfg.election_timeout_max_ms / 1000
                     while time.monotonic() < wait_until and self._node.is_leader():
@@ -418,6 +422,17 @@ class ReplicatedLog:
             return not self._node.is_leader()
         finally:
             self._paused = False
+
+    def _another_leads(self, deadline: float) -> bool:
+        """After stepping down: wait until a leader is known; whether it is another node."""
+        while time.monotonic() < deadline:
+            v = self._node.view()
+            if v.leader is not None and v.leader != self.cfg.node_id and not self._node.is_leader():
+                return True
+            if self._node.is_leader():
+                return False
+            time.sleep(0.005)
+        return not self._node.is_leader()
 
     def status(self) -> LogStatus:
         v = self._node.view()
