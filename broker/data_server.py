@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from raftmq.broker import requests
 from raftmq.broker.errors import DispatcherStoppedError
@@ -29,7 +29,7 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common.data_api import PAYLOADS, DataMethod
+from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
@@ -42,17 +42,6 @@ _T = TypeVar("_T")
 MAX_BATCHES_PER_REQUEST = 4096  # queue batches in one SEND_BATCHES frame (bounded work per task)
 BLOCKING_THREADS = 4  # leader gates of a new term and topic auto-creation (rare, each bounded)
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
-
-
-def parse(cls: type[_M], payload: memoryview) -> _M:
-    """The request protobuf of a frame; garbage is the caller's fault (INVALID_ARGUMENT)."""
-    try:
-        # upb parses any buffer: no copy of the frame (the stubs say bytes)
-        return cls.FromString(payload)  # type: ignore[arg-type]
-    except (DecodeError, ValueError, TypeError) as exc:
-        raise InvalidArgumentError(
-            f"the payload of a framed {cls.__name__} is not one ({len(payload)} bytes): {exc}"
-        ) from None
 
 
 class DataServer:

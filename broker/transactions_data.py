@@ -9,28 +9,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.data_api import DataMethod, parse
 from raftmq.common.pb import transaction_pb2
 from raftmq.common.transport import Handler, RequestContext
 
 TXN_METHODS = frozenset({DataMethod.SEND_HALF_MESSAGE, DataMethod.END_TRANSACTION})
 Blocking = Callable[..., Awaitable[Any]]
 _M = TypeVar("_M", bound=Message)
-
-
-def parse(cls: type[_M], payload: memoryview) -> _M:
-    """data_server.parse's twin (that module imports this one): garbage is INVALID_ARGUMENT."""
-    try:
-        return cls.FromString(payload)  # type: ignore[arg-type]
-    except (DecodeError, ValueError, TypeError) as exc:
-        raise InvalidArgumentError(
-            f"the payload of a framed {cls.__name__} is not one ({len(payload)} bytes): {exc}"
-        ) from None
 
 
 def transaction_handlers(

@@ -8,10 +8,14 @@ wire: never reuse or renumber one."""
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
+from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.pb import broker_pb2, transaction_pb2
+
+_M = TypeVar("_M", bound=Message)
 
 
 class DataMethod(enum.IntEnum):
@@ -54,3 +58,14 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
     ),
     DataMethod.SEND_BATCHES: (broker_pb2.SendBatchesRequest, broker_pb2.SendBatchesResponse),
 }
+
+
+def parse(cls: type[_M], payload: memoryview) -> _M:
+    """The request protobuf of a frame; garbage is the caller's fault (INVALID_ARGUMENT)."""
+    try:
+        # upb parses any buffer without a copy of the frame; the stubs say bytes only
+        return cls.FromString(payload)  # type: ignore[arg-type]
+    except (DecodeError, ValueError, TypeError) as exc:
+        raise InvalidArgumentError(
+            f"the payload of a framed {cls.__name__} is not one ({len(payload)} bytes): {exc}"
+        ) from None

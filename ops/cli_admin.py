@@ -182,14 +182,14 @@ def broker_status(args: argparse.Namespace) -> int:
         )
     cli_data.console.print(table)
     if args.config:
-        shown = [n for n in nodes if n.status is not None]
-        keys = sorted({k for n in shown for k in n.status.config})  # type: ignore[union-attr]
+        shown = [(n, n.status) for n in nodes if n.status is not None]
+        keys = sorted({k for _, st in shown for k in st.config})
         conf = Table(title="broker config")
         conf.add_column("key")
-        for n in shown:
+        for n, _ in shown:
             conf.add_column(f"{n.broker_group}/{n.node_id}")
         for k in keys:
-            conf.add_row(k, *(n.status.config.get(k, "") for n in shown))  # type: ignore[union-attr]
+            conf.add_row(k, *(st.config.get(k, "") for _, st in shown))
         cli_data.console.print(conf)
     return 0
 
