@@ -42,7 +42,7 @@ chaos: deps
 	$(BIN)/python -m raftmq.ops.cli chaos cleanup
 	$(BIN)/python -m raftmq.ops.cli chaos suite --set ci --seed $${SEED:-1} --out chaos-results
 
-# The full list (about 14 scenarios, ~15 min).
+# The full list (20 scenarios, ~14 min).
 chaos-full: deps
 	$(BIN)/python -m raftmq.ops.cli chaos cleanup
 	$(BIN)/python -m raftmq.ops.cli chaos suite --set full --seed $${SEED:-1} --out chaos-results
