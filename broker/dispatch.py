@@ -16,6 +16,7 @@ from raftmq.broker.pop_apply import (
     PopRow,
     apply_ack,
     apply_receive,
+    reset_state,
 )
 from raftmq.broker.queue_lock import Lease
 from raftmq.broker.retention import RetentionRecord, is_retention_chunk
@@ -509,6 +510,10 @@ class Dispatcher:
             work.offset_rows.append(
                 OffsetRow(rec.group, rec.topic, queue_id, rec.offsets[queue_id], reset=True)
             )
+            raw = work.pop_state(rec.group, rec.topic, queue_id)
+            if raw is not None:  # a POP consumer group: its cursor moves with the reset
+                row = reset_state(rec.group, rec.topic, queue_id, raw, rec.offsets[queue_id])
+                work.pops[rec.group, rec.topic, queue_id] = row
         work.outcomes.append(Applied(slot, Kind.RESET_OFFSETS, f"{len(rec.offsets)} queues"))
 
     @staticmethod

@@ -118,6 +118,16 @@ def _row(group: str, topic: str, queue_id: int, p: QueuePop, committed: int) -> 
     return PopRow(group, topic, queue_id, encode_state(p, low), moved)
 
 
+def reset_state(group: str, topic: str, queue_id: int, raw: bytes, offset: int) -> PopRow:
+    """An administrative offset reset of a POP queue: the cursor goes there and every delivery
+    in flight is forgotten (its handle acknowledges nothing any more), as the reset says where
+    consumption goes on."""
+    p, _ = decode_state(raw)
+    p.inflight.clear()
+    p.cursor = offset
+    return PopRow(group, topic, queue_id, encode_state(p, offset))
+
+
 def apply_receive(
     rec: PopReceive, raft_index: int, slot: int, row_of: RowLookup
 ) -> tuple[PopReceiveResult, tuple[PopRow, ...]]:

@@ -680,8 +680,11 @@ class MessagingService:
             if mine is None or mine.token < d.token:  # tokens grow with the raft index
                 st.inflight[d.offset] = Delivery(d.offset, d.attempt, d.token, d.visible_at_ms)
         st.cursor = max(st.cursor, r.cursor)
-        if any(o not in handed for o in part.redeliver):
-            self._forget(key)
+        refused_new = (
+            part.pulled and part.take > 0 and part.new_offsets and not handed - set(part.redeliver)
+        )
+        if refused_new or any(o not in handed for o in part.redeliver):
+            self._forget(key)  # e.g. an offset reset moved the cursor, or another receive did
 
     async def _fetch_at(self, group: str, q: QueueRef, offset: int) -> ReceivedMessage | None:
         """The message at `offset` again (a redelivery); None if the queue no longer holds it."""

@@ -29,6 +29,7 @@ from raftmq.common.record_batch import (
     PopQueuePart,
     PopReceive,
     ProduceBatch,
+    ResetOffsets,
     decode,
     encode,
 )
@@ -133,6 +134,16 @@ def test_a_moved_cursor_refuses_a_second_claim_and_drops_are_done(node: Node) ->
     p, _ = decode_state(raw)
     assert sorted(p.inflight) == [1] and p.cursor == 2
     assert node.store.committed_offset(G, T, 0) == 1
+
+
+def test_an_offset_reset_moves_the_pop_cursor(node: Node) -> None:
+    assert len(handed(node, receive(0, new(0, 0, [0, 1, 2], 3)))) == 3
+    node.entries((encode(ResetOffsets(G, T, {0: 10})),))
+    p, _ = decode_state(node.store.pop_state(G, T, 0) or b"")
+    assert p.cursor == 10 and not p.inflight
+    assert acked(node, ack(5, (0, 1, token_of(1, 0)))) == [AckOutcome.ALREADY]
+    assert handed(node, receive(9_000, again(0, 0, 1, 2))) == []  # forgotten, not redelivered
+    assert [h[0] for h in handed(node, receive(9_000, new(0, 10, [10], 11)))] == [10]
 
 
 def test_replicas_agree_and_a_base_carries_pop_state(tmp_path: Path) -> None:
