@@ -771,12 +771,13 @@ class MessagingService:
 
     @staticmethod
     def _precheck(st: QueuePop, handle: receipt.ReceiptHandle) -> AckOutcome | None:
-        """What the mirror already knows without a Raft entry: None when the handle names the
-        current delivery (the broker decides)."""
+        """What the mirror knows for sure without a Raft entry: done before (below the cursor,
+        not in flight), or superseded (a newer token in flight; tokens grow with the log). None:
+        the broker decides (a mirror loaded just before a receive applied may lag it)."""
         d = st.inflight.get(handle.offset)
         if d is None:
-            return AckOutcome.ALREADY if handle.offset < st.cursor else AckOutcome.UNKNOWN
-        return None if d.token == handle.token else AckOutcome.STALE
+            return AckOutcome.ALREADY if handle.offset < st.cursor else None
+        return AckOutcome.STALE if handle.token < d.token else None
 
     async def _ack_batch(
         self,
@@ -810,7 +811,7 @@ class MessagingService:
             if st is not None:
                 mine = st.inflight.get(h.offset)
                 if outcome is AckOutcome.DONE and d is None:
-                    if mine is not None and mine.token == h.token:
+                    if mine is not None and mine.token <= h.token:
                         del st.inflight[h.offset]
                 elif outcome is AckOutcome.DONE and d is not None:
                     if mine is None or mine.token <= d.token:
