@@ -471,7 +471,7 @@ class MessagingService:
         fut: asyncio.Future[QueuePop] = asyncio.get_running_loop().create_future()
         self._loading[key] = fut
         try:
-            st = await self._load(group, q, bool(fifo))
+            st = await self._load(group, q, fifo)
             self._pops[key] = st
             self._evict()
             fut.set_result(st)
@@ -486,11 +486,15 @@ class MessagingService:
         finally:
             del self._loading[key]
 
-    async def _load(self, group: str, q: QueueRef, fifo: bool) -> QueuePop:
+    async def _load(self, group: str, q: QueueRef, fifo: bool | None) -> QueuePop:
         resp = await self.io.pop_state(group, q.topic, q.broker_group, [q.queue_id])
         found = next((s for s in resp.queues if s.queue_id == q.queue_id), None)
         if found is not None and found.exists:
-            st = QueuePop(found.cursor, fifo=fifo, max_inflight=self.s.max_inflight_per_queue)
+            st = QueuePop(
+                found.cursor,
+                fifo=found.fifo if fifo is None else fifo,
+                max_inflight=self.s.max_inflight_per_queue,
+            )
             for d in found.inflight:
                 st.inflight[d.offset] = Delivery(d.offset, d.attempt, d.token, d.visible_at_ms)
             return st
@@ -500,7 +504,7 @@ class MessagingService:
         if start is None:
             low, high = await self.io.bounds(group, q)
             start = low if self.s.consume_from == "earliest" else high
-        return QueuePop(start, fifo=fifo, max_inflight=self.s.max_inflight_per_queue)
+        return QueuePop(start, fifo=bool(fifo), max_inflight=self.s.max_inflight_per_queue)
 
     def _forget(self, key: PopKey) -> None:
         """The mirror may differ from the broker's state (a call failed, or the broker refused
