@@ -23,6 +23,7 @@ from raftmq.broker import requests
 from raftmq.broker.errors import DispatcherStoppedError
 from raftmq.broker.held_pulls import HeldPulls
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.pop import pop_handlers
 from raftmq.broker.produce import BatchStored, PreparedSend
 from raftmq.broker.pull import PullResult, PullSteps, PullWait, WaitDispatched
 from raftmq.broker.settings import BrokerSettings
@@ -137,8 +138,9 @@ class DataServer:
             DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
             DataMethod.SEND_BATCHES: self._send_batches,
         }
+        assert self._waker is not None
+        handlers.update(pop_handlers(self.node, self._blocking, self._waker))
         if self.transactions is not None:
-            assert self._waker is not None
             handlers.update(transaction_handlers(self.transactions, self._blocking, self._waker))
         missing = set(PAYLOADS) - set(handlers) - (TXN_METHODS if not self.transactions else set())
         assert not missing, f"no handler for {sorted(m.name for m in missing)}"

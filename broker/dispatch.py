@@ -10,6 +10,14 @@ from typing import Protocol
 from raftmq.broker import delivery
 from raftmq.broker.errors import DispatchGapError
 from raftmq.broker.locks import apply_lock_change
+from raftmq.broker.pop_apply import (
+    PopAckResult,
+    PopReceiveResult,
+    PopRow,
+    apply_ack,
+    apply_receive,
+    reset_state,
+)
 from raftmq.broker.queue_lock import Lease
 from raftmq.broker.retention import RetentionRecord, is_retention_chunk
 from raftmq.broker.retention import decode_record as decode_retention
@@ -48,6 +56,8 @@ from raftmq.common.record_batch import (
     Deliver,
     Kind,
     MalformedBatchError,
+    PopAck,
+    PopReceive,
     ProduceBatch,
     QueueLockChange,
     ResetOffsets,
@@ -77,6 +87,7 @@ class DispatchState(Protocol):
 
     def schedule_ref(self, key: ScheduleKey) -> MessageRef | None: ...
     def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None: ...
+    def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,7 @@ class DispatchOutput:
     schedule_deletes: tuple[ScheduleKey, ...] = ()
     retention: RetentionRecord | None = None  # the store applies the cut and keeps a base
     lock_rows: tuple[LockRow, ...] = ()  # final lease of each orderly queue touched
+    pop_rows: tuple[PopRow, ...] = ()  # final POP state of each (group, queue) touched
 
     @property
     def errors(self) -> tuple[Rejected, ...]:
@@ -126,10 +138,15 @@ class PendingState:
         self._topics: dict[str, TopicConfig | None] = {}
         self._schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
         self._leases: dict[tuple[str, str, int], Lease | None] = {}
+        self._pops: dict[tuple[str, str, int], bytes] = {}
 
     @property
     def dispatched_index(self) -> int:
         return self._index
+
+    def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None:
+        row = self._pops.get((group, topic, queue_id))
+        return row if row is not None else self._base.pop_state(group, topic, queue_id)
 
     def schedule_ref(self, key: ScheduleKey) -> MessageRef | None:
         if key in self._schedule:
@@ -173,6 +190,8 @@ class PendingState:
             self._schedule[key] = None
         for lock in out.lock_rows:
             self._leases[lock.group, lock.topic, lock.queue_id] = lock.lease
+        for pop in out.pop_rows:
+            self._pops[pop.group, pop.topic, pop.queue_id] = pop.value
 
 
 class _EntryWork:
@@ -192,6 +211,16 @@ class _EntryWork:
         self.schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
         self.retention: RetentionRecord | None = None
         self.locks: dict[tuple[str, str, int], LockRow] = {}
+        self.pops: dict[tuple[str, str, int], PopRow] = {}
+
+    def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None:
+        row = self.pops.get((group, topic, queue_id))
+        return row.value if row is not None else self.state.pop_state(group, topic, queue_id)
+
+    def put_pop_row(self, row: PopRow) -> None:
+        self.pops[row.group, row.topic, row.queue_id] = row
+        if row.commit is not None:  # the group's progress, as RocketMQ commits a pop queue's
+            self.offset_rows.append(OffsetRow(row.group, row.topic, row.queue_id, row.commit))
 
     def set_head(self, head: QueueHead) -> None:
         self.heads[head.topic, head.queue_id] = head
@@ -323,6 +352,8 @@ class Dispatcher:
                     work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
                 elif isinstance(record, QueueLockChange):
                     self._queue_lock(work, slot, record)
+                elif isinstance(record, (PopReceive, PopAck)):
+                    self._pop(work, entry.index, slot, record)
                 else:
                     self._topic_change(work, slot, record)
             except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
@@ -343,6 +374,7 @@ class Dispatcher:
             schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
             retention=work.retention,
             lock_rows=tuple(work.locks.values()),
+            pop_rows=tuple(work.pops.values()),
         )
 
     def _produce(
@@ -478,6 +510,10 @@ class Dispatcher:
             work.offset_rows.append(
                 OffsetRow(rec.group, rec.topic, queue_id, rec.offsets[queue_id], reset=True)
             )
+            raw = work.pop_state(rec.group, rec.topic, queue_id)
+            if raw is not None:  # a POP consumer group: its cursor moves with the reset
+                row = reset_state(rec.group, rec.topic, queue_id, raw, rec.offsets[queue_id])
+                work.pops[rec.group, rec.topic, queue_id] = row
         work.outcomes.append(Applied(slot, Kind.RESET_OFFSETS, f"{len(rec.offsets)} queues"))
 
     @staticmethod
@@ -489,6 +525,21 @@ class Dispatcher:
             work.locks[row.group, row.topic, row.queue_id] = row
         detail = f"{len(result.granted)} granted, {len(result.refused)} refused"
         work.outcomes.append(Applied(slot, Kind.QUEUE_LOCK, detail, result))
+
+    @staticmethod
+    def _pop(work: _EntryWork, raft_index: int, slot: int, rec: PopReceive | PopAck) -> None:
+        validate_group(rec.group, allow_system=True)  # committed: apply what the log holds
+        validate_topic(rec.topic, allow_system=True)
+        if isinstance(rec, PopReceive):
+            result: PopReceiveResult | PopAckResult
+            result, rows = apply_receive(rec, raft_index, slot, work.pop_state)
+            kind, detail = Kind.POP_RECEIVE, f"{sum(len(p.handed) for p in result.parts)} handed"
+        else:
+            result, rows = apply_ack(rec, raft_index, slot, work.pop_state)
+            kind, detail = Kind.POP_ACK, f"{len(result.outcomes)} entries"
+        for row in rows:
+            work.put_pop_row(row)
+        work.outcomes.append(Applied(slot, kind, detail, pop=result))
 
     @staticmethod
     def _topic_change(work: _EntryWork, slot: int, rec: TopicConfigChange) -> None:

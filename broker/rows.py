@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftmq.broker.pop_apply import PopAckResult, PopReceiveResult
 from raftmq.broker.queue_lock import Lease, LockResult
 from raftmq.common.record_batch import Kind
 from raftmq.common.topic_config import TopicConfig
@@ -247,6 +248,7 @@ class Applied:
     kind: Kind
     detail: str = ""
     locks: LockResult | None = None  # a queue lock record: what it granted and refused
+    pop: PopReceiveResult | PopAckResult | None = None  # a POP record: what it handed out, acked
 
 
 ChunkOutcome = Appended | Duplicate | Rejected | Applied | Scheduled

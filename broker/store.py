@@ -182,6 +182,9 @@ class MessageStore:
         self._batches = db(b"batches")
         self._meta = db(b"meta")
         self._locks = db(b"queue_locks")  # orderly queues' leases: key as offsets', u64 expiry
+        # POP consumption (broker/pop_apply.py): (group, topic, queue) keyed as offsets', the
+        # encoded state (cursor, deliveries in flight with attempt, token, invisible-until).
+        self._pops = db(b"pop_state")
         self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
         self._schedule = db(b"schedule")  # delayed messages by (due, location): schedule_store
         # What retention must keep (see _retention_floor), by the raft index pointed into: rows
@@ -195,7 +198,7 @@ class MessageStore:
             self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
             self._topics, self._batches, self._meta, db(b"retention_bases"),
             (self._txns, self._schedule, self._old_refs, self._sched_refs, self._half_refs,
-             self._locks),
+             self._locks, self._pops),
         )  # fmt: skip
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:
@@ -445,6 +448,8 @@ class MessageStore:
             else:
                 value = pack_u64(lock.lease.expires_ms) + lock.lease.client_id.encode("utf-8")
                 put(key, value, db=self._locks)
+        for pop in out.pop_rows:
+            put(_offset_key(pop.group, pop.topic, pop.queue_id), pop.value, db=self._pops)
         for row in out.topic_rows:
             name = row.name.encode("utf-8")
             if row.config is None:
@@ -518,6 +523,12 @@ class MessageStore:
         if raw is None:
             return None
         return Lease(bytes(raw[8:]).decode("utf-8"), _U64.unpack_from(raw)[0])
+
+    def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None:
+        """A queue's encoded POP state (broker/pop_apply.py); None if the group never popped it."""
+        with self._env.begin() as txn:
+            raw = txn.get(_offset_key(group, topic, queue_id), db=self._pops)
+        return bytes(raw) if raw is not None else None
 
     # ---- reads (any thread) ------------------------------------------------------------------
 

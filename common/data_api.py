@@ -13,7 +13,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.pb import broker_pb2, transaction_pb2
+from raftmq.common.pb import broker_pb2, pop_pb2, transaction_pb2
 
 _M = TypeVar("_M", bound=Message)
 
@@ -31,6 +31,10 @@ class DataMethod(enum.IntEnum):
     END_TRANSACTION = 21
     # The fast data path (issue 14): the ready batches of all a leader's queues in one frame.
     SEND_BATCHES = 50
+    # POP consumption as replicated state (issue 17, broker/pop.py); framed only, no gRPC twin.
+    POP_STATE = 60
+    POP_RECEIVE = 61
+    POP_ACK = 62
 
 
 # method -> (request type, response type)
@@ -57,6 +61,9 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
         transaction_pb2.EndTransactionResponse,
     ),
     DataMethod.SEND_BATCHES: (broker_pb2.SendBatchesRequest, broker_pb2.SendBatchesResponse),
+    DataMethod.POP_STATE: (pop_pb2.PopStateRequest, pop_pb2.PopStateResponse),
+    DataMethod.POP_RECEIVE: (pop_pb2.PopReceiveRequest, pop_pb2.PopReceiveResponse),
+    DataMethod.POP_ACK: (pop_pb2.PopAckRequest, pop_pb2.PopAckResponse),
 }
 
 

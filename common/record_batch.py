@@ -34,6 +34,9 @@ class Kind(enum.IntEnum):
     TXN_MOVED = 22
     RETENTION = 40  # broker/retention.py: a replicated retention cut (its own codec)
     QUEUE_LOCK = 30  # orderly consumption: lock or unlock a consumer's queues (issue 16)
+    # POP consumption (RocketMQ 5's SimpleConsumer, issue 17): one receive batch, one ack batch.
+    POP_RECEIVE = 60
+    POP_ACK = 61
 
 
 class TopicOp(enum.IntEnum):
@@ -129,8 +132,72 @@ class QueueLockChange:
     lease_ms: int
 
 
+NO_OFFSET = (1 << 64) - 1  # a PopQueuePart field that is not set
+
+
+@dataclass(frozen=True, slots=True)
+class PopQueuePart:
+    """What one receive does to one queue of a consumer group (common/pop.py's transitions, in
+    this order): forget `drops` (dead-lettered, or gone from the queue); with `reset_to` set,
+    move a cursor still at `pulled_from` there (the pull found it outside the queue); hand out
+    `redeliver` again where still due; claim the first `take` of `new_offsets`, pulled from
+    `pulled_from` up to `next_offset` (none matched: skip to it). `init_offset` is the cursor
+    of a queue the group never popped."""
+
+    queue_id: int
+    init_offset: int
+    fifo: bool
+    redeliver: tuple[int, ...] = ()
+    drops: tuple[int, ...] = ()
+    pulled_from: int = NO_OFFSET  # NO_OFFSET: nothing pulled
+    next_offset: int = 0
+    take: int = 0
+    new_offsets: tuple[int, ...] = ()
+    reset_to: int = NO_OFFSET
+
+
+@dataclass(frozen=True, slots=True)
+class PopReceive:
+    """One POP receive of a consumer group on this broker group, stamped by the leader with its
+    time: every replica applies it at `timestamp_ms` (invisible until that + invisible_ms)."""
+
+    group: str
+    topic: str
+    timestamp_ms: int
+    invisible_ms: int
+    max_inflight: int
+    parts: tuple[PopQueuePart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PopAckEntry:
+    queue_id: int
+    offset: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class PopAck:
+    """Acks (invisible_ms 0) or changes of the invisible duration (invisible_ms > 0, from
+    `timestamp_ms`) of received messages, each named by its receipt handle's queue, offset and
+    token."""
+
+    group: str
+    topic: str
+    timestamp_ms: int
+    invisible_ms: int
+    entries: tuple[PopAckEntry, ...]
+
+
 BrokerRecord = (
-    ProduceBatch | CommitOffset | ResetOffsets | TopicConfigChange | Deliver | QueueLockChange
+    ProduceBatch
+    | CommitOffset
+    | ResetOffsets
+    | TopicConfigChange
+    | Deliver
+    | QueueLockChange
+    | PopReceive
+    | PopAck
 )
 Bytes = bytes | bytearray | memoryview  # decoders copy anything but bytes once, up front
 
@@ -150,6 +217,10 @@ _DELIVER_HEAD = struct.Struct("<QI")  # now ms, key count
 _DELIVER_KEY = struct.Struct("<QQII")  # due ms, raft index, slot, position
 # store timestamp, lease ms, queue count
 _LOCK_BODY = struct.Struct("<QII")
+_POP_HEAD = struct.Struct("<QIII")  # timestamp, invisible ms, max in flight, #parts / #entries
+# queue id, init offset, fifo, pulled from, next offset, take, reset to, #redeliver, #drops, #new
+_POP_PART = struct.Struct("<IQBQQIQIII")
+_POP_ACK_ENTRY = struct.Struct("<IQQ")  # queue id, offset, token
 
 # A frozen dataclass __init__ costs ~2.5 us (one object.__setattr__ per field); decoding 1000
 # messages would spend most of its time there. The decoder fills the slots through their
@@ -235,9 +306,81 @@ def encode(record: BrokerRecord) -> bytes:
                     b"".join(_U32.pack(q) for q in record.queue_ids),
                 )
             )
+        if isinstance(record, PopReceive):
+            return _encode_pop_receive(record)
+        if isinstance(record, PopAck):
+            return b"".join(
+                (
+                    _HEAD.pack(Kind.POP_ACK, VERSION),
+                    _short(record.group),
+                    _short(record.topic),
+                    _POP_HEAD.pack(
+                        record.timestamp_ms, record.invisible_ms, 0, len(record.entries)
+                    ),
+                    *(_POP_ACK_ENTRY.pack(e.queue_id, e.offset, e.token) for e in record.entries),
+                )
+            )
     except struct.error as exc:
         raise ValueError(f"a field does not fit the record batch format: {exc}") from exc
     raise TypeError(f"not a broker record: {type(record).__name__}")
+
+
+def _encode_pop_receive(rec: PopReceive) -> bytes:
+    parts = [
+        _HEAD.pack(Kind.POP_RECEIVE, VERSION),
+        _short(rec.group),
+        _short(rec.topic),
+        _POP_HEAD.pack(rec.timestamp_ms, rec.invisible_ms, rec.max_inflight, len(rec.parts)),
+    ]
+    for p in rec.parts:
+        parts.append(
+            _POP_PART.pack(
+                p.queue_id,
+                p.init_offset,
+                int(p.fifo),
+                p.pulled_from,
+                p.next_offset,
+                p.take,
+                p.reset_to,
+                len(p.redeliver),
+                len(p.drops),
+                len(p.new_offsets),
+            )
+        )
+        parts.extend(_U64.pack(o) for o in (*p.redeliver, *p.drops, *p.new_offsets))
+    return b"".join(parts)
+
+
+def _decode_pop_receive(data: bytes) -> PopReceive:
+    r = _Reader(data, _HEAD.size)
+    group, topic = r.short(), r.short()
+    ts, invisible, max_inflight, n = r.unpack(_POP_HEAD)
+    if n * _POP_PART.size > len(data) - r.pos:
+        raise MalformedBatchError(f"pop receive declares {n} queues that do not fit")
+    parts = []
+    for _ in range(n):
+        qid, init, fifo, pulled, nxt, take, reset, n_re, n_drop, n_new = r.unpack(_POP_PART)
+        total = n_re + n_drop + n_new
+        if total * _U64.size > len(data) - r.pos:
+            raise MalformedBatchError(f"pop receive declares {total} offsets that do not fit")
+        offsets = tuple(o for (o,) in _U64.iter_unpack(r.take(total * _U64.size)))
+        parts.append(
+            PopQueuePart(
+                qid,
+                init,
+                bool(fifo),
+                offsets[:n_re],
+                offsets[n_re : n_re + n_drop],
+                pulled,
+                nxt,
+                take,
+                offsets[n_re + n_drop :],
+                reset,
+            )
+        )
+    if r.pos != len(data):
+        raise MalformedBatchError(f"pop receive has {len(data) - r.pos} stray bytes")
+    return PopReceive(group, topic, ts, invisible, max_inflight, tuple(parts))
 
 
 def _check_offset(queue_id: int, offset: int) -> None:
@@ -389,6 +532,16 @@ def decode(data: Bytes) -> BrokerRecord:
             queue_ids = tuple(q for (q,) in _U32.iter_unpack(data[r.pos :]))
             return QueueLockChange(QueueLockOp(data[2]), group, client_id, topic, queue_ids, ts,
                                    lease)  # fmt: skip
+        if kind == Kind.POP_RECEIVE:
+            return _decode_pop_receive(data)
+        if kind == Kind.POP_ACK:
+            r = _Reader(data, _HEAD.size)
+            group, topic = r.short(), r.short()
+            ts, invisible, _, count = r.unpack(_POP_HEAD)
+            if count * _POP_ACK_ENTRY.size != len(data) - r.pos:
+                raise MalformedBatchError(f"pop ack declares {count} entries that do not fit")
+            entries = tuple(PopAckEntry(*e) for e in _POP_ACK_ENTRY.iter_unpack(data[r.pos :]))
+            return PopAck(group, topic, ts, invisible, entries)
     except UnicodeDecodeError as exc:
         raise MalformedBatchError(f"invalid utf-8 in a {_kind_name(kind)} record: {exc}") from exc
     except struct.error as exc:  # a safety net: lengths are checked before every unpack

@@ -8,10 +8,11 @@ look-ups and offset calls, which may block, run on a bounded pool of `blocking_t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -21,12 +22,23 @@ from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.raw_batch import decode_batches
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import NotLeaderError, RaftMQError, from_rpc_error
-from raftmq.common.pb import broker_pb2
+from raftmq.common.errors import (
+    BrokerUnavailableError,
+    NotLeaderError,
+    RaftMQError,
+    from_rpc_error,
+)
+from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.types import QueueRef
 
 T = TypeVar("T")
 PULL_MARGIN_S = 5.0  # past a held pull's wait before the call counts as lost
+POP_TIMEOUT_S = 10.0  # a POP state read or write (a Raft entry) on the group's leader
+# A POP call that failed over (not the leader, unreachable) is tried again on the new route
+# within this window: a failover takes a few seconds. Trying a write again is safe: the apply
+# refuses what the first try already did (a moved cursor, an invisible message, a done ack).
+POP_RETRY_WINDOW_S = 8.0
+POP_RETRY_PAUSE_S = (0.1, 0.25, 0.5, 1.0)
 MAX_PULL_MESSAGES = 256
 
 
@@ -117,6 +129,55 @@ class BrokerIO:
             resp.min_offset,
             resp.max_offset,
         )
+
+    async def pop_state(
+        self, group: str, topic: str, broker_group: str, queue_ids: list[int]
+    ) -> pop_pb2.PopStateResponse:
+        req = pop_pb2.PopStateRequest(consumer_group=group, topic=topic, queue_ids=queue_ids)
+        resp = await self._pop_call(topic, broker_group, DataMethod.POP_STATE, req)
+        assert isinstance(resp, pop_pb2.PopStateResponse)
+        return resp
+
+    async def pop_receive(
+        self, topic: str, broker_group: str, req: pop_pb2.PopReceiveRequest
+    ) -> pop_pb2.PopReceiveResponse:
+        resp = await self._pop_call(topic, broker_group, DataMethod.POP_RECEIVE, req)
+        assert isinstance(resp, pop_pb2.PopReceiveResponse)
+        return resp
+
+    async def pop_ack(
+        self, topic: str, broker_group: str, req: pop_pb2.PopAckRequest
+    ) -> pop_pb2.PopAckResponse:
+        resp = await self._pop_call(topic, broker_group, DataMethod.POP_ACK, req)
+        assert isinstance(resp, pop_pb2.PopAckResponse)
+        return resp
+
+    async def _pop_call(self, topic: str, broker_group: str, method: DataMethod, req: Any) -> Any:
+        """One POP method on the broker group's leader over the framed data path (POP has no
+        gRPC twin), tried again across a failover; RaftMQError on failure."""
+        deadline = time.monotonic() + POP_RETRY_WINDOW_S
+        attempt = 0
+        while True:
+            try:
+                address = await self._blocking(lambda: self.routes.leader(topic, broker_group))
+                data_address = self.routes.data_address(address)
+                if not data_address:
+                    raise BrokerUnavailableError(
+                        f"the leader of broker group {broker_group!r} ({address}) offers no "
+                        "framed data path; POP consumption needs it (data_listen must not be off)"
+                    )
+                return await asyncio.wrap_future(
+                    self.data.submit(data_address, method, req, POP_TIMEOUT_S)
+                )
+            except RaftMQError as exc:
+                if not (isinstance(exc, NotLeaderError) or exc.retryable):
+                    raise
+                self.routes.invalidate(topic)
+                pause = POP_RETRY_PAUSE_S[min(attempt, len(POP_RETRY_PAUSE_S) - 1)]
+                if time.monotonic() + pause >= deadline:
+                    raise
+                attempt += 1
+                await asyncio.sleep(pause)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,9 +1,10 @@
 """apache.rocketmq.v2.MessagingService on raftmq: the handlers of the RocketMQ 5 gRPC API.
 
 A thin shell on the event loop: requests are checked and mapped by the pure modules (convert,
-routing, receipt, codes), POP decisions are made by `pop.QueuePop`, and the broker groups are
-reached through the raftmq SDK (`broker_io`, a Producer). Every answer carries a v2 status; a
-failure never sends a traceback (the proxy's log has it).
+routing, receipt, codes), POP receives are planned on a mirror of the broker group's
+replicated POP state (`common.pop.QueuePop`; the broker's apply decides: broker/pop_apply.py),
+and the broker groups are reached through the raftmq SDK (`broker_io`, a Producer). Every
+answer carries a v2 status; a failure never sends a traceback (the proxy's log has it).
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ from raftmq.common.errors import InvalidFilterError, InvalidNameError, RaftMQErr
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import validate_group
-from raftmq.common.pb import broker_pb2
+from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
+from raftmq.common.pop import AckOutcome, Delivery, Plan, QueuePop
 from raftmq.common.types import QueueRef
 from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.broker_io import BrokerIO, Pulled
 from raftmq.proxy.codes import ApiError, ok, status_of
-from raftmq.proxy.pop import AckOutcome, Delivery, QueuePop
 from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
@@ -56,6 +57,14 @@ MAX_CLIENTS = 100_000
 TXN_SWEEP_S = 10.0  # how often idle transaction producers are looked for
 MAX_TELEMETRY_BACKLOG = 256  # commands queued to one client's stream; past it checks are dropped
 # (the broker checks again after its check interval)
+
+
+_ACK_OUTCOMES = {
+    pop_pb2.POP_ACK_DONE: AckOutcome.DONE,
+    pop_pb2.POP_ACK_ALREADY: AckOutcome.ALREADY,
+    pop_pb2.POP_ACK_STALE: AckOutcome.STALE,
+    pop_pb2.POP_ACK_UNKNOWN: AckOutcome.UNKNOWN,
+}
 
 
 def now_ms() -> int:
@@ -149,10 +158,8 @@ class MessagingService:
             producer_id=f"proxy-{socket.gethostname()}-{self.epoch}",
             max_message_bytes=settings.max_message_bytes,
         )
-        self._tokens = iter(range(1, 1 << 62))
         self._pops: OrderedDict[PopKey, QueuePop] = OrderedDict()
         self._loading: dict[PopKey, asyncio.Future[QueuePop]] = {}
-        self._dirty: set[PopKey] = set()
         self._clients: OrderedDict[str, ClientInfo] = OrderedDict()
         self._rotation = 0
         self._commit_task: asyncio.Task[None] | None = None
@@ -169,7 +176,7 @@ class MessagingService:
         self._send_backs: OrderedDict[str, SendBack] = OrderedDict()
         # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
         # must not send them again (at most the in-flight messages).
-        self._dead_lettering: set[tuple[PopKey, int]] = set()
+        self._dead_lettering: set[tuple[str, str, int, int]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -187,10 +194,6 @@ class MessagingService:
     async def close(self) -> None:
         if self._commit_task is not None:
             self._commit_task.cancel()
-        try:
-            await asyncio.wait_for(self.flush_commits(), 5.0)
-        except (TimeoutError, RaftMQError) as exc:
-            log.warning("proxy.final_commit_failed error=%s", exc)
         self.txns.on_check = None
         await asyncio.get_running_loop().run_in_executor(None, self.producer.close, 5.0)
         await asyncio.get_running_loop().run_in_executor(None, self.txns.close)
@@ -263,8 +266,6 @@ class MessagingService:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> svc.NotifyClientTerminationResponse:
         self._clients.pop(self._client_id(context), None)
-        if request.group.name:
-            await self.flush_commits()
         return svc.NotifyClientTerminationResponse(status=ok())
 
     # ---- send ---------------------------------------------------------------------------------
@@ -454,12 +455,15 @@ class MessagingService:
                 f"{self.s.min_invisible_ms}..{self.s.max_invisible_ms} ms",
             )
 
-    async def _state(self, group: str, q: QueueRef, fifo: bool) -> QueuePop:
+    async def _state(self, group: str, q: QueueRef, fifo: bool | None) -> QueuePop:
+        """The mirror of the queue's replicated POP state (loaded from the broker group's
+        leader the first time; `fifo` None keeps what it is)."""
         key = PopKey(group, q)
         st = self._pops.get(key)
         if st is not None:
             self._pops.move_to_end(key)
-            st.fifo = fifo
+            if fifo is not None:
+                st.fifo = fifo
             return st
         loading = self._loading.get(key)
         if loading is not None:
@@ -467,13 +471,7 @@ class MessagingService:
         fut: asyncio.Future[QueuePop] = asyncio.get_running_loop().create_future()
         self._loading[key] = fut
         try:
-            start = await self.io.committed(group, q)
-            if start is None:
-                low, high = await self.io.bounds(group, q)
-                start = low if self.s.consume_from == "earliest" else high
-            st = QueuePop(
-                start, fifo=fifo, max_inflight=self.s.max_inflight_per_queue, tokens=self._tokens
-            )
+            st = await self._load(group, q, fifo)
             self._pops[key] = st
             self._evict()
             fut.set_result(st)
@@ -488,17 +486,43 @@ class MessagingService:
         finally:
             del self._loading[key]
 
+    async def _load(self, group: str, q: QueueRef, fifo: bool | None) -> QueuePop:
+        resp = await self.io.pop_state(group, q.topic, q.broker_group, [q.queue_id])
+        found = next((s for s in resp.queues if s.queue_id == q.queue_id), None)
+        if found is not None and found.exists:
+            st = QueuePop(
+                found.cursor,
+                fifo=found.fifo if fifo is None else fifo,
+                max_inflight=self.s.max_inflight_per_queue,
+            )
+            for d in found.inflight:
+                st.inflight[d.offset] = Delivery(d.offset, d.attempt, d.token, d.visible_at_ms)
+            return st
+        # Never popped by the group: from its committed offset (a PushConsumer's, say), else
+        # where `consume_from` says. The first receive's record carries this as init_offset.
+        start = await self.io.committed(group, q)
+        if start is None:
+            low, high = await self.io.bounds(group, q)
+            start = low if self.s.consume_from == "earliest" else high
+        return QueuePop(start, fifo=bool(fifo), max_inflight=self.s.max_inflight_per_queue)
+
+    def _forget(self, key: PopKey) -> None:
+        """The mirror may differ from the broker's state (a call failed, or the broker refused
+        what the mirror allowed): load it again at next use."""
+        self._pops.pop(key, None)
+
     def _evict(self) -> None:
-        """Past max_pop_queues, forget the least recently used states with nothing in flight
-        (their progress is committed first by the commit loop; a forgotten one reloads)."""
+        """Past max_pop_queues, forget the least recently used mirrors (the state is the broker
+        group's; a forgotten one is loaded again), idle ones first."""
         if len(self._pops) <= self.s.max_pop_queues:
             return
         for key in list(self._pops):
             if len(self._pops) <= self.s.max_pop_queues:
                 return
-            st = self._pops[key]
-            if not st.inflight and st.commit_due() is None:
+            if not self._pops[key].inflight:
                 del self._pops[key]
+        while len(self._pops) > self.s.max_pop_queues:
+            self._pops.popitem(last=False)
 
     async def _pop_once(
         self,
@@ -512,76 +536,159 @@ class MessagingService:
         out: list[v2.Message] = []
         self._rotation += 1
         start = self._rotation % len(queues)
+        by_group: dict[str, list[QueueRef]] = {}
         for q in queues[start:] + queues[:start]:
+            by_group.setdefault(q.broker_group, []).append(q)
+        for broker_group, qs in by_group.items():
             if len(out) >= batch:
+                break
+            out += await self._pop_group(
+                group, broker_group, qs, fifo, batch - len(out), invisible_ms, flt
+            )
+        return out
+
+    async def _pop_group(
+        self,
+        group: str,
+        broker_group: str,
+        queues: list[QueueRef],
+        fifo: bool,
+        room: int,
+        invisible_ms: int,
+        flt: Filter,
+    ) -> list[v2.Message]:
+        """One receive on one broker group: plan each queue on the mirror, read what to hand
+        out, then one POP_RECEIVE (one Raft entry) decides; only what it handed out goes back."""
+        topic = queues[0].topic
+        parts: list[pop_pb2.PopQueuePart] = []
+        msgs: dict[tuple[int, int], ReceivedMessage] = {}
+        planned = 0
+        for q in queues:
+            if planned >= room:
                 break
             key = PopKey(group, q)
             st = await self._state(group, q, fifo)
-            plan = st.plan(now_ms(), batch - len(out))
+            plan = st.plan(now_ms(), room - planned)
+            part = pop_pb2.PopQueuePart(queue_id=q.queue_id, init_offset=st.cursor, fifo=fifo)
             for offset in plan.redeliver:
                 try:
                     m = await self._fetch_at(group, q, offset)
                 except (ApiError, RaftMQError):
                     break  # later ones wait too: a FIFO queue keeps its order
                 if m is None:
-                    st.drop(offset)
-                    self._dirty.add(key)
+                    part.drops.append(offset)  # gone from the queue (retention)
                     continue
                 if st.exhausted(offset, self.max_attempts(group)):
-                    if not await self._dead_letter(group, key, st, m, "attempts"):
+                    if not await self._dead_letter(group, st, m, "attempts"):
                         break  # kept: tried again at the next receive
+                    part.drops.append(offset)
                     continue
-                d = st.redeliver(offset, now_ms(), invisible_ms)
-                if d is not None:
-                    out.append(self._v2(m, d, invisible_ms))
-            if plan.new_from is None or plan.new_max <= 0 or len(out) >= batch:
-                continue
-            try:
-                pulled = await self.io.pull(
-                    group, q, plan.new_from, plan.new_max, sql=flt.sql, tags=flt.tags
+                part.redeliver.append(offset)
+                msgs[q.queue_id, offset] = m
+                planned += 1
+            if plan.new_from is not None and plan.new_max > 0 and planned < room:
+                pulled = await self._pull_new(group, q, plan, flt)
+                planned += self._plan_new(q, part, plan.new_from, room - planned, msgs, pulled, flt)
+            if part.redeliver or part.drops or part.pulled:
+                parts.append(part)
+        if not parts:
+            return []
+        req = pop_pb2.PopReceiveRequest(
+            consumer_group=group,
+            topic=topic,
+            invisible_ms=invisible_ms,
+            max_inflight=self.s.max_inflight_per_queue,
+            parts=parts,
+        )
+        try:
+            resp = await self.io.pop_receive(topic, broker_group, req)
+        except RaftMQError as exc:
+            # It may still have been applied: those messages come back after their invisible
+            # duration (at least once). The mirrors are loaded again.
+            log.info("proxy.pop_receive_failed group=%s error=%s", group, exc.message)
+            for part in parts:
+                self._forget(PopKey(group, QueueRef(topic, broker_group, part.queue_id)))
+            return []
+        asked = {p.queue_id: p for p in parts}
+        out: list[v2.Message] = []
+        for r in resp.parts:
+            key = PopKey(group, QueueRef(topic, broker_group, r.queue_id))
+            part = asked[r.queue_id]
+            self._mirror_receive(key, part, r)
+            for d in r.handed:
+                m = msgs.get((r.queue_id, d.offset))
+                if m is None:
+                    continue  # not read by this receive (cannot happen: the record names it)
+                out.append(
+                    self._v2(
+                        m, Delivery(d.offset, d.attempt, d.token, d.visible_at_ms), invisible_ms
+                    )
                 )
-            except RaftMQError as exc:
-                log.info("proxy.pull_failed queue=%s error=%s", q, exc.message)
-                continue
-            for m, d in self._claim(
-                key, st, plan.new_from, pulled, flt, invisible_ms, batch - len(out)
-            ):
-                out.append(self._v2(m, d, invisible_ms))
         return out
 
-    def _claim(
-        self,
-        key: PopKey,
-        st: QueuePop,
+    async def _pull_new(self, group: str, q: QueueRef, plan: Plan, flt: Filter) -> Pulled | None:
+        assert plan.new_from is not None
+        try:
+            return await self.io.pull(
+                group, q, plan.new_from, plan.new_max, sql=flt.sql, tags=flt.tags
+            )
+        except RaftMQError as exc:
+            log.info("proxy.pull_failed queue=%s error=%s", q, exc.message)
+            return None
+
+    @staticmethod
+    def _plan_new(
+        q: QueueRef,
+        part: pop_pb2.PopQueuePart,
         pulled_from: int,
-        pulled: Pulled,
-        flt: Filter,
-        invisible_ms: int,
         room: int,
-    ) -> list[tuple[ReceivedMessage, Delivery]]:
+        msgs: dict[tuple[int, int], ReceivedMessage],
+        pulled: Pulled | None,
+        flt: Filter,
+    ) -> int:
+        """Fill the part's claim from a pull at the cursor; how many it may hand out."""
+        if pulled is None:
+            return 0
         if pulled.status == broker_pb2.OFFSET_ILLEGAL:
-            if pulled_from == st.cursor:
-                st.reset(
-                    pulled.min_offset if pulled_from < pulled.min_offset else pulled.max_offset
-                )
-                self._dirty.add(key)
-            return []
+            part.pulled, part.pulled_from, part.reset = True, pulled_from, True
+            part.reset_to = (
+                pulled.min_offset if pulled_from < pulled.min_offset else pulled.max_offset
+            )
+            return 0
+        if pulled.next_offset <= pulled_from:
+            return 0  # nothing new: no entry for it
         matching = [m for m in pulled.messages if flt.matches(m)]  # tag hash collisions
-        if not matching:
-            st.skip_to(pulled_from, pulled.next_offset)
-            self._dirty.add(key)
-            return []
-        by_offset = {m.queue_offset: m for m in matching}
-        ds = st.claim_new(
-            pulled_from,
-            [m.queue_offset for m in matching],
-            pulled.next_offset,
-            now_ms(),
-            invisible_ms,
-            room,
+        part.pulled, part.pulled_from, part.next_offset = True, pulled_from, pulled.next_offset
+        part.take = room
+        part.new_offsets.extend(m.queue_offset for m in matching)
+        for m in matching:
+            msgs[q.queue_id, m.queue_offset] = m
+        return min(room, len(matching))
+
+    def _mirror_receive(
+        self, key: PopKey, part: pop_pb2.PopQueuePart, r: pop_pb2.PopPartResult
+    ) -> None:
+        """Apply the broker's answer to the mirror; when it refused a redelivery the mirror
+        allowed (another receive took it, clocks differ), load the mirror again."""
+        st = self._pops.get(key)
+        if st is None:
+            return
+        if part.reset:
+            self._forget(key)
+            return
+        for o in part.drops:
+            st.drop(o)
+        handed = {d.offset for d in r.handed}
+        for d in r.handed:
+            mine = st.inflight.get(d.offset)
+            if mine is None or mine.token < d.token:  # tokens grow with the raft index
+                st.inflight[d.offset] = Delivery(d.offset, d.attempt, d.token, d.visible_at_ms)
+        st.cursor = max(st.cursor, r.cursor)
+        refused_new = (
+            part.pulled and part.take > 0 and part.new_offsets and not handed - set(part.redeliver)
         )
-        self._dirty.add(key)
-        return [(by_offset[d.offset], d) for d in ds]
+        if refused_new or any(o not in handed for o in part.redeliver):
+            self._forget(key)  # e.g. an offset reset moved the cursor, or another receive did
 
     async def _fetch_at(self, group: str, q: QueueRef, offset: int) -> ReceivedMessage | None:
         """The message at `offset` again (a redelivery); None if the queue no longer holds it."""
@@ -658,50 +765,110 @@ class MessagingService:
 
     # ---- ack / invisible duration -------------------------------------------------------------
 
-    def _lookup(
+    async def _lookup(
         self, group: str, topic: str, handle: receipt.ReceiptHandle
     ) -> tuple[PopKey, QueuePop]:
-        key = PopKey(group, QueueRef(topic, handle.broker_group, handle.queue_id))
-        st = self._pops.get(key)
-        if handle.epoch != self.epoch:
-            if st is not None and handle.offset < st.low_watermark():
-                return key, st  # done long ago: the ack is moot
-            raise ApiError(
-                v2.INVALID_RECEIPT_HANDLE,
-                "the receipt handle was issued before this proxy restarted; the message will "
-                "be delivered again (receive it again and use the new handle)",
-            )
-        if st is None:
-            raise ApiError(
-                v2.INVALID_RECEIPT_HANDLE,
-                f"no message of topic {topic!r} was received by group {group!r} with this "
-                "receipt handle; check the topic and group of the request",
-            )
-        return key, st
+        """The handle's queue and its mirror. The state is the broker group's, so a handle
+        issued before a proxy restart (or by another proxy) is as good as a new one."""
+        q = QueueRef(topic, handle.broker_group, handle.queue_id)
+        return PopKey(group, q), await self._state(group, q, None)
+
+    @staticmethod
+    def _precheck(st: QueuePop, handle: receipt.ReceiptHandle) -> AckOutcome | None:
+        """What the mirror knows for sure without a Raft entry: done before (below the cursor,
+        not in flight), or superseded (a newer token in flight; tokens grow with the log). None:
+        the broker decides (a mirror loaded just before a receive applied may lag it)."""
+        d = st.inflight.get(handle.offset)
+        if d is None:
+            return AckOutcome.ALREADY if handle.offset < st.cursor else None
+        return AckOutcome.STALE if handle.token < d.token else None
+
+    async def _ack_batch(
+        self,
+        group: str,
+        topic: str,
+        broker_group: str,
+        items: list[tuple[PopKey, receipt.ReceiptHandle]],
+        invisible_ms: int = 0,
+    ) -> list[tuple[AckOutcome, pop_pb2.PopDelivery | None]]:
+        """One POP_ACK (one Raft entry) for handles of one broker group; the mirrors follow."""
+        req = pop_pb2.PopAckRequest(
+            consumer_group=group,
+            topic=topic,
+            invisible_ms=invisible_ms,
+            entries=[
+                pop_pb2.PopAckEntry(queue_id=h.queue_id, offset=h.offset, token=h.token)
+                for _, h in items
+            ],
+        )
+        try:
+            resp = await self.io.pop_ack(topic, broker_group, req)
+        except RaftMQError:
+            for key, _ in items:
+                self._forget(key)
+            raise
+        out: list[tuple[AckOutcome, pop_pb2.PopDelivery | None]] = []
+        for (key, h), r in zip(items, resp.results, strict=True):
+            outcome = _ACK_OUTCOMES.get(r.outcome, AckOutcome.UNKNOWN)
+            st = self._pops.get(key)
+            d = r.delivery if r.HasField("delivery") else None
+            if st is not None:
+                mine = st.inflight.get(h.offset)
+                if outcome is AckOutcome.DONE and d is None:
+                    if mine is not None and mine.token <= h.token:
+                        del st.inflight[h.offset]
+                elif outcome is AckOutcome.DONE and d is not None:
+                    if mine is None or mine.token <= d.token:
+                        st.inflight[h.offset] = Delivery(
+                            d.offset, d.attempt, d.token, d.visible_at_ms
+                        )
+                else:
+                    self._forget(key)  # the mirror thought otherwise
+            out.append((outcome, d))
+        return out
 
     async def AckMessage(
         self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> svc.AckMessageResponse:
         group = _check_group(request.group)
         topic = convert.check_topic(request.topic)
-        entries = []
-        for e in request.entries:
+        statuses: list[v2.Status | None] = [None] * len(request.entries)
+        # Handles to acknowledge, by broker group: one Raft entry per broker group.
+        todo: dict[str, list[tuple[int, PopKey, receipt.ReceiptHandle]]] = {}
+        for i, e in enumerate(request.entries):
             try:
                 handle = receipt.decode(e.receipt_handle)
-                key, st = self._lookup(group, topic, handle)
-                outcome = st.ack(handle.offset, handle.token)
-                if outcome in (AckOutcome.DONE, AckOutcome.ALREADY):
-                    self._dirty.add(key)
-                    status = ok()
+                key, st = await self._lookup(group, topic, handle)
+                known = self._precheck(st, handle)
+                if known is AckOutcome.ALREADY:
+                    statuses[i] = ok()
+                elif known is not None:
+                    raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(known, handle))
                 else:
-                    raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
-            except ApiError as exc:
-                status = status_of(exc)
-            entries.append(
-                svc.AckMessageResultEntry(
-                    message_id=e.message_id, receipt_handle=e.receipt_handle, status=status
+                    todo.setdefault(handle.broker_group, []).append((i, key, handle))
+            except (ApiError, RaftMQError) as exc:
+                statuses[i] = status_of(exc)
+        for broker_group, items in todo.items():
+            try:
+                results = await self._ack_batch(
+                    group, topic, broker_group, [(k, h) for _, k, h in items]
                 )
+            except RaftMQError as exc:
+                for i, _, _ in items:
+                    statuses[i] = status_of(exc)
+                continue
+            for (i, _, handle), (outcome, _) in zip(items, results, strict=True):
+                statuses[i] = (
+                    ok()
+                    if outcome in (AckOutcome.DONE, AckOutcome.ALREADY)
+                    else status_of(ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle)))
+                )
+        entries = [
+            svc.AckMessageResultEntry(
+                message_id=e.message_id, receipt_handle=e.receipt_handle, status=s
             )
+            for e, s in zip(request.entries, statuses, strict=True)
+        ]
         codes = {x.status.code for x in entries}
         overall = (
             ok()
@@ -722,9 +889,14 @@ class MessagingService:
         invisible_ms = convert.duration_ms(request.invisible_duration)
         self._check_invisible(invisible_ms)
         handle = receipt.decode(request.receipt_handle)
-        _key, st = self._lookup(group, topic, handle)
-        outcome, d = st.change_invisible(handle.offset, handle.token, now_ms(), invisible_ms)
-        if d is None:
+        key, st = await self._lookup(group, topic, handle)
+        known = self._precheck(st, handle)
+        if known is not None:
+            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(known, handle))
+        [(outcome, d)] = await self._ack_batch(
+            group, topic, handle.broker_group, [(key, handle)], invisible_ms
+        )
+        if outcome is not AckOutcome.DONE or d is None:
             raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
         new = receipt.ReceiptHandle(
             self.epoch, handle.broker_group, handle.queue_id, d.offset, d.token, d.visible_at_ms
@@ -739,50 +911,43 @@ class MessagingService:
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
         """The client gives up on a message (a push consumer past its attempts): to %DLQ%group
-        through the broker's send-back, then it counts as acknowledged."""
+        through the broker's send-back, then it is acknowledged (replicated)."""
         group = _check_group(request.group)
         topic = convert.check_topic(request.topic)
         handle = receipt.decode(request.receipt_handle)
-        key, st = self._lookup(group, topic, handle)
-        d = st.inflight.get(handle.offset)
-        if d is None or d.token != handle.token:
-            outcome = (
-                AckOutcome.STALE
-                if d is not None
-                else AckOutcome.ALREADY
-                if handle.offset < st.cursor
-                else AckOutcome.UNKNOWN
-            )
-            if outcome is AckOutcome.ALREADY:
-                return svc.ForwardMessageToDeadLetterQueueResponse(status=ok("already done"))
-            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
+        key, st = await self._lookup(group, topic, handle)
+        known = self._precheck(st, handle)
+        if known is AckOutcome.ALREADY:
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=ok("already done"))
+        if known is not None:
+            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(known, handle))
         m = await self._fetch_at(group, key.queue, handle.offset)
+        if m is not None and not await self._dead_letter(group, st, m, "client", raise_errors=True):
+            raise ApiError(v2.INTERNAL_SERVER_ERROR, "the message could not be dead-lettered")
+        [(outcome, _)] = await self._ack_batch(group, topic, handle.broker_group, [(key, handle)])
+        if outcome not in (AckOutcome.DONE, AckOutcome.ALREADY):
+            raise ApiError(v2.INVALID_RECEIPT_HANDLE, _stale(outcome, handle))
         if m is None:
-            st.drop(handle.offset)
-            self._dirty.add(key)
             return svc.ForwardMessageToDeadLetterQueueResponse(
                 status=ok("the message is no longer in its queue")
             )
-        if not await self._dead_letter(group, key, st, m, "client", raise_errors=True):
-            raise ApiError(v2.INTERNAL_SERVER_ERROR, "the message could not be dead-lettered")
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
     async def _dead_letter(
         self,
         group: str,
-        key: PopKey,
         st: QueuePop,
         m: ReceivedMessage,
         reason: str,
         *,
         raise_errors: bool = False,
     ) -> bool:
-        """Store `m` in %DLQ%<group> (the broker's send-back with no retries left) and stop
-        waiting for its ack. False (or the error) if the broker could not: the message stays
-        unacknowledged and comes again."""
-        busy = (key, m.queue_offset)
+        """Store `m` in %DLQ%<group> (the broker's send-back with no retries left); the caller
+        then stops its delivery through the log. False (or the error) if the broker could not:
+        the message stays unacknowledged and comes again."""
+        busy = (group, m.broker_group, m.queue_id, m.queue_offset)
         if busy in self._dead_lettering:
-            return True  # another call is storing it right now
+            return False  # another call is storing it right now; it drops it
         sb = self._send_backs.pop(group, None) or SendBack(group, self.io.routes, self.io.pool)
         self._send_backs[group] = sb
         while len(self._send_backs) > MAX_CLIENTS:
@@ -800,8 +965,6 @@ class MessagingService:
             return False
         finally:
             self._dead_lettering.discard(busy)
-        st.drop(m.queue_offset)
-        self._dirty.add(key)
         log.info(
             "proxy.dead_lettered group=%s by=%s topic=%s msg_id=%s attempts=%d dlq_id=%s",
             group,
@@ -813,23 +976,19 @@ class MessagingService:
         )
         return True
 
-    # ---- progress -----------------------------------------------------------------------------
+    # ---- housekeeping -------------------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
+        """Idle transaction producers are closed here. (POP progress needs no commit from the
+        proxy: the broker group's apply commits each queue's low watermark.)"""
         interval_s = self.s.offset_commit_interval_ms / 1000
         sweep_s = min(TXN_SWEEP_S, self.s.client_expiry_ms / 2000)
         next_sweep = time.monotonic() + sweep_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(max(interval_s, sweep_s))
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + sweep_s
                 await self._close_idle_transactions()
-            try:
-                await self.flush_commits()
-            except RaftMQError as exc:
-                log.warning("proxy.commit_failed error=%s", exc.message)
-            except Exception:
-                log.exception("proxy.commit_loop_error")
 
     async def _close_idle_transactions(self) -> None:
         connected = {t for st in self._streams.values() for t in st.topics}
@@ -839,33 +998,6 @@ class MessagingService:
                 await asyncio.get_running_loop().run_in_executor(None, self.txns.close_topics, idle)
             except Exception:
                 log.exception("proxy.transaction_close_failed")
-
-    async def flush_commits(self) -> None:
-        """Commit every queue's acknowledged progress, one call per (consumer group, broker
-        group); a queue whose commit fails stays due."""
-        dirty, self._dirty = self._dirty, set()
-        by_target: dict[tuple[str, str], dict[QueueRef, int]] = {}
-        for key in dirty:
-            st = self._pops.get(key)
-            if st is None:
-                continue
-            due = st.commit_due()
-            if due is not None:
-                by_target.setdefault((key.group, key.queue.broker_group), {})[key.queue] = due
-        failed: RaftMQError | None = None
-        for (group, _bg), offsets in by_target.items():
-            try:
-                await self.io.commit(group, offsets)
-            except RaftMQError as exc:
-                self._dirty.update(PopKey(group, q) for q in offsets)
-                failed = exc
-                continue
-            for q, off in offsets.items():
-                st = self._pops.get(PopKey(group, q))
-                if st is not None:
-                    st.committed(off)
-        if failed is not None:
-            raise failed
 
     # ---- telemetry ----------------------------------------------------------------------------
 

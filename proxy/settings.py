@@ -33,7 +33,7 @@ class ProxySettings:
         default="",
         unit="host:port,...",
         doc="every proxy of the cluster (advertised addresses); each broker group is served by "
-        'one of them, so a consumer group\'s POP state lives in one process; "" = this one',
+        'one of them, so one process plans a consumer group\'s POP receives on it; "" = this one',
     )
     namesrv_addresses: str = setting(
         default="127.0.0.1:9876", unit="host:port,...", doc="NameServers for topic routes"
@@ -60,12 +60,16 @@ class ProxySettings:
         "the queue gives nothing new until acks arrive",
     )
     max_pop_queues: int = setting(
-        default=100_000, unit="queues", doc="(consumer group, queue) POP states held in memory"
+        default=100_000,
+        unit="queues",
+        doc="(consumer group, queue) POP state mirrors held in memory (the state is the broker "
+        "group's; a forgotten mirror is loaded again)",
     )
     offset_commit_interval_ms: int = setting(
         default=500,
         unit="ms",
-        doc="how often acknowledged progress is committed to the broker groups",
+        doc="how often the proxy's housekeeping runs (idle transaction producers); POP progress "
+        "is committed by the broker group's apply",
     )
     consume_from: str = setting(
         default="earliest",

@@ -43,6 +43,9 @@ class EmptyState:
     def topic(self, name: str) -> TopicConfig | None:
         return None
 
+    def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None:
+        return None
+
 
 class Run:
     """Feeds entries to one dispatcher over an overlay, as the dispatcher thread does."""

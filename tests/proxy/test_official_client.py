@@ -442,9 +442,11 @@ def test_long_poll_returns_when_a_message_arrives(env: Env) -> None:
     assert waited < 8.0, f"the held receive answered {waited:.1f} s after the send"
 
 
-def test_proxy_restart_redelivers_unacked_and_refuses_old_handles(env: Env) -> None:
-    """Proxy-local POP state (docs/design.md): after a restart, acknowledged messages stay
-    acknowledged, unacknowledged ones come back, and handles of the old process are refused."""
+def test_proxy_restart_keeps_pop_state_and_old_handles(env: Env) -> None:
+    """POP state is the broker group's replicated state (docs/design.md): after a proxy
+    restart, handles of the old process still acknowledge, and neither acknowledged nor still
+    invisible messages are delivered again (tests/proxy/test_pop_replicated.py goes on to the
+    redelivery after the invisible duration, a leader kill and the retry limit)."""
     with Producer(env.cluster.namesrv) as p:
         for i in range(4):
             p.send("rd", f"restart{i}".encode())
@@ -460,26 +462,12 @@ def test_proxy_restart_redelivers_unacked_and_refuses_old_handles(env: Env) -> N
         _ack(stub, group, "rd", [m.system_properties.receipt_handle for m in acked]).status.code
         == v2.OK
     )
-    time.sleep(0.5)  # offset_commit_interval_ms = 100: the acks are committed
     env.proxy.kill(signal.SIGTERM)
     env.proxy.start("proxy.started")
     stub = _stub(env)
     a = _ack(stub, group, "rd", [kept[0].system_properties.receipt_handle])
-    assert a.status.code == v2.INVALID_RECEIPT_HANDLE and "restarted" in a.status.message
-
-    # Committed per queue up to its first unacknowledged message: those after it come back.
-    def key(m: v2.Message) -> tuple[int, int]:
-        return m.system_properties.queue_id, m.system_properties.queue_offset
-
-    expected = {m.system_properties.message_id for m in kept} | {
-        m.system_properties.message_id
-        for m in acked
-        if any(key(k)[0] == key(m)[0] and key(k)[1] < key(m)[1] for k in kept)
-    }
-    again: list[v2.Message] = []
-    deadline = time.monotonic() + 20
-    while len(again) < len(expected) and time.monotonic() < deadline:
-        again += _receive(stub, group, "rd", batch=8)
-    assert sorted(m.system_properties.message_id for m in again) == sorted(expected)
-    assert all(m.system_properties.delivery_attempt == 1 for m in again)  # a new process
+    assert a.status.code == v2.OK, a.status
+    again = _ack(stub, group, "rd", [kept[0].system_properties.receipt_handle])
+    assert again.status.code == v2.OK, again.status  # acknowledged twice: a no-op
+    # kept[1] is invisible for 20 s (the receive's duration): nothing comes now.
     assert _receive(stub, group, "rd", poll_ms=300) == []

@@ -1,4 +1,4 @@
-"""The POP state machine of one queue (proxy/pop.py), driven directly: hand-outs, invisibility,
+"""The POP state machine of one queue (common/pop.py), driven directly: hand-outs, invisibility,
 acks with current and stale tokens, FIFO blocking, and the committed offset never passing an
 unacknowledged message (a property test over random operation sequences)."""
 
@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftmq.proxy.pop import AckOutcome, QueuePop
+from raftmq.common.pop import AckOutcome, QueuePop
 
 
 def _take(p: QueuePop, now: int, n: int, invisible: int = 1000, queue_end: int = 10**6) -> list:

@@ -7,8 +7,11 @@ invisible duration, so a receipt handle from before names a delivery that no lon
 refused instead of acking a later one. Committed offset = the lowest offset still unacknowledged
 (or the cursor when none is), as RocketMQ commits a pop queue's progress.
 
-This state lives in the proxy process (see docs/design.md, "The RocketMQ 5 gRPC API"): a proxy
-restart redelivers what was received and not acknowledged (at least once), never loses it.
+Replicated (docs/design.md, "POP state in the broker group's Raft log"): the broker group's
+dispatcher applies each receive and ack batch with these transitions at the entry's time, with
+the entry's tokens (broker/pop_apply.py), so every replica and a new leader hold the same state;
+the proxy keeps a mirror of it to plan receives (proxy/service.py). Tokens: `token=` of a call,
+or the injected counter (a mirror, tests).
 """
 
 from __future__ import annotations
@@ -86,14 +89,16 @@ class QueuePop:
         room = min(max_count - len(again), self.max_inflight - len(self.inflight) + len(again))
         return Plan(again, self.cursor if room > 0 else None, max(room, 0))
 
-    def redeliver(self, offset: int, now_ms: int, invisible_ms: int) -> Delivery | None:
+    def redeliver(
+        self, offset: int, now_ms: int, invisible_ms: int, *, token: int | None = None
+    ) -> Delivery | None:
         """Hand out `offset` again if it is still unacknowledged and visible (a concurrent
         receive may have taken it first: None)."""
         d = self.inflight.get(offset)
         if d is None or d.visible_at_ms > now_ms:
             return None
         d.attempt += 1
-        d.token = self._token()
+        d.token = self._token(token)
         d.visible_at_ms = now_ms + invisible_ms
         return d
 
@@ -115,6 +120,8 @@ class QueuePop:
         now_ms: int,
         invisible_ms: int,
         take: int,
+        *,
+        token: int | None = None,
     ) -> list[Delivery]:
         """Messages pulled from `pulled_from` (their `offsets`, filter matches only, ascending;
         the pull ended at `next_offset`): hand out the first `take` of them. Nothing if another
@@ -125,7 +132,7 @@ class QueuePop:
         out = []
         for o in chosen:
             assert o >= pulled_from, "a pull returned an offset before where it started"
-            d = Delivery(o, 1, self._token(), now_ms + invisible_ms)
+            d = Delivery(o, 1, self._token(token), now_ms + invisible_ms)
             self.inflight[o] = d
             out.append(d)
         # Taken fewer than pulled: continue right after the last one taken.
@@ -158,7 +165,13 @@ class QueuePop:
         return AckOutcome.UNKNOWN
 
     def change_invisible(
-        self, offset: int, token: int, now_ms: int, invisible_ms: int
+        self,
+        offset: int,
+        token: int,
+        now_ms: int,
+        invisible_ms: int,
+        *,
+        new_token: int | None = None,
     ) -> tuple[AckOutcome, Delivery | None]:
         """Make a delivery invisible for `invisible_ms` from now; the new delivery (new token)."""
         d = self.inflight.get(offset)
@@ -166,7 +179,7 @@ class QueuePop:
             return (AckOutcome.ALREADY if offset < self.cursor else AckOutcome.UNKNOWN), None
         if d.token != token:
             return AckOutcome.STALE, None
-        d.token = self._token()
+        d.token = self._token(new_token)
         d.visible_at_ms = now_ms + invisible_ms
         return AckOutcome.DONE, d
 
@@ -188,5 +201,5 @@ class QueuePop:
         """When the earliest unacknowledged message becomes visible again (long polls wake)."""
         return min((d.visible_at_ms for d in self.inflight.values()), default=None)
 
-    def _token(self) -> int:
-        return next(self._tokens)
+    def _token(self, given: int | None) -> int:
+        return given if given is not None else next(self._tokens)
