@@ -179,6 +179,12 @@ def install(tls: Tls | None) -> None:
         _installed[:] = [tls]
 
 
+def uninstall() -> None:
+    """Back to RAFTMQ_TLS_* (tests that installed material in their own process)."""
+    with _install_lock:
+        _installed.clear()
+
+
 def process_tls() -> Tls | None:
     """The installed material; before install(), what RAFTMQ_TLS_* says (SDK users, CLI)."""
     with _install_lock:

@@ -7,6 +7,7 @@ at a time while a producer sends, with 0 failed sends."""
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -20,8 +21,8 @@ import pytest
 
 from raftmq.client.admin import Admin
 from raftmq.client.consumer_pull import PullConsumer
-from raftmq.client.producer import Producer
 from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
 from raftmq.common.errors import RaftMQError
 from raftmq.ops.certs import CertRequest, write_certs
 from raftmq.ops.cluster_runner import ClusterRunner
@@ -106,7 +107,7 @@ def test_produce_consume_over_tls(cluster: ClusterRunner) -> None:
 def test_metrics_are_https_only(cluster: ClusterRunner) -> None:
     spec = cluster.spec
     assert spec.tls is not None
-    name, url = spec.metrics_endpoints()[0]
+    _, url = spec.metrics_endpoints()[0]
     assert url.startswith("https://")
     ctx = ssl.create_default_context(cafile=str(spec.tls.ca))
     ctx.load_cert_chain(spec.tls.cert("client"), spec.tls.key("client"))
@@ -193,3 +194,15 @@ def test_rotate_node_certificates_one_at_a_time_zero_failed_sends(
         t.join(timeout=60)
     assert sent > 50, sent
     assert failures == [], failures[:3]
+    # Each node now serves its new certificate (its HTTPS metrics port: same process identity).
+    ctx = ssl.create_default_context(cafile=str(spec.tls.ca))
+    ctx.load_cert_chain(spec.tls.cert("client"), spec.tls.key("client"))
+    served = {p.name: p.metrics for p in spec.processes() if p.name in nodes}
+    for n in nodes:
+        host, _, port = served[n].rpartition(":")
+        with (
+            socket.create_connection((host, int(port)), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname=host) as s,
+        ):
+            der = s.getpeercert(binary_form=True)
+        assert der == ssl.PEM_cert_to_DER_cert(spec.tls.cert(n).read_text()), n
