@@ -399,7 +399,8 @@ def certs(args: argparse.Namespace) -> int:
     if spec.dashboard is not None:
         hosts["dashboard"] = spec.dashboard.host
     requests = [
-        certs_mod.CertRequest(name, (hosts[name],) if name in hosts else ())
+        # The process name too: compose and network namespaces use it as the host name.
+        certs_mod.CertRequest(name, (hosts[name], name) if name in hosts else (name,))
         for name in spec.tls_names()
     ]
     written = certs_mod.write_certs(

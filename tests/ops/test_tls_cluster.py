@@ -47,6 +47,7 @@ def make_spec(tmp: Path) -> ClusterSpec:
         extra=extra,
         metrics=True,
     )
+    (tmp / "cluster.toml").write_text(text)  # for the commands that take --spec
     spec = parse(text)
     write_certs(certs, [CertRequest(n, ("127.0.0.1",)) for n in spec.tls_names()], days=2)
     return spec
@@ -70,6 +71,21 @@ def tls_args(spec: ClusterSpec, cert: bool = True) -> dict[str, str]:
     if cert:
         out |= {"tls_cert": str(spec.tls.cert("client")), "tls_key": str(spec.tls.key("client"))}
     return out
+
+
+def served_cert(spec: ClusterSpec, address: str) -> str:
+    """The certificate (PEM) a TLS port presents, after a full mutual handshake."""
+    assert spec.tls is not None
+    ctx = ssl.create_default_context(cafile=str(spec.tls.ca))
+    ctx.load_cert_chain(spec.tls.cert("client"), spec.tls.key("client"))
+    host, _, port = address.rpartition(":")
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname=host) as s,
+    ):
+        der = s.getpeercert(binary_form=True)
+    assert der is not None
+    return ssl.DER_cert_to_PEM_cert(der)
 
 
 def wait_leader(spec: ClusterSpec, timeout_s: float = 60) -> None:
@@ -155,6 +171,29 @@ def test_cli_with_tls_flags_and_without(cluster: ClusterRunner) -> None:
     assert "TLS" in bad.stderr, bad.stderr
 
 
+def test_dashboard_serves_https_with_its_own_certificate(cluster: ClusterRunner) -> None:
+    spec = cluster.spec
+    assert spec.tls is not None
+    port = free_ports(1)[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_TLS_")}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, "-m", "raftmq.ops.cli", "dashboard", "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--spec", str(spec.data_dir.parent / "cluster.toml")]
+    dash = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert dash.stdout is not None
+        first = dash.stdout.readline().decode()
+        assert first.startswith(f"dashboard: https://127.0.0.1:{port}/"), first
+        ctx = ssl.create_default_context(cafile=str(spec.tls.ca))
+        ctx.load_cert_chain(spec.tls.cert("client"), spec.tls.key("client"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=ctx, timeout=30) as r:
+            assert r.status == 200 and b"broker-a" in r.read()
+        assert served_cert(spec, f"127.0.0.1:{port}") == spec.tls.cert("dashboard").read_text()
+    finally:
+        dash.terminate()
+        dash.wait(timeout=30)
+
+
 def test_rotate_node_certificates_one_at_a_time_zero_failed_sends(
     cluster: ClusterRunner,
 ) -> None:
@@ -195,14 +234,6 @@ def test_rotate_node_certificates_one_at_a_time_zero_failed_sends(
     assert sent > 50, sent
     assert failures == [], failures[:3]
     # Each node now serves its new certificate (its HTTPS metrics port: same process identity).
-    ctx = ssl.create_default_context(cafile=str(spec.tls.ca))
-    ctx.load_cert_chain(spec.tls.cert("client"), spec.tls.key("client"))
-    served = {p.name: p.metrics for p in spec.processes() if p.name in nodes}
+    metrics = {p.name: p.metrics for p in spec.processes() if p.name in nodes}
     for n in nodes:
-        host, _, port = served[n].rpartition(":")
-        with (
-            socket.create_connection((host, int(port)), timeout=10) as raw,
-            ctx.wrap_socket(raw, server_hostname=host) as s,
-        ):
-            der = s.getpeercert(binary_form=True)
-        assert der == ssl.PEM_cert_to_DER_cert(spec.tls.cert(n).read_text()), n
+        assert served_cert(spec, metrics[n]) == spec.tls.cert(n).read_text(), n
