@@ -182,3 +182,17 @@ def test_cluster_certs_command(tmp_path: Path) -> None:
     again = certs_cmd()
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
     assert certs_cmd("--force").returncode == 0
+
+
+def test_compose_mounts_the_certificates_and_points_every_process_at_them(tmp_path: Path) -> None:
+    from raftmq.ops.compose import compose_yaml
+
+    spec = parse(description(tmp_path, "[security.tls]\nenabled=true\ndir='certs'\n"))
+    text = compose_yaml(spec)
+    services = [p.name for p in spec.processes()]
+    for name in services:
+        block = text.split(f"  {name}:\n", 1)[1].split("\n  ", 4)
+        command = next(line for line in block if line.startswith("  command:"))
+        assert f'"--tls-cert", "/certs/{name}.crt"' in command
+        assert '"--tls-ca", "/certs/ca.crt"' in command
+    assert text.count('"./certs:/certs:ro"') == len(services)
