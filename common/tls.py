@@ -8,7 +8,6 @@ Never reads a key on the hot path; never falls back to plaintext when TLS was as
 from __future__ import annotations
 
 import logging
-import os
 import socketserver
 import ssl
 import threading
@@ -273,22 +272,5 @@ def enabled(tls: Tls | Any | None = PROCESS) -> bool:
 
 
 def scheme(tls: Tls | Any | None = PROCESS) -> str:
-    """ "https" or "http" for the metrics, health and dashboard URLs."""
+    """The URL scheme of the metrics, health and dashboard servers: https with TLS."""
     return "https" if enabled(tls) else "http"
-
-
-def env_for(tls_dir: Path, cert_name: str = "client") -> dict[str, str]:
-    """RAFTMQ_TLS_* variables that make an SDK/CLI process use `tls_dir`'s CA and client cert."""
-    out = {"RAFTMQ_TLS_CA": str(tls_dir / "ca.crt")}
-    if cert_name:
-        out["RAFTMQ_TLS_CERT"] = str(tls_dir / f"{cert_name}.crt")
-        out["RAFTMQ_TLS_KEY"] = str(tls_dir / f"{cert_name}.key")
-    return out
-
-
-def without_tls_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if environ is None else environ)
-    for k in list(env):
-        if k.startswith(ENV_PREFIX):
-            del env[k]
-    return env
