@@ -83,6 +83,16 @@ class RaftMQ(Adapter):
             raise AdapterError(f"raftmq: --opt api must be aio or threaded, not {self.api!r}")
         self.aproducer: AsyncProducer | None = None
         self.queues: list[QueueRef] = []
+        # --opt tls=1: TLS on every port (servers' --tls-*, the SDK's RAFTMQ_TLS_*), with a
+        # development CA made in the run's directory; tls=mutual also asks clients for theirs.
+        self.tls = str(opts.get("tls", "0"))
+        if self.tls not in ("0", "1", "mutual"):
+            raise AdapterError(f"raftmq: --opt tls must be 0, 1 or mutual, not {self.tls!r}")
+        if self.tls != "0":
+            self.variant += (
+                f", TLS on every port ({'mutual' if self.tls == 'mutual' else 'server'})"
+            )
+        self.tls_flags: dict[str, list[str]] = {}
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe()
@@ -103,13 +113,46 @@ class RaftMQ(Adapter):
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
+    def _make_certs(self, workdir: str) -> None:
+        """The development CA and certificates (`raftmq cluster certs`'s code, run on the servers'
+        Python: the harness venv may lack `cryptography`); the SDK reads RAFTMQ_TLS_*."""
+        d = os.path.join(workdir, "certs")
+        names = ["ns", "n0", "n1", "n2", "client"]
+        code = (
+            "import sys; from pathlib import Path; "
+            "from raftmq.ops.certs import CertRequest, write_certs; "
+            "write_certs(Path(sys.argv[1]), [CertRequest(n, ()) for n in sys.argv[2:]], days=2)"
+        )
+        import subprocess
+
+        subprocess.run([SERVER_PYTHON, "-c", code, d, *names], check=True, env=_env(), timeout=60)
+        for n in names[:-1]:
+            self.tls_flags[n] = [
+                "--tls-ca", f"{d}/ca.crt", "--tls-cert", f"{d}/{n}.crt",
+                "--tls-key", f"{d}/{n}.key", "--tls-raft-key", f"{d}/raft.key",
+            ]  # fmt: skip
+            if self.tls == "mutual":
+                self.tls_flags[n].append("--tls-require-client-cert")
+        os.environ["RAFTMQ_TLS_CA"] = f"{d}/ca.crt"
+        os.environ["RAFTMQ_TLS_CERT"] = f"{d}/client.crt"
+        os.environ["RAFTMQ_TLS_KEY"] = f"{d}/client.key"
+
     async def start_cluster(self, workdir: str) -> None:
         ns_port = free_port()
         self.namesrv = f"{LOOPBACK}:{ns_port}"
         py = SERVER_PYTHON
+        if self.tls != "0":
+            self._make_certs(workdir)
         self.procs["ns"] = Proc(
             "raftmq-ns",
-            [py, "-m", "raftmq.namesrv.server", "--listen", self.namesrv],
+            [
+                py,
+                "-m",
+                "raftmq.namesrv.server",
+                "--listen",
+                self.namesrv,
+                *self.tls_flags.get("ns", []),
+            ],
             os.path.join(workdir, "ns.log"),
             env=_env(),
         ).start()
@@ -136,6 +179,7 @@ class RaftMQ(Adapter):
                     self.namesrv,
                     "--heartbeat-interval-ms",
                     "1000",
+                    *self.tls_flags.get(n, []),
                 ],
                 os.path.join(workdir, f"{n}.log"),
                 env=_env(),
@@ -171,6 +215,9 @@ class RaftMQ(Adapter):
         for p in self.procs.values():
             p.kill()
         self.procs.clear()
+        for k in ("RAFTMQ_TLS_CA", "RAFTMQ_TLS_CERT", "RAFTMQ_TLS_KEY"):
+            if self.tls != "0":
+                os.environ.pop(k, None)
 
     async def kill_leader(self) -> dict[str, Any]:
         def leader() -> str:

@@ -68,8 +68,9 @@ def thread_names(pid: int) -> dict[str, str]:
     return names
 
 
-async def probe(scale: float, api: str) -> dict[str, Any]:
-    adapter = RaftMQ(api=api) if api else RaftMQ()
+async def probe(scale: float, api: str, tls: str = "0") -> dict[str, Any]:
+    opts = {"api": api} if api else {}
+    adapter = RaftMQ(**opts, tls=tls)
     with tempfile.TemporaryDirectory() as workdir:
         await adapter.start_cluster(workdir)
         try:
@@ -109,6 +110,7 @@ async def probe(scale: float, api: str) -> dict[str, Any]:
         "batches_per_frame": round(batches / frames, 2) if frames else None,
         "msgs_per_batch": round(msgs / batches, 2) if batches else None,
         "loadavg_1m": round(os.getloadavg()[0], 1),
+        "tls": tls,
     }
 
 
@@ -116,8 +118,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--scale", type=float, default=0.3, help="peerbench's count scale")
     ap.add_argument("--api", default="", help="the adapter's --opt api (aio, threaded)")
+    ap.add_argument(
+        "--tls", default="0", choices=("0", "1", "mutual"), help="the adapter's --opt tls"
+    )
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(probe(args.scale, args.api))), flush=True)
+    print(json.dumps(asyncio.run(probe(args.scale, args.api, args.tls))), flush=True)
 
 
 if __name__ == "__main__":

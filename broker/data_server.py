@@ -30,6 +30,7 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
+from raftmq.common import tls
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
@@ -85,6 +86,7 @@ class DataServer:
             max_frame_bytes=s.data_max_frame_bytes,
             max_inflight_per_conn=s.data_max_inflight_per_conn,
             max_connections=s.data_max_connections,
+            ssl=tls.server_ssl(),
         )
         io.run(self._server.start(host, port), timeout_s=10)
         advertised = self.node.me.address.rpartition(":")[0] if host in _WILDCARD_HOSTS else host

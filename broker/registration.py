@@ -15,6 +15,7 @@ from concurrent import futures
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import namesrv_pb2, namesrv_pb2_grpc
 
@@ -38,9 +39,7 @@ class Registrar:
         self._interval_s = interval_ms / 1000
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._channels = {
-            a: grpc.insecure_channel(a, options=CHANNEL_LIVENESS) for a in namesrv_addresses
-        }
+        self._channels = {a: tls.channel(a, CHANNEL_LIVENESS) for a in namesrv_addresses}
         self._stubs = {a: namesrv_pb2_grpc.NameServerStub(c) for a, c in self._channels.items()}
         self._pool = futures.ThreadPoolExecutor(
             max_workers=max(1, len(namesrv_addresses)), thread_name_prefix="broker-register"

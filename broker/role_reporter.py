@@ -15,6 +15,7 @@ import time
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.errors import NotLeaderError, from_rpc_error
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
@@ -60,9 +61,7 @@ class RoleReporter:
         self._addresses = list(controller_addresses)
         self._watch = ReachabilityWatch(unreachable_warn_ms)
         self._last_error = ""
-        self._channels = {
-            a: grpc.insecure_channel(a, options=CHANNEL_LIVENESS) for a in self._addresses
-        }
+        self._channels = {a: tls.channel(a, CHANNEL_LIVENESS) for a in self._addresses}
         self._leader = self._addresses[0] if self._addresses else ""
         self._cond = threading.Condition()
         self._pending: controller_pb2.ReportRoleRequest | None = None
@@ -172,7 +171,7 @@ class RoleReporter:
     def _channel(self, address: str) -> grpc.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_LIVENESS)
+            ch = self._channels[address] = tls.channel(address, CHANNEL_LIVENESS)
         return ch
 
 

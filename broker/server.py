@@ -29,6 +29,7 @@ from raftmq.broker.service import ROLE_TO_PB, BrokerService
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_service import TRANSACTION_SERVICE, TransactionService
 from raftmq.broker.transactions_shell import TransactionShell
+from raftmq.common import tls
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import MetricsServer, start_metrics
@@ -146,7 +147,7 @@ class BrokerServer:
         listen = self.settings.listen or self.node.me.address
         host = listen.rpartition(":")[0]
         try:
-            port = self._server.add_insecure_port(listen)
+            port = tls.add_port(self._server, listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from exc
         if port == 0:

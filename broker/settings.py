@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common import tls
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
@@ -330,7 +331,7 @@ class BrokerSettings:
             connection_timeout_ms=max(
                 config_default("connection_timeout_ms", int), self.election_timeout_max_ms
             ),
-            password=self.raft_password or None,
+            password=self.raft_password or tls.raft_password(),
         )
 
 

@@ -19,6 +19,7 @@ from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.client.stats_report import StatsReport, merge, report_range
 from raftmq.client.trace import MessageTrace, records_of_message
+from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -153,8 +154,15 @@ class Admin:
     """A context manager; thread-safe."""
 
     @checked
-    def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
-        self._pool = ChannelPool()
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        *,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> None:
+        self._pool = ChannelPool(tls_config=tls.client_tls(tls_ca, tls_cert, tls_key))
         self.routes = RouteCache(namesrv_addresses, self._pool)
 
     def close(self) -> None:

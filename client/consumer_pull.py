@@ -16,6 +16,7 @@ from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetc
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
@@ -39,6 +40,9 @@ class PullConsumer:
         max_messages_per_pull: int = 1024,
         long_poll_ms: int = 2_000,
         allow_follower_read: bool = True,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         validate_group(group)
         if max_prefetch_messages < 1 or max_messages_per_pull < 1 or long_poll_ms < 0:
@@ -47,8 +51,9 @@ class PullConsumer:
             )
         check_subscription(tag_expression, sql_expression)
         self.group = group
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-consumer-data")
+        self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
+        self._pool = ChannelPool(tls_config=self._tls)
+        self._data = DataPool(tls_config=self._tls, name="raftmq-consumer-data")
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

@@ -36,6 +36,7 @@ from raftmq.client.retry_back import SendBack, listener_view
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.client.trace import TraceSender, traced_listener
+from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
@@ -110,6 +111,9 @@ class PushConsumer:
         client_id: str | None = None,
         on_stuck: StuckCallback | None = None,
         trace: bool = False,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         validate_group(group)
         validate_topic(topic)
@@ -144,8 +148,9 @@ class PushConsumer:
         self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-consumer-data")
+        self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
+        self._pool = ChannelPool(tls_config=self._tls)
+        self._data = DataPool(tls_config=self._tls, name="raftmq-consumer-data")
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

@@ -14,9 +14,11 @@ import logging
 import threading
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
+from raftmq.common import tls
 from raftmq.common.data_api import PAYLOADS, DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -64,10 +66,15 @@ class DataPool:
     data address never starts one; `close()` fails what is pending and stops it."""
 
     def __init__(
-        self, *, max_connections: int = DEFAULT_MAX_CONNECTIONS, name: str = "raftmq-data"
+        self,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        name: str = "raftmq-data",
+        tls_config: tls.Tls | Any | None = tls.PROCESS,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        self._ssl = tls.client_ssl(tls_config)  # one context for every connection of the pool
         self._max = max_connections
         self._name = name
         self._lock = threading.Lock()
@@ -106,7 +113,7 @@ class DataPool:
                 return fc
             loop = self._loop_locked()
             host, port = split_address(data_address)
-            fc = FrameClient(host, port, loop=loop)
+            fc = FrameClient(host, port, loop=loop, ssl=self._ssl, server_hostname=host)
             self._clients[data_address] = fc
             evicted = []
             while len(self._clients) > self._max:

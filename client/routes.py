@@ -13,10 +13,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from raftmq.client.queue_selector import PublishQueues
+from raftmq.common import tls
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -65,9 +67,12 @@ class ChannelPool:
     """One channel per address, at most `max_channels` (least recently used closed first).
     The one place the SDK creates channels, all with CHANNEL_OPTIONS. Thread-safe."""
 
-    def __init__(self, max_channels: int = 256) -> None:
+    def __init__(
+        self, max_channels: int = 256, tls_config: tls.Tls | Any | None = tls.PROCESS
+    ) -> None:
         if max_channels < 1:
             raise ValueError("max_channels must be >= 1")
+        self._tls = tls.resolve(tls_config)  # read once: every channel of the pool alike
         self._max = max_channels
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, _PoolEntry] = collections.OrderedDict()
@@ -77,7 +82,7 @@ class ChannelPool:
         if entry is not None:
             self._entries.move_to_end(address)
             return entry
-        entry = _PoolEntry(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+        entry = _PoolEntry(tls.channel(address, CHANNEL_OPTIONS, self._tls))
         self._entries[address] = entry
         while len(self._entries) > self._max:
             _, old = self._entries.popitem(last=False)

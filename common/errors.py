@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -545,6 +546,16 @@ def _detail_from(err: grpc.RpcError) -> common_pb2.ErrorDetail | None:
     return None
 
 
+# What gRPC reports when the two ends disagree about TLS: a plaintext client to a TLS port (the
+# server closes the socket), a TLS client to a plaintext port, or a refused/missing certificate.
+_TLS_SIGNS = re.compile(r"Socket closed|handshake|SSL|certificate|tls", re.IGNORECASE)
+TLS_HINT = (
+    " (if the cluster uses TLS, the client needs its CA, and with mutual TLS a client "
+    "certificate: tls_ca/tls_cert/tls_key arguments, RAFTMQ_TLS_CA/_CERT/_KEY or "
+    "--tls-ca/--tls-cert/--tls-key; otherwise the server is unreachable or shutting down)"
+)
+
+
 def from_rpc_error(err: grpc.RpcError) -> RaftMQError:
     """The typed error for a failed call; never raises."""
     try:
@@ -564,7 +575,10 @@ def from_rpc_error(err: grpc.RpcError) -> RaftMQError:
             )
     exc_type = _BY_BARE_STATUS.get(status, InternalError)
     name = status.name if isinstance(status, grpc.StatusCode) else str(status)
+    hint = _BARE_HINTS.get(exc_type, "")
+    if status == grpc.StatusCode.UNAVAILABLE and _TLS_SIGNS.search(text):
+        hint = TLS_HINT  # a TLS server closes a plaintext (or certificate-less) client at once
     return exc_type(
-        f"{name}: {text or 'no details'}" + _BARE_HINTS.get(exc_type, ""),
+        f"{name}: {text or 'no details'}" + hint,
         details={"grpc_status": name},
     )

@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from raftmq.common import tls
 from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
 
@@ -290,6 +291,7 @@ class MetricsServer:
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
         self._httpd = Server((host, port), Handler)
+        tls.serve_https(self._httpd, tls.server_ssl())  # HTTPS when the process has TLS
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.5},

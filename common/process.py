@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
+from raftmq.common import tls
 from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -49,7 +50,11 @@ def parse_role_args(
     )
     for s in sections:
         add_settings_flags(parser, s.cls, s.env_prefix, s.flag_prefix)
+    # Every role takes --tls-* (the process's own identity, not a role's setting): installed
+    # here, before the role builds any server or channel; a bad file is a SettingsError.
+    add_settings_flags(parser, tls.TlsSettings, tls.ENV_PREFIX, "tls-")
     ns = parser.parse_args(argv)
+    tls.install(tls.load(flag_overrides(ns, tls.TlsSettings, "tls-")))
     return ns.config, [flag_overrides(ns, s.cls, s.flag_prefix) for s in sections]
 
 

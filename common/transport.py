@@ -742,8 +742,9 @@ class FrameClient:
                 self.connect_timeout_s,
             )
         except (OSError, TimeoutError) as exc:
+            tls_hint = errors.TLS_HINT if isinstance(exc, ssl_lib.SSLError) else ""
             raise errors.BrokerUnavailableError(
-                f"cannot connect to {self.address}: {exc or type(exc).__name__}"
+                f"cannot connect to {self.address}: {exc or type(exc).__name__}{tls_hint}"
             ) from exc
         try:
             await asyncio.wait_for(asyncio.shield(conn.hello), self.connect_timeout_s)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.controller.alarms import Active, AlarmBook, Event, Kind, parse_rules
@@ -282,7 +283,7 @@ class AlarmService:
         with self._channels_lock:
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=CHANNEL_LIVENESS)
+                ch = tls.channel(address, CHANNEL_LIVENESS)
                 self._channels[address] = ch
         try:
             return broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(

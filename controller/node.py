@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
@@ -50,8 +51,7 @@ class Pusher:
 
     def __init__(self, addresses: tuple[str, ...], timeout_ms: int, retries: int) -> None:
         self._stubs = {
-            a: namesrv_pb2_grpc.NameServerStub(grpc.insecure_channel(a, options=CHANNEL_LIVENESS))
-            for a in addresses
+            a: namesrv_pb2_grpc.NameServerStub(tls.channel(a, CHANNEL_LIVENESS)) for a in addresses
         }
         self._timeout_s = timeout_ms / 1000
         self._retries = retries
@@ -305,7 +305,7 @@ class ControllerNode:
 
     def _hand_off(self, t: Transfer) -> None:
         try:
-            with grpc.insecure_channel(t.to_address) as ch:  # one call, 1 s deadline
+            with tls.channel(t.to_address) as ch:  # one call, 1 s deadline
                 st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
                     broker_pb2.GetBrokerStatusRequest(), timeout=1.0
                 )
@@ -325,7 +325,7 @@ class ControllerNode:
                     st.storage_error or "disk full",
                 )
                 return
-            with grpc.insecure_channel(t.from_address) as ch:
+            with tls.channel(t.from_address) as ch:
                 out = broker_pb2_grpc.BrokerStub(ch).LeadershipTransfer(
                     broker_pb2.LeadershipTransferRequest(
                         target_node_id=t.to_node, timeout_ms=TRANSFER_TIMEOUT_MS

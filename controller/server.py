@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
+from raftmq.common import tls
 from raftmq.common.errors import InvalidArgumentError, NotLeaderError, rpc_errors
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
@@ -152,7 +153,7 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
     )
     add_servicer(server, ControllerService(node), CONTROLLER_SERVICE)
     try:
-        port = server.add_insecure_port(settings.listen)
+        port = tls.add_port(server, settings.listen)
     except RuntimeError as exc:
         _log.error("controller.listen_failed listen=%s error=%s", settings.listen, exc)
         node.close()

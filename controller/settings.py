@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common import tls
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
@@ -137,6 +138,7 @@ class ControllerSettings:
             max_entry_bytes=1 << 20,
             batch_max_bytes=1 << 20,
             segment_bytes=16 << 20,
+            password=tls.raft_password(),
         )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import MetricsServer, start_metrics
@@ -79,7 +80,7 @@ class NameServer:
         """Bind, serve, start scanning; return the bound "host:port"."""
         host = self.settings.listen.rpartition(":")[0]
         try:
-            port = self._server.add_insecure_port(self.settings.listen)
+            port = tls.add_port(self._server, self.settings.listen)
         except RuntimeError as exc:  # grpc raises on bind failure in recent versions
             self._server.stop(0)
             raise OSError(f"cannot listen on {self.settings.listen}: {exc}") from exc

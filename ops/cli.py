@@ -19,7 +19,9 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from raftmq.common import tls
 from raftmq.common.errors import RaftMQError
+from raftmq.common.settings import SettingsError
 from raftmq.ops.cluster_spec import SpecError
 
 ENTRY_POINT_GROUP = "raftmq.cli"
@@ -67,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(env RAFTMQ_NAMESRV; default {DEFAULT_NAMESRV})",
     )
     parser.add_argument("--verbose", action="store_true", help="log the SDK's own messages")
+    for key, what in (("ca", "CA certificate"), ("cert", "client certificate"), ("key", "its key")):
+        parser.add_argument(
+            f"--tls-{key}",
+            default=None,
+            metavar="PATH",
+            help=f"TLS {what} (PEM) for every connection (env RAFTMQ_TLS_{key.upper()}; a "
+            "cluster description with [security.tls] gives its client certificate)",
+        )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in subcommand_modules():
         try:
@@ -101,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:
+        given = {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key}
+        if any(given.values()):
+            tls.install(tls.load(given))
         return int(args.func(args))
     except RaftMQError as exc:
         err_console.print(
@@ -109,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             soft_wrap=True,
         )
         return 1
-    except SpecError as exc:
+    except (SpecError, SettingsError) as exc:  # CertsError is a SpecError
         err_console.print(
             f"[red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True
         )

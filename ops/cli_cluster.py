@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from raftmq.client.admin import Admin
+from raftmq.common import tls
 from raftmq.common.errors import RaftMQError
 from raftmq.common.process import install_stop_handlers
 from raftmq.ops import cluster_spec, cluster_state, ports, procs
@@ -45,7 +46,36 @@ def _load(args: argparse.Namespace) -> cluster_spec.ClusterSpec:
     spec = cluster_spec.load(Path(args.spec))
     if getattr(args, "data", None):
         spec = spec.with_data_dir(Path(args.data))
+    use_spec_tls(spec)
     return spec
+
+
+def use_spec_tls(spec: cluster_spec.ClusterSpec) -> None:
+    """With [security.tls] and no --tls-*/RAFTMQ_TLS_* given, this command connects with the
+    description's client certificate (files checked first: a missing one names the fix)."""
+    if spec.tls is None or tls.enabled():
+        return
+    spec.check_tls_files()
+    tls.install(
+        tls.load(
+            {
+                "ca": str(spec.tls.ca),
+                "cert": str(spec.tls.cert("client")),
+                "key": str(spec.tls.key("client")),
+            },
+            environ={},
+        )
+    )
+
+
+def security_warning(spec: cluster_spec.ClusterSpec) -> str | None:
+    """The one line `cluster up` prints when the description leaves the cluster open."""
+    if spec.tls is not None:
+        return None
+    return (
+        "warning: the cluster is open: every port is plaintext and unauthenticated (no "
+        "[security.tls] in the description; deploy/secure.toml shows how to turn it on)"
+    )
 
 
 def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table:
@@ -102,7 +132,10 @@ def metrics_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
     width = max(len(name) for name, _ in endpoints)
     return (
         ["metrics (Prometheus; /healthz and /readyz beside each):"]
-        + [f"  {name:<{width}}  {url}" for name, url in endpoints]
+        + [
+            f"  {name:<{width}}  {url.replace('http://', tls.scheme() + '://')}"
+            for name, url in endpoints
+        ]
         + dashboard_lines(spec)
     )
 
@@ -112,7 +145,7 @@ def dashboard_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
     if spec.dashboard is None:
         return []
     return [
-        f"dashboard: http://{spec.dashboard}/ once started with `raftmq --namesrv "
+        f"dashboard: {tls.scheme()}://{spec.dashboard}/ once started with `raftmq --namesrv "
         f"{spec.namesrv_addresses} dashboard --listen {spec.dashboard}`"
     ]
 
@@ -207,6 +240,9 @@ def up(args: argparse.Namespace) -> int:
     if problem is not None:
         err_console.print(f"[red]error:[/] {problem}", highlight=False, soft_wrap=True)
         return 2
+    warning = security_warning(spec)
+    if warning is not None:
+        err_console.print(f"[yellow]{warning}[/]", highlight=False, soft_wrap=True)
     stop = threading.Event()
     install_stop_handlers(stop, logging.getLogger("raftmq.cli"), "cluster")
     runner: ClusterRunner
@@ -352,6 +388,41 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+def certs(args: argparse.Namespace) -> int:
+    """Make a development CA (kept if present) and one certificate per process of the
+    description, plus `client` (SDK, CLI) and `dashboard`, into its [security.tls] dir."""
+    from raftmq.ops import certs as certs_mod
+
+    spec = cluster_spec.load(Path(args.spec))
+    out = Path(args.out) if args.out else (spec.tls.dir if spec.tls else Path("certs"))
+    hosts = {p.name: p.host for p in spec.processes()}
+    if spec.dashboard is not None:
+        hosts["dashboard"] = spec.dashboard.host
+    requests = [
+        # The process name too: compose and network namespaces use it as the host name.
+        certs_mod.CertRequest(name, (hosts[name], name) if name in hosts else (name,))
+        for name in spec.tls_names()
+    ]
+    written = certs_mod.write_certs(
+        out, requests, days=args.days, force=args.force, new_ca=args.new_ca
+    )
+    console.print(
+        f"wrote {len(written)} files to {out} (CA {out / certs_mod.CA_CERT}, valid {args.days} "
+        f"days); clients: RAFTMQ_TLS_CA={out / certs_mod.CA_CERT} "
+        f"RAFTMQ_TLS_CERT={out / 'client.crt'} RAFTMQ_TLS_KEY={out / 'client.key'}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if spec.tls is None:
+        console.print(
+            "[yellow]note:[/] the description has no [security.tls] with enabled = true; "
+            "add one (see deploy/secure.toml) to use these",
+            soft_wrap=True,
+            highlight=False,
+        )
+    return 0
+
+
 def compose(args: argparse.Namespace) -> int:
     spec = cluster_spec.load(Path(args.spec))
     if args.advertise_host is not None and not args.host_reachable:
@@ -391,6 +462,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "status", help="roles, terms, leaders and commit indexes of a running cluster"
     )
     p.set_defaults(func=status)
+    p = sub.add_parser(
+        "certs", help="make a development CA and TLS certificates for a description's processes"
+    )
+    p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
+    p.add_argument("--out", default=None, help="directory (default: its [security.tls] dir)")
+    p.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    p.add_argument(
+        "--force", action="store_true", help="replace existing certificates (keeps the CA)"
+    )
+    p.add_argument(
+        "--new-ca", action="store_true", help="with --force: make a new CA too (restart all)"
+    )
+    p.set_defaults(func=certs)
     p = sub.add_parser("compose", help="print the docker-compose file of a description")
     p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
     p.add_argument(

@@ -9,9 +9,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from raftmq.common import tls
 from raftmq.common.types import parse_address
 from raftmq.ops import cli_data
-from raftmq.ops.cluster_spec import load
+from raftmq.ops.cluster_spec import ClusterSpec, load
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
@@ -23,10 +24,12 @@ def dashboard(args: argparse.Namespace) -> int:
 
     namesrv = cli_data._namesrv(args)
     listen = args.listen
+    served = tls.process_tls()  # --tls-*/RAFTMQ_TLS_*: the client certificate serves too
     if args.spec:
         spec = load(Path(args.spec))
         namesrv = spec.namesrv_addresses
         listen = listen or (str(spec.dashboard) if spec.dashboard else "")
+        served = _spec_dashboard_tls(spec) or served
     host, _, port = parse_address(listen or DEFAULT_LISTEN, "--listen").rpartition(":")
     with Admin(namesrv) as admin:
         server = DashboardServer(
@@ -34,9 +37,11 @@ def dashboard(args: argparse.Namespace) -> int:
             host.strip("[]"),
             int(port),
         )
+        tls.serve_https(server, None if served is None else served.server_context())
         mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
         cli_data.console.print(
-            f"dashboard: http://{server.address}/ ({mode}); NameServers {namesrv}; Ctrl-C stops",
+            f"dashboard: {tls.scheme(served)}://{server.address}/ ({mode}); "
+            f"NameServers {namesrv}; Ctrl-C stops",
             highlight=False,
         )
         # Installed here, not inherited: a shell starts background jobs with SIGINT ignored,
@@ -50,6 +55,25 @@ def dashboard(args: argparse.Namespace) -> int:
         finally:
             server.server_close()
     return 0
+
+
+def _spec_dashboard_tls(spec: ClusterSpec) -> tls.Tls | None:
+    """With [security.tls]: the dashboard serves its own certificate (dashboard.crt) and calls
+    the cluster with the client one (installed for this process)."""
+    if spec.tls is None:
+        return None
+    from raftmq.ops.cli_cluster import use_spec_tls
+
+    use_spec_tls(spec)  # checks every file first
+    return tls.load(
+        {
+            "ca": str(spec.tls.ca),
+            "cert": str(spec.tls.cert("dashboard")),
+            "key": str(spec.tls.key("dashboard")),
+            "require_client_cert": spec.tls.require_client_cert,
+        },
+        environ={},
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:

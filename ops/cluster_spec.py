@@ -68,6 +68,41 @@ class ControllerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSpec:
+    """[security.tls]: every process serves and calls with TLS. Files by convention in `dir`:
+    ca.crt, <process name>.crt/.key (namesrv-0, broker-a-n1, controller-2, proxy-0), client.crt/
+    .key (SDK, CLI), dashboard.crt/.key and raft.key; `raftmq cluster certs` makes them."""
+
+    dir: Path
+    ca: Path
+    require_client_cert: bool = False
+
+    def cert(self, name: str) -> Path:
+        return self.dir / f"{name}.crt"
+
+    def key(self, name: str) -> Path:
+        return self.dir / f"{name}.key"
+
+    @property
+    def raft_key(self) -> Path:
+        return self.dir / "raft.key"
+
+    def flags(self, name: str) -> tuple[str, ...]:
+        """A process's --tls-* flags (common/tls.py's TlsSettings)."""
+        out = (
+            "--tls-ca", str(self.ca), "--tls-cert", str(self.cert(name)),
+            "--tls-key", str(self.key(name)), "--tls-raft-key", str(self.raft_key),
+        )  # fmt: skip
+        return (*out, "--tls-require-client-cert") if self.require_client_cert else out
+
+    def files(self, names: Sequence[str]) -> list[Path]:
+        return [self.ca, self.raft_key, *(f(n) for n in names for f in (self.cert, self.key))]
+
+    def missing(self, names: Sequence[str]) -> list[Path]:
+        return [p for p in self.files(names) if not p.is_file()]
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessSpec:
     """One process: `python -m <argv...>` prints a line starting with `ready_prefix` once up."""
 
@@ -103,6 +138,8 @@ class ClusterSpec:
     # Where `raftmq dashboard --spec` (and the compose service `dashboard`) serves the web UI;
     # from the [dashboard] table (host defaults to 127.0.0.1). None: no table.
     dashboard: Endpoint | None = None
+    # [security.tls]; None: every channel is plaintext (the cluster is open).
+    tls: TlsSpec | None = None
 
     @property
     def namesrv_addresses(self) -> str:
@@ -348,7 +385,27 @@ class ClusterSpec:
                     (e.port,),
                 )
             )
-        return [self._with_metrics(p) for p in out]
+        return [self._with_tls(self._with_metrics(p)) for p in out]
+
+    def _with_tls(self, p: ProcessSpec) -> ProcessSpec:
+        return p if self.tls is None else replace(p, argv=(*p.argv, *self.tls.flags(p.name)))
+
+    def tls_names(self) -> list[str]:
+        """Who gets a certificate: every process, the dashboard and the SDK/CLI's `client`."""
+        return [p.name for p in self.processes()] + ["dashboard", "client"]
+
+    def check_tls_files(self) -> None:
+        """Before starting anything: every file TLS needs is there, else SpecError naming them."""
+        if self.tls is None:
+            return
+        missing = self.tls.missing(self.tls_names())
+        if missing:
+            shown = ", ".join(str(p) for p in missing[:4]) + (" ..." if len(missing) > 4 else "")
+            raise SpecError(
+                f"[security.tls] is enabled but {shown} "
+                f"{'is' if len(missing) == 1 else 'are'} missing; run `raftmq cluster certs "
+                "--spec <this description>` to make a development CA and certificates"
+            )
 
     def _with_metrics(self, p: ProcessSpec) -> ProcessSpec:
         port = self.metrics_ports.get(p.name)
@@ -363,8 +420,9 @@ class ClusterSpec:
         )
 
     def metrics_endpoints(self) -> list[tuple[str, str]]:
-        """(process name, http://host:port/metrics) of every process that serves metrics."""
-        return [(p.name, f"http://{p.metrics}/metrics") for p in self.processes() if p.metrics]
+        """(process name, http(s)://host:port/metrics) of every process that serves metrics."""
+        scheme = "https" if self.tls is not None else "http"
+        return [(p.name, f"{scheme}://{p.metrics}/metrics") for p in self.processes() if p.metrics]
 
 
 def _embedded_flag(arg: str) -> str:
@@ -423,12 +481,49 @@ def _dashboard(table: object, source: str) -> Endpoint | None:
     )
 
 
+_TLS_KEYS = ("enabled", "dir", "ca", "require_client_cert")
+
+
+def _security_tls(security: object, source: str) -> TlsSpec | None:
+    """[security.tls]; [security.auth] is read by the authentication layer, not here."""
+    if security is None:
+        return None
+    if not isinstance(security, dict):
+        raise SpecError(f"{source}: [security] must be a table ([security.tls], [security.auth])")
+    unknown = sorted(set(security) - {"tls", "auth"})
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown [security] table(s) {', '.join(unknown)}; known: tls, auth"
+        )
+    t = security.get("tls")
+    if t is None:
+        return None
+    if not isinstance(t, dict):
+        raise SpecError(f"{source}: [security.tls] must be a table")
+    unknown = sorted(set(t) - set(_TLS_KEYS))
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown [security.tls] key(s) {', '.join(unknown)}; known: "
+            + ", ".join(_TLS_KEYS)
+        )
+    for key in ("enabled", "require_client_cert"):
+        if not isinstance(t.get(key, False), bool):
+            raise SpecError(f"{source}: security.tls.{key} must be true or false")
+    if not t.get("enabled", False):
+        return None
+    d = Path(_str(t, "dir", "security.tls", "certs"))
+    ca = Path(_str(t, "ca", "security.tls", str(d / "ca.crt")))
+    return TlsSpec(d, ca, bool(t.get("require_client_cert", False)))
+
+
 def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source} is not valid TOML: {exc}") from exc
-    known = {"cluster", "namesrv", "group", "controller", "proxy", "settings", "dashboard"}
+    known = {
+        "cluster", "namesrv", "group", "controller", "proxy", "settings", "dashboard", "security",
+    }  # fmt: skip
     metrics_ports: dict[str, int] = {}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -531,6 +626,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         metrics_ports=metrics_ports,
         proxies=proxies,
         dashboard=_dashboard(raw.get("dashboard"), source),
+        tls=_security_tls(raw.get("security"), source),
     )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)

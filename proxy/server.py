@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from raftmq.common import tls
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.proxy import settings as settings_mod
@@ -54,7 +55,7 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
     service = MessagingService(settings)
     add_to_server(server, service)
     try:
-        port = server.add_insecure_port(settings.listen)
+        port = tls.add_port(server, settings.listen)
     except RuntimeError as exc:
         log.error("proxy.listen_failed listen=%s error=%s", settings.listen, exc)
         await service.close()

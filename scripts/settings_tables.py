@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raftmq.broker import settings as broker_settings  # noqa: E402
+from raftmq.common import tls  # noqa: E402
 from raftmq.common.settings import settings_markdown  # noqa: E402
 from raftmq.controller import settings as controller_settings  # noqa: E402
 from raftmq.namesrv import settings as namesrv_settings  # noqa: E402
@@ -41,6 +42,11 @@ def tables() -> str:
             f"### {title} (`[{section}]` in a `--config` file, `{prefix}<KEY>`, or `--<key>`)\n\n"
             + settings_markdown(cls, prefix)
         )
+    parts.append(
+        "### TLS of every role and of the `raftmq` command (`--tls-<key>`, "
+        f"`{tls.ENV_PREFIX}<KEY>`; `cluster up` passes them from `[security.tls]`)\n\n"
+        + settings_markdown(tls.TlsSettings, tls.ENV_PREFIX)
+    )
     return "\n\n".join(parts)
 
 

@@ -29,6 +29,7 @@ from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.trace import TraceSender, default_client_id, on_send_done
+from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.delay import (
     DelayFor,
@@ -140,6 +141,9 @@ class Producer:
         trace: bool = False,
         max_inflight_per_queue: int = 5,
         max_inflight_requests: int = 2,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -168,8 +172,9 @@ class Producer:
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
         self._max_message_bytes = max_message_bytes
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-producer-data")
+        self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
+        self._pool = ChannelPool(tls_config=self._tls)
+        self._data = DataPool(tls_config=self._tls, name="raftmq-producer-data")
         self.routes = RouteCache(
             namesrv_addresses, self._pool, refresh_interval_ms=route_refresh_ms
         )

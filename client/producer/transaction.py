@@ -30,6 +30,7 @@ from google.protobuf.message import Message
 from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
@@ -142,6 +143,9 @@ class TransactionProducer:
         end_timeout_ms: int = 15_000,
         check_poll_ms: int = 2_000,
         group_refresh_ms: int = 5_000,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         validate_group(producer_group)
         if not callable(checker):
@@ -163,8 +167,11 @@ class TransactionProducer:
         self._end_s = end_timeout_ms / 1000
         self._poll_ms = check_poll_ms
         self._refresh_s = group_refresh_ms / 1000
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-txn-data")  # half sends and ends, where offered
+        self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
+        self._pool = ChannelPool(tls_config=self._tls)
+        self._data = DataPool(
+            tls_config=self._tls, name="raftmq-txn-data"
+        )  # half sends and ends, where offered
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._host = socket.gethostname()
         self._lock = threading.Lock()

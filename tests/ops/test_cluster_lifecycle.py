@@ -100,6 +100,8 @@ def test_children_end_when_cluster_up_is_sigkilled(small: Small) -> None:
         small.wait_up(up)
         state = small.recorded()
         assert len(small.live(state)) == 5 and state.runner_pid == up.pid
+        # No [security.tls]: one warning line says the cluster is open (issue 19).
+        assert small.log.read_text().count("the cluster is open") == 1
         up.kill()
         up.wait(timeout=10)
         t0 = time.monotonic()
