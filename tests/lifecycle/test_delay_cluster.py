@@ -196,6 +196,10 @@ def test_delivered_messages_are_found_by_key_and_by_time(
     argv = ["--namesrv", cluster.namesrv, "message", "get", "--key", "k-late", "--topic", topic]
     assert cli.main(argv) == 0
     assert r.msg_id in capsys.readouterr().out
+    argv = ["--namesrv", cluster.namesrv, "message", "list", "--topic", topic, "--all"]
+    assert cli.main([*argv, "--from", str(sent_ms), "--to", str(now_ms())]) == 0
+    out = capsys.readouterr().out
+    assert r.msg_id in out and "late" in out
 
 
 def test_leader_killed_while_messages_fall_due(cluster: Cluster) -> None:
