@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from raftmq.broker.rows import CQRow, QueueHead, TimeRow
+from raftmq.broker.rows import CQRow, KeyRow, QueueHead, TimeRow
 from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import schedule_key
 from raftmq.common.delay import (
@@ -47,6 +47,8 @@ class ScheduleWork(Protocol):
     def add_time_row(self, row: TimeRow) -> None: ...
 
     def add_loose_row(self, row: CQRow) -> None: ...
+
+    def add_key_rows(self, rows: Sequence[KeyRow]) -> None: ...
 
     def schedule_ref(self, key: ScheduleKey) -> MessageRef | None: ...
 
@@ -110,8 +112,11 @@ def schedule_batch(
     batch: ProduceBatch,
     chunk_offsets: Sequence[int],
     tag_hashes: Sequence[int],
+    keys: Sequence[tuple[str, ...]] = (),
 ) -> None:
-    """A delayed batch committed: each message enters the schedule at its due time."""
+    """A delayed batch committed: each message enters the schedule at its due time, with its
+    keys (`keys[i]`: message i's, deduplicated; () when no message has keys) for delivery to
+    index under the real topic."""
     ts = batch.store_timestamp_ms
     for i, m in enumerate(batch.messages):
         key = schedule_key(due_of(m, ts), raft_index, slot, i)
@@ -124,14 +129,19 @@ def schedule_batch(
             chunk_offsets[i],
             len(m.body),
             tag_hashes[i],
+            keys[i] if keys else (),
         )
         work.schedule_put(key, ref)
 
 
 def apply_deliver(work: ScheduleWork, record: Deliver) -> DeliverCounts:
     """A DELIVER record committed: each key still scheduled and due at the record's time gets a
-    ConsumeQueue row in its real queue, in the record's order (the leader's due order)."""
+    ConsumeQueue row in its real queue, in the record's order (the leader's due order), and its
+    keys key index rows under the real topic, stamped with the delivery time like its row (so a
+    key query narrowed to a time range and `message list` agree). The key rows go out as one
+    list for the whole record."""
     delivered = already = early = 0
+    key_rows: list[KeyRow] = []
     ts = record.now_ms
     for k in record.keys:
         key = schedule_key(k.due_ms, k.raft_index, k.slot, k.position)
@@ -159,10 +169,13 @@ def apply_deliver(work: ScheduleWork, record: Deliver) -> DeliverCounts:
                 ts,
             )
         )
+        key_rows.extend(KeyRow(ref.topic, k, ref.queue_id, offset, ts) for k in ref.keys)
         time_ms = head.time_index_ms
         if ts > time_ms:
             work.add_time_row(TimeRow(ref.topic, ref.queue_id, ts, offset))
             time_ms = ts
         work.set_head(QueueHead(ref.topic, ref.queue_id, offset + 1, time_ms))
         delivered += 1
+    if key_rows:
+        work.add_key_rows(key_rows)
     return DeliverCounts(delivered, already, early)

@@ -4,6 +4,7 @@ the same entries in the same order give equal outputs on every replica."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,6 +110,7 @@ class DispatchOutput:
     # Delayed delivery (broker/delivery.py): rows of delivered messages, one per message (their
     # positions are not a batch's 0..n-1), and the schedule's changes.
     loose_rows: tuple[CQRow, ...] = ()
+    loose_key_rows: tuple[KeyRow, ...] = ()  # their keys, under the real topic
     schedule_puts: tuple[ScheduleEntry, ...] = ()
     schedule_deletes: tuple[ScheduleKey, ...] = ()
     retention: RetentionRecord | None = None  # the store applies the cut and keeps a base
@@ -123,7 +125,8 @@ class DispatchOutput:
         return tuple(row for batch in self.cq_batches for row in batch.rows()) + self.loose_rows
 
     def key_rows(self) -> tuple[KeyRow, ...]:
-        return tuple(row for batch in self.cq_batches for row in batch.key_rows())
+        batched = tuple(row for batch in self.cq_batches for row in batch.key_rows())
+        return batched + self.loose_key_rows if self.loose_key_rows else batched
 
 
 class PendingState:
@@ -208,6 +211,7 @@ class _EntryWork:
         self.topics: dict[str, TopicRow] = {}
         self.txn_rows: dict[str, TxnRow] = {}
         self.loose_rows: list[CQRow] = []
+        self.loose_key_rows: list[KeyRow] = []
         self.schedule: dict[ScheduleKey, MessageRef | None] = {}  # None: deleted
         self.retention: RetentionRecord | None = None
         self.locks: dict[tuple[str, str, int], LockRow] = {}
@@ -230,6 +234,9 @@ class _EntryWork:
 
     def add_loose_row(self, row: CQRow) -> None:
         self.loose_rows.append(row)
+
+    def add_key_rows(self, rows: Sequence[KeyRow]) -> None:
+        self.loose_key_rows.extend(rows)
 
     def schedule_ref(self, key: ScheduleKey) -> MessageRef | None:
         if key in self.schedule:
@@ -370,6 +377,7 @@ class Dispatcher:
             topic_rows=tuple(work.topics.values()),
             txn_rows=tuple(work.txn_rows.values()),
             loose_rows=tuple(work.loose_rows),
+            loose_key_rows=tuple(work.loose_key_rows),
             schedule_puts=tuple(ScheduleEntry(k, r) for k, r in work.schedule.items() if r),
             schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
             retention=work.retention,
@@ -452,7 +460,7 @@ class Dispatcher:
             # A key repeated in one message gives one index row; empty keys give none.
             keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
         if batch.scheduled:
-            delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes)
+            delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes, keys)
             self._record_producer(work, batch, prev, SCHEDULED_OFFSET, raft_index, slot)
             work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
             return

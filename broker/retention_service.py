@@ -203,8 +203,8 @@ class BrokerSnapshots:
         blob = store.base(cut - 1)
         if blob is None:
             return None
-        index, term, _ = decode_base(blob)
-        return Snapshot(index, term, blob)
+        base = decode_base(blob)
+        return Snapshot(base.index, base.term, blob)
 
     def install_snapshot(self, snapshot: Snapshot, reset_log: Callable[[], None]) -> None:
         node = self._node

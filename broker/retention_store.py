@@ -4,6 +4,13 @@ sent by the leader, and deleting index rows below the queues' min offsets in bou
 Called by MessageStore (store.py) inside its transactions; decides nothing that
 broker/retention.py does not. A base is the raw rows of the small replicated tables (topics,
 consumer offsets, producer table, queue heads), so installing one needs no per-type codec.
+
+A base leaves out the schedule of delayed messages (Tables.unbased), which can hold millions of
+rows: a cut stands only on a base whose schedule was empty (every scheduled message pins the
+entry holding its bytes, and a delivered one its row's entry, so a cut right after a base that
+still had one is refused by the floor), so the only schedule a base could be installed with is
+the empty one. The base records how many rows those tables held; a cut on a base with any is
+refused and installing one is an error (neither can happen while the floor holds).
 """
 
 from __future__ import annotations
@@ -30,9 +37,13 @@ _U64 = struct.Struct(">Q")
 _QUEUE_VALUE = struct.Struct(">QQq")  # store.py's: next offset, min offset, time index ms
 _CQ_INDEX = struct.Struct(">Q")  # the raft index leading a ConsumeQueue row's value
 _BASE_HEAD = struct.Struct("<4sIQQI")  # magic, version, base index, base term, sections
+_UNBASED_ROWS = struct.Struct("<Q")  # version 2: rows the unbased tables held at the base
 _LEN = struct.Struct("<I")
 _MAGIC = b"RMQB"
-_VERSION = 1
+_VERSION = 2
+# Version 1 carried the schedule tables among the sections, at these positions; they are read
+# and counted as unbased rows (the sections after them keep their order in version 2).
+_V1_UNBASED_SECTIONS = (5, 7)
 META_CUT = b"retention_cut"
 MAX_TOPICS_LOGGED = 10  # per group in the lost-messages line
 META_TRIMMED = b"retention_trimmed"  # the cut below which every index row is already deleted
@@ -55,10 +66,20 @@ class Tables:
     # The lifecycle's replicated tables (transactions, schedule and what retention must keep):
     # a base carries them too, or a node that installs one would forget them.
     lifecycle: tuple[Any, ...] = ()
+    # Replicated tables a base does not carry, only counts (the schedule: see the module doc).
+    unbased: tuple[Any, ...] = ()
 
     def replicated(self) -> tuple[Any, ...]:
         """The small tables a base carries, in a fixed order."""
         return (self.topics, self.offsets, self.producers, self.queues, *self.lifecycle)
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    index: int
+    term: int
+    sections: list[list[tuple[bytes, bytes]]]  # the rows of each of Tables.replicated()
+    unbased_rows: int  # rows Tables.unbased held at the base (0 for any base a cut stands on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +103,11 @@ def base_indexes(txn: Any, t: Tables) -> list[int]:
 
 
 def encode_base(txn: Any, t: Tables, base_index: int, base_term: int) -> bytes:
-    parts = [_BASE_HEAD.pack(_MAGIC, _VERSION, base_index, base_term, len(t.replicated()))]
+    unbased = sum(int(txn.stat(db)["entries"]) for db in t.unbased)
+    parts = [
+        _BASE_HEAD.pack(_MAGIC, _VERSION, base_index, base_term, len(t.replicated())),
+        _UNBASED_ROWS.pack(unbased),
+    ]
     for db in t.replicated():
         rows = list(txn.cursor(db=db))
         parts.append(_LEN.pack(len(rows)))
@@ -91,13 +116,17 @@ def encode_base(txn: Any, t: Tables, base_index: int, base_term: int) -> bytes:
     return b"".join(parts)
 
 
-def decode_base(blob: bytes) -> tuple[int, int, list[list[tuple[bytes, bytes]]]]:
-    """(base index, base term, rows of each replicated table); StoreError if damaged."""
+def decode_base(blob: bytes) -> Base:
+    """The base's index, term and rows of each replicated table; StoreError if damaged."""
     try:
         magic, version, index, term, n = _BASE_HEAD.unpack_from(blob, 0)
-        if magic != _MAGIC or version != _VERSION or n < 4:
+        if magic != _MAGIC or version not in (1, _VERSION) or n < 4:
             raise StoreError(f"not a retention base (magic {magic!r}, version {version})")
         pos = _BASE_HEAD.size
+        unbased = 0
+        if version >= 2:
+            (unbased,) = _UNBASED_ROWS.unpack_from(blob, pos)
+            pos += _UNBASED_ROWS.size
         sections: list[list[tuple[bytes, bytes]]] = []
         for _ in range(n):
             (count,) = _LEN.unpack_from(blob, pos)
@@ -118,7 +147,10 @@ def decode_base(blob: bytes) -> tuple[int, int, list[list[tuple[bytes, bytes]]]]
             raise StoreError(f"retention base has {len(blob) - pos} stray bytes")
     except struct.error as exc:
         raise StoreError(f"retention base truncated: {exc}") from exc
-    return int(index), int(term), sections
+    if version == 1:
+        unbased = sum(len(sections[i]) for i in _V1_UNBASED_SECTIONS if i < len(sections))
+        sections = [rows for i, rows in enumerate(sections) if i not in _V1_UNBASED_SECTIONS]
+    return Base(int(index), int(term), sections, int(unbased))
 
 
 def _heads(rows: list[tuple[bytes, bytes]]) -> dict[tuple[str, int], int]:
@@ -161,8 +193,10 @@ def apply_record(
             refused = f"entry {floor_index} is still referenced by replicated state"
         elif blob is None:
             refused = f"no base at {rec.cut_index - 1}"
+        elif (base := decode_base(blob)).unbased_rows:
+            refused = f"the base at {rec.cut_index - 1} was taken with scheduled messages"
         else:
-            _, _, sections = decode_base(blob)
+            sections = base.sections
             now: dict[tuple[str, int], tuple[int, int]] = {}
             for key, value in txn.cursor(db=t.queues):
                 nxt, low, _ = _QUEUE_VALUE.unpack(value)
@@ -201,8 +235,14 @@ def _committed(txn: Any, t: Tables) -> list[tuple[str, str, int, int]]:
 def install(txn: Any, t: Tables, blob: bytes, dispatched_key: bytes) -> int:
     """Replace every table with a base sent by the leader: the state as of its index, with the
     cut right after it (queue min offsets = the base's next offsets). Returns the base index."""
-    index, _term, sections = decode_base(blob)
-    for db in (t.cq, t.keys, t.time, t.batches, t.bases, *t.replicated()):
+    base = decode_base(blob)
+    index, sections = base.index, base.sections
+    if base.unbased_rows:
+        raise StoreError(
+            f"the retention base at {index} was taken with {base.unbased_rows} scheduled "
+            "messages, which bases do not carry; no cut stands on such a base"
+        )
+    for db in (t.cq, t.keys, t.time, t.batches, t.bases, *t.replicated(), *t.unbased):
         txn.drop(db, delete=False)
     if len(sections) != len(t.replicated()):
         raise StoreError(

@@ -45,6 +45,9 @@ class MessageRef:
     chunk_offset_bytes: int = 0
     body_bytes: int = 0
     tag_hash: int = 0
+    # The message's keys: delivery writes the real topic's key index rows from them (RocketMQ
+    # indexes a delayed message under its real topic only when it is put back at its due time).
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

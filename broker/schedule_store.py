@@ -13,8 +13,11 @@ from raftmq.broker.schedule import MessageRef, ScheduleEntry, ScheduleKey
 # Key: big-endian due ms (u64) then seq (u128 = raft index u64, slot u32, position u32), so
 # lmdb's byte order is due order and every key is unique and the same on every replica.
 _KEY = struct.Struct(">QQII")
-# Value: raft index, slot, position, queue id, chunk offset, body bytes, tag hash; topic follows.
+# Value: raft index, slot, position, queue id, chunk offset, body bytes, tag hash; the topic
+# follows, then the message's keys, each after a NUL (neither topics nor keys may hold control
+# characters, and a value written before keys were kept simply has none).
 _VALUE = struct.Struct(">QIIIIIQ")
+_SEP = b"\0"
 KEY_BYTES = _KEY.size
 
 
@@ -47,13 +50,13 @@ def pack_ref(ref: MessageRef) -> bytes:
         ref.chunk_offset_bytes,
         ref.body_bytes,
         ref.tag_hash,
-    ) + ref.topic.encode("utf-8")
+    ) + _SEP.join((ref.topic.encode("utf-8"), *(k.encode("utf-8") for k in ref.keys)))
 
 
 def unpack_ref(raw: bytes) -> MessageRef:
     raft_index, slot, position, queue_id, at, size, tag = _VALUE.unpack_from(raw)
-    topic = bytes(raw[_VALUE.size :]).decode("utf-8")
-    return MessageRef(raft_index, slot, position, topic, queue_id, at, size, tag)
+    topic, *keys = bytes(raw[_VALUE.size :]).decode("utf-8").split("\0")
+    return MessageRef(raft_index, slot, position, topic, queue_id, at, size, tag, tuple(keys))
 
 
 class LmdbScheduleIndex:

@@ -48,15 +48,25 @@ class SendBackProcessor:
         return outcomes[0]
 
     def send_back(
-        self, group: str, msg_id: str, max_reconsume_times: int, delay_level: int = 0
+        self,
+        group: str,
+        msg_id: str,
+        max_reconsume_times: int,
+        delay_level: int = 0,
+        reconsume_times: int = 0,
     ) -> SentBack:
-        """`delay_level` > 0 fixes the retry's level (RocketMQ's delayLevelWhenNextConsume)."""
+        """`delay_level` > 0 fixes the retry's level (RocketMQ's delayLevelWhenNextConsume);
+        `reconsume_times` is the failures the consumer counted itself (an orderly consumer's
+        local retries: it reaches the limit with a message whose own count is 0)."""
         validate_group(group)
-        if not 0 <= max_reconsume_times <= MAX_RECONSUME_TIMES_LIMIT:
-            raise InvalidArgumentError(
-                f"max_reconsume_times {max_reconsume_times} is outside "
-                f"0..{MAX_RECONSUME_TIMES_LIMIT}"
-            )
+        for name, value in (
+            ("max_reconsume_times", max_reconsume_times),
+            ("reconsume_times", reconsume_times),
+        ):
+            if not 0 <= value <= MAX_RECONSUME_TIMES_LIMIT:
+                raise InvalidArgumentError(
+                    f"{name} {value} is outside 0..{MAX_RECONSUME_TIMES_LIMIT}"
+                )
         node = self._node
         delay = node.delay_policy
         if delay_level:
@@ -64,7 +74,7 @@ class SendBackProcessor:
         node.require_leader()
         stored = node.queries.message_by_id(msg_id)
         policy = RetryPolicy(max_reconsume_times, start_level=min(3, delay.max_level), delay=delay)
-        back, decision = send_back(stored, group, policy)
+        back, decision = send_back(stored, group, policy, counted=reconsume_times)
         if delay_level and decision.kind is RetryKind.RETRY:
             props = {**back.properties, PROPERTY_DELAY_LEVEL: str(delay_level)}
             back = dataclasses.replace(back, properties=props)

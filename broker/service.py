@@ -64,6 +64,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             request.msg_id,
             request.max_reconsume_times,
             request.delay_level,
+            request.reconsume_times,
         )
         return broker_pb2.ConsumerSendBackResponse(
             msg_id=back.outcome.msg_id,

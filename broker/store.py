@@ -197,8 +197,8 @@ class MessageStore:
         self._retention = retention_store.Tables(
             self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
             self._topics, self._batches, self._meta, db(b"retention_bases"),
-            (self._txns, self._schedule, self._old_refs, self._sched_refs, self._half_refs,
-             self._locks, self._pops),
+            (self._txns, self._old_refs, self._half_refs, self._locks, self._pops),
+            (self._schedule, self._sched_refs),
         )  # fmt: skip
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:

@@ -11,8 +11,9 @@ lock table; this module is the shell around them:
   `lock_live_ms` (30 s), half the broker's lease, so it stops before another member could start;
 - a queue given up by a rebalance (or close) stops handing out messages, waits for the message in
   the listener, commits the offset of the next one and only then unlocks;
-- a message that fails `max_reconsume_times` times is sent to `%DLQ%<group>` (common/retry.py
-  send_back builds it) and only after that send succeeds does its queue move on.
+- a message that fails `max_reconsume_times` times is moved to `%DLQ%<group>` by the broker's
+  send-back, as a push consumer's (client/retry_back.py), and only after that succeeds does its
+  queue move on.
 Membership, heartbeats, routes, fetchers and offsets are PushConsumer's.
 """
 
@@ -39,18 +40,9 @@ from raftmq.client.orderly import (
     OrderlyProcessQueue,
     Verdict,
 )
-from raftmq.client.producer import Producer
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
 from raftmq.common.errors import InvalidArgumentError, RaftMQError, from_rpc_error
-from raftmq.common.message import Message, StoredMessage
 from raftmq.common.pb import broker_pb2
-from raftmq.common.retry import (
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_RECONSUME_TIME,
-    RetryPolicy,
-    send_back,
-)
-from raftmq.common.trace import MoveKind, MoveTrace
 from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer.orderly")
@@ -158,9 +150,6 @@ class OrderlyPushConsumer(PushConsumer):
         self._on_dead_letter = on_dead_letter
         self._oqs: dict[QueueRef, _Queue] = {}
         self._waiting: set[QueueRef] = set()  # assigned, lock not granted yet
-        self._dlq_producer: Producer | None = None
-        self._dlq_lock = threading.Lock()
-        self._namesrv_addresses = namesrv_addresses
         self._stopping = False  # close() began: no rebalance or lock round starts any more
         self.dead_letters = 0
         self.lock_refusals = 0
@@ -190,9 +179,6 @@ class OrderlyPushConsumer(PushConsumer):
         while time.monotonic() < deadline and not all(oq.released for oq in held):
             time.sleep(0.02)
         super().close()
-        with self._dlq_lock:
-            if self._dlq_producer is not None:
-                self._dlq_producer.close()
 
     def assignment(self) -> list[QueueRef]:
         """The queues this member holds (locked and consuming)."""
@@ -462,57 +448,18 @@ class OrderlyPushConsumer(PushConsumer):
         self._dispatch(oq)
 
     def _dead_letter(self, m: ReceivedMessage, attempts: int) -> str | None:
-        """Send a copy of `m` to %DLQ%<group>; its id, or None if the send failed (the queue is
-        then suspended and the message retried, never skipped)."""
-        props = dict(m.properties)
-        props[PROPERTY_RECONSUME_TIME] = str(self._max_reconsume)  # past the limit: a DLQ copy
-        stored = StoredMessage(
-            Message(
-                m.topic,
-                m.body,
-                m.tags,
-                m.keys,
-                props,
-                0,
-                m.born_timestamp_ms,
-                m.born_host,
-            ),
-            m.broker_group,
-            m.queue_id,
-            m.queue_offset,
-            m.msg_id,
-            m.store_timestamp_ms,
-            0,
-            0,
-            0,
-        )
-        back, decision = send_back(stored, self.group, RetryPolicy(self._max_reconsume))
+        """Have the broker move `m` to %DLQ%<group> (the push consumer's send-back, with the
+        local failures as the count, so the copy says what a push consumer's does); its id, or
+        None if that failed (the queue is then suspended and the message retried, never
+        skipped)."""
         try:
-            result = self._dlq().send(
-                decision.topic,
-                back.body,
-                tags=back.tags,
-                keys=back.keys,
-                properties=back.properties,
-            )
+            # The count it carried when delivered: the failures before this last one.
+            back = self._send_back.send(m, self._max_reconsume, reconsume_times=attempts - 1)
         except RaftMQError as exc:
             log.warning("consumer.orderly_dead_letter_failed msg_id=%s error=%s", m.msg_id,
                         exc.message)  # fmt: skip
             return None
         self.dead_letters += 1
-        if self._tracer is not None:
-            self._tracer.record(
-                MoveTrace(
-                    msg_id=stored.message.properties.get(PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id),
-                    timestamp_ms=time.time_ns() // 1_000_000,
-                    move=MoveKind.DEAD_LETTER,
-                    group=self.group,
-                    from_topic=m.topic,
-                    to_topic=decision.topic,
-                    reconsume_times=attempts,
-                    new_msg_id=result.msg_id,
-                )
-            )
         log.warning(
             "consumer.orderly_dead_lettered msg_id=%s queue=%s offset=%d attempts=%d dlq=%s "
             "dlq_msg_id=%s",
@@ -520,18 +467,10 @@ class OrderlyPushConsumer(PushConsumer):
             QueueRef(m.topic, m.broker_group, m.queue_id),
             m.queue_offset,
             attempts,
-            decision.topic,
-            result.msg_id,
+            back.topic,
+            back.msg_id,
         )
-        return result.msg_id
-
-    def _dlq(self) -> Producer:
-        with self._dlq_lock:
-            if self._dlq_producer is None:
-                self._dlq_producer = Producer(
-                    self._namesrv_addresses, allow_system_topics=True, send_timeout_ms=10_000
-                )
-            return self._dlq_producer
+        return back.msg_id
 
     # ---- offsets ------------------------------------------------------------------------------
 

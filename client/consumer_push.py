@@ -165,7 +165,7 @@ class PushConsumer:
         # the consumer reads its retry topic beside its own, with no filter (RocketMQ's way).
         self._retry_topic = retry_topic(group) if message_model is MessageModel.CLUSTERING else ""
         self._retry_settings = FetchSettings(group, "*", "", 256, long_poll_ms, True)
-        self._send_back = SendBack(group, self.routes, self._pool)
+        self._send_back = SendBack(group, self.routes, self._pool, self._tracer)
         self._executor = ThreadPoolExecutor(consume_threads, thread_name_prefix="consume")
         self._scheduler = Scheduler("raftmq-consumer-timer")
         # Heartbeats on their own thread: a slow rebalance must not let membership expire.

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import grpc
 
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.trace import TraceSender
 from raftmq.common.errors import NotLeaderError, RaftMQError, from_rpc_error
 from raftmq.common.pb import broker_pb2
-from raftmq.common.retry import PROPERTY_RETRY_TOPIC, reconsume_times
+from raftmq.common.retry import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC, reconsume_times
+from raftmq.common.trace import MoveKind, MoveTrace
 
 log = logging.getLogger("raftmq.consumer")
 
@@ -36,21 +39,37 @@ def listener_view(m: ReceivedMessage) -> ReceivedMessage:
 
 
 class SendBack:
-    def __init__(self, group: str, routes: RouteCache, pool: ChannelPool) -> None:
+    """The one way a consumer hands a failed message back (push and orderly consumers, the
+    proxy): the broker stores the copy, and with a tracer each move is traced (a MoveTrace)."""
+
+    def __init__(
+        self,
+        group: str,
+        routes: RouteCache,
+        pool: ChannelPool,
+        tracer: TraceSender | None = None,
+    ) -> None:
         self._group = group
         self._routes = routes
         self._pool = pool
+        self._tracer = tracer
 
     def send(
-        self, m: ReceivedMessage, max_reconsume_times: int, delay_level: int = 0
+        self,
+        m: ReceivedMessage,
+        max_reconsume_times: int,
+        delay_level: int = 0,
+        reconsume_times: int = 0,
     ) -> broker_pb2.ConsumerSendBackResponse:
         """Send `m` (as delivered: its own topic, not the listener's view) back; raises the
-        typed error of the last attempt."""
+        typed error of the last attempt. `reconsume_times`: failures counted by the consumer
+        itself (an orderly consumer's local retries), when more than the message carries."""
         req = broker_pb2.ConsumerSendBackRequest(
             consumer_group=self._group,
             msg_id=m.msg_id,
             max_reconsume_times=max_reconsume_times,
             delay_level=delay_level,
+            reconsume_times=reconsume_times,
         )
         last: RaftMQError | None = None
         for attempt in range(SEND_BACK_ATTEMPTS):
@@ -58,12 +77,31 @@ class SendBack:
             try:
                 if not address:
                     address = self._routes.leader(m.topic, m.broker_group, refresh=attempt > 0)
-                return self._pool.broker(address).ConsumerSendBack(req, timeout=SEND_BACK_TIMEOUT_S)
+                back = self._pool.broker(address).ConsumerSendBack(req, timeout=SEND_BACK_TIMEOUT_S)
             except grpc.RpcError as exc:
                 last = from_rpc_error(exc)
             except RaftMQError as exc:
                 last = exc
+            else:
+                self._trace(m, back)
+                return back
             if not last.retryable:
                 break
         assert last is not None
         raise last
+
+    def _trace(self, m: ReceivedMessage, back: broker_pb2.ConsumerSendBackResponse) -> None:
+        if self._tracer is None:
+            return
+        self._tracer.record(
+            MoveTrace(
+                msg_id=m.properties.get(PROPERTY_ORIGIN_MESSAGE_ID, m.msg_id),
+                timestamp_ms=time.time_ns() // 1_000_000,
+                move=MoveKind.DEAD_LETTER if back.dead_letter else MoveKind.RETRY,
+                group=self._group,
+                from_topic=m.topic,
+                to_topic=back.topic,
+                reconsume_times=back.reconsume_times,
+                new_msg_id=back.msg_id,
+            )
+        )

@@ -315,14 +315,11 @@ def validate_message(
             f"message has {len(msg.properties)} properties; the limit is "
             f"{limits.max_user_properties} (max_user_properties)"
         )
-    # A retry or dead-letter copy carries the reserved properties that say where it came from
-    # (common/retry.py send_back); only those system topics may, and only the SDK names them.
-    reserved_ok = allow_system_topic and msg.topic.startswith(
-        (RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)
-    )
+    # Reserved names are refused from every client, also in %RETRY% and %DLQ% topics: the
+    # properties saying where a retry or dead-letter copy came from are set only by the
+    # broker's send-back (broker/send_back.py, which stores without this check).
     for name, value in msg.properties.items():
-        if not (reserved_ok and name in SYSTEM_PROPERTY_NAMES):
-            validate_property_name(name, limits)
+        validate_property_name(name, limits)
         if _has_control(value):
             raise InvalidMessageError(f"the value of property {name!r} contains control characters")
         user_bytes += _utf8_len(name) + _utf8_len(value)

@@ -95,16 +95,18 @@ def original_message_id(stored: StoredMessage) -> str:
 
 
 def send_back(
-    stored: StoredMessage, group: str, policy: RetryPolicy
+    stored: StoredMessage, group: str, policy: RetryPolicy, *, counted: int = 0
 ) -> tuple[Message, RetryDecision]:
-    """The message to store for a failed delivery of `stored` to `group`, and why.
+    """The message to store for a failed delivery of `stored` to `group`, and why. `counted` is
+    the failed deliveries the consumer counted itself (an orderly consumer retries locally, so
+    the message's own count stays 0); the larger of it and the message's count decides.
 
     The body, tags, keys and user properties are kept; the reserved properties say the original
     topic and message id (the first delivery's, kept across retries), the new reconsume count and,
     for a retry, the delay level. A dead letter also gets DLQ_ORIGIN_TOPIC / _MESSAGE_ID.
     """
     msg = stored.message
-    decision = policy.decide(group, reconsume_times(msg.properties))
+    decision = policy.decide(group, max(reconsume_times(msg.properties), counted))
     props = dict(msg.properties)
     props.pop(PROPERTY_DELAY_LEVEL, None)
     topic = original_topic(msg)

@@ -622,16 +622,18 @@ class GetConsumerListResponse(_message.Message):
     def __init__(self, client_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConsumerSendBackRequest(_message.Message):
-    __slots__ = ("consumer_group", "msg_id", "max_reconsume_times", "delay_level")
+    __slots__ = ("consumer_group", "msg_id", "max_reconsume_times", "delay_level", "reconsume_times")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     MSG_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
     DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     msg_id: str
     max_reconsume_times: int
     delay_level: int
-    def __init__(self, consumer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., max_reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ...) -> None: ...
+    reconsume_times: int
+    def __init__(self, consumer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., max_reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ..., reconsume_times: _Optional[int] = ...) -> None: ...
 
 class ConsumerSendBackResponse(_message.Message):
     __slots__ = ("msg_id", "topic", "dead_letter", "reconsume_times", "delay_level")

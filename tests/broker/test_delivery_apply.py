@@ -6,6 +6,7 @@ deliveries, duplicates and early proposals against a model."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from raftmq.broker.delivery import PROPERTY_TIMER_OUT_MS
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from raftmq.broker.rows import Applied, Scheduled
-from raftmq.broker.schedule_store import location
+from raftmq.broker.schedule import MessageRef
+from raftmq.broker.schedule_store import location, pack_ref, unpack_ref
 from raftmq.broker.store import MessageReader, MessageStore
 from raftmq.common.message import Message
 from raftmq.common.record_batch import Deliver, DeliverKey, ProduceBatch, decode, encode
@@ -108,6 +110,40 @@ def test_schedule_and_delivery_in_one_transaction_and_after_reopen(node: Node) -
     assert key.due_ms == 8_000 and key.raft_index == 3
     node.entries((encode(Deliver(8_000, (key,))),))
     assert node.read("T", 1) == [b"m0", b"m0"]
+
+
+def test_delivery_writes_the_key_index_once_with_the_delivery_time(node: Node) -> None:
+    msgs = (
+        Message("T", b"k", keys=("a", "b", "a"), properties={PROPERTY_TIMER_OUT_MS: "1500"}),
+        Message("T", b"none", properties={PROPERTY_TIMER_OUT_MS: "1500"}),
+        Message("T", b"k2", keys=("b",), properties={PROPERTY_TIMER_OUT_MS: "1600"}),
+    )
+    node.entries((encode(ProduceBatch("T", 0, 1_000, msgs, scheduled=True)),))
+    assert node.store.lookup_key("T", "a", 10) == [], "not in the real topic before it is due"
+    node.store.close()  # the keys are kept in the schedule on disk
+    node.store = MessageStore(node.path, map_size_bytes=64 << 20)
+    keys = node.scheduled()
+    [out] = node.entries((encode(Deliver(2_000, tuple(keys))),))
+    assert [(k.key, k.queue_offset, k.store_timestamp_ms) for k in out.key_rows()] == [
+        ("a", 0, 2_000),
+        ("b", 0, 2_000),
+        ("b", 2, 2_000),
+    ]
+    node.entries((encode(Deliver(2_100, tuple(keys))),))  # a duplicate adds no row
+    assert [(h.queue_id, h.queue_offset) for h in node.store.lookup_key("T", "b", 10)] == [
+        (0, 0),
+        (0, 2),
+    ]
+    assert node.store.lookup_key("T", "a", 10, begin_ms=2_001) == []
+    assert node.store.offset_for_timestamp("T", 0, 2_000) == 0
+
+
+def test_schedule_values_without_keys_still_read() -> None:
+    ref = MessageRef(7, 1, 2, "T", 3, 40, 5, 99)
+    assert unpack_ref(pack_ref(ref)) == ref
+    keyed = dataclasses.replace(ref, keys=("x", "y z"))
+    assert unpack_ref(pack_ref(keyed)) == keyed
+    assert pack_ref(keyed).startswith(pack_ref(ref))  # a value written before keys: none
 
 
 @settings(

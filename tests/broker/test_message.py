@@ -102,6 +102,16 @@ def test_system_topics_only_for_the_system() -> None:
     validate_message(Message(retry_topic("g"), b"x"), LIMITS, allow_system_topic=True)
 
 
+def test_no_client_sets_the_origin_of_a_retry_or_dead_letter() -> None:
+    """Only the broker's send-back stores a copy saying where it came from."""
+    for topic in (retry_topic("g"), dlq_topic("g")):
+        for name in ("DLQ_ORIGIN_TOPIC", "ORIGIN_MESSAGE_ID", "RETRY_TOPIC", "RECONSUME_TIME"):
+            with pytest.raises(InvalidMessageError, match="reserved"):
+                validate_message(
+                    Message(topic, b"x", properties={name: "T"}), LIMITS, allow_system_topic=True
+                )
+
+
 def test_group_rules() -> None:
     validate_group("consumer_group-1")
     validate_group("g" * 255)

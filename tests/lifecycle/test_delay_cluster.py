@@ -17,6 +17,7 @@ from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import InvalidArgumentError, InvalidDelayError
+from raftmq.ops import cli, cli_data
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
 GROUP = "broker-a"
@@ -159,6 +160,46 @@ def test_bad_delays_are_typed_errors(cluster: Cluster) -> None:
         producer.send("delay-bad", b"ok", delay_ms=10)  # the topic works; nothing was stored
     got = collect(cluster, "delay-bad", 1, timeout_s=20)
     assert [m.body for _, m in got] == [b"ok"]
+
+
+def test_delivered_messages_are_found_by_key_and_by_time(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delayed message enters the real topic's key index and time index when it is delivered
+    (not before: until then it is not in that topic), with the delivery time."""
+    topic = "delay-indexed"
+    with Producer(cluster.namesrv) as producer:
+        producer.send(topic, b"warm-up", keys=["plain-key"])
+        sent_ms = now_ms()
+        r = producer.send(topic, b"late", keys=["k-late", "k-both"], delay_ms=800)
+        producer.send(topic, b"due-at", keys=["k-both"], deliver_at_ms=now_ms() + 600)
+    got = collect(cluster, topic, 3)
+    assert sorted(m.body for _, m in got) == [b"due-at", b"late", b"warm-up"]
+    late = next(m for _, m in got if m.body == b"late")
+    with Admin(cluster.namesrv) as admin:
+        found = admin.messages_by_key(topic, "k-late")
+        assert [(m.body, m.msg_id, m.queue_offset) for m in found] == [
+            (b"late", r.msg_id, late.queue_offset)
+        ]
+        assert sorted(m.body for m in admin.messages_by_key(topic, "k-both")) == [
+            b"due-at",
+            b"late",
+        ]
+        assert [m.body for m in admin.messages_by_key(topic, "plain-key")] == [b"warm-up"]
+        # By time: the delivery time is the row's; the range after the send finds both.
+        listed = {m.body for m in admin.iter_messages_by_time(topic, sent_ms, now_ms())}
+        assert {b"late", b"due-at"} <= listed
+        assert b"warm-up" not in {
+            m.body for m in admin.iter_messages_by_time(topic, sent_ms + 500, now_ms())
+        }
+    monkeypatch.setattr(cli_data.console, "width", 250)
+    argv = ["--namesrv", cluster.namesrv, "message", "get", "--key", "k-late", "--topic", topic]
+    assert cli.main(argv) == 0
+    assert r.msg_id in capsys.readouterr().out
+    argv = ["--namesrv", cluster.namesrv, "message", "list", "--topic", topic, "--all"]
+    assert cli.main([*argv, "--from", str(sent_ms), "--to", str(now_ms())]) == 0
+    out = capsys.readouterr().out
+    assert r.msg_id in out and "late" in out
 
 
 def test_leader_killed_while_messages_fall_due(cluster: Cluster) -> None:

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from raftmq.client.admin import Admin
+from raftmq.client.consumer_orderly import OrderlyPushConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import StartFrom
@@ -26,8 +28,12 @@ from raftmq.common.pb import broker_pb2
 from raftmq.common.retry import (
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
     PROPERTY_DLQ_ORIGIN_TOPIC,
+    PROPERTY_MAX_RECONSUME_TIMES,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
 )
+from raftmq.common.trace import MoveKind, MoveTrace
 from raftmq.common.types import QueueRef
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
@@ -173,6 +179,83 @@ def test_past_the_limit_a_dead_letter_then_resent(cluster: Cluster) -> None:
         assert "Traceback" not in out.stderr
 
 
+def test_orderly_dead_letters_like_a_push_consumer(cluster: Cluster) -> None:
+    """One dead-letter path: an orderly consumer's dead letter goes through the broker's
+    send-back like a push consumer's, so the copies say the same (original topic and id, the
+    count, the limit), `dlq show` shows both alike, the broker logs both and both are traced."""
+    topic = "retry-dlq-kinds"
+    with Producer(cluster.namesrv) as p:
+        poison = {kind: p.send(topic, f"poison-{kind}".encode()) for kind in ("push", "orderly")}
+    groups = {"push": "g-dlq-push", "orderly": "g-dlq-orderly"}
+
+    def fail(kind: str) -> Callable[[ReceivedMessage], ConsumeResult]:
+        def listen(m: ReceivedMessage) -> ConsumeResult:
+            if m.body == f"poison-{kind}".encode():
+                raise RuntimeError("this message always fails")
+            return ConsumeResult.SUCCESS
+
+        return listen
+
+    orderly = OrderlyPushConsumer(
+        cluster.namesrv,
+        groups["orderly"],
+        topic,
+        fail("orderly"),
+        start_from=StartFrom.EARLIEST,
+        max_reconsume_times=1,
+        suspend_ms=50,
+        heartbeat_interval_ms=300,
+        lock_renew_interval_ms=1_000,
+        lock_live_ms=3_000,
+        lock_retry_ms=200,
+        trace=True,
+    ).start()
+    push = PushConsumer(
+        cluster.namesrv,
+        groups["push"],
+        topic,
+        fail("push"),
+        start_from=StartFrom.EARLIEST,
+        max_reconsume_times=1,
+        rebalance_interval_ms=1_000,
+        heartbeat_interval_ms=300,
+        trace=True,
+    ).start()
+    dead: dict[str, ReceivedMessage] = {}
+    try:
+        with Admin(cluster.namesrv) as admin:
+            for kind, group in groups.items():
+                wait_until(lambda g=group: len(admin.dead_letters(g)) == 1, 60, f"{kind} DLQ")
+                [dead[kind]] = admin.dead_letters(group)
+    finally:
+        orderly.close()  # flushes the traces
+        push.close()
+    shown: dict[str, set[str]] = {}
+    for kind, m in dead.items():
+        assert m.topic == f"%DLQ%{groups[kind]}" and m.body == f"poison-{kind}".encode()
+        props = m.properties
+        assert props[PROPERTY_DLQ_ORIGIN_TOPIC] == props[PROPERTY_RETRY_TOPIC] == topic
+        assert props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] == poison[kind].msg_id
+        assert props[PROPERTY_ORIGIN_MESSAGE_ID] == poison[kind].msg_id
+        assert (props[PROPERTY_RECONSUME_TIME], props[PROPERTY_MAX_RECONSUME_TIMES]) == ("2", "1")
+        out = run_cli(cluster, "show", "--id", m.msg_id)
+        assert out.returncode == 0, out.stderr
+        assert topic in out.stdout and poison[kind].msg_id in out.stdout
+        assert re.search(r"failures\s*│\s*2\b", out.stdout), out.stdout
+        # The push copy comes from its retry message, which was a delayed one (TIMER_OUT_MS).
+        shown[kind] = set(re.findall(r"property (\S+)", out.stdout)) - {"TIMER_OUT_MS"}
+    assert shown["orderly"] == shown["push"]
+    logs = "".join(proc.log.read_text(errors="replace") for proc in cluster.procs())
+    for kind, group in groups.items():
+        assert f"broker.dead_letter group={group} msg_id=" in logs, f"{kind}: not the broker's"
+    with Admin(cluster.namesrv) as admin:
+        for kind, m in dead.items():
+            t = admin.message_trace(poison[kind].msg_id)
+            moves = [r for r in t.records if isinstance(r, MoveTrace)]
+            assert [r.new_msg_id for r in moves if r.move is MoveKind.DEAD_LETTER] == [m.msg_id]
+            assert all(r.group == groups[kind] for r in moves)
+
+
 def test_send_back_bad_input(cluster: Cluster) -> None:
     with Producer(cluster.namesrv) as p:
         sent = p.send("retry-bad", b"x")
@@ -188,6 +271,9 @@ def test_send_back_bad_input(cluster: Cluster) -> None:
             send_back(consumer_group="g", msg_id=sent.msg_id, max_reconsume_times=3, delay_level=30)
         with pytest.raises(InvalidArgumentError, match="max_reconsume_times"):
             send_back(consumer_group="g", msg_id=sent.msg_id, max_reconsume_times=-1)
+        with pytest.raises(InvalidArgumentError, match="reconsume_times -2 is outside"):
+            send_back(consumer_group="g", msg_id=sent.msg_id, max_reconsume_times=3,
+                      reconsume_times=-2)  # fmt: skip
         with pytest.raises(InvalidArgumentError):
             send_back(consumer_group="%DLQ%g", msg_id=sent.msg_id, max_reconsume_times=3)
         with pytest.raises(MessageNotFoundError):
