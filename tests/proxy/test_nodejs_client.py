@@ -79,8 +79,7 @@ class NodeEnv:
         except OSError:
             client = "(none)"
         return (
-            f"{out[-3000:]}\n{err[-4000:]}\nclient log:\n{client}\n"
-            f"proxy log:\n{self.proxy.tail()}"
+            f"{out[-3000:]}\n{err[-4000:]}\nclient log:\n{client}\nproxy log:\n{self.proxy.tail()}"
         )
 
     def run(self, scenario: str, **args: Any) -> dict[str, Any]:
