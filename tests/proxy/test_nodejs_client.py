@@ -32,10 +32,12 @@ from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
 from raftmq.ops.cluster_runner import broker_status
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Cluster, Proc, start_cluster, wait_until
+from tests.harness.readme import readme_blocks
 
 NODE_DIR = Path(__file__).with_name("nodejs")
 DRIVER = NODE_DIR / "driver.js"
 TOPICS = {
+    "orders": False,  # the README example
     "jn": False,
     "jtag": False,
     "jrd": False,
@@ -130,9 +132,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
             "--offset-commit-interval-ms",
             "100",
             # A PushConsumer's long polls follow the proxy's settings; its shutdown waits for
-            # the one in flight, so a short one keeps the test quick.
+            # the one in flight, so a short one keeps the test quick (the README's example
+            # waits 5 s).
             "--max-long-polling-ms",
-            "3000",
+            "5000",
         ],
         tmp / "proxy.log",
     )
@@ -158,6 +161,27 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeEnv]:
         proxy.kill()
         cluster.close()
     assert "Traceback" not in proxy.tail(400), proxy.tail(400)
+
+
+def test_the_readme_example_runs(env: NodeEnv) -> None:
+    (block,) = readme_blocks("javascript", "rmq5node")
+    script = NODE_DIR / "readme_example.js"  # beside node_modules: require finds the client
+    script.write_text(block.code.replace("127.0.0.1:8081", env.endpoint))
+    try:
+        out = subprocess.run(
+            [NODE or "node", str(script)],
+            env=env.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        script.unlink()
+    assert out.returncode == 0, env.diagnose(out.stdout, out.stderr)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, env.diagnose(out.stdout, out.stderr)
+    assert lines[1] == f"{lines[0]} hello from Node.js"  # the id the producer was given
 
 
 def test_normal_messages_round_trip(env: NodeEnv) -> None:
@@ -306,7 +330,7 @@ def test_sdk_producer_nodejs_consumer(env: NodeEnv) -> None:
 def test_nodejs_producer_sdk_consumer(env: NodeEnv) -> None:
     spec = {"body": "from-node", "tag": "T2", "keys": ["k2"], "properties": {"p": "2"}}
     [sent] = env.run("produce", topic="jsdk2", messages=[spec])["sent"]
-    got = []
+    got: list[Any] = []
     with PullConsumer(env.cluster.namesrv, "g-jsdk2", start_from=StartFrom.EARLIEST) as c:
         c.subscribe("jsdk2")
         deadline = time.monotonic() + 20
