@@ -4,9 +4,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# The official Node.js client's tests: npm ci into NODE_DIR again whenever its lock file changes.
+NODE_DIR := tests/proxy/nodejs
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/package-lock.json | sha1sum | cut -c1-12)
 DEBS := procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables chromium chromium-driver
 
-.PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs
+.PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs node-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +17,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'  # dev pulls in every extra: server, cli, spark, chaos
 	@rm -f $(VENV)/.installed-*; touch $@
 
-deps: debs $(STAMP)
+deps: debs $(STAMP) node-deps
+
+# Node.js (Debian's, if the machine has none) and the locked npm packages of NODE_DIR.
+node-deps: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json
+	@./scripts/ensure_node.sh $(NODE_DIR)
+	@if [ -d $(NODE_DIR)/node_modules/rocketmq-client-nodejs ]; then \
+	  rm -f $(NODE_DIR)/node_modules/.installed-*; touch $@; fi
 
 debs:
 	@./scripts/ensure_debs.sh $(DEBS)
@@ -65,4 +76,4 @@ bench-spark: deps
 	$(BIN)/python bench/spark_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache $(NODE_DIR)/node_modules

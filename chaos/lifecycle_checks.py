@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args
 
 from raftmq.chaos.history import Op
 
-Mode = Literal["queue", "txn", "delay", "retry", "orderly"]
+Mode = Literal["queue", "txn", "delay", "retry", "orderly", "proxy"]
 MODES: tuple[str, ...] = get_args(Mode)
 COMMIT_INTENTS = frozenset({"commit", "check-commit"})
 ROLLBACK_INTENTS = frozenset({"rollback", "check-rollback"})
@@ -288,6 +288,6 @@ def check_lifecycle(
         return check_retry(ops, retry_delays_s)
     if mode == "orderly":
         return check_orderly(ops)
-    if mode == "queue":
+    if mode in ("queue", "proxy"):  # proxy: the queue checker's ops, through the RocketMQ 5 API
         return None
     raise ValueError(f"unknown workload mode {mode!r}; one of {MODES}")

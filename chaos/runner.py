@@ -45,12 +45,13 @@ from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import RaftMQError
 from raftmq.common.retry import RetryPolicy
 from raftmq.ops.cluster_runner import ClusterRunner, broker_status
-from raftmq.ops.cluster_spec import ClusterSpec, load
+from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, load
 from raftmq.ops.procs import child_env
 
 CHAOS_CLUSTER = Path(__file__).resolve().parent / "cluster.toml"
 CLIENT = "client"
 TOPIC = "chaos"
+PROXY_PORT = 8081  # a scenario's raftmq-proxy when the description has none (RocketMQ's port)
 FAILOVER_BOUND_S = 3.0  # service must return this soon after a fault that leaves a majority
 
 
@@ -257,6 +258,9 @@ def _events(schedule: Schedule) -> list[tuple[float, int, bool, FaultSpec]]:
 
 def _chaos_spec(opts: RunOptions, scenario: Scenario) -> ClusterSpec:
     spec = load(opts.cluster)
+    if scenario.proxy and not spec.proxies:
+        # Started by the runner like every role (after the brokers), in its own namespace.
+        spec = replace(spec, proxies=(Endpoint("127.0.0.1", PROXY_PORT),))
     if opts.ack_before_commit or scenario.settings:
         settings = {k: dict(v) for k, v in spec.settings.items()}
         for section, values in scenario.settings.items():
@@ -299,6 +303,10 @@ def _start_workload(
         "--mode",
         mode,
     ]
+    if mode == "proxy":  # the official client reaches the cluster through the first proxy
+        if not spec.proxies:
+            raise RunError("the proxy workload needs a [[proxy]] in the cluster description")
+        argv += ["--proxy", str(spec.proxies[0])]
     log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         argv,

@@ -83,6 +83,9 @@ class Scenario:
     workload: str = "queue"
     # Cluster settings laid over the cluster description's, per section ("broker": {...}).
     settings: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
+    # Start a raftmq-proxy (the RocketMQ 5 API) in the cluster, in its own namespace, when the
+    # description has none: only the scenarios whose workload goes through it pay for it.
+    proxy: bool = False
 
     def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
         produce_s = self.default_duration_s if duration_s is None else duration_s
@@ -161,6 +164,8 @@ def _random_mix(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
 TXN_SETTINGS = {"broker": {"transaction_timeout_ms": 2_000, "transaction_check_interval_ms": 1_000}}
 RETRY_DELAY_LEVELS = "100ms 200ms 500ms 1s 1500ms 2s 3s 4s 5s 6s 7s 8s 9s 10s 20s 30s 1m 2m"
 RETRY_SETTINGS = {"broker": {"delay_levels": RETRY_DELAY_LEVELS}}
+# Acknowledged progress committed to the group often, so the drain's re-reads stay few.
+PROXY_SETTINGS = {"proxy": {"offset_commit_interval_ms": 200}}
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("baseline", "no fault: the checkers' sanity run", False, _none),
@@ -214,6 +219,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              "keyed sends to an orderly push consumer while the leader is SIGKILLed: order per "
              "key, one message per queue in the listener at a time", False,
              _single(Kind.KILL, LEADER), workload="orderly"),
+    Scenario("proxy-leader-kill",
+             "the official RocketMQ 5 Python client sends and a SimpleConsumer receives through "
+             "a raftmq-proxy while the leader is SIGKILLed: the client goes on, none lost",
+             False, _single(Kind.KILL, LEADER), workload="proxy", settings=PROXY_SETTINGS,
+             proxy=True),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
 )  # fmt: skip

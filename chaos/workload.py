@@ -242,9 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mode",
         default="queue",
-        choices=("queue", "txn", "delay", "retry", "orderly"),
-        help="queue: this module's workload; the others: chaos/lifecycle_workload.py",
+        choices=("queue", "txn", "delay", "retry", "orderly", "proxy"),
+        help="queue: this module's workload; proxy: chaos/proxy_workload.py (the official "
+        "RocketMQ 5 client through --proxy); the others: chaos/lifecycle_workload.py",
     )
+    ap.add_argument("--proxy", default="", help="proxy mode: the raftmq-proxy's host:port")
     args = ap.parse_args(argv)
     level = os.environ.get("CHAOS_CLIENT_LOG", "WARNING").upper()  # DEBUG to trace sends
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
@@ -263,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     w: Workload
     if args.mode == "queue":
         w = Workload(settings, rec)
+    elif args.mode == "proxy":
+        if not args.proxy:
+            ap.error("--mode proxy needs --proxy HOST:PORT (the raftmq-proxy)")
+        from raftmq.chaos.proxy_workload import ProxyWorkload  # it imports this module
+
+        w = ProxyWorkload(settings, rec, args.proxy)
     else:
         from raftmq.chaos.lifecycle_workload import LifecycleWorkload  # it imports this module
 

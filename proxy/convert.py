@@ -9,6 +9,7 @@ is received with its raftmq message id, tag, keys, born time and host.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -229,7 +230,10 @@ def to_v2(
     sp = v2.SystemProperties(
         keys=list(m.keys),
         message_id=message_id_of(m),
-        body_digest=v2.Digest(type=v2.CRC32, checksum=f"{zlib.crc32(m.body) & 0xFFFFFFFF:08X}"),
+        # MD5 as RocketMQ's proxy sends it: every official client checks MD5 the same way
+        # (uppercase hex), while their CRC32 texts differ (Node.js: decimal, Python: hex) and
+        # a client that finds a mismatch drops the message as corrupted.
+        body_digest=v2.Digest(type=v2.MD5, checksum=hashlib.md5(m.body).hexdigest().upper()),
         body_encoding=v2.IDENTITY,
         message_type=mtype,  # type: ignore[arg-type]
         born_timestamp=_ts(_int(props.get(P_BORN_MS), m.born_timestamp_ms)),
@@ -250,9 +254,19 @@ def to_v2(
         sp.message_group = group
     return v2.Message(
         topic=v2.Resource(name=m.topic),
-        user_properties={k: v for k, v in props.items() if not k.startswith(PROPERTY_PREFIX)},
+        user_properties={k: v for k, v in props.items() if _is_user_property(k)},
         system_properties=sp,
         body=m.body,
+    )
+
+
+def _is_user_property(name: str) -> bool:
+    """Not ours (`rmq5.`) nor the broker's (timer, transaction, retry properties): RocketMQ's
+    proxy also leaves its system properties out of a received message's user properties."""
+    return not (
+        name.startswith(PROPERTY_PREFIX)
+        or name in SYSTEM_PROPERTY_NAMES
+        or name.startswith(SYSTEM_PROPERTY_PREFIX)
     )
 
 

@@ -179,3 +179,31 @@ def test_compose_command_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert '"n0=h1:10911/broker-a-n0:20911' in capsys.readouterr().out
     assert cli.main(["cluster", "compose", "--advertise-host", "h1"]) == 2
     assert "needs --host-reachable" in capsys.readouterr().err
+
+
+def test_proxies_in_both_modes_and_published_only_when_host_reachable(tmp_path: Path) -> None:
+    """Every [[proxy]] is a service in both modes. In-network: it advertises its container
+    hostname (clients in the compose network) and is not published. Host-reachable: it binds
+    every interface, is published under its own port and advertises the host, and every proxy's
+    list of proxies (what QueryRoute hands an official client as endpoints) names host addresses
+    only, so a client on the host reaches whichever proxy serves a broker group."""
+    text = (ROOT / "deploy" / "cluster.toml").read_text()
+    spec = parse(text + '\n[[proxy]]\nhost = "127.0.0.1"\nport = 8082\n')
+    assert [e.port for e in spec.proxies] == [8081, 8082]
+    inside = _services(compose_yaml(spec))
+    outside_text = compose_yaml(spec, host_reachable=True, advertise_host="mq.example.net")
+    path = tmp_path / "docker-compose.host.yml"
+    path.write_text(outside_text)
+    _validate(path)
+    outside = _services(outside_text)
+    for i, e in enumerate(spec.proxies):
+        name = f"proxy-{i}"
+        px = proxy_settings.load(*proxy_server.parse_args(inside[name]["command"][3:]), environ={})
+        assert px.listen == px.advertised == f"{name}:{e.port}"
+        assert px.proxy_list == ("proxy-0:8081", "proxy-1:8082")
+        assert inside[name]["ports"] == []
+        px = proxy_settings.load(*proxy_server.parse_args(outside[name]["command"][3:]), environ={})
+        assert px.listen == f"0.0.0.0:{e.port}"
+        assert px.advertised == f"mq.example.net:{e.port}"
+        assert px.proxy_list == ("mq.example.net:8081", "mq.example.net:8082")
+        assert _published(outside[name]["ports"]) == {e.port}

@@ -127,12 +127,16 @@ def test_the_readme_shows_what_this_test_runs() -> None:
     }
     assert {"topic create", "produce", "consume"} <= shown, shown
     for b in every:  # every block is run here, in tests/spark, or marked as not run
-        assert b.lang in ("python", "sh", "toml"), f"{b.name}: no rule for this language"
+        assert b.lang in ("python", "sh", "toml", "javascript"), (
+            f"{b.name}: no rule for this language"
+        )
         if b.lang == "toml":  # cluster description settings: parsed, keys checked, as shown
             parse(SHIPPED_SPEC.read_text() + "\n" + b.code, source=b.name)
         # sparkregister: run from another directory by tests/spark/test_worker_python.py;
-        # rmq5: the official RocketMQ 5 client, by tests/proxy/test_official_client.py
-        known = ("", "spark", "sparkregister", "skip", "rmq5")
+        # rmq5: the official RocketMQ 5 client, by tests/proxy/test_official_client.py;
+        # rmq5node (javascript): the official Node.js client, by tests/proxy/test_nodejs_client.py
+        known = ("", "spark", "sparkregister", "skip", "rmq5", "rmq5node")
+        assert b.lang != "javascript" or b.tag == "rmq5node", f"{b.name}: no rule for this block"
         assert b.tag in known, f"{b.name}: unknown readme-test tag {b.tag!r}"
 
 

@@ -168,6 +168,7 @@ def test_orderly_flags_two_calls_of_one_queue_at_once() -> None:
 
 def test_check_lifecycle_dispatches_and_refuses_unknown_modes() -> None:
     assert check_lifecycle([], "queue") is None
+    assert check_lifecycle([], "proxy") is None  # the queue checker's ops, through the proxy
     for mode in ("txn", "delay", "retry", "orderly"):
         r = check_lifecycle([], mode)
         assert r is not None and r.mode == mode and r.valid
@@ -219,3 +220,22 @@ def test_scenario_settings_are_laid_over_the_cluster_description(tmp_path: Path)
     assert broker["heartbeat_interval_ms"] == 2_000  # chaos/cluster.toml's own stays
     plain = _chaos_spec(RunOptions("leader-kill", out_dir=tmp_path), by_name("leader-kill"))
     assert "transaction_timeout_ms" not in plain.settings["broker"]
+
+
+def test_the_proxy_scenario_starts_a_proxy_and_points_its_workload_at_it(tmp_path: Path) -> None:
+    scenario = by_name("proxy-leader-kill")
+    assert scenario.workload == "proxy" and scenario.proxy and not scenario.ci
+    assert scenario.schedule(1).faults[0].kind.value == "kill"
+    spec = _chaos_spec(RunOptions(scenario.name, out_dir=tmp_path), scenario)
+    [proxy] = [p for p in spec.processes() if p.role == "proxy"]
+    assert proxy.name == "proxy-0" and proxy.ready_prefix == "proxy.started"
+    assert "--offset-commit-interval-ms" in proxy.argv  # the scenario's [settings.proxy]
+    # Only the scenario that goes through it pays for a proxy process.
+    plain = _chaos_spec(RunOptions("leader-kill", out_dir=tmp_path), by_name("leader-kill"))
+    assert not [p for p in plain.processes() if p.role == "proxy"]
+
+
+def test_the_proxy_workload_needs_its_address(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        workload_main(["--namesrv", "x:1", "--topic", "t", "--out", "/dev/null", "--mode", "proxy"])
+    assert "--proxy HOST:PORT" in capsys.readouterr().err

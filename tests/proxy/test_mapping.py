@@ -4,6 +4,7 @@ error table."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 
 import pytest
 
@@ -60,13 +61,30 @@ def test_outgoing_keeps_what_raftmq_has_no_field_for() -> None:
     assert (sp.message_id, sp.message_group, sp.message_type) == ("ID1", "g1", v2.FIFO)
     assert sp.born_timestamp.ToMilliseconds() == 1234 and sp.store_timestamp.ToMilliseconds() == 99
     assert (sp.queue_id, sp.queue_offset, sp.delivery_attempt) == (2, 7, 3)
-    assert sp.body_digest.type == v2.CRC32 and len(sp.body_digest.checksum) == 8
+    # MD5 in uppercase hex, as RocketMQ's proxy: the one digest every official client checks
+    # alike (the Node.js client reads a CRC32 as decimal, the Python client as hex).
+    assert sp.body_digest.type == v2.MD5
+    assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
     assert sp.invisible_duration.ToMilliseconds() == 1500 and sp.receipt_handle == "H"
 
 
 def test_sdk_message_is_received_with_its_raftmq_id() -> None:
     back = convert.to_v2(
-        convert.Stored("t", b"b", None, (), {"x": "y"}, "g", 0, 0, "RAFTID", 9, 8, "host"),
+        convert.Stored(
+            "t",
+            b"b",
+            None,
+            (),
+            # The broker's own properties (a delayed, a transactional message) are not the user's.
+            {"x": "y", "TIMER_DELIVER_MS": "5", "PGROUP": "t", "__RMQ.TRANSACTION_CLIENT": "c"},
+            "g",
+            0,
+            0,
+            "RAFTID",
+            9,
+            8,
+            "host",
+        ),
         receipt_handle="H",
         delivery_attempt=1,
         invisible_ms=1000,
@@ -76,6 +94,7 @@ def test_sdk_message_is_received_with_its_raftmq_id() -> None:
     assert sp.message_id == "RAFTID" and sp.message_type == v2.NORMAL
     assert sp.born_timestamp.ToMilliseconds() == 8 and sp.born_host == "host"
     assert not sp.HasField("tag") and not sp.HasField("message_group")
+    assert dict(back.user_properties) == {"x": "y"}
 
 
 @pytest.mark.parametrize(
