@@ -39,7 +39,10 @@ from raftmq.raftlog.storage_health import StorageHealth
 log = logging.getLogger("raftlog.log")
 
 RoleListener = Callable[[RoleChange], None]
-HANDOFF_RETRY_S = 0.2  # a leader that cannot write asks a follower to take over this often
+# A leader that cannot write asks a follower to take over this often; a follower that was asked
+# and did not take over is skipped for election_timeout_min_ms (pysyncobj_compat), so a retry
+# goes to the next one.
+HANDOFF_RETRY_S = 0.05
 
 
 @dataclass(slots=True)
@@ -267,7 +270,7 @@ class ReplicatedLog:
             )
         if now >= self._next_handoff_s:
             self._next_handoff_s = now + HANDOFF_RETRY_S
-            self._node.request_transfer(None)
+            self._node.request_transfer_best()
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(
@@ -401,11 +404,16 @@ class ReplicatedLog:
         return None if leader == self.cfg.node_id else leader
 
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool:
-        """Hand leadership to `target` (or the most caught-up follower): new submissions are
-        refused meanwhile so the target can catch up. True once another node leads: stepping
-        down is not enough, since the election that follows can bring this node back (then it
-        tries again while time is left)."""
+        """Hand leadership to `target`, or to the best follower that can take over now (caught
+        up, heard from lately, reporting it can write; election.transfer_candidates): new
+        submissions are refused meanwhile so the target can catch up. A follower that does not
+        take over within the minimum election timeout is passed over for the next one. True once
+        another node leads: stepping down is not enough, since the election that follows can
+        bring this node back (then it tries again while time is left)."""
         deadline = time.monotonic() + timeout_s
+        takeover_s = (
+            self.cfg.election_timeout_min_ms if target is None else self.cfg.election_timeout_max_ms
+        ) / 1000
         self._paused = True
         try:
             while time.monotonic() < deadline:
@@ -413,12 +421,17 @@ class ReplicatedLog:
                     if self._another_leads(deadline):
                         return True
                     continue  # elected again: hand over again
-                if self._node.transfer_to(target, timeout_s=0.5):
-                    wait_until = time.monotonic() + self.cfg.election_timeout_max_ms / 1000
+                sent = (
+                    self._node.transfer_to(target, timeout_s=0.5)
+                    if target is not None
+                    else self._node.transfer_to_best(timeout_s=0.5) is not None
+                )
+                if sent:
+                    wait_until = min(deadline, time.monotonic() + takeover_s)
                     while time.monotonic() < wait_until and self._node.is_leader():
                         time.sleep(0.005)
                 else:
-                    time.sleep(0.01)  # the target is not caught up yet
+                    time.sleep(0.01)  # no follower can take over yet (catching up, or none)
             return not self._node.is_leader()
         finally:
             self._paused = False
@@ -433,6 +446,15 @@ class ReplicatedLog:
                 return False
             time.sleep(0.005)
         return not self._node.is_leader()
+
+    def block_peers(self, peers: frozenset[str]) -> None:
+        """Fault injection for tests and drills: drop every raft message to and from `peers`
+        (connections stay up, timers keep running, as with a firewall dropping packets); an
+        empty set heals. Not for production use: it partitions this node on purpose."""
+        unknown = set(peers) - set(self.cfg.peers)
+        if unknown:
+            raise ValueError(f"not peers of {self.cfg.node_id}: {sorted(unknown)}")
+        self._node.set_blocked_peers(frozenset(peers))
 
     def status(self) -> LogStatus:
         v = self._node.view()
