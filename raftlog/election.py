@@ -23,11 +23,12 @@ class LogPosition:
 
 @dataclass(frozen=True, slots=True)
 class PreVoteRequest:
-    """Would you vote for me? Sent instead of request_vote when an election timer fires."""
+    """Would you vote for me at `term`? Sent instead of request_vote when an election timer
+    fires; `term` is the term the candidate's real election would use (nobody stores it)."""
 
     candidate: str
     round_id: int  # echoed in the reply, so answers to an older round are not counted
-    term: int  # the candidate's current term (its real election would use a higher one)
+    term: int
     log: LogPosition
 
 
@@ -36,7 +37,7 @@ class PreVoteReply:
     voter: str
     round_id: int
     granted: bool
-    term: int  # the voter's current term: a won round's election goes above every term seen
+    term: int  # the voter's current term: a candidate refused for its term asks above it next
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +53,24 @@ class VoterState:
 
 
 def grant_pre_vote(voter: VoterState, req: PreVoteRequest) -> PreVoteReply:
-    """The thesis' rule: yes only if the candidate's log is at least as up-to-date as ours and we
-    have not heard from a live leader within the minimum election timeout (a leader never grants:
-    it is that live leader). Terms do not enter the answer: a candidate whose term lags but whose
-    log is current must still be able to win (its election then goes above the terms it heard)."""
+    """Yes only if (thesis 9.6) the candidate's log is at least as up-to-date as ours and we have
+    not heard from a live leader within the minimum election timeout (a leader never grants: it
+    is that live leader), and (etcd) its election would go above our term: a node that has not
+    yet learned the group's term (just started, or back from a partition) is told the term
+    instead of being let through to an election that would depose a leader it does not know."""
     heard_leader = voter.is_leader or (
         voter.leader_contact_age_s is not None
         and voter.leader_contact_age_s < voter.min_election_timeout_s
     )
-    granted = not heard_leader and req.log >= voter.log
+    granted = not heard_leader and req.term > voter.term and req.log >= voter.log
     return PreVoteReply(voter.node_id, req.round_id, granted, voter.term)
+
+
+def pre_vote_term(current_term: int, highest_term_heard: int) -> int:
+    """The term a new round asks for: above this node's term and above every term the voters
+    answered with in earlier rounds (so a candidate whose term lags can still win; its own term
+    stays as it is until the real election)."""
+    return max(current_term, highest_term_heard) + 1
 
 
 @dataclass(slots=True)
@@ -71,16 +80,15 @@ class PreVoteRound:
 
     node_id: str
     round_id: int
-    term: int
+    term: int  # the election term asked for (pre_vote_term)
     members: frozenset[str]  # the whole group, this node included
     granted: set[str] = field(default_factory=set)
-    highest_term: int = 0
+    highest_term: int = 0  # the highest term a voter answered with
 
     def __post_init__(self) -> None:
         if self.node_id not in self.members:
             raise ValueError(f"{self.node_id} is not a member of {sorted(self.members)}")
         self.granted.add(self.node_id)
-        self.highest_term = max(self.highest_term, self.term)
 
     def request(self, log: LogPosition) -> PreVoteRequest:
         return PreVoteRequest(self.node_id, self.round_id, self.term, log)
@@ -99,12 +107,6 @@ class PreVoteRound:
     def won(self) -> bool:
         return 2 * len(self.granted) > len(self.members)
 
-    @property
-    def election_term(self) -> int:
-        """The term a won round's election uses: above every term this round heard of, so a
-        candidate whose term lagged is not refused for it by the voters who just said yes."""
-        return self.highest_term + 1
-
 
 # ---- leadership transfer ----------------------------------------------------------------------
 
@@ -120,25 +122,39 @@ class PeerView:
     can_write: bool  # as the follower last reported (a full disk says no)
 
 
+def cannot_take_over(p: PeerView, reachable_s: float) -> str | None:
+    """Why this follower could not win an election now, or None if it could."""
+    if not p.connected:
+        return "not_connected"
+    if p.response_age_s > reachable_s:
+        return "not_answering"
+    if not p.can_write:
+        return "cannot_write"
+    return None
+
+
 def transfer_candidates(
     peers: Iterable[PeerView],
     last_index: int,
     reachable_s: float,
     tried: Mapping[str, float],
-    retry_after_s: float,
+    in_flight_s: float,
+    pass_over_s: float,
     now: float,
-) -> list[str]:
-    """Followers that can take over, best first: connected, heard from within `reachable_s`,
-    able to write, and not given a TimeoutNow in the last `retry_after_s` (it did not take over).
-    The caught-up ones come first (a TimeoutNow is refused for a lagging one: it would lose the
-    election); among equals the most recently heard from, then the id (deterministic)."""
+) -> list[str] | None:
+    """Followers to hand leadership to, best first: connected, heard from within `reachable_s`,
+    able to write, and not sent a TimeoutNow in the last `pass_over_s` (it did not take over).
+    None while a TimeoutNow sent less than `in_flight_s` ago may still win: nobody else is
+    asked then (two candidates at once split the vote); [] when no follower can take over.
+    Caught-up ones come first (a TimeoutNow to a lagging one is refused: it would lose the
+    election), then the most recently heard from, then the id (deterministic)."""
+    if any(now - t < in_flight_s for t in tried.values()):
+        return None
     able = [
         p
         for p in peers
-        if p.connected
-        and p.can_write
-        and p.response_age_s <= reachable_s
-        and now - tried.get(p.node_id, float("-inf")) >= retry_after_s
+        if cannot_take_over(p, reachable_s) is None
+        and now - tried.get(p.node_id, float("-inf")) >= pass_over_s
     ]
     able.sort(
         key=lambda p: (p.match_index < last_index, -p.match_index, p.response_age_s, p.node_id)

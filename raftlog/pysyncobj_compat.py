@@ -39,7 +39,9 @@ from raftmq.raftlog.election import (
     PreVoteRequest,
     PreVoteRound,
     VoterState,
+    cannot_take_over,
     grant_pre_vote,
+    pre_vote_term,
     transfer_candidates,
 )
 from raftmq.raftlog.errors import CommittedEntryConflictError, RaftLogError
@@ -80,6 +82,8 @@ _PRE_VOTE = "rm_pre_vote"  # PreVote (election.py); older nodes ignore unknown m
 _PRE_VOTE_REPLY = "rm_pre_vote_reply"
 _CANNOT_WRITE = "rm_cannot_write"  # key of a follower's ack: its disk refuses writes
 _LOW_SPACE_BYTES = 1 << 20  # a follower with less free space reports it cannot write
+# A follower sent a TimeoutNow that did not take over is passed over this long (others first).
+TRANSFER_PASS_OVER_S = 1.0
 EXIT_INVARIANT_VIOLATED = 70  # EX_SOFTWARE: a broken Raft invariant stopped the process
 
 _patch_lock = threading.Lock()
@@ -308,6 +312,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_min_timeout_s = cfg.election_timeout_min_ms / 1000
         self._rm_round: PreVoteRound | None = None
         self._rm_round_seq = 0
+        self._rm_heard_term = 0  # the highest term pre-vote answers carried (memory only)
         self._rm_election_allowed = False
         self._rm_leader_contact: float | None = None
         # Leadership transfer (tick thread): what followers report of their disks, which were
@@ -377,11 +382,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         done.wait(timeout_s)
         return bool(result and result[0])
 
-    def transfer_to_best(self, timeout_s: float = 2.0) -> str | None:
+    def transfer_to_best(self, timeout_s: float = 2.0) -> str:
         """Send a TimeoutNow to the best follower that can take over now (election.py's
-        transfer_candidates); its id, or None if no follower can (yet)."""
+        transfer_candidates). Returns "sent", "wait" (one was asked a moment ago, or the best
+        one is catching up) or "none" (no follower can take over)."""
         done = threading.Event()
-        result: list[str | None] = []
+        result: list[str] = []
 
         def run() -> None:
             try:
@@ -391,7 +397,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
 
         self._rm_tick_calls.append(run)
         done.wait(timeout_s)
-        return result[0] if result else None
+        return result[0] if result else "wait"
 
     def request_transfer_best(self) -> None:
         """transfer_to_best without waiting for the answer (any thread)."""
@@ -400,6 +406,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._rm_transfer_best()
 
         self._rm_tick_calls.append(run)
+
+    def cannot_take_over(self, node_id: str) -> str | None:
+        """Why follower `node_id` could not take over now (not connected, not answering, its
+        disk refuses writes), or None. Any thread: reads the leader's view without locking."""
+        for p in self._rm_peer_views(time.monotonic()):
+            if p.node_id == node_id:
+                return cannot_take_over(p, self._rm_min_timeout_s)
+        return "not_a_member"
 
     def set_blocked_peers(self, peers: frozenset[str]) -> None:
         """Fault injection for tests and drills: drop every raft message to and from `peers`
@@ -478,7 +492,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         rnd = PreVoteRound(
             self._rm_cfg.node_id,
             self._rm_round_seq,
-            self._SyncObj__raftCurrentTerm,
+            pre_vote_term(self._SyncObj__raftCurrentTerm, self._rm_heard_term),
             self._rm_members,
         )
         self._rm_round = rnd
@@ -497,13 +511,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._SyncObj__transport.send(node, message)
 
     def _rm_start_election(self, rnd: PreVoteRound) -> None:
-        """A won round: the next tick runs pysyncobj's election, one term above every term the
-        round heard of (pysyncobj adds the one)."""
+        """A won round: the next tick runs pysyncobj's election at the round's term (pysyncobj
+        adds one to the current term: a term that lagged is first brought to one below)."""
         self._rm_round = None
         if self._SyncObj__raftState == _LEADER:
             return
-        if rnd.election_term - 1 > self._SyncObj__raftCurrentTerm:
-            self._SyncObj__setCurrentTerm(rnd.election_term - 1, None)
+        if rnd.term - 1 > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(rnd.term - 1, None)
         self._rm_election_allowed = True
         self._SyncObj__raftElectionDeadline = 0
 
@@ -525,6 +539,21 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             LogPosition(int(msg["last_log_term"]), int(msg["last_log_index"])),
         )
         reply = grant_pre_vote(voter, req)
+        log.log(
+            logging.INFO if reply.granted else logging.DEBUG,
+            "raft.pre_vote_answer node=%s candidate=%s granted=%s term=%d asked_term=%d "
+            "log=%d/%d candidate_log=%d/%d leader_contact_age_s=%s",
+            self._rm_cfg.node_id,
+            node.id,
+            reply.granted,
+            voter.term,
+            req.term,
+            voter.log.last_term,
+            voter.log.last_index,
+            req.log.last_term,
+            req.log.last_index,
+            "never" if voter.leader_contact_age_s is None else f"{voter.leader_contact_age_s:.3f}",
+        )
         self._SyncObj__transport.send(
             node,
             {
@@ -540,27 +569,24 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if rnd is None or self._SyncObj__raftState == _LEADER:
             return
         reply = PreVoteReply(node.id, int(msg["round_id"]), bool(msg["granted"]), int(msg["term"]))
+        self._rm_heard_term = max(self._rm_heard_term, reply.term)  # the next round asks above it
         if rnd.on_reply(reply):
             log.info(
-                "raft.pre_vote_won node=%s term=%d granted=%s election_term=%d",
+                "raft.pre_vote_won node=%s term=%d election_term=%d granted=%s",
                 self._rm_cfg.node_id,
+                self._SyncObj__raftCurrentTerm,
                 rnd.term,
                 ",".join(sorted(rnd.granted)),
-                rnd.election_term,
             )
             self._rm_start_election(rnd)
 
     # ---- leadership transfer (tick thread) --------------------------------------------------
 
-    def _rm_transfer_best(self) -> str | None:
-        if self._SyncObj__raftState != _LEADER:
-            return None
-        now = time.monotonic()
+    def _rm_peer_views(self, now: float) -> list[PeerView]:
         connected = self._SyncObj__connectedNodes
         match_index = self._SyncObj__raftMatchIndex
         responded = self._SyncObj__lastResponseTime
-        last = self._SyncObj__getCurrentLogIndex()
-        peers = [
+        return [
             PeerView(
                 node_id=n.id,
                 connected=n in connected,
@@ -568,27 +594,36 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 response_age_s=now - responded.get(n, float("-inf")),
                 can_write=not self._rm_peer_cannot_write.get(n.id, False),
             )
-            for n in self._SyncObj__otherNodes
+            for n in list(self._SyncObj__otherNodes)
         ]
+
+    def _rm_transfer_best(self) -> str:
+        if self._SyncObj__raftState != _LEADER:
+            return "none"
+        now = time.monotonic()
+        last = self._SyncObj__getCurrentLogIndex()
         order = transfer_candidates(
-            peers,
+            self._rm_peer_views(now),
             last_index=last,
             reachable_s=self._rm_min_timeout_s,
             tried=self._rm_transfer_tried,
-            retry_after_s=self._rm_min_timeout_s,
+            in_flight_s=self._rm_min_timeout_s,
+            pass_over_s=TRANSFER_PASS_OVER_S,
             now=now,
         )
-        by_id = {n.id: n for n in self._SyncObj__otherNodes}
-        for node_id in order:
-            node = by_id[node_id]
-            if match_index.get(node, 0) != last:
-                return None  # the best one is still catching up (writes are paused meanwhile)
-            self._rm_transfer_tried[node_id] = now
-            self._SyncObj__transport.send(
-                node, {"type": "timeout_now", "term": self._SyncObj__raftCurrentTerm}
-            )
-            return node_id
-        return None
+        if order is None:
+            return "wait"
+        if not order:
+            return "none"
+        node = next(n for n in self._SyncObj__otherNodes if n.id == order[0])
+        if self._SyncObj__raftMatchIndex.get(node, 0) != last:
+            return "wait"  # the best one is still catching up (writes are paused meanwhile)
+        self._rm_transfer_tried[node.id] = now
+        log.info("raft.transfer_leadership node=%s to=%s", self._rm_cfg.node_id, node.id)
+        self._SyncObj__transport.send(
+            node, {"type": "timeout_now", "term": self._SyncObj__raftCurrentTerm}
+        )
+        return "sent"
 
     def _rm_cannot_write(self) -> bool:
         """This node's disk refuses writes, or (probed once a second) has no space left: what a
@@ -678,6 +713,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         return None
 
     def _SyncObj__onBecomeLeader(self) -> None:
+        self._rm_transfer_tried.clear()  # a new reign: every follower may be asked again
+        self._rm_round = None
         SyncObj._SyncObj__onBecomeLeader(self)
         if self._rm_sync_flush:
             self._rm_journal.sync()  # the leader counts its own no-op: durable first

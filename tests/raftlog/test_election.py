@@ -17,7 +17,9 @@ from raftmq.raftlog.election import (
     PreVoteReply,
     PreVoteRound,
     VoterState,
+    cannot_take_over,
     grant_pre_vote,
+    pre_vote_term,
     transfer_candidates,
 )
 
@@ -33,7 +35,7 @@ def voter(
     return VoterState("b", term, leader, LogPosition(*log), contact, TIMEOUT_S)
 
 
-def ask(v: VoterState, log: tuple[int, int], term: int = 3) -> bool:
+def ask(v: VoterState, log: tuple[int, int], term: int = 4) -> bool:
     rnd = PreVoteRound("a", 1, term, frozenset({"a", "b", "c"}))
     return grant_pre_vote(v, rnd.request(LogPosition(*log))).granted
 
@@ -49,20 +51,23 @@ def ask(v: VoterState, log: tuple[int, int], term: int = 3) -> bool:
         (voter(contact=0.05), (1, 10), False),  # a live leader spoke 50 ms ago
         (voter(contact=0.25), (1, 10), True),  # its leader went quiet beyond the timeout
         (voter(leader=True), (5, 99), False),  # the leader is the live leader
+        (voter(term=4), (1, 10), False),  # its election would not go above our term
     ],
 )
 def test_grant_rule(v: VoterState, cand_log: tuple[int, int], granted: bool) -> None:
     assert ask(v, cand_log) is granted
 
 
-def test_terms_do_not_enter_the_answer_and_the_election_goes_above_them() -> None:
-    # a candidate whose term lags (it was partitioned) but whose log is current must win
+def test_a_lagging_term_is_told_the_term_then_asks_above_it() -> None:
+    # a node back from a partition (or just started) with a current log but an old term
     v = voter(term=9)
-    assert ask(v, (1, 10), term=3)
-    rnd = PreVoteRound("a", 7, 3, frozenset({"a", "b", "c"}))
+    rnd = PreVoteRound("a", 7, pre_vote_term(3, 0), frozenset({"a", "b", "c"}))
     reply = grant_pre_vote(v, rnd.request(LogPosition(1, 10)))
-    assert reply.term == 9 and rnd.on_reply(reply) and rnd.won
-    assert rnd.election_term == 10
+    assert not reply.granted and reply.term == 9
+    assert not rnd.on_reply(reply) and rnd.highest_term == 9
+    again = PreVoteRound("a", 8, pre_vote_term(3, rnd.highest_term), frozenset({"a", "b", "c"}))
+    assert again.term == 10
+    assert again.on_reply(grant_pre_vote(v, again.request(LogPosition(1, 10))))
 
 
 def test_round_counts_majority_once_and_ignores_strangers_and_old_rounds() -> None:
@@ -75,7 +80,7 @@ def test_round_counts_majority_once_and_ignores_strangers_and_old_rounds() -> No
     assert not rnd.on_reply(PreVoteReply("c", 2, False, 4))
     assert rnd.on_reply(PreVoteReply("d", 2, True, 1))  # a, b, d: 3 of 5
     assert not rnd.on_reply(PreVoteReply("e", 2, True, 1))  # already won: reported once
-    assert rnd.election_term == 5
+    assert rnd.highest_term == 4
     assert PreVoteRound("solo", 1, 0, frozenset({"solo"})).won
 
 
@@ -114,7 +119,9 @@ def run_round(
     """One round as the wire would run it: every reachable node answers, in any order, with
     duplicates and an answer to an older round mixed in."""
     cand = nodes[c]
-    rnd = PreVoteRound(cand.node_id, 5, cand.term, frozenset(v.node_id for v in nodes))
+    rnd = PreVoteRound(
+        cand.node_id, 5, pre_vote_term(cand.term, 0), frozenset(v.node_id for v in nodes)
+    )
     req = rnd.request(cand.log)
     replies = [grant_pre_vote(v, req) for i, v in enumerate(nodes) if i != c and reachable[i]]
     rng = random.Random(seed)
@@ -138,7 +145,6 @@ def test_pre_vote_rounds_change_no_term_and_stale_or_cut_off_nodes_never_win(
 
     # no pre-vote round changes any node's term (nor anything else a voter holds)
     assert nodes == before
-    assert rnd.term == cand.term
     assert all(r.term == nodes[int(r.voter[1:])].term for r in replies)
 
     # a node whose log is behind a majority's (it lacks committed entries) never wins
@@ -155,13 +161,22 @@ def test_pre_vote_rounds_change_no_term_and_stale_or_cut_off_nodes_never_win(
     if 2 * len(live) >= n and cand not in live:
         assert not rnd.won
     # liveness: with no live leader around, the most up-to-date node that hears a majority wins
+    # nor does a node whose election would not go above a majority's terms
+    higher = sum(1 for v in nodes if v.term >= rnd.term)
+    if 2 * higher >= n and higher > 0:
+        assert not rnd.won
+    # liveness: with no live leader around, the most up-to-date node that hears a majority wins
     heard = [v for i, v in enumerate(nodes) if i == c or reachable[i]]
-    if not live and 2 * len(heard) > n and all(v.log <= cand.log for v in heard):
+    if (
+        not live
+        and 2 * len(heard) > n
+        and all(v.log <= cand.log and v.term <= cand.term for v in heard)
+    ):
         assert rnd.won
     if rnd.won:
-        # its election goes above every term it heard of, its own included
-        assert rnd.election_term > max(r.term for r in [*replies, PreVoteReply("", 0, 0, 0)])
-        assert rnd.election_term > cand.term
+        # its election goes above the terms of every node that said yes, its own included
+        granting = [nodes[int(r.voter[1:])] for r in replies if r.granted]
+        assert all(rnd.term > v.term for v in [cand, *granting])
 
 
 # ---- transfer target -----------------------------------------------------------------------------
@@ -179,9 +194,15 @@ def peer(
 
 def pick(
     peers: list[PeerView], tried: dict[str, float] | None = None, now: float = 10.0
-) -> list[str]:
+) -> list[str] | None:
     return transfer_candidates(
-        peers, last_index=100, reachable_s=0.2, tried=tried or {}, retry_after_s=0.2, now=now
+        peers,
+        last_index=100,
+        reachable_s=0.2,
+        tried=tried or {},
+        in_flight_s=0.2,
+        pass_over_s=1.0,
+        now=now,
     )
 
 
@@ -190,6 +211,10 @@ def test_transfer_skips_followers_that_cannot_take_over() -> None:
     assert pick([peer("b", age=1.5), peer("c")]) == ["c"]  # b has not answered for 1.5 s
     assert pick([peer("b", connected=False), peer("c")]) == ["c"]
     assert pick([peer("b", can_write=False), peer("c", age=9)]) == []
+    assert cannot_take_over(peer("b", can_write=False), 0.2) == "cannot_write"
+    assert cannot_take_over(peer("b", age=0.3), 0.2) == "not_answering"
+    assert cannot_take_over(peer("b", connected=False), 0.2) == "not_connected"
+    assert cannot_take_over(peer("b"), 0.2) is None
 
 
 def test_transfer_prefers_caught_up_then_recent_then_id() -> None:
@@ -198,8 +223,9 @@ def test_transfer_prefers_caught_up_then_recent_then_id() -> None:
     assert pick([peer("c"), peer("b")]) == ["b", "c"]
 
 
-def test_transfer_passes_over_a_follower_that_did_not_take_over_then_retries_it() -> None:
-    tried = {"b": 10.0}
-    assert pick([peer("b"), peer("c")], tried, now=10.1) == ["c"]
-    assert pick([peer("b"), peer("c")], {"b": 10.0, "c": 10.1}, now=10.15) == []
-    assert pick([peer("b"), peer("c")], {"b": 10.0, "c": 10.1}, now=10.25) == ["b"]
+def test_transfer_waits_for_one_in_flight_then_passes_it_over_then_retries_it() -> None:
+    both = [peer("b"), peer("c")]
+    assert pick(both, {"b": 10.0}, now=10.1) is None  # b may still be winning its election
+    assert pick(both, {"b": 10.0}, now=10.25) == ["c"]  # b did not take over: next one
+    assert pick(both, {"b": 10.0, "c": 10.25}, now=10.5) == []  # both passed over: give up
+    assert pick(both, {"b": 10.0, "c": 10.25}, now=11.3) == ["b", "c"]
