@@ -29,6 +29,7 @@ import pysyncobj.transport
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import Journal
+from pysyncobj.monotonic import monotonic as _pysyncobj_monotonic
 from pysyncobj.version import VERSION
 
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
@@ -85,6 +86,15 @@ _LOW_SPACE_BYTES = 1 << 20  # a follower with less free space reports it cannot 
 # A follower sent a TimeoutNow that did not take over is passed over this long (others first).
 TRANSFER_PASS_OVER_S = 1.0
 EXIT_INVARIANT_VIOLATED = 70  # EX_SOFTWARE: a broken Raft invariant stopped the process
+
+
+def raft_clock() -> float:
+    """pysyncobj's clock (CLOCK_MONOTONIC_RAW on Linux), not time.monotonic(): every time
+    compared with pysyncobj's own fields (election deadline, next heartbeat, last response)
+    must come from it. The two clocks drift apart with uptime (0.23 s after 6 h measured here),
+    and mixing them skewed heartbeats (every ~280 ms instead of 50) and election timeouts."""
+    return float(_pysyncobj_monotonic())
+
 
 _patch_lock = threading.Lock()
 _patched = False
@@ -410,7 +420,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def cannot_take_over(self, node_id: str) -> str | None:
         """Why follower `node_id` could not take over now (not connected, not answering, its
         disk refuses writes), or None. Any thread: reads the leader's view without locking."""
-        for p in self._rm_peer_views(time.monotonic()):
+        for p in self._rm_peer_views(raft_clock()):
             if p.node_id == node_id:
                 return cannot_take_over(p, self._rm_min_timeout_s)
         return "not_a_member"
@@ -450,7 +460,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             # A node that cannot write does not stand for election (a TimeoutNow included):
             # it would lead a group it cannot append to. Its vote for others is unaffected.
             self._SyncObj__raftElectionDeadline = (
-                time.monotonic() + self._SyncObj__generateRaftTimeout()
+                raft_clock() + self._SyncObj__generateRaftTimeout()
             )
         self._rm_pre_vote_tick()
         try:
@@ -479,7 +489,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         leader asked this node to take over (TimeoutNow skips PreVote, thesis 3.10)."""
         if self._SyncObj__raftState == _LEADER or self._SyncObj__transferInProgress:
             return
-        now = time.monotonic()
+        now = raft_clock()
         if self._SyncObj__raftElectionDeadline >= now:
             return
         if self._rm_election_allowed:
@@ -522,7 +532,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._SyncObj__raftElectionDeadline = 0
 
     def _rm_on_pre_vote(self, node: Any, msg: dict[str, Any]) -> None:
-        now = time.monotonic()
+        now = raft_clock()
         contact = self._rm_leader_contact
         voter = VoterState(
             node_id=self._rm_cfg.node_id,
@@ -600,7 +610,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def _rm_transfer_best(self) -> str:
         if self._SyncObj__raftState != _LEADER:
             return "none"
-        now = time.monotonic()
+        now = raft_clock()
         last = self._SyncObj__getCurrentLogIndex()
         order = transfer_candidates(
             self._rm_peer_views(now),
@@ -740,7 +750,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def _SyncObj__sendAppendEntries(self) -> None:
         """Leader: stream each follower what it lacks from the journal, bounded per peer."""
         period = self._SyncObj__conf.appendEntriesPeriod
-        now = time.monotonic()
+        now = raft_clock()
         self._SyncObj__newAppendEntriesTime = now + period
         j = self._rm_journal
         term = self._SyncObj__raftCurrentTerm
@@ -785,7 +795,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 if records:
                     nxt = records[-1].index + 1
                     next_index[node] = nxt
-                if node not in connected or time.monotonic() - now > period:
+                if node not in connected or raft_clock() - now > period:
                     break
 
     def _rm_send_snapshot(self, node: Any, next_index: int, now: float) -> None:
@@ -847,7 +857,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._SyncObj__transferInProgress = False
         if not self._SyncObj__transferInProgress:
             self._SyncObj__raftElectionDeadline = (
-                time.monotonic() + self._SyncObj__generateRaftTimeout()
+                raft_clock() + self._SyncObj__generateRaftTimeout()
             )
         if self._SyncObj__raftLeader != node:
             self._SyncObj__onLeaderChanged()
@@ -857,7 +867,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._SyncObj__setState(_FOLLOWER)
         # A live leader: this node answers pre-votes with no, and a round it won before this
         # message no longer entitles it to an election.
-        self._rm_leader_contact = time.monotonic()
+        self._rm_leader_contact = raft_clock()
         self._rm_round = None
         self._rm_election_allowed = False
         return True
@@ -975,7 +985,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             )
         match_index[node] = after.match_index
         next_index[node] = after.next_index
-        self._SyncObj__lastResponseTime[node] = time.monotonic()
+        self._SyncObj__lastResponseTime[node] = raft_clock()
 
 
 def _refuse_utility(args: Any, callback: Callable[[Any, int], None]) -> None:

@@ -5,6 +5,7 @@ leader; a leadership transfer passes over a follower that cannot take over (issu
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.disks import fill, tmpfs
 from tests.harness.local_cluster import ControlError, LocalCluster
 
 ISOLATION_S = 4.0  # 10-20 election timeouts (200-400 ms)
@@ -152,3 +154,33 @@ def test_transfer_passes_over_an_unreachable_follower(cluster: LocalCluster) -> 
     assert ok and new_leader == reachable
     assert took < 1.5, took  # measured ~0.05-0.1 s here; 3 s (the timeout) before
     assert stall < 2.0, stall
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+def test_a_transfer_to_a_follower_with_a_full_disk_is_refused_at_once(tmp_path: Path) -> None:
+    """The controller's balancer asking the leader to hand off to a node whose disk is full
+    (chaos leader-disk-full): refused at once, writes go on (before: held ~3 s, then False)."""
+    root = tmp_path / "c"
+    with tmpfs(root / "node2", 16) as small, LocalCluster(root) as c:
+        c.start_all()
+        leader = c.leader(timeout_s=15)
+        if leader == 2:
+            assert c.call(2, {"op": "transfer", "target": c.nodes[0].raft_addr})
+            leader = c.leader(timeout_s=10, exclude=frozenset({2}))
+        fill(small)
+        deadline = time.monotonic() + 20
+        while "storage.disk_full" not in c.nodes[2].log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, "node 2 never found its disk full"
+            c.call(leader, {"op": "submit", "payloads": [b"x" * 65536] * 4})
+        time.sleep(0.2)  # its next acks say it cannot write
+        start = time.monotonic()
+        ok = c.call(leader, {"op": "transfer", "target": c.nodes[2].raft_addr, "timeout_s": 3.0})
+        took = time.monotonic() - start
+        res = c.call(leader, {"op": "submit", "payloads": [b"after"]})
+        stall = time.monotonic() - start
+        print(
+            f"transfer to a full follower: refused after {took:.3f} s, writes after {stall:.3f} s"
+        )
+        assert not ok and res[0][0] == "ok"
+        assert stall < 1.0, stall  # measured ~0.01 s; 3 s (the timeout) before
+        assert "raft.transfer_refused" in c.nodes[leader].log_path.read_text()
