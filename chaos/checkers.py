@@ -866,3 +866,15 @@ def check_all(
         availability=_check_availability(ix, ws),
         latency=_check_latency(ix, ws),
     )
+
+
+def check_leadership(before: tuple[str, int], after: tuple[str, int]) -> str | None:
+    """A fault that leaves the leader a majority (a follower cut off, then back) must not cost it
+    its leadership: the group's (leader, term) at the end is the one before the fault. What
+    changed, in words, or None."""
+    if before == after:
+        return None
+    (was, term), (now, new_term) = before, after
+    if was != now:
+        return f"leader changed: {was} (term {term}) -> {now} (term {new_term})"
+    return f"term changed under leader {was}: {term} -> {new_term} (an election was forced)"

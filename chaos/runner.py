@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from raftmq.chaos.checkers import CheckReport, check_all
+from raftmq.chaos.checkers import CheckReport, check_all, check_leadership
 from raftmq.chaos.disks import TmpfsDisks
 from raftmq.chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
 from raftmq.chaos.lifecycle_checks import check_lifecycle
@@ -133,6 +133,12 @@ class Nemesis:
             if time.monotonic() > deadline:
                 raise RunError(f"no leader of {self.group} within {timeout_s:g} s")
             time.sleep(0.1)
+
+    def leadership(self, timeout_s: float = 15.0) -> tuple[str, int]:
+        """The group's leader and its term, as that leader reports them."""
+        name = self.leader(timeout_s)
+        p = next(p for p in self.runner.processes() if p.name == name)
+        return name, int(broker_status(p.name, p.group, f"{p.host}:{p.ports[0]}").term)
 
     def resolve(self, target: str) -> list[str]:
         if target == LEADER:
@@ -441,6 +447,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             workload = _start_workload(
                 net, spec, client_history, opts.rate_per_s, scenario.workload
             )
+            before = nemesis.leadership() if scenario.leader_stays else None
             t0 = time.monotonic()
             console.log(
                 f"[bold]{schedule.scenario}[/] seed={schedule.seed}: producing for "
@@ -463,6 +470,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                     t0 + schedule.produce_s,
                     lambda: bar.update(task, completed=time.monotonic() - t0),
                 )
+            # every fault ended RECOVERY_S ago: a returning node has had its chance to disturb
+            after = nemesis.leadership() if before is not None else None
             nemesis.heal_all()
             console.log("draining")
             assert workload.stdin is not None
@@ -498,6 +507,12 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     if not all(w["within_bound"] for w in failover):
         verdict = verdict.replace("PASS", "FAIL", 1)
         verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
+    leadership_problem = (
+        check_leadership(before, after) if before is not None and after is not None else None
+    )
+    if leadership_problem is not None:
+        passed = False
+        verdict = verdict.replace("PASS", "FAIL", 1) + f"; {leadership_problem}"
     result_path = paths.result
     png_path = paths.picture
     extra = {
@@ -507,6 +522,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "passed": passed,
         "ack_before_commit": opts.ack_before_commit,
         "wall_s": round(time.monotonic() - t_setup, 1),
+        **({"leadership": {"before": before, "after": after}} if before is not None else {}),
         **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
     }
     write_result(result_path, _schedule_json(schedule), report, extra)

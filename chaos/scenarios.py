@@ -86,6 +86,9 @@ class Scenario:
     # Start a raftmq-proxy (the RocketMQ 5 API) in the cluster, in its own namespace, when the
     # description has none: only the scenarios whose workload goes through it pay for it.
     proxy: bool = False
+    # The group's leader and term must be the same at the end as before the first fault (a
+    # fault that leaves the leader a majority must not cost it its leadership).
+    leader_stays: bool = False
 
     def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
         produce_s = self.default_duration_s if duration_s is None else duration_s
@@ -184,6 +187,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              True, _single(Kind.PAUSE, LEADER)),
     Scenario("follower-kill", "SIGKILL one follower: no failover, no gap", False,
              _single(Kind.KILL, FOLLOWER)),
+    Scenario("follower-isolate",
+             "cut one follower off from every host for many election timeouts, then rejoin: "
+             "PreVote keeps it from deposing the leader (same leader, same term at the end)",
+             False, _single(Kind.ISOLATE, FOLLOWER), leader_stays=True),
     Scenario("leader-one-way-in", "drop every packet from the followers to the leader", False,
              _single(Kind.ONE_WAY_IN, LEADER)),
     Scenario("client-cut",

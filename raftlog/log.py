@@ -39,7 +39,12 @@ from raftmq.raftlog.storage_health import StorageHealth
 log = logging.getLogger("raftlog.log")
 
 RoleListener = Callable[[RoleChange], None]
-HANDOFF_RETRY_S = 0.2  # a leader that cannot write asks a follower to take over this often
+# A leader that cannot write asks a follower to take over this often; a follower that was asked
+# and did not take over is skipped for election_timeout_min_ms (pysyncobj_compat), so a retry
+# goes to the next one.
+HANDOFF_RETRY_S = 0.05
+# A transfer target that is not connected or not answering may be reconnecting: it gets this long.
+TRANSFER_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -267,7 +272,7 @@ class ReplicatedLog:
             )
         if now >= self._next_handoff_s:
             self._next_handoff_s = now + HANDOFF_RETRY_S
-            self._node.request_transfer(None)
+            self._node.request_transfer_best()
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(
@@ -401,11 +406,21 @@ class ReplicatedLog:
         return None if leader == self.cfg.node_id else leader
 
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool:
-        """Hand leadership to `target` (or the most caught-up follower): new submissions are
-        refused meanwhile so the target can catch up. True once another node leads: stepping
-        down is not enough, since the election that follows can bring this node back (then it
-        tries again while time is left)."""
-        deadline = time.monotonic() + timeout_s
+        """Hand leadership to `target`, or to the best follower that can take over now (caught
+        up, heard from lately, not reporting a full disk; election.transfer_candidates): new
+        submissions are refused meanwhile so the target can catch up. Gives up, False, when no
+        follower (or not `target`) can take over: at once if its disk refuses writes, after
+        TRANSFER_GRACE_S if it is not connected or not answering (it may be reconnecting, or
+        campaigning after a TimeoutNow). Without a target, one that does not take over within
+        the minimum election timeout is passed over for the next. True once
+        another node leads: stepping down is not enough, since the election that follows can
+        bring this node back (then it tries again while time is left)."""
+        start = time.monotonic()
+        deadline = start + timeout_s
+        grace_until = start + TRANSFER_GRACE_S
+        takeover_s = (
+            self.cfg.election_timeout_min_ms if target is None else self.cfg.election_timeout_max_ms
+        ) / 1000
         self._paused = True
         try:
             while time.monotonic() < deadline:
@@ -413,12 +428,37 @@ class ReplicatedLog:
                     if self._another_leads(deadline):
                         return True
                     continue  # elected again: hand over again
-                if self._node.transfer_to(target, timeout_s=0.5):
-                    wait_until = time.monotonic() + self.cfg.election_timeout_max_ms / 1000
+                if target is not None:
+                    reason = self._node.cannot_take_over(target)
+                    if reason not in (None, "cannot_write") and time.monotonic() < grace_until:
+                        time.sleep(0.01)
+                        continue
+                    if reason is not None:
+                        log.warning(
+                            "raft.transfer_refused node=%s to=%s reason=%s",
+                            self.cfg.node_id,
+                            target,
+                            reason,
+                        )
+                        return False
+                    outcome = "sent" if self._node.transfer_to(target, timeout_s=0.5) else "wait"
+                else:
+                    outcome = self._node.transfer_to_best(timeout_s=0.5)
+                if outcome == "none" and time.monotonic() < grace_until:
+                    outcome = "wait"  # a follower may be reconnecting
+                if outcome == "none":
+                    log.warning(
+                        "raft.transfer_refused node=%s reason=no_follower_can_take_over",
+                        self.cfg.node_id,
+                    )
+                    return False
+                if outcome == "sent":
+                    grace_until = time.monotonic() + TRANSFER_GRACE_S  # it goes quiet to campaign
+                    wait_until = min(deadline, time.monotonic() + takeover_s)
                     while time.monotonic() < wait_until and self._node.is_leader():
                         time.sleep(0.005)
                 else:
-                    time.sleep(0.01)  # the target is not caught up yet
+                    time.sleep(0.01)  # the target is catching up, or one was asked a moment ago
             return not self._node.is_leader()
         finally:
             self._paused = False
@@ -433,6 +473,15 @@ class ReplicatedLog:
                 return False
             time.sleep(0.005)
         return not self._node.is_leader()
+
+    def block_peers(self, peers: frozenset[str]) -> None:
+        """Fault injection for tests and drills: drop every raft message to and from `peers`
+        (connections stay up, timers keep running, as with a firewall dropping packets); an
+        empty set heals. Not for production use: it partitions this node on purpose."""
+        unknown = set(peers) - set(self.cfg.peers)
+        if unknown:
+            raise ValueError(f"not peers of {self.cfg.node_id}: {sorted(unknown)}")
+        self._node.set_blocked_peers(frozenset(peers))
 
     def status(self) -> LogStatus:
         v = self._node.view()

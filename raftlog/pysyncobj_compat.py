@@ -29,9 +29,22 @@ import pysyncobj.transport
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import Journal
+from pysyncobj.monotonic import monotonic as _pysyncobj_monotonic
 from pysyncobj.version import VERSION
 
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.election import (
+    LogPosition,
+    PeerView,
+    PreVoteReply,
+    PreVoteRequest,
+    PreVoteRound,
+    VoterState,
+    cannot_take_over,
+    grant_pre_vote,
+    pre_vote_term,
+    transfer_candidates,
+)
 from raftmq.raftlog.errors import CommittedEntryConflictError, RaftLogError
 from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore, RaftMeta
@@ -66,7 +79,22 @@ _NOOP_COMMAND = bytes([1])
 _SNAPSHOT_MESSAGE = (
     "rm_install_snapshot"  # pysyncobj's _COMMAND_TYPE.NO_OP as its journal stores it
 )
+_PRE_VOTE = "rm_pre_vote"  # PreVote (election.py); older nodes ignore unknown message types
+_PRE_VOTE_REPLY = "rm_pre_vote_reply"
+_CANNOT_WRITE = "rm_cannot_write"  # key of a follower's ack: its disk refuses writes
+_LOW_SPACE_BYTES = 1 << 20  # a follower with less free space reports it cannot write
+# A follower sent a TimeoutNow that did not take over is passed over this long (others first).
+TRANSFER_PASS_OVER_S = 1.0
 EXIT_INVARIANT_VIOLATED = 70  # EX_SOFTWARE: a broken Raft invariant stopped the process
+
+
+def raft_clock() -> float:
+    """pysyncobj's clock (CLOCK_MONOTONIC_RAW on Linux), not time.monotonic(): every time
+    compared with pysyncobj's own fields (election deadline, next heartbeat, last response)
+    must come from it. The two clocks drift apart with uptime (0.23 s after 6 h measured here),
+    and mixing them skewed heartbeats (every ~280 ms instead of 50) and election timeouts."""
+    return float(_pysyncobj_monotonic())
+
 
 _patch_lock = threading.Lock()
 _patched = False
@@ -288,6 +316,23 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_snapshots: SnapshotStore | None = None
         self._rm_snapshot_sent: dict[str, float] = {}  # peer -> monotonic time of the last send
         self._rm_tick_calls: collections.deque[Callable[[], None]] = collections.deque(maxlen=64)
+        # PreVote state (tick thread): the round this node runs, the last time a leader spoke to
+        # it, and whether a won round lets the next expired election timer start a real election.
+        self._rm_members = frozenset(cfg.members)
+        self._rm_min_timeout_s = cfg.election_timeout_min_ms / 1000
+        self._rm_round: PreVoteRound | None = None
+        self._rm_round_seq = 0
+        self._rm_heard_term = 0  # the highest term pre-vote answers carried (memory only)
+        self._rm_election_allowed = False
+        self._rm_leader_contact: float | None = None
+        # Leadership transfer (tick thread): what followers report of their disks, which were
+        # sent a TimeoutNow and when (one that did not take over is skipped for a while).
+        self._rm_peer_cannot_write: dict[str, bool] = {}
+        self._rm_transfer_tried: dict[str, float] = {}
+        self._rm_low_space = False
+        self._rm_next_space_check = 0.0
+        self._rm_blocked: frozenset[str] = frozenset()
+        self._rm_send_filter_installed = False
         super().__init__(cfg.node_id, list(cfg.peers), make_conf(cfg, journal))
         transport = self._SyncObj__transport
         for name in ("add", "remove", "set_version"):  # unauthenticated admin commands: refused
@@ -347,6 +392,45 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         done.wait(timeout_s)
         return bool(result and result[0])
 
+    def transfer_to_best(self, timeout_s: float = 2.0) -> str:
+        """Send a TimeoutNow to the best follower that can take over now (election.py's
+        transfer_candidates). Returns "sent", "wait" (one was asked a moment ago, or the best
+        one is catching up) or "none" (no follower can take over)."""
+        done = threading.Event()
+        result: list[str] = []
+
+        def run() -> None:
+            try:
+                result.append(self._rm_transfer_best())
+            finally:
+                done.set()
+
+        self._rm_tick_calls.append(run)
+        done.wait(timeout_s)
+        return result[0] if result else "wait"
+
+    def request_transfer_best(self) -> None:
+        """transfer_to_best without waiting for the answer (any thread)."""
+
+        def run() -> None:
+            self._rm_transfer_best()
+
+        self._rm_tick_calls.append(run)
+
+    def cannot_take_over(self, node_id: str) -> str | None:
+        """Why follower `node_id` could not take over now (not connected, not answering, its
+        disk refuses writes), or None. Any thread: reads the leader's view without locking."""
+        for p in self._rm_peer_views(raft_clock()):
+            if p.node_id == node_id:
+                return cannot_take_over(p, self._rm_min_timeout_s)
+        return "not_a_member"
+
+    def set_blocked_peers(self, peers: frozenset[str]) -> None:
+        """Fault injection for tests and drills: drop every raft message to and from `peers`
+        while the connections stay up, as a firewall rule dropping packets would (a node cut off
+        this way keeps its timers running). An empty set restores normal traffic."""
+        self._rm_tick_calls.append(lambda: self._rm_block(peers))
+
     def set_snapshot_store(self, store: SnapshotStore | None) -> None:
         self._rm_snapshots = store
 
@@ -364,10 +448,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_tick_calls.append(run)
         return fut
 
-    def request_transfer(self, node_id: str | None = None) -> None:
-        """transfer_to without waiting for the answer (any thread)."""
-        self._rm_tick_calls.append(lambda: self.transferLeadership(node=node_id))
-
     def _rm_run_tick_calls(self) -> None:
         while self._rm_tick_calls:
             self._rm_tick_calls.popleft()()
@@ -380,8 +460,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             # A node that cannot write does not stand for election (a TimeoutNow included):
             # it would lead a group it cannot append to. Its vote for others is unaffected.
             self._SyncObj__raftElectionDeadline = (
-                time.monotonic() + self._SyncObj__generateRaftTimeout()
+                raft_clock() + self._SyncObj__generateRaftTimeout()
             )
+        self._rm_pre_vote_tick()
         try:
             SyncObj._onTick(self, timeToWait)
         except OSError:
@@ -396,6 +477,213 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 self._SyncObj__setState(_FOLLOWER)
                 self._SyncObj__raftLeader = None
             self._rm_refuse_queued()
+
+    # ---- PreVote (tick thread) -------------------------------------------------------------
+
+    def _rm_log_position(self) -> LogPosition:
+        return LogPosition(self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+
+    def _rm_pre_vote_tick(self) -> None:
+        """Runs before pysyncobj's tick: an expired election timer starts a pre-vote round
+        instead of an election (term and vote untouched), unless a round was just won or the
+        leader asked this node to take over (TimeoutNow skips PreVote, thesis 3.10)."""
+        if self._SyncObj__raftState == _LEADER or self._SyncObj__transferInProgress:
+            return
+        now = raft_clock()
+        if self._SyncObj__raftElectionDeadline >= now:
+            return
+        if self._rm_election_allowed:
+            self._rm_election_allowed = False  # pysyncobj's tick below starts the election
+            return
+        if not self._SyncObj__connectedToAnyone():
+            return  # pysyncobj would not start an election either
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._rm_round_seq += 1
+        rnd = PreVoteRound(
+            self._rm_cfg.node_id,
+            self._rm_round_seq,
+            pre_vote_term(self._SyncObj__raftCurrentTerm, self._rm_heard_term),
+            self._rm_members,
+        )
+        self._rm_round = rnd
+        if rnd.won:  # a group of one
+            self._rm_start_election(rnd)
+            return
+        req = rnd.request(self._rm_log_position())
+        message = {
+            "type": _PRE_VOTE,
+            "round_id": req.round_id,
+            "term": req.term,
+            "last_log_term": req.log.last_term,
+            "last_log_index": req.log.last_index,
+        }
+        for node in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(node, message)
+
+    def _rm_start_election(self, rnd: PreVoteRound) -> None:
+        """A won round: the next tick runs pysyncobj's election at the round's term (pysyncobj
+        adds one to the current term: a term that lagged is first brought to one below)."""
+        self._rm_round = None
+        if self._SyncObj__raftState == _LEADER:
+            return
+        if rnd.term - 1 > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(rnd.term - 1, None)
+        self._rm_election_allowed = True
+        self._SyncObj__raftElectionDeadline = 0
+
+    def _rm_on_pre_vote(self, node: Any, msg: dict[str, Any]) -> None:
+        now = raft_clock()
+        contact = self._rm_leader_contact
+        voter = VoterState(
+            node_id=self._rm_cfg.node_id,
+            term=self._SyncObj__raftCurrentTerm,
+            is_leader=self._SyncObj__raftState == _LEADER,
+            log=self._rm_log_position(),
+            leader_contact_age_s=None if contact is None else now - contact,
+            min_election_timeout_s=self._rm_min_timeout_s,
+        )
+        req = PreVoteRequest(
+            node.id,
+            int(msg["round_id"]),
+            int(msg["term"]),
+            LogPosition(int(msg["last_log_term"]), int(msg["last_log_index"])),
+        )
+        reply = grant_pre_vote(voter, req)
+        log.log(
+            logging.INFO if reply.granted else logging.DEBUG,
+            "raft.pre_vote_answer node=%s candidate=%s granted=%s term=%d asked_term=%d "
+            "log=%d/%d candidate_log=%d/%d leader_contact_age_s=%s",
+            self._rm_cfg.node_id,
+            node.id,
+            reply.granted,
+            voter.term,
+            req.term,
+            voter.log.last_term,
+            voter.log.last_index,
+            req.log.last_term,
+            req.log.last_index,
+            "never" if voter.leader_contact_age_s is None else f"{voter.leader_contact_age_s:.3f}",
+        )
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": _PRE_VOTE_REPLY,
+                "round_id": reply.round_id,
+                "granted": reply.granted,
+                "term": reply.term,
+            },
+        )
+
+    def _rm_on_pre_vote_reply(self, node: Any, msg: dict[str, Any]) -> None:
+        rnd = self._rm_round
+        if rnd is None or self._SyncObj__raftState == _LEADER:
+            return
+        reply = PreVoteReply(node.id, int(msg["round_id"]), bool(msg["granted"]), int(msg["term"]))
+        self._rm_heard_term = max(self._rm_heard_term, reply.term)  # the next round asks above it
+        if rnd.on_reply(reply):
+            log.info(
+                "raft.pre_vote_won node=%s term=%d election_term=%d granted=%s",
+                self._rm_cfg.node_id,
+                self._SyncObj__raftCurrentTerm,
+                rnd.term,
+                ",".join(sorted(rnd.granted)),
+            )
+            self._rm_start_election(rnd)
+
+    # ---- leadership transfer (tick thread) --------------------------------------------------
+
+    def _rm_peer_views(self, now: float) -> list[PeerView]:
+        connected = self._SyncObj__connectedNodes
+        match_index = self._SyncObj__raftMatchIndex
+        responded = self._SyncObj__lastResponseTime
+        return [
+            PeerView(
+                node_id=n.id,
+                connected=n in connected,
+                match_index=match_index.get(n, 0),
+                response_age_s=now - responded.get(n, float("-inf")),
+                can_write=not self._rm_peer_cannot_write.get(n.id, False),
+            )
+            for n in list(self._SyncObj__otherNodes)
+        ]
+
+    def _rm_transfer_best(self) -> str:
+        if self._SyncObj__raftState != _LEADER:
+            return "none"
+        now = raft_clock()
+        last = self._SyncObj__getCurrentLogIndex()
+        order = transfer_candidates(
+            self._rm_peer_views(now),
+            last_index=last,
+            reachable_s=self._rm_min_timeout_s,
+            tried=self._rm_transfer_tried,
+            in_flight_s=self._rm_min_timeout_s,
+            pass_over_s=TRANSFER_PASS_OVER_S,
+            now=now,
+        )
+        if order is None:
+            return "wait"
+        if not order:
+            return "none"
+        node = next(n for n in self._SyncObj__otherNodes if n.id == order[0])
+        if self._SyncObj__raftMatchIndex.get(node, 0) != last:
+            return "wait"  # the best one is still catching up (writes are paused meanwhile)
+        self._rm_transfer_tried[node.id] = now
+        log.info("raft.transfer_leadership node=%s to=%s", self._rm_cfg.node_id, node.id)
+        self._SyncObj__transport.send(
+            node, {"type": "timeout_now", "term": self._SyncObj__raftCurrentTerm}
+        )
+        return "sent"
+
+    def _rm_cannot_write(self) -> bool:
+        """This node's disk refuses writes, or (probed once a second) has no space left: what a
+        follower reports in its acks so a leader does not pick it to take over."""
+        now = time.monotonic()
+        if now >= self._rm_next_space_check:
+            self._rm_next_space_check = now + 1.0
+            try:
+                st = os.statvfs(self._rm_journal.directory)
+                self._rm_low_space = st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
+            except OSError:
+                self._rm_low_space = False
+        return self._rm_health.error is not None or self._rm_low_space
+
+    def _SyncObj__sendNextNodeIdx(
+        self,
+        node: Any,
+        reset: bool = False,
+        nextNodeIdx: int | None = None,
+        success: bool = False,
+    ) -> None:
+        # pysyncobj's ack plus whether this node can write (older leaders ignore the extra key).
+        if nextNodeIdx is None:
+            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        message = {
+            "type": "next_node_idx",
+            "next_node_idx": nextNodeIdx,
+            "reset": reset,
+            "success": success,
+        }
+        if self._rm_cannot_write():
+            message[_CANNOT_WRITE] = True
+        self._SyncObj__transport.send(node, message)
+
+    # ---- fault injection --------------------------------------------------------------------
+
+    def _rm_block(self, peers: frozenset[str]) -> None:
+        self._rm_blocked = frozenset(peers)
+        if self._rm_send_filter_installed or not peers:
+            return
+        transport = self._SyncObj__transport
+        send = transport.send
+
+        def filtered_send(node: Any, message: Any) -> Any:
+            if self._rm_blocked and getattr(node, "id", None) in self._rm_blocked:
+                return None
+            return send(node, message)
+
+        transport.send = filtered_send  # an instance attribute: pysyncobj looks it up per send
+        self._rm_send_filter_installed = True
 
     def _rm_refuse_queued(self) -> None:
         commands = self._SyncObj__commandsQueue
@@ -435,17 +723,26 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         return None
 
     def _SyncObj__onBecomeLeader(self) -> None:
+        self._rm_transfer_tried.clear()  # a new reign: every follower may be asked again
+        self._rm_round = None
         SyncObj._SyncObj__onBecomeLeader(self)
         if self._rm_sync_flush:
             self._rm_journal.sync()  # the leader counts its own no-op: durable first
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        if self._rm_blocked and node.id in self._rm_blocked:
+            return  # fault injection: dropped as a firewall would
         kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "append_entries" and "prevLogIdx" in message and "transmission" not in message:
+        if kind == _PRE_VOTE:
+            self._rm_on_pre_vote(node, message)
+        elif kind == _PRE_VOTE_REPLY:
+            self._rm_on_pre_vote_reply(node, message)
+        elif kind == "append_entries" and "prevLogIdx" in message and "transmission" not in message:
             self._rm_on_append_entries(node, message)
         elif kind == _SNAPSHOT_MESSAGE:
             self._rm_on_snapshot(node, message)
         elif kind == "next_node_idx" and self._SyncObj__raftState == _LEADER:
+            self._rm_peer_cannot_write[node.id] = bool(message.get(_CANNOT_WRITE, False))
             self._rm_on_next_node_idx(node, message)
         else:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
@@ -453,7 +750,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def _SyncObj__sendAppendEntries(self) -> None:
         """Leader: stream each follower what it lacks from the journal, bounded per peer."""
         period = self._SyncObj__conf.appendEntriesPeriod
-        now = time.monotonic()
+        now = raft_clock()
         self._SyncObj__newAppendEntriesTime = now + period
         j = self._rm_journal
         term = self._SyncObj__raftCurrentTerm
@@ -498,7 +795,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 if records:
                     nxt = records[-1].index + 1
                     next_index[node] = nxt
-                if node not in connected or time.monotonic() - now > period:
+                if node not in connected or raft_clock() - now > period:
                     break
 
     def _rm_send_snapshot(self, node: Any, next_index: int, now: float) -> None:
@@ -560,7 +857,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._SyncObj__transferInProgress = False
         if not self._SyncObj__transferInProgress:
             self._SyncObj__raftElectionDeadline = (
-                time.monotonic() + self._SyncObj__generateRaftTimeout()
+                raft_clock() + self._SyncObj__generateRaftTimeout()
             )
         if self._SyncObj__raftLeader != node:
             self._SyncObj__onLeaderChanged()
@@ -568,6 +865,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__setCurrentTerm(term, None)
         self._SyncObj__setState(_FOLLOWER)
+        # A live leader: this node answers pre-votes with no, and a round it won before this
+        # message no longer entitles it to an election.
+        self._rm_leader_contact = raft_clock()
+        self._rm_round = None
+        self._rm_election_allowed = False
         return True
 
     def _rm_on_snapshot(self, node: Any, msg: dict[str, Any]) -> None:
@@ -683,7 +985,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             )
         match_index[node] = after.match_index
         next_index[node] = after.next_index
-        self._SyncObj__lastResponseTime[node] = time.monotonic()
+        self._SyncObj__lastResponseTime[node] = raft_clock()
 
 
 def _refuse_utility(args: Any, callback: Callable[[Any, int], None]) -> None:

@@ -6,12 +6,9 @@ itself once space returns (issue 15)."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 
 from raftmq.common.errors import RaftMQError, from_rpc_error
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from tests.harness.disks import fill, tmpfs
 from tests.harness.procs import (
     GroupLayout,
     Proc,
@@ -34,36 +32,6 @@ FULL_LINE = "storage.disk_full"
 BODY = b"x" * 1024
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size_mib: int) -> Iterator[Path]:
-    path.mkdir(parents=True)
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(path)], check=True
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Write a filler file until the file system has no space left."""
-    filler = directory / "filler"
-    chunk = b"\0" * (1 << 16)
-    with open(filler, "wb", buffering=0) as f:
-        while True:
-            try:
-                f.write(chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                break
-    for size in (4096, 512, 1):  # the last partial pages too
-        with open(filler, "ab", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * size)
-    return filler
 
 
 @dataclass

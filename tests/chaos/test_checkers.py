@@ -14,6 +14,7 @@ from raftmq.chaos.checkers import (
     check_all,
     check_availability,
     check_latency,
+    check_leadership,
     check_order,
     check_queue,
     unavailability,
@@ -489,3 +490,9 @@ def test_dropping_an_acked_delivery_is_a_loss(run: Run, data: st.DataObject) -> 
     assert queue.lost == 1
     assert queue.samples["lost"] == [gone]
     assert not queue.valid
+
+
+def test_leadership_kept_or_what_changed() -> None:
+    assert check_leadership(("n0", 3), ("n0", 3)) is None
+    assert check_leadership(("n0", 3), ("n1", 5)) == "leader changed: n0 (term 3) -> n1 (term 5)"
+    assert "an election was forced" in (check_leadership(("n0", 3), ("n0", 6)) or "")

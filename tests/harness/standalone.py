@@ -71,6 +71,9 @@ class Controller:
             return self._load(req)
         if op == "transfer":
             return self.rlog.transfer_leadership(req.get("target"), req.get("timeout_s", 3.0))
+        if op == "block":  # cut this node off from these peers (both ways); [] heals
+            self.rlog.block_peers(frozenset(req["peers"]))
+            return True
         if op == "wait_committed":
             return self.rlog.wait_committed(req["index"], req.get("timeout_s", 5.0))
         raise ValueError(f"unknown control op {op!r}")
