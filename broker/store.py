@@ -151,6 +151,7 @@ def _decode_topic(name: bytes, value: bytes) -> TopicConfig:
 
 
 PRODUCER_CACHE_ROWS = 4096  # (producer, topic, queue) rows kept decoded, least recent out
+HEAD_CACHE_ROWS = 65_536  # queue heads kept decoded; emptied when it grows past this
 
 
 class MessageStore:
@@ -218,6 +219,10 @@ class MessageStore:
         self._producer_cache: collections.OrderedDict[bytes, ProducerState] = (
             collections.OrderedDict()
         )
+        # Queue heads as apply() wrote them, by the same rule: the dispatcher reads one per
+        # produce batch, an lmdb read transaction each time otherwise. Retention changes only
+        # a head's min offset, which QueueHead does not carry; install_base clears it.
+        self._head_cache: dict[bytes, QueueHead] = {}
 
     def close(self) -> None:
         self._env.close()
@@ -263,6 +268,7 @@ class MessageStore:
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
             self._producer_cache.clear()
+            self._head_cache.clear()
             raise StoreFullError(
                 f"the store at {self.path} is full ({self._env.info()['map_size']} bytes); "
                 "restart with a larger map_size_bytes"
@@ -273,6 +279,7 @@ class MessageStore:
             # A full disk reaches here as "mdb_txn_commit: Input/output error"; the aborted
             # transaction left the store as it was.
             self._producer_cache.clear()
+            self._head_cache.clear()
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
         self.cuts_applied = cuts
@@ -284,6 +291,12 @@ class MessageStore:
                 cache.move_to_end(key)
         while len(cache) > PRODUCER_CACHE_ROWS:
             cache.popitem(last=False)
+        heads = self._head_cache
+        if len(heads) > HEAD_CACHE_ROWS:
+            heads.clear()  # bounded; refilled by the next writes
+        for out in batch:
+            for head in out.queue_heads:
+                heads[_queue_prefix(head.topic, head.queue_id)] = head
 
     # ---- retention (retention_store.py holds the logic) ----------------------------------------
 
@@ -344,6 +357,7 @@ class MessageStore:
     def install_base(self, blob: bytes) -> int:
         """Replace the whole store with a base the leader sent (the dispatcher is paused)."""
         self._producer_cache.clear()  # the producer table is replaced with the base's
+        self._head_cache.clear()
         with self._env.begin(write=True) as txn:
             index = retention_store.install(txn, self._retention, blob, _META_INDEX)
         self._dispatched_index = index
@@ -490,8 +504,12 @@ class MessageStore:
         return LmdbScheduleIndex(self._env, self._schedule)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
+        key = _queue_prefix(topic, queue_id)
+        cached = self._head_cache.get(key)
+        if cached is not None:
+            return cached
         with self._env.begin() as txn:
-            raw = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+            raw = txn.get(key, db=self._queues)
         if raw is None:
             return None
         next_offset, _, time_ms = _QUEUE_VALUE.unpack(raw)
