@@ -14,7 +14,7 @@ from typing import Any
 
 import lmdb
 
-from raftmq.broker import retention_store
+from raftmq.broker import cq_rows, retention_store
 from raftmq.broker.dispatch import DispatchOutput
 from raftmq.broker.errors import (
     DispatchGapError,
@@ -38,14 +38,12 @@ from raftmq.common.topic_config import Permission, TopicConfig
 from raftmq.raftlog.record import Entry
 
 GIB = 1 << 30
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"  # 2: ConsumeQueue rows per batch (broker/cq_rows.py)
 
 # Big-endian everywhere in keys, so lmdb's byte order is numeric order and a range scan reads
 # a queue (or a queue's time index) in order.
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-# raft index, slot, position, chunk offset, body bytes, tag hash, store ts
-_CQ_VALUE = struct.Struct(">QIIIIQQ")
 _QUEUE_VALUE = struct.Struct(">QQq")  # next offset, min offset, time index ms
 _PRODUCER_HEAD = struct.Struct(">QQB")  # last sequence, last store ts, #recent
 _ORIGIN = struct.Struct(">QIQQI")  # first sequence, count, first offset, raft index, slot
@@ -94,6 +92,33 @@ def _queue_prefix(topic: str, queue_id: int) -> bytes:
     # Topic names never contain NUL (the dispatcher refuses invalid names), so prefixes of
     # different queues never overlap.
     return topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
+
+
+def _seek_row(cur: Any, prefix: bytes, offset: int) -> bool:
+    """Put `cur` (on the ConsumeQueue) at the row holding `offset` of the queue with `prefix`,
+    else at the queue's first row after it. False when the queue has no row at or after it.
+    Rows are per batch (broker/cq_rows.py): the one holding an offset may start before it."""
+    plen = len(prefix)
+    key = prefix + _U64.pack(offset)
+    if cur.set_range(key):
+        if cur.key() == key:
+            return True
+        if not cur.prev():  # the row after is the database's first: nothing before it
+            cur.set_range(key)
+            return bool(cur.key().startswith(prefix))
+    elif not cur.last():
+        return False
+    before = cur.key()  # the last row before `key`, of this queue or of another
+    if (
+        before.startswith(prefix)
+        and len(before) == plen + 8
+        and _U64.unpack_from(before, plen)[0] + cq_rows.count(cur.value()) > offset
+    ):
+        return True
+    if not cur.next():
+        return False
+    after = cur.key()
+    return bool(after.startswith(prefix) and len(after) == plen + 8)
 
 
 def _key_prefix(topic: str, key: str) -> bytes:
@@ -380,18 +405,17 @@ class MessageStore:
 
     def _write(self, txn: Any, out: DispatchOutput) -> None:
         put = txn.put
-        pack_u64, pack_cq = _U64.pack, _CQ_VALUE.pack
+        pack_u64, pack_cq = _U64.pack, cq_rows.pack
         for b in out.cq_batches:
             prefix = _queue_prefix(b.topic, b.queue_id)
-            first, index, slot, ts = b.first_offset, b.raft_index, b.slot, b.store_timestamp_ms
-            items = [
-                (prefix + pack_u64(first + i), pack_cq(index, slot, i, at, size, tag, ts))
-                for i, (at, size, tag) in enumerate(
-                    zip(b.chunk_offsets, b.body_sizes, b.tag_hashes, strict=True)
-                )
-            ]
-            with txn.cursor(db=self._cq) as cur:
-                cur.putmulti(items)
+            first, index, slot = b.first_offset, b.raft_index, b.slot
+            # One row per batch (issue 14): its columns as the dispatcher derived them.
+            put(
+                prefix + pack_u64(first),
+                pack_cq(index, slot, 0, b.store_timestamp_ms, b.chunk_offsets, b.body_sizes,
+                        b.tag_hashes),
+                db=self._cq,
+            )  # fmt: skip
             if index < out.raft_index:  # a commit or move: the bytes are in an older entry
                 last = first + len(b.body_sizes) - 1
                 put(pack_u64(index) + prefix + pack_u64(last), pack_u64(out.raft_index),
@@ -473,14 +497,14 @@ class MessageStore:
         for r in rows:
             txn.put(
                 _queue_prefix(r.topic, r.queue_id) + _U64.pack(r.queue_offset),
-                _CQ_VALUE.pack(
+                cq_rows.pack(
                     r.raft_index,
                     r.slot,
                     r.position,
-                    r.chunk_offset_bytes,
-                    r.body_bytes,
-                    r.tag_hash,
                     r.store_timestamp_ms,
+                    (r.chunk_offset_bytes,),
+                    (r.body_bytes,),
+                    (r.tag_hash,),
                 ),
                 db=self._cq,
             )
@@ -589,27 +613,38 @@ class MessageStore:
         rows: list[CQRow] = []
         next_offset = max(offset, 0)
         scanned = 0
-        unpack_u64, unpack_cq = _U64.unpack_from, _CQ_VALUE.unpack
+        unpack_u64, unpack_cq = _U64.unpack_from, cq_rows.unpack
         with self._env.begin() as txn, txn.cursor(db=self._cq) as cur:
-            if not cur.set_range(prefix + _U64.pack(next_offset)):
+            if not _seek_row(cur, prefix, next_offset):
                 return QueueScan(rows, next_offset)
             for key, value in cur.iternext():
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or len(key) != plen + 8:
                     break
-                (queue_offset,) = unpack_u64(key, plen)
-                index, slot, position, at, size, tag, ts = unpack_cq(value)
-                next_offset = queue_offset + 1
-                scanned += 1
-                if wanted is None or tag in wanted:
-                    rows.append(
-                        CQRow(
-                            topic, queue_id, queue_offset, index, slot, position, at, size, tag, ts
+                (first,) = unpack_u64(key, plen)
+                index, slot, position, ts, n, cols = unpack_cq(value)
+                for i in range(max(next_offset - first, 0), n):
+                    next_offset = first + i + 1
+                    scanned += 1
+                    tag = cols[2 * n + i]
+                    if wanted is None or tag in wanted:
+                        rows.append(
+                            CQRow(
+                                topic,
+                                queue_id,
+                                first + i,
+                                index,
+                                slot,
+                                position + i,
+                                cols[i],
+                                cols[n + i],
+                                tag,
+                                ts,
+                            )
                         )
-                    )
-                    if len(rows) >= max_count:
-                        break
-                if scanned >= max_scan_rows:
-                    break
+                        if len(rows) >= max_count:
+                            return QueueScan(rows, next_offset)
+                    if scanned >= max_scan_rows:
+                        return QueueScan(rows, next_offset)
         return QueueScan(rows, next_offset)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -714,16 +749,23 @@ class MessageStore:
             topic = raw[_BATCH_VALUE.size :].decode("utf-8")
             prefix = _queue_prefix(topic, queue_id)
             offset = (first + position) & _U64_MASK  # see _write_loose
-            value = txn.get(prefix + _U64.pack(offset), db=self._cq)
+            with txn.cursor(db=self._cq) as cur:
+                found = _seek_row(cur, prefix, offset)
+                row_key, value = (bytes(cur.key()), bytes(cur.value())) if found else (b"", b"")
             head = txn.get(prefix, db=self._queues)
-        if value is None:
+        if not found or not row_key.startswith(prefix) or len(row_key) != len(prefix) + 8:
             return None
         if head is not None and offset < _QUEUE_VALUE.unpack(head)[1]:
             return None  # deleted by retention, its row not trimmed yet
-        index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
-        if (index, row_slot, row_pos) != (raft_index, slot, position):
+        row_first = _U64.unpack_from(row_key, len(prefix))[0]
+        index, row_slot, first_position, ts, n, cols = cq_rows.unpack(value)
+        i = offset - row_first
+        if not 0 <= i < n or (index, row_slot, first_position + i) != (raft_index, slot, position):
             return None  # the position is past the end of that batch
-        return CQRow(topic, queue_id, offset, index, row_slot, row_pos, at, size, tag, ts)
+        return CQRow(
+            topic, queue_id, offset, index, row_slot, first_position + i, cols[i], cols[n + i],
+            cols[2 * n + i], ts,
+        )  # fmt: skip
 
 
 class MessageReader:
