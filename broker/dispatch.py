@@ -300,6 +300,15 @@ class Dispatcher:
         work = _EntryWork(state)
         txns = self.transactions
         for slot, chunk in enumerate(entry.chunks):
+            if is_produce_v1(chunk):
+                # The hot path (issue 14): index columns, no Message object per message.
+                try:
+                    self._produce(work, entry.index, slot, chunk)
+                except MalformedBatchError as exc:
+                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                except InvalidArgumentError as exc:  # checked alike on every replica
+                    work.outcomes.append(Rejected(slot, str(exc)))
+                continue
             if txns is not None and is_txn_chunk(chunk):
                 work.outcomes.append(txns.apply_record(work, entry.index, slot, chunk))
                 continue
@@ -309,15 +318,6 @@ class Dispatcher:
                     work.outcomes.append(Applied(slot, Kind.RETENTION))
                 except MalformedBatchError as exc:
                     work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
-                continue
-            if is_produce_v1(chunk):
-                # The hot path (issue 14): index columns, no Message object per message.
-                try:
-                    self._produce(work, entry.index, slot, chunk)
-                except MalformedBatchError as exc:
-                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
-                except InvalidArgumentError as exc:  # checked alike on every replica
-                    work.outcomes.append(Rejected(slot, str(exc)))
                 continue
             try:
                 record = decode(chunk)

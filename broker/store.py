@@ -5,6 +5,7 @@ never copies bodies, never fsyncs: the Raft journal is the truth and dispatch re
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -88,6 +89,9 @@ class KeyHit:
     store_timestamp_ms: int
 
 
+@functools.lru_cache(
+    maxsize=4096
+)  # the dispatcher asks for the same queues' prefixes again and again
 def _queue_prefix(topic: str, queue_id: int) -> bytes:
     # Topic names never contain NUL (the dispatcher refuses invalid names), so prefixes of
     # different queues never overlap.
@@ -132,6 +136,7 @@ def _offset_key(group: str, topic: str, queue_id: int) -> bytes:
     return group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
 
 
+@functools.lru_cache(maxsize=4096)  # three times per idempotent batch in dispatch
 def _producer_key(producer_id: str, topic: str, queue_id: int) -> bytes:
     pid = producer_id.encode("utf-8")
     return _U32.pack(len(pid)) + pid + _queue_prefix(topic, queue_id)
@@ -141,12 +146,13 @@ def _encode_producer(state: ProducerState) -> bytes:
     head = _PRODUCER_HEAD.pack(
         state.last_sequence, state.last_store_timestamp_ms, len(state.recent)
     )
-    parts = [head]
-    parts.extend(
-        _ORIGIN.pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
-        for o in state.recent
+    pack = _ORIGIN.pack
+    return head + b"".join(
+        [
+            pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
+            for o in state.recent
+        ]
     )
-    return b"".join(parts)
 
 
 def _decode_producer(value: bytes) -> ProducerState:

@@ -496,24 +496,39 @@ def decode_with_offsets(data: Bytes) -> tuple[BrokerRecord, tuple[int, ...]]:
 
 
 def _produce_header(data: bytes) -> ProduceHeader:
+    # Inline bounds checks rather than a _Reader: the dispatcher parses one header per batch.
+    size = len(data)
     _, _, flags, topic_len, queue_id, store_ts = _PRODUCE_HEAD.unpack_from(data, 0)
     if flags & ~(_HAS_PRODUCER | _SCHEDULED | _STRICT_SEQUENCE) or (
         flags & _STRICT_SEQUENCE and not flags & _HAS_PRODUCER
     ):
         raise MalformedBatchError(f"produce batch with unknown flags {flags:#x}")
-    r = _Reader(data, _PRODUCE_HEAD.size)
-    topic = r.take(topic_len).decode("utf-8")
+    pos = _PRODUCE_HEAD.size
+    end = pos + topic_len
+    if end > size:
+        raise _overrun("topic", pos, topic_len, size)
+    topic = data[pos:end].decode("utf-8")
+    pos = end
     producer = None
     if flags & _HAS_PRODUCER:
-        producer_id = r.short()
-        (first_seq,) = r.unpack(_U64)
+        if pos + 2 > size:
+            raise _overrun("producer id length", pos, 2, size)
+        (n,) = _U16.unpack_from(data, pos)
+        pos += 2
+        end = pos + n
+        if end + 8 > size:
+            raise _overrun("producer id and sequence", pos, n + 8, size)
+        producer_id = data[pos:end].decode("utf-8")
+        (first_seq,) = _U64.unpack_from(data, end)
+        pos = end + 8
         producer = ProducerSequence(producer_id, first_seq, bool(flags & _STRICT_SEQUENCE))
-    (count,) = r.unpack(_U32)
-    if count == 0 or count * _MSG_HEAD.size > len(data) - r.pos:
+    if pos + 4 > size:
+        raise _overrun("message count", pos, 4, size)
+    (count,) = _U32.unpack_from(data, pos)
+    pos += 4
+    if count == 0 or count * _MSG_HEAD.size > size - pos:
         raise MalformedBatchError(f"produce batch declares {count} messages that do not fit")
-    return ProduceHeader(
-        topic, queue_id, store_ts, producer, count, r.pos, bool(flags & _SCHEDULED)
-    )
+    return ProduceHeader(topic, queue_id, store_ts, producer, count, pos, bool(flags & _SCHEDULED))
 
 
 def _decode_produce(data: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
