@@ -45,6 +45,32 @@ def count(value: bytes) -> int:
     return int(_U32.unpack_from(value, _COUNT_AT)[0])
 
 
+def head(value: bytes) -> tuple[int, int, int, int, int]:
+    """(raft index, slot, first position, store ts, count n) without the columns."""
+    index, slot, first_position, ts, n = HEAD.unpack_from(value)
+    return index, slot, first_position, ts, n
+
+
+@functools.lru_cache(maxsize=512)
+def _slice(k: int) -> tuple[struct.Struct, struct.Struct]:
+    return struct.Struct(f">{k}I"), struct.Struct(f">{k}Q")
+
+
+def columns(
+    value: bytes, n: int, start: int, stop: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Messages start..stop-1 of a row of n: their chunk offsets, body sizes and tag hashes,
+    unpacking only those (a pull of 32 from a row of 512 reads 32)."""
+    k = stop - start
+    u32s, u64s = _slice(k)
+    base = HEAD.size
+    return (
+        u32s.unpack_from(value, base + 4 * start),
+        u32s.unpack_from(value, base + 4 * (n + start)),
+        u64s.unpack_from(value, base + 8 * n + 8 * start),
+    )
+
+
 def unpack(value: bytes) -> tuple[int, int, int, int, int, tuple[int, ...]]:
     """(raft index, slot, first position, store ts, count n, columns): columns[i] is message
     i's chunk offset, columns[n + i] its body size, columns[2n + i] its tag hash."""

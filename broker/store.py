@@ -630,7 +630,7 @@ class MessageStore:
         rows: list[CQRow] = []
         next_offset = max(offset, 0)
         scanned = 0
-        unpack_u64, unpack_cq = _U64.unpack_from, cq_rows.unpack
+        unpack_u64, row_head, row_columns = _U64.unpack_from, cq_rows.head, cq_rows.columns
         with self._env.begin() as txn, txn.cursor(db=self._cq) as cur:
             if not _seek_row(cur, prefix, next_offset):
                 return QueueScan(rows, next_offset)
@@ -638,11 +638,20 @@ class MessageStore:
                 if not key.startswith(prefix) or len(key) != plen + 8:
                     break
                 (first,) = unpack_u64(key, plen)
-                index, slot, position, ts, n, cols = unpack_cq(value)
-                for i in range(max(next_offset - first, 0), n):
+                index, slot, position, ts, n = row_head(value)
+                start = max(next_offset - first, 0)
+                # Only the messages this scan can still look at (rows may hold thousands).
+                left = max_scan_rows - scanned
+                if wanted is None:
+                    left = min(left, max_count - len(rows))
+                stop = min(n, start + left)
+                if stop <= start:
+                    break
+                ats, sizes, tags = row_columns(value, n, start, stop)
+                for j, tag in enumerate(tags):
+                    i = start + j
                     next_offset = first + i + 1
                     scanned += 1
-                    tag = cols[2 * n + i]
                     if wanted is None or tag in wanted:
                         rows.append(
                             CQRow(
@@ -652,8 +661,8 @@ class MessageStore:
                                 index,
                                 slot,
                                 position + i,
-                                cols[i],
-                                cols[n + i],
+                                ats[j],
+                                sizes[j],
                                 tag,
                                 ts,
                             )

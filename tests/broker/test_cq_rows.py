@@ -131,3 +131,21 @@ def test_a_row_holds_its_columns() -> None:
     value = cq_rows.pack(7, 2, 0, 99, (1, 2), (3, 4), (5, 6))
     assert cq_rows.count(value) == 2
     assert cq_rows.unpack(value) == (7, 2, 0, 99, 2, (1, 2, 3, 4, 5, 6))
+
+
+@given(st.integers(1, 40), st.data())
+def test_a_slice_of_the_columns_equals_the_whole_rows_slice(n: int, data: st.DataObject) -> None:
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    ats, sizes, tags = (
+        tuple(range(n)),
+        tuple(range(100, 100 + n)),
+        tuple(range(1 << 40, (1 << 40) + n)),
+    )
+    value = cq_rows.pack(1, 2, 3, 4, ats, sizes, tags)
+    assert cq_rows.head(value) == (1, 2, 3, 4, n)
+    assert cq_rows.columns(value, n, start, stop) == (
+        ats[start:stop],
+        sizes[start:stop],
+        tags[start:stop],
+    )
