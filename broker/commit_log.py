@@ -6,11 +6,12 @@ tests. Nothing here does I/O or holds state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
 from raftmq.broker.dispatcher_thread import CommittedLog
+from raftmq.raftlog.errors import RaftLogError
 from raftmq.raftlog.record import Committed, Entry, LogStatus, RoleChange
 
 
@@ -20,6 +21,11 @@ class CommitLog(CommittedLog, Protocol):
     changes, leadership hand-off and close."""
 
     def submit(self, payload: bytes) -> Future[Committed]: ...
+
+    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+        """submit() for each chunk in order, waking the batcher once; a chunk's error (what
+        submit would raise) is its entry in the list."""
+        ...
 
     def read(self, index: int) -> Entry: ...
 

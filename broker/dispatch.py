@@ -60,11 +60,15 @@ from raftmq.common.record_batch import (
     PopAck,
     PopReceive,
     ProduceBatch,
+    ProduceHeader,
     QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
     TopicOp,
+    decode,
     decode_with_offsets,
+    is_produce_v1,
+    scan_produce,
 )
 from raftmq.common.topic_config import TopicConfig, validate_topic_config
 from raftmq.raftlog.record import Entry
@@ -332,6 +336,15 @@ class Dispatcher:
         work = _EntryWork(state)
         txns = self.transactions
         for slot, chunk in enumerate(entry.chunks):
+            if is_produce_v1(chunk):
+                # The hot path (issue 14): index columns, no Message object per message.
+                try:
+                    self._produce(work, entry.index, slot, chunk)
+                except MalformedBatchError as exc:
+                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                except InvalidArgumentError as exc:  # checked alike on every replica
+                    work.outcomes.append(Rejected(slot, str(exc)))
+                continue
             if txns is not None and is_txn_chunk(chunk):
                 work.outcomes.append(txns.apply_record(work, entry.index, slot, chunk))
                 continue
@@ -343,14 +356,14 @@ class Dispatcher:
                     work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
                 continue
             try:
-                record, offsets = decode_with_offsets(chunk)
+                record = decode(chunk)
             except MalformedBatchError as exc:
                 work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
                 continue
             try:
-                if isinstance(record, ProduceBatch):
-                    self._produce(work, entry.index, slot, record, offsets)
-                elif isinstance(record, CommitOffset):
+                if isinstance(record, ProduceBatch):  # another version's produce: none yet
+                    raise InvalidArgumentError("a produce batch of an unknown version")
+                if isinstance(record, CommitOffset):
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
@@ -385,25 +398,22 @@ class Dispatcher:
             pop_rows=tuple(work.pops.values()),
         )
 
-    def _produce(
-        self,
-        work: _EntryWork,
-        raft_index: int,
-        slot: int,
-        batch: ProduceBatch,
-        chunk_offsets: tuple[int, ...],
-    ) -> None:
-        topic, queue_id, messages = batch.topic, batch.queue_id, batch.messages
+    def _produce(self, work: _EntryWork, raft_index: int, slot: int, chunk: bytes) -> None:
+        """A produce chunk, from its index columns (record_batch.scan_produce): the messages
+        are decoded only for the features that need them (half and delayed messages)."""
+        scan = scan_produce(chunk if isinstance(chunk, bytes) else bytes(chunk))
+        header = scan.header
+        topic, queue_id, count = header.topic, header.queue_id, header.count
         validate_topic(topic, allow_system=True)
-        if self.transactions is not None and self.transactions.is_half(batch):
+        if self.transactions is not None and self.transactions.is_half(header):
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
+            batch, chunk_offsets = _decode_batch(chunk)
             work.outcomes.append(
                 self.transactions.apply_half(work, raft_index, slot, batch, chunk_offsets)
             )
             return
-        count = len(messages)
         gap: SequenceGap | None = None
-        producer = batch.producer
+        producer = header.producer
         prev: ProducerState | None = None
         if producer is not None:
             validate_producer_id(producer.producer_id)
@@ -447,36 +457,36 @@ class Dispatcher:
                 if first_seq > prev.last_sequence + 1:
                     gap = SequenceGap(prev.last_sequence + 1, first_seq)
 
-        ts = batch.store_timestamp_ms
-        hashes: dict[str | None, int] = {}
-        tag_hashes = []
-        for m in messages:
-            h = hashes.get(m.tags)
-            if h is None:
-                h = hashes[m.tags] = tag_hash(m.tags)
-            tag_hashes.append(h)
+        tags = scan.tags
+        distinct = set(tags)
+        tag_hashes: tuple[int, ...]
+        if len(distinct) == 1:  # one tag (or none) for the whole batch: one hash
+            tag_hashes = (tag_hash(tags[0]),) * count
+        else:
+            hashes = {t: tag_hash(t) for t in distinct}
+            tag_hashes = tuple([hashes[t] for t in tags])
         keys: tuple[tuple[str, ...], ...] = ()
-        if any(m.keys for m in messages):
+        if scan.keys:
             # A key repeated in one message gives one index row; empty keys give none.
-            keys = tuple(tuple(k for k in dict.fromkeys(m.keys) if k) for m in messages)
-        if batch.scheduled:
+            keys = tuple(tuple(k for k in dict.fromkeys(ks) if k) for ks in scan.keys)
+        if header.scheduled:
+            batch, chunk_offsets = _decode_batch(chunk)
             delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes, keys)
-            self._record_producer(work, batch, prev, SCHEDULED_OFFSET, raft_index, slot)
+            self._record_producer(work, header, prev, SCHEDULED_OFFSET, raft_index, slot)
             work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
             return
-        body_sizes = tuple([len(m.body) for m in messages])
         first = work.append_rows(
             topic,
             queue_id,
             raft_index,
             slot,
-            ts,
-            chunk_offsets,
-            body_sizes,
-            tuple(tag_hashes),
+            header.store_timestamp_ms,
+            scan.offsets,
+            scan.body_sizes,
+            tag_hashes,
             keys,
         )
-        self._record_producer(work, batch, prev, first, raft_index, slot)
+        self._record_producer(work, header, prev, first, raft_index, slot)
         work.outcomes.append(
             Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
         )
@@ -484,23 +494,23 @@ class Dispatcher:
     def _record_producer(
         self,
         work: _EntryWork,
-        batch: ProduceBatch,
+        header: ProduceHeader,
         prev: ProducerState | None,
         first: int,
         raft_index: int,
         slot: int,
     ) -> None:
-        producer = batch.producer
+        producer = header.producer
         if producer is None:
             return
-        count = len(batch.messages)
+        count = header.count
         origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
         recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
-        work.producers[producer.producer_id, batch.topic, batch.queue_id] = ProducerRow(
+        work.producers[producer.producer_id, header.topic, header.queue_id] = ProducerRow(
             producer.producer_id,
-            batch.topic,
-            batch.queue_id,
-            ProducerState(producer.first_sequence + count - 1, batch.store_timestamp_ms, recent),
+            header.topic,
+            header.queue_id,
+            ProducerState(producer.first_sequence + count - 1, header.store_timestamp_ms, recent),
         )
 
     @staticmethod
@@ -566,6 +576,14 @@ class Dispatcher:
             return
         work.topics[cfg.name] = TopicRow(cfg.name, cfg)
         work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, rec.op.name.lower() + "d"))
+
+
+def _decode_batch(chunk: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
+    """The whole batch, for the features that read its messages (half and delayed ones)."""
+    record, offsets = decode_with_offsets(chunk)
+    if not isinstance(record, ProduceBatch):  # scan_produce read it as one: a bug
+        raise MalformedBatchError("a produce chunk decoded as another record")
+    return record, offsets
 
 
 def _find_original(state: ProducerState, first_seq: int, count: int) -> StoredRange | None:

@@ -359,14 +359,32 @@ class BrokerNode:
     def submit(self, payload: bytes) -> Future[Committed]:
         try:
             return self.rlog.submit(payload)
-        except rl_errors.EntryTooLargeError as exc:
-            raise MessageTooLargeError(
+        except (rl_errors.EntryTooLargeError, rl_errors.LogClosedError) as exc:
+            raise self._submit_error(exc) from exc
+
+    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftMQError]:
+        """submit() for each chunk, in order, with one hand-off to the log's batcher: each
+        chunk's future, or the error submit() would raise for it."""
+        out: list[Future[Committed] | RaftMQError] = []
+        for r in self.rlog.submit_many(payloads):
+            if isinstance(r, (rl_errors.EntryTooLargeError, rl_errors.LogClosedError)):
+                err = self._submit_error(r)
+                err.__cause__ = r
+                out.append(err)
+            elif isinstance(r, rl_errors.RaftLogError):
+                raise r  # submit() raises no other error: a bug
+            else:
+                out.append(r)
+        return out
+
+    def _submit_error(self, exc: rl_errors.RaftLogError) -> RaftMQError:
+        if isinstance(exc, rl_errors.EntryTooLargeError):
+            return MessageTooLargeError(
                 f"the request encodes to {exc.size_bytes} bytes; one request may carry at most "
                 f"{exc.max_bytes}: send fewer or smaller messages per batch",
                 details={"size_bytes": str(exc.size_bytes), "max_bytes": str(exc.max_bytes)},
-            ) from exc
-        except rl_errors.LogClosedError as exc:
-            raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down") from exc
+            )
+        return BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
 
     # The error a failed or late replication answers, shared by the blocking and the async
     # path so the two transports cannot drift.
@@ -473,12 +491,7 @@ class BrokerNode:
         never raising for one chunk (the fast data path answers each queue batch apart). The
         chunks are submitted in order, so the batcher packs them into one entry when they fit."""
         loop = asyncio.get_running_loop()
-        commits: list[Future[Committed] | RaftMQError] = []
-        for p in payloads:
-            try:
-                commits.append(self.submit(p))
-            except RaftMQError as exc:
-                commits.append(exc)
+        commits = self.submit_many(payloads)
         answers: list[asyncio.Future[ChunkOutcome] | None] = []
         for commit in commits:
             if isinstance(commit, RaftMQError):

@@ -37,6 +37,7 @@ from raftmq.common.message import (
     Message,
     encode_msg_id,
     validate_message,
+    validate_messages,
     validate_producer_id,
     validate_topic,
 )
@@ -158,12 +159,15 @@ class SendProcessor:
         for m in messages:
             if len(m.body) > limits.max_message_bytes:
                 raise MessageTooLargeError.for_size(len(m.body), limits.max_message_bytes)
-            if delivery.is_delayed(m):  # the SDK's delay arguments travel as reserved names
+            if m.properties and delivery.is_delayed(m):  # delay arguments: reserved names
                 scheduled = True
-                if not trusted:
-                    validate_message(delivery.user_view(m), limits, allow_system_topic=True)
-            elif not trusted:
-                validate_message(m, limits, allow_system_topic=True)
+        if not trusted:
+            if scheduled:
+                for m in messages:
+                    view = delivery.user_view(m) if delivery.is_delayed(m) else m
+                    validate_message(view, limits, allow_system_topic=True)
+            else:  # per batch: what repeats (topic, born host) is checked once
+                validate_messages(messages, limits, allow_system_topic=True)
         producer: ProducerSequence | None = None
         if producer_id:
             validate_producer_id(producer_id)

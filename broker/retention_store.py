@@ -20,6 +20,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from raftmq.broker import cq_rows
 from raftmq.broker.errors import StoreError
 from raftmq.broker.retention import (
     GroupLoss,
@@ -295,8 +296,9 @@ def trim_step(txn: Any, t: Tables, max_rows: int) -> int:
 def _delete_prefix_rows(
     txn: Any, db: Any, prefix: bytes, low: int, limit: int, *, by_value: bool
 ) -> int:
-    """Rows of one queue below offset `low`: ConsumeQueue keys end in the offset; time-index
-    rows (keyed by store time) carry the offset in their value."""
+    """Rows of one queue below offset `low`: ConsumeQueue keys end in the offset of the row's
+    first message (a row holds a batch: broker/cq_rows.py); time-index rows (keyed by store
+    time) carry the offset in their value."""
     n = 0
     plen = len(prefix)
     with txn.cursor(db=db) as cur:
@@ -306,7 +308,10 @@ def _delete_prefix_rows(
             key = cur.key()
             if not key.startswith(prefix) or len(key) != plen + 8:
                 break
-            offset = _U64.unpack(cur.value() if by_value else key[plen:])[0]
+            if by_value:  # a time-index row: the first offset stored from its time on
+                offset = _U64.unpack(cur.value())[0]
+            else:  # a ConsumeQueue row holds a batch: it goes once all of it is below `low`
+                offset = _U64.unpack(key[plen:])[0] + cq_rows.count(cur.value()) - 1
             if offset >= low:
                 break
             if not cur.delete():

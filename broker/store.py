@@ -5,6 +5,7 @@ never copies bodies, never fsyncs: the Raft journal is the truth and dispatch re
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 import lmdb
 
-from raftmq.broker import retention_store
+from raftmq.broker import cq_rows, retention_store
 from raftmq.broker.dispatch import DispatchOutput
 from raftmq.broker.errors import (
     DispatchGapError,
@@ -38,14 +39,12 @@ from raftmq.common.topic_config import Permission, TopicConfig
 from raftmq.raftlog.record import Entry
 
 GIB = 1 << 30
-FORMAT_VERSION = b"1"
+FORMAT_VERSION = b"2"  # 2: ConsumeQueue rows per batch (broker/cq_rows.py)
 
 # Big-endian everywhere in keys, so lmdb's byte order is numeric order and a range scan reads
 # a queue (or a queue's time index) in order.
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-# raft index, slot, position, chunk offset, body bytes, tag hash, store ts
-_CQ_VALUE = struct.Struct(">QIIIIQQ")
 _QUEUE_VALUE = struct.Struct(">QQq")  # next offset, min offset, time index ms
 _PRODUCER_HEAD = struct.Struct(">QQB")  # last sequence, last store ts, #recent
 _ORIGIN = struct.Struct(">QIQQI")  # first sequence, count, first offset, raft index, slot
@@ -90,10 +89,40 @@ class KeyHit:
     store_timestamp_ms: int
 
 
+@functools.lru_cache(
+    maxsize=4096
+)  # the dispatcher asks for the same queues' prefixes again and again
 def _queue_prefix(topic: str, queue_id: int) -> bytes:
     # Topic names never contain NUL (the dispatcher refuses invalid names), so prefixes of
     # different queues never overlap.
     return topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
+
+
+def _seek_row(cur: Any, prefix: bytes, offset: int) -> bool:
+    """Put `cur` (on the ConsumeQueue) at the row holding `offset` of the queue with `prefix`,
+    else at the queue's first row after it. False when the queue has no row at or after it.
+    Rows are per batch (broker/cq_rows.py): the one holding an offset may start before it."""
+    plen = len(prefix)
+    key = prefix + _U64.pack(offset)
+    if cur.set_range(key):
+        if cur.key() == key:
+            return True
+        if not cur.prev():  # the row after is the database's first: nothing before it
+            cur.set_range(key)
+            return bool(cur.key().startswith(prefix))
+    elif not cur.last():
+        return False
+    before = cur.key()  # the last row before `key`, of this queue or of another
+    if (
+        before.startswith(prefix)
+        and len(before) == plen + 8
+        and _U64.unpack_from(before, plen)[0] + cq_rows.count(cur.value()) > offset
+    ):
+        return True
+    if not cur.next():
+        return False
+    after = cur.key()
+    return bool(after.startswith(prefix) and len(after) == plen + 8)
 
 
 def _key_prefix(topic: str, key: str) -> bytes:
@@ -107,6 +136,7 @@ def _offset_key(group: str, topic: str, queue_id: int) -> bytes:
     return group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0" + _U32.pack(queue_id)
 
 
+@functools.lru_cache(maxsize=4096)  # three times per idempotent batch in dispatch
 def _producer_key(producer_id: str, topic: str, queue_id: int) -> bytes:
     pid = producer_id.encode("utf-8")
     return _U32.pack(len(pid)) + pid + _queue_prefix(topic, queue_id)
@@ -116,12 +146,13 @@ def _encode_producer(state: ProducerState) -> bytes:
     head = _PRODUCER_HEAD.pack(
         state.last_sequence, state.last_store_timestamp_ms, len(state.recent)
     )
-    parts = [head]
-    parts.extend(
-        _ORIGIN.pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
-        for o in state.recent
+    pack = _ORIGIN.pack
+    return head + b"".join(
+        [
+            pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
+            for o in state.recent
+        ]
     )
-    return b"".join(parts)
 
 
 def _decode_producer(value: bytes) -> ProducerState:
@@ -151,6 +182,7 @@ def _decode_topic(name: bytes, value: bytes) -> TopicConfig:
 
 
 PRODUCER_CACHE_ROWS = 4096  # (producer, topic, queue) rows kept decoded, least recent out
+HEAD_CACHE_ROWS = 65_536  # queue heads kept decoded; emptied when it grows past this
 
 
 class MessageStore:
@@ -221,6 +253,15 @@ class MessageStore:
         self._producer_cache: collections.OrderedDict[bytes, ProducerState] = (
             collections.OrderedDict()
         )
+        # Queue heads as apply() wrote them, by the same rule: the dispatcher reads one per
+        # produce batch, an lmdb read transaction each time otherwise. Retention changes only
+        # a head's min offset, which QueueHead does not carry; install_base clears it.
+        self._head_cache: dict[bytes, QueueHead] = {}
+        # Every topic's config, as the topics table holds it: the leader asks for a batch's
+        # topic on every send (an lmdb read and a decode each, ~10% of the data loop's time in
+        # W1). Only apply() and install_base write the table; both update this mirror after
+        # their transaction commits. As bounded as the table itself.
+        self._topic_cache: dict[str, TopicConfig] = {t.name: t for t in self.topics()}
 
     def close(self) -> None:
         self._env.close()
@@ -266,6 +307,7 @@ class MessageStore:
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
             self._producer_cache.clear()
+            self._head_cache.clear()
             raise StoreFullError(
                 f"the store at {self.path} is full ({self._env.info()['map_size']} bytes); "
                 "restart with a larger map_size_bytes"
@@ -276,6 +318,7 @@ class MessageStore:
             # A full disk reaches here as "mdb_txn_commit: Input/output error"; the aborted
             # transaction left the store as it was.
             self._producer_cache.clear()
+            self._head_cache.clear()
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
         self.cuts_applied = cuts
@@ -287,6 +330,20 @@ class MessageStore:
                 cache.move_to_end(key)
         while len(cache) > PRODUCER_CACHE_ROWS:
             cache.popitem(last=False)
+        topics = self._topic_cache
+        for out in batch:
+            for row in out.topic_rows:
+                if row.config is None:
+                    topics.pop(row.name, None)
+                else:  # as a read of the table would give it
+                    name = row.name.encode("utf-8")
+                    topics[row.name] = _decode_topic(name, _encode_topic(row.config))
+        heads = self._head_cache
+        if len(heads) > HEAD_CACHE_ROWS:
+            heads.clear()  # bounded; refilled by the next writes
+        for out in batch:
+            for head in out.queue_heads:
+                heads[_queue_prefix(head.topic, head.queue_id)] = head
 
     # ---- retention (retention_store.py holds the logic) ----------------------------------------
 
@@ -347,9 +404,11 @@ class MessageStore:
     def install_base(self, blob: bytes) -> int:
         """Replace the whole store with a base the leader sent (the dispatcher is paused)."""
         self._producer_cache.clear()  # the producer table is replaced with the base's
+        self._head_cache.clear()
         with self._env.begin(write=True) as txn:
             index = retention_store.install(txn, self._retention, blob, _META_INDEX)
         self._dispatched_index = index
+        self._topic_cache = {t.name: t for t in self.topics()}
         return index
 
     def trim_step(self, max_rows: int) -> int:
@@ -369,18 +428,17 @@ class MessageStore:
 
     def _write(self, txn: Any, out: DispatchOutput) -> None:
         put = txn.put
-        pack_u64, pack_cq = _U64.pack, _CQ_VALUE.pack
+        pack_u64, pack_cq = _U64.pack, cq_rows.pack
         for b in out.cq_batches:
             prefix = _queue_prefix(b.topic, b.queue_id)
-            first, index, slot, ts = b.first_offset, b.raft_index, b.slot, b.store_timestamp_ms
-            items = [
-                (prefix + pack_u64(first + i), pack_cq(index, slot, i, at, size, tag, ts))
-                for i, (at, size, tag) in enumerate(
-                    zip(b.chunk_offsets, b.body_sizes, b.tag_hashes, strict=True)
-                )
-            ]
-            with txn.cursor(db=self._cq) as cur:
-                cur.putmulti(items)
+            first, index, slot = b.first_offset, b.raft_index, b.slot
+            # One row per batch (issue 14): its columns as the dispatcher derived them.
+            put(
+                prefix + pack_u64(first),
+                pack_cq(index, slot, 0, b.store_timestamp_ms, b.chunk_offsets, b.body_sizes,
+                        b.tag_hashes),
+                db=self._cq,
+            )  # fmt: skip
             if index < out.raft_index:  # a commit or move: the bytes are in an older entry
                 last = first + len(b.body_sizes) - 1
                 put(pack_u64(index) + prefix + pack_u64(last), pack_u64(out.raft_index),
@@ -464,14 +522,14 @@ class MessageStore:
         for r in rows:
             txn.put(
                 _queue_prefix(r.topic, r.queue_id) + _U64.pack(r.queue_offset),
-                _CQ_VALUE.pack(
+                cq_rows.pack(
                     r.raft_index,
                     r.slot,
                     r.position,
-                    r.chunk_offset_bytes,
-                    r.body_bytes,
-                    r.tag_hash,
                     r.store_timestamp_ms,
+                    (r.chunk_offset_bytes,),
+                    (r.body_bytes,),
+                    (r.tag_hash,),
                 ),
                 db=self._cq,
             )
@@ -495,8 +553,12 @@ class MessageStore:
         return LmdbScheduleIndex(self._env, self._schedule)
 
     def queue_head(self, topic: str, queue_id: int) -> QueueHead | None:
+        key = _queue_prefix(topic, queue_id)
+        cached = self._head_cache.get(key)
+        if cached is not None:
+            return cached
         with self._env.begin() as txn:
-            raw = txn.get(_queue_prefix(topic, queue_id), db=self._queues)
+            raw = txn.get(key, db=self._queues)
         if raw is None:
             return None
         next_offset, _, time_ms = _QUEUE_VALUE.unpack(raw)
@@ -512,10 +574,7 @@ class MessageStore:
         return _decode_producer(raw) if raw is not None else None
 
     def topic(self, name: str) -> TopicConfig | None:
-        key = name.encode("utf-8")
-        with self._env.begin() as txn:
-            raw = txn.get(key, db=self._topics)
-        return _decode_topic(key, raw) if raw is not None else None
+        return self._topic_cache.get(name)
 
     def queue_lease(self, group: str, topic: str, queue_id: int) -> Lease | None:
         with self._env.begin() as txn:
@@ -582,27 +641,47 @@ class MessageStore:
         rows: list[CQRow] = []
         next_offset = max(offset, 0)
         scanned = 0
-        unpack_u64, unpack_cq = _U64.unpack_from, _CQ_VALUE.unpack
+        unpack_u64, row_head, row_columns = _U64.unpack_from, cq_rows.head, cq_rows.columns
         with self._env.begin() as txn, txn.cursor(db=self._cq) as cur:
-            if not cur.set_range(prefix + _U64.pack(next_offset)):
+            if not _seek_row(cur, prefix, next_offset):
                 return QueueScan(rows, next_offset)
             for key, value in cur.iternext():
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or len(key) != plen + 8:
                     break
-                (queue_offset,) = unpack_u64(key, plen)
-                index, slot, position, at, size, tag, ts = unpack_cq(value)
-                next_offset = queue_offset + 1
-                scanned += 1
-                if wanted is None or tag in wanted:
-                    rows.append(
-                        CQRow(
-                            topic, queue_id, queue_offset, index, slot, position, at, size, tag, ts
+                (first,) = unpack_u64(key, plen)
+                index, slot, position, ts, n = row_head(value)
+                start = max(next_offset - first, 0)
+                # Only the messages this scan can still look at (rows may hold thousands).
+                left = max_scan_rows - scanned
+                if wanted is None:
+                    left = min(left, max_count - len(rows))
+                stop = min(n, start + left)
+                if stop <= start:
+                    break
+                ats, sizes, tags = row_columns(value, n, start, stop)
+                for j, tag in enumerate(tags):
+                    i = start + j
+                    next_offset = first + i + 1
+                    scanned += 1
+                    if wanted is None or tag in wanted:
+                        rows.append(
+                            CQRow(
+                                topic,
+                                queue_id,
+                                first + i,
+                                index,
+                                slot,
+                                position + i,
+                                ats[j],
+                                sizes[j],
+                                tag,
+                                ts,
+                            )
                         )
-                    )
-                    if len(rows) >= max_count:
-                        break
-                if scanned >= max_scan_rows:
-                    break
+                        if len(rows) >= max_count:
+                            return QueueScan(rows, next_offset)
+                    if scanned >= max_scan_rows:
+                        return QueueScan(rows, next_offset)
         return QueueScan(rows, next_offset)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -707,16 +786,23 @@ class MessageStore:
             topic = raw[_BATCH_VALUE.size :].decode("utf-8")
             prefix = _queue_prefix(topic, queue_id)
             offset = (first + position) & _U64_MASK  # see _write_loose
-            value = txn.get(prefix + _U64.pack(offset), db=self._cq)
+            with txn.cursor(db=self._cq) as cur:
+                found = _seek_row(cur, prefix, offset)
+                row_key, value = (bytes(cur.key()), bytes(cur.value())) if found else (b"", b"")
             head = txn.get(prefix, db=self._queues)
-        if value is None:
+        if not found or not row_key.startswith(prefix) or len(row_key) != len(prefix) + 8:
             return None
         if head is not None and offset < _QUEUE_VALUE.unpack(head)[1]:
             return None  # deleted by retention, its row not trimmed yet
-        index, row_slot, row_pos, at, size, tag, ts = _CQ_VALUE.unpack(value)
-        if (index, row_slot, row_pos) != (raft_index, slot, position):
+        row_first = _U64.unpack_from(row_key, len(prefix))[0]
+        index, row_slot, first_position, ts, n, cols = cq_rows.unpack(value)
+        i = offset - row_first
+        if not 0 <= i < n or (index, row_slot, first_position + i) != (raft_index, slot, position):
             return None  # the position is past the end of that batch
-        return CQRow(topic, queue_id, offset, index, row_slot, row_pos, at, size, tag, ts)
+        return CQRow(
+            topic, queue_id, offset, index, row_slot, first_position + i, cols[i], cols[n + i],
+            cols[2 * n + i], ts,
+        )  # fmt: skip
 
 
 class MessageReader:

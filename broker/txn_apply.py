@@ -51,7 +51,7 @@ from raftmq.broker.txn_records import (
     decode_txn,
 )
 from raftmq.common.filter.tag import tag_hash
-from raftmq.common.record_batch import Kind, MalformedBatchError, ProduceBatch
+from raftmq.common.record_batch import Kind, MalformedBatchError, ProduceBatch, ProduceHeader
 from raftmq.common.topic_config import Permission, TopicConfig
 
 MAX_TXN_ID_BYTES = 128
@@ -124,9 +124,9 @@ class TxnApplier:
     # ---- the dispatcher's calls (the dispatcher thread, in log order) ---------------------------
 
     @staticmethod
-    def is_half(batch: ProduceBatch) -> bool:
+    def is_half(batch: ProduceBatch | ProduceHeader) -> bool:
         """A half message: its batch carries the HALF_PRODUCER_ID mark, which only the broker's
-        SendHalfMessage writes."""
+        SendHalfMessage writes (the header tells: the dispatcher asks before decoding)."""
         return batch.producer is not None and batch.producer.producer_id == HALF_PRODUCER_ID
 
     def apply_half(

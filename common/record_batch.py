@@ -649,24 +649,39 @@ def decode_with_offsets(data: Bytes) -> tuple[BrokerRecord, tuple[int, ...]]:
 
 
 def _produce_header(data: bytes) -> ProduceHeader:
+    # Inline bounds checks rather than a _Reader: the dispatcher parses one header per batch.
+    size = len(data)
     _, _, flags, topic_len, queue_id, store_ts = _PRODUCE_HEAD.unpack_from(data, 0)
     if flags & ~(_HAS_PRODUCER | _SCHEDULED | _STRICT_SEQUENCE) or (
         flags & _STRICT_SEQUENCE and not flags & _HAS_PRODUCER
     ):
         raise MalformedBatchError(f"produce batch with unknown flags {flags:#x}")
-    r = _Reader(data, _PRODUCE_HEAD.size)
-    topic = r.take(topic_len).decode("utf-8")
+    pos = _PRODUCE_HEAD.size
+    end = pos + topic_len
+    if end > size:
+        raise _overrun("topic", pos, topic_len, size)
+    topic = data[pos:end].decode("utf-8")
+    pos = end
     producer = None
     if flags & _HAS_PRODUCER:
-        producer_id = r.short()
-        (first_seq,) = r.unpack(_U64)
+        if pos + 2 > size:
+            raise _overrun("producer id length", pos, 2, size)
+        (n,) = _U16.unpack_from(data, pos)
+        pos += 2
+        end = pos + n
+        if end + 8 > size:
+            raise _overrun("producer id and sequence", pos, n + 8, size)
+        producer_id = data[pos:end].decode("utf-8")
+        (first_seq,) = _U64.unpack_from(data, end)
+        pos = end + 8
         producer = ProducerSequence(producer_id, first_seq, bool(flags & _STRICT_SEQUENCE))
-    (count,) = r.unpack(_U32)
-    if count == 0 or count * _MSG_HEAD.size > len(data) - r.pos:
+    if pos + 4 > size:
+        raise _overrun("message count", pos, 4, size)
+    (count,) = _U32.unpack_from(data, pos)
+    pos += 4
+    if count == 0 or count * _MSG_HEAD.size > size - pos:
         raise MalformedBatchError(f"produce batch declares {count} messages that do not fit")
-    return ProduceHeader(
-        topic, queue_id, store_ts, producer, count, r.pos, bool(flags & _SCHEDULED)
-    )
+    return ProduceHeader(topic, queue_id, store_ts, producer, count, pos, bool(flags & _SCHEDULED))
 
 
 def _decode_produce(data: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
@@ -695,6 +710,112 @@ def _decode_produce(data: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:
         header.scheduled,
     )
     return batch, tuple(offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceScan:
+    """What the dispatcher indexes of a produce batch, by column, without a Message per
+    message (issue 14: per batch, not per message, on the servers' hot path)."""
+
+    header: ProduceHeader
+    offsets: tuple[int, ...]  # byte offset of each message's record in the chunk
+    body_sizes: tuple[int, ...]
+    tags: tuple[str | None, ...]
+    keys: tuple[tuple[str, ...], ...]  # per message as stored; () when no message has keys
+
+
+def scan_produce(data: bytes) -> ProduceScan:
+    """A produce chunk's index columns. Checks exactly what decode_with_offsets checks (every
+    length, utf-8 of every string, no property twice in a message, no trailing bytes), so a
+    chunk one refuses the other refuses too; it makes no Message objects. `data` is a v1
+    produce chunk (the caller checked kind and version)."""
+    size = len(data)
+    if size < _PRODUCE_HEAD.size:
+        raise MalformedBatchError("produce batch shorter than its header")
+    try:
+        header = _produce_header(data)
+        pos = header.messages_at
+        offsets: list[int] = []
+        sizes: list[int] = []
+        tags: list[str | None] = []
+        keys: list[tuple[str, ...]] = []
+        any_keys = False
+        strings: dict[bytes, str] = {}  # tags and hosts repeat across a batch
+        unpack_head, unpack_u16, unpack_prop = _unpack_head, _unpack_u16, _unpack_prop
+        no_tag = _NO_TAG
+        for _ in range(header.count):
+            offsets.append(pos)
+            if pos + 24 > size:  # _MSG_HEAD.size
+                raise _overrun("message header", pos, 24, size)
+            body_len, _, _, tag_len, host_len, n_keys, n_props = unpack_head(data, pos)
+            pos += 24
+            tag: str | None = None
+            if tag_len != no_tag:
+                end = pos + tag_len
+                if end > size:
+                    raise _overrun("tag", pos, tag_len, size)
+                raw = data[pos:end]
+                tag = strings.get(raw)
+                if tag is None:
+                    tag = strings[raw] = raw.decode("utf-8")
+                pos = end
+            tags.append(tag)
+            end = pos + host_len
+            if end > size:
+                raise _overrun("born host", pos, host_len, size)
+            raw = data[pos:end]
+            if raw not in strings:
+                strings[raw] = raw.decode("utf-8")
+            pos = end
+            if n_keys:
+                any_keys = True
+                key_list = []
+                for _ in range(n_keys):
+                    if pos + 2 > size:
+                        raise _overrun("key length", pos, 2, size)
+                    (n,) = unpack_u16(data, pos)
+                    pos += 2
+                    end = pos + n
+                    if end > size:
+                        raise _overrun("key", pos, n, size)
+                    key_list.append(data[pos:end].decode("utf-8"))
+                    pos = end
+                keys.append(tuple(key_list))
+            else:
+                keys.append(())
+            if n_props:
+                names: set[str] = set()
+                for _ in range(n_props):
+                    if pos + 6 > size:
+                        raise _overrun("property lengths", pos, 6, size)
+                    name_len, value_len = unpack_prop(data, pos)
+                    pos += 6
+                    end = pos + name_len + value_len
+                    if end > size:
+                        raise _overrun("property", pos, name_len + value_len, size)
+                    name = data[pos : pos + name_len].decode("utf-8")
+                    if name in names:
+                        raise MalformedBatchError(f"property {name!r} appears twice in one message")
+                    names.add(name)
+                    data[pos + name_len : end].decode("utf-8")  # checked, as the decoder does
+                    pos = end
+            end = pos + body_len
+            if end > size:
+                raise _overrun("body", pos, body_len, size)
+            sizes.append(body_len)
+            pos = end
+    except UnicodeDecodeError as exc:
+        raise MalformedBatchError(f"invalid utf-8 in a produce batch: {exc}") from exc
+    if pos != size:
+        raise MalformedBatchError(f"{size - pos} trailing bytes after {header.count} messages")
+    return ProduceScan(
+        header, tuple(offsets), tuple(sizes), tuple(tags), tuple(keys) if any_keys else ()
+    )
+
+
+def is_produce_v1(data: Bytes) -> bool:
+    """A produce chunk of this module's format (scan_produce reads it)."""
+    return len(data) >= _HEAD.size and data[0] == Kind.PRODUCE and data[1] == VERSION
 
 
 _unpack_head, _unpack_u16, _unpack_prop = (

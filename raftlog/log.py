@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +143,42 @@ class ReplicatedLog:
             self._pending_bytes += len(payload)
             self._lock.notify_all()
         return fut
+
+    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+        """submit() for several chunks, in order, waking the batcher once (a broker request's
+        batches then share an entry when they fit). Each gets its future, or the error submit()
+        would raise for it (EntryTooLargeError, LogClosedError)."""
+        limit = self.cfg.max_entry_bytes
+        out: list[Future[Committed] | RaftLogError] = []
+        if self._closed:
+            return [LogClosedError("the replicated log is closed") for _ in payloads]
+        refused: NotLeaderError | None = None
+        if self._paused or not self._node.is_leader() or self.health.error is not None:
+            refused = NotLeaderError(self.cfg.node_id, self._leader_hint())
+        added = 0
+        with self._lock:
+            for payload in payloads:
+                if len(payload) > limit:
+                    out.append(EntryTooLargeError(len(payload), limit))
+                    continue
+                fut: Future[Committed] = Future()
+                out.append(fut)
+                if refused is not None:
+                    fut.set_exception(refused)
+                elif self._pending_bytes + len(payload) > self.cfg.max_pending_bytes:
+                    fut.set_exception(
+                        QueueFullError(
+                            f"{self._pending_bytes} bytes already wait for replication "
+                            f"(max_pending_bytes={self.cfg.max_pending_bytes}); retry later"
+                        )
+                    )
+                else:
+                    self._pending.append(_Submission(payload, fut))
+                    self._pending_bytes += len(payload)
+                    added += 1
+            if added:
+                self._lock.notify_all()
+        return out
 
     def _batch_loop(self) -> None:
         linger_s = self.cfg.batch_linger_ms / 1000

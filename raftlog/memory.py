@@ -20,6 +20,7 @@ from raftmq.raftlog.errors import (
     LogClosedError,
     NotLeaderError,
     OutcomeUnknownError,
+    RaftLogError,
 )
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
 
@@ -75,6 +76,16 @@ class MemoryLog:
                 return fut
             self._append_locked((payload,), self._term, fut)
         return fut
+
+    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+        """submit() for each, in order; a chunk's error is its entry in the list."""
+        out: list[Future[Committed] | RaftLogError] = []
+        for payload in payloads:
+            try:
+                out.append(self.submit(payload))
+            except RaftLogError as exc:
+                out.append(exc)
+        return out
 
     def append(self, chunks: Sequence[bytes], term: int | None = None) -> Entry:
         """An entry another leader committed (this node follows): committed here at once."""

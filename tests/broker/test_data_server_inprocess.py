@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,12 @@ from raftmq.broker.node import BrokerNode
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import InvalidArgumentError, OffsetOutOfRangeError
+from raftmq.common.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OffsetOutOfRangeError,
+)
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.raftlog.memory import MemoryLog
@@ -264,3 +270,23 @@ def test_data_listen_setting(tmp_path: Path) -> None:
             settings(tmp_path, data_listen=bad)
     with pytest.raises(ValueError, match="data_max_frame_bytes"):
         settings(tmp_path, data_max_frame_bytes=100)
+
+
+def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
+    tmp_path: Path,
+) -> None:
+    # replicate_each_async hands a request's chunks to the log in one call (submit_many); a
+    # chunk the log refuses (too large) is answered alone, the others commit in order.
+    node = make_node(tmp_path, MemoryLog(ME_RAFT, max_entry_bytes=1 << 10))
+    try:
+        ok, big = b"\x02small", b"\x02" + b"x" * 2048
+        out = node.submit_many([ok, big, ok])
+        assert isinstance(out[1], MessageTooLargeError) and "at most 1024" in str(out[1])
+        first, third = out[0], out[2]
+        assert isinstance(first, Future) and isinstance(third, Future)
+        assert first.result(5).index < third.result(5).index
+        node.rlog.close()
+        closed = node.submit_many([ok])
+        assert isinstance(closed[0], BrokerUnavailableError)
+    finally:
+        node.close()

@@ -18,6 +18,7 @@ from raftmq.common.message import (
     retry_topic,
     validate_group,
     validate_message,
+    validate_messages,
     validate_topic,
 )
 
@@ -173,3 +174,37 @@ def test_tag_hash_agrees_with_the_tag_filter(tag: str | None) -> None:
     """The ConsumeQueue stores message.tag_hash; the tag filter compares filter_tag.tag_hash."""
     filter_tag = pytest.importorskip("raftmq.common.filter.tag")
     assert filter_tag.tag_hash(tag) == tag_hash(tag)
+
+
+_plain_messages = st.builds(
+    Message,
+    topic=st.sampled_from(["T", "", "%RETRY%g", "bad topic"]),
+    body=st.sampled_from([b"", b"x", b"y" * 40]),
+    tags=st.none() | st.sampled_from(["A", " ", "a|b"]),
+    keys=st.sampled_from([(), ("k",), (" ",)]),
+    properties=st.sampled_from([{}, {"p": "v"}]),
+    flag=st.sampled_from([0, 1 << 31, -(1 << 31)]),
+    born_timestamp_ms=st.sampled_from([0, 1 << 63]),
+    born_host=st.sampled_from(["h:1", "h\n", "x" * 300]),
+)
+
+
+@given(st.lists(_plain_messages, min_size=1, max_size=6), st.booleans())
+def test_a_batch_is_refused_exactly_when_one_of_its_messages_is(
+    messages: list[Message], empty_ok: bool
+) -> None:
+    # The leader checks a batch at once (validate_messages, issue 14): what repeats is checked
+    # once, so it must refuse exactly the batches in which validate_message refuses a message.
+    limits = MessageLimits(max_message_bytes=32, allow_empty_body=empty_ok)
+    refused_one = False
+    for m in messages:
+        try:
+            validate_message(m, limits, allow_system_topic=True)
+        except (InvalidMessageError, InvalidNameError):
+            refused_one = True
+    try:
+        validate_messages(messages, limits, allow_system_topic=True)
+        refused_all = False
+    except (InvalidMessageError, InvalidNameError):
+        refused_all = True
+    assert refused_all == refused_one

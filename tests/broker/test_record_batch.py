@@ -26,6 +26,8 @@ from raftmq.common.record_batch import (
     decode_produce_header,
     decode_with_offsets,
     encode,
+    is_produce_v1,
+    scan_produce,
 )
 from raftmq.common.topic_config import Permission, TopicConfig
 
@@ -234,3 +236,66 @@ def test_a_strict_sequence_survives_the_round_trip_and_needs_a_producer() -> Non
     plain[2] |= 0x04  # the strict flag on a batch without a producer
     with pytest.raises(MalformedBatchError, match="unknown flags"):
         decode(bytes(plain))
+
+
+def _scan_or_error(raw: bytes) -> object:
+    try:
+        scan = scan_produce(raw)
+    except MalformedBatchError:
+        return MalformedBatchError
+    return scan
+
+
+def _full_or_error(raw: bytes) -> object:
+    try:
+        return decode_with_offsets(raw)
+    except MalformedBatchError:
+        return MalformedBatchError
+
+
+@given(produce_batches())
+def test_the_dispatchers_scan_gives_the_decoders_columns(batch: ProduceBatch) -> None:
+    # The dispatcher indexes from scan_produce (no Message objects); readers decode in full.
+    raw = encode(batch)
+    assert is_produce_v1(raw)
+    scan = scan_produce(raw)
+    record, offsets = decode_with_offsets(raw)
+    assert isinstance(record, ProduceBatch)
+    assert scan.header == decode_produce_header(raw)
+    assert scan.offsets == offsets
+    assert scan.body_sizes == tuple(len(m.body) for m in record.messages)
+    assert scan.tags == tuple(m.tags for m in record.messages)
+    if any(m.keys for m in record.messages):
+        assert scan.keys == tuple(m.keys for m in record.messages)
+    else:
+        assert scan.keys == ()
+
+
+@given(produce_batches(), st.data())
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_the_scan_refuses_exactly_what_the_decoder_refuses(
+    batch: ProduceBatch, data: st.DataObject
+) -> None:
+    # Every replica must store or skip a chunk alike, whichever reader looked at it: a chunk
+    # the scan accepts and a consumer cannot decode would be served as poison.
+    raw = bytearray(encode(batch))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(2, len(raw) - 1))  # kind and version stay a v1 produce
+        raw[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(2, len(raw)))
+    chunk = bytes(raw[:cut]) + data.draw(st.binary(max_size=3))
+    scanned, full = _scan_or_error(chunk), _full_or_error(chunk)
+    assert (scanned is MalformedBatchError) == (full is MalformedBatchError)
+
+
+def test_the_scan_refuses_a_property_given_twice_and_bad_utf8_in_a_value() -> None:
+    good = encode(ProduceBatch("t", 0, 1, (Message("t", b"b", properties={"a": "x"}),)))
+    m = Message("t", b"body", properties={"ab": "cd", "ef": "gh"})
+    raw = encode(ProduceBatch("t", 0, 1, (m,)))
+    dup = raw.replace(b"ef", b"ab")
+    assert _full_or_error(dup) is MalformedBatchError
+    assert _scan_or_error(dup) is MalformedBatchError
+    bad_value = raw.replace(b"gh", b"\xff\xfe")
+    assert _full_or_error(bad_value) is MalformedBatchError
+    assert _scan_or_error(bad_value) is MalformedBatchError
+    assert _scan_or_error(good) is not MalformedBatchError

@@ -280,3 +280,29 @@ def test_producer_rows_read_from_the_cache_equal_the_rows_on_disk(node: Node) ->
     assert node.store._producer_cache == {}
     assert {q: node.store.producer_state("p", "T", q) for q in (0, 1)} == cached
     assert node.store._producer_cache == {}, "a read must not fill the cache"
+
+
+def test_topic_reads_follow_every_applied_change_and_equal_the_table(node: Node) -> None:
+    """store.topic reads a mirror of the topics table (the leader asks on every send): after
+    each create, update, delete and a failed transaction it equals what the table holds."""
+
+    def on_disk() -> dict[str, TopicConfig]:
+        return {t.name: t for t in node.store.topics()}
+
+    def change(op: TopicOp, cfg: TopicConfig) -> None:
+        node.entry(encode(TopicConfigChange(op, cfg)))
+        assert node.store._topic_cache == on_disk()
+
+    change(TopicOp.CREATE, TopicConfig("T", 8, 8, ordered=True))
+    change(TopicOp.CREATE, TopicConfig("T", 2, 2))  # exists: unchanged
+    assert node.store.topic("T") == TopicConfig("T", 8, 8, ordered=True)
+    change(TopicOp.UPDATE, TopicConfig("T", 4, 4, auto_created=True))
+    change(TopicOp.UPDATE, TopicConfig("U", 1, 1))
+    change(TopicOp.DELETE, TopicConfig("U"))
+    assert node.store.topic("U") is None
+    assert node.store.topic("T") == TopicConfig("T", 4, 4, auto_created=True)
+    with pytest.raises(DispatchGapError):  # nothing written, nothing mirrored
+        node.store.apply(DispatchOutput(node.store.dispatched_index + 2, 1))
+    assert node.store._topic_cache == on_disk()
+    node.reopen()
+    assert node.store._topic_cache == on_disk() == {"T": TopicConfig("T", 4, 4, auto_created=True)}

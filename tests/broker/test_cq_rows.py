@@ -1,0 +1,151 @@
+"""The ConsumeQueue kept as one row per batch (broker/cq_rows.py, issue 14): every read the
+per-message rows served (a scan from any offset, inside a batch or not, with a tag filter and a
+scan limit; the row a message id names) gives what a row per message gave, also next to other
+queues' rows, around delivered delayed messages (one-message rows at any position) and after
+retention trimmed whole batches below a min offset that cuts through one."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raftmq.broker import cq_rows, retention_store
+from raftmq.broker.dispatch import DispatchOutput
+from raftmq.broker.rows import CQBatch, CQRow, QueueHead
+from raftmq.broker.store import MessageStore
+
+TOPIC = "T"
+TAGS = (11, 22, 33)
+
+# A queue's layout: per row, (count, loose position or None for a produce batch, tag choice).
+rows_strategy = st.lists(
+    st.tuples(st.integers(1, 6), st.none() | st.integers(0, 9), st.integers(0, 2)),
+    min_size=1,
+    max_size=12,
+)
+
+
+LOOSE_SLOT = 5  # delivered delayed messages' rows: their own slot, never a batch's
+
+
+def _build(
+    store: MessageStore, layout: list[tuple[int, int | None, int]]
+) -> tuple[list[CQRow], list[int]]:
+    """Write the layout to queue 0 (queue 1 and topic "S" get rows around it too). Returns the
+    per-message rows a row per message would hold, in offset order, and where each row starts."""
+    expected: list[CQRow] = []
+    starts: list[int] = []
+    offset = 0
+    for i, (count, loose, tag_pick) in enumerate(layout):
+        index = i + 1
+        ts = 1000 + i
+        tags = tuple(TAGS[(tag_pick + k) % 3] for k in range(count))
+        starts.append(offset)
+        if loose is not None:  # a delivered delayed message: one row at its own position
+            row = CQRow(TOPIC, 0, offset, index, LOOSE_SLOT, loose, 40, 7, tags[0], ts)
+            heads = (QueueHead(TOPIC, 0, offset + 1, ts),)
+            out = DispatchOutput(index, 1, loose_rows=(row,), queue_heads=heads)
+            expected.append(row)
+            offset += 1
+        else:
+            at = tuple(30 + 50 * k for k in range(count))
+            sizes = tuple(10 + k for k in range(count))
+            batches = (
+                CQBatch(TOPIC, 0, offset, index, 0, ts, at, sizes, tags),
+                CQBatch(TOPIC, 1, 3 * i, index, 1, ts, at[:1], sizes[:1], tags[:1]),
+                CQBatch("S", 0, 3 * i, index, 2, ts, at, sizes, tags),
+            )
+            heads = (QueueHead(TOPIC, 0, offset + count, ts),)
+            out = DispatchOutput(index, 1, cq_batches=batches, queue_heads=heads)
+            expected.extend(batches[0].rows())
+            offset += count
+        store.apply(out)
+    return expected, starts
+
+
+@given(rows_strategy, st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_batch_rows_read_as_rows_per_message(
+    layout: list[tuple[int, int | None, int]], data: st.DataObject
+) -> None:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        MessageStore(Path(tmp), map_size_bytes=32 << 20) as s,
+    ):
+        expected, _ = _build(s, layout)
+        end = len(expected)
+        for start in range(end + 2):
+            max_count = data.draw(st.integers(1, end + 1), label="max_count")
+            scan_limit = data.draw(st.integers(1, end + 1), label="max_scan_rows")
+            wanted = data.draw(st.none() | st.sets(st.sampled_from(TAGS)), label="tags")
+            got = s.scan_queue(TOPIC, 0, start, max_count, wanted, max_scan_rows=scan_limit)
+            model, nxt, scanned = [], start, 0
+            for row in expected[start:]:
+                nxt, scanned = row.queue_offset + 1, scanned + 1
+                if wanted is None or row.tag_hash in wanted:
+                    model.append(row)
+                    if len(model) >= max_count:
+                        break
+                if scanned >= scan_limit:
+                    break
+            assert (got.rows, got.next_offset) == (model, nxt)
+        for row in expected:  # what a message id names
+            assert s.cq_row_at(row.raft_index, row.slot, row.position) == row
+        assert s.cq_row_at(len(layout) + 5, 0, 0) is None
+        last = expected[-1]
+        if last.slot == 0:  # one position past the end of a batch names nothing
+            assert s.cq_row_at(last.raft_index, 0, last.position + 1) is None
+
+
+@given(rows_strategy, st.data())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_trim_keeps_the_batch_that_straddles_the_min_offset(
+    layout: list[tuple[int, int | None, int]], data: st.DataObject
+) -> None:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        MessageStore(Path(tmp), map_size_bytes=32 << 20) as s,
+    ):
+        expected, starts = _build(s, layout)
+        low = data.draw(st.integers(0, len(expected)), label="min offset")
+        with s._env.begin(write=True) as txn:
+            removed = retention_store._delete_prefix_rows(
+                txn, s._cq, b"T\0\0\0\0\0", low, 10_000, by_value=False
+            )
+        # Rows wholly below `low` went; the one holding `low` stays whole.
+        ends = [*starts[1:], len(expected)]
+        assert removed == sum(1 for end in ends if end <= low)
+        first_kept = min(
+            (st_ for st_, end in zip(starts, ends, strict=True) if end > low), default=low
+        )
+        assert s.read_queue(TOPIC, 0, 0, 10_000) == expected[first_kept:]
+        assert s.read_queue(TOPIC, 0, low, 10_000) == expected[low:]
+        n_batches = sum(1 for _, loose, _ in layout if loose is None)
+        assert len(s.read_queue(TOPIC, 1, 0, 10_000)) == n_batches  # other queues untouched
+
+
+def test_a_row_holds_its_columns() -> None:
+    value = cq_rows.pack(7, 2, 0, 99, (1, 2), (3, 4), (5, 6))
+    assert cq_rows.count(value) == 2
+    assert cq_rows.unpack(value) == (7, 2, 0, 99, 2, (1, 2, 3, 4, 5, 6))
+
+
+@given(st.integers(1, 40), st.data())
+def test_a_slice_of_the_columns_equals_the_whole_rows_slice(n: int, data: st.DataObject) -> None:
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    ats, sizes, tags = (
+        tuple(range(n)),
+        tuple(range(100, 100 + n)),
+        tuple(range(1 << 40, (1 << 40) + n)),
+    )
+    value = cq_rows.pack(1, 2, 3, 4, ats, sizes, tags)
+    assert cq_rows.head(value) == (1, 2, 3, 4, n)
+    assert cq_rows.columns(value, n, start, stop) == (
+        ats[start:stop],
+        sizes[start:stop],
+        tags[start:stop],
+    )
