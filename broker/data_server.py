@@ -29,6 +29,7 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
+from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
@@ -53,7 +54,9 @@ class DataServer:
         node: BrokerNode,
         settings: BrokerSettings,
         transactions: TransactionShell | None = None,
+        guard: Guard | None = None,
     ) -> None:
+        self.guard = guard  # issue 19: None = auth off
         self.node = node
         self.settings = settings
         self.transactions = transactions
@@ -84,6 +87,7 @@ class DataServer:
             max_frame_bytes=s.data_max_frame_bytes,
             max_inflight_per_conn=s.data_max_inflight_per_conn,
             max_connections=s.data_max_connections,
+            authenticate=self.guard.authenticate_hello if self.guard is not None else None,
         )
         io.run(self._server.start(host, port), timeout_s=10)
         advertised = self.node.me.address.rpartition(":")[0] if host in _WILDCARD_HOSTS else host
@@ -139,7 +143,9 @@ class DataServer:
         }
         if self.transactions is not None:
             assert self._waker is not None
-            handlers.update(transaction_handlers(self.transactions, self._blocking, self._waker))
+            handlers.update(
+                transaction_handlers(self.transactions, self._blocking, self._waker, self._check)
+            )
         missing = set(PAYLOADS) - set(handlers) - (TXN_METHODS if not self.transactions else set())
         assert not missing, f"no handler for {sorted(m.name for m in missing)}"
         timed = self.node.metrics.frame_handler
@@ -152,10 +158,18 @@ class DataServer:
         node = self.node
 
         async def handle(payload: memoryview, ctx: RequestContext) -> bytes:
-            return fn(node, parse(cls, payload)).SerializeToString()
+            req = parse(cls, payload)
+            self._check(ctx, req)
+            return fn(node, req).SerializeToString()
 
         handle.__qualname__ = f"DataServer.{fn.__name__}"
         return handle
+
+    def _check(self, ctx: RequestContext, req: Message) -> None:
+        """Authorize a parsed request for the connection's principal (issue 19): once per
+        request or batch, never per message; decisions are cached in the guard."""
+        if self.guard is not None:
+            self.guard.check_frame(ctx.principal, ctx.method, req)
 
     async def _blocking(self, fn: Callable[..., _T], *args: object) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -163,6 +177,7 @@ class DataServer:
     async def _send(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node
         req = parse(broker_pb2.SendMessageRequest, payload)
+        self._check(ctx, req)
         term = node.status().term
         if requests.send_needs_thread(node, req):
             prepared = await self._blocking(requests.prepare_send, node, req)
@@ -188,6 +203,7 @@ class DataServer:
         fails as a whole only for a malformed frame or a bug."""
         node = self.node
         req = parse(broker_pb2.SendBatchesRequest, payload)
+        self._check(ctx, req)
         if not req.batches:
             raise InvalidArgumentError("a SEND_BATCHES request must carry at least one batch")
         if len(req.batches) > MAX_BATCHES_PER_REQUEST:
@@ -251,6 +267,7 @@ class DataServer:
     async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node
         req = parse(broker_pb2.CommitOffsetRequest, payload)
+        self._check(ctx, req)
         if node.leader_gate_open():
             entries = requests.commit_payloads(node, req)
         else:
@@ -269,6 +286,7 @@ class DataServer:
         long_poll_max_ms (the generator applies both)."""
         node = self.node
         req = parse(broker_pb2.PullMessageRequest, payload)
+        self._check(ctx, req)
         deadline = time.monotonic() + self.settings.long_poll_max_ms / 1000
         steps = requests.pull_steps(node, req, deadline)
         result = await self._drive(steps)

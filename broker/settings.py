@@ -227,6 +227,33 @@ class BrokerSettings:
         doc="DEBUG ONLY, loses acknowledged messages: answer a send once the leader queued it, "
         "before the majority commit (shows that the chaos checker catches such a bug)",
     )
+    # Security (issue 19): [security.auth] in the cluster description sets these on every role.
+    auth_enabled: bool = setting(
+        default=False,
+        unit="",
+        doc="check a signed request (access key, HMAC) and the ACL on every call",
+    )
+    auth_admin_access_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin (super) user the nodes sign with; "" = env RAFTMQ_ADMIN_ACCESS_KEY',
+    )
+    auth_admin_secret_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
+        "line)",
+    )
+    auth_window_ms: int = setting(
+        default=900_000,
+        unit="ms",
+        doc="a signature made further than this from the server's clock is refused (replay)",
+    )
+    acl_refresh_ms: int = setting(
+        default=2_000,
+        unit="ms",
+        doc="how often the node fetches the users and policies from the controllers",
+    )
 
     def __post_init__(self) -> None:
         members = parse_members(self.members)
