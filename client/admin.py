@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import grpc
 
+from raftmq.client.acl_admin import AclAdmin
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
@@ -20,6 +21,7 @@ from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.client.stats_report import StatsReport, merge, report_range
 from raftmq.client.trace import MessageTrace, records_of_message
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -42,7 +44,7 @@ from raftmq.common.trace import (
     TraceRecord,
     path_of,
 )
-from raftmq.common.types import QueueRef, check_offset
+from raftmq.common.types import QueueRef, check_offset, parse_address_list
 
 log = logging.getLogger("raftmq.admin")
 
@@ -153,8 +155,17 @@ class Admin:
     """A context manager; thread-safe."""
 
     @checked
-    def __init__(self, namesrv_addresses: str | Sequence[str]) -> None:
-        self._pool = ChannelPool()
+    def __init__(
+        self,
+        namesrv_addresses: str | Sequence[str],
+        *,
+        credentials: Credentials | None = None,
+        controllers: str | Sequence[str] = "",
+    ) -> None:
+        self._pool = ChannelPool(credentials=credentials)
+        # the users and policies (issue 19) are the controllers' (acl_* methods)
+        self.controllers = parse_address_list(controllers, "controllers") if controllers else ()
+        self.acl = AclAdmin(self._pool, self.controllers)
         self.routes = RouteCache(namesrv_addresses, self._pool)
 
     def close(self) -> None:

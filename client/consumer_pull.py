@@ -17,6 +17,7 @@ from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
@@ -39,6 +40,7 @@ class PullConsumer:
         max_messages_per_pull: int = 1024,
         long_poll_ms: int = 2_000,
         allow_follower_read: bool = True,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(group)
         if max_prefetch_messages < 1 or max_messages_per_pull < 1 or long_poll_ms < 0:
@@ -47,8 +49,8 @@ class PullConsumer:
             )
         check_subscription(tag_expression, sql_expression)
         self.group = group
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-consumer-data")
+        self._pool = ChannelPool(credentials=credentials)
+        self._data = DataPool(name="raftmq-consumer-data", credentials=credentials)
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

@@ -37,6 +37,7 @@ from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.client.trace import TraceSender, traced_listener
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     InvalidArgumentError,
@@ -110,6 +111,7 @@ class PushConsumer:
         client_id: str | None = None,
         on_stuck: StuckCallback | None = None,
         trace: bool = False,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(group)
         validate_topic(topic)
@@ -144,8 +146,8 @@ class PushConsumer:
         self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-consumer-data")
+        self._pool = ChannelPool(credentials=credentials)
+        self._data = DataPool(name="raftmq-consumer-data", credentials=credentials)
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

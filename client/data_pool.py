@@ -17,6 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from google.protobuf.message import DecodeError, Message
 
+from raftmq.common.auth import Credentials
+from raftmq.common.auth_client import client_signer
 from raftmq.common.data_api import PAYLOADS, DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -64,10 +66,16 @@ class DataPool:
     data address never starts one; `close()` fails what is pending and stops it."""
 
     def __init__(
-        self, *, max_connections: int = DEFAULT_MAX_CONNECTIONS, name: str = "raftmq-data"
+        self,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        name: str = "raftmq-data",
+        credentials: Credentials | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        # issue 19: each connection's HELLO is signed (once per connection)
+        self._signer = client_signer(credentials)
         self._max = max_connections
         self._name = name
         self._lock = threading.Lock()
@@ -106,7 +114,12 @@ class DataPool:
                 return fc
             loop = self._loop_locked()
             host, port = split_address(data_address)
-            fc = FrameClient(host, port, loop=loop)
+            fc = FrameClient(
+                host,
+                port,
+                loop=loop,
+                auth=self._signer.hello_auth if self._signer is not None else None,
+            )
             self._clients[data_address] = fc
             evicted = []
             while len(self._clients) > self._max:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from raftmq.client.queue_selector import PublishQueues
+from raftmq.common.auth import Credentials
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -65,10 +67,12 @@ class ChannelPool:
     """One channel per address, at most `max_channels` (least recently used closed first).
     The one place the SDK creates channels, all with CHANNEL_OPTIONS. Thread-safe."""
 
-    def __init__(self, max_channels: int = 256) -> None:
+    def __init__(self, max_channels: int = 256, *, credentials: Credentials | None = None) -> None:
         if max_channels < 1:
             raise ValueError("max_channels must be >= 1")
         self._max = max_channels
+        # issue 19: every call signed with these (else RAFTMQ_ACCESS_KEY/... or the file)
+        self.signer = client_signer(credentials)
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, _PoolEntry] = collections.OrderedDict()
 
@@ -77,7 +81,9 @@ class ChannelPool:
         if entry is not None:
             self._entries.move_to_end(address)
             return entry
-        entry = _PoolEntry(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+        entry = _PoolEntry(
+            signed(grpc.insecure_channel(address, options=CHANNEL_OPTIONS), self.signer)
+        )
         self._entries[address] = entry
         while len(self._entries) > self._max:
             _, old = self._entries.popitem(last=False)

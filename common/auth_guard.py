@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -219,7 +219,13 @@ def request_types(services: Sequence[Any]) -> dict[str, type[Message]]:
     }
 
 
-class AuthInterceptor(grpc.ServerInterceptor[Any, Any]):
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
+else:  # grpc's classes are generic in its stubs only
+    _ServerInterceptor = grpc.ServerInterceptor
+
+
+class AuthInterceptor(_ServerInterceptor):
     """Authenticates and authorizes every unary call of a (threaded) grpc.Server before its
     handler runs: a failure ends the call with UNAUTHENTICATED or PERMISSION_DENIED and our
     ErrorDetail, like any raftmq error."""

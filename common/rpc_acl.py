@@ -53,7 +53,7 @@ def _group(action: Action, field: str = "consumer_group") -> Rule:
 
 def _commit(req: Any) -> Iterable[Need]:
     needs = {(Action.SUB, group(req.consumer_group))}
-    needs.update((Action.SUB, topic(o.queue.topic)) for o in req.offsets)
+    needs.update((Action.SUB, topic(o.topic)) for o in req.offsets)
     return needs
 
 

@@ -19,6 +19,12 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from raftmq.common.auth import (
+    ENV_ACCESS_KEY,
+    ENV_CREDENTIALS_FILE,
+    ENV_SECRET_KEY,
+    load_credentials,
+)
 from raftmq.common.errors import RaftMQError
 from raftmq.ops.cluster_spec import SpecError
 
@@ -67,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
         f"(env RAFTMQ_NAMESRV; default {DEFAULT_NAMESRV})",
     )
     parser.add_argument("--verbose", action="store_true", help="log the SDK's own messages")
+    # issue 19: a cluster with auth on needs signed requests; every command signs with these
+    parser.add_argument(
+        "--access-key", default="", help="access key to sign requests (env RAFTMQ_ACCESS_KEY)"
+    )
+    parser.add_argument("--secret-key", default="", help="its secret key (env RAFTMQ_SECRET_KEY)")
+    parser.add_argument(
+        "--credentials-file",
+        default="",
+        help="a TOML file with access_key and secret_key (env RAFTMQ_CREDENTIALS_FILE; default "
+        "~/.raftmq/credentials.toml when it exists)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in subcommand_modules():
         try:
@@ -75,10 +92,26 @@ def build_parser() -> argparse.ArgumentParser:
             log.debug("cli.group_unavailable module=%s missing=%s", name, exc.name)
             continue  # its extra (raftmq[chaos], raftmq[server], ...) is not installed
         module.register(sub)
-    from raftmq.ops import cli_dashboard  # not an entry point yet: installed venvs lack it
+    from raftmq.ops import cli_acl, cli_dashboard  # not entry points yet: installed venvs lack them
 
     cli_dashboard.register(sub)
+    cli_acl.register(sub)
     return parser
+
+
+def use_credentials(args: argparse.Namespace) -> None:
+    """--access-key/--secret-key/--credentials-file for every client this command makes: the
+    SDK reads RAFTMQ_ACCESS_KEY, RAFTMQ_SECRET_KEY and RAFTMQ_CREDENTIALS_FILE (common/auth.py),
+    so setting them in this short-lived process reaches every Admin, Producer and consumer."""
+    for flag, env in (
+        ("access_key", ENV_ACCESS_KEY),
+        ("secret_key", ENV_SECRET_KEY),
+        ("credentials_file", ENV_CREDENTIALS_FILE),
+    ):
+        value = getattr(args, flag, "")
+        if value:
+            os.environ[env] = value
+    load_credentials()  # a half-given pair or a bad file fails here, once, with its reason
 
 
 def join_relative_times(argv: Sequence[str]) -> list[str]:
@@ -101,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     try:
+        use_credentials(args)
         return int(args.func(args))
     except RaftMQError as exc:
         err_console.print(

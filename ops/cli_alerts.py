@@ -12,6 +12,7 @@ import os
 import grpc
 from rich.table import Table
 
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
@@ -31,7 +32,7 @@ def fetch_alerts(addresses: list[str]) -> controller_pb2.GetAlertsResponse:
             continue
         tried.add(a)
         try:
-            with grpc.insecure_channel(a) as ch:
+            with signed(grpc.insecure_channel(a), client_signer()) as ch:
                 return controller_pb2_grpc.ControllerStub(ch).GetAlerts(
                     controller_pb2.GetAlertsRequest(), timeout=RPC_TIMEOUT_S
                 )

@@ -30,6 +30,7 @@ from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.trace import TraceSender, default_client_id, on_send_done
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.delay import (
     DelayFor,
     DelayLevel,
@@ -140,6 +141,7 @@ class Producer:
         trace: bool = False,
         max_inflight_per_queue: int = 5,
         max_inflight_requests: int = 2,
+        credentials: Credentials | None = None,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -168,8 +170,8 @@ class Producer:
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
         self._max_message_bytes = max_message_bytes
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-producer-data")
+        self._pool = ChannelPool(credentials=credentials)
+        self._data = DataPool(name="raftmq-producer-data", credentials=credentials)
         self.routes = RouteCache(
             namesrv_addresses, self._pool, refresh_interval_ms=route_refresh_ms
         )

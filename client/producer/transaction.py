@@ -31,6 +31,7 @@ from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -142,6 +143,7 @@ class TransactionProducer:
         end_timeout_ms: int = 15_000,
         check_poll_ms: int = 2_000,
         group_refresh_ms: int = 5_000,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(producer_group)
         if not callable(checker):
@@ -163,8 +165,10 @@ class TransactionProducer:
         self._end_s = end_timeout_ms / 1000
         self._poll_ms = check_poll_ms
         self._refresh_s = group_refresh_ms / 1000
-        self._pool = ChannelPool()
-        self._data = DataPool(name="raftmq-txn-data")  # half sends and ends, where offered
+        self._pool = ChannelPool(credentials=credentials)
+        self._data = DataPool(
+            name="raftmq-txn-data", credentials=credentials
+        )  # half sends and ends, where offered
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._host = socket.gethostname()
         self._lock = threading.Lock()
