@@ -29,6 +29,7 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
+from raftmq.common.acl import Action
 from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
@@ -203,7 +204,6 @@ class DataServer:
         fails as a whole only for a malformed frame or a bug."""
         node = self.node
         req = parse(broker_pb2.SendBatchesRequest, payload)
-        self._check(ctx, req)
         if not req.batches:
             raise InvalidArgumentError("a SEND_BATCHES request must carry at least one batch")
         if len(req.batches) > MAX_BATCHES_PER_REQUEST:
@@ -214,8 +214,11 @@ class DataServer:
         term = node.status().term
         prepared: list[PreparedSend | RaftMQError] = []
         inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
+        guard = self.guard
         for batch in req.batches:
             try:
+                if guard is not None:  # per batch: a denied topic fails its batches only
+                    guard.check_topic(ctx.principal, Action.PUB, batch.topic)
                 ok = inline.get(batch.topic)
                 if ok is None:
                     ok = inline[batch.topic] = not requests.send_needs_thread(node, batch)

@@ -19,7 +19,16 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from raftmq.common.acl import Acl, Action, Decision, Resource, User, UserType, authorize
+from raftmq.common.acl import (
+    Acl,
+    Action,
+    Decision,
+    Resource,
+    User,
+    UserType,
+    authorize,
+    topic,
+)
 from raftmq.common.auth import (
     AUTHORIZATION_KEY,
     DATE_TIME_KEY,
@@ -76,7 +85,7 @@ class Guard:
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.Lock()
         self._version = -1
-        self._decisions: dict[tuple[str, Action, Resource], Decision] = {}
+        self._decisions: dict[tuple[str, Action | frozenset[Action], Resource], Decision] = {}
         self._signatures: dict[tuple[str, str, str], str] = {}  # (ak, when, sig) -> subject
         self.denied = 0
         self.refused = 0
@@ -146,6 +155,9 @@ class Guard:
             if self._decide(acl, subject, need) is Decision.DENY:
                 self.denied += 1
                 action, resource = need
+                if isinstance(action, frozenset):
+                    names = " or ".join(sorted(a.value for a in action))
+                    raise AccessDeniedError.for_request(subject, names, str(resource))
                 if need == SUPER[0]:
                     raise AccessDeniedError(
                         f"user {subject!r} may not call this: it is for super users only (the "
@@ -163,6 +175,10 @@ class Guard:
                 details={"subject": subject, "method": path},
             )
         self.check(subject, rule(request))
+
+    def check_topic(self, subject: str, action: Action, name: str) -> None:
+        """One topic of a request that carries many (SEND_BATCHES: each batch on its own)."""
+        self.check(subject, ((action, topic(name)),))
 
     def check_frame(self, subject: str, method: int, request: Any) -> None:
         rule = FRAME_RULES.get(method)
@@ -186,6 +202,12 @@ class Guard:
                 if user is not None and user.type is UserType.SUPER
                 else Decision.DENY
             )
+        elif isinstance(need[0], frozenset):  # any one of the actions
+            allowed = any(
+                authorize(acl, subject, a, need[1], self.config.admin) is Decision.ALLOW
+                for a in need[0]
+            )
+            decision = Decision.ALLOW if allowed else Decision.DENY
         else:
             decision = authorize(acl, subject, need[0], need[1], self.config.admin)
         with self._lock:

@@ -15,7 +15,11 @@ from typing import Any
 from raftmq.common.acl import CLUSTER, Action, Resource, group, topic
 from raftmq.common.data_api import DataMethod
 
-Need = tuple[Action, Resource]
+# (action, resource); a frozenset of actions means any one of them suffices (a route lookup
+# is allowed to whoever may publish to, subscribe to or read the topic)
+Need = tuple[Action | frozenset[Action], Resource]
+LOOKUP = frozenset({Action.PUB, Action.SUB, Action.GET})
+READ = frozenset({Action.SUB, Action.GET})
 SUPER: tuple[Need, ...] = ((Action.ALL, Resource(CLUSTER.type, "%SUPER%")),)  # super user only
 Rule = Callable[[Any], Iterable[Need]]
 
@@ -38,7 +42,7 @@ def _cluster(action: Action) -> Rule:
     return lambda _req: ((action, CLUSTER),)
 
 
-def _topic(action: Action, field: str = "topic") -> Rule:
+def _topic(action: Action | frozenset[Action], field: str = "topic") -> Rule:
     return lambda req: ((action, topic(getattr(req, field))),)
 
 
@@ -115,7 +119,7 @@ def _v2_send(req: Any) -> Iterable[Need]:
 
 def _v2_route(req: Any) -> Iterable[Need]:
     # Producers and consumers both ask; either right on the topic lets them see its route.
-    return ((Action.GET, topic(req.topic.name)),)
+    return ((LOOKUP, topic(req.topic.name)),)
 
 
 def _none(_req: Any) -> Iterable[Need]:
@@ -129,8 +133,8 @@ RULES: dict[str, Rule] = {
     _v1("Broker", "PullMessage"): _sub,
     _v1("Broker", "CommitOffset"): _commit,
     _v1("Broker", "QueryOffset"): _sub,
-    _v1("Broker", "GetQueueBounds"): _topic(Action.GET),
-    _v1("Broker", "SearchOffsetByTimestamp"): _topic(Action.GET),
+    _v1("Broker", "GetQueueBounds"): _topic(READ),
+    _v1("Broker", "SearchOffsetByTimestamp"): _topic(READ),
     _v1("Broker", "Heartbeat"): _heartbeat,
     _v1("Broker", "GetConsumerList"): _group(Action.SUB),
     _v1("Broker", "ConsumerSendBack"): _group(Action.SUB),
@@ -162,7 +166,7 @@ RULES: dict[str, Rule] = {
     _v1("NameServer", "RegisterBroker"): _super,
     _v1("NameServer", "UnregisterBroker"): _super,
     _v1("NameServer", "PushLeaderChange"): _super,
-    _v1("NameServer", "GetRouteInfoByTopic"): _topic(Action.GET),
+    _v1("NameServer", "GetRouteInfoByTopic"): _topic(LOOKUP),
     _v1("NameServer", "GetClusterInfo"): _cluster(Action.GET),
     _v1("NameServer", "GetAllTopics"): _cluster(Action.LIST),
     # Controller
@@ -185,7 +189,7 @@ RULES: dict[str, Rule] = {
     _v2("PullMessage"): _v2_sub_queue,
     _v2("UpdateOffset"): _v2_sub_queue,
     _v2("GetOffset"): _v2_sub_queue,
-    _v2("QueryOffset"): lambda req: ((Action.GET, topic(req.message_queue.topic.name)),),
+    _v2("QueryOffset"): lambda req: ((READ, topic(req.message_queue.topic.name)),),
     _v2("EndTransaction"): _v2_topic(Action.PUB),
     _v2("Telemetry"): _none,  # the client's settings stream; its sends and receives are checked
     _v2("NotifyClientTermination"): _none,
