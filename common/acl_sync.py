@@ -44,6 +44,13 @@ def auth_config_of(settings: object) -> AuthConfig:
     return AuthConfig.of(enabled, ak, sk, int(getattr(settings, "auth_window_ms", 900_000)))
 
 
+def admin_credentials(config: AuthConfig) -> Credentials | None:
+    """The admin's credentials when auth is on (what a node's SDK clients sign with)."""
+    if not config.enabled or config.admin is None:
+        return None
+    return Credentials(config.admin.name, config.admin.secret)
+
+
 def admin_signer(config: AuthConfig) -> Signer | None:
     """What a node signs its own calls to other nodes with (the admin user), None when off."""
     if not config.enabled or config.admin is None:
