@@ -19,7 +19,12 @@ from prometheus_client import CollectorRegistry
 from raftmq.common.acl import PolicyEntry, check_name, make_user
 from raftmq.common.acl_sync import auth_config_of
 from raftmq.common.auth_guard import AuthInterceptor, Guard
-from raftmq.common.errors import InvalidArgumentError, NotLeaderError, rpc_errors
+from raftmq.common.errors import (
+    InvalidArgumentError,
+    NotLeaderError,
+    UnsupportedError,
+    rpc_errors,
+)
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import start_metrics
@@ -135,7 +140,17 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
 
     # ---- users and policies (issue 19) ---------------------------------------------------------
 
+    def _auth_on(self) -> None:
+        """Users and policies are managed only where they are enforced: on an open cluster
+        anyone could plant a super user that would hold once auth is switched on."""
+        if self.node.signer is None:
+            raise UnsupportedError(
+                "auth is off on this controller: enable [security.auth] (auth_enabled) first; "
+                "the admin user from the cluster description then manages users and policies"
+            )
+
     def _acl_change(self, command: AclCommand) -> controller_pb2.AclChangeResponse:
+        self._auth_on()
         v = self.node.commit_acl(command)
         if not v.accepted:
             raise InvalidArgumentError(v.reason)
@@ -145,6 +160,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
     def PutUser(
         self, request: controller_pb2.PutUserRequest, context: grpc.ServicerContext
     ) -> controller_pb2.AclChangeResponse:
+        self._auth_on()
         u = request.user
         user = make_user(u.name, u.secret, u.type or "Normal")
         mode = {controller_pb2.PUT_CREATE: "create", controller_pb2.PUT_UPDATE: "update"}
@@ -184,6 +200,7 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
     def GetAcl(
         self, request: controller_pb2.GetAclRequest, context: grpc.ServicerContext
     ) -> controller_pb2.GetAclResponse:
+        self._auth_on()
         acl = self.node.acl()
         if request.known_version == acl.version:
             return controller_pb2.GetAclResponse(version=acl.version, unchanged=True)
