@@ -9,6 +9,7 @@ denial: callers turn a DENY into `AccessDeniedError`.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class Action(enum.Enum):
     LIST = "List"
     ALL = "All"
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash is a Python call
+
     @classmethod
     def parse(cls, text: str) -> Action:
         for a in cls:
@@ -48,6 +51,8 @@ class ResourceType(enum.Enum):
     CLUSTER = "Cluster"  # the cluster itself: brokers, routes, leadership, status
     TOPIC = "Topic"
     GROUP = "Group"  # a consumer group
+
+    __hash__ = object.__hash__  # as Action's: decisions are cached by (subject, action, resource)
 
     @classmethod
     def parse(cls, text: str) -> ResourceType:
@@ -89,6 +94,13 @@ class Resource:
 
     type: ResourceType
     name: str
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.type, self.name)))
+
+    def __hash__(self) -> int:  # computed once: resources are cache keys on every request
+        return self._hash
 
     def __str__(self) -> str:
         return f"{self.type.value}:{self.name}"
@@ -97,6 +109,7 @@ class Resource:
 CLUSTER = Resource(ResourceType.CLUSTER, "*")
 
 
+@functools.lru_cache(maxsize=4096)
 def topic(name: str) -> Resource:
     """The resource of a topic; a group's retry and dead-letter topics are the group's own
     (RocketMQ: `%RETRY%billing` is checked as `Group:billing`)."""
@@ -106,6 +119,7 @@ def topic(name: str) -> Resource:
     return Resource(ResourceType.TOPIC, name)
 
 
+@functools.lru_cache(maxsize=4096)
 def group(name: str) -> Resource:
     return Resource(ResourceType.GROUP, name)
 

@@ -34,9 +34,9 @@ from raftmq.common.auth import (
     DATE_TIME_KEY,
     DEFAULT_WINDOW_MS,
     SignedRequest,
-    check_window,
     parse_authorization,
     parse_hello_auth,
+    signed_at_ms,
     verify,
 )
 from raftmq.common.errors import AccessDeniedError, RaftMQError, UnauthenticatedError, abort_with
@@ -86,22 +86,27 @@ class Guard:
         self._lock = threading.Lock()
         self._version = -1
         self._decisions: dict[tuple[str, Action | frozenset[Action], Resource], Decision] = {}
-        self._signatures: dict[tuple[str, str, str], str] = {}  # (ak, when, sig) -> subject
+        # signed form -> (subject, signed at ms): a verified signature is not verified again
+        self._signatures: dict[tuple[str, ...], tuple[str, int]] = {}
         self.denied = 0
         self.refused = 0
 
     # -- authentication
 
     def authenticate(self, req: SignedRequest) -> str:
+        return self._authenticate((req.access_key, req.when, req.signature), lambda: req)
+
+    def _authenticate(self, key: tuple[str, ...], parse: Callable[[], SignedRequest]) -> str:
+        """`key` names the signed form as it arrived (so a repeat skips parsing and HMAC);
+        `parse` gives the request when it must be verified."""
         acl = self._fresh()
-        key = (req.access_key, req.when, req.signature)
-        subject = self._signatures.get(key)
+        hit = self._signatures.get(key)
         now_ms = self._clock_ms()
         try:
-            if subject is not None:
-                # cached: the signature matched this version's secret; the window still counts
-                check_window(req, now_ms, self.config.window_ms)
-                return subject
+            # a signature that matched this version's secret; the window still counts
+            if hit is not None and abs(now_ms - hit[1]) <= self.config.window_ms:
+                return hit[0]
+            req = parse()
             subject = verify(req, acl, self.config.admin, now_ms, self.config.window_ms)
         except UnauthenticatedError:
             self.refused += 1
@@ -109,7 +114,7 @@ class Guard:
         with self._lock:
             if len(self._signatures) >= MAX_CACHED_SIGNATURES:
                 self._signatures.clear()
-            self._signatures[key] = subject
+            self._signatures[key] = (subject, signed_at_ms(req.when))
         return subject
 
     def authenticate_metadata(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
@@ -126,20 +131,13 @@ class Guard:
                 "(--access-key/--secret-key, RAFTMQ_ACCESS_KEY/RAFTMQ_SECRET_KEY or a "
                 "credentials file)"
             )
-        try:
-            req = parse_authorization(header, when)
-        except UnauthenticatedError:
-            self.refused += 1
-            raise
-        return self.authenticate(req)
+        return self._authenticate((header, when), lambda: parse_authorization(header, when))
 
     def authenticate_hello(self, auth_method: int, auth: bytes) -> str:
-        try:
-            req = parse_hello_auth(auth_method, auth)
-        except UnauthenticatedError:
-            self.refused += 1
-            raise
-        return self.authenticate(req)
+        return self._authenticate(
+            (str(auth_method), auth.decode("latin-1")),
+            lambda: parse_hello_auth(auth_method, auth),
+        )
 
     # -- authorization
 
