@@ -1,5 +1,5 @@
 """The cost of authentication and authorization (issue 19) on W1 and W2: the same local cluster
-(a NameServer carrying an embedded controller, one broker group of three nodes) run twice, with
+(a NameServer carrying an embedded controller, two broker groups of three nodes) run twice, with
 [security.auth] off and on, the SDK signing with the admin's keys in the second run; plus the
 per-call cost of the guard's pieces, measured in this process. Writes bench/results/auth.json.
 
@@ -49,7 +49,7 @@ _spec.loader.exec_module(broker_bench)
 
 
 def start(tmp: Path, secure: bool) -> Cluster:
-    ns_port, ctl_raft, *rest = free_ports(11)
+    ns_port, ctl_raft, *rest = free_ports(20)
     ns_addr = f"127.0.0.1:{ns_port}"
     auth = AUTH if secure else []
     ns = namesrv_proc(
@@ -64,14 +64,19 @@ def start(tmp: Path, secure: bool) -> Cluster:
             *("--controller" + a[1:] if a.startswith("--") else a for a in auth),
         ],
     )  # fmt: skip
-    layout = GroupLayout("broker-a", rest[:3], rest[3:6], rest[6:9])
-    brokers = broker_procs(tmp, layout, [ns_addr], ["--controller-addresses", ns_addr, *auth])
-    c = Cluster(tmp, [ns], [ns_addr], {"broker-a": (layout, brokers)})
+    groups = {}
+    for i, g in enumerate(("broker-a", "broker-b")):  # as broker_bench's cluster: two groups
+        chunk = rest[9 * i : 9 * i + 9]
+        layout = GroupLayout(g, chunk[:3], chunk[3:6], chunk[6:])
+        extra = ["--controller-addresses", ns_addr, *auth]
+        groups[g] = (layout, broker_procs(tmp, layout, [ns_addr], extra))
+    c = Cluster(tmp, [ns], [ns_addr], groups)
     ns.start("namesrv.started")
-    for p in brokers:
-        p.start("broker.started")
+    for _, ps in groups.values():
+        for p in ps:
+            p.start("broker.started")
     with Admin(ns_addr) as admin:
-        wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
+        wait_until(lambda: len([g for g in admin.groups() if g.leader_address]) == 2, 60, "leaders")
     return c
 
 
@@ -115,30 +120,30 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--inflight", type=int, default=64)
     ap.add_argument("--sync-sends", type=int, default=2000)
-    ap.add_argument("--only", default="micro,off,on")
+    ap.add_argument("--only", default="micro,off,on", help="and the order of off and on")
     args = ap.parse_args()
-    only = set(args.only.split(","))
     results: list[dict[str, Any]] = []
-    if "micro" in only:
+    if "micro" in args.only.split(","):
         micro(results)
-    for mode in ("off", "on"):
-        if mode not in only:
-            continue
+    for mode in [m for m in args.only.split(",") if m in ("off", "on")]:
         if mode == "on":  # the SDK (producer, admin) signs with these
             os.environ["RAFTMQ_ACCESS_KEY"] = ADMIN.access_key
             os.environ["RAFTMQ_SECRET_KEY"] = ADMIN.secret_key
+        else:
+            os.environ.pop("RAFTMQ_ACCESS_KEY", None)
+            os.environ.pop("RAFTMQ_SECRET_KEY", None)
         with tempfile.TemporaryDirectory(prefix="authbench-", dir=ROOT / "bench") as tmp:
             cluster = start(Path(tmp), mode == "on")
             try:
-                out: list[dict[str, Any]] = []
+                out: list[dict[str, Any]] = []  # broker_bench prints each as it comes
                 broker_bench.w1(out, cluster, args.seconds, args.inflight)
                 broker_bench.w2(out, cluster, args.sync_sends)
-                for r in out:
-                    broker_bench.emit(results, {**r, "name": f"{r['name']}_auth_{mode}"})
+                results += [{**r, "name": f"{r['name']}_auth_{mode}"} for r in out]
             finally:
                 cluster.close()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    RESULTS.write_text(json.dumps([*old, *results], indent=1) + "\n")  # runs accumulate
     return 0
 
 

@@ -14,7 +14,10 @@ from rich.table import Table
 
 from raftmq.client.admin import Admin
 from raftmq.common.acl import parse_entries
+from raftmq.common.acl_sync import ENV_ADMIN_ACCESS_KEY, ENV_ADMIN_SECRET_KEY
+from raftmq.common.auth import ENV_ACCESS_KEY, ENV_SECRET_KEY
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.ops.cluster_spec import ClusterSpec
 
 console = Console()
 DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
@@ -111,6 +114,25 @@ def policy_list(args: argparse.Namespace) -> int:
             )
     console.print(t)
     return 0
+
+
+OPEN_CLUSTER = (
+    "auth is off: anyone who reaches a port can produce, consume, reset offsets, delete topics "
+    "and move leaders; turn on [security.auth] (see deploy/secure.toml)"
+)
+
+
+def prepare_cluster_auth(spec: ClusterSpec) -> str | None:
+    """For `raftmq cluster up`: the warning line of an open cluster, or, when auth is on, make
+    this process's own calls (health checks) sign with the admin's keys unless the user gave
+    credentials (RAFTMQ_ACCESS_KEY / RAFTMQ_SECRET_KEY)."""
+    if not spec.auth.get("auth_enabled"):
+        return OPEN_CLUSTER
+    ak = spec.auth.get("auth_admin_access_key") or os.environ.get(ENV_ADMIN_ACCESS_KEY, "")
+    sk = spec.auth.get("auth_admin_secret_key") or os.environ.get(ENV_ADMIN_SECRET_KEY, "")
+    if ak and sk and not os.environ.get(ENV_ACCESS_KEY):
+        os.environ[ENV_ACCESS_KEY], os.environ[ENV_SECRET_KEY] = str(ak), str(sk)
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:

@@ -22,6 +22,7 @@ from raftmq.client.admin import Admin
 from raftmq.common.errors import RaftMQError
 from raftmq.common.process import install_stop_handlers
 from raftmq.ops import cluster_spec, cluster_state, ports, procs
+from raftmq.ops.cli_acl import prepare_cluster_auth
 from raftmq.ops.cluster_runner import (
     ClusterRunner,
     NodeStatus,
@@ -202,6 +203,9 @@ def wait_healthy(spec: cluster_spec.ClusterSpec, stop: threading.Event) -> list[
 
 def up(args: argparse.Namespace) -> int:
     spec = _load(args)
+    open_warning = prepare_cluster_auth(spec)  # issue 19
+    if open_warning is not None:
+        err_console.print(f"[yellow]warning:[/] {open_warning}", highlight=False, soft_wrap=True)
     state_file = cluster_state.state_path(spec.data_dir)
     problem = port_problem(spec, cluster_state.read(state_file), down_command(args), args.spec)
     if problem is not None:

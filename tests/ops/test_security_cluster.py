@@ -40,8 +40,9 @@ from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
 from raftmq.common.transport import FrameClient
 from raftmq.common.types import QueueRef
+from raftmq.ops.cli_acl import prepare_cluster_auth
 from raftmq.ops.cluster_runner import ClusterRunner
-from raftmq.ops.cluster_spec import parse
+from raftmq.ops.cluster_spec import SpecError, load, parse
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import wait_until
 
@@ -340,3 +341,24 @@ def test_the_official_rocketmq5_client_signs_and_is_checked_by_the_proxy(env: En
         st = route("payments", Signer(DAVE).metadata())
         assert st.code == v2.FORBIDDEN and "Topic:payments" in st.message, st
         assert route("orders-eu", Signer(DAVE).metadata()).code == v2.OK
+
+
+def test_secure_description_passes_auth_to_every_role() -> None:
+    spec = load(ROOT / "deploy" / "secure.toml")
+    assert spec.auth["auth_enabled"] is True
+    for p in spec.processes():
+        assert "--auth-enabled" in p.argv, p.name
+        if p.role in ("namesrv", "proxy"):
+            i = p.argv.index("--acl-controller-addresses")
+            assert p.argv[i + 1] == spec.controller_addresses
+    plain = load(ROOT / "deploy" / "cluster.toml")
+    assert not plain.auth and all("--auth-enabled" not in p.argv for p in plain.processes())
+    assert prepare_cluster_auth(plain) is not None, "an open cluster is announced as open"
+    base = (
+        "[[namesrv]]\nhost='127.0.0.1'\nport=9876\n[[group]]\nname='g'\n"
+        "nodes=[{id='n0',host='127.0.0.1',port=10911,raft_port=20911}]\n"
+    )
+    with pytest.raises(SpecError, match="controllers"):
+        parse(base + "[security.auth]\nenabled = true\n")
+    with pytest.raises(SpecError, match="no key 'passwd'"):
+        parse(base + "\n[security.auth]\npasswd = 'x'\n")
