@@ -89,7 +89,6 @@ class NameServerSettings:
         doc='controllers to fetch the users and policies from (auth_enabled); "" = none',
     )
 
-
     def __post_init__(self) -> None:
         check_metrics_listen(self.metrics_listen)
         host, sep, port = self.listen.rpartition(":")

@@ -129,7 +129,6 @@ class ProxySettings:
         doc='controllers to fetch the users and policies from (auth_enabled); "" = none',
     )
 
-
     def __post_init__(self) -> None:
         for key in ("listen", "advertise"):
             value = getattr(self, key)
