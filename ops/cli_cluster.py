@@ -203,14 +203,14 @@ def wait_healthy(spec: cluster_spec.ClusterSpec, stop: threading.Event) -> list[
 
 def up(args: argparse.Namespace) -> int:
     spec = _load(args)
-    open_warning = prepare_cluster_auth(spec)  # issue 19
-    if open_warning is not None:
-        err_console.print(f"[yellow]warning:[/] {open_warning}", highlight=False, soft_wrap=True)
     state_file = cluster_state.state_path(spec.data_dir)
     problem = port_problem(spec, cluster_state.read(state_file), down_command(args), args.spec)
     if problem is not None:
         err_console.print(f"[red]error:[/] {problem}", highlight=False, soft_wrap=True)
         return 2
+    open_warning = prepare_cluster_auth(spec)  # issue 19
+    if open_warning is not None:
+        err_console.print(f"[yellow]warning:[/] {open_warning}", highlight=False, soft_wrap=True)
     stop = threading.Event()
     install_stop_handlers(stop, logging.getLogger("raftmq.cli"), "cluster")
     runner: ClusterRunner
