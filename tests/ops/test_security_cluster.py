@@ -15,12 +15,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from raftmq.client.admin import Admin
 from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.common.acl import parse_entries
@@ -105,7 +107,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         e = Env(runner)
         with e.admin() as admin:
             wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
-            for t in ("orders-eu", "payments"):
+            for t in ("orders-eu", "payments", "orders-push"):
                 admin.create_topic(t, queues=2)
             admin.acl.create_user("alice", ALICE.secret_key)
             admin.acl.set_policy("alice", parse_entries(["Topic:orders*=Pub"]))
@@ -362,3 +364,27 @@ def test_secure_description_passes_auth_to_every_role() -> None:
         parse(base + "[security.auth]\nenabled = true\n")
     with pytest.raises(SpecError, match="no key 'passwd'"):
         parse(base + "\n[security.auth]\npasswd = 'x'\n")
+
+
+def test_a_push_consumer_with_sub_rights_consumes_end_to_end(env: Env) -> None:
+    """Heartbeats, rebalance (consumer list), pulls and offset commits of a push consumer all
+    pass their checks for a user with Sub on the topic and the group."""
+    with Producer(env.namesrv, credentials=DAVE, send_timeout_ms=5_000) as p:
+        sent = {p.send("orders-push", f"m{i}".encode()).msg_id for i in range(10)}
+    got: set[str] = set()
+
+    def listen(m: Any) -> ConsumeResult:
+        got.add(m.msg_id)
+        return ConsumeResult.SUCCESS
+
+    with PushConsumer(
+        env.namesrv,
+        "billing",
+        "orders-push",
+        listen,
+        credentials=DAVE,
+        start_from=StartFrom.EARLIEST,
+        heartbeat_interval_ms=500,
+        rebalance_interval_ms=500,
+    ):
+        wait_until(lambda: got >= sent, 30, "dave's push consumer to get every message")
