@@ -388,3 +388,24 @@ def test_a_push_consumer_with_sub_rights_consumes_end_to_end(env: Env) -> None:
         rebalance_interval_ms=500,
     ):
         wait_until(lambda: got >= sent, 30, "dave's push consumer to get every message")
+
+
+def test_changes_reach_the_nodes_within_the_refresh_interval(env: Env) -> None:
+    """A new user works, a changed secret and a deleted user stop working, each within about
+    one refresh interval (300 ms here) on the NameServer and the broker."""
+    erin, erin2 = Credentials("erin", "erin-secret"), Credentials("erin", "erin-secret-2")
+    with env.admin() as admin:
+        admin.acl.create_user("erin", erin.secret_key)
+        admin.acl.set_policy("erin", parse_entries(["Topic:orders*=Pub"]))
+        t0 = time.monotonic()
+        wait_until(lambda: _can_route(env, erin, "orders-eu"), 10, "erin on the NameServer")
+        assert time.monotonic() - t0 < 10
+        out = _framed_send(env, erin, "orders-eu")  # an empty batch: refused, but not by auth
+        assert not isinstance(out, (UnauthenticatedError, PermissionDeniedError)), out
+        admin.acl.update_user("erin", erin2.secret_key)
+        wait_until(lambda: not _can_route(env, erin, "orders-eu"), 10, "the old secret refused")
+        assert _can_route(env, erin2, "orders-eu")
+        assert isinstance(_framed_send(env, erin, "orders-eu"), UnauthenticatedError)
+        admin.acl.delete_user("erin")
+        wait_until(lambda: not _can_route(env, erin2, "orders-eu"), 10, "the deleted user")
+        assert isinstance(_framed_send(env, erin2, "orders-eu"), UnauthenticatedError)
