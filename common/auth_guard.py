@@ -45,6 +45,8 @@ from raftmq.common.rpc_acl import FRAME_RULES, MAX_NEEDS, RULES, SUPER, Need
 _log = logging.getLogger("auth")
 
 MAX_CACHED_DECISIONS = 65_536
+_Decisions = dict[tuple[str, "Action | frozenset[Action]", Resource], Decision]
+_Signatures = dict[tuple[str, ...], tuple[str, int]]  # signed form -> (subject, signed at ms)
 MAX_CACHED_SIGNATURES = 4_096
 
 
@@ -84,10 +86,9 @@ class Guard:
         self._acl = acl
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.Lock()
-        self._version = -1
-        self._decisions: dict[tuple[str, Action | frozenset[Action], Resource], Decision] = {}
-        # signed form -> (subject, signed at ms): a verified signature is not verified again
-        self._signatures: dict[tuple[str, ...], tuple[str, int]] = {}
+        # (version, decisions, signatures): the caches of one ACL version, swapped whole, so an
+        # entry computed from one version can never be read under another
+        self._caches: tuple[int, _Decisions, _Signatures] = (-1, {}, {})
         self.denied = 0
         self.refused = 0
 
@@ -99,8 +100,8 @@ class Guard:
     def _authenticate(self, key: tuple[str, ...], parse: Callable[[], SignedRequest]) -> str:
         """`key` names the signed form as it arrived (so a repeat skips parsing and HMAC);
         `parse` gives the request when it must be verified."""
-        acl = self._fresh()
-        hit = self._signatures.get(key)
+        acl, _, signatures = self._fresh()
+        hit = signatures.get(key)
         now_ms = self._clock_ms()
         try:
             # a signature that matched this version's secret; the window still counts
@@ -112,9 +113,9 @@ class Guard:
             self.refused += 1
             raise
         with self._lock:
-            if len(self._signatures) >= MAX_CACHED_SIGNATURES:
-                self._signatures.clear()
-            self._signatures[key] = (subject, signed_at_ms(req.when))
+            if len(signatures) >= MAX_CACHED_SIGNATURES:
+                signatures.clear()
+            signatures[key] = (subject, signed_at_ms(req.when))
         return subject
 
     def authenticate_metadata(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
@@ -143,14 +144,14 @@ class Guard:
 
     def check(self, subject: str, needs: Iterable[Need]) -> None:
         """Raise AccessDeniedError naming the first need the ACL refuses."""
-        acl = self._fresh()
+        acl, decisions, _ = self._fresh()
         for count, need in enumerate(needs, 1):
             if count > MAX_NEEDS:
                 raise AccessDeniedError(
                     f"the request touches more than {MAX_NEEDS} resources; split it",
                     details={"subject": subject},
                 )
-            if self._decide(acl, subject, need) is Decision.DENY:
+            if self._decide(acl, decisions, subject, need) is Decision.DENY:
                 self.denied += 1
                 action, resource = need
                 if isinstance(action, frozenset):
@@ -188,9 +189,9 @@ class Guard:
             )
         self.check(subject, rule(request))
 
-    def _decide(self, acl: Acl, subject: str, need: Need) -> Decision:
+    def _decide(self, acl: Acl, decisions: _Decisions, subject: str, need: Need) -> Decision:
         key = (subject, need[0], need[1])
-        hit = self._decisions.get(key)
+        hit = decisions.get(key)
         if hit is not None:
             return hit
         if need == SUPER[0]:
@@ -209,22 +210,22 @@ class Guard:
         else:
             decision = authorize(acl, subject, need[0], need[1], self.config.admin)
         with self._lock:
-            if len(self._decisions) >= MAX_CACHED_DECISIONS:
-                self._decisions.clear()
-            self._decisions[key] = decision
+            if len(decisions) >= MAX_CACHED_DECISIONS:
+                decisions.clear()
+            decisions[key] = decision
         return decision
 
-    def _fresh(self) -> Acl:
-        """The current snapshot; a new version drops every cached decision and signature (a
+    def _fresh(self) -> tuple[Acl, _Decisions, _Signatures]:
+        """The current snapshot and its version's caches; a new version starts empty caches (a
         deleted user or a changed secret or policy takes effect at once on this node)."""
         acl = self._acl()
-        if acl.version != self._version:
+        caches = self._caches
+        if caches[0] != acl.version:
             with self._lock:
-                if acl.version != self._version:
-                    self._decisions = {}
-                    self._signatures = {}
-                    self._version = acl.version
-        return acl
+                caches = self._caches
+                if caches[0] != acl.version:
+                    caches = self._caches = (acl.version, {}, {})
+        return acl, caches[1], caches[2]
 
 
 # ---- gRPC ---------------------------------------------------------------------------------------
