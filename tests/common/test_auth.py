@@ -10,7 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from raftmq.common.acl import Acl, User, UserType, parse_entries
+from raftmq.common.acl import (
+    Acl,
+    Action,
+    Decision,
+    PolicyEntry,
+    Resource,
+    ResourcePattern,
+    ResourceType,
+    User,
+    UserType,
+    parse_entries,
+)
 from raftmq.common.auth import (
     AUTH_HMAC_SHA1,
     Credentials,
@@ -138,3 +149,28 @@ def test_guard_caches_decisions_until_the_acl_changes() -> None:
         guard.authenticate_metadata(admin_md)
     with pytest.raises(UnauthenticatedError, match="requires signed requests"):
         guard.authenticate_metadata(())
+
+
+def test_no_decision_of_an_older_acl_outlives_a_newer_one() -> None:
+    """A decision computed from one ACL version while another request moves the guard to a
+    newer version must not be cached under the newer one. Made deterministic: the pattern's
+    match (inside the first check) installs the new version and runs a request on it."""
+    deny = Acl(2, {"alice": ALICE}, {"alice": parse_entries(["Topic:other=Pub"])})
+    state: dict[str, Acl] = {}
+    guard = Guard(AuthConfig(True, ADMIN, 900_000), lambda: state["acl"])
+
+    class Meanwhile(ResourcePattern):
+        def matches(self, r: Resource) -> bool:
+            if state["acl"] is not deny:  # another thread's request, on the new version
+                state["acl"] = deny
+                with pytest.raises(AccessDeniedError):
+                    guard.check_topic("alice", Action.PUB, "other-topic")
+            return super().matches(r)
+
+    entry = PolicyEntry(
+        Meanwhile(ResourceType.TOPIC, "orders", True), frozenset({Action.PUB}), Decision.ALLOW
+    )
+    state["acl"] = Acl(1, {"alice": ALICE}, {"alice": (entry,)})
+    guard.check_topic("alice", Action.PUB, "orders-eu")  # allowed by version 1
+    with pytest.raises(AccessDeniedError):  # version 2 has no such Allow
+        guard.check_topic("alice", Action.PUB, "orders-eu")
