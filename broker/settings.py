@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
@@ -256,6 +257,7 @@ class BrokerSettings:
     )
 
     def __post_init__(self) -> None:
+        check_auth_settings(self, self.controller_addresses)  # issue 19
         members = parse_members(self.members)
         if self.node_id not in {m.node_id for m in members}:
             raise ValueError(f"node_id {self.node_id!r} is not one of the members {self.members!r}")

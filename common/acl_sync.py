@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from raftmq.common.acl import Acl
-from raftmq.common.auth import Credentials, Signer
+from raftmq.common.auth import ENV_ADMIN_ACCESS_KEY, ENV_ADMIN_SECRET_KEY, Credentials, Signer
 from raftmq.common.auth_guard import AuthConfig, AuthInterceptor, Guard
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
@@ -26,8 +26,6 @@ from raftmq.common.pb import controller_pb2, controller_pb2_grpc
 _log = logging.getLogger("auth.acl_sync")
 
 CALL_TIMEOUT_S = 2.0
-ENV_ADMIN_ACCESS_KEY = "RAFTMQ_ADMIN_ACCESS_KEY"
-ENV_ADMIN_SECRET_KEY = "RAFTMQ_ADMIN_SECRET_KEY"
 
 
 def auth_config_of(settings: object) -> AuthConfig:

@@ -29,6 +29,8 @@ DEFAULT_WINDOW_MS = 15 * 60 * 1000  # RocketMQ's: a signature older or newer tha
 ENV_ACCESS_KEY = "RAFTMQ_ACCESS_KEY"
 ENV_SECRET_KEY = "RAFTMQ_SECRET_KEY"
 ENV_CREDENTIALS_FILE = "RAFTMQ_CREDENTIALS_FILE"
+ENV_ADMIN_ACCESS_KEY = "RAFTMQ_ADMIN_ACCESS_KEY"  # a node's admin keys when its settings lack them
+ENV_ADMIN_SECRET_KEY = "RAFTMQ_ADMIN_SECRET_KEY"
 DEFAULT_CREDENTIALS_FILE = Path("~/.raftmq/credentials.toml")
 _FORMAT = "%Y%m%dT%H%M%SZ"
 MAX_HEADER_CHARS = 1024
@@ -74,6 +76,28 @@ def load_credentials(
         raise InvalidArgumentError(
             f'credentials file {file} must hold access_key = "..." and secret_key = "...": {exc}'
         ) from None
+
+
+def check_auth_settings(settings: object, controllers: str) -> None:
+    """A role's auth settings, checked when they are loaded (ValueError names the fix):
+    `controllers` is where the node gets the users and policies ("" = nowhere)."""
+    if not getattr(settings, "auth_enabled", False):
+        return
+    ak = getattr(settings, "auth_admin_access_key", "") or os.environ.get(ENV_ADMIN_ACCESS_KEY)
+    sk = getattr(settings, "auth_admin_secret_key", "") or os.environ.get(ENV_ADMIN_SECRET_KEY)
+    if not ak or not sk:
+        raise ValueError(
+            "auth_enabled needs the admin's keys: auth_admin_access_key and "
+            f"auth_admin_secret_key, or {ENV_ADMIN_ACCESS_KEY} / {ENV_ADMIN_SECRET_KEY}"
+        )
+    if not controllers.strip():
+        raise ValueError(
+            "auth_enabled needs the controllers' addresses (the users and policies are their "
+            "replicated state): controller_addresses (broker) or acl_controller_addresses"
+        )
+    for key in ("auth_window_ms", "acl_refresh_ms"):
+        if int(getattr(settings, key, 1)) <= 0:
+            raise ValueError(f"{key} must be > 0")
 
 
 def date_time(now_ms: int) -> str:

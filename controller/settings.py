@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
@@ -110,6 +111,7 @@ class ControllerSettings:
     )
 
     def __post_init__(self) -> None:
+        check_auth_settings(self, "self")  # issue 19: its own replicated state
         check_metrics_listen(self.metrics_listen)
         peers = self.peer_list
         if self.node_id in {p.node_id for p in peers}:

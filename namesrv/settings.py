@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 
@@ -90,6 +91,10 @@ class NameServerSettings:
     )
 
     def __post_init__(self) -> None:
+        # issue 19: an embedded controller holds the users and policies itself
+        check_auth_settings(
+            self, "self" if self.enable_controller else self.acl_controller_addresses
+        )
         check_metrics_listen(self.metrics_listen)
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:

@@ -14,8 +14,12 @@ from rich.table import Table
 
 from raftmq.client.admin import Admin
 from raftmq.common.acl import parse_entries
-from raftmq.common.acl_sync import ENV_ADMIN_ACCESS_KEY, ENV_ADMIN_SECRET_KEY
-from raftmq.common.auth import ENV_ACCESS_KEY, ENV_SECRET_KEY
+from raftmq.common.auth import (
+    ENV_ACCESS_KEY,
+    ENV_ADMIN_ACCESS_KEY,
+    ENV_ADMIN_SECRET_KEY,
+    ENV_SECRET_KEY,
+)
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.ops.cluster_spec import ClusterSpec
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_PROXY_"
@@ -130,6 +131,7 @@ class ProxySettings:
     )
 
     def __post_init__(self) -> None:
+        check_auth_settings(self, self.acl_controller_addresses)  # issue 19
         for key in ("listen", "advertise"):
             value = getattr(self, key)
             if key == "advertise" and not value:
