@@ -174,3 +174,25 @@ def test_no_decision_of_an_older_acl_outlives_a_newer_one() -> None:
     guard.check_topic("alice", Action.PUB, "orders-eu")  # allowed by version 1
     with pytest.raises(AccessDeniedError):  # version 2 has no such Allow
         guard.check_topic("alice", Action.PUB, "orders-eu")
+
+
+def test_auth_settings_without_keys_or_controllers_are_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from raftmq.broker import settings as broker_settings
+    from raftmq.common.settings import SettingsError
+    from raftmq.proxy import settings as proxy_settings
+
+    monkeypatch.delenv("RAFTMQ_ADMIN_ACCESS_KEY", raising=False)
+    monkeypatch.delenv("RAFTMQ_ADMIN_SECRET_KEY", raising=False)
+    with pytest.raises(SettingsError, match="admin's keys"):
+        broker_settings.load(None, {"auth_enabled": True}, environ={})
+    keys = {"auth_enabled": True, "auth_admin_access_key": "a", "auth_admin_secret_key": "b" * 6}
+    with pytest.raises(SettingsError, match="controllers' addresses"):
+        proxy_settings.load(None, keys, environ={})
+    monkeypatch.setenv("RAFTMQ_ADMIN_ACCESS_KEY", "a")
+    monkeypatch.setenv("RAFTMQ_ADMIN_SECRET_KEY", "secret")
+    ok = broker_settings.load(
+        None, {"auth_enabled": True, "controller_addresses": "127.0.0.1:9881"}, environ={}
+    )
+    assert ok.auth_enabled and ok.auth_admin_secret_key == ""  # the env holds the secret
