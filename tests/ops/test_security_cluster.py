@@ -45,6 +45,7 @@ from raftmq.common.types import QueueRef
 from raftmq.ops.cli_acl import prepare_cluster_auth
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import SpecError, load, parse
+from raftmq.ops.compose import compose_yaml
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import wait_until
 
@@ -353,7 +354,11 @@ def test_secure_description_passes_auth_to_every_role() -> None:
         if p.role in ("namesrv", "proxy"):
             i = p.argv.index("--acl-controller-addresses")
             assert p.argv[i + 1] == spec.controller_addresses
+    text = compose_yaml(spec)  # the secret comes from the host's environment, never the file
+    assert 'RAFTMQ_SECRET_KEY: "${RAFTMQ_ADMIN_SECRET_KEY:?' in text
+    assert "--auth-admin-secret-key" not in text
     plain = load(ROOT / "deploy" / "cluster.toml")
+    assert "environment:" not in compose_yaml(plain)
     assert not plain.auth and all("--auth-enabled" not in p.argv for p in plain.processes())
     assert prepare_cluster_auth(plain) is not None, "an open cluster is announced as open"
     base = (
