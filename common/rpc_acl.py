@@ -76,9 +76,8 @@ def _topic_config(action: Action) -> Rule:
 
 
 def _txn_group(req: Any) -> Iterable[Need]:
-    # A producer group is not a consumer group; a transaction's end or check-back is the
-    # producer's business, so it needs Pub on the cluster's transactional flow: checked as Pub
-    # on the Group resource named by the producer group.
+    # An end or a check-back poll names no topic, only the producer group: checked as Pub on
+    # `Group:<producer group>` (a transactional producer's policy names its group and topics).
     return ((Action.PUB, group(req.producer_group)),)
 
 
