@@ -166,7 +166,9 @@ RULES: dict[str, Rule] = {
     _v1("NameServer", "UnregisterBroker"): _super,
     _v1("NameServer", "PushLeaderChange"): _super,
     _v1("NameServer", "GetRouteInfoByTopic"): _topic(LOOKUP),
-    _v1("NameServer", "GetClusterInfo"): _cluster(Action.GET),
+    # groups and their nodes' addresses, which routes show anyway: every SDK client asks (a
+    # transactional producer polls each group for check-backs)
+    _v1("NameServer", "GetClusterInfo"): _none,
     _v1("NameServer", "GetAllTopics"): _cluster(Action.LIST),
     # Controller
     _v1("Controller", "ReportRole"): _super,

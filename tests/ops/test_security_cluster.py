@@ -25,6 +25,7 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
+from raftmq.client.producer.transaction import LocalTransactionState, TransactionProducer
 from raftmq.common.acl import parse_entries
 from raftmq.common.auth import Credentials, Signer
 from raftmq.common.data_api import DataMethod
@@ -431,3 +432,30 @@ def test_changes_reach_the_nodes_within_the_refresh_interval(env: Env) -> None:
             10,
             "the deleted user refused by the broker",
         )
+
+
+def test_a_transactional_producer_needs_pub_on_its_topic_and_group(env: Env) -> None:
+    """Half sends (Pub on the topic), ends and check-back polls (Pub on the producer group)."""
+    tina = Credentials("tina", "tina-secret")
+    with env.admin() as admin:
+        admin.acl.create_user("tina", tina.secret_key)
+        admin.acl.set_policy("tina", parse_entries(["Topic:orders*=Pub", "Group:txg=Pub"]))
+    wait_until(lambda: _can_route(env, tina, "orders-eu"), 10, "tina on the NameServer")
+
+    def commit(_half: Any) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT
+
+    def sent(group: str) -> object:
+        with TransactionProducer(
+            env.namesrv, group, commit, credentials=tina, group_refresh_ms=1000
+        ) as p:
+            try:
+                return p.send_in_transaction("orders-eu", b"tx", commit)
+            except RaftMQError as exc:
+                return exc
+
+    wait_until(
+        lambda: getattr(sent("txg"), "end_error", "x") is None, 20, "tina's committed transaction"
+    )
+    out = sent("other-group")  # the half is stored (Pub on the topic); its end is refused
+    assert isinstance(getattr(out, "end_error", None), AccessDeniedError), out
