@@ -52,6 +52,7 @@ from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.consumer")
 
+MAX_INTERVAL_MS = 86_400_000  # the longest rebalance / heartbeat / commit interval a consumer takes
 MAX_RECONSUME_DELAY_MS = 30_000  # default cap of the retry back-off (max_reconsume_backoff_ms)
 
 
@@ -122,8 +123,13 @@ class PushConsumer:
         check_subscription(tag_expression, sql_expression)
         if consume_threads < 1 or max_inflight_per_queue < 1:
             raise InvalidArgumentError("consume_threads and max_inflight_per_queue must be >= 1")
-        if min(rebalance_interval_ms, heartbeat_interval_ms, commit_interval_ms) < 1:
-            raise InvalidArgumentError("intervals must be at least 1 ms")
+        intervals = (rebalance_interval_ms, heartbeat_interval_ms, commit_interval_ms)
+        if min(intervals) < 1 or max(intervals) > MAX_INTERVAL_MS:
+            # The upper bound keeps the broker's heartbeat expiry (3 intervals) in its uint32.
+            raise InvalidArgumentError(
+                "rebalance_interval_ms, heartbeat_interval_ms and commit_interval_ms must be "
+                f"between 1 ms and {MAX_INTERVAL_MS} ms (one day), got {intervals}"
+            )
         self.group = group
         self.topic = topic
         self.client_id = client_id or f"{uuid.uuid4().hex[:12]}"
