@@ -320,7 +320,9 @@ def test_group_elect_warns_that_the_balancer_moves_leadership_back(
     assert code == 0 and "warning" not in out
 
 
-@pytest.mark.parametrize("name", ["heartbeat_interval_ms", "rebalance_interval_ms", "commit_interval_ms"])
+@pytest.mark.parametrize(
+    "name", ["heartbeat_interval_ms", "rebalance_interval_ms", "commit_interval_ms"]
+)
 def test_a_push_consumer_refuses_an_interval_the_wire_cannot_carry(name: str) -> None:
     # Found by the SDK fuzzer: heartbeat_interval_ms=2**63 was taken, and close() then failed with
     # protobuf's "Value out of range" building the leaving heartbeat (expiry = 3 intervals, uint32).
