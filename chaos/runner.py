@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -41,11 +42,14 @@ from raftmq.chaos.scenarios import (
     by_name,
 )
 from raftmq.client.admin import Admin
+from raftmq.common import tls
 from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import RaftMQError
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc
 from raftmq.common.retry import RetryPolicy
+from raftmq.ops import certs
 from raftmq.ops.cluster_runner import ClusterRunner, broker_status
-from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, load
+from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, TlsSpec, load
 from raftmq.ops.procs import child_env
 
 CHAOS_CLUSTER = Path(__file__).resolve().parent / "cluster.toml"
@@ -274,7 +278,72 @@ def _chaos_spec(opts: RunOptions, scenario: Scenario) -> ClusterSpec:
         if opts.ack_before_commit:
             settings.setdefault("broker", {})["debug_ack_before_commit"] = True
         spec = replace(spec, settings=settings)
+    if scenario.secure:
+        spec = secure_spec(spec, RunPaths(opts.out_dir).certs)
     return spec.with_data_dir(RunPaths(opts.out_dir).data)
+
+
+def secure_spec(spec: ClusterSpec, certs_dir: Path) -> ClusterSpec:
+    """The description with mutual TLS on ([security.tls] in certs_dir, a client certificate
+    required), whatever its own [security] said: a secure scenario's certificates are the run's."""
+    return replace(spec, tls=TlsSpec(certs_dir, certs_dir / certs.CA_CERT, True))
+
+
+def make_certs(spec: ClusterSpec) -> list[Path]:
+    """The CA and every certificate of the description as `raftmq cluster certs` makes them,
+    for the hosts the spec has now (the namespace IPs after with_hosts): the shipped
+    description's certificates name 127.0.0.1, which no process of the chaos cluster is on."""
+    if spec.tls is None:
+        raise RunError("make_certs needs a description with [security.tls] (secure_spec)")
+    written = certs.write_certs(spec.tls.dir, certs.cert_requests(spec), days=2)
+    spec.check_tls_files()
+    return written
+
+
+def client_tls_env(spec: ClusterSpec) -> dict[str, str]:
+    """RAFTMQ_TLS_* of the workload: the SDK's producers and consumers connect with the
+    `client` certificate (common/tls.py reads them when no tls_* argument is given)."""
+    if spec.tls is None:
+        return {}
+    return {
+        tls.ENV_PREFIX + "CA": str(spec.tls.ca),
+        tls.ENV_PREFIX + "CERT": str(spec.tls.cert(CLIENT)),
+        tls.ENV_PREFIX + "KEY": str(spec.tls.key(CLIENT)),
+    }
+
+
+def client_material(spec: ClusterSpec) -> tls.Tls | None:
+    """The `client` certificate's material (the harness's Admin and status calls); None
+    without [security.tls]."""
+    return tls.load(environ=client_tls_env(spec)) if spec.tls is not None else None
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def _refused(address: str, material: tls.Tls | None) -> bool:
+    """Whether a broker refuses a status call from a client with this material (None:
+    plaintext): with mutual TLS on, a plaintext client and one without a certificate must be."""
+    try:
+        with tls.channel(address, tls=material) as ch:
+            broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=PROBE_TIMEOUT_S
+            )
+    except grpc.RpcError:
+        return True
+    return False
+
+
+def security_probes(spec: ClusterSpec, address: str) -> dict[str, bool]:
+    """One call to a broker from a plaintext client, one from a TLS client without a
+    certificate, one with the client certificate: the first two refused, the last served."""
+    assert spec.tls is not None
+    no_cert = tls.load({"ca": str(spec.tls.ca)}, environ={})
+    return {
+        "plaintext_refused": _refused(address, None),
+        "no_client_cert_refused": _refused(address, no_cert),
+        "client_cert_served": not _refused(address, client_material(spec)),
+    }
 
 
 def retry_delays_s(scenario: Scenario) -> list[float]:
@@ -291,7 +360,12 @@ def retry_delays_s(scenario: Scenario) -> list[float]:
 
 
 def _start_workload(
-    net: Net, spec: ClusterSpec, history: Path, rate: float, mode: str = "queue"
+    net: Net,
+    spec: ClusterSpec,
+    history: Path,
+    rate: float,
+    mode: str = "queue",
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     argv = [
         *net.wrap(CLIENT),
@@ -316,7 +390,7 @@ def _start_workload(
     log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         argv,
-        env=child_env(),
+        env={**child_env(), **(env or {})},  # child_env drops RAFTMQ_*: these come after it
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,
@@ -389,6 +463,11 @@ class RunPaths:
     def picture(self) -> Path:
         return self.out_dir / "acks.png"
 
+    @property
+    def certs(self) -> Path:
+        """A secure scenario's CA and certificates (made for this run's namespace IPs)."""
+        return self.out_dir / "certs"
+
     def outputs(self) -> tuple[Path, ...]:
         return (
             self.data,
@@ -397,6 +476,7 @@ class RunPaths:
             self.client_log,
             self.result,
             self.picture,
+            self.certs,
         )
 
     def fresh(self) -> None:
@@ -424,6 +504,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     group = groups[0]
     names = [p.name for p in spec.processes()]
     client_history = paths.client_history
+    security: dict[str, bool] | None = None  # the probes of a secure scenario
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
@@ -434,19 +515,28 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     )
     with Net([*names, CLIENT]) as net, disks or contextlib.nullcontext():
         spec = spec.with_hosts({n: net.ip(n) for n in names})
+        if spec.tls is not None:  # after with_hosts: the certificates name the namespace IPs
+            make_certs(spec)
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
         nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks)
         workload: subprocess.Popen[str] | None = None
         try:
+            if spec.tls is not None:
+                tls.install(client_material(spec))  # the harness's Admin and status calls
             console.log(f"starting {len(names)} processes in namespaces ({net.control_ip}/24)")
             runner.start_all()
             with Admin(spec.namesrv_addresses) as admin:
-                nemesis.leader(30.0)
+                lead = nemesis.leader(30.0)
                 _create_topic(admin, group)
                 _wait_route(admin)
+            if spec.tls is not None:
+                lp = next(p for p in runner.processes() if p.name == lead)
+                security = security_probes(spec, f"{lp.host}:{lp.ports[0]}")
+                console.log(f"security probes of {lead}: {security}")
             workload = _start_workload(
-                net, spec, client_history, opts.rate_per_s, scenario.workload
-            )
+                net, spec, client_history, opts.rate_per_s, scenario.workload,
+                client_tls_env(spec),
+            )  # fmt: skip
             before = nemesis.leadership() if scenario.leader_stays else None
             t0 = time.monotonic()
             console.log(
@@ -489,6 +579,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 nemesis.heal_all()
             finally:
                 runner.stop_all()
+                if spec.tls is not None:
+                    tls.uninstall()
     ops = merge(load_jsonl(client_history), rec.ops)
     history_path = paths.history
     write_jsonl(history_path, ops)
@@ -507,6 +599,10 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     if not all(w["within_bound"] for w in failover):
         verdict = verdict.replace("PASS", "FAIL", 1)
         verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
+    if security is not None and not all(security.values()):
+        passed = False
+        bad = ", ".join(k for k, ok in security.items() if not ok)
+        verdict = verdict.replace("PASS", "FAIL", 1) + f"; security probe failed: not {bad}"
     leadership_problem = (
         check_leadership(before, after) if before is not None and after is not None else None
     )
@@ -524,6 +620,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "wall_s": round(time.monotonic() - t_setup, 1),
         **({"leadership": {"before": before, "after": after}} if before is not None else {}),
         **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
+        **({"security": {"mutual_tls": True, **security}} if security is not None else {}),
     }
     write_result(result_path, _schedule_json(schedule), report, extra)
     plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")
