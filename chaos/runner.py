@@ -515,13 +515,13 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     )
     with Net([*names, CLIENT]) as net, disks or contextlib.nullcontext():
         spec = spec.with_hosts({n: net.ip(n) for n in names})
-        if spec.tls is not None:  # after with_hosts: the certificates name the namespace IPs
+        if scenario.secure:  # after with_hosts: the certificates name the namespace IPs
             make_certs(spec)
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
         nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks)
         workload: subprocess.Popen[str] | None = None
         try:
-            if spec.tls is not None:
+            if scenario.secure:
                 tls.install(client_material(spec))  # the harness's Admin and status calls
             console.log(f"starting {len(names)} processes in namespaces ({net.control_ip}/24)")
             runner.start_all()
@@ -529,7 +529,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 lead = nemesis.leader(30.0)
                 _create_topic(admin, group)
                 _wait_route(admin)
-            if spec.tls is not None:
+            if scenario.secure:
                 lp = next(p for p in runner.processes() if p.name == lead)
                 security = security_probes(spec, f"{lp.host}:{lp.ports[0]}")
                 console.log(f"security probes of {lead}: {security}")
@@ -579,7 +579,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 nemesis.heal_all()
             finally:
                 runner.stop_all()
-                if spec.tls is not None:
+                if scenario.secure:
                     tls.uninstall()
     ops = merge(load_jsonl(client_history), rec.ops)
     history_path = paths.history
