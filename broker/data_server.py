@@ -31,6 +31,8 @@ from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common import tls
+from raftmq.common.acl import Action
+from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
@@ -55,7 +57,9 @@ class DataServer:
         node: BrokerNode,
         settings: BrokerSettings,
         transactions: TransactionShell | None = None,
+        guard: Guard | None = None,
     ) -> None:
+        self.guard = guard  # issue 19: None = auth off
         self.node = node
         self.settings = settings
         self.transactions = transactions
@@ -87,6 +91,7 @@ class DataServer:
             max_inflight_per_conn=s.data_max_inflight_per_conn,
             max_connections=s.data_max_connections,
             ssl=tls.server_ssl(),
+            authenticate=self.guard.authenticate_hello if self.guard is not None else None,
         )
         io.run(self._server.start(host, port), timeout_s=10)
         advertised = self.node.me.address.rpartition(":")[0] if host in _WILDCARD_HOSTS else host
@@ -141,9 +146,11 @@ class DataServer:
             DataMethod.SEND_BATCHES: self._send_batches,
         }
         assert self._waker is not None
-        handlers.update(pop_handlers(self.node, self._blocking, self._waker))
+        handlers.update(pop_handlers(self.node, self._blocking, self._waker, self._check))
         if self.transactions is not None:
-            handlers.update(transaction_handlers(self.transactions, self._blocking, self._waker))
+            handlers.update(
+                transaction_handlers(self.transactions, self._blocking, self._waker, self._check)
+            )
         missing = set(PAYLOADS) - set(handlers) - (TXN_METHODS if not self.transactions else set())
         assert not missing, f"no handler for {sorted(m.name for m in missing)}"
         timed = self.node.metrics.frame_handler
@@ -156,10 +163,18 @@ class DataServer:
         node = self.node
 
         async def handle(payload: memoryview, ctx: RequestContext) -> bytes:
-            return fn(node, parse(cls, payload)).SerializeToString()
+            req = parse(cls, payload)
+            self._check(ctx, req)
+            return fn(node, req).SerializeToString()
 
         handle.__qualname__ = f"DataServer.{fn.__name__}"
         return handle
+
+    def _check(self, ctx: RequestContext, req: Message) -> None:
+        """Authorize a parsed request for the connection's principal (issue 19): once per
+        request or batch, never per message; decisions are cached in the guard."""
+        if self.guard is not None:
+            self.guard.check_frame(ctx.principal, ctx.method, req)
 
     async def _blocking(self, fn: Callable[..., _T], *args: object) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -167,6 +182,7 @@ class DataServer:
     async def _send(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node
         req = parse(broker_pb2.SendMessageRequest, payload)
+        self._check(ctx, req)
         term = node.status().term
         if requests.send_needs_thread(node, req):
             prepared = await self._blocking(requests.prepare_send, node, req)
@@ -202,8 +218,11 @@ class DataServer:
         term = node.status().term
         prepared: list[PreparedSend | RaftMQError] = []
         inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
+        guard = self.guard
         for batch in req.batches:
             try:
+                if guard is not None:  # per batch: a denied topic fails its batches only
+                    guard.check_topic(ctx.principal, Action.PUB, batch.topic)
                 ok = inline.get(batch.topic)
                 if ok is None:
                     ok = inline[batch.topic] = not requests.send_needs_thread(node, batch)
@@ -255,6 +274,7 @@ class DataServer:
     async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node
         req = parse(broker_pb2.CommitOffsetRequest, payload)
+        self._check(ctx, req)
         if node.leader_gate_open():
             entries = requests.commit_payloads(node, req)
         else:
@@ -273,6 +293,7 @@ class DataServer:
         long_poll_max_ms (the generator applies both)."""
         node = self.node
         req = parse(broker_pb2.PullMessageRequest, payload)
+        self._check(ctx, req)
         deadline = time.monotonic() + self.settings.long_poll_max_ms / 1000
         steps = requests.pull_steps(node, req, deadline)
         result = await self._drive(steps)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from google.protobuf.message import Message
+
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pop_apply import (
     MAX_INFLIGHT_ROW,
@@ -194,28 +196,37 @@ def ack_answer(outcome: object) -> pop_pb2.PopAckResponse:
 
 
 def pop_handlers(
-    node: BrokerNode, blocking: Blocking, waker: LoopWaker
+    node: BrokerNode,
+    blocking: Blocking,
+    waker: LoopWaker,
+    check: Callable[[RequestContext, Message], None] = lambda ctx, req: None,
 ) -> dict[DataMethod, Handler]:
     """The framed handlers (broker/data_server.py): a write waits for its apply as a loop
-    future; only a new term's leader gate (before a read) runs on the small thread pool."""
+    future; only a new term's leader gate (before a read) runs on the small thread pool.
+    `check` authorizes a parsed request (the DataServer's guard: Sub on topic and group)."""
 
     def timeout_s() -> float:
         return node.settings.send_timeout_ms / 1000
 
     async def state(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(pop_pb2.PopStateRequest, payload)
+        check(ctx, req)
         if not node.leader_gate_open():
             # Read after every earlier entry is applied: a new leader's store may lag its log.
             await blocking(node.require_leader)
         return state_answer(node, req).SerializeToString()
 
     async def receive(payload: memoryview, ctx: RequestContext) -> bytes:
-        chunk = receive_record(parse(pop_pb2.PopReceiveRequest, payload), _now_ms())
+        req = parse(pop_pb2.PopReceiveRequest, payload)
+        check(ctx, req)
+        chunk = receive_record(req, _now_ms())
         [outcome] = await node.replicate_async([chunk], timeout_s(), waker)
         return receive_answer(outcome).SerializeToString()
 
     async def ack(payload: memoryview, ctx: RequestContext) -> bytes:
-        chunk = ack_record(parse(pop_pb2.PopAckRequest, payload), _now_ms())
+        req = parse(pop_pb2.PopAckRequest, payload)
+        check(ctx, req)
+        chunk = ack_record(req, _now_ms())
         [outcome] = await node.replicate_async([chunk], timeout_s(), waker)
         return ack_answer(outcome).SerializeToString()
 

@@ -16,6 +16,7 @@ from concurrent import futures
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.auth import Signer, call_metadata
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import namesrv_pb2, namesrv_pb2_grpc
 
@@ -33,7 +34,9 @@ class Registrar:
         namesrv_addresses: tuple[str, ...],
         request: Callable[[], namesrv_pb2.RegisterBrokerRequest],
         interval_ms: int,
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer  # signs the calls when auth is on (issue 19)
         self._addresses = namesrv_addresses
         self._request = request
         self._interval_s = interval_ms / 1000
@@ -83,7 +86,9 @@ class Registrar:
 
     def _register(self, address: str, req: namesrv_pb2.RegisterBrokerRequest) -> bool:
         try:
-            self._stubs[address].RegisterBroker(req, timeout=CALL_TIMEOUT_S)
+            self._stubs[address].RegisterBroker(
+                req, timeout=CALL_TIMEOUT_S, metadata=call_metadata(self._signer)
+            )
         except grpc.RpcError as exc:
             now = time.monotonic()
             if now - self._last_failure_log.get(address, -1e9) >= FAILURE_LOG_INTERVAL_S:
@@ -95,7 +100,9 @@ class Registrar:
 
     def _unregister(self, address: str, req: namesrv_pb2.UnregisterBrokerRequest) -> None:
         try:
-            self._stubs[address].UnregisterBroker(req, timeout=CALL_TIMEOUT_S)
+            self._stubs[address].UnregisterBroker(
+                req, timeout=CALL_TIMEOUT_S, metadata=call_metadata(self._signer)
+            )
         except grpc.RpcError as exc:
             log.warning("broker.unregister_failed namesrv=%s status=%s", address, _status(exc))
 

@@ -16,6 +16,7 @@ import time
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.auth import Signer, call_metadata
 from raftmq.common.errors import NotLeaderError, from_rpc_error
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
@@ -57,7 +58,9 @@ class RoleReporter:
         self,
         controller_addresses: tuple[str, ...],
         unreachable_warn_ms: int = DEFAULT_UNREACHABLE_WARN_MS,
+        signer: Signer | None = None,
     ) -> None:
+        self._signer = signer  # signs the reports when auth is on (issue 19)
         self._addresses = list(controller_addresses)
         self._watch = ReachabilityWatch(unreachable_warn_ms)
         self._last_error = ""
@@ -146,7 +149,9 @@ class RoleReporter:
             tried.add(address)
             stub = controller_pb2_grpc.ControllerStub(self._channel(address))
             try:
-                out = stub.ReportRole(req, timeout=CALL_TIMEOUT_S)
+                out = stub.ReportRole(
+                    req, timeout=CALL_TIMEOUT_S, metadata=call_metadata(self._signer)
+                )
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
                 self._last_error = f"{address}:{_code(exc)}"

@@ -30,6 +30,7 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_service import TRANSACTION_SERVICE, TransactionService
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.common import tls
+from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import MetricsServer, start_metrics
@@ -55,6 +56,8 @@ class BrokerServer:
         node_factory: Callable[[BrokerSettings], BrokerNode] = build_broker_node,
     ) -> None:
         self.settings = settings
+        # issue 19: signs this node's calls, checks every request when auth is on
+        self.security = NodeSecurity.for_settings(settings, settings.controller_list)
         # Order matters: the Raft log runs (and may win or lose an election) from the moment
         # node_factory builds it, so everything the role listener calls exists before the node,
         # and the role the node reached before its listener was registered is reported after.
@@ -65,6 +68,7 @@ class BrokerServer:
                     UNREACHABLE_WARN_HEARTBEATS * settings.heartbeat_interval_ms,
                     UNREACHABLE_WARN_MAX_MS,
                 ),
+                signer=self.security.signer,
             )
             if settings.controller_list
             else None
@@ -72,7 +76,10 @@ class BrokerServer:
         self.address = ""
         self.data_address = ""  # advertised once bound
         self.registrar = Registrar(
-            settings.namesrv_list, self._registration, settings.heartbeat_interval_ms
+            settings.namesrv_list,
+            self._registration,
+            settings.heartbeat_interval_ms,
+            self.security.signer,
         )
         self.node = node_factory(settings)
         wire_max = 2 * settings.max_message_bytes + WIRE_OVERHEAD_BYTES
@@ -87,7 +94,10 @@ class BrokerServer:
                 *SERVER_LIVENESS,
             ],
             maximum_concurrent_rpcs=settings.max_workers * 4,
-            interceptors=self.node.metrics.grpc_interceptors(),
+            interceptors=[
+                *self.node.metrics.grpc_interceptors(),
+                *self.security.interceptors([BROKER_SERVICE, TRANSACTION_SERVICE]),
+            ],
         )
         self.metrics: MetricsServer | None = None
         self.metrics_address = ""
@@ -95,7 +105,9 @@ class BrokerServer:
         self.transactions = TransactionShell(self.node, self.node.transactions)
         add_servicer(self._server, TransactionService(self.transactions), TRANSACTION_SERVICE)
         self.data_server = (
-            DataServer(self.node, settings, self.transactions) if settings.data_bind else None
+            DataServer(self.node, settings, self.transactions, self.security.guard)
+            if settings.data_bind
+            else None
         )
         self.node.add_role_listener(self._on_role_change)
         self.node.add_topic_listener(self.registrar.poke)
@@ -152,6 +164,7 @@ class BrokerServer:
             raise OSError(f"cannot listen on {listen}: {exc}") from exc
         if port == 0:
             raise OSError(f"cannot listen on {listen} (address in use?)")
+        self.security.start()
         self.node.start()
         self.transactions.start()
         if self.data_server is not None:
@@ -195,6 +208,7 @@ class BrokerServer:
             self.reporter.close()
         if self.metrics is not None:
             self.metrics.stop()
+        self.security.close()
         self.node.close()
 
 

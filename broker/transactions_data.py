@@ -23,12 +23,17 @@ _M = TypeVar("_M", bound=Message)
 
 
 def transaction_handlers(
-    shell: TransactionShell, blocking: Blocking, waker: LoopWaker
+    shell: TransactionShell,
+    blocking: Blocking,
+    waker: LoopWaker,
+    check: Callable[[RequestContext, Message], None] = lambda ctx, req: None,
 ) -> dict[DataMethod, Handler]:
+    """`check` authorizes a parsed request (issue 19; the DataServer's guard)."""
     node = shell.node
 
     async def send_half(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(transaction_pb2.SendHalfMessageRequest, payload)
+        check(ctx, req)
         if shell.half_needs_thread(req):
             prepared = await blocking(shell.prepare_half, req)
         else:
@@ -38,6 +43,7 @@ def transaction_handlers(
 
     async def end(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(transaction_pb2.EndTransactionRequest, payload)
+        check(ctx, req)
         if shell.end_needs_thread():
             prepared = await blocking(shell.prepare_end, req)
         else:

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import grpc
 
+from raftmq.client.acl_admin import AclAdmin
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
@@ -21,6 +22,7 @@ from raftmq.client.stats_report import StatsReport, merge, report_range
 from raftmq.client.trace import MessageTrace, records_of_message
 from raftmq.common import tls
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -43,7 +45,7 @@ from raftmq.common.trace import (
     TraceRecord,
     path_of,
 )
-from raftmq.common.types import QueueRef, check_offset
+from raftmq.common.types import QueueRef, check_offset, parse_address_list
 
 log = logging.getLogger("raftmq.admin")
 
@@ -161,8 +163,15 @@ class Admin:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        credentials: Credentials | None = None,
+        controllers: str | Sequence[str] = "",
     ) -> None:
-        self._pool = ChannelPool(tls_config=tls.client_tls(tls_ca, tls_cert, tls_key))
+        self._pool = ChannelPool(
+            tls_config=tls.client_tls(tls_ca, tls_cert, tls_key), credentials=credentials
+        )
+        # the users and policies (issue 19) are the controllers' (acl_* methods)
+        self.controllers = parse_address_list(controllers, "controllers") if controllers else ()
+        self.acl = AclAdmin(self._pool, self.controllers)
         self.routes = RouteCache(namesrv_addresses, self._pool)
 
     def close(self) -> None:

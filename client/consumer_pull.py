@@ -18,6 +18,7 @@ from raftmq.client.offsets import BrokerOffsets, StartFrom
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
@@ -43,6 +44,7 @@ class PullConsumer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(group)
         if max_prefetch_messages < 1 or max_messages_per_pull < 1 or long_poll_ms < 0:
@@ -52,8 +54,10 @@ class PullConsumer:
         check_subscription(tag_expression, sql_expression)
         self.group = group
         self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
-        self._pool = ChannelPool(tls_config=self._tls)
-        self._data = DataPool(tls_config=self._tls, name="raftmq-consumer-data")
+        self._pool = ChannelPool(tls_config=self._tls, credentials=credentials)
+        self._data = DataPool(
+            tls_config=self._tls, name="raftmq-consumer-data", credentials=credentials
+        )
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

@@ -38,6 +38,7 @@ from raftmq.client.scheduler import Scheduler
 from raftmq.client.trace import TraceSender, traced_listener
 from raftmq.common import tls
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     InvalidArgumentError,
@@ -114,6 +115,7 @@ class PushConsumer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(group)
         validate_topic(topic)
@@ -149,8 +151,10 @@ class PushConsumer:
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
         self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
-        self._pool = ChannelPool(tls_config=self._tls)
-        self._data = DataPool(tls_config=self._tls, name="raftmq-consumer-data")
+        self._pool = ChannelPool(tls_config=self._tls, credentials=credentials)
+        self._data = DataPool(
+            tls_config=self._tls, name="raftmq-consumer-data", credentials=credentials
+        )
         self._driver = FetchDriver("raftmq-fetch")
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._broker_offsets = BrokerOffsets(group, self.routes, self._pool, self._data)

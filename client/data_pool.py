@@ -19,6 +19,8 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from raftmq.common import tls
+from raftmq.common.auth import Credentials
+from raftmq.common.auth_client import client_signer
 from raftmq.common.data_api import PAYLOADS, DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -71,10 +73,13 @@ class DataPool:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         name: str = "raftmq-data",
         tls_config: tls.Tls | Any | None = tls.PROCESS,
+        credentials: Credentials | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         self._ssl = tls.client_ssl(tls_config)  # one context for every connection of the pool
+        # issue 19: each connection's HELLO is signed (once per connection)
+        self._signer = client_signer(credentials)
         self._max = max_connections
         self._name = name
         self._lock = threading.Lock()
@@ -113,7 +118,14 @@ class DataPool:
                 return fc
             loop = self._loop_locked()
             host, port = split_address(data_address)
-            fc = FrameClient(host, port, loop=loop, ssl=self._ssl, server_hostname=host)
+            fc = FrameClient(
+                host,
+                port,
+                loop=loop,
+                ssl=self._ssl,
+                server_hostname=host,
+                auth=self._signer.hello_auth if self._signer is not None else None,
+            )
             self._clients[data_address] = fc
             evicted = []
             while len(self._clients) > self._max:

@@ -19,6 +19,8 @@ import grpc
 
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.common import tls
+from raftmq.common.auth import Credentials
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -68,12 +70,18 @@ class ChannelPool:
     The one place the SDK creates channels, all with CHANNEL_OPTIONS. Thread-safe."""
 
     def __init__(
-        self, max_channels: int = 256, tls_config: tls.Tls | Any | None = tls.PROCESS
+        self,
+        max_channels: int = 256,
+        tls_config: tls.Tls | Any | None = tls.PROCESS,
+        *,
+        credentials: Credentials | None = None,
     ) -> None:
         if max_channels < 1:
             raise ValueError("max_channels must be >= 1")
         self._tls = tls.resolve(tls_config)  # read once: every channel of the pool alike
         self._max = max_channels
+        # issue 19: every call signed with these (else RAFTMQ_ACCESS_KEY/... or the file)
+        self.signer = client_signer(credentials)
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[str, _PoolEntry] = collections.OrderedDict()
 
@@ -82,7 +90,8 @@ class ChannelPool:
         if entry is not None:
             self._entries.move_to_end(address)
             return entry
-        entry = _PoolEntry(tls.channel(address, CHANNEL_OPTIONS, self._tls))
+        # TLS (or plaintext) per the pool's material, every call signed when credentials exist
+        entry = _PoolEntry(signed(tls.channel(address, CHANNEL_OPTIONS, self._tls), self.signer))
         self._entries[address] = entry
         while len(self._entries) > self._max:
             _, old = self._entries.popitem(last=False)

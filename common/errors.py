@@ -153,6 +153,24 @@ class PermissionDeniedError(RaftMQError):
         )
 
 
+class AccessDeniedError(PermissionDeniedError):
+    """The ACL (users and policies, `raftmq acl`) does not allow this user this action on this
+    resource. A PermissionDeniedError, so code that handles a topic's permission handles it."""
+
+    @classmethod
+    def for_request(cls, subject: str, action: str, resource: str) -> AccessDeniedError:
+        return cls(
+            f"user {subject!r} may not {action} on {resource}; ask an administrator for a policy "
+            f"(`raftmq acl policy set {subject} {resource}={action}`)",
+            details={"subject": subject, "action": action, "resource": resource},
+        )
+
+
+class UnauthenticatedError(RaftMQError):
+    """The request carries no valid signature: missing credentials, an unknown access key, a
+    signature that does not match, or a signing time outside the server's window (a replay)."""
+
+
 class OffsetOutOfRangeError(RaftMQError):
     """An offset lies outside [min_offset, max_offset] of its queue."""
 
@@ -371,6 +389,8 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(TopicNotFoundError, _SC.NOT_FOUND, "TOPIC_NOT_FOUND", _C, False),
     ErrorRow(TopicAlreadyExistsError, _SC.ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS", _C, False),
     ErrorRow(PermissionDeniedError, _SC.PERMISSION_DENIED, "PERMISSION_DENIED", _C, False),
+    ErrorRow(AccessDeniedError, _SC.PERMISSION_DENIED, "ACCESS_DENIED", _C, False),
+    ErrorRow(UnauthenticatedError, _SC.UNAUTHENTICATED, "UNAUTHENTICATED", _C, False),
     ErrorRow(OffsetOutOfRangeError, _SC.OUT_OF_RANGE, "OFFSET_OUT_OF_RANGE", _C, False),
     ErrorRow(MessageNotFoundError, _SC.NOT_FOUND, "MESSAGE_NOT_FOUND", _C, False),
     ErrorRow(UnsupportedError, _SC.UNIMPLEMENTED, "UNSUPPORTED", _C, False),
@@ -402,7 +422,7 @@ _BY_BARE_STATUS: dict[grpc.StatusCode, type[RaftMQError]] = {
     _SC.NOT_FOUND: NoRouteError,
     _SC.ALREADY_EXISTS: TopicAlreadyExistsError,
     _SC.PERMISSION_DENIED: PermissionDeniedError,
-    _SC.UNAUTHENTICATED: PermissionDeniedError,
+    _SC.UNAUTHENTICATED: UnauthenticatedError,
     _SC.OUT_OF_RANGE: OffsetOutOfRangeError,
     _SC.UNIMPLEMENTED: UnsupportedError,
     _SC.UNAVAILABLE: BrokerUnavailableError,

@@ -36,6 +36,7 @@ from raftmq.common.pb import common_pb2
 PROTOCOL_VERSION = 1
 MAGIC = b"RMQF"
 AUTH_NONE = 0
+AUTH_HMAC_SHA1 = 1  # access key, date-time, signature (common/auth.py; issue 19)
 
 # Frame sizes count the bytes after the u32 length (kind, flags, request id, body).
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024  # a produce batch of 4 MiB (RocketMQ's cap) and room
@@ -112,7 +113,7 @@ class Hello:
 
     version: int = PROTOCOL_VERSION
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    auth_method: int = AUTH_NONE  # placeholder for SASL-like auth; only AUTH_NONE exists now
+    auth_method: int = AUTH_NONE  # AUTH_NONE or AUTH_HMAC_SHA1 (signed, common/auth.py)
     auth: bytes = b""
 
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 
 from raftmq.common import errors
 from raftmq.common.frame import (
+    AUTH_HMAC_SHA1,
     AUTH_NONE,
     DEFAULT_MAX_FRAME_BYTES,
     MAX_METHOD,
@@ -55,6 +56,7 @@ class RequestContext(NamedTuple):
     conn_id: int  # the server's number for the connection, for logs
     request_id: int
     method: int
+    principal: str = ""  # who the connection authenticated as in its HELLO ("" = auth off)
 
 
 Handler = Callable[[memoryview, RequestContext], Awaitable[bytes | memoryview]]
@@ -126,6 +128,7 @@ class FrameServer:
         hello_timeout_s: float = 5.0,
         idle_timeout_s: float = 30.0,
         ssl: ssl_lib.SSLContext | None = None,
+        authenticate: Callable[[int, bytes], str] | None = None,
     ) -> None:
         if max_inflight_per_conn < 1:
             raise ValueError("max_inflight_per_conn must be >= 1")
@@ -138,6 +141,9 @@ class FrameServer:
         self.hello_timeout_s = hello_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._ssl = ssl
+        # (auth_method, auth) of a client's HELLO -> the principal, or a RaftMQError that refuses
+        # the connection (common/auth_guard.py; issue 19). None: auth is off.
+        self._authenticate = authenticate
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_ServerConn] = set()
@@ -252,6 +258,7 @@ class _ServerConn(asyncio.Protocol):
         self._goaway_sent = False
         self._closed = False
         self._last_request_id = 0
+        self.principal = ""
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -342,7 +349,13 @@ class _ServerConn(asyncio.Protocol):
                 )
             )
             return
-        if hello.auth_method != AUTH_NONE:
+        if self._srv._authenticate is not None:
+            try:  # once per connection; each request is then authorized against the principal
+                self.principal = self._srv._authenticate(hello.auth_method, hello.auth)
+            except errors.RaftMQError as exc:
+                self._refuse(exc)
+                return
+        elif hello.auth_method not in (AUTH_NONE, AUTH_HMAC_SHA1):
             self._refuse(
                 errors.UnsupportedError(
                     f"auth method {hello.auth_method} is not supported by this server"
@@ -385,7 +398,7 @@ class _ServerConn(asyncio.Protocol):
 
     async def _run(self, handler: Handler, frame: Frame) -> None:
         rid = frame.request_id
-        ctx = RequestContext(self.peer, self.id, rid, frame.method)
+        ctx = RequestContext(self.peer, self.id, rid, frame.method, self.principal)
         try:
             result = await handler(frame.payload, ctx)
             if not isinstance(result, bytes | bytearray | memoryview):
@@ -588,8 +601,10 @@ class FrameClient:
         connect_timeout_s: float = 3.0,
         keepalive_interval_s: float = 1.0,
         keepalive_timeout_s: float = 3.0,
+        auth: Callable[[], tuple[int, bytes]] | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self.auth = auth  # the HELLO's (auth_method, auth), made afresh per connection
         self.address = f"{host}:{port}"
         self._loop = loop
         self._ssl = ssl
@@ -953,7 +968,12 @@ class _ClientConn(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
         transport.set_write_buffer_limits(high=self._client.max_pending_write_bytes)
-        transport.write(encode_hello(Hello(max_frame_bytes=self._client.max_frame_bytes)))
+        method, auth = self._client.auth() if self._client.auth is not None else (AUTH_NONE, b"")
+        transport.write(
+            encode_hello(
+                Hello(max_frame_bytes=self._client.max_frame_bytes, auth_method=method, auth=auth)
+            )
+        )
 
     def data_received(self, data: bytes) -> None:
         self._last_rx = self.loop.time()

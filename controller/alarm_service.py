@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.auth import call_metadata
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.controller.alarms import Active, AlarmBook, Event, Kind, parse_rules
@@ -287,7 +288,9 @@ class AlarmService:
                 self._channels[address] = ch
         try:
             return broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
-                broker_pb2.GetBrokerStatusRequest(include_lags=True), timeout=STATUS_TIMEOUT_S
+                broker_pb2.GetBrokerStatusRequest(include_lags=True),
+                timeout=STATUS_TIMEOUT_S,
+                metadata=call_metadata(self.node.signer),
             )
         except grpc.RpcError:
             return None

@@ -18,9 +18,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.acl import Acl
+from raftmq.common.acl_sync import admin_signer, auth_config_of
+from raftmq.common.auth import Signer, call_metadata
 from raftmq.common.errors import BrokerUnavailableError, NotLeaderError, OutcomeUnknownError
 from raftmq.common.grpc_options import CHANNEL_LIVENESS
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.controller.acl_state import AclCommand
 from raftmq.controller.alarm_service import AlarmService
 from raftmq.controller.balance import Transfer, parse_preferred, plan
 from raftmq.controller.liveness import Liveness, Seen
@@ -49,7 +53,10 @@ TRANSFER_TIMEOUT_MS = 3_000
 class Pusher:
     """Pushes a leader change to every NameServer at once; a dead one delays nobody."""
 
-    def __init__(self, addresses: tuple[str, ...], timeout_ms: int, retries: int) -> None:
+    def __init__(
+        self, addresses: tuple[str, ...], timeout_ms: int, retries: int, signer: Signer | None
+    ) -> None:
+        self._signer = signer
         self._stubs = {
             a: namesrv_pb2_grpc.NameServerStub(tls.channel(a, CHANNEL_LIVENESS)) for a in addresses
         }
@@ -72,7 +79,9 @@ class Pusher:
     ) -> None:
         for attempt in range(self._retries):
             try:
-                out = stub.PushLeaderChange(req, timeout=self._timeout_s)
+                out = stub.PushLeaderChange(
+                    req, timeout=self._timeout_s, metadata=call_metadata(self._signer)
+                )
                 log.info(
                     "controller.pushed namesrv=%s group=%s leader=%s term=%d result=%s",
                     address,
@@ -99,7 +108,11 @@ class ControllerNode:
         self._ids = {p.raft_address: p.node_id for p in settings.peer_list}
         self._ids[settings.raft_address] = settings.node_id
         self.rlog = ReplicatedLog(settings.raft_config())
-        self.pusher = Pusher(settings.namesrv_list, settings.push_timeout_ms, settings.push_retries)
+        # signs this controller's calls to NameServers and brokers when auth is on (issue 19)
+        self.signer = admin_signer(auth_config_of(settings))
+        self.pusher = Pusher(
+            settings.namesrv_list, settings.push_timeout_ms, settings.push_retries, self.signer
+        )
         self._cond = threading.Condition()
         self.applied = 0
         self._verdicts: collections.OrderedDict[tuple[int, int], Verdict] = (
@@ -175,6 +188,40 @@ class ControllerNode:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise OutcomeUnknownError("the report was committed but not applied in time")
+                self._cond.wait(left)
+            return self._verdicts[key]
+
+    def commit_acl(self, command: AclCommand) -> Verdict:
+        """Replicate an ACL change (issue 19) and return its verdict once applied here; the
+        verdict's epoch is the ACL version after it. Leader only."""
+        if not self.rlog.is_leader_ready():
+            _, address = self.leader()
+            hint = "" if address == self.settings.listen else address
+            raise NotLeaderError.for_node(self.settings.node_id, "controllers", hint)
+        return self._commit_and_wait(command.encode(), "the ACL change")
+
+    def acl(self) -> Acl:
+        """The users and policies as applied here (any controller; a follower may lag)."""
+        with self._cond:
+            return self.state.acl.snapshot()
+
+    def _commit_and_wait(self, data: bytes, what: str) -> Verdict:
+        try:
+            fut = self.rlog.submit(data)
+            committed = fut.result(timeout=REPORT_TIMEOUT_S)
+        except FutureTimeout as exc:
+            raise OutcomeUnknownError(f"{what} was not committed in time; check and retry") from exc
+        except rl_errors.NotLeaderError as exc:
+            raise NotLeaderError.for_node(self.settings.node_id, "controllers", "") from exc
+        except rl_errors.RaftLogError as exc:
+            raise BrokerUnavailableError(f"controller log: {exc}") from exc
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        key = (committed.index, committed.slot)
+        with self._cond:
+            while key not in self._verdicts:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OutcomeUnknownError(f"{what} was committed but not applied in time")
                 self._cond.wait(left)
             return self._verdicts[key]
 
@@ -307,7 +354,9 @@ class ControllerNode:
         try:
             with tls.channel(t.to_address) as ch:  # one call, 1 s deadline
                 st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
-                    broker_pb2.GetBrokerStatusRequest(), timeout=1.0
+                    broker_pb2.GetBrokerStatusRequest(),
+                    timeout=1.0,
+                    metadata=call_metadata(self.signer),
                 )
             if st.role != common_pb2.FOLLOWER or st.leader_node_id != t.from_node:
                 log.info(
@@ -331,6 +380,7 @@ class ControllerNode:
                         target_node_id=t.to_node, timeout_ms=TRANSFER_TIMEOUT_MS
                     ),
                     timeout=TRANSFER_TIMEOUT_MS / 1000 + 3,
+                    metadata=call_metadata(self.signer),
                 )
             log.info(
                 "controller.balanced group=%s from=%s to=%s ok=%s leader=%s term=%d",

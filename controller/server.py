@@ -11,18 +11,28 @@ import time
 from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
 
 from raftmq.common import tls
-from raftmq.common.errors import InvalidArgumentError, NotLeaderError, rpc_errors
+from raftmq.common.acl import PolicyEntry, check_name, make_user
+from raftmq.common.acl_sync import auth_config_of
+from raftmq.common.auth_guard import AuthInterceptor, Guard
+from raftmq.common.errors import (
+    InvalidArgumentError,
+    NotLeaderError,
+    UnsupportedError,
+    rpc_errors,
+)
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import start_metrics
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.controller import settings as settings_mod
+from raftmq.controller.acl_state import AclCommand
 from raftmq.controller.metrics import ControllerMetrics, readiness
 from raftmq.controller.node import ControllerNode
 from raftmq.controller.settings import ControllerSettings
@@ -129,6 +139,74 @@ class ControllerService(controller_pb2_grpc.ControllerServicer):
             ],
         )
 
+    # ---- users and policies (issue 19) ---------------------------------------------------------
+
+    def _auth_on(self) -> None:
+        """Users and policies are managed only where they are enforced: on an open cluster
+        anyone could plant a super user that would hold once auth is switched on."""
+        if self.node.signer is None:
+            raise UnsupportedError(
+                "auth is off on this controller: enable [security.auth] (auth_enabled) first; "
+                "the admin user from the cluster description then manages users and policies"
+            )
+
+    def _acl_change(self, command: AclCommand) -> controller_pb2.AclChangeResponse:
+        self._auth_on()
+        v = self.node.commit_acl(command)
+        if not v.accepted:
+            raise InvalidArgumentError(v.reason)
+        return controller_pb2.AclChangeResponse(version=v.epoch)
+
+    @rpc_errors
+    def PutUser(
+        self, request: controller_pb2.PutUserRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.AclChangeResponse:
+        self._auth_on()
+        u = request.user
+        user = make_user(u.name, u.secret, u.type or "Normal")
+        mode = {controller_pb2.PUT_CREATE: "create", controller_pb2.PUT_UPDATE: "update"}
+        return self._acl_change(
+            AclCommand("put_user", user.name, user, mode.get(request.mode, "upsert"))
+        )
+
+    @rpc_errors
+    def DeleteUser(
+        self, request: controller_pb2.DeleteUserRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.AclChangeResponse:
+        return self._acl_change(AclCommand("delete_user", check_name(request.name)))
+
+    @rpc_errors
+    def SetPolicy(
+        self, request: controller_pb2.SetPolicyRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.AclChangeResponse:
+        entries = tuple(
+            PolicyEntry.from_dict(
+                {"resource": e.resource, "actions": list(e.actions), "decision": e.decision}
+            )
+            for e in request.entries
+        )
+        if not entries:
+            raise InvalidArgumentError("a policy needs at least one entry; delete it instead")
+        return self._acl_change(
+            AclCommand("set_policy", check_name(request.subject), entries=entries)
+        )
+
+    @rpc_errors
+    def DeletePolicy(
+        self, request: controller_pb2.DeletePolicyRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.AclChangeResponse:
+        return self._acl_change(AclCommand("delete_policy", check_name(request.subject)))
+
+    @rpc_errors
+    def GetAcl(
+        self, request: controller_pb2.GetAclRequest, context: grpc.ServicerContext
+    ) -> controller_pb2.GetAclResponse:
+        self._auth_on()
+        acl = self.node.acl()
+        if request.known_version == acl.version:
+            return controller_pb2.GetAclResponse(version=acl.version, unchanged=True)
+        return controller_pb2.GetAclResponse(version=acl.version, snapshot=acl.to_json())
+
 
 SECTION = SettingsSection(ControllerSettings, settings_mod.ENV_PREFIX)
 DESCRIPTION = "raftmq controller: replicated record of broker group leaders."
@@ -143,13 +221,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: ControllerSettings, stop: threading.Event) -> int:
+    try:
+        auth = auth_config_of(settings)
+    except ValueError as exc:
+        _log.error("controller.bad_settings error=%s", exc)
+        return 2
     node = ControllerNode(settings)
     metrics = ControllerMetrics(node, CollectorRegistry(auto_describe=False))
     assert metrics.rpc is not None
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [metrics.rpc.interceptor()]
+    if auth.enabled:  # the controller checks against its own replicated users and policies
+        interceptors.append(AuthInterceptor(Guard(auth, node.acl), [CONTROLLER_SERVICE]))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
         options=[("grpc.so_reuseport", 0), *SERVER_LIVENESS],
-        interceptors=[metrics.rpc.interceptor()],
+        interceptors=interceptors,
     )
     add_servicer(server, ControllerService(node), CONTROLLER_SERVICE)
     try:

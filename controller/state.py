@@ -12,6 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.controller.acl_state import AclCommand, AclState
+
 MAX_GROUPS = 10_000
 MAX_MEMBERS = 64
 MAX_FIRING = 10_000  # firing alarms recorded (controller/alarm_service.py)
@@ -95,9 +98,14 @@ class Verdict:
     epoch: int
 
 
-def decode(data: bytes) -> RoleReport | AlarmChange:
+Command = RoleReport | AlarmChange | AclCommand
+
+
+def decode(data: bytes) -> Command:
     try:
         raw: Any = json.loads(data)
+        if raw.get("op") == "acl":
+            return AclCommand.from_raw(raw)
         if raw.get("op") == "alarm":
             alarm = AlarmChange(
                 str(raw["status"]),
@@ -119,6 +127,8 @@ def decode(data: bytes) -> RoleReport | AlarmChange:
             bool(raw["leader"]),
             int(raw["now_ms"]),
         )
+    except InvalidArgumentError as exc:
+        raise CommandError(f"invalid controller command: {exc.message}") from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CommandError(f"undecodable controller command: {exc}") from exc
     if not report.broker_group or not report.node_id or report.term < 0:
@@ -131,6 +141,7 @@ class ControllerState:
         self.groups: dict[str, GroupRecord] = {}
         # (rule, subject) -> the firing alarm's change (since_ms, value)
         self.firing: dict[tuple[str, str], AlarmChange] = {}
+        self.acl = AclState()  # users and policies (issue 19)
 
     def unchanged_verdict(self, report: RoleReport) -> Verdict | None:
         """The verdict `apply(report)` would give if applying it changes nothing (a heartbeat's
@@ -150,9 +161,13 @@ class ControllerState:
             return self._verdict(rec, True, False, "already recorded")
         return None
 
-    def apply(self, command: RoleReport | AlarmChange) -> Verdict:
+    def apply(self, command: Command) -> Verdict:
         if isinstance(command, AlarmChange):
             return self._apply_alarm(command)
+        if isinstance(command, AclCommand):
+            accepted, reason = self.acl.apply(command)
+            # an ACL verdict's epoch is the ACL version after it
+            return Verdict(accepted, False, reason, "", "", 0, self.acl.version)
         report = command
         rec = self.groups.get(report.broker_group)
         if rec is None:

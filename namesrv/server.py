@@ -19,11 +19,13 @@ from pathlib import Path
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import controller_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_role_args, run_role
+from raftmq.common.settings import address_list
 from raftmq.controller import settings as controller_settings_mod
 from raftmq.controller.metrics import ControllerMetrics
 from raftmq.controller.metrics import readiness as controller_readiness
@@ -57,6 +59,15 @@ class NameServer:
         self.metrics_address = ""
         self.failed = threading.Event()  # set if the scan thread died; the process must exit
         self._stop = threading.Event()
+        # issue 19: with an embedded controller the users and policies are this process's own
+        self.security = NodeSecurity.for_settings(
+            settings,
+            address_list(settings.acl_controller_addresses, "acl_controller_addresses")
+            if settings.acl_controller_addresses.strip()
+            else (),
+            controller.acl if controller is not None else None,
+        )
+        services = [NAMESRV_SERVICE] + ([CONTROLLER_SERVICE] if controller is not None else [])
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=settings.max_workers, thread_name_prefix="namesrv-rpc"
@@ -67,7 +78,7 @@ class NameServer:
                 ("grpc.so_reuseport", 0),  # two servers must never share a port silently
                 *SERVER_LIVENESS,
             ],
-            interceptors=[self.metrics.rpc.interceptor()],
+            interceptors=[self.metrics.rpc.interceptor(), *self.security.interceptors(services)],
         )
         add_servicer(self._server, self.service, NAMESRV_SERVICE)
         if controller is not None:
@@ -97,6 +108,7 @@ class NameServer:
         self.metrics_address = self._http.address if self._http is not None else ""
         if self.controller is not None:
             self.controller.start()
+        self.security.start()
         self._server.start()
         self._scanner.start()
         self.address = f"{host}:{port}"
@@ -116,6 +128,7 @@ class NameServer:
         self._server.stop(self.settings.shutdown_grace_ms / 1000).wait()
         if self._scanner.is_alive():
             self._scanner.join(timeout=5)
+        self.security.close()
         if self.controller is not None:
             self.controller.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 
@@ -56,8 +57,44 @@ class NameServerSettings:
         doc="also run a controller in this process, on this gRPC port (RocketMQ's "
         "enableControllerInNamesrv); its settings are the --controller-<key> flags",
     )
+    # Security (issue 19): [security.auth] in the cluster description sets these on every role.
+    auth_enabled: bool = setting(
+        default=False,
+        unit="",
+        doc="check a signed request (access key, HMAC) and the ACL on every call",
+    )
+    auth_admin_access_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin (super) user the nodes sign with; "" = env RAFTMQ_ADMIN_ACCESS_KEY',
+    )
+    auth_admin_secret_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
+        "line)",
+    )
+    auth_window_ms: int = setting(
+        default=900_000,
+        unit="ms",
+        doc="a signature made further than this from the server's clock is refused (replay)",
+    )
+    acl_refresh_ms: int = setting(
+        default=2_000,
+        unit="ms",
+        doc="how often the node fetches the users and policies from the controllers",
+    )
+    acl_controller_addresses: str = setting(
+        default="",
+        unit="host:port,...",
+        doc='controllers to fetch the users and policies from (auth_enabled); "" = none',
+    )
 
     def __post_init__(self) -> None:
+        # issue 19: an embedded controller holds the users and policies itself
+        check_auth_settings(
+            self, "self" if self.enable_controller else self.acl_controller_addresses
+        )
         check_metrics_listen(self.metrics_listen)
         host, sep, port = self.listen.rpartition(":")
         if not sep or not host or not port.isdigit() or int(port) > 65535:

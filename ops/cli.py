@@ -20,6 +20,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from raftmq.common import tls
+from raftmq.common.auth import (
+    ENV_ACCESS_KEY,
+    ENV_CREDENTIALS_FILE,
+    ENV_SECRET_KEY,
+    load_credentials,
+)
 from raftmq.common.errors import RaftMQError
 from raftmq.common.settings import SettingsError
 from raftmq.ops.cluster_spec import SpecError
@@ -77,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"TLS {what} (PEM) for every connection (env RAFTMQ_TLS_{key.upper()}; a "
             "cluster description with [security.tls] gives its client certificate)",
         )
+    # issue 19: a cluster with auth on needs signed requests; every command signs with these
+    parser.add_argument(
+        "--access-key", default="", help="access key to sign requests (env RAFTMQ_ACCESS_KEY)"
+    )
+    parser.add_argument("--secret-key", default="", help="its secret key (env RAFTMQ_SECRET_KEY)")
+    parser.add_argument(
+        "--credentials-file",
+        default="",
+        help="a TOML file with access_key and secret_key (env RAFTMQ_CREDENTIALS_FILE; default "
+        "~/.raftmq/credentials.toml when it exists)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in subcommand_modules():
         try:
@@ -85,10 +102,26 @@ def build_parser() -> argparse.ArgumentParser:
             log.debug("cli.group_unavailable module=%s missing=%s", name, exc.name)
             continue  # its extra (raftmq[chaos], raftmq[server], ...) is not installed
         module.register(sub)
-    from raftmq.ops import cli_dashboard  # not an entry point yet: installed venvs lack it
+    from raftmq.ops import cli_acl, cli_dashboard  # not entry points yet: installed venvs lack them
 
     cli_dashboard.register(sub)
+    cli_acl.register(sub)
     return parser
+
+
+def use_credentials(args: argparse.Namespace) -> None:
+    """--access-key/--secret-key/--credentials-file for every client this command makes: the
+    SDK reads RAFTMQ_ACCESS_KEY, RAFTMQ_SECRET_KEY and RAFTMQ_CREDENTIALS_FILE (common/auth.py),
+    so setting them in this short-lived process reaches every Admin, Producer and consumer."""
+    for flag, env in (
+        ("access_key", ENV_ACCESS_KEY),
+        ("secret_key", ENV_SECRET_KEY),
+        ("credentials_file", ENV_CREDENTIALS_FILE),
+    ):
+        value = getattr(args, flag, "")
+        if value:
+            os.environ[env] = value
+    load_credentials()  # a half-given pair or a bad file fails here, once, with its reason
 
 
 def join_relative_times(argv: Sequence[str]) -> list[str]:
@@ -114,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key}
         if any(given.values()):
             tls.install(tls.load(given))
+        use_credentials(args)
         return int(args.func(args))
     except RaftMQError as exc:
         err_console.print(

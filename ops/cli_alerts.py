@@ -13,6 +13,7 @@ import grpc
 from rich.table import Table
 
 from raftmq.common import tls
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
@@ -32,7 +33,7 @@ def fetch_alerts(addresses: list[str]) -> controller_pb2.GetAlertsResponse:
             continue
         tried.add(a)
         try:
-            with tls.channel(a) as ch:
+            with signed(tls.channel(a), client_signer()) as ch:
                 return controller_pb2_grpc.ControllerStub(ch).GetAlerts(
                     controller_pb2.GetAlertsRequest(), timeout=RPC_TIMEOUT_S
                 )

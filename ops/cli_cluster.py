@@ -23,6 +23,7 @@ from raftmq.common import tls
 from raftmq.common.errors import RaftMQError
 from raftmq.common.process import install_stop_handlers
 from raftmq.ops import cluster_spec, cluster_state, ports, procs
+from raftmq.ops.cli_acl import prepare_cluster_auth
 from raftmq.ops.cluster_runner import (
     ClusterRunner,
     NodeStatus,
@@ -69,12 +70,22 @@ def use_spec_tls(spec: cluster_spec.ClusterSpec) -> None:
 
 
 def security_warning(spec: cluster_spec.ClusterSpec) -> str | None:
-    """The one line `cluster up` prints when the description leaves the cluster open."""
-    if spec.tls is not None:
+    """The one line `cluster up` prints when the description leaves the cluster open: it names
+    which of TLS and auth is off (None when both are on)."""
+    off = []
+    if spec.tls is None:
+        off.append("TLS is off: every port is plaintext (no [security.tls])")
+    if not spec.auth.get("auth_enabled"):
+        off.append(
+            "auth is off: anyone who reaches a port can produce, consume, reset offsets, "
+            "delete topics and move leaders (no [security.auth])"
+        )
+    if not off:
         return None
     return (
-        "warning: the cluster is open: every port is plaintext and unauthenticated (no "
-        "[security.tls] in the description; deploy/secure.toml shows how to turn it on)"
+        "warning: the cluster is open: "
+        + "; ".join(off)
+        + "; deploy/secure.toml shows how to turn both on"
     )
 
 
@@ -240,6 +251,7 @@ def up(args: argparse.Namespace) -> int:
     if problem is not None:
         err_console.print(f"[red]error:[/] {problem}", highlight=False, soft_wrap=True)
         return 2
+    prepare_cluster_auth(spec)  # issue 19: with auth on, this process's calls sign as the admin
     warning = security_warning(spec)
     if warning is not None:
         err_console.print(f"[yellow]{warning}[/]", highlight=False, soft_wrap=True)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from raftmq.common import tls
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
@@ -26,7 +27,7 @@ def status(args: argparse.Namespace) -> int:
     groups: list[controller_pb2.GroupRecord] = []
     for a in addresses:
         try:
-            with tls.channel(a) as ch:
+            with signed(tls.channel(a), client_signer()) as ch:
                 st = controller_pb2_grpc.ControllerStub(ch).GetControllerStatus(
                     controller_pb2.GetControllerStatusRequest(), timeout=3
                 )

@@ -25,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
 from raftmq.ops import procs
 from raftmq.ops.cluster_spec import ClusterSpec, ProcessSpec
@@ -202,7 +203,7 @@ class ClusterRunner:
 
 def broker_status(name: str, group: str, address: str, pid: int = 0) -> NodeStatus:
     try:
-        with tls.channel(address) as ch:
+        with signed(tls.channel(address), client_signer()) as ch:
             st = broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
                 broker_pb2.GetBrokerStatusRequest(), timeout=STATUS_TIMEOUT_S
             )

@@ -140,6 +140,8 @@ class ClusterSpec:
     dashboard: Endpoint | None = None
     # [security.tls]; None: every channel is plaintext (the cluster is open).
     tls: TlsSpec | None = None
+    # [security.auth] (issue 19) as role settings: auth_enabled, auth_admin_access_key, ...
+    auth: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def namesrv_addresses(self) -> str:
@@ -266,8 +268,8 @@ class ClusterSpec:
     def processes(self) -> list[ProcessSpec]:
         """NameServers first, then controllers, then broker nodes: the order to start them."""
         out: list[ProcessSpec] = []
-        ns_flags = _flags(self.settings.get("namesrv", {}))
-        ctl_flags = _flags(self.settings.get("controller", {}))
+        ns_flags = _flags({**self._auth("namesrv"), **self.settings.get("namesrv", {})})
+        ctl_flags = _flags({**self._auth("controller"), **self.settings.get("controller", {})})
         if self.preferred_leaders:
             ctl_flags += [
                 "--preferred-leaders",
@@ -328,7 +330,7 @@ class ClusterSpec:
                     (c.address.port, c.raft.port),
                 )
             )
-        br_flags = _flags(self.settings.get("broker", {}))
+        br_flags = _flags({**self._auth("broker"), **self.settings.get("broker", {})})
         for group, nodes in self.groups.items():
             members = ",".join(f"{n.node_id}={n.address}/{n.raft}" for n in nodes)
             for n in nodes:
@@ -363,7 +365,7 @@ class ClusterSpec:
                         group,
                     )
                 )
-        px_flags = _flags(self.settings.get("proxy", {}))
+        px_flags = _flags({**self._auth("proxy"), **self.settings.get("proxy", {})})
         peers = ",".join(str(e) for e in self.proxies)
         for i, e in enumerate(self.proxies):
             name = f"proxy-{i}"
@@ -406,6 +408,16 @@ class ClusterSpec:
                 f"{'is' if len(missing) == 1 else 'are'} missing; run `raftmq cluster certs "
                 "--spec <this description>` to make a development CA and certificates"
             )
+
+    def _auth(self, role: str) -> dict[str, Any]:
+        """[security.auth] as the role's settings; the NameServers and proxies fetch the users
+        and policies from the controllers (an embedded controller is the NameServer's own)."""
+        if not self.auth.get("auth_enabled"):
+            return {}
+        out = dict(self.auth)
+        if role in ("namesrv", "proxy") and not (role == "namesrv" and self.controller_in_namesrv):
+            out["acl_controller_addresses"] = self.controller_addresses
+        return out
 
     def _with_metrics(self, p: ProcessSpec) -> ProcessSpec:
         port = self.metrics_ports.get(p.name)
@@ -466,6 +478,39 @@ def _name(value: str, where: str) -> str:
     return value
 
 
+# [security.auth] key -> (role settings key, type)
+_AUTH_KEYS: dict[str, tuple[str, type]] = {
+    "enabled": ("auth_enabled", bool),
+    "admin_access_key": ("auth_admin_access_key", str),
+    "admin_secret_key": ("auth_admin_secret_key", str),
+    "window_ms": ("auth_window_ms", int),
+    "refresh_ms": ("acl_refresh_ms", int),
+}
+
+
+def _security_auth(security: object, source: str) -> dict[str, Any]:
+    """[security.auth] (issue 19) as role settings. The admin's keys may be left out and given
+    to every process as RAFTMQ_ADMIN_ACCESS_KEY / RAFTMQ_ADMIN_SECRET_KEY instead. Other
+    [security.*] tables (tls) are read elsewhere."""
+    if not isinstance(security, dict):
+        raise SpecError(f"{source}: [security] must be a table")
+    table = security.get("auth", {})
+    if not isinstance(table, dict):
+        raise SpecError(f"{source}: [security.auth] must be a table")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        known = _AUTH_KEYS.get(key)
+        if known is None:
+            raise SpecError(
+                f"{source}: [security.auth] has no key {key!r} (known: {', '.join(_AUTH_KEYS)})"
+            )
+        name, kind = known
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SpecError(f"{source}: security.auth.{key} must be a {kind.__name__}")
+        out[name] = value
+    return out
+
+
 def _dashboard(table: object, source: str) -> Endpoint | None:
     if table is None:
         return None
@@ -485,7 +530,7 @@ _TLS_KEYS = ("enabled", "dir", "ca", "require_client_cert")
 
 
 def _security_tls(security: object, source: str) -> TlsSpec | None:
-    """[security.tls]; [security.auth] is read by the authentication layer, not here."""
+    """[security.tls]; [security.auth] is _security_auth's."""
     if security is None:
         return None
     if not isinstance(security, dict):
@@ -614,6 +659,13 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         )
     for role, table in settings.items():
         _check_settings_keys(role, table, source)
+    tls_spec = _security_tls(raw.get("security"), source)  # refuses unknown [security.*] too
+    auth = _security_auth(raw.get("security", {}), source)
+    if auth.get("auth_enabled") and not controllers:
+        raise SpecError(
+            f"{source}: [security.auth] enabled needs controllers ([[controller]] or "
+            "cluster.controller_in_namesrv): the users and policies live in their replicated state"
+        )
     spec = ClusterSpec(
         name,
         data_dir,
@@ -626,7 +678,8 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         metrics_ports=metrics_ports,
         proxies=proxies,
         dashboard=_dashboard(raw.get("dashboard"), source),
-        tls=_security_tls(raw.get("security"), source),
+        tls=tls_spec,
+        auth=auth,
     )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)

@@ -76,6 +76,7 @@ def compose_yaml(
         "  build: .",
         "  image: raftmq:dev",
         "  restart: unless-stopped",
+        *_auth_environment(spec),
         "",
         "services:",
     ]
@@ -119,6 +120,25 @@ def _dashboard_tls(spec: ClusterSpec) -> list[str]:
         "--tls-ca", str(spec.tls.ca), "--tls-cert", str(spec.tls.cert("dashboard")),
         "--tls-key", str(spec.tls.key("dashboard")),
     ]  # fmt: skip
+
+
+def _auth_environment(spec: ClusterSpec) -> list[str]:
+    """[security.auth] (issue 19): the admin's secret comes from the host's environment at `docker
+    compose up`, never written into the file; the processes' own clients (the dashboard, health
+    checks) sign as the admin."""
+    if not spec.auth.get("auth_enabled"):
+        return []
+    ak = spec.auth.get("auth_admin_access_key", "")
+    ak_ref = json.dumps(ak) if ak else '"${RAFTMQ_ADMIN_ACCESS_KEY:?set RAFTMQ_ADMIN_ACCESS_KEY}"'
+    sk_ref = '"${RAFTMQ_ADMIN_SECRET_KEY:?set RAFTMQ_ADMIN_SECRET_KEY}"'
+    lines = ["  environment:", f"    RAFTMQ_ACCESS_KEY: {ak_ref}"]
+    if not spec.auth.get("auth_admin_secret_key"):
+        lines += [f"    RAFTMQ_ADMIN_SECRET_KEY: {sk_ref}", f"    RAFTMQ_SECRET_KEY: {sk_ref}"]
+    else:
+        lines.append(f"    RAFTMQ_SECRET_KEY: {json.dumps(spec.auth['auth_admin_secret_key'])}")
+    if not ak:
+        lines.append(f"    RAFTMQ_ADMIN_ACCESS_KEY: {ak_ref}")
+    return lines
 
 
 def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple[int, ...]]:

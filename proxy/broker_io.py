@@ -21,6 +21,7 @@ from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.raw_batch import decode_batches
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -52,9 +53,14 @@ class Pulled:
 
 
 class BrokerIO:
-    def __init__(self, namesrv_addresses: str, blocking_threads: int) -> None:
-        self.pool = ChannelPool()
-        self.data = DataPool(name="raftmq-proxy-data")
+    def __init__(
+        self,
+        namesrv_addresses: str,
+        blocking_threads: int,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.pool = ChannelPool(credentials=credentials)
+        self.data = DataPool(name="raftmq-proxy-data", credentials=credentials)
         self.routes = RouteCache(namesrv_addresses, self.pool)
         self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="proxy-blocking")
         self._offsets: dict[str, BrokerOffsets] = {}

@@ -29,6 +29,7 @@ from raftmq.common.errors import (
     TopicNotFoundError,
     TransactionConflictError,
     TransactionNotFoundError,
+    UnauthenticatedError,
     UnsupportedError,
 )
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
@@ -47,6 +48,7 @@ _TABLE: tuple[tuple[type[RaftMQError], Code], ...] = (
     (TopicNotFoundError, v2.TOPIC_NOT_FOUND),
     (NoRouteError, v2.TOPIC_NOT_FOUND),
     (PermissionDeniedError, v2.FORBIDDEN),
+    (UnauthenticatedError, v2.UNAUTHORIZED),
     (OffsetOutOfRangeError, v2.ILLEGAL_OFFSET),
     (MessageNotFoundError, v2.MESSAGE_NOT_FOUND),
     (UnsupportedError, v2.UNSUPPORTED),

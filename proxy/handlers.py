@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from raftmq.common.auth_guard import Guard
 from raftmq.common.errors import RaftMQError
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
@@ -41,8 +42,17 @@ def _bad_request(method: str, raw: bytes, exc: Exception) -> v2.Status:
     )
 
 
+def _checked(guard: Guard | None, method: str, request: Message, context: Any) -> None:
+    """Issue 19: the official client's `authorization` header and the method's rule, checked
+    here, the node that serves the call; a failure is the response's v2 status (UNAUTHORIZED,
+    FORBIDDEN), as RocketMQ's proxy answers."""
+    if guard is not None:
+        subject = guard.authenticate_metadata(context.invocation_metadata())
+        guard.check_path(subject, f"/{SERVICE.full_name}/{method}", request)
+
+
 def _unary(
-    method: str, fn: Callable[[Any, Any], Awaitable[Message]]
+    method: str, fn: Callable[[Any, Any], Awaitable[Message]], guard: Guard | None = None
 ) -> grpc.RpcMethodHandler[Any, Any]:
     req_t, resp_t = _request_type(method), _response_type(method)
 
@@ -52,6 +62,7 @@ def _unary(
         except (DecodeError, ValueError) as exc:
             return resp_t(status=_bad_request(method, raw, exc))
         try:
+            _checked(guard, method, request, context)
             return await fn(request, context)
         except Exception as exc:
             if not isinstance(exc, (ApiError, RaftMQError)):
@@ -63,7 +74,9 @@ def _unary(
     )
 
 
-def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
+def add_to_server(
+    server: grpc.aio.Server, service: MessagingService, guard: Guard | None = None
+) -> None:
     """Every method of MessagingService; requests are parsed here, so a malformed one gets a v2
     BAD_REQUEST status instead of grpcio's bare INTERNAL."""
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
@@ -79,7 +92,7 @@ def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
         "EndTransaction",
         "ForwardMessageToDeadLetterQueue",
     ):
-        handlers[name] = _unary(name, getattr(service, name))
+        handlers[name] = _unary(name, getattr(service, name), guard)
         unimplemented.discard(name)
 
     async def receive(
@@ -90,6 +103,11 @@ def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
         except (DecodeError, ValueError) as exc:
             yield svc.ReceiveMessageResponse(status=_bad_request("ReceiveMessage", raw, exc))
             return
+        try:
+            _checked(guard, "ReceiveMessage", request, context)
+        except RaftMQError as exc:
+            yield svc.ReceiveMessageResponse(status=status_of(exc))
+            return
         async for r in service.ReceiveMessage(request, context):
             yield r
 
@@ -97,8 +115,21 @@ def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
         receive, response_serializer=lambda r: r.SerializeToString()
     )
     unimplemented.discard("ReceiveMessage")
+
+    async def telemetry(
+        requests: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[Message]:
+        if guard is not None:  # the stream's opening carries the signature
+            try:
+                guard.authenticate_metadata(context.invocation_metadata())
+            except RaftMQError as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+        async for r in service.Telemetry(requests, context):
+            yield r
+
     handlers["Telemetry"] = grpc.stream_stream_rpc_method_handler(
-        service.Telemetry,
+        telemetry if guard is not None else service.Telemetry,
         request_deserializer=svc.TelemetryCommand.FromString,
         response_serializer=lambda r: r.SerializeToString(),
     )

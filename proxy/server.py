@@ -18,8 +18,10 @@ from pathlib import Path
 import grpc
 
 from raftmq.common import tls
+from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
+from raftmq.common.settings import address_list
 from raftmq.proxy import settings as settings_mod
 from raftmq.proxy.handlers import add_to_server
 from raftmq.proxy.service import MessagingService
@@ -52,17 +54,27 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
             *SERVER_LIVENESS,
         ]
     )
+    # issue 19: users and policies from the controllers; checks in proxy/handlers.py
+    security = NodeSecurity.for_settings(
+        settings,
+        address_list(settings.acl_controller_addresses, "acl_controller_addresses")
+        if settings.acl_controller_addresses.strip()
+        else (),
+    )
+    security.start()
     service = MessagingService(settings)
-    add_to_server(server, service)
+    add_to_server(server, service, security.guard)
     try:
         port = tls.add_port(server, settings.listen)
     except RuntimeError as exc:
         log.error("proxy.listen_failed listen=%s error=%s", settings.listen, exc)
         await service.close()
+        security.close()
         return 1
     if port == 0:
         log.error("proxy.listen_failed listen=%s (address in use?)", settings.listen)
         await service.close()
+        security.close()
         return 1
     await server.start()
     service.start()
@@ -79,6 +91,7 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
     await loop.run_in_executor(None, stop.wait)
     await server.stop(settings.shutdown_grace_ms / 1000)
     await service.close()
+    security.close()
     log.info("proxy.stopped listen=%s", address)
     return 0
 

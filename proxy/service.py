@@ -27,6 +27,7 @@ from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.producer import Producer
 from raftmq.client.producer.transaction import TransactionCheck
 from raftmq.client.retry_back import SendBack
+from raftmq.common.acl_sync import admin_credentials, auth_config_of
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
 from raftmq.common.errors import InvalidFilterError, InvalidNameError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
@@ -152,9 +153,13 @@ class MessagingService:
         self.me = settings.advertised
         self.proxies = settings.proxy_list
         self.epoch = secrets.token_hex(4)  # receipt handles name the process that issued them
-        self.io = BrokerIO(settings.namesrv_addresses, settings.blocking_threads)
+        # issue 19: the proxy checks each client's own signature and policy itself (proxy/
+        # handlers.py), then acts for it with the cluster's admin identity
+        creds = admin_credentials(auth_config_of(settings))
+        self.io = BrokerIO(settings.namesrv_addresses, settings.blocking_threads, creds)
         self.producer = Producer(
             settings.namesrv_addresses,
+            credentials=creds,
             producer_id=f"proxy-{socket.gethostname()}-{self.epoch}",
             max_message_bytes=settings.max_message_bytes,
         )
@@ -169,6 +174,7 @@ class MessagingService:
             settings.namesrv_addresses,
             f"proxy-{socket.gethostname()}-{self.epoch}",
             settings.max_transaction_topics,
+            creds,
         )
         self._streams: dict[str, Stream] = {}
         # A consumer group's max delivery attempts, from its clients' settings (bounded LRU).

@@ -29,6 +29,7 @@ from raftmq.client.producer.transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
+from raftmq.common.auth import Credentials
 from raftmq.common.errors import InvalidNameError
 from raftmq.common.message import validate_group
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
@@ -79,7 +80,14 @@ class ProxyTransactions:
     `max_topics`; the oldest is closed past it: its unended halves are checked via the others'
     members, or again once a send reopens it). Thread-safe: half sends run on worker threads."""
 
-    def __init__(self, namesrv_addresses: str, client_id: str, max_topics: int) -> None:
+    def __init__(
+        self,
+        namesrv_addresses: str,
+        client_id: str,
+        max_topics: int,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self._credentials = credentials
         self._namesrv = namesrv_addresses
         self._client_id = client_id
         self._max = max_topics
@@ -110,6 +118,7 @@ class ProxyTransactions:
                 topic,
                 lambda check: self._check(topic, check),
                 client_id=f"{self._client_id}-{topic}",
+                credentials=self._credentials,
             )
             self._producers[topic] = p
             while len(self._producers) > self._max:

@@ -56,12 +56,18 @@ _EXPORTS: dict[str, str] = {
     "TransactionCheck": "raftmq.client.producer.transaction",
     "TransactionNotFoundError": "raftmq.common.errors",
     "TransactionConflictError": "raftmq.common.errors",
+    # security (issue 19)
+    "Credentials": "raftmq.common.auth",
+    "AccessDeniedError": "raftmq.common.errors",
+    "UnauthenticatedError": "raftmq.common.errors",
 }
 
 __all__ = [
+    "AccessDeniedError",
     "Admin",
     "BrokerUnavailableError",
     "ConsumeResult",
+    "Credentials",
     "Fault",
     "InternalError",
     "InvalidArgumentError",
@@ -93,6 +99,7 @@ __all__ = [
     "TransactionConflictError",
     "TransactionNotFoundError",
     "TransactionProducer",
+    "UnauthenticatedError",
     "UnsupportedError",
 ]
 
@@ -108,7 +115,9 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         TransactionCheck,
         TransactionProducer,
     )
+    from raftmq.common.auth import Credentials
     from raftmq.common.errors import (
+        AccessDeniedError,
         BrokerUnavailableError,
         Fault,
         InternalError,
@@ -130,6 +139,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         TopicNotFoundError,
         TransactionConflictError,
         TransactionNotFoundError,
+        UnauthenticatedError,
         UnsupportedError,
     )
     from raftmq.common.types import QueueRef

@@ -31,6 +31,7 @@ from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.trace import TraceSender, default_client_id, on_send_done
 from raftmq.common import tls
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.delay import (
     DelayFor,
     DelayLevel,
@@ -144,6 +145,7 @@ class Producer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         if not 1 <= batch_max_messages <= 4096:
             raise InvalidArgumentError("batch_max_messages must be within 1..4096")
@@ -173,8 +175,10 @@ class Producer:
         self._max_block_s = max_block_ms / 1000
         self._max_message_bytes = max_message_bytes
         self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
-        self._pool = ChannelPool(tls_config=self._tls)
-        self._data = DataPool(tls_config=self._tls, name="raftmq-producer-data")
+        self._pool = ChannelPool(tls_config=self._tls, credentials=credentials)
+        self._data = DataPool(
+            tls_config=self._tls, name="raftmq-producer-data", credentials=credentials
+        )
         self.routes = RouteCache(
             namesrv_addresses, self._pool, refresh_interval_ms=route_refresh_ms
         )

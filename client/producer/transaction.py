@@ -32,6 +32,7 @@ from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
 from raftmq.common.arguments import checked
+from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -146,6 +147,7 @@ class TransactionProducer:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         validate_group(producer_group)
         if not callable(checker):
@@ -168,9 +170,9 @@ class TransactionProducer:
         self._poll_ms = check_poll_ms
         self._refresh_s = group_refresh_ms / 1000
         self._tls = tls.client_tls(tls_ca, tls_cert, tls_key)  # RAFTMQ_TLS_* if none
-        self._pool = ChannelPool(tls_config=self._tls)
+        self._pool = ChannelPool(tls_config=self._tls, credentials=credentials)
         self._data = DataPool(
-            tls_config=self._tls, name="raftmq-txn-data"
+            tls_config=self._tls, name="raftmq-txn-data", credentials=credentials
         )  # half sends and ends, where offered
         self.routes = RouteCache(namesrv_addresses, self._pool)
         self._host = socket.gethostname()

@@ -54,6 +54,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DELETED_BY_RETENTION: _ClassVar[ErrorCode]
     DISK_PRESSURE: _ClassVar[ErrorCode]
     TRACE_NOT_FOUND: _ClassVar[ErrorCode]
+    ACCESS_DENIED: _ClassVar[ErrorCode]
+    UNAUTHENTICATED: _ClassVar[ErrorCode]
     OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
 PERM_UNSPECIFIED: Permission
 PERM_READ_WRITE: Permission
@@ -92,6 +94,8 @@ INVALID_FILTER: ErrorCode
 DELETED_BY_RETENTION: ErrorCode
 DISK_PRESSURE: ErrorCode
 TRACE_NOT_FOUND: ErrorCode
+ACCESS_DENIED: ErrorCode
+UNAUTHENTICATED: ErrorCode
 OUT_OF_ORDER_SEQUENCE: ErrorCode
 
 class Message(_message.Message):

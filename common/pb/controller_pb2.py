@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from raftmq.common.pb import common_pb2 as raftmq_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17raftmq/controller.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\x89\x01\n\x11ReportRoleRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role\"k\n\x12ReportRoleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"\x1c\n\x1aGetControllerStatusRequest\"\xea\x01\n\x0bGroupRecord\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\nchanged_ms\x18\x06 \x01(\x03\x12\x34\n\x07members\x18\x07 \x03(\x0b\x32#.raftmq.v1.GroupRecord.MembersEntry\x1a.\n\x0cMembersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa7\x01\n\x10\x43ontrollerStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x15\n\rapplied_index\x18\x05 \x01(\x03\x12&\n\x06groups\x18\x06 \x03(\x0b\x32\x16.raftmq.v1.GroupRecord\"\x12\n\x10GetAlertsRequest\"V\n\x05\x41lert\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08since_ms\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\x01\"x\n\nAlertEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\r\n\x05value\x18\x05 \x01(\x01\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x03\x12\x10\n\x08since_ms\x18\x07 \x01(\x03\"|\n\x11GetAlertsResponse\x12\r\n\x05rules\x18\x01 \x03(\t\x12 \n\x06\x61\x63tive\x18\x02 \x03(\x0b\x32\x10.raftmq.v1.Alert\x12%\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x15.raftmq.v1.AlertEvent\x12\x0f\n\x07node_id\x18\x04 \x01(\t2\xfa\x01\n\nController\x12I\n\nReportRole\x12\x1c.raftmq.v1.ReportRoleRequest\x1a\x1d.raftmq.v1.ReportRoleResponse\x12Y\n\x13GetControllerStatus\x12%.raftmq.v1.GetControllerStatusRequest\x1a\x1b.raftmq.v1.ControllerStatus\x12\x46\n\tGetAlerts\x12\x1b.raftmq.v1.GetAlertsRequest\x1a\x1c.raftmq.v1.GetAlertsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17raftmq/controller.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"5\n\x07\x41\x63lUser\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06secret\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\t\"T\n\x0ePutUserRequest\x12 \n\x04user\x18\x01 \x01(\x0b\x32\x12.raftmq.v1.AclUser\x12 \n\x04mode\x18\x02 \x01(\x0e\x32\x12.raftmq.v1.PutMode\"!\n\x11\x44\x65leteUserRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"E\n\x0e\x41\x63lPolicyEntry\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63tions\x18\x02 \x03(\t\x12\x10\n\x08\x64\x65\x63ision\x18\x03 \x01(\t\"O\n\x10SetPolicyRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12*\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x19.raftmq.v1.AclPolicyEntry\"&\n\x13\x44\x65letePolicyRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\"$\n\x11\x41\x63lChangeResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\"&\n\rGetAclRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\"F\n\x0eGetAclResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tunchanged\x18\x02 \x01(\x08\x12\x10\n\x08snapshot\x18\x03 \x01(\x0c\"\x89\x01\n\x11ReportRoleRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x62roker_group\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x03\x12\x1d\n\x04role\x18\x06 \x01(\x0e\x32\x0f.raftmq.v1.Role\"k\n\x12ReportRoleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\"\x1c\n\x1aGetControllerStatusRequest\"\xea\x01\n\x0bGroupRecord\x12\x14\n\x0c\x62roker_group\x18\x01 \x01(\t\x12\x16\n\x0eleader_node_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\nchanged_ms\x18\x06 \x01(\x03\x12\x34\n\x07members\x18\x07 \x03(\x0b\x32#.raftmq.v1.GroupRecord.MembersEntry\x1a.\n\x0cMembersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa7\x01\n\x10\x43ontrollerStatus\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.raftmq.v1.Role\x12\x16\n\x0eleader_node_id\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x03\x12\x15\n\rapplied_index\x18\x05 \x01(\x03\x12&\n\x06groups\x18\x06 \x03(\x0b\x32\x16.raftmq.v1.GroupRecord\"\x12\n\x10GetAlertsRequest\"V\n\x05\x41lert\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x10\n\x08since_ms\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\x01\"x\n\nAlertEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\x0c\n\x04rule\x18\x03 \x01(\t\x12\x0f\n\x07subject\x18\x04 \x01(\t\x12\r\n\x05value\x18\x05 \x01(\x01\x12\r\n\x05\x61t_ms\x18\x06 \x01(\x03\x12\x10\n\x08since_ms\x18\x07 \x01(\x03\"|\n\x11GetAlertsResponse\x12\r\n\x05rules\x18\x01 \x03(\t\x12 \n\x06\x61\x63tive\x18\x02 \x03(\x0b\x32\x10.raftmq.v1.Alert\x12%\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x15.raftmq.v1.AlertEvent\x12\x0f\n\x07node_id\x18\x04 \x01(\t*9\n\x07PutMode\x12\x0e\n\nPUT_UPSERT\x10\x00\x12\x0e\n\nPUT_CREATE\x10\x01\x12\x0e\n\nPUT_UPDATE\x10\x02\x32\xdd\x04\n\nController\x12I\n\nReportRole\x12\x1c.raftmq.v1.ReportRoleRequest\x1a\x1d.raftmq.v1.ReportRoleResponse\x12Y\n\x13GetControllerStatus\x12%.raftmq.v1.GetControllerStatusRequest\x1a\x1b.raftmq.v1.ControllerStatus\x12\x46\n\tGetAlerts\x12\x1b.raftmq.v1.GetAlertsRequest\x1a\x1c.raftmq.v1.GetAlertsResponse\x12\x42\n\x07PutUser\x12\x19.raftmq.v1.PutUserRequest\x1a\x1c.raftmq.v1.AclChangeResponse\x12H\n\nDeleteUser\x12\x1c.raftmq.v1.DeleteUserRequest\x1a\x1c.raftmq.v1.AclChangeResponse\x12\x46\n\tSetPolicy\x12\x1b.raftmq.v1.SetPolicyRequest\x1a\x1c.raftmq.v1.AclChangeResponse\x12L\n\x0c\x44\x65letePolicy\x12\x1e.raftmq.v1.DeletePolicyRequest\x1a\x1c.raftmq.v1.AclChangeResponse\x12=\n\x06GetAcl\x12\x18.raftmq.v1.GetAclRequest\x1a\x19.raftmq.v1.GetAclResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GROUPRECORD_MEMBERSENTRY']._loaded_options = None
   _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_options = b'8\001'
-  _globals['_REPORTROLEREQUEST']._serialized_start=60
-  _globals['_REPORTROLEREQUEST']._serialized_end=197
-  _globals['_REPORTROLERESPONSE']._serialized_start=199
-  _globals['_REPORTROLERESPONSE']._serialized_end=306
-  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_start=308
-  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_end=336
-  _globals['_GROUPRECORD']._serialized_start=339
-  _globals['_GROUPRECORD']._serialized_end=573
-  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_start=527
-  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_end=573
-  _globals['_CONTROLLERSTATUS']._serialized_start=576
-  _globals['_CONTROLLERSTATUS']._serialized_end=743
-  _globals['_GETALERTSREQUEST']._serialized_start=745
-  _globals['_GETALERTSREQUEST']._serialized_end=763
-  _globals['_ALERT']._serialized_start=765
-  _globals['_ALERT']._serialized_end=851
-  _globals['_ALERTEVENT']._serialized_start=853
-  _globals['_ALERTEVENT']._serialized_end=973
-  _globals['_GETALERTSRESPONSE']._serialized_start=975
-  _globals['_GETALERTSRESPONSE']._serialized_end=1099
-  _globals['_CONTROLLER']._serialized_start=1102
-  _globals['_CONTROLLER']._serialized_end=1352
+  _globals['_PUTMODE']._serialized_start=1619
+  _globals['_PUTMODE']._serialized_end=1676
+  _globals['_ACLUSER']._serialized_start=59
+  _globals['_ACLUSER']._serialized_end=112
+  _globals['_PUTUSERREQUEST']._serialized_start=114
+  _globals['_PUTUSERREQUEST']._serialized_end=198
+  _globals['_DELETEUSERREQUEST']._serialized_start=200
+  _globals['_DELETEUSERREQUEST']._serialized_end=233
+  _globals['_ACLPOLICYENTRY']._serialized_start=235
+  _globals['_ACLPOLICYENTRY']._serialized_end=304
+  _globals['_SETPOLICYREQUEST']._serialized_start=306
+  _globals['_SETPOLICYREQUEST']._serialized_end=385
+  _globals['_DELETEPOLICYREQUEST']._serialized_start=387
+  _globals['_DELETEPOLICYREQUEST']._serialized_end=425
+  _globals['_ACLCHANGERESPONSE']._serialized_start=427
+  _globals['_ACLCHANGERESPONSE']._serialized_end=463
+  _globals['_GETACLREQUEST']._serialized_start=465
+  _globals['_GETACLREQUEST']._serialized_end=503
+  _globals['_GETACLRESPONSE']._serialized_start=505
+  _globals['_GETACLRESPONSE']._serialized_end=575
+  _globals['_REPORTROLEREQUEST']._serialized_start=578
+  _globals['_REPORTROLEREQUEST']._serialized_end=715
+  _globals['_REPORTROLERESPONSE']._serialized_start=717
+  _globals['_REPORTROLERESPONSE']._serialized_end=824
+  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_start=826
+  _globals['_GETCONTROLLERSTATUSREQUEST']._serialized_end=854
+  _globals['_GROUPRECORD']._serialized_start=857
+  _globals['_GROUPRECORD']._serialized_end=1091
+  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_start=1045
+  _globals['_GROUPRECORD_MEMBERSENTRY']._serialized_end=1091
+  _globals['_CONTROLLERSTATUS']._serialized_start=1094
+  _globals['_CONTROLLERSTATUS']._serialized_end=1261
+  _globals['_GETALERTSREQUEST']._serialized_start=1263
+  _globals['_GETALERTSREQUEST']._serialized_end=1281
+  _globals['_ALERT']._serialized_start=1283
+  _globals['_ALERT']._serialized_end=1369
+  _globals['_ALERTEVENT']._serialized_start=1371
+  _globals['_ALERTEVENT']._serialized_end=1491
+  _globals['_GETALERTSRESPONSE']._serialized_start=1493
+  _globals['_GETALERTSRESPONSE']._serialized_end=1617
+  _globals['_CONTROLLER']._serialized_start=1679
+  _globals['_CONTROLLER']._serialized_end=2284
 # @@protoc_insertion_point(module_scope)

@@ -2,12 +2,92 @@
 # mypy: disable-error-code="type-arg"
 from raftmq.common.pb import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUT_UPSERT: _ClassVar[PutMode]
+    PUT_CREATE: _ClassVar[PutMode]
+    PUT_UPDATE: _ClassVar[PutMode]
+PUT_UPSERT: PutMode
+PUT_CREATE: PutMode
+PUT_UPDATE: PutMode
+
+class AclUser(_message.Message):
+    __slots__ = ("name", "secret", "type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    secret: str
+    type: str
+    def __init__(self, name: _Optional[str] = ..., secret: _Optional[str] = ..., type: _Optional[str] = ...) -> None: ...
+
+class PutUserRequest(_message.Message):
+    __slots__ = ("user", "mode")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    user: AclUser
+    mode: PutMode
+    def __init__(self, user: _Optional[_Union[AclUser, _Mapping]] = ..., mode: _Optional[_Union[PutMode, str]] = ...) -> None: ...
+
+class DeleteUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class AclPolicyEntry(_message.Message):
+    __slots__ = ("resource", "actions", "decision")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    decision: str
+    def __init__(self, resource: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., decision: _Optional[str] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("subject", "entries")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    entries: _containers.RepeatedCompositeFieldContainer[AclPolicyEntry]
+    def __init__(self, subject: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[AclPolicyEntry, _Mapping]]] = ...) -> None: ...
+
+class DeletePolicyRequest(_message.Message):
+    __slots__ = ("subject",)
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    def __init__(self, subject: _Optional[str] = ...) -> None: ...
+
+class AclChangeResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class GetAclRequest(_message.Message):
+    __slots__ = ("known_version",)
+    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    known_version: int
+    def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+
+class GetAclResponse(_message.Message):
+    __slots__ = ("version", "unchanged", "snapshot")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    unchanged: bool
+    snapshot: bytes
+    def __init__(self, version: _Optional[int] = ..., unchanged: _Optional[bool] = ..., snapshot: _Optional[bytes] = ...) -> None: ...
 
 class ReportRoleRequest(_message.Message):
     __slots__ = ("cluster", "broker_group", "node_id", "address", "term", "role")

@@ -49,6 +49,31 @@ class ControllerStub:
                 request_serializer=raftmq_dot_controller__pb2.GetAlertsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_controller__pb2.GetAlertsResponse.FromString,
                 _registered_method=True)
+        self.PutUser = channel.unary_unary(
+                '/raftmq.v1.Controller/PutUser',
+                request_serializer=raftmq_dot_controller__pb2.PutUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/raftmq.v1.Controller/DeleteUser',
+                request_serializer=raftmq_dot_controller__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/raftmq.v1.Controller/SetPolicy',
+                request_serializer=raftmq_dot_controller__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.DeletePolicy = channel.unary_unary(
+                '/raftmq.v1.Controller/DeletePolicy',
+                request_serializer=raftmq_dot_controller__pb2.DeletePolicyRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+                _registered_method=True)
+        self.GetAcl = channel.unary_unary(
+                '/raftmq.v1.Controller/GetAcl',
+                request_serializer=raftmq_dot_controller__pb2.GetAclRequest.SerializeToString,
+                response_deserializer=raftmq_dot_controller__pb2.GetAclResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -74,6 +99,39 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutUser(self, request, context):
+        """Users and policies (issue 19), replicated in the controllers' log. Writes go to the leader
+        (a follower answers NOT_LEADER with the leader's address); GetAcl answers from any
+        controller's applied state. Super users only: the snapshot holds the secret keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeletePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +149,31 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetAlerts,
                     request_deserializer=raftmq_dot_controller__pb2.GetAlertsRequest.FromString,
                     response_serializer=raftmq_dot_controller__pb2.GetAlertsResponse.SerializeToString,
+            ),
+            'PutUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutUser,
+                    request_deserializer=raftmq_dot_controller__pb2.PutUserRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=raftmq_dot_controller__pb2.DeleteUserRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=raftmq_dot_controller__pb2.SetPolicyRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'DeletePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeletePolicy,
+                    request_deserializer=raftmq_dot_controller__pb2.DeletePolicyRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.AclChangeResponse.SerializeToString,
+            ),
+            'GetAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAcl,
+                    request_deserializer=raftmq_dot_controller__pb2.GetAclRequest.FromString,
+                    response_serializer=raftmq_dot_controller__pb2.GetAclResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +257,141 @@ class Controller:
             '/raftmq.v1.Controller/GetAlerts',
             raftmq_dot_controller__pb2.GetAlertsRequest.SerializeToString,
             raftmq_dot_controller__pb2.GetAlertsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/PutUser',
+            raftmq_dot_controller__pb2.PutUserRequest.SerializeToString,
+            raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/DeleteUser',
+            raftmq_dot_controller__pb2.DeleteUserRequest.SerializeToString,
+            raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/SetPolicy',
+            raftmq_dot_controller__pb2.SetPolicyRequest.SerializeToString,
+            raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeletePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/DeletePolicy',
+            raftmq_dot_controller__pb2.DeletePolicyRequest.SerializeToString,
+            raftmq_dot_controller__pb2.AclChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Controller/GetAcl',
+            raftmq_dot_controller__pb2.GetAclRequest.SerializeToString,
+            raftmq_dot_controller__pb2.GetAclResponse.FromString,
             options,
             channel_credentials,
             insecure,

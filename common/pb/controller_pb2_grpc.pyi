@@ -20,6 +20,26 @@ class ControllerStub:
         _controller_pb2.GetAlertsRequest,
         _controller_pb2.GetAlertsResponse,
     ]
+    PutUser: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.PutUserRequest,
+        _controller_pb2.AclChangeResponse,
+    ]
+    DeleteUser: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.DeleteUserRequest,
+        _controller_pb2.AclChangeResponse,
+    ]
+    SetPolicy: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.SetPolicyRequest,
+        _controller_pb2.AclChangeResponse,
+    ]
+    DeletePolicy: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.DeletePolicyRequest,
+        _controller_pb2.AclChangeResponse,
+    ]
+    GetAcl: grpc.UnaryUnaryMultiCallable[
+        _controller_pb2.GetAclRequest,
+        _controller_pb2.GetAclResponse,
+    ]
 
 
 class ControllerServicer:
@@ -38,6 +58,31 @@ class ControllerServicer:
         request: _controller_pb2.GetAlertsRequest,
         context: grpc.ServicerContext,
     ) -> _controller_pb2.GetAlertsResponse: ...
+    def PutUser(
+        self,
+        request: _controller_pb2.PutUserRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.AclChangeResponse: ...
+    def DeleteUser(
+        self,
+        request: _controller_pb2.DeleteUserRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.AclChangeResponse: ...
+    def SetPolicy(
+        self,
+        request: _controller_pb2.SetPolicyRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.AclChangeResponse: ...
+    def DeletePolicy(
+        self,
+        request: _controller_pb2.DeletePolicyRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.AclChangeResponse: ...
+    def GetAcl(
+        self,
+        request: _controller_pb2.GetAclRequest,
+        context: grpc.ServicerContext,
+    ) -> _controller_pb2.GetAclResponse: ...
 
 
 def add_ControllerServicer_to_server(

@@ -11,6 +11,7 @@ import argparse
 import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -86,8 +87,13 @@ def _not_run(argv: list[str]) -> bool:
 )
 @given(argv=argv_of())
 def test_random_argument_vectors_end_in_one_line(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    argv: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # `cluster certs` (and any --out) writes relative to the working directory: not the repo's
+    monkeypatch.chdir(tmp_path)
     if _not_run(argv) and "--help" not in argv:
         argv = [*argv, "--help"] if random.random() < 0 else argv
         try:  # parse only: these start or stop real processes

@@ -7,9 +7,11 @@ Every answer must be success or a status of the error table with a message, neve
 process may die or log a traceback; afterwards the cluster still produces and consumes.
 `RAFTMQ_FUZZ_EXAMPLES` sets the examples per method (CI: 25; `make test-slow` runs 20x that).
 
-Known gap, left to the security issue: the control plane trusts its callers, so the fuzzer never
+This cluster runs with auth off, where the control plane trusts its callers, so the fuzzer never
 names the real broker group in NameServer/controller registration calls (a forged leader change
-with a huge term would redirect routes until the real leader reports a higher one).
+with a huge term would redirect routes until the real leader reports a higher one). With
+[security.auth] on those calls are for super users only: tests/fuzz/test_rpc_fuzz_secure.py
+fuzzes them with the real group's name and checks each is refused.
 """
 
 from __future__ import annotations

@@ -45,8 +45,27 @@ def no_installed_tls() -> Iterator[None]:
     tls.uninstall()  # parse_role_args installs the process's material: not across tests
 
 
+def test_open_cluster_warning_names_what_is_off(tmp_path: Path) -> None:
+    """One line for both halves of [security]: none when TLS and auth are both on."""
+    tls_on = f"[security.tls]\nenabled=true\ndir='{tmp_path / 'certs'}'\n"
+    auth_on = "[security.auth]\nenabled=true\nadmin_access_key='admin'\n"
+
+    def warning(extra: str) -> str | None:
+        text = local_description(
+            free_ports(7), tmp_path / "data", namesrvs=1, controllers=1, nodes_per_group=2,
+            extra=extra,
+        )  # fmt: skip
+        return security_warning(parse(text))
+
+    assert warning(tls_on + auth_on) is None
+    only_tls = warning(auth_on)
+    assert only_tls is not None and "TLS is off" in only_tls and "auth is off" not in only_tls
+    both = warning("")
+    assert both is not None and "TLS is off" in both and "auth is off" in both
+
+
 def test_tls_section_off_or_absent_is_open(tmp_path: Path) -> None:
-    for table in ("", "[security.tls]\nenabled=false\n", "[security.auth]\nanything=1\n"):
+    for table in ("", "[security.tls]\nenabled=false\n", "[security.auth]\nenabled=false\n"):
         spec = parse(description(tmp_path, table))
         assert spec.tls is None
         assert security_warning(spec) is not None and "the cluster is open" in str(
@@ -82,7 +101,9 @@ def test_every_process_gets_its_own_certificate_flags(tmp_path: Path) -> None:
             tmp_path, f"[security.tls]\nenabled=true\ndir='{d}'\nrequire_client_cert=true\n"
         )
     )
-    assert spec.tls is not None and security_warning(spec) is None
+    assert spec.tls is not None
+    warning = security_warning(spec)  # TLS on, auth off: the line names only what is off
+    assert warning is not None and "auth is off" in warning and "TLS is off" not in warning
     for p in spec.processes():
         argv = list(p.argv)
         assert argv[argv.index("--tls-ca") + 1] == str(d / "ca.crt")

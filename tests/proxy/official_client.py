@@ -29,8 +29,8 @@ from rocketmq import (
 )
 
 
-def _config(endpoint: str) -> ClientConfiguration:
-    return ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+def _config(endpoint: str, ak: str = "", sk: str = "") -> ClientConfiguration:
+    return ClientConfiguration(endpoint, Credentials(ak, sk), request_timeout=10)
 
 
 def _view(m: Any) -> dict[str, Any]:
@@ -387,7 +387,58 @@ def steps(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"results": [SCENARIOS[name](endpoint, a) for name, a in args["steps"]]}
 
 
+def secured(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Issue 19. args: ak, sk, topic, denied_topic, group, denied_group. Sends to `topic` and
+    `denied_topic`, receives as `group` and `denied_group`, each with the credentials (and one
+    send without any): what each did or the error it raised."""
+    ak, sk = args["ak"], args["sk"]
+    out: dict[str, Any] = {}
+    p = Producer(_config(endpoint, ak, sk), (args["topic"],))
+    p.startup()
+    try:
+        m = Message()
+        m.topic, m.body = args["topic"], b"signed"
+        out["sent"] = p.send(m).message_id
+        m = Message()
+        m.topic, m.body = args["denied_topic"], b"denied"
+        out["denied_send"] = _error(lambda: p.send(m))
+    finally:
+        p.shutdown()
+
+    def receive(group: str, creds: tuple[str, str]) -> Any:
+        c = SimpleConsumer(
+            _config(endpoint, *creds), group, {args["topic"]: FilterExpression("*")},
+            await_duration=2,
+        )  # fmt: skip
+        try:
+            c.startup()
+            got = c.receive(16, 20)
+            for x in got:
+                c.ack(x)
+            return len(got)
+        finally:
+            c.shutdown()
+
+    out["received"] = receive(args["group"], (ak, sk))
+    out["denied_receive"] = _error(lambda: receive(args["denied_group"], (ak, sk)))
+
+    def send_as(ak: str, sk: str) -> None:
+        q = Producer(_config(endpoint, ak, sk), (args["topic"],))
+        q.startup()
+        try:
+            m = Message()
+            m.topic, m.body = args["topic"], b"anonymous"
+            q.send(m)
+        finally:
+            q.shutdown()
+
+    out["anonymous_send"] = _error(lambda: send_as("", ""))
+    out["bad_secret_send"] = _error(lambda: send_as(ak, "not-the-secret"))
+    return out
+
+
 SCENARIOS = {
+    "secured": secured,
     "steps": steps,
     "delayed": delayed,
     "transactions": transactions,
