@@ -90,7 +90,8 @@ class Scenario:
     # fault that leaves the leader a majority must not cost it its leadership).
     leader_stays: bool = False
     # Security on (chaos/runner.py `secure_spec`): mutual TLS on every channel, certificates
-    # made by the runner for the namespace IPs, the workload connecting with the client's.
+    # made by the runner for the namespace IPs, auth with the run's admin; the workload
+    # connects with the client certificate and signs as a user made for it.
     secure: bool = False
 
     def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
@@ -236,7 +237,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              proxy=True),
     Scenario("secure-leader-kill",
              "leader-kill with security on: mutual TLS on every channel (certificates for the "
-             "namespace IPs), the workload with a client certificate, plaintext refused",
+             "namespace IPs) and auth (the workload signs as a user allowed its topic and group "
+             "only); plaintext, certificate-less and unsigned calls refused",
              False, _single(Kind.KILL, LEADER), secure=True),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
