@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -40,12 +43,19 @@ from raftmq.chaos.scenarios import (
     Schedule,
     by_name,
 )
+from raftmq.chaos.workload import CONSUMER_GROUP
 from raftmq.client.admin import Admin
+from raftmq.common import tls
+from raftmq.common.acl import parse_entries
+from raftmq.common.auth import ENV_ACCESS_KEY, ENV_SECRET_KEY, Credentials, Signer
+from raftmq.common.auth_client import signed
 from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import RaftMQError
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc
 from raftmq.common.retry import RetryPolicy
+from raftmq.ops import certs
 from raftmq.ops.cluster_runner import ClusterRunner, broker_status
-from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, load
+from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, TlsSpec, load
 from raftmq.ops.procs import child_env
 
 CHAOS_CLUSTER = Path(__file__).resolve().parent / "cluster.toml"
@@ -262,7 +272,7 @@ def _events(schedule: Schedule) -> list[tuple[float, int, bool, FaultSpec]]:
     return sorted(ev, key=lambda e: (e[0], e[2]))
 
 
-def _chaos_spec(opts: RunOptions, scenario: Scenario) -> ClusterSpec:
+def _chaos_spec(opts: RunOptions, scenario: Scenario, keys: RunKeys | None = None) -> ClusterSpec:
     spec = load(opts.cluster)
     if scenario.proxy and not spec.proxies:
         # Started by the runner like every role (after the brokers), in its own namespace.
@@ -274,7 +284,146 @@ def _chaos_spec(opts: RunOptions, scenario: Scenario) -> ClusterSpec:
         if opts.ack_before_commit:
             settings.setdefault("broker", {})["debug_ack_before_commit"] = True
         spec = replace(spec, settings=settings)
+    if scenario.secure:
+        spec = secure_spec(spec, RunPaths(opts.out_dir).certs, keys or RunKeys.new())
     return spec.with_data_dir(RunPaths(opts.out_dir).data)
+
+
+ADMIN_ACCESS_KEY = "chaos-admin"
+WORKLOAD_USER = "chaos-workload"
+# What the workload's user may do: send to and consume the topic, in its consumer group.
+WORKLOAD_POLICY = (f"Topic:{TOPIC}=Pub,Sub", f"Group:{CONSUMER_GROUP}=Sub")
+ACL_REFRESH_MS = 500  # how stale a node's users and policies may get (a run lasts a minute)
+
+
+@dataclass(frozen=True, slots=True)
+class RunKeys:
+    """A secure run's credentials, new each run: the admin of the description and the user
+    the workload signs as (created with the ACL API `raftmq acl` uses)."""
+
+    admin: Credentials
+    user: Credentials
+
+    @classmethod
+    def new(cls) -> RunKeys:
+        return cls(
+            Credentials(ADMIN_ACCESS_KEY, secrets.token_urlsafe(24)),
+            Credentials(WORKLOAD_USER, secrets.token_urlsafe(24)),
+        )
+
+
+def secure_spec(spec: ClusterSpec, certs_dir: Path, keys: RunKeys) -> ClusterSpec:
+    """The description with security on, whatever its own [security] said: mutual TLS
+    ([security.tls] in certs_dir, a client certificate required; the run's certificates) and
+    [security.auth] with the run's admin (every request signed, checked against the ACL)."""
+    auth = {
+        "auth_enabled": True,
+        "auth_admin_access_key": keys.admin.access_key,
+        "auth_admin_secret_key": keys.admin.secret_key,
+        "acl_refresh_ms": ACL_REFRESH_MS,
+    }
+    return replace(spec, tls=TlsSpec(certs_dir, certs_dir / certs.CA_CERT, True), auth=auth)
+
+
+def make_certs(spec: ClusterSpec) -> list[Path]:
+    """The CA and every certificate of the description as `raftmq cluster certs` makes them,
+    for the hosts the spec has now (the namespace IPs after with_hosts): the shipped
+    description's certificates name 127.0.0.1, which no process of the chaos cluster is on."""
+    if spec.tls is None:
+        raise RunError("make_certs needs a description with [security.tls] (secure_spec)")
+    written = certs.write_certs(spec.tls.dir, certs.cert_requests(spec), days=2)
+    spec.check_tls_files()
+    return written
+
+
+def client_env(spec: ClusterSpec, creds: Credentials | None = None) -> dict[str, str]:
+    """RAFTMQ_TLS_* (the `client` certificate) and RAFTMQ_ACCESS_KEY / RAFTMQ_SECRET_KEY of a
+    client: the SDK reads them when given no tls_* or credentials argument."""
+    env: dict[str, str] = {}
+    if spec.tls is not None:
+        env |= {
+            tls.ENV_PREFIX + "CA": str(spec.tls.ca),
+            tls.ENV_PREFIX + "CERT": str(spec.tls.cert(CLIENT)),
+            tls.ENV_PREFIX + "KEY": str(spec.tls.key(CLIENT)),
+        }
+    if creds is not None:
+        env |= {ENV_ACCESS_KEY: creds.access_key, ENV_SECRET_KEY: creds.secret_key}
+    return env
+
+
+def client_material(spec: ClusterSpec) -> tls.Tls | None:
+    """The `client` certificate's material (the harness's Admin and status calls); None
+    without [security.tls]."""
+    return tls.load(environ=client_env(spec)) if spec.tls is not None else None
+
+
+@contextlib.contextmanager
+def _harness_env(env: Mapping[str, str]) -> Iterator[None]:
+    """This process's RAFTMQ_* for the run (the harness's Admin and status calls sign with
+    them, as `raftmq cluster up` does), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def _status_call(address: str, material: tls.Tls | None, creds: Credentials | None) -> str:
+    """A broker status call from a client with this TLS material (None: plaintext) signed with
+    creds (None: unsigned): "OK" or the gRPC status code's name."""
+    try:
+        signer = Signer(creds) if creds is not None else None  # None: unsigned, not env's
+        with signed(tls.channel(address, tls=material), signer) as ch:
+            broker_pb2_grpc.BrokerStub(ch).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=PROBE_TIMEOUT_S
+            )
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        return code.name if code is not None else "ERROR"
+    return "OK"
+
+
+def security_probes(spec: ClusterSpec, address: str, keys: RunKeys) -> dict[str, bool]:
+    """Calls to a broker that security must refuse, and one it must serve: plaintext, TLS
+    without a client certificate, a client certificate but unsigned, signed by the workload's
+    user (no Get on the cluster: PERMISSION_DENIED), signed by the admin (served)."""
+    assert spec.tls is not None
+    no_cert = tls.load({"ca": str(spec.tls.ca)}, environ={})
+    cert = client_material(spec)
+    return {
+        "plaintext_refused": _status_call(address, None, keys.admin) != "OK",
+        "no_client_cert_refused": _status_call(address, no_cert, keys.admin) != "OK",
+        "unsigned_refused": _status_call(address, cert, None) == "UNAUTHENTICATED",
+        "user_denied_admin_call": _status_call(address, cert, keys.user) == "PERMISSION_DENIED",
+        "admin_served": _status_call(address, cert, keys.admin) == "OK",
+    }
+
+
+def _workload_user(admin: Admin, spec: ClusterSpec, keys: RunKeys, timeout_s: float = 30.0) -> None:
+    """Create the workload's user with WORKLOAD_POLICY (the ACL API `raftmq acl` uses), then
+    wait until the NameServer knows it (a route lookup signed as the user); the brokers refresh
+    on the same interval, well before the first fault."""
+    admin.acl.create_user(keys.user.access_key, keys.user.secret_key)
+    admin.acl.set_policy(keys.user.access_key, parse_entries(WORKLOAD_POLICY))
+    deadline = time.monotonic() + timeout_s
+    with Admin(spec.namesrv_addresses, credentials=keys.user) as as_user:
+        while True:
+            try:
+                as_user.route(TOPIC)
+                break
+            except RaftMQError as exc:
+                if time.monotonic() > deadline:
+                    raise RunError(f"the workload's user is not known: {exc.message}") from exc
+            time.sleep(0.2)
+    time.sleep(3 * ACL_REFRESH_MS / 1000)  # every broker's copy refreshed too
 
 
 def retry_delays_s(scenario: Scenario) -> list[float]:
@@ -291,7 +440,12 @@ def retry_delays_s(scenario: Scenario) -> list[float]:
 
 
 def _start_workload(
-    net: Net, spec: ClusterSpec, history: Path, rate: float, mode: str = "queue"
+    net: Net,
+    spec: ClusterSpec,
+    history: Path,
+    rate: float,
+    mode: str = "queue",
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     argv = [
         *net.wrap(CLIENT),
@@ -316,7 +470,7 @@ def _start_workload(
     log = open(history.with_suffix(".log"), "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(
         argv,
-        env=child_env(),
+        env={**child_env(), **(env or {})},  # child_env drops RAFTMQ_*: these come after it
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=log,
@@ -389,6 +543,11 @@ class RunPaths:
     def picture(self) -> Path:
         return self.out_dir / "acks.png"
 
+    @property
+    def certs(self) -> Path:
+        """A secure scenario's CA and certificates (made for this run's namespace IPs)."""
+        return self.out_dir / "certs"
+
     def outputs(self) -> tuple[Path, ...]:
         return (
             self.data,
@@ -397,6 +556,7 @@ class RunPaths:
             self.client_log,
             self.result,
             self.picture,
+            self.certs,
         )
 
     def fresh(self) -> None:
@@ -417,13 +577,15 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     schedule = scenario.schedule(opts.seed, opts.duration_s)
     paths = RunPaths(opts.out_dir)
     paths.fresh()
-    spec = _chaos_spec(opts, scenario)
+    keys = RunKeys.new() if scenario.secure else None
+    spec = _chaos_spec(opts, scenario, keys)
     groups = list(spec.groups)
     if not groups:
         raise RunError(f"{opts.cluster} describes no broker group")
     group = groups[0]
     names = [p.name for p in spec.processes()]
     client_history = paths.client_history
+    security: dict[str, bool] | None = None  # the probes of a secure scenario
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
@@ -434,19 +596,32 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     )
     with Net([*names, CLIENT]) as net, disks or contextlib.nullcontext():
         spec = spec.with_hosts({n: net.ip(n) for n in names})
+        if scenario.secure:  # after with_hosts: the certificates name the namespace IPs
+            make_certs(spec)
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
         nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks)
         workload: subprocess.Popen[str] | None = None
+        stack = contextlib.ExitStack()  # the harness's signing environment of a secure run
         try:
+            if keys is not None:
+                tls.install(client_material(spec))  # the harness's Admin and status calls
+                stack.enter_context(_harness_env(client_env(spec, keys.admin)))
             console.log(f"starting {len(names)} processes in namespaces ({net.control_ip}/24)")
             runner.start_all()
-            with Admin(spec.namesrv_addresses) as admin:
-                nemesis.leader(30.0)
+            with Admin(spec.namesrv_addresses, controllers=spec.controller_addresses) as admin:
+                lead = nemesis.leader(30.0)
                 _create_topic(admin, group)
                 _wait_route(admin)
+                if keys is not None:
+                    _workload_user(admin, spec, keys)
+            if keys is not None:
+                lp = next(p for p in runner.processes() if p.name == lead)
+                security = security_probes(spec, f"{lp.host}:{lp.ports[0]}", keys)
+                console.log(f"security probes of {lead}: {security}")
             workload = _start_workload(
-                net, spec, client_history, opts.rate_per_s, scenario.workload
-            )
+                net, spec, client_history, opts.rate_per_s, scenario.workload,
+                client_env(spec, keys.user if keys is not None else None),
+            )  # fmt: skip
             before = nemesis.leadership() if scenario.leader_stays else None
             t0 = time.monotonic()
             console.log(
@@ -489,6 +664,9 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 nemesis.heal_all()
             finally:
                 runner.stop_all()
+                if keys is not None:
+                    tls.uninstall()
+                stack.close()
     ops = merge(load_jsonl(client_history), rec.ops)
     history_path = paths.history
     write_jsonl(history_path, ops)
@@ -507,6 +685,10 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     if not all(w["within_bound"] for w in failover):
         verdict = verdict.replace("PASS", "FAIL", 1)
         verdict += f"; service gap {worst} s > {FAILOVER_BOUND_S:g} s bound"
+    if security is not None and not all(security.values()):
+        passed = False
+        bad = ", ".join(k for k, ok in security.items() if not ok)
+        verdict = verdict.replace("PASS", "FAIL", 1) + f"; security probe failed: not {bad}"
     leadership_problem = (
         check_leadership(before, after) if before is not None and after is not None else None
     )
@@ -524,6 +706,11 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "wall_s": round(time.monotonic() - t_setup, 1),
         **({"leadership": {"before": before, "after": after}} if before is not None else {}),
         **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
+        **(
+            {"security": {"mutual_tls": True, "auth": True, **security}}
+            if security is not None
+            else {}
+        ),
     }
     write_result(result_path, _schedule_json(schedule), report, extra)
     plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")

@@ -89,6 +89,10 @@ class Scenario:
     # The group's leader and term must be the same at the end as before the first fault (a
     # fault that leaves the leader a majority must not cost it its leadership).
     leader_stays: bool = False
+    # Security on (chaos/runner.py `secure_spec`): mutual TLS on every channel, certificates
+    # made by the runner for the namespace IPs, auth with the run's admin; the workload
+    # connects with the client certificate and signs as a user made for it.
+    secure: bool = False
 
     def schedule(self, seed: int, duration_s: float | None = None) -> Schedule:
         produce_s = self.default_duration_s if duration_s is None else duration_s
@@ -231,6 +235,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              "a raftmq-proxy while the leader is SIGKILLed: the client goes on, none lost",
              False, _single(Kind.KILL, LEADER), workload="proxy", settings=PROXY_SETTINGS,
              proxy=True),
+    Scenario("secure-leader-kill",
+             "leader-kill with security on: mutual TLS on every channel (certificates for the "
+             "namespace IPs) and auth (the workload signs as a user allowed its topic and group "
+             "only); plaintext, certificate-less and unsigned calls refused",
+             False, _single(Kind.KILL, LEADER), secure=True),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
 )  # fmt: skip

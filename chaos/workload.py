@@ -28,6 +28,7 @@ from raftmq.client.producer import Producer
 from raftmq.common.errors import OutcomeUnknownError, RaftMQError
 
 log = logging.getLogger("raftmq.chaos.workload")
+CONSUMER_GROUP = "chaos-checker"  # a secure run's user may consume in this group only
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +163,7 @@ class Workload:
 
     def _consume(self) -> None:
         name = "consumer-0"
-        with PullConsumer(self.s.namesrv, "chaos-checker", start_from=StartFrom.EARLIEST) as c:
+        with PullConsumer(self.s.namesrv, CONSUMER_GROUP, start_from=StartFrom.EARLIEST) as c:
             c.subscribe(self.s.topic)
             last_commit = time.monotonic()
             while not self.stop_consuming.is_set():

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from raftmq.ops.cluster_spec import SpecError
+from raftmq.ops.cluster_spec import ClusterSpec, SpecError
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -46,6 +46,20 @@ _CA_USAGE = dict.fromkeys(
     ("content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
      "encipher_only", "decipher_only"), False
 ) | {"digital_signature": True, "key_cert_sign": True, "crl_sign": True}  # fmt: skip
+
+
+def cert_requests(spec: ClusterSpec) -> list[CertRequest]:
+    """One request per name of spec.tls_names(): a process's certificate names its host (an IP
+    or a name) and its process name (compose and network namespaces use it as the host name);
+    every leaf also names 127.0.0.1 and localhost (_san). `raftmq cluster certs` and the chaos
+    runner (each process on its own namespace IP) both make their certificates from this."""
+    hosts = {p.name: p.host for p in spec.processes()}
+    if spec.dashboard is not None:
+        hosts["dashboard"] = spec.dashboard.host
+    return [
+        CertRequest(name, (hosts[name], name) if name in hosts else (name,))
+        for name in spec.tls_names()
+    ]
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

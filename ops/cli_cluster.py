@@ -407,16 +407,8 @@ def certs(args: argparse.Namespace) -> int:
 
     spec = cluster_spec.load(Path(args.spec))
     out = Path(args.out) if args.out else (spec.tls.dir if spec.tls else Path("certs"))
-    hosts = {p.name: p.host for p in spec.processes()}
-    if spec.dashboard is not None:
-        hosts["dashboard"] = spec.dashboard.host
-    requests = [
-        # The process name too: compose and network namespaces use it as the host name.
-        certs_mod.CertRequest(name, (hosts[name], name) if name in hosts else (name,))
-        for name in spec.tls_names()
-    ]
     written = certs_mod.write_certs(
-        out, requests, days=args.days, force=args.force, new_ca=args.new_ca
+        out, certs_mod.cert_requests(spec), days=args.days, force=args.force, new_ca=args.new_ca
     )
     console.print(
         f"wrote {len(written)} files to {out} (CA {out / certs_mod.CA_CERT}, valid {args.days} "

@@ -13,7 +13,9 @@ def test_an_earlier_runs_outputs_are_removed_and_nothing_else(tmp_path: Path) ->
     paths = RunPaths(tmp_path / "leader-kill-seed1")
     (paths.data / "broker-a-n0").mkdir(parents=True)
     (paths.data / "broker-a-n0" / "data.mdb").write_bytes(b"old log")
-    files = [p for p in paths.outputs() if p != paths.data]
+    (paths.certs).mkdir()
+    (paths.certs / "ca.crt").write_text("an earlier run's CA")
+    files = [p for p in paths.outputs() if p not in (paths.data, paths.certs)]
     for path in files:
         path.write_text("old")
     (paths.out_dir / "notes.txt").write_text("mine")
