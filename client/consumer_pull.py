@@ -24,6 +24,8 @@ from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
 from raftmq.common.types import QueueRef, check_offset
 
+MAX_POLL_TIMEOUT_MS = 86_400_000  # the longest single poll() wait
+
 
 class PullConsumer:
     """Thread-safe for one polling thread plus any number of seek/commit callers."""
@@ -230,6 +232,14 @@ class PullConsumer:
     @checked
     def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
         """Messages in offset order per queue; [] if none arrives within timeout_ms."""
+        if not 0 <= timeout_ms <= MAX_POLL_TIMEOUT_MS:
+            # Bounded like every wait: past a day a caller loops, and past threading's limit
+            # the wait itself would fail with an OverflowError.
+            raise InvalidArgumentError(
+                f"poll: timeout_ms must be between 0 and {MAX_POLL_TIMEOUT_MS} (one day), "
+                f"got {timeout_ms}; call poll in a loop to wait longer",
+                details={"argument": "timeout_ms"},
+            )
         deadline = time.monotonic() + timeout_ms / 1000
         out: list[ReceivedMessage] = []
         with self._cond:

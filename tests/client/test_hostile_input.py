@@ -328,3 +328,15 @@ def test_a_push_consumer_refuses_an_interval_the_wire_cannot_carry(name: str) ->
     # protobuf's "Value out of range" building the leaving heartbeat (expiry = 3 intervals, uint32).
     with pytest.raises(InvalidArgumentError, match=name):
         PushConsumer("127.0.0.1:1", "g", "t", print, **{name: 2**63})
+
+
+@pytest.mark.parametrize("timeout_ms", [-1, 2**31, 2**63])
+def test_poll_refuses_a_wait_it_cannot_bound(timeout_ms: int) -> None:
+    # Found by the SDK fuzzer: poll(timeout_ms=2**31) waited 24 days (the run hung) and 2**63
+    # failed with OverflowError from the condition's wait.
+    consumer = PullConsumer("127.0.0.1:1", "g")
+    try:
+        with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+            consumer.poll(timeout_ms=timeout_ms)
+    finally:
+        consumer.close()
