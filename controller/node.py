@@ -172,24 +172,7 @@ class ControllerNode:
             )
         if same is not None:
             return same
-        try:
-            fut = self.rlog.submit(r.encode())
-            committed = fut.result(timeout=REPORT_TIMEOUT_S)
-        except FutureTimeout as exc:
-            raise OutcomeUnknownError("the report was not committed in time; report again") from exc
-        except rl_errors.NotLeaderError as exc:
-            raise NotLeaderError.for_node(self.settings.node_id, "controllers", "") from exc
-        except rl_errors.RaftLogError as exc:
-            raise BrokerUnavailableError(f"controller log: {exc}") from exc
-        deadline = time.monotonic() + REPORT_TIMEOUT_S
-        key = (committed.index, committed.slot)
-        with self._cond:
-            while key not in self._verdicts:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise OutcomeUnknownError("the report was committed but not applied in time")
-                self._cond.wait(left)
-            return self._verdicts[key]
+        return self._commit_and_wait(r.encode(), "the report")
 
     def commit_acl(self, command: AclCommand) -> Verdict:
         """Replicate an ACL change (issue 19) and return its verdict once applied here; the
