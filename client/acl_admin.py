@@ -97,11 +97,11 @@ class AclAdmin:
 
     # ---- plumbing
 
-    def _put(self, name: str, secret: str, user_type: str, mode: int) -> int:
+    def _put(self, name: str, secret: str, user_type: str, mode: controller_pb2.PutMode) -> int:
         user = make_user(name, secret, user_type)  # checked here first: a clear local error
         req = controller_pb2.PutUserRequest(
             user=controller_pb2.AclUser(name=user.name, secret=user.secret, type=user.type.value),
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,
         )
         return self._write(lambda s: s.PutUser(req, timeout=CALL_TIMEOUT_S)).version
 

@@ -331,9 +331,9 @@ def test_the_official_rocketmq5_client_signs_and_is_checked_by_the_proxy(env: En
     with grpc.insecure_channel(endpoint) as ch:
         stub = service_pb2_grpc.MessagingServiceStub(ch)
 
-        def route(topic: str, md: object) -> v2.Status:
+        def route(topic: str, md: tuple[tuple[str, str], ...] | None) -> v2.Status:
             req = svc.QueryRouteRequest(topic=v2.Resource(name=topic))
-            return stub.QueryRoute(req, timeout=10, metadata=md).status  # type: ignore[arg-type]
+            return stub.QueryRoute(req, timeout=10, metadata=md).status
 
         st = route("orders-eu", None)
         assert st.code == v2.UNAUTHORIZED and "signed requests" in st.message, st

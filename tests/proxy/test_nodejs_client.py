@@ -99,7 +99,8 @@ class NodeEnv:
     def result(self, scenario: str, code: int | None, out: str, err: str) -> dict[str, Any]:
         for line in out.splitlines():
             if line.startswith("RESULT "):
-                return json.loads(line.removeprefix("RESULT "))  # type: ignore[no-any-return]
+                got: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+                return got
         raise AssertionError(f"{scenario} gave no result (exit {code}):\n{self.diagnose(out, err)}")
 
     def produce_then(

@@ -71,7 +71,8 @@ class Env:
         )
         for line in out.stdout.splitlines():
             if line.startswith("RESULT "):
-                return json.loads(line.removeprefix("RESULT "))  # type: ignore[no-any-return]
+                got: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+                return got
         raise AssertionError(
             f"{scenario} gave no result (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
             f"{out.stderr[-3000:]}\nproxy log:\n{self.proxy.tail()}"
@@ -337,7 +338,8 @@ def test_bad_requests_get_v2_codes(env: Env) -> None:
 def env_channel_call(env: Env, method: str, payload: bytes) -> bytes:
     with grpc.insecure_channel(env.endpoint) as ch:
         call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
-        return call(payload, timeout=10)  # type: ignore[no-any-return]
+        raw: bytes = call(payload, timeout=10)
+        return raw
 
 
 # ---- POP through the proxy's own stubs: concurrent receivers, proxy restart ---------------------
