@@ -1,9 +1,10 @@
 """Transactional send + commit rate against plain sends, on a real three-node broker group (all on
 this machine). `--threads` senders each send synchronously, one 1 KiB message at a time: plain
 with Producer.send, transactional with TransactionProducer.send_in_transaction whose local
-transaction commits at once (a half message and an end: two Raft entries, each answered after
-the majority commit). The modes take turns in rounds so a change in the machine's load hits
-both. One JSON line per mode plus the ratio; appends to bench/results/transactions.jsonl.
+transaction commits at once (a half message, answered after the majority commit, then the end,
+sent without waiting as RocketMQ's oneway end; a round lasts until every end is answered).
+The modes take turns in rounds so a change in the machine's load hits both. One JSON line per
+mode plus the ratio; appends to bench/results/transactions.jsonl.
 
 Run: `PYTHONPATH=$PWD .venv/bin/python bench/transaction_bench.py [--seconds 5] [--rounds 3]
 [--threads 8]`
@@ -56,8 +57,13 @@ def _cpu_s(procs: list[Proc]) -> float:
     return total
 
 
-def _run_for(seconds: float, threads: int, send: Callable[[], None]) -> tuple[int, list[float]]:
-    stop = time.monotonic() + seconds
+def _run_for(
+    seconds: float, threads: int, send: Callable[[], None], finish: Callable[[], object]
+) -> tuple[int, float, list[float]]:
+    """Messages sent, the seconds it took (until `finish` returned: the transactional
+    producer's ends answered), and each send's latency."""
+    t0 = time.monotonic()
+    stop = t0 + seconds
     lat: list[float] = []
     lock = threading.Lock()
 
@@ -75,7 +81,8 @@ def _run_for(seconds: float, threads: int, send: Callable[[], None]) -> tuple[in
         t.start()
     for t in ts:
         t.join()
-    return len(lat), lat
+    finish()
+    return len(lat), time.monotonic() - t0, lat
 
 
 def main() -> int:
@@ -103,23 +110,31 @@ def main() -> int:
                 def txn_send_commit() -> None:
                     txn.send_in_transaction(TOPIC, BODY, lambda half: commit)
 
-                modes: dict[str, Callable[[], None]] = {
-                    "plain_send": plain_send,
-                    "txn_send_commit": txn_send_commit,
+                modes: dict[str, tuple[Callable[[], None], Callable[[], object]]] = {
+                    "plain_send": (plain_send, lambda: None),
+                    # send_in_transaction does not wait for the end (RocketMQ's oneway end);
+                    # a round ends when every end has been answered
+                    "txn_send_commit": (txn_send_commit, txn.flush),
                 }
-                for send in modes.values():  # warm up: routes, channels, topic
-                    _run_for(0.5, 1, send)
+                for send, finish in modes.values():  # warm up: routes, channels, topic
+                    _run_for(0.5, 1, send, finish)
                 totals = {m: Totals() for m in modes}
                 procs = cluster.groups[GROUP][1]
                 for _ in range(args.rounds):
-                    for mode, send in modes.items():
+                    for mode, (send, finish) in modes.items():
                         cpu0 = _cpu_s(procs)
-                        n, lat = _run_for(args.seconds, args.threads, send)
+                        n, took, lat = _run_for(args.seconds, args.threads, send, finish)
                         tot = totals[mode]
                         tot.count += n
-                        tot.seconds += args.seconds
+                        tot.seconds += took
                         tot.latencies.extend(lat)
                         tot.cpu_s += _cpu_s(procs) - cpu0
+                batching = {
+                    "halves_per_request": round(
+                        txn._halves.items / max(1, txn._halves.requests), 2
+                    ),
+                    "ends_per_request": round(txn._ends.items / max(1, txn._ends.requests), 2),
+                }
         finally:
             cluster.close()
     rates: dict[str, float] = {}
@@ -150,6 +165,7 @@ def main() -> int:
             "mode": "ratio",
             "txn_over_plain": round(rates["txn_send_commit"] / rates["plain_send"], 3),
             "target": ">= 0.5",
+            **batching,
             "when": stamp,
         }
     )

@@ -127,8 +127,9 @@ class LifecycleWorkload(Workload):
                 # The half is stored: a commit intent is a promise (the end or a check-back
                 # commits it), a rollback intent must never become visible.
                 value = {"id": msg_id, "key": None, "intent": intent, "half": True}
-                if r.end_error is not None:
-                    value["end_error"] = r.end_error.code
+                end_error = r.end_error()  # the end is sent without waiting: wait here
+                if end_error is not None:
+                    value["end_error"] = end_error.code
                 if intent in ("commit", "check-commit"):
                     self.rec.record(name, "ok", "send", value)
                     self._acknowledged(msg_id)

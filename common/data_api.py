@@ -29,6 +29,9 @@ class DataMethod(enum.IntEnum):
     # Transactions (broker/transactions_data.py); the check-back long poll stays on gRPC.
     SEND_HALF_MESSAGE = 20
     END_TRANSACTION = 21
+    # Their batched forms: one request per leader for what a producer's threads made meanwhile.
+    SEND_HALF_MESSAGES = 22
+    END_TRANSACTIONS = 23
     # The fast data path (issue 14): the ready batches of all a leader's queues in one frame.
     SEND_BATCHES = 50
     # POP consumption as replicated state (issue 17, broker/pop.py); framed only, no gRPC twin.
@@ -59,6 +62,14 @@ PAYLOADS: dict[DataMethod, tuple[type[Message], type[Message]]] = {
     DataMethod.END_TRANSACTION: (
         transaction_pb2.EndTransactionRequest,
         transaction_pb2.EndTransactionResponse,
+    ),
+    DataMethod.SEND_HALF_MESSAGES: (
+        transaction_pb2.SendHalfMessagesRequest,
+        transaction_pb2.SendHalfMessagesResponse,
+    ),
+    DataMethod.END_TRANSACTIONS: (
+        transaction_pb2.EndTransactionsRequest,
+        transaction_pb2.EndTransactionsResponse,
     ),
     DataMethod.SEND_BATCHES: (broker_pb2.SendBatchesRequest, broker_pb2.SendBatchesResponse),
     DataMethod.POP_STATE: (pop_pb2.PopStateRequest, pop_pb2.PopStateResponse),

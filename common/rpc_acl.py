@@ -213,6 +213,9 @@ _FRAME_NAMES = {
     DataMethod.HEARTBEAT: _v1("Broker", "Heartbeat"),
     DataMethod.SEND_HALF_MESSAGE: _v1("BrokerTransaction", "SendHalfMessage"),
     DataMethod.END_TRANSACTION: _v1("BrokerTransaction", "EndTransaction"),
+    # The batched forms are checked item by item with the single form's rule.
+    DataMethod.SEND_HALF_MESSAGES: _v1("BrokerTransaction", "SendHalfMessage"),
+    DataMethod.END_TRANSACTIONS: _v1("BrokerTransaction", "EndTransaction"),
     DataMethod.SEND_BATCHES: _v1("Broker", "SendBatches"),
     DataMethod.POP_STATE: _v1("Broker", "PopState"),
     DataMethod.POP_RECEIVE: _v1("Broker", "PopReceive"),

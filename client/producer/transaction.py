@@ -9,6 +9,11 @@ any live member of the group may be asked, whichever instance sent the half mess
 Ends and half sends are idempotent (a retried end of an ended transaction is a success; a half
 retried under the same transaction id is stored once), so both are retried across leader
 changes until `end_timeout_ms` / `send_timeout_ms`.
+
+Over the framed data path, the half sends (and the ends) that the producer's threads make while
+one is in flight to the same leader go together in the next request (client/coalescer.py): a
+transaction still waits for both answers, but a busy producer pays one request per batch. A
+batch's item that fails in a way worth retrying is retried alone, as a single call.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
-from raftmq.client.data_pool import DataPool
+from raftmq.client.coalescer import Coalescer
+from raftmq.client.data_pool import BLOCKING_MARGIN_S, DataPool
 from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
@@ -42,8 +50,10 @@ from raftmq.common.errors import (
     OutcomeUnknownError,
     RaftMQError,
     RequestTimeoutError,
+    UnsupportedError,
     from_rpc_error,
 )
+from raftmq.common.frame import error_from_detail
 from raftmq.common.message import validate_group, validate_topic
 from raftmq.common.pb import transaction_pb2, transaction_pb2_grpc
 from raftmq.common.types import QueueRef
@@ -58,6 +68,7 @@ __all__ = [
 
 log = logging.getLogger("raftmq.producer.transaction")
 T = TypeVar("T", bound=Message)
+U = TypeVar("U", bound=Message)
 
 RETRY_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 1.0
@@ -93,17 +104,35 @@ class HalfMessage:
 
 @dataclass(frozen=True, slots=True)
 class TransactionSendResult:
-    """The half message and how its transaction ended here. `end_error`: the end could not be
-    delivered (the broker will check back and the checker decides); None when it was, or when
-    the state is UNKNOWN (nothing is sent then)."""
+    """The half message and how its transaction ends. `end`: the end's answer to come (the
+    transaction's state after it), or None when the state is UNKNOWN (nothing is sent; the
+    broker checks back). As in RocketMQ, `send_in_transaction` does not wait for the end: an end
+    that cannot be delivered leaves the transaction to a check-back, which the checker decides.
+    `end_error()` waits for it, for callers who want to know."""
 
     half: HalfMessage
     state: LocalTransactionState
-    end_error: RaftMQError | None = None
+    end: Future[str] | None = None
 
     @property
     def transaction_id(self) -> str:
         return self.half.transaction_id
+
+    def end_error(self, timeout_s: float = 60.0) -> RaftMQError | None:
+        """Wait up to `timeout_s` for the end: None when it was applied (or nothing was sent),
+        else the typed error that refused it or kept it from arriving."""
+        if self.end is None:
+            return None
+        try:
+            self.end.result(timeout_s)
+        except FutureTimeout:
+            return RequestTimeoutError(
+                f"the end of transaction {self.transaction_id} was not answered within "
+                f"{timeout_s:g}s; the broker checks it back"
+            )
+        except RaftMQError as exc:
+            return exc
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +204,16 @@ class TransactionProducer:
             tls_config=self._tls, name="raftmq-txn-data", credentials=credentials
         )  # half sends and ends, where offered
         self.routes = RouteCache(namesrv_addresses, self._pool)
+        self._halves: Coalescer[
+            transaction_pb2.SendHalfMessageRequest, transaction_pb2.SendHalfMessageResponse
+        ] = Coalescer(self._send_halves)
+        self._ends: Coalescer[
+            transaction_pb2.EndTransactionRequest, transaction_pb2.EndTransactionResponse
+        ] = Coalescer(self._send_ends)
+        self._pending_ends: set[Future[str]] = set()
+        # Ends that could not go batched: single calls with retries, off the callers' threads
+        # and never on the data pool's loop (bounded by the coalescer's waiting limit).
+        self._end_pool = ThreadPoolExecutor(2, thread_name_prefix="raftmq-txn-end")
         self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}  # broker group -> leader gRPC address
@@ -201,9 +240,10 @@ class TransactionProducer:
         queue: QueueRef | None = None,
         check_immunity_ms: int = 0,
     ) -> TransactionSendResult:
-        """Store a half message, run `local_transaction(half)` and end the transaction with its
-        answer (an exception counts as UNKNOWN, as in RocketMQ). Raises if the half message
-        could not be stored (then the local transaction did not run)."""
+        """Store a half message, run `local_transaction(half)` and send the end its answer
+        calls for (an exception counts as UNKNOWN, as in RocketMQ), without waiting for the end:
+        `result.end_error()` waits, `flush()` waits for all. Raises if the half message could
+        not be stored (then the local transaction did not run)."""
         if self._closed.is_set():
             raise InvalidArgumentError("the transaction producer is closed")
         validate_topic(topic)
@@ -228,13 +268,15 @@ class TransactionProducer:
             transaction_id=txn_id,
             check_immunity_ms=check_immunity_ms,
         )
-        resp = self._on_leader(
-            group,
-            DataMethod.SEND_HALF_MESSAGE,
-            req,
-            lambda stub: stub.SendHalfMessage(req, timeout=self._request_s),
-            self._send_s,
-        )
+        resp = self._batched(group, self._halves, req)
+        if resp is None:
+            resp = self._on_leader(
+                group,
+                DataMethod.SEND_HALF_MESSAGE,
+                req,
+                lambda stub: stub.SendHalfMessage(req, timeout=self._request_s),
+                self._send_s,
+            )
         half = HalfMessage(txn_id, resp.msg_id, topic, group, resp.queue_id, bytes(body))
         try:
             state = local_transaction(half)
@@ -250,12 +292,7 @@ class TransactionProducer:
             state = LocalTransactionState.UNKNOWN
         if state is LocalTransactionState.UNKNOWN:
             return TransactionSendResult(half, state)
-        try:
-            self.end_transaction(group, txn_id, state)
-        except RaftMQError as exc:
-            log.warning("producer.end_transaction_failed txn=%s error=%s", txn_id, exc)
-            return TransactionSendResult(half, state, exc)
-        return TransactionSendResult(half, state)
+        return TransactionSendResult(half, state, self._end_later(group, txn_id, state))
 
     def end_transaction(
         self,
@@ -268,15 +305,33 @@ class TransactionProducer:
         """Commit or roll back (UNKNOWN: report it) a transaction of this producer group on
         `broker_group`; returns its state after the end. Repeating an end is a success;
         TransactionNotFoundError / TransactionConflictError say why an end cannot be done."""
+        req = self._end_request(transaction_id, state, from_check)
+        resp = self._batched(broker_group, self._ends, req)
+        return resp.state if resp is not None else self._end_alone(broker_group, req)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every end `send_in_transaction` sent has been answered (at most
+        `timeout_s`, default end_timeout_ms); True if none is left."""
+        with self._lock:
+            pending = list(self._pending_ends)
+        _, left = wait(pending, self._end_s if timeout_s is None else timeout_s)
+        return not left
+
+    def _end_request(
+        self, transaction_id: str, state: LocalTransactionState, from_check: bool
+    ) -> transaction_pb2.EndTransactionRequest:
         if not isinstance(state, LocalTransactionState):
             raise InvalidArgumentError("state must be a LocalTransactionState")
-        req = transaction_pb2.EndTransactionRequest(
+        return transaction_pb2.EndTransactionRequest(
             transaction_id=transaction_id,
             producer_group=self.producer_group,
             resolution=_TO_PB[state],
             from_check=from_check,
             client_id=self.client_id,
         )
+
+    def _end_alone(self, broker_group: str, req: transaction_pb2.EndTransactionRequest) -> str:
+        """One end as a single call, retried across leader changes within end_timeout_ms."""
         resp = self._on_leader(
             broker_group,
             DataMethod.END_TRANSACTION,
@@ -286,10 +341,66 @@ class TransactionProducer:
         )
         return resp.state
 
+    def _end_later(self, group: str, txn_id: str, state: LocalTransactionState) -> Future[str]:
+        """Send the end without waiting for it (RocketMQ's endTransactionOneway, answered):
+        in the next batched request to the leader, or, where that cannot take it or failed in
+        a way worth retrying, as a single call with retries on the end thread."""
+        req = self._end_request(txn_id, state, False)
+        out: Future[str] = Future()
+        with self._lock:
+            self._pending_ends.add(out)
+
+        def finished(f: Future[str]) -> None:
+            with self._lock:
+                self._pending_ends.discard(f)
+            exc = f.exception()
+            if exc is not None:
+                log.warning("producer.end_transaction_failed txn=%s error=%s", txn_id, exc)
+
+        out.add_done_callback(finished)
+
+        def alone() -> None:
+            try:
+                out.set_result(self._end_alone(group, req))
+            except RaftMQError as exc:
+                out.set_exception(exc)
+            except BaseException as exc:  # a bug: the caller's end_error() still returns
+                out.set_exception(exc)
+                raise
+
+        def answered(f: Future[transaction_pb2.EndTransactionResponse]) -> None:
+            exc = f.exception()
+            if exc is None:
+                out.set_result(f.result().state)
+            elif isinstance(exc, UnsupportedError) or (
+                isinstance(exc, RaftMQError) and _retryable(exc)
+            ):
+                retry_alone()  # never block the data pool's loop
+            else:
+                out.set_exception(exc)
+
+        def retry_alone() -> None:
+            try:
+                self._end_pool.submit(alone)
+            except RuntimeError:  # closed meanwhile
+                out.set_exception(BrokerUnavailableError("the transaction producer was closed"))
+
+        data_address = self._data_address(group)
+        try:
+            if not data_address:
+                raise UnsupportedError("no framed data path")
+            self._ends.submit(data_address, req).add_done_callback(answered)
+        except RaftMQError:  # no data path, or too many ends waiting: one call, on the end thread
+            retry_alone()
+        return out
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
+        if not self.flush():
+            log.warning("producer.close_ends_unanswered: the broker checks them back")
+        self._end_pool.shutdown(wait=False, cancel_futures=True)
         self._watcher.join(5)
         self._pool.close()  # cancels the held check polls: their threads end at once
         for t in list(self._pollers.values()):
@@ -354,6 +465,81 @@ class TransactionProducer:
                     self._pool.channel(address)
                 )
             return stub
+
+    def _batched(self, group: str, coalescer: Coalescer[T, U], request: T) -> U | None:
+        """`request` in the next batched request to the group's leader when its address is
+        known and it offers a data path; None when it cannot go that way or failed in a way
+        worth retrying (the caller then makes the single call, with its retries)."""
+        data_address = self._data_address(group)
+        if not data_address:
+            return None
+        try:
+            return coalescer.submit(data_address, request).result(
+                self._request_s + BLOCKING_MARGIN_S
+            )
+        except FutureTimeout:
+            return None
+        except RaftMQError as exc:
+            if isinstance(exc, UnsupportedError) or _retryable(exc):
+                return None  # an older broker, or a leader change: the single call retries
+            raise
+
+    def _data_address(self, group: str) -> str:
+        """The known leader's framed data address ("" when unknown or not offered)."""
+        with self._lock:
+            address = self._leaders.get(group)
+        return self.routes.data_address(address) if address else ""
+
+    def _send_batch(
+        self,
+        data_address: str,
+        method: DataMethod,
+        request: Message,
+        unpack: Callable[[Message], Sequence[U | RaftMQError]],
+    ) -> Future[Sequence[U | RaftMQError]]:
+        out: Future[Sequence[U | RaftMQError]] = Future()
+
+        def answered(f: Future[Message]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(unpack(f.result()))
+
+        self._data.submit(data_address, method, request, self._request_s).add_done_callback(
+            answered
+        )
+        return out
+
+    def _send_halves(
+        self, data_address: str, halves: list[transaction_pb2.SendHalfMessageRequest]
+    ) -> Future[Sequence[transaction_pb2.SendHalfMessageResponse | RaftMQError]]:
+        def unpack(
+            resp: Message,
+        ) -> list[transaction_pb2.SendHalfMessageResponse | RaftMQError]:
+            assert isinstance(resp, transaction_pb2.SendHalfMessagesResponse)
+            return [
+                error_from_detail(r.error) if r.HasField("error") else r.response
+                for r in resp.results
+            ]
+
+        req = transaction_pb2.SendHalfMessagesRequest(halves=halves)
+        return self._send_batch(data_address, DataMethod.SEND_HALF_MESSAGES, req, unpack)
+
+    def _send_ends(
+        self, data_address: str, ends: list[transaction_pb2.EndTransactionRequest]
+    ) -> Future[Sequence[transaction_pb2.EndTransactionResponse | RaftMQError]]:
+        def unpack(
+            resp: Message,
+        ) -> list[transaction_pb2.EndTransactionResponse | RaftMQError]:
+            assert isinstance(resp, transaction_pb2.EndTransactionsResponse)
+            return [
+                error_from_detail(r.error) if r.HasField("error") else r.response
+                for r in resp.results
+            ]
+
+        req = transaction_pb2.EndTransactionsRequest(ends=ends)
+        return self._send_batch(data_address, DataMethod.END_TRANSACTIONS, req, unpack)
 
     def _on_leader(
         self,

@@ -104,3 +104,43 @@ class PollTransactionChecksResponse(_message.Message):
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     checks: _containers.RepeatedCompositeFieldContainer[TransactionCheck]
     def __init__(self, checks: _Optional[_Iterable[_Union[TransactionCheck, _Mapping]]] = ...) -> None: ...
+
+class SendHalfMessagesRequest(_message.Message):
+    __slots__ = ("halves",)
+    HALVES_FIELD_NUMBER: _ClassVar[int]
+    halves: _containers.RepeatedCompositeFieldContainer[SendHalfMessageRequest]
+    def __init__(self, halves: _Optional[_Iterable[_Union[SendHalfMessageRequest, _Mapping]]] = ...) -> None: ...
+
+class HalfMessageResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: SendHalfMessageResponse
+    error: _common_pb2.ErrorDetail
+    def __init__(self, response: _Optional[_Union[SendHalfMessageResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class SendHalfMessagesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[HalfMessageResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[HalfMessageResult, _Mapping]]] = ...) -> None: ...
+
+class EndTransactionsRequest(_message.Message):
+    __slots__ = ("ends",)
+    ENDS_FIELD_NUMBER: _ClassVar[int]
+    ends: _containers.RepeatedCompositeFieldContainer[EndTransactionRequest]
+    def __init__(self, ends: _Optional[_Iterable[_Union[EndTransactionRequest, _Mapping]]] = ...) -> None: ...
+
+class EndTransactionResult(_message.Message):
+    __slots__ = ("response", "error")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    response: EndTransactionResponse
+    error: _common_pb2.ErrorDetail
+    def __init__(self, response: _Optional[_Union[EndTransactionResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
+
+class EndTransactionsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EndTransactionResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[EndTransactionResult, _Mapping]]] = ...) -> None: ...

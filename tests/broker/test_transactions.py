@@ -134,7 +134,7 @@ def test_commit_and_rollback_and_bad_ends(cluster: Cluster) -> None:
             p.send_in_transaction(t, b"c%d" % i, answer(COMMIT), keys=[f"k{i}"]) for i in range(5)
         ]
         rolled = [p.send_in_transaction(t, b"r%d" % i, answer(ROLLBACK)) for i in range(5)]
-        assert all(r.end_error is None for r in committed + rolled)
+        assert all(r.end_error() is None for r in committed + rolled)
         assert sorted(drain(cluster, t, 5)) == [b"c%d" % i for i in range(5)]
 
         # Ends are idempotent: the same end again is a success and changes nothing.
@@ -167,7 +167,7 @@ def test_over_grpc_where_no_data_path_is_offered(cluster: Cluster) -> None:
         p.routes._override_data_addresses({layout.address(i): "" for i in range(3)})
         ok = p.send_in_transaction(t, b"via-grpc", answer(COMMIT))
         no = p.send_in_transaction(t, b"dropped", answer(ROLLBACK))
-        assert ok.end_error is None and no.end_error is None
+        assert ok.end_error() is None and no.end_error() is None
         with pytest.raises(TransactionConflictError):
             p.end_transaction(GROUP, no.transaction_id, COMMIT)
     assert drain(cluster, t, 1) == [b"via-grpc"]
@@ -292,7 +292,7 @@ def test_leader_killed_between_half_and_commit(cluster: Cluster) -> None:
         pending = p.send_in_transaction(t, b"checked", answer(UNKNOWN), check_immunity_ms=4000)
         r = p.send_in_transaction(t, b"survives", kill_leader)
         assert killed, "the local transaction did not run"
-        assert r.end_error is None, r.end_error
+        assert r.end_error() is None, r.end_error()
         assert p.end_transaction(GROUP, r.transaction_id, COMMIT) == "committed"
         # The new leader continues the check schedule of the half sent to the old one.
         wait_until(lambda: checker.checks_of(pending.transaction_id), 40, "check by new leader")
