@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,14 @@ from raftmq.client.producer.transaction import (
     TransactionProducer,
 )
 from raftmq.client.routes import ChannelPool
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     InvalidArgumentError,
     TransactionConflictError,
     TransactionNotFoundError,
 )
-from raftmq.common.pb import broker_pb2
+from raftmq.common.pb import broker_pb2, common_pb2, transaction_pb2
+from raftmq.common.pb.common_pb2 import ErrorCode
 from tests.harness.procs import ROOT, Cluster, Proc, start_cluster, wait_until
 
 GROUP = "broker-a"
@@ -171,6 +174,112 @@ def test_over_grpc_where_no_data_path_is_offered(cluster: Cluster) -> None:
         with pytest.raises(TransactionConflictError):
             p.end_transaction(GROUP, no.transaction_id, COMMIT)
     assert drain(cluster, t, 1) == [b"via-grpc"]
+
+
+def test_concurrent_transactions_share_requests_each_answered_apart(cluster: Cluster) -> None:
+    """Half sends and ends made by threads while one is in flight go together (SEND_HALF_MESSAGES
+    / END_TRANSACTIONS); in a batch, a refused item fails alone and the others take effect."""
+    t = topic(cluster, "txn-batched")
+    with producer(cluster, "pg-batched", Answers()) as p:
+        with ThreadPoolExecutor(16) as pool:
+            results = list(
+                pool.map(
+                    lambda i: p.send_in_transaction(
+                        t, b"b%d" % i, answer(COMMIT if i % 2 == 0 else ROLLBACK)
+                    ),
+                    range(96),
+                )
+            )
+        assert p.flush()
+        assert all(r.end_error() is None for r in results)
+        # (the first few go alone, before the leader's data address is known)
+        assert p._halves.items > p._halves.requests  # some requests carried several
+        assert p._ends.items > p._ends.requests
+
+        # One batched request with items that must fail alone.
+        data = p.routes.data_address(leader(cluster))
+        good = p.send_in_transaction(t, b"late", answer(UNKNOWN))
+        end = transaction_pb2.EndTransactionRequest
+        ends = transaction_pb2.EndTransactionsRequest(
+            ends=[
+                end(
+                    transaction_id="no-such-txn",
+                    producer_group="pg-batched",
+                    resolution=transaction_pb2.COMMIT,
+                    client_id=p.client_id,
+                ),
+                end(
+                    transaction_id=good.transaction_id,
+                    producer_group="pg-batched",
+                    resolution=transaction_pb2.COMMIT,
+                    client_id=p.client_id,
+                ),
+                end(
+                    transaction_id=results[1].transaction_id,
+                    producer_group="pg-batched",
+                    resolution=transaction_pb2.COMMIT,
+                    client_id=p.client_id,
+                ),
+                end(
+                    transaction_id="",
+                    producer_group="pg-batched",
+                    resolution=transaction_pb2.COMMIT,
+                    client_id=p.client_id,
+                ),
+            ]
+        )
+        got = p._data.call(data, DataMethod.END_TRANSACTIONS, ends, 10)
+        assert isinstance(got, transaction_pb2.EndTransactionsResponse)
+        codes = [
+            ErrorCode.Name(r.error.code) if r.HasField("error") else r.response.state
+            for r in got.results
+        ]
+        assert codes == [
+            "TRANSACTION_NOT_FOUND",
+            "committed",
+            "TRANSACTION_CONFLICT",
+            "INVALID_ARGUMENT",
+        ], codes
+
+        half = transaction_pb2.SendHalfMessageRequest
+        msg = common_pb2.Message(body=b"h", born_timestamp_ms=1, born_host="h:1")
+        halves = transaction_pb2.SendHalfMessagesRequest(
+            halves=[
+                half(
+                    topic=t,
+                    queue_id=0,
+                    message=msg,
+                    producer_group="pg-batched",
+                    client_id=p.client_id,
+                    transaction_id="half-ok",
+                ),
+                half(
+                    topic="bad topic!",
+                    queue_id=0,
+                    message=msg,
+                    producer_group="pg-batched",
+                    client_id=p.client_id,
+                    transaction_id="half-bad",
+                ),
+                half(
+                    topic=t,
+                    queue_id=0,
+                    message=msg,
+                    producer_group="pg-batched",
+                    client_id=p.client_id,
+                    transaction_id="half-ok",
+                ),  # the same again
+            ]
+        )
+        out = p._data.call(data, DataMethod.SEND_HALF_MESSAGES, halves, 10)
+        assert isinstance(out, transaction_pb2.SendHalfMessagesResponse)
+        first, bad, again = out.results
+        assert first.response.msg_id and not first.HasField("error")
+        assert ErrorCode.Name(bad.error.code) == "INVALID_NAME"
+        assert again.response.duplicate  # stored once
+        assert p.end_transaction(GROUP, "half-ok", ROLLBACK) == "rolled back"
+    got_bodies = sorted(drain(cluster, t, 49))
+    assert got_bodies == sorted([b"b%d" % i for i in range(0, 96, 2)] + [b"late"])
 
 
 def test_unknown_is_checked_back_then_committed_or_rolled_back(cluster: Cluster) -> None:
