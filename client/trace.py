@@ -25,15 +25,12 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
 from raftmq.common.errors import RaftMQError
-from raftmq.common.pb import common_pb2
 from raftmq.common.retry import PROPERTY_ORIGIN_MESSAGE_ID, reconsume_times
 from raftmq.common.trace import (
-    ENCODER,
-    FORMAT_VERSION,
     TRACE_TOPIC,
     ConsumeTrace,
     EndTransactionTrace,
@@ -44,7 +41,11 @@ from raftmq.common.trace import (
     TraceBuffer,
     TraceRecord,
     decode_batch,
+    encode_sends,
 )
+
+if TYPE_CHECKING:  # the producer package imports this module
+    from raftmq.client.producer.sender import Pending
 
 log = logging.getLogger("raftmq.trace")
 
@@ -91,7 +92,7 @@ class TraceSender:
 
         self._buffer = buffer if buffer is not None else TraceBuffer()
         # Bounded like the buffer: together at most twice its records wait in memory.
-        self._incoming: collections.deque[TraceRecord | _SendDone] = collections.deque()
+        self._incoming: collections.deque[TraceRecord | _SendsDone] = collections.deque()
         self._max_incoming = self._buffer.max_buffered
         self._dropped_incoming = 0
         self._max_inflight = max(1, max_inflight)
@@ -119,7 +120,7 @@ class TraceSender:
         """Records lost to a full buffer (or larger than a batch): counted, never raised."""
         return self._buffer.dropped + self._dropped_incoming
 
-    def record(self, rec: TraceRecord | _SendDone) -> bool:
+    def record(self, rec: TraceRecord | _SendsDone) -> bool:
         """Keep `rec` for the next batch: False (counted) when the buffer is full or closed.
         Never blocks, never raises."""
         if self._closed:
@@ -172,8 +173,9 @@ class TraceSender:
         while incoming:
             item = incoming.popleft()
             try:
-                if isinstance(item, _SendDone):
-                    self._buffer.add_encoded(item.msg_id(), item.line(), now)
+                if isinstance(item, _SendsDone):
+                    for ids, line in item.lines(self._buffer.max_batch_records):
+                        self._buffer.add_encoded(ids, line, now)
                 else:
                     self._buffer.add(item, now)
             except Exception:  # a trace must never fail what it traces, nor stop the thread
@@ -280,94 +282,60 @@ def records_of_message(m: ReceivedMessage) -> list[TraceRecord]:
 
 
 @dataclass(slots=True)  # not frozen: a frozen init costs a few us more on the I/O thread
-class _SendDone:
-    """What a send's completion leaves for the trace thread, which builds the SendTrace."""
+class _SendsDone:
+    """What a settled request leaves for the trace thread: one per stored batch (the messages
+    of one request for one queue, every future done), never one per message."""
 
     topic: str
-    message: common_pb2.Message
+    items: Sequence[Pending]
     producer_group: str
     client_id: str
-    started_wall_ms: int
-    cost_ms: int
-    fut: Future[SendResult]
+    done_ms: int
 
-    def msg_id(self) -> str:
-        fut = self.fut
-        return "" if fut.cancelled() or fut.exception() is not None else fut.result().msg_id
-
-    def line(self) -> bytes:
-        """encode_record(self.record()) without building the record: the same bytes (a test
-        holds them equal), ~2x cheaper on the trace thread."""
-        fut, message = self.fut, self.message
-        result = None if fut.cancelled() or fut.exception() is not None else fut.result()
-        msg_id, group, queue_id, offset = (
-            ("", "", -1, -1)
-            if result is None
-            else (result.msg_id, result.broker_group, result.queue_id, result.queue_offset)
-        )
-        return ENCODER.encode(
-            {
-                "v": FORMAT_VERSION,
-                "k": "send",
-                "msg_id": msg_id,
-                "timestamp_ms": self.started_wall_ms,
-                "topic": self.topic,
-                "producer_group": self.producer_group,
-                "client_id": self.client_id,
-                "keys": tuple(message.keys),
-                "tags": message.tags or None,
-                "broker_group": group,
-                "queue_id": queue_id,
-                "queue_offset": offset,
-                "store_ms": 0,
-                "cost_ms": self.cost_ms,
-                "success": result is not None,
-                "kind_of_send": "normal",
-            }
-        ).encode("ascii")
-
-    def record(self) -> SendTrace:
-        fut, message = self.fut, self.message
-        result = None if fut.cancelled() or fut.exception() is not None else fut.result()
-        return SendTrace(
-            msg_id=result.msg_id if result is not None else "",
-            timestamp_ms=self.started_wall_ms,
-            topic=self.topic,
-            producer_group=self.producer_group,
-            client_id=self.client_id,
-            keys=tuple(message.keys),
-            tags=message.tags or None,
-            broker_group=result.broker_group if result is not None else "",
-            queue_id=result.queue_id if result is not None else -1,
-            queue_offset=result.queue_offset if result is not None else -1,
-            cost_ms=self.cost_ms,
-            success=result is not None,
-        )
+    def lines(self, per_line: int) -> Iterable[tuple[tuple[str, ...], bytes]]:
+        """The traced ids and encode_sends line of each slice of at most `per_line` messages
+        (a trace-topic message's keys are the ids it traces: at most MessageLimits.max_keys)."""
+        items = self.items
+        for at in range(0, len(items), per_line):
+            part = items[at : at + per_line]
+            first = part[0].future
+            result = None if first.cancelled() or first.exception() is not None else first.result()
+            messages = [
+                (
+                    it.future.result().msg_id if result is not None else "",
+                    it.msg.born_timestamp_ms,
+                    tuple(it.msg.keys),  # a protobuf container: not JSON
+                    it.msg.tags or None,
+                )
+                for it in part
+            ]
+            ids = tuple(m[0] for m in messages)
+            yield (
+                ids,
+                encode_sends(
+                    self.topic,
+                    self.producer_group,
+                    self.client_id,
+                    result.broker_group if result is not None else "",
+                    result.queue_id if result is not None else -1,
+                    result.queue_offset if result is not None else -1,
+                    self.done_ms,
+                    result is not None,
+                    messages,
+                ),
+            )
 
 
-def on_send_done(
-    sender: TraceSender,
-    topic: str,
-    message: common_pb2.Message,
-    producer_group: str,
-    client_id: str,
-    started_wall_ms: int,
-    started_mono_ms: int,
-    fut: Future[SendResult],
-) -> None:
-    """A send's future completed (a done callback on the SDK's I/O thread): hand it to the
-    trace thread; nothing here encodes or takes a lock."""
-    sender.record(
-        _SendDone(
-            topic,
-            message,
-            producer_group,
-            client_id,
-            started_wall_ms,
-            _mono_ms() - started_mono_ms,
-            fut,
-        )
-    )
+def sends_hook(
+    sender: TraceSender, producer_group: str, client_id: str
+) -> Callable[[str, Sequence[Pending]], None]:
+    """The producer's per-batch hook (client/producer/sender.py `on_settled`, on the SDK's I/O
+    thread): hands the batch to the trace thread; nothing here encodes or takes a lock."""
+
+    def settled(topic: str, items: Sequence[Pending]) -> None:
+        sender.record(_SendsDone(topic, items, producer_group, client_id, _wall_ms()))
+
+    return settled
 
 
 R = TypeVar("R")

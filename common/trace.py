@@ -191,12 +191,128 @@ def decode_record(line: bytes) -> TraceRecord:
     return record
 
 
+# One line for the sends of one stored batch (the messages of one request for one queue):
+# the fields they share once, then [msg_id, born_ms, keys, tags] per message. Read back as a
+# SendTrace per message (decode_batch), so nothing downstream knows the difference; written this
+# way because a traced sender pays its trace per batch instead of a JSON object per message.
+SENDS_KIND = "sends"
+_SENDS_SHARED = (
+    "topic",
+    "producer_group",
+    "client_id",
+    "broker_group",
+    "queue_id",
+    "first_offset",
+    "done_ms",
+    "success",
+)
+_SENDS_TYPES: dict[str, type] = {
+    "topic": str,
+    "producer_group": str,
+    "client_id": str,
+    "broker_group": str,
+    "queue_id": int,
+    "first_offset": int,
+    "done_ms": int,
+    "success": bool,
+}
+SendsMessage = tuple[str, int, Sequence[str], "str | None"]  # msg_id, born ms, keys, tags
+
+
+def encode_sends(
+    topic: str,
+    producer_group: str,
+    client_id: str,
+    broker_group: str,
+    queue_id: int,
+    first_offset: int,
+    done_ms: int,
+    success: bool,
+    messages: Sequence[SendsMessage],
+) -> bytes:
+    """The sends of one stored batch as one line: `messages` in queue order (offsets follow
+    first_offset; -1: not known). Each becomes a SendTrace with cost done_ms - born ms."""
+    return ENCODER.encode(
+        {
+            "v": FORMAT_VERSION,
+            "k": SENDS_KIND,
+            "topic": topic,
+            "producer_group": producer_group,
+            "client_id": client_id,
+            "broker_group": broker_group,
+            "queue_id": queue_id,
+            "first_offset": first_offset,
+            "done_ms": done_ms,
+            "success": success,
+            "m": messages,
+        }
+    ).encode("ascii")
+
+
+def _sends_of(body: dict[str, Any]) -> list[TraceRecord]:
+    if set(body) != {"v", "k", "m", *_SENDS_SHARED}:
+        raise MalformedTraceError(f"a sends line has fields {sorted(body)}")
+    for name, kind in _SENDS_TYPES.items():
+        if type(body[name]) is not kind:
+            raise MalformedTraceError(f"sends.{name} is not a {kind.__name__}: {body[name]!r}")
+    items = body["m"]
+    if not isinstance(items, list):
+        raise MalformedTraceError("sends.m is not a list")
+    first = body["first_offset"]
+    out: list[TraceRecord] = []
+    for i, item in enumerate(items):
+        if not (
+            isinstance(item, list)
+            and len(item) == 4
+            and isinstance(item[0], str)
+            and type(item[1]) is int
+            and isinstance(item[2], list)
+            and all(isinstance(k, str) for k in item[2])
+            and (item[3] is None or isinstance(item[3], str))
+        ):
+            raise MalformedTraceError(f"sends.m[{i}] is not [msg_id, born_ms, keys, tags]")
+        msg_id, born_ms, keys, tags = item
+        out.append(
+            SendTrace(
+                msg_id=msg_id,
+                timestamp_ms=born_ms,
+                topic=body["topic"],
+                producer_group=body["producer_group"],
+                client_id=body["client_id"],
+                keys=tuple(keys),
+                tags=tags,
+                broker_group=body["broker_group"],
+                queue_id=body["queue_id"],
+                queue_offset=first + i if first >= 0 else -1,
+                cost_ms=max(0, body["done_ms"] - born_ms),
+                success=body["success"],
+            )
+        )
+    return out
+
+
+def _decode_line(line: bytes) -> list[TraceRecord]:
+    """The records of one line: one, or a SendTrace per message of a sends line."""
+    if b'"k":"sends"' in line:  # the encoder writes no spaces; decode_record checks the rest
+        try:
+            body = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedTraceError(f"trace record is not JSON: {exc}") from None
+        if isinstance(body, dict) and body.get("k") == SENDS_KIND:
+            if body.get("v") != FORMAT_VERSION:
+                raise MalformedTraceError(
+                    f"trace record version {body.get('v')!r} is not {FORMAT_VERSION}"
+                )
+            return _sends_of(body)
+    return [decode_record(line)]
+
+
 def encode_batch(records: Iterable[TraceRecord]) -> bytes:
     return b"\n".join(encode_record(r) for r in records)
 
 
 def decode_batch(body: bytes) -> list[TraceRecord]:
-    return [decode_record(line) for line in body.split(b"\n") if line]
+    return [r for line in body.split(b"\n") if line for r in _decode_line(line)]
 
 
 def path_of(msg_id: str, records: Iterable[TraceRecord]) -> list[TraceRecord]:
@@ -245,7 +361,9 @@ class TraceBuffer:
         self.max_batch_records = max_batch_records
         self.max_batch_bytes = max_batch_bytes
         self.max_age_ms = max_age_ms
-        self._pending: deque[tuple[int, str, bytes]] = deque()  # (added_ms, msg id, line)
+        # (added_ms, the traced message ids, line): a sends line traces several messages
+        self._pending: deque[tuple[int, tuple[str, ...], bytes]] = deque()
+        self._records = 0  # messages traced by the pending lines (a line counts at least 1)
         self._bytes = 0
         self.dropped_full = 0
         self.dropped_oversize = 0
@@ -256,35 +374,38 @@ class TraceBuffer:
         return self.dropped_full + self.dropped_oversize
 
     def __len__(self) -> int:
-        return len(self._pending)
+        """Records waiting (a sends line counts one per message)."""
+        return self._records
 
     def add(self, record: TraceRecord, now_ms: int) -> bool:
         """Keep `record` for the next batch; False (and counted) if the buffer is full or the
         record alone is larger than a batch. Never blocks, never raises for a full buffer."""
-        if len(self._pending) >= self.max_buffered:
+        if self._records >= self.max_buffered:
             self.dropped_full += 1
             return False
-        return self.add_encoded(record.msg_id, encode_record(record), now_ms)
+        return self.add_encoded((record.msg_id,), encode_record(record), now_ms)
 
-    def add_encoded(self, msg_id: str, line: bytes, now_ms: int) -> bool:
-        """`add` for a record its caller encoded itself (a hot path may skip building the
-        record object); `line` must be what encode_record gives for it."""
-        if len(self._pending) >= self.max_buffered:
-            self.dropped_full += 1
+    def add_encoded(self, msg_ids: tuple[str, ...], line: bytes, now_ms: int) -> bool:
+        """`add` for a line its caller encoded itself: encode_record's, or encode_sends' for
+        the messages `msg_ids` (at most max_batch_records of them)."""
+        n = max(1, len(msg_ids))
+        if self._records + n > self.max_buffered:
+            self.dropped_full += n
             return False
-        if len(line) > self.max_batch_bytes:
-            self.dropped_oversize += 1
+        if len(line) > self.max_batch_bytes or n > self.max_batch_records:
+            self.dropped_oversize += n
             return False
-        self._pending.append((now_ms, msg_id, line))
+        self._pending.append((now_ms, msg_ids, line))
+        self._records += n
         self._bytes += len(line) + 1
-        self.added += 1
+        self.added += n
         return True
 
     def ready(self, now_ms: int) -> bool:
         if not self._pending:
             return False
         return (
-            len(self._pending) >= self.max_batch_records
+            self._records >= self.max_batch_records
             or self._bytes >= self.max_batch_bytes
             or now_ms - self._pending[0][0] >= self.max_age_ms
         )
@@ -300,17 +421,24 @@ class TraceBuffer:
         lines: list[bytes] = []
         keys: dict[str, None] = {}
         size = 0
-        while self._pending and len(lines) < self.max_batch_records:
-            _, msg_id, line = self._pending[0]
-            if lines and size + len(line) + 1 > self.max_batch_bytes:
+        count = 0
+        while self._pending:
+            _, msg_ids, line = self._pending[0]
+            n = max(1, len(msg_ids))
+            if lines and (
+                size + len(line) + 1 > self.max_batch_bytes or count + n > self.max_batch_records
+            ):
                 break
             self._pending.popleft()
+            self._records -= n
             self._bytes -= len(line) + 1
             size += len(line) + 1
+            count += n
             lines.append(line)
-            if msg_id:
-                keys[msg_id] = None
-        return TraceBatch(b"\n".join(lines), tuple(keys), len(lines))
+            for msg_id in msg_ids:
+                if msg_id:
+                    keys[msg_id] = None
+        return TraceBatch(b"\n".join(lines), tuple(keys), count)
 
 
 def records_of(batches: Sequence[TraceBatch]) -> list[TraceRecord]:

@@ -10,7 +10,6 @@ data path where the leader offers one (client/data_pool.py), over gRPC otherwise
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import socket
@@ -28,7 +27,7 @@ from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
-from raftmq.client.trace import TraceSender, default_client_id, on_send_done
+from raftmq.client.trace import TraceSender, default_client_id, sends_hook
 from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
@@ -216,8 +215,12 @@ class Producer:
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
         # Message trace (issue 16): off by default; records go out on a thread of their own.
+        # One hook per settled request (batch), never per message.
         self._tracer: TraceSender | None = TraceSender(namesrv_addresses) if trace else None
-        self._trace_client = default_client_id()
+        if self._tracer is not None:
+            self._sender.on_settled = sends_hook(
+                self._tracer, self.producer_id, default_client_id()
+            )
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -325,7 +328,6 @@ class Producer:
             om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
             pb = self._message(om.body, SendOptions(om.tags, om.keys, om.properties))
             pendings.append(Pending(pb, Future(), len(pb.body), False))
-            self._trace(topic, pb, pendings[-1].future)
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -367,16 +369,8 @@ class Producer:
         fut: Future[SendResult] = Future()
         if callback is not None:
             fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
-        self._trace(topic, msg, fut)
         self._sender.enqueue(target, [Pending(msg, fut, len(msg.body), options.movable)])
         return fut
-
-    def _trace(self, topic: str, msg: common_pb2.Message, fut: Future[SendResult]) -> None:
-        if self._tracer is not None:
-            fut.add_done_callback(
-                functools.partial(on_send_done, self._tracer, topic, msg, self.producer_id,
-                                  self._trace_client, time.time_ns() // 1_000_000, monotonic_ms())
-            )  # fmt: skip
 
     def _on_callback_thread(
         self, fn: Callable[[Future[SendResult]], None]

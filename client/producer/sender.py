@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -150,6 +150,9 @@ class Sender:
         self._outbox_lock = threading.Lock()
         self._outbox: dict[str, list[Request]] = {}
         self._single_sends: set[str] = set()  # data addresses without SEND_BATCHES
+        # Called with each settled request's messages (every future done), on whichever thread
+        # settled it (often the data pool's loop: it must not block). Message trace sets it.
+        self.on_settled: Callable[[str, Sequence[Pending]], None] | None = None
         self._frames_out: dict[str, int] = {}  # data address -> frames in flight (loop thread)
         # figures for benchmarks and tests: SEND_BATCHES frames, the batches and messages in them
         self.frames_sent = 0
@@ -665,6 +668,12 @@ class Sender:
             for it in req.items:
                 if not it.future.done():
                     it.future.set_exception(err)
+        hook = self.on_settled
+        if hook is not None:
+            try:
+                hook(req.queue.topic, req.items)
+            except Exception:  # a trace must never fail what it traces
+                log.exception("producer.on_settled_failed")
         with self._lock:
             if sent:
                 nxt = self._acc.complete(req.batch, monotonic_ms())

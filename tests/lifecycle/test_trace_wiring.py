@@ -19,16 +19,18 @@ from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
-from raftmq.client.trace import TraceSender, _SendDone
+from raftmq.client.producer.sender import Pending
+from raftmq.client.trace import TraceSender, _SendsDone, sends_hook
 from raftmq.common.errors import InvalidMessageIdError, OutcomeUnknownError, TraceNotFoundError
 from raftmq.common.pb import common_pb2
 from raftmq.common.trace import (
     TRACE_TOPIC,
     ConsumeTrace,
+    MalformedTraceError,
     MoveTrace,
     SendTrace,
     TraceBuffer,
-    encode_record,
+    decode_batch,
 )
 from raftmq.ops.procs import child_env
 from tests.harness.procs import Cluster, start_cluster, wait_until
@@ -184,7 +186,7 @@ def test_trace_is_off_by_default_and_never_fails_a_send(cluster: Cluster) -> Non
     sender = TraceSender(cluster.namesrv, buffer=TraceBuffer(max_buffered=1, max_age_ms=60_000))
     try:
         with Producer(cluster.namesrv) as producer:
-            producer._tracer = sender
+            producer._sender.on_settled = sends_hook(sender, producer.producer_id, "c")
             results = [producer.send(TOPIC, b"y") for _ in range(5)]
         assert all(r.msg_id for r in results)
         assert sender.dropped >= 3
@@ -194,17 +196,45 @@ def test_trace_is_off_by_default_and_never_fails_a_send(cluster: Cluster) -> Non
         assert TRACE_TOPIC in admin.list_topics()
 
 
-def test_a_send_hook_line_is_the_records_encoding() -> None:
-    """The trace thread encodes a send without building its SendTrace: the bytes must be
-    encode_record's, for a stored send and a failed one."""
-    msg = common_pb2.Message(body=b"b", keys=["k1", "k2"], tags="T")
-    ok: Future[SendResult] = Future()
-    ok.set_result(SendResult("broker-a-" + "0" * 31 + "1", "t", "broker-a", 3, 77))
+def test_a_settled_batch_is_one_line_per_32_messages_read_back_as_sends() -> None:
+    """The hook records a settled request's batch; the trace thread writes one `sends` line per
+    slice of at most 32 messages (a trace message's keys are the ids it traces), which reads
+    back as the SendTrace of each message: ids, offsets, keys, tags, cost; a failed batch as
+    failed sends without ids."""
+    items = []
+    for i in range(70):
+        msg = common_pb2.Message(
+            body=b"b", keys=[f"k{i}"], tags="T" if i % 2 else "", born_timestamp_ms=1_000 + i
+        )
+        fut: Future[SendResult] = Future()
+        fut.set_result(SendResult(f"id-{i}", "t", "broker-a", 3, 500 + i))
+        items.append(Pending(msg, fut, 1, True))
+    done = _SendsDone("t", items, "p-1", "host@1", 2_000)
+    lines = list(done.lines(32))
+    assert [len(ids) for ids, _ in lines] == [32, 32, 6]
+    assert lines[1][0] == tuple(f"id-{i}" for i in range(32, 64))
+    got = decode_batch(b"\n".join(line for _, line in lines))
+    assert got[33] == SendTrace(
+        "id-33", 1_033, "t", "p-1", "host@1", ("k33",), "T", "broker-a", 3, 533, 0, 967
+    )
+    assert len(got) == 70 and all(isinstance(r, SendTrace) for r in got)
+    assert [r.tags for r in got if isinstance(r, SendTrace)][34] is None
+    assert [r.queue_offset for r in got if isinstance(r, SendTrace)] == list(range(500, 570))
+
     failed: Future[SendResult] = Future()
     failed.set_exception(OutcomeUnknownError("maybe"))
-    for fut in (ok, failed):
-        done = _SendDone("t", msg, "p-1", "host@1", 1_700_000_000_000, 4, fut)
-        assert done.line() == encode_record(done.record())
-        assert done.msg_id() == done.record().msg_id
+    bad = _SendsDone("t", [Pending(items[0].msg, failed, 1, True)], "p-1", "h", 1_500)
+    [(ids, bad_line)] = bad.lines(32)
+    [rec] = decode_batch(bad_line)
+    assert ids == ("",) and isinstance(rec, SendTrace)
+    assert (rec.msg_id, rec.success, rec.queue_offset, rec.cost_ms) == ("", False, -1, 500)
+
     buf = TraceBuffer()
-    assert buf.add_encoded("x", b"{}", 0) and len(buf) == 1
+    for ids, line in lines:
+        assert buf.add_encoded(ids, line, 0)
+    assert len(buf) == 70
+    batches = [buf.take(0, flush=True) for _ in range(3)]
+    assert [b.count for b in batches if b is not None] == [32, 32, 6]  # never over 32 keys
+    assert batches[0] is not None and len(batches[0].keys) == 32
+    with pytest.raises(MalformedTraceError, match=r"sends.m\[0\]"):
+        decode_batch(bad_line.replace(b'["",1000', b'["",true'))
