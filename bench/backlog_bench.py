@@ -668,6 +668,9 @@ def main() -> int:
     ap.add_argument("--verbose", action="store_true", help="print each sample to stderr")
     args = ap.parse_args()
     args.broker_arg = [a for arg in args.broker_arg for a in arg.split()]
+    # SIGTERM (and SIGINT, which a background job ignores) end the run through its `finally`:
+    # the cluster and producers stopped, the data directory deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rec = run(args)
     rec["command"] = "bench/backlog_bench.py " + " ".join(sys.argv[1:])
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())

@@ -206,3 +206,41 @@ def test_a_row_written_before_even_columns_reads_as_it_did() -> None:
     old = cq_rows.HEAD.pack(4, 1, 0, 8, n) + struct.pack(">3I3I3Q", 1, 5, 9, 2, 2, 2, 7, 7, 7)
     assert cq_rows.unpack(old) == (4, 1, 0, 8, n, (1, 5, 9, 2, 2, 2, 7, 7, 7))
     assert cq_rows.columns(old, n, 1, 3) == ((5, 9), (2, 2), (7, 7))
+
+
+def test_the_index_of_a_backlog_of_equal_messages_stays_under_a_byte_a_message() -> None:
+    """Issue 14 bar 3 at the store: 10^6 messages of 100 B in batches of 1024 over 8 queues (as
+    bench/backlog_bench.py writes them) take lmdb pages for their rows and batch locators, not
+    16 bytes a message (1.6 MB here; the journal holds ~126 B a message)."""
+    per_batch, queues, entries = 1024, 8, 123  # ~10^6 messages
+    at = tuple(range(40, 40 + 126 * per_batch, 126))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        MessageStore(Path(tmp), map_size_bytes=256 << 20) as s,
+    ):
+        empty = s.size_bytes()
+        for i in range(entries):
+            batches = tuple(
+                CQBatch(
+                    TOPIC,
+                    q,
+                    i * per_batch,
+                    i + 1,
+                    q,
+                    1000 + i,
+                    at,
+                    (100,) * per_batch,
+                    (0,) * per_batch,
+                )
+                for q in range(queues)
+            )
+            heads = tuple(QueueHead(TOPIC, q, (i + 1) * per_batch, 1000 + i) for q in range(queues))
+            s.apply(DispatchOutput(i + 1, 1, cq_batches=batches, queue_heads=heads))
+        messages = per_batch * queues * entries
+        assert (s.size_bytes() - empty) / messages < 1.0
+        rows = s.read_queue(TOPIC, 3, 5 * per_batch + 1000, 32)
+        assert [r.queue_offset for r in rows] == list(
+            range(5 * per_batch + 1000, 5 * per_batch + 1032)
+        )
+        assert {(r.body_bytes, r.tag_hash) for r in rows} == {(100, 0)}
+        assert rows[0].chunk_offset_bytes == 40 + 126 * 1000
