@@ -8,10 +8,11 @@ processes with their data under `--data-dir`, creates a topic of `--queues` queu
 processes. Every second it counts acknowledged messages; every `--sample-s` seconds it samples
 each node's memory (/proc/<pid>/status: VmRSS, RssAnon, RssFile), the bytes each node's data
 directory holds on disk, and the latency of small pulls (`--pull-count` messages, no long poll)
-from the leader at the head of a queue (its newest messages) and at its tail (offsets within
-the first `--window` messages of the run).
+from the leader at the head of a queue (its newest messages), at its tail (a reader going
+through the queue from offset 0, as a consumer catching up on the backlog reads it) and at
+random offsets within the first `--window` messages (every read cold: the worst case).
 
-When the backlog is written: `--quiet-pulls` pulls at the head and at the tail alternately with
+When the backlog is written: `--quiet-pulls` rounds of those three pulls with
 nothing else running (the p99 the bar compares), the append rate of the first and of the last
 `--window` messages, each node's peak RSS (VmHWM), disk per node over the raw bytes; then a
 follower is SIGKILLed and restarted, and the leader is SIGTERMed and restarted, each timed until
@@ -183,10 +184,12 @@ def got_messages(resp: broker_pb2.PullMessageResponse) -> int:
 
 
 class Heads:
-    """Each queue's max offset as the last pull answered it (the head moves while writing)."""
+    """Each queue's max offset as the last pull answered it (the head moves while writing),
+    and where the tail reader of each queue goes on."""
 
     def __init__(self, queues: int) -> None:
         self.max_offset = [0] * queues
+        self.tail_next = [0] * queues
 
 
 class Target:
@@ -221,9 +224,15 @@ def timed_pull(puller: Puller, target: Target, q: int, at: int) -> tuple[float, 
 
 def head_and_tail(
     puller: Puller, target: Target, queues: int, heads: Heads, tail_span: int, rounds: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float]]:
+    """Pull latencies (ms) of `rounds` rounds of three pulls, each from a random queue: at the
+    head (its newest `pull_count` messages: a consumer keeping up), at the tail (the next
+    offsets of a reader going through the queue from offset 0, as a consumer catching up on
+    the backlog reads it; it wraps within the first `tail_span` offsets) and at a random offset
+    within the first `tail_span` (a cold read every time: the worst case, reported beside)."""
     head_ms: list[float] = []
     tail_ms: list[float] = []
+    cold_ms: list[float] = []
     for _ in range(rounds):
         q = random.randrange(queues)
         at = max(0, heads.max_offset[q] - puller.pull_count)
@@ -232,11 +241,16 @@ def head_and_tail(
         if got:
             head_ms.append(ms)
         q = random.randrange(queues)
-        at = random.randrange(max(1, min(tail_span, heads.max_offset[q] - puller.pull_count)))
+        span = max(1, min(tail_span, heads.max_offset[q] - puller.pull_count))
+        at = heads.tail_next[q] if heads.tail_next[q] < span else 0
+        heads.tail_next[q] = at + puller.pull_count
         ms, got, _ = timed_pull(puller, target, q, at)
         if got:
             tail_ms.append(ms)
-    return head_ms, tail_ms
+        ms, got, _ = timed_pull(puller, target, q, random.randrange(span))
+        if got:
+            cold_ms.append(ms)
+    return head_ms, tail_ms, cold_ms
 
 
 # ---- the cluster ------------------------------------------------------------------------
@@ -376,6 +390,7 @@ def measure(
     samples: list[dict[str, Any]] = []
     head_all: list[float] = []
     tail_all: list[float] = []
+    cold_all: list[float] = []
     load: list[float] = []
     t_start = now_s()
     for pr in procs:
@@ -393,9 +408,12 @@ def measure(
         done = all(not pr.is_alive() for pr in procs)
         if t >= next_sample or done:
             next_sample = t + args.sample_s
-            h, tl = head_and_tail(puller, target, args.queues, heads, tail_span, args.sample_pulls)
+            h, tl, cold = head_and_tail(
+                puller, target, args.queues, heads, tail_span, args.sample_pulls
+            )
             head_all += h
             tail_all += tl
+            cold_all += cold
             mem = {nid: status_mb(pid) for nid, pid in pids.items()}
             la = os.getloadavg()[0]
             load.append(la)
@@ -414,6 +432,7 @@ def measure(
                     "head_p99_ms": round(pct(h, 99), 2),
                     "tail_p50_ms": round(pct(tl, 50), 2),
                     "tail_p99_ms": round(pct(tl, 99), 2),
+                    "cold_p99_ms": round(pct(cold, 99), 2),
                     "load_1m": round(la, 2),
                 }
             )
@@ -426,7 +445,7 @@ def measure(
     total = acked.value
     time.sleep(3)  # followers apply and dispatch the tail
     # The bar's pulls: head and tail alternately, nothing else running.
-    quiet_head, quiet_tail = head_and_tail(
+    quiet_head, quiet_tail, quiet_cold = head_and_tail(
         puller, target, args.queues, heads, tail_span, args.quiet_pulls
     )
     mem_end = {nid: status_mb(pid) for nid, pid in pids.items()}
@@ -472,15 +491,18 @@ def measure(
         # machine of its own (the rates move with other processes' load, this does not).
         "servers_cpu_us_per_msg_first_window": first_cpu,
         "servers_cpu_us_per_msg_last_window": last_cpu,
-        "quiet_pulls": len(quiet_head) + len(quiet_tail),
+        "quiet_pulls": len(quiet_head) + len(quiet_tail) + len(quiet_cold),
         "pull_count": args.pull_count,
         "head_p50_ms": round(pct(quiet_head, 50), 3),
         "head_p99_ms": round(head_p99, 3),
         "tail_p50_ms": round(pct(quiet_tail, 50), 3),
         "tail_p99_ms": round(tail_p99, 3),
         "tail_over_head_p99": round(tail_p99 / head_p99, 3) if head_p99 else None,
+        "cold_tail_p50_ms": round(pct(quiet_cold, 50), 3),
+        "cold_tail_p99_ms": round(pct(quiet_cold, 99), 3),
         "loaded_head_p99_ms": round(pct(head_all, 99), 3),
         "loaded_tail_p99_ms": round(pct(tail_all, 99), 3),
+        "loaded_cold_tail_p99_ms": round(pct(cold_all, 99), 3),
         "leader": leader,
         "leader_changes_seen": target.elections_seen,
         "rss_peak_mb": peak,
@@ -607,9 +629,13 @@ def plot(rec: dict[str, Any], out: Path) -> None:
     axes[0].axhline(rec["rate_last_window"], ls=":", c="k", lw=0.8, label="last window")
     axes[0].set_ylabel("append rate, msg/s")
     axes[0].legend(loc="lower left", fontsize=8)
+    load = axes[0].twinx()  # the machine is shared: the rate follows its load
+    load.plot(x, [s["load_1m"] for s in samples], c="tab:red", lw=0.6, alpha=0.6)
+    load.set_ylabel("load average (1 min)", color="tab:red", fontsize=8)
     for key, label in (
         ("head_p99_ms", "head p99"),
         ("tail_p99_ms", "tail p99"),
+        ("cold_p99_ms", "cold tail p99"),
         ("head_p50_ms", "head p50"),
         ("tail_p50_ms", "tail p50"),
     ):
