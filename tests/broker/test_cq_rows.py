@@ -253,7 +253,7 @@ def test_a_format_2_store_is_read_and_marked_3_an_unknown_one_refused(tmp_path: 
     taking the flags for a count."""
     import lmdb
 
-    from raftmq.broker.store import StoreError
+    from raftmq.broker.errors import StoreError
 
     def set_format(value: bytes) -> None:
         env = lmdb.open(str(tmp_path), max_dbs=64, subdir=True)
