@@ -512,6 +512,14 @@ def measure(
         "disk_over_raw": disk_ratio,
         "restarts": restarts,
         "bars": bars(first_rate, last_rate, head_p99, tail_p99, peak, disk_ratio, restarts),
+        # The rate bar read as "appends do not slow down as the backlog grows" (a last window
+        # faster than the first fails the literal bar above): by rate, and by the servers' CPU
+        # per message, which the shared machine's load moves much less than it moves rates.
+        "no_slowdown": {
+            "rate_last_at_least_80pct_of_first": bool(first_rate) and last_rate >= 0.8 * first_rate,
+            "servers_cpu_last_at_most_120pct_of_first": bool(first_cpu)
+            and last_cpu <= 1.2 * first_cpu,
+        },
         "load_1m_mean": round(sum(load) / max(len(load), 1), 2),
         "load_1m_max": round(max(load, default=0.0), 2),
         "host": platform.node()[:16],
