@@ -39,7 +39,11 @@ from raftmq.common.topic_config import Permission, TopicConfig
 from raftmq.raftlog.record import Entry
 
 GIB = 1 << 30
-FORMAT_VERSION = b"2"  # 2: ConsumeQueue rows per batch (broker/cq_rows.py)
+# 2: ConsumeQueue rows per batch (broker/cq_rows.py). 3: their evenly stepped columns stored as
+# first + step (flags in the count's high byte). A format-2 store is read as it is and marked 3
+# on opening, so that an older build, which would take the flags for a count, refuses it.
+FORMAT_VERSION = b"3"
+_UPGRADES_IN_PLACE = (b"2",)
 
 # Big-endian everywhere in keys, so lmdb's byte order is numeric order and a range scan reads
 # a queue (or a queue's time index) in order.
@@ -235,7 +239,7 @@ class MessageStore:
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
         with self._env.begin(write=True) as txn:
             fmt = txn.get(_META_FORMAT, db=self._meta)
-            if fmt is None:
+            if fmt is None or fmt in _UPGRADES_IN_PLACE:
                 txn.put(_META_FORMAT, FORMAT_VERSION, db=self._meta)
             elif fmt != FORMAT_VERSION:
                 raise StoreError(

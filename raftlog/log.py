@@ -374,10 +374,24 @@ class ReplicatedLog:
         return self._journal.first_index
 
     def read(self, index: int) -> Entry:
-        entries = self.read_from(index, max_bytes=1, max_entries=1)
-        if not entries:
+        """One committed entry, through the journal's record cache: a pull reads one entry and
+        the next pulls of a consumer come back to it (a batch of 1024 messages is 32 pulls of
+        32), so an old entry is read from disk and checked once, not once per pull (issue 14
+        bar 3: pulls at the tail of a 10^7 backlog were ~0.1 ms slower than at the head, each
+        re-reading and re-checking a ~130 KB record). read_from's streams do not fill it."""
+        first = self._journal.first_index
+        if index < first:
+            raise CompactedError(index, first)
+        if index > self._applied:
             raise IndexError(f"index {index} is not committed yet (committed: {self._applied})")
-        return entries[0]
+        try:
+            rec = self._journal.get(index)
+        except IndexError:
+            first = self._journal.first_index
+            if index < first:  # retention deleted it meanwhile
+                raise CompactedError(index, first) from None
+            raise
+        return Entry(rec.index, rec.term, entry_codec.decode_data(rec.command))
 
     def read_from(self, start: int, *, max_bytes: int, max_entries: int) -> list[Entry]:
         """Committed entries from `start` on (at least one if any is committed). Entries that
