@@ -327,7 +327,7 @@ class DataServer:
             topic, queue_id = "", -1
         else:
             topic, queue_id = wait.topic, wait.queue_id
-            held.wait_message(topic, queue_id, wait.offset, fut)
+            held.wait_message(topic, queue_id, wait.offset, fut, wait.tag_hashes)
         if fut.done():
             return
         timer = loop.call_later(wait.wait_ms / 1000, _expire, fut)

@@ -16,6 +16,19 @@ from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import QueueFullError
 
 _QueueKey = tuple[str, int]
+_Waiter = tuple[int, frozenset[int] | None]
+
+
+def appended_tag_hashes(progress: DispatchProgress) -> dict[_QueueKey, set[int]]:
+    """The tag hashes of the rows one dispatch appended, per queue: per batch (a set union of
+    its column), never a row object per message."""
+    out: dict[_QueueKey, set[int]] = {}
+    for o in progress.outputs:
+        for b in o.cq_batches:
+            out.setdefault((b.topic, b.queue_id), set()).update(b.tag_hashes)
+        for r in o.loose_rows:
+            out.setdefault((r.topic, r.queue_id), set()).add(r.tag_hash)
+    return out
 
 
 class HeldPulls:
@@ -33,7 +46,8 @@ class HeldPulls:
         # listener (which runs after the store is written): a pull either sees the message
         # or is registered before the listener looks. Never held across I/O but one lmdb read.
         self._lock = threading.Lock()
-        self._by_queue: dict[_QueueKey, dict[asyncio.Future[bool], int]] = {}
+        # per queue: future -> (offset it waits past, tag hashes that wake it or None: any)
+        self._by_queue: dict[_QueueKey, dict[asyncio.Future[bool], _Waiter]] = {}
         self._by_index: dict[asyncio.Future[bool], int] = {}
         self._count = 0
         self._dispatched = store.dispatched_index
@@ -43,15 +57,21 @@ class HeldPulls:
         return self._count
 
     def wait_message(
-        self, topic: str, queue_id: int, offset: int, fut: asyncio.Future[bool]
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        fut: asyncio.Future[bool],
+        tag_hashes: frozenset[int] | None = None,
     ) -> None:
-        """Complete `fut` once the queue holds a message at `offset`."""
+        """Complete `fut` once the queue holds a message at `offset` (any message already
+        there; after that, only a new one whose tag hash is in `tag_hashes`, unless None)."""
         with self._lock:
             if self._store.queue_bounds(topic, queue_id)[1] > offset:
                 fut.set_result(True)
                 return
             self._admit()
-            self._by_queue.setdefault((topic, queue_id), {})[fut] = offset
+            self._by_queue.setdefault((topic, queue_id), {})[fut] = (offset, tag_hashes)
             self._count += 1
 
     def wait_dispatched(self, index: int, dispatched: int, fut: asyncio.Future[bool]) -> None:
@@ -88,15 +108,25 @@ class HeldPulls:
                     del self._by_index[fut]
                     self._count -= 1
                     self._waker.set_result(fut, True)
+            appended: dict[_QueueKey, set[int]] | None = None  # built once, if a filter asks
             for key, next_offset in progress.queue_next_offsets.items():
                 waiters = self._by_queue.get(key)
                 if waiters is None:
                     continue
-                for fut, offset in list(waiters.items()):
-                    if offset < next_offset:
-                        del waiters[fut]
-                        self._count -= 1
-                        self._waker.set_result(fut, True)
+                for fut, (offset, hashes) in list(waiters.items()):
+                    if offset >= next_offset:
+                        continue
+                    if hashes is not None:
+                        if appended is None:
+                            appended = appended_tag_hashes(progress)
+                        got = appended.get(key)  # None: rows of no kind known here: wake
+                        if got is not None and hashes.isdisjoint(got):
+                            # Nothing it wants arrived: it stays held. Offsets it skipped are
+                            # scanned (by hash, bounded) when a message it wants wakes it.
+                            continue
+                    del waiters[fut]
+                    self._count -= 1
+                    self._waker.set_result(fut, True)
                 if not waiters:
                     del self._by_queue[key]
 

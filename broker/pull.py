@@ -82,6 +82,11 @@ class WaitMessage:
     queue_id: int
     offset: int
     wait_ms: int
+    # The tag filter's hash codes; None: any message ends the wait (no filter, or SQL92). A held
+    # pull is woken only by a new message whose ConsumeQueue tag hash is one of them (RocketMQ
+    # checks the tag code before waking a held request too): idle consumers of a busy topic
+    # cost nothing per send when they filter it out (issue 14).
+    tag_hashes: frozenset[int] | None = None
 
 
 PullWait = WaitDispatched | WaitMessage
@@ -220,7 +225,7 @@ class PullProcessor:
             ):
                 return PullResult(PullStatus.NO_NEW_MSG, [], offset, low, high)
             if isinstance(step, WaitForMessage):
-                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms)
+                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms, hashes)
                 continue
             scan = store.scan_queue(
                 topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL

@@ -290,3 +290,44 @@ def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
         assert isinstance(closed[0], BrokerUnavailableError)
     finally:
         node.close()
+
+
+def test_a_held_pull_with_a_tag_filter_is_woken_only_by_a_message_it_wants(
+    node: BrokerNode, served: tuple[DataServer, LoopThread, FrameClient]
+) -> None:
+    """Issue 14: idle consumers of a busy topic (a tag the producers never send) were woken,
+    re-planned and held again on every send to their queue: per send, work in the number of
+    held pulls. The dispatcher's tag hashes decide before anything is woken."""
+    server, _, client = served
+    call(client, DataMethod.SEND_MESSAGE, send_req("B", 0, b"first"))
+
+    def tagged(tag: str, body: bytes) -> broker_pb2.SendMessageRequest:
+        return broker_pb2.SendMessageRequest(
+            topic="B", queue_id=0, messages=[common_pb2.Message(body=body, tags=tag)]
+        )
+
+    req = pull_req("B", 0, 1, 8_000)
+    req.filter_type = broker_pb2.TAG
+    req.filter_expression = "audit"
+    pulls = [
+        client.call_threadsafe(DataMethod.PULL_MESSAGE, req.SerializeToString(), 15)
+        for _ in range(50)
+    ]
+    deadline = time.monotonic() + 5
+    while server.held_pulls < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.held_pulls == 50
+    waker = server._waker
+    assert waker is not None
+    completions = waker.completions
+    for i in range(20):
+        call(client, DataMethod.SEND_MESSAGE, tagged("busy", b"busy-%d" % i))
+    assert not any(f.done() for f in pulls)
+    assert server.held_pulls == 50
+    # the 20 sends' own answers only; woken and held again it was 20 x 50 more
+    assert waker.completions - completions < 100, waker.completions - completions
+    call(client, DataMethod.SEND_MESSAGE, tagged("audit", b"wanted"))
+    for f in pulls:
+        answer = broker_pb2.PullMessageResponse.FromString(f.result(5))
+        assert answer.status == broker_pb2.FOUND
+        assert [m.message.body for m in answer.messages] == [b"wanted"]
