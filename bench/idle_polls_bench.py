@@ -18,7 +18,8 @@ The consumers are PushConsumers as users run them (--kind push, the default): CL
 groups of 8 members over the topic's 8 queues (so each member holds one queue's long poll, the
 default 2 s, and a group of 8 is how one scales a service), with their default heartbeats (every
 node, every 10 s), rebalances (every 20 s) and offset commits (every 1 s). --kind pull uses
-PullConsumers assigned one queue each instead (no heartbeats, no commits): only the long polls.
+PullConsumers assigned one queue each instead (no heartbeats, no commits), --kind raw the same
+long polls from bare FrameClients (the broker's share of the cost without the SDK's).
 --grpc starts the brokers with `--data-listen off`, so every client uses the gRPC data path.
 
 Per round: the sender's p50/p99/p999 and errors, the leader's CPU (cores) and RSS, its thread
@@ -33,6 +34,7 @@ Run: `PYTHONPATH=$PWD .venv/bin/python bench/idle_polls_bench.py [--consumers 10
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -58,6 +60,9 @@ from raftmq.client.admin import Admin  # noqa: E402
 from raftmq.client.consumer_pull import PullConsumer  # noqa: E402
 from raftmq.client.consumer_push import PushConsumer  # noqa: E402
 from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.common.data_api import DataMethod  # noqa: E402
+from raftmq.common.pb import broker_pb2  # noqa: E402
+from raftmq.common.transport import FrameClient, LoopThread  # noqa: E402
 from raftmq.common.types import QueueRef  # noqa: E402
 from tests.harness.procs import Cluster, Proc, start_cluster, wait_until  # noqa: E402
 
@@ -84,15 +89,19 @@ def worker(args: argparse.Namespace) -> int:
     queues: list[QueueRef] = []
 
     def start(i: int) -> PushConsumer | PullConsumer:
-        group = f"idle-{args.variant}-{i // MEMBERS}"
+        # Groups new each round: no committed offsets or members left from an earlier one.
+        group = f"idle-{args.variant}-r{args.round}-{i // MEMBERS}"
+        poll = {"long_poll_ms": args.long_poll_ms} if args.long_poll_ms else {}
         if args.kind == "push":
             return PushConsumer(
-                args.namesrv, group, topic, lambda m: None, tag_expression=tags
+                args.namesrv, group, topic, lambda m: None, tag_expression=tags, **poll
             ).start()
-        c = PullConsumer(args.namesrv, group, tag_expression=tags)
+        c = PullConsumer(args.namesrv, group, tag_expression=tags, **poll)
         c.assign([queues[i % len(queues)]])
         return c
 
+    if args.kind == "raw":
+        return raw_worker(args, topic, tags)
     if args.kind == "pull":
         with Admin(args.namesrv) as admin:
             queues = admin.route(topic).read_queues()
@@ -105,11 +114,68 @@ def worker(args: argparse.Namespace) -> int:
     os._exit(0)  # no interpreter teardown of a thousand threads
 
 
+def raw_worker(args: argparse.Namespace, topic: str, tags: str) -> int:
+    """--kind raw: the same long polls (one queue each, 2 s, asked again when answered) from
+    bare FrameClients on one event loop, 100 polls a connection: the broker's load of idle
+    consumers without the SDK's threads, heartbeats, rebalances and route look-ups, to tell
+    the broker's share of a slowdown from the clients' on a machine they share."""
+    with Admin(args.namesrv) as admin:
+        (g,) = [g for g in admin.groups() if g.broker_group == GROUP]
+        leader = next(n for n in g.nodes if n.is_leader)
+    host, _, port = leader.data_address.rpartition(":")
+    io = LoopThread("raw-polls")
+
+    async def poll(client: FrameClient, queue_id: int) -> None:
+        bounds = broker_pb2.GetQueueBoundsRequest(topic=topic, queue_id=queue_id)
+        raw = await client.call(DataMethod.GET_QUEUE_BOUNDS, bounds.SerializeToString(), 10)
+        offset = broker_pb2.GetQueueBoundsResponse.FromString(raw).max_offset
+        while True:
+            req = broker_pb2.PullMessageRequest(
+                consumer_group=f"idle-raw-{queue_id}",
+                topic=topic,
+                queue_id=queue_id,
+                offset=offset,
+                max_wait_ms=args.long_poll_ms or 2_000,
+                filter_type=broker_pb2.TAG,
+                filter_expression=tags,
+                raw_batches=True,
+            )
+            try:
+                raw = await client.call(DataMethod.PULL_MESSAGE, req.SerializeToString(), 7)
+            except Exception:
+                await asyncio.sleep(0.5)
+                continue
+            offset = broker_pb2.PullMessageResponse.FromString(raw).next_offset or offset
+
+    tasks: list[asyncio.Task[None]] = []  # kept: the loop holds tasks only weakly
+
+    async def start() -> None:
+        clients = [
+            FrameClient(host, int(port), loop=asyncio.get_running_loop())
+            for _ in range((args.count + 99) // 100)
+        ]
+        for i in range(args.count):
+            tasks.append(asyncio.ensure_future(poll(clients[i // 100], (args.first + i) % QUEUES)))
+
+    io.run(start(), 10)
+    print(f"ready {args.count}", flush=True)
+    sys.stdin.read()
+    os._exit(0)
+
+
 class Clients:
     """--procs worker processes sharing --consumers consumers of one variant."""
 
     def __init__(
-        self, namesrv: str, variant: str, consumers: int, procs: int, kind: str, nice: int
+        self,
+        namesrv: str,
+        variant: str,
+        consumers: int,
+        procs: int,
+        kind: str,
+        nice: int,
+        round_no: int,
+        long_poll_ms: int,
     ) -> None:
         per = [consumers // procs + (i < consumers % procs) for i in range(procs)]
         self.procs: list[subprocess.Popen[str]] = []
@@ -117,7 +183,8 @@ class Clients:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         for n in per:
             argv = ["nice", "-n", str(nice), sys.executable, __file__, "--worker"]
-            argv += ["--namesrv", namesrv]
+            argv += ["--namesrv", namesrv, "--round", str(round_no)]
+            argv += ["--long-poll-ms", str(long_poll_ms)]
             argv += ["--variant", variant, "--kind", kind, "--first", str(first), "--count", str(n)]
             self.procs.append(
                 subprocess.Popen(
@@ -274,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
         "kind": args.kind,
         "path": "grpc" if args.grpc else "frames",
         "client_nice": args.nice,
+        "long_poll_ms": args.long_poll_ms or "sdk default",
         "seconds": args.seconds,
         "host": platform.node(),
         "cpus": os.cpu_count(),
@@ -320,7 +388,14 @@ def run(args: argparse.Namespace) -> int:
                 for k, variant in enumerate(order, start=1):
                     want = args.consumers  # one queue each (push: once rebalanced)
                     clients = Clients(
-                        cluster.namesrv, variant, args.consumers, args.procs, args.kind, args.nice
+                        cluster.namesrv,
+                        variant,
+                        args.consumers,
+                        args.procs,
+                        args.kind,
+                        args.nice,
+                        k,
+                        args.long_poll_ms,
                     )
                     ready = settle(leader, clients, want, args.grpc)
                     held_before = leader.held()
@@ -387,8 +462,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="loaded rounds per variant")
     ap.add_argument("--seconds", type=float, default=10.0, help="sender window per round")
     ap.add_argument("--variants", default="quiet,same")
-    ap.add_argument("--kind", choices=("push", "pull"), default="push")
+    ap.add_argument("--kind", choices=("push", "pull", "raw"), default="push")
     ap.add_argument("--grpc", action="store_true", help="brokers with --data-listen off")
+    ap.add_argument(
+        "--long-poll-ms", type=int, default=0, help="the consumers' long poll (0: the SDK's)"
+    )
     ap.add_argument(
         "--nice",
         type=int,
@@ -399,6 +477,7 @@ def main() -> int:
     ap.add_argument("--namesrv", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
