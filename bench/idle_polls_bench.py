@@ -129,6 +129,7 @@ def raw_worker(args: argparse.Namespace, topic: str, tags: str) -> int:
         bounds = broker_pb2.GetQueueBoundsRequest(topic=topic, queue_id=queue_id)
         raw = await client.call(DataMethod.GET_QUEUE_BOUNDS, bounds.SerializeToString(), 10)
         offset = broker_pb2.GetQueueBoundsResponse.FromString(raw).max_offset
+        wait_s = (args.long_poll_ms or 2_000) / 1000 + 5  # the SDK's margin past the hold
         while True:
             req = broker_pb2.PullMessageRequest(
                 consumer_group=f"idle-raw-{queue_id}",
@@ -141,7 +142,7 @@ def raw_worker(args: argparse.Namespace, topic: str, tags: str) -> int:
                 raw_batches=True,
             )
             try:
-                raw = await client.call(DataMethod.PULL_MESSAGE, req.SerializeToString(), 7)
+                raw = await client.call(DataMethod.PULL_MESSAGE, req.SerializeToString(), wait_s)
             except Exception:
                 await asyncio.sleep(0.5)
                 continue

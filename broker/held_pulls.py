@@ -8,6 +8,9 @@ uncontended lock, and wakes the loop through a LoopWaker: one wake-up per dispat
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 import threading
 
 from raftmq.broker.dispatcher_thread import DispatchProgress
@@ -147,3 +150,63 @@ class HeldPulls:
                 f"{self._count} pulls are held on this node (the limit); retry later or "
                 "pull with a shorter max_wait_ms"
             )
+
+
+EXPIRE_SLICE = 32  # held pulls whose wait ends, at most, per loop iteration
+
+
+class HoldTimers:
+    """The ends of held pulls' waits on one loop (loop thread only): one timer for the earliest,
+    and at most `slice_size` waits ended per loop iteration, the rest in the next ones. Idle
+    consumers started together re-poll in step, so a thousand waits end in the same millisecond;
+    one timer each ran a thousand re-plans and answers before the loop read the next request,
+    and a send arriving then waited behind them all (issue 14). Sliced, the loop reads its
+    sockets between slices."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slice_size: int = EXPIRE_SLICE) -> None:
+        if slice_size < 1:
+            raise ValueError("slice_size must be >= 1")
+        self._loop = loop
+        self._slice = slice_size
+        self._heap: list[tuple[float, int, asyncio.Future[bool]]] = []
+        self._seq = itertools.count()
+        self._handle: asyncio.Handle | None = None
+        self._armed_at = math.inf
+        self._compact_at = 4096  # woken pulls leave entries behind: dropped when it doubles
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, delay_s: float, fut: asyncio.Future[bool]) -> None:
+        """Complete `fut` with False after `delay_s` unless it is done by then."""
+        at = self._loop.time() + max(0.0, delay_s)
+        heap = self._heap
+        if len(heap) >= self._compact_at:
+            heap[:] = [e for e in heap if not e[2].done()]
+            heapq.heapify(heap)
+            self._compact_at = max(4096, 2 * len(heap))
+        heapq.heappush(heap, (at, next(self._seq), fut))
+        if at < self._armed_at:
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._armed_at = at
+        self._handle = self._loop.call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._handle, self._armed_at = None, math.inf
+        heap, now, ended = self._heap, self._loop.time(), 0
+        while heap and heap[0][0] <= now and ended < self._slice:
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():  # done: woken (or its connection went) before its time
+                fut.set_result(False)
+                ended += 1
+        if not heap:
+            return
+        if heap[0][0] <= now:
+            self._armed_at = now  # more are due: after the loop has looked at its sockets
+            self._handle = self._loop.call_soon(self._fire)
+        else:
+            self._arm(heap[0][0])
