@@ -152,7 +152,7 @@ class HeldPulls:
             )
 
 
-EXPIRE_SLICE = 32  # held pulls whose wait ends, at most, per loop iteration
+EXPIRE_SLICE = 8  # held pulls whose wait ends, at most, per loop iteration
 
 
 class HoldTimers:
