@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from raftmq.broker import requests
 from raftmq.broker.errors import DispatcherStoppedError
-from raftmq.broker.held_pulls import HeldPulls
+from raftmq.broker.held_pulls import HeldPulls, HoldTimers
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pop import pop_handlers
 from raftmq.broker.produce import BatchStored, PreparedSend
@@ -68,6 +68,7 @@ class DataServer:
         self._pool: ThreadPoolExecutor | None = None
         self._waker: LoopWaker | None = None
         self._held: HeldPulls | None = None
+        self._timers: HoldTimers | None = None
         self._closing = False
         self.address = ""
 
@@ -76,6 +77,7 @@ class DataServer:
     def start(self, host: str, port: int) -> str:
         io = self._io = LoopThread(name=f"broker-data-{self.node.me.node_id}")
         self._waker = LoopWaker(io.loop)
+        self._timers = HoldTimers(io.loop)
         s = self.settings
         self._held = held = HeldPulls(
             self.node.store,
@@ -327,17 +329,12 @@ class DataServer:
             topic, queue_id = "", -1
         else:
             topic, queue_id = wait.topic, wait.queue_id
-            held.wait_message(topic, queue_id, wait.offset, fut)
+            held.wait_message(topic, queue_id, wait.offset, fut, wait.tag_hashes)
         if fut.done():
             return
-        timer = loop.call_later(wait.wait_ms / 1000, _expire, fut)
+        assert self._timers is not None
+        self._timers.add(wait.wait_ms / 1000, fut)
         try:
             await fut
         finally:
-            timer.cancel()
             held.forget(fut, topic, queue_id)
-
-
-def _expire(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)

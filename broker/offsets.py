@@ -73,7 +73,17 @@ class OffsetProcessor:
                     f"offset {offset} of {topic}/{queue_id}: queue id and offset must be >= 0"
                 )
         self._node.require_leader()
-        return [record_batch.encode(CommitOffset(group, t, q, o)) for t, q, o in offsets]
+        # An offset this node already stores is not logged again (issue 14: a thousand idle
+        # consumers committing unchanged offsets every second made a thousand Raft entries a
+        # second). A commit is answered once the dispatcher has applied it, so a committer's
+        # own earlier commits are in this store; one racing it from another client could land
+        # either side of it anyway.
+        stored = self._store.committed_offsets_of(group, [(t, q) for t, q, _ in offsets])
+        return [
+            record_batch.encode(CommitOffset(group, t, q, o))
+            for (t, q, o), now in zip(offsets, stored, strict=True)
+            if now != o
+        ]
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The group's committed offset of the queue; -1 when it has none."""

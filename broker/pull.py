@@ -10,6 +10,7 @@ server with futures the dispatcher completes (no thread held), the same decision
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -82,6 +83,11 @@ class WaitMessage:
     queue_id: int
     offset: int
     wait_ms: int
+    # The tag filter's hash codes; None: any message ends the wait (no filter, or SQL92). A held
+    # pull is woken only by a new message whose ConsumeQueue tag hash is one of them (RocketMQ
+    # checks the tag code before waking a held request too): idle consumers of a busy topic
+    # cost nothing per send when they filter it out (issue 14).
+    tag_hashes: frozenset[int] | None = None
 
 
 PullWait = WaitDispatched | WaitMessage
@@ -94,12 +100,24 @@ def _monotonic_ms(t: float | None = None) -> int:
     return int((time.monotonic() if t is None else t) * 1000)
 
 
+# A blocking driver (the gRPC service, `pull`) holds a handler thread for each held long poll.
+# At most max_workers // HELD_THREADS_SHARE of them may be held at once, so that sends and the
+# rest always find a thread (issue 14: with 150-200 gRPC long polls held on a leader of 128
+# threads every sync send failed with DEADLINE_EXCEEDED); past it a pull that would wait is
+# answered NO_NEW_MSG at once (the SDK's fetcher backs off after such an early empty answer).
+# The framed data path holds pulls without threads and has no such limit.
+HELD_THREADS_SHARE = 2
+
+
 class PullProcessor:
     def __init__(self, node: BrokerNode, topics: TopicProcessor) -> None:
         self._node = node
         self._topics = topics
         self._store = node.store
         self._settings = node.settings
+        self.max_held_threads = max(1, node.settings.max_workers // HELD_THREADS_SHARE)
+        self._held_threads = threading.BoundedSemaphore(self.max_held_threads)
+        self.holds_refused = 0  # long polls answered at once for want of a thread to hold
 
     def pull(
         self,
@@ -137,11 +155,22 @@ class PullProcessor:
         return self.run_blocking(steps)
 
     def run_blocking(self, steps: PullSteps) -> PullResult:
-        """Drive `steps` on this thread, blocking in each wait."""
+        """Drive `steps` on this thread, blocking in each wait; a long poll holds this thread
+        only while one of max_held_threads is free (else it answers now: see above)."""
         try:
             wait = next(steps)
             while True:
-                self._block(wait)
+                if isinstance(wait, WaitMessage):
+                    if not self._held_threads.acquire(blocking=False):
+                        self.holds_refused += 1
+                        wait = steps.send(True)  # as when closing: answer instead of holding
+                        continue
+                    try:
+                        self._block(wait)
+                    finally:
+                        self._held_threads.release()
+                else:
+                    self._block(wait)  # a catch-up wait: short, bounded by the dispatcher
                 wait = steps.send(False)
         except StopIteration as done:
             result: PullResult = done.value
@@ -220,7 +249,7 @@ class PullProcessor:
             ):
                 return PullResult(PullStatus.NO_NEW_MSG, [], offset, low, high)
             if isinstance(step, WaitForMessage):
-                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms)
+                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms, hashes)
                 continue
             scan = store.scan_queue(
                 topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL

@@ -746,6 +746,14 @@ class MessageStore:
             raw = txn.get(_offset_key(group, topic, queue_id), db=self._offsets)
         return _U64.unpack(raw)[0] if raw is not None else None
 
+    def committed_offsets_of(
+        self, group: str, queues: Sequence[tuple[str, int]]
+    ) -> list[int | None]:
+        """`committed_offset` of each (topic, queue id), read in one transaction."""
+        with self._env.begin() as txn:
+            raws = [txn.get(_offset_key(group, t, q), db=self._offsets) for t, q in queues]
+        return [_U64.unpack(raw)[0] if raw is not None else None for raw in raws]
+
     def committed_offsets(self, group: str, topic: str) -> dict[int, int]:
         prefix = group.encode("utf-8") + b"\0" + topic.encode("utf-8") + b"\0"
         out: dict[int, int] = {}

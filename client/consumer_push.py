@@ -183,6 +183,7 @@ class PushConsumer:
         self._lock = threading.Condition()
         self._fetchers: dict[QueueRef, QueueFetcher] = {}
         self._pqs: dict[QueueRef, ProcessQueue] = {}
+        self._committed: dict[QueueRef, int] = {}  # what this member last committed per queue
         self._rebalance_lock = threading.Lock()
         self._members_seen: list[str] | None = None  # the membership the assignment is for
         self._resets = SeenResets()  # administrative resets followed (from heartbeat answers)
@@ -546,8 +547,17 @@ class PushConsumer:
             self._executor.submit(self._consume, pq, m, attempt)
 
     def commit(self) -> None:
+        """Commit the queues whose consumed offset moved since this member last committed it
+        (issue 14: an idle member committing every second cost the broker a request and a log
+        entry a second for nothing)."""
         with self._lock:
-            offsets = {q: pq.consumed_offset() for q, pq in self._pqs.items()}
+            offsets = {
+                q: off
+                for q, pq in self._pqs.items()
+                if self._committed.get(q) != (off := pq.consumed_offset())
+            }
+            for q in [q for q in self._committed if q not in self._pqs]:
+                del self._committed[q]  # not held here now: whoever holds it commits it
         if offsets:
             self._commit_offsets(offsets)
 
@@ -559,6 +569,9 @@ class PushConsumer:
                 self._broker_offsets.commit(offsets)
         except RaftMQError as exc:
             log.warning("consumer.commit_failed error=%s", exc.message)
+            return
+        with self._lock:
+            self._committed.update(offsets)
 
 
 def wait_idle(consumer: PushConsumer, timeout_s: float) -> bool:

@@ -47,6 +47,11 @@ FOLLOWER_LAG_WAIT_S = 0.1
 PAUSE_RECHECK_S = 0.05  # a paused queue looks for room this often even if nobody wakes it
 PULL_TIMEOUT_MARGIN_S = 5.0  # past the long poll before a pull counts as lost
 DEFAULT_DRIVER_THREADS = 2
+# An empty answer to a long poll in under this share of it: the broker did not hold the pull
+# (a gRPC broker with all its hold threads taken answers at once; a closing one too). The next
+# pull waits that long (at most EARLY_EMPTY_MAX_S) instead of asking again at once.
+EARLY_EMPTY_SHARE = 0.5
+EARLY_EMPTY_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,7 @@ class QueueFetcher:
         )
         self._failures = 0
         self._follower_until = 0.0  # after a follower served, keep reading there until then
+        self._pull_started = 0.0  # when the pull in flight was sent (one at a time)
         self.pulls = 0
 
     def start(self) -> None:
@@ -229,6 +235,7 @@ class QueueFetcher:
             self._backoff(err)
             return
         self.pulls += 1
+        self._pull_started = time.monotonic()
         data_address = self._routes.data_address(address) if self._data is not None else ""
         if data_address and self._data is not None:
             fut = self._data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
@@ -363,6 +370,13 @@ class QueueFetcher:
             self._offset = resp.next_offset
         if messages:
             self._deliver(Fetched(self.queue, epoch, messages, resp.next_offset))
+            return 0.0
+        hold_s = self._settings.long_poll_ms / 1000
+        if (
+            resp.status == broker_pb2.NO_NEW_MSG
+            and time.monotonic() - self._pull_started < EARLY_EMPTY_SHARE * hold_s
+        ):
+            return min(EARLY_EMPTY_MAX_S, EARLY_EMPTY_SHARE * hold_s)  # not held: no spinning
         return 0.0
 
     def _reset_position(self, offset: int, epoch: int, err: OffsetOutOfRangeError) -> bool:

@@ -360,3 +360,40 @@ def test_a_thousand_held_polls_take_no_threads_and_sends_keep_their_latency(env:
     finally:
         for client in clients:
             env.io.run(client.close())
+
+
+def commit_index(env: Env) -> int:
+    with grpc.insecure_channel(env.leader.node.address) as channel:
+        st = broker_pb2_grpc.BrokerStub(channel).GetBrokerStatus(
+            broker_pb2.GetBrokerStatusRequest(), timeout=5
+        )
+    return int(st.commit_index)
+
+
+def test_an_unchanged_offset_commit_adds_no_log_entry(env: Env) -> None:
+    """Issue 14: a thousand idle consumers commit unchanged offsets every second; each was a
+    Raft entry replicated to every node. A commit that changes nothing is answered at once."""
+
+    def commit(*offsets: tuple[int, int]) -> None:
+        req = broker_pb2.CommitOffsetRequest(
+            consumer_group="cg-idle",
+            offsets=[broker_pb2.QueueOffset(topic=TOPIC, queue_id=q, offset=o) for q, o in offsets],
+        )
+        env.call(env.leader, DataMethod.COMMIT_OFFSET, req)
+
+    def committed(queue_id: int) -> int:
+        query = broker_pb2.QueryOffsetRequest(
+            consumer_group="cg-idle", topic=TOPIC, queue_id=queue_id
+        )
+        return broker_pb2.QueryOffsetResponse.FromString(
+            env.call(env.leader, DataMethod.QUERY_OFFSET, query)
+        ).offset
+
+    commit((4, 0), (5, 0))
+    before = commit_index(env)
+    for _ in range(20):
+        commit((4, 0), (5, 0))
+    assert commit_index(env) - before < 5  # one entry each with the bug: 20 or more
+    commit((4, 0), (5, 1))  # one changed, one not: the changed one is stored
+    assert (committed(4), committed(5)) == (0, 1)
+    assert commit_index(env) - before >= 1

@@ -8,6 +8,7 @@ wake-up for many completions (LoopWaker)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from raftmq.broker.data_server import DataServer
+from raftmq.broker.held_pulls import HoldTimers
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
 from raftmq.broker.wakeups import LoopWaker
@@ -290,3 +292,72 @@ def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
         assert isinstance(closed[0], BrokerUnavailableError)
     finally:
         node.close()
+
+
+def test_a_held_pull_with_a_tag_filter_is_woken_only_by_a_message_it_wants(
+    node: BrokerNode, served: tuple[DataServer, LoopThread, FrameClient]
+) -> None:
+    """Issue 14: idle consumers of a busy topic (a tag the producers never send) were woken,
+    re-planned and held again on every send to their queue: per send, work in the number of
+    held pulls. The dispatcher's tag hashes decide before anything is woken."""
+    server, _, client = served
+    call(client, DataMethod.SEND_MESSAGE, send_req("B", 0, b"first"))
+
+    def tagged(tag: str, body: bytes) -> broker_pb2.SendMessageRequest:
+        return broker_pb2.SendMessageRequest(
+            topic="B", queue_id=0, messages=[common_pb2.Message(body=body, tags=tag)]
+        )
+
+    req = pull_req("B", 0, 1, 8_000)
+    req.filter_type = broker_pb2.TAG
+    req.filter_expression = "audit"
+    pulls = [
+        client.call_threadsafe(DataMethod.PULL_MESSAGE, req.SerializeToString(), 15)
+        for _ in range(50)
+    ]
+    deadline = time.monotonic() + 5
+    while server.held_pulls < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.held_pulls == 50
+    waker = server._waker
+    assert waker is not None
+    completions = waker.completions
+    for i in range(20):
+        call(client, DataMethod.SEND_MESSAGE, tagged("busy", b"busy-%d" % i))
+    assert not any(f.done() for f in pulls)
+    assert server.held_pulls == 50
+    # the 20 sends' own answers only; woken and held again it was 20 x 50 more
+    assert waker.completions - completions < 100, waker.completions - completions
+    call(client, DataMethod.SEND_MESSAGE, tagged("audit", b"wanted"))
+    for f in pulls:
+        answer = broker_pb2.PullMessageResponse.FromString(f.result(5))
+        assert answer.status == broker_pb2.FOUND
+        assert [m.message.body for m in answer.messages] == [b"wanted"]
+
+
+def test_hold_timers_end_waits_due_together_a_slice_per_loop_iteration() -> None:
+    """Issue 14: a thousand held pulls timing out in the same millisecond ran a thousand
+    re-plans before the loop read its sockets again; a send arriving then waited for them all."""
+    loop = asyncio.new_event_loop()
+    try:
+        timers = HoldTimers(loop, slice_size=8)
+        futs: list[asyncio.Future[bool]] = [loop.create_future() for _ in range(40)]
+        for f in futs:
+            timers.add(0.01, f)
+        futs[0].set_result(True)  # woken before its time: skipped, not counted in a slice
+        done_per_iteration: list[int] = []
+
+        def probe() -> None:  # runs once per loop iteration, as a socket read would
+            done_per_iteration.append(sum(f.done() for f in futs))
+            if done_per_iteration[-1] < len(futs):
+                loop.call_soon(probe)
+
+        loop.call_soon(probe)
+        loop.run_until_complete(asyncio.sleep(0.1))
+        steps = [b - a for a, b in itertools.pairwise(done_per_iteration)]
+        assert done_per_iteration[-1] == 40
+        assert max(steps) <= 8, steps
+        assert [f.result() for f in futs] == [True] + [False] * 39
+        assert len(timers) == 0
+    finally:
+        loop.close()
