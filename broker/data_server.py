@@ -329,7 +329,7 @@ class DataServer:
             topic, queue_id = "", -1
         else:
             topic, queue_id = wait.topic, wait.queue_id
-            held.wait_message(topic, queue_id, wait.offset, fut, wait.tag_hashes)
+            held.wait_message(topic, queue_id, wait.offset, fut, wait.tag_hashes, wait.checked)
         if fut.done():
             return
         assert self._timers is not None

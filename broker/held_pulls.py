@@ -19,7 +19,8 @@ from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.errors import QueueFullError
 
 _QueueKey = tuple[str, int]
-_Waiter = tuple[int, frozenset[int] | None]
+# (offset it waits past, tag hashes that wake it or None: any, where to note rows checked)
+_Waiter = tuple[int, frozenset[int] | None, list[int] | None]
 
 
 def appended_tag_hashes(progress: DispatchProgress) -> dict[_QueueKey, set[int]]:
@@ -66,15 +67,17 @@ class HeldPulls:
         offset: int,
         fut: asyncio.Future[bool],
         tag_hashes: frozenset[int] | None = None,
+        checked: list[int] | None = None,
     ) -> None:
         """Complete `fut` once the queue holds a message at `offset` (any message already
-        there; after that, only a new one whose tag hash is in `tag_hashes`, unless None)."""
+        there; after that, only a new one whose tag hash is in `tag_hashes`, unless None).
+        `checked[0]` is raised to the queue's end each time rows it does not want go by."""
         with self._lock:
             if self._store.queue_bounds(topic, queue_id)[1] > offset:
                 fut.set_result(True)
                 return
             self._admit()
-            self._by_queue.setdefault((topic, queue_id), {})[fut] = (offset, tag_hashes)
+            self._by_queue.setdefault((topic, queue_id), {})[fut] = (offset, tag_hashes, checked)
             self._count += 1
 
     def wait_dispatched(self, index: int, dispatched: int, fut: asyncio.Future[bool]) -> None:
@@ -116,7 +119,7 @@ class HeldPulls:
                 waiters = self._by_queue.get(key)
                 if waiters is None:
                     continue
-                for fut, (offset, hashes) in list(waiters.items()):
+                for fut, (offset, hashes, checked) in list(waiters.items()):
                     if offset >= next_offset:
                         continue
                     if hashes is not None:
@@ -124,8 +127,11 @@ class HeldPulls:
                             appended = appended_tag_hashes(progress)
                         got = appended.get(key)  # None: rows of no kind known here: wake
                         if got is not None and hashes.isdisjoint(got):
-                            # Nothing it wants arrived: it stays held. Offsets it skipped are
-                            # scanned (by hash, bounded) when a message it wants wakes it.
+                            # Nothing it wants arrived: it stays held, and its pull goes on
+                            # past these rows when it ends (every row appended since it was
+                            # registered passed through here: no rescan of them).
+                            if checked is not None:
+                                checked[0] = next_offset
                             continue
                     del waiters[fut]
                     self._count -= 1

@@ -88,6 +88,10 @@ class WaitMessage:
     # checks the tag code before waking a held request too): idle consumers of a busy topic
     # cost nothing per send when they filter it out (issue 14).
     tag_hashes: frozenset[int] | None = None
+    # Written by the waker (HeldPulls) while the pull is held: every row below checked[0] went
+    # by with a tag hash the filter does not want, so the pull goes on from there instead of
+    # scanning them again. [0]: nothing checked (the blocking driver never writes it).
+    checked: list[int] = field(default_factory=lambda: [0])
 
 
 PullWait = WaitDispatched | WaitMessage
@@ -249,7 +253,9 @@ class PullProcessor:
             ):
                 return PullResult(PullStatus.NO_NEW_MSG, [], offset, low, high)
             if isinstance(step, WaitForMessage):
-                closing = yield WaitMessage(topic, queue_id, offset, step.wait_ms, hashes)
+                held = WaitMessage(topic, queue_id, offset, step.wait_ms, hashes)
+                closing = yield held
+                offset = max(offset, held.checked[0])  # rows seen going by, all unwanted
                 continue
             scan = store.scan_queue(
                 topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL

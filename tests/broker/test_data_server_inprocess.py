@@ -361,3 +361,27 @@ def test_hold_timers_end_waits_due_together_a_slice_per_loop_iteration() -> None
         assert len(timers) == 0
     finally:
         loop.close()
+
+
+def test_a_filtered_held_pull_goes_on_past_the_rows_it_saw_go_by(
+    node: BrokerNode, served: tuple[DataServer, LoopThread, FrameClient]
+) -> None:
+    """The dispatcher's listener checked every row appended while the pull was held; when the
+    hold ends the pull answers from past them (NO_NEW_MSG at the end), not from a rescan of
+    them (which answers NO_MATCHED_MSG): per re-poll, no work in the rows a busy queue got."""
+    server, _, client = served
+    call(client, DataMethod.SEND_MESSAGE, send_req("C", 0, b"first"))
+    req = pull_req("C", 0, 1, 1_000)
+    req.filter_type = broker_pb2.TAG
+    req.filter_expression = "audit"
+    held = client.call_threadsafe(DataMethod.PULL_MESSAGE, req.SerializeToString(), 10)
+    deadline = time.monotonic() + 5
+    while server.held_pulls < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for i in range(5):
+        busy = broker_pb2.SendMessageRequest(
+            topic="C", queue_id=0, messages=[common_pb2.Message(body=b"%d" % i, tags="busy")]
+        )
+        call(client, DataMethod.SEND_MESSAGE, busy)
+    answer = broker_pb2.PullMessageResponse.FromString(held.result(5))
+    assert (answer.status, answer.next_offset) == (broker_pb2.NO_NEW_MSG, 6)
