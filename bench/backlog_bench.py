@@ -40,6 +40,7 @@ import signal
 import sys
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ from raftmq.client.data_pool import DataPool  # noqa: E402
 from raftmq.client.messages import SendResult  # noqa: E402
 from raftmq.client.producer import Producer  # noqa: E402
 from raftmq.common.data_api import DataMethod  # noqa: E402
-from raftmq.common.errors import BrokerUnavailableError, NotLeaderError  # noqa: E402
+from raftmq.common.errors import BrokerUnavailableError, NotLeaderError, RaftMQError  # noqa: E402
 from raftmq.common.pb import broker_pb2  # noqa: E402
 from tests.harness.procs import Cluster, Proc, start_cluster, wait_until  # noqa: E402
 
@@ -125,7 +126,7 @@ def producer_main(
             try:
                 f.result(600)
                 ok += 1
-            except Exception:  # counted and reported; the run goes on
+            except (RaftMQError, FutureTimeout):  # counted and reported; the run goes on
                 bad += 1
         with acked.get_lock():
             acked.value += ok
@@ -278,6 +279,13 @@ def proc_of(cluster: Cluster, node_id: str) -> Proc:
     return next(p for p in cluster.groups[GROUP][1] if p.name.endswith("-" + node_id))
 
 
+def pid_of(cluster: Cluster, node_id: str) -> int:
+    popen = proc_of(cluster, node_id).popen
+    if popen is None:
+        raise RuntimeError(f"node {node_id} is not running")
+    return popen.pid
+
+
 def statuses(namesrv: str) -> dict[str, broker_pb2.BrokerStatus]:
     with Admin(namesrv) as admin:
         return {s.node_id: s.status for s in admin.broker_statuses([GROUP]) if s.status}
@@ -358,7 +366,7 @@ def measure(
     target = Target(cluster.namesrv)
     layout, nodes = cluster.groups[GROUP]
     node_ids = [f"n{i}" for i in range(len(nodes))]
-    pids = {nid: proc_of(cluster, nid).popen.pid for nid in node_ids}  # type: ignore[union-attr]
+    pids = {nid: pid_of(cluster, nid) for nid in node_ids}
     with Admin(cluster.namesrv) as admin:
         admin.create_topic(TOPIC, queues=args.queues)
         wait_until(lambda: len(admin.route(TOPIC).write_queues()) == args.queues, 30, "route")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -61,6 +62,7 @@ from raftmq.client.consumer_pull import PullConsumer  # noqa: E402
 from raftmq.client.consumer_push import PushConsumer  # noqa: E402
 from raftmq.client.producer import Producer  # noqa: E402
 from raftmq.common.data_api import DataMethod  # noqa: E402
+from raftmq.common.errors import RaftMQError  # noqa: E402
 from raftmq.common.pb import broker_pb2  # noqa: E402
 from raftmq.common.transport import FrameClient, LoopThread  # noqa: E402
 from raftmq.common.types import QueueRef  # noqa: E402
@@ -143,7 +145,7 @@ def raw_worker(args: argparse.Namespace, topic: str, tags: str) -> int:
             )
             try:
                 raw = await client.call(DataMethod.PULL_MESSAGE, req.SerializeToString(), wait_s)
-            except Exception:
+            except RaftMQError:  # a leader change, a closing node: poll again shortly
                 await asyncio.sleep(0.5)
                 continue
             offset = broker_pb2.PullMessageResponse.FromString(raw).next_offset or offset
@@ -285,7 +287,7 @@ def measure(
         try:
             producer.send(BUSY, BODY, tags=SEND_TAG)
             lat.append(time.monotonic() - now)
-        except Exception as exc:  # a failed send is the finding: count it, say what it was
+        except RaftMQError as exc:  # a failed send is the finding: count it, say what it was
             errors += 1
             last_error = f"{type(exc).__name__}: {exc}"[:300]
         progress.update(task, completed=min(seconds, time.monotonic() - t_start))
@@ -364,11 +366,13 @@ def run(args: argparse.Namespace) -> int:
         try:
             cluster.wait_leaders()
             with Admin(cluster.namesrv) as admin:
+
+                def routed(topic: str) -> bool:
+                    return len(admin.route(topic).write_queues()) == QUEUES
+
                 for topic in (BUSY, QUIET):
                     admin.create_topic(topic, queues=QUEUES)
-                    wait_until(
-                        lambda t=topic: len(admin.route(t).write_queues()) == QUEUES, 30, topic
-                    )
+                    wait_until(functools.partial(routed, topic), 30, topic)
             leader = Leader(cluster)
             rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
             baselines: list[dict[str, Any]] = []
