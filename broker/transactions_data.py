@@ -8,7 +8,7 @@ long poll stays on gRPC: it is one request per producer and broker group every f
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -31,6 +31,7 @@ TXN_METHODS = frozenset(
 MAX_BATCH_ITEMS = 1024  # halves or ends per batched request (the SDK sends at most 256)
 Blocking = Callable[..., Awaitable[Any]]
 _M = TypeVar("_M", bound=Message)
+_P = TypeVar("_P")  # what preparing an item gives
 
 
 def transaction_handlers(
@@ -64,70 +65,73 @@ def transaction_handlers(
         [chunk] = await node.replicate_async([prepared], shell.end_timeout_s, waker)
         return shell.end_answer(req, chunk).SerializeToString()
 
-    async def prepared_half(
-        req: transaction_pb2.SendHalfMessageRequest, ctx: RequestContext
-    ) -> PreparedHalf:
-        check(ctx, req)
-        if shell.half_needs_thread(req):
-            prepared: PreparedHalf = await blocking(shell.prepare_half, req)
-            return prepared
-        return shell.prepare_half(req)
+    async def checked_each(
+        reqs: Sequence[_M], prepare: Callable[[_M], _P], needs_thread: bool, ctx: RequestContext
+    ) -> list[_P | RaftMQError]:
+        """Authorize and prepare each item (its result or its typed error), on the loop, or
+        in one trip to the pool when any item may block."""
+
+        def run() -> list[_P | RaftMQError]:
+            out: list[_P | RaftMQError] = []
+            for req in reqs:
+                try:
+                    check(ctx, req)
+                    out.append(prepare(req))
+                except RaftMQError as exc:
+                    out.append(exc)
+            return out
+
+        if needs_thread:
+            done: list[_P | RaftMQError] = await blocking(run)
+            return done
+        return run()
+
+    async def replicated(
+        answers: list[Any], payloads: dict[int, bytes], timeout_s: float, answer: Callable[..., Any]
+    ) -> None:
+        """Replicate `payloads` (item index -> chunk) with one hand-off and put each item's
+        answer, `answer(i, outcome)` or its typed error, in `answers`."""
+        if not payloads:
+            return
+        outcomes = await node.replicate_each_async(list(payloads.values()), timeout_s, waker)
+        for i, outcome in zip(payloads, outcomes, strict=True):
+            try:
+                if isinstance(outcome, RaftMQError):
+                    raise outcome
+                answers[i] = answer(i, outcome)
+            except RaftMQError as exc:
+                answers[i] = exc
 
     async def send_halves(payload: memoryview, ctx: RequestContext) -> bytes:
         batch = parse(transaction_pb2.SendHalfMessagesRequest, payload)
         _check_size(len(batch.halves), "halves")
-        results = [transaction_pb2.HalfMessageResult() for _ in batch.halves]
-        ready: list[tuple[int, PreparedHalf]] = []
-        for i, req in enumerate(batch.halves):
-            try:
-                ready.append((i, await prepared_half(req, ctx)))
-            except RaftMQError as exc:
-                results[i].error.CopyFrom(to_detail(exc))
-        if ready:
-            timeout_s = max(p.timeout_s for _, p in ready)
-            outcomes = await node.replicate_each_async(
-                [p.payload for _, p in ready], timeout_s, waker
-            )
-            for (i, prepared), outcome in zip(ready, outcomes, strict=True):
-                try:
-                    if isinstance(outcome, RaftMQError):
-                        raise outcome
-                    results[i].response.CopyFrom(shell.half_answer(prepared, outcome))
-                except RaftMQError as exc:
-                    results[i].error.CopyFrom(to_detail(exc))
+        needs_thread = any(shell.half_needs_thread(r) for r in batch.halves)
+        prepared = await checked_each(batch.halves, shell.prepare_half, needs_thread, ctx)
+        answers: list[Any] = list(prepared)
+        ready = {i: p for i, p in enumerate(prepared) if isinstance(p, PreparedHalf)}
+        await replicated(
+            answers,
+            {i: p.payload for i, p in ready.items()},
+            max((p.timeout_s for p in ready.values()), default=0.0),
+            lambda i, outcome: shell.half_answer(ready[i], outcome),
+        )
+        results = [transaction_pb2.HalfMessageResult() for _ in answers]
+        _fill(results, answers)
         return transaction_pb2.SendHalfMessagesResponse(results=results).SerializeToString()
 
     async def end_many(payload: memoryview, ctx: RequestContext) -> bytes:
         batch = parse(transaction_pb2.EndTransactionsRequest, payload)
         _check_size(len(batch.ends), "ends")
-        results = [transaction_pb2.EndTransactionResult() for _ in batch.ends]
-        ready: list[tuple[int, bytes]] = []
-        gate_closed = shell.end_needs_thread()
-        for i, req in enumerate(batch.ends):
-            try:
-                check(ctx, req)
-                if gate_closed:
-                    prepared = await blocking(shell.prepare_end, req)
-                else:
-                    prepared = shell.prepare_end(req)
-            except RaftMQError as exc:
-                results[i].error.CopyFrom(to_detail(exc))
-                continue
-            if isinstance(prepared, transaction_pb2.EndTransactionResponse):
-                results[i].response.CopyFrom(prepared)
-            else:
-                ready.append((i, prepared))
-        if ready:
-            outcomes = await node.replicate_each_async(
-                [p for _, p in ready], shell.end_timeout_s, waker
-            )
-            for (i, _), outcome in zip(ready, outcomes, strict=True):
-                try:
-                    if isinstance(outcome, RaftMQError):
-                        raise outcome
-                    results[i].response.CopyFrom(shell.end_answer(batch.ends[i], outcome))
-                except RaftMQError as exc:
-                    results[i].error.CopyFrom(to_detail(exc))
+        prepared = await checked_each(batch.ends, shell.prepare_end, shell.end_needs_thread(), ctx)
+        answers: list[Any] = list(prepared)  # an answer already, an error, or a chunk to commit
+        await replicated(
+            answers,
+            {i: p for i, p in enumerate(prepared) if isinstance(p, bytes)},
+            shell.end_timeout_s,
+            lambda i, outcome: shell.end_answer(batch.ends[i], outcome),
+        )
+        results = [transaction_pb2.EndTransactionResult() for _ in answers]
+        _fill(results, answers)
         return transaction_pb2.EndTransactionsResponse(results=results).SerializeToString()
 
     return {
@@ -136,6 +140,18 @@ def transaction_handlers(
         DataMethod.SEND_HALF_MESSAGES: send_halves,
         DataMethod.END_TRANSACTIONS: end_many,
     }
+
+
+def _fill(
+    results: Sequence[transaction_pb2.HalfMessageResult | transaction_pb2.EndTransactionResult],
+    answers: Sequence[Any],
+) -> None:
+    """Each item's result: its response, or the ErrorDetail of its typed error."""
+    for result, answer in zip(results, answers, strict=True):
+        if isinstance(answer, RaftMQError):
+            result.error.CopyFrom(to_detail(answer))
+        else:
+            result.response.CopyFrom(answer)
 
 
 def _check_size(n: int, what: str) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -69,6 +69,8 @@ __all__ = [
 log = logging.getLogger("raftmq.producer.transaction")
 T = TypeVar("T", bound=Message)
 U = TypeVar("U", bound=Message)
+# The batched requests' responses: `results`, each a `response` or an `error`.
+_Batched = transaction_pb2.SendHalfMessagesResponse | transaction_pb2.EndTransactionsResponse
 
 RETRY_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 1.0
@@ -364,7 +366,7 @@ class TransactionProducer:
                 out.set_result(self._end_alone(group, req))
             except RaftMQError as exc:
                 out.set_exception(exc)
-            except BaseException as exc:  # a bug: the caller's end_error() still returns
+            except Exception as exc:  # a bug: end_error() and flush() must not wait for ever
                 out.set_exception(exc)
                 raise
 
@@ -491,20 +493,23 @@ class TransactionProducer:
         return self.routes.data_address(address) if address else ""
 
     def _send_batch(
-        self,
-        data_address: str,
-        method: DataMethod,
-        request: Message,
-        unpack: Callable[[Message], Sequence[U | RaftMQError]],
-    ) -> Future[Sequence[U | RaftMQError]]:
-        out: Future[Sequence[U | RaftMQError]] = Future()
+        self, data_address: str, method: DataMethod, request: Message, response: type[_Batched]
+    ) -> Future[Sequence[Any]]:
+        """One batched request; a Future of its per-item answers, in order: each item's
+        response, or the typed error that refused it."""
+        out: Future[Sequence[Any]] = Future()
 
         def answered(f: Future[Message]) -> None:
             exc = f.exception()
             if exc is not None:
                 out.set_exception(exc)
-            else:
-                out.set_result(unpack(f.result()))
+                return
+            resp = f.result()
+            assert isinstance(resp, response)  # PAYLOADS: the method's response type
+            out.set_result(
+                [error_from_detail(r.error) if r.HasField("error") else r.response
+                 for r in resp.results]
+            )  # fmt: skip
 
         self._data.submit(data_address, method, request, self._request_s).add_done_callback(
             answered
@@ -514,32 +519,21 @@ class TransactionProducer:
     def _send_halves(
         self, data_address: str, halves: list[transaction_pb2.SendHalfMessageRequest]
     ) -> Future[Sequence[transaction_pb2.SendHalfMessageResponse | RaftMQError]]:
-        def unpack(
-            resp: Message,
-        ) -> list[transaction_pb2.SendHalfMessageResponse | RaftMQError]:
-            assert isinstance(resp, transaction_pb2.SendHalfMessagesResponse)
-            return [
-                error_from_detail(r.error) if r.HasField("error") else r.response
-                for r in resp.results
-            ]
-
         req = transaction_pb2.SendHalfMessagesRequest(halves=halves)
-        return self._send_batch(data_address, DataMethod.SEND_HALF_MESSAGES, req, unpack)
+        return self._send_batch(
+            data_address,
+            DataMethod.SEND_HALF_MESSAGES,
+            req,
+            transaction_pb2.SendHalfMessagesResponse,
+        )
 
     def _send_ends(
         self, data_address: str, ends: list[transaction_pb2.EndTransactionRequest]
     ) -> Future[Sequence[transaction_pb2.EndTransactionResponse | RaftMQError]]:
-        def unpack(
-            resp: Message,
-        ) -> list[transaction_pb2.EndTransactionResponse | RaftMQError]:
-            assert isinstance(resp, transaction_pb2.EndTransactionsResponse)
-            return [
-                error_from_detail(r.error) if r.HasField("error") else r.response
-                for r in resp.results
-            ]
-
         req = transaction_pb2.EndTransactionsRequest(ends=ends)
-        return self._send_batch(data_address, DataMethod.END_TRANSACTIONS, req, unpack)
+        return self._send_batch(
+            data_address, DataMethod.END_TRANSACTIONS, req, transaction_pb2.EndTransactionsResponse
+        )
 
     def _on_leader(
         self,
