@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common import tls
-from raftmq.common.auth import check_auth_settings
+from raftmq.common.auth import AuthSettings, check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
@@ -27,7 +27,7 @@ MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a
 
 
 @settings_class
-class BrokerSettings:
+class BrokerSettings(AuthSettings):
     cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
     broker_group: str = setting(
         default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
@@ -228,33 +228,6 @@ class BrokerSettings:
         unit="",
         doc="DEBUG ONLY, loses acknowledged messages: answer a send once the leader queued it, "
         "before the majority commit (shows that the chaos checker catches such a bug)",
-    )
-    # Security (issue 19): [security.auth] in the cluster description sets these on every role.
-    auth_enabled: bool = setting(
-        default=False,
-        unit="",
-        doc="check a signed request (access key, HMAC) and the ACL on every call",
-    )
-    auth_admin_access_key: str = setting(
-        default="",
-        unit="",
-        doc='the admin (super) user the nodes sign with; "" = env RAFTMQ_ADMIN_ACCESS_KEY',
-    )
-    auth_admin_secret_key: str = setting(
-        default="",
-        unit="",
-        doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
-        "line)",
-    )
-    auth_window_ms: int = setting(
-        default=900_000,
-        unit="ms",
-        doc="a signature made further than this from the server's clock is refused (replay)",
-    )
-    acl_refresh_ms: int = setting(
-        default=2_000,
-        unit="ms",
-        doc="how often the node fetches the users and policies from the controllers",
     )
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from raftmq.common.acl import Acl, User
 from raftmq.common.errors import InvalidArgumentError, UnauthenticatedError
 from raftmq.common.frame import AUTH_HMAC_SHA1
+from raftmq.common.settings import setting, settings_class
 
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_TIME_KEY = "x-mq-date-time"
@@ -78,13 +79,46 @@ def load_credentials(
         ) from None
 
 
-def check_auth_settings(settings: object, controllers: str) -> None:
+@settings_class
+class AuthSettings:
+    """[security.auth]'s keys, the same on every role (issue 19): the base of each role's
+    settings class (their tables list a role's own keys first, these after)."""
+
+    auth_enabled: bool = setting(
+        default=False,
+        unit="",
+        doc="check a signed request (access key, HMAC) and the ACL on every call",
+    )
+    auth_admin_access_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin (super) user the nodes sign with; "" = env RAFTMQ_ADMIN_ACCESS_KEY',
+    )
+    auth_admin_secret_key: str = setting(
+        default="",
+        unit="",
+        doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
+        "line)",
+    )
+    auth_window_ms: int = setting(
+        default=900_000,
+        unit="ms",
+        doc="a signature made further than this from the server's clock is refused (replay)",
+    )
+    acl_refresh_ms: int = setting(
+        default=2_000,
+        unit="ms",
+        doc="how often the node fetches the users and policies from the controllers",
+    )
+
+
+def check_auth_settings(settings: AuthSettings, controllers: str) -> None:
     """A role's auth settings, checked when they are loaded (ValueError names the fix):
     `controllers` is where the node gets the users and policies ("" = nowhere)."""
-    if not getattr(settings, "auth_enabled", False):
+    if not settings.auth_enabled:
         return
-    ak = getattr(settings, "auth_admin_access_key", "") or os.environ.get(ENV_ADMIN_ACCESS_KEY)
-    sk = getattr(settings, "auth_admin_secret_key", "") or os.environ.get(ENV_ADMIN_SECRET_KEY)
+    ak = settings.auth_admin_access_key or os.environ.get(ENV_ADMIN_ACCESS_KEY)
+    sk = settings.auth_admin_secret_key or os.environ.get(ENV_ADMIN_SECRET_KEY)
     if not ak or not sk:
         raise ValueError(
             "auth_enabled needs the admin's keys: auth_admin_access_key and "
@@ -95,8 +129,11 @@ def check_auth_settings(settings: object, controllers: str) -> None:
             "auth_enabled needs the controllers' addresses (the users and policies are their "
             "replicated state): controller_addresses (broker) or acl_controller_addresses"
         )
-    for key in ("auth_window_ms", "acl_refresh_ms"):
-        if int(getattr(settings, key, 1)) <= 0:
+    for key, value in (
+        ("auth_window_ms", settings.auth_window_ms),
+        ("acl_refresh_ms", settings.acl_refresh_ms),
+    ):
+        if value <= 0:
             raise ValueError(f"{key} must be > 0")
 
 

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import inspect
 import os
 import tomllib
 import types
@@ -82,10 +83,13 @@ def _fields(cls: type[Any]) -> tuple[dataclasses.Field[Any], ...]:
 
 
 def settings_table(cls: type[Any]) -> list[SettingInfo]:
-    """Every key of a settings class with its default, unit and meaning, in declaration order."""
+    """Every key of a settings class with its default, unit and meaning, in declaration order:
+    the class's own keys, then those it shares through a base (common/auth.py AuthSettings)."""
+    own = inspect.get_annotations(cls)  # this class's own, not its bases'
+    fields = sorted(_fields(cls), key=lambda f: f.name not in own)  # stable: order kept
     return [
         SettingInfo(f.name, f.default, str(f.metadata["unit"]), str(f.metadata["doc"]))
-        for f in _fields(cls)
+        for f in fields
     ]
 
 

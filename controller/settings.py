@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common import tls
-from raftmq.common.auth import check_auth_settings
+from raftmq.common.auth import AuthSettings, check_auth_settings
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
@@ -21,7 +21,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @settings_class
-class ControllerSettings:
+class ControllerSettings(AuthSettings):
     node_id: str = setting(default="c0", unit="", doc="this controller's id")
     listen: str = setting(default="127.0.0.1:9881", unit="host:port", doc="gRPC address")
     raft_address: str = setting(
@@ -82,33 +82,6 @@ class ControllerSettings:
         default="",
         unit="URL",
         doc='each firing and resolved alarm event is POSTed here as JSON; "" = none',
-    )
-    # Security (issue 19): [security.auth] in the cluster description sets these on every role.
-    auth_enabled: bool = setting(
-        default=False,
-        unit="",
-        doc="check a signed request (access key, HMAC) and the ACL on every call",
-    )
-    auth_admin_access_key: str = setting(
-        default="",
-        unit="",
-        doc='the admin (super) user the nodes sign with; "" = env RAFTMQ_ADMIN_ACCESS_KEY',
-    )
-    auth_admin_secret_key: str = setting(
-        default="",
-        unit="",
-        doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
-        "line)",
-    )
-    auth_window_ms: int = setting(
-        default=900_000,
-        unit="ms",
-        doc="a signature made further than this from the server's clock is refused (replay)",
-    )
-    acl_refresh_ms: int = setting(
-        default=2_000,
-        unit="ms",
-        doc="how often the node fetches the users and policies from the controllers",
     )
 
     def __post_init__(self) -> None:
