@@ -492,6 +492,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         now = raft_clock()
         if self._SyncObj__raftElectionDeadline >= now:
             return
+        if self._SyncObj__raftLeader is not None:
+            # No word from the leader for a whole election timeout: this node no longer knows
+            # one, whether or not it can start a round. (pysyncobj clears it only when it
+            # starts an election, which it never does cut off from everyone, and a pre-vote
+            # round does not: such a follower named a dead leader to /readyz and status.)
+            self._SyncObj__onLeaderChanged()
+            self._SyncObj__raftLeader = None
         if self._rm_election_allowed:
             self._rm_election_allowed = False  # pysyncobj's tick below starts the election
             return

@@ -184,3 +184,21 @@ def test_a_transfer_to_a_follower_with_a_full_disk_is_refused_at_once(tmp_path: 
         assert not ok and res[0][0] == "ok"
         assert stall < 1.0, stall  # measured ~0.01 s; 3 s (the timeout) before
         assert "raft.transfer_refused" in c.nodes[leader].log_path.read_text()
+
+
+def test_a_follower_left_alone_stops_naming_a_leader(cluster: LocalCluster) -> None:
+    """Both other nodes killed: the survivor follower is connected to no one (pysyncobj never
+    starts an election then) and must not keep naming the dead leader."""
+    leader = cluster.leader()
+    survivor = next(i for i in range(cluster.size) if i != leader)
+    deadline = time.monotonic() + 10.0
+    while cluster.status(survivor)["leader"] is None:  # it hears the new leader first
+        assert time.monotonic() < deadline, cluster.status(survivor)
+        time.sleep(0.02)
+    for i in range(cluster.size):
+        if i != survivor:
+            cluster.kill(i)
+    deadline = time.monotonic() + 5.0  # 12-25 election timeouts
+    while cluster.status(survivor)["leader"] is not None:
+        assert time.monotonic() < deadline, cluster.status(survivor)
+        time.sleep(0.05)
