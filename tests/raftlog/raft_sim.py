@@ -12,6 +12,7 @@ import contextlib
 import heapq
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,6 +229,7 @@ class Simulation:
         self._recheck_acked = False
         self._proposal_seq = 0
         self.step_no = -1
+        self.stats: Counter[str] = Counter()
         self._new_leaders_checked: set[tuple[str, int]] = set()
         for n in self.nodes.values():
             self._start(n)
@@ -349,6 +351,7 @@ class Simulation:
         The supervisor restarts the node at once."""
         self._send_all(n, rd, early_only=True)
         self._persist(n, rd, torn=True)
+        self.stats[n.armed or "torn"] += 1
         self.crash(n.id)
         self._start(n)
 
@@ -360,6 +363,7 @@ class Simulation:
         top = min(core.applied, core.durable_index)
         up_to = max(core.log.base_index, top - self.rng.randrange(3))
         snap = core.compact(up_to, encode_state(n.applied[:up_to]))
+        self.stats["compactions"] += 1
         del n.disk.entries[: up_to - n.disk.base]
         n.disk.snapshot = snap
 
@@ -410,6 +414,7 @@ class Simulation:
             if torn and self.rng.random() < 0.5:
                 return
             d.snapshot = rd.snapshot
+            self.stats["snapshots_installed"] += 1
             d.entries.clear()
             self._recheck_acked = True
             if not torn:
@@ -450,6 +455,8 @@ class Simulation:
                 continue
             if self.check_contract:
                 self._check_promise(n.disk, m)
+            if isinstance(m, RequestVote) and m.transfer:
+                self.stats["transfer_campaigns"] += 1
             if self.rng.random() < self.drop:
                 continue
             copies = 2 if self.rng.random() < self.duplicate else 1
@@ -481,6 +488,7 @@ class Simulation:
     def _acknowledge(self, e: Entry) -> None:
         """The client heard "committed": from now on it must be on a majority, unchanged."""
         self.acked.append(e)
+        self.stats["acknowledged"] += 1
         self._max_acked = max(self._max_acked, e.index)
         self._check_acked(e)
 
@@ -518,6 +526,7 @@ class Simulation:
         could then be elected without it. Correct Raft keeps this (a committed index carries an
         entry of the committing leader's term on a majority); committing an older term's entry
         by counting replicas breaks it before any second election happens."""
+        self.stats["committed"] += 1
         positions = {n.id: n.disk.last_position for n in self.nodes.values()}
         for n in self.nodes.values():
             if n.disk.holds(e):
@@ -605,6 +614,7 @@ class Simulation:
             self.tick()
             self._check_after_step()
             if any(e.data.startswith(b"live") for e in self.acked[before:]):
+                self.stats["liveness_ticks"] = t + 1
                 return
             if t % 4 == 0:  # a proposal lost with a leader change is asked again
                 self.propose(1, prefix="live")
