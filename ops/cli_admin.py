@@ -23,6 +23,7 @@ from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.pb import common_pb2
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
+from raftmq.ops.terminal_text import literal
 
 MAX_STDIN_LINE_BYTES = 4 << 20  # one message per line; a longer line is refused, not cut
 ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
@@ -62,11 +63,11 @@ def group_list(args: argparse.Namespace) -> int:
         first = True
         for m in g.members or (None,):
             table.add_row(
-                g.group if first else "",
-                ", ".join(g.topics) if first else "",
+                literal(g.group) if first else "",
+                literal(", ".join(g.topics)) if first else "",
                 str(len(g.members)) if first else "",
-                m.client_id if m else "[dim]none online[/]",
-                ", ".join(m.broker_groups) if m else "",
+                literal(m.client_id) if m else "[dim]none online[/]",
+                literal(", ".join(m.broker_groups)) if m else "",
             )
             first = False
     cli_data.console.print(table)
@@ -101,7 +102,7 @@ def group_reset(args: argparse.Namespace) -> int:
         else:
             rows = admin.plan_offset_reset(args.group, args.topic, target)
     done = "reset" if args.execute else "reset plan (dry run: nothing changed)"
-    title = f"group {args.group} {done}: {args.topic} to {target.describe()}"
+    title = f"group {literal(args.group)} {done}: {literal(args.topic)} to {target.describe()}"
     cli_data.console.print(_reset_table(rows, title))
     if args.execute:
         cli_data.console.print(
@@ -134,14 +135,14 @@ def _reset_table(rows: Iterable[QueueReset], title: str) -> Table:
 def topic_status(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         queues = admin.topic_status(args.topic)
-    table = Table(title=f"topic {args.topic}")
+    table = Table(title=f"topic {literal(args.topic)}")
     for col in ("broker group", "queue", "min offset", "max offset", "messages", "last stored"):
         table.add_column(col, justify="left" if col in ("broker group", "last stored") else "right")
     total = 0
     for q in queues:
         total += q.max_offset - q.min_offset
         table.add_row(
-            q.queue.broker_group,
+            literal(q.queue.broker_group),
             str(q.queue.queue_id),
             str(q.min_offset),
             str(q.max_offset),
@@ -166,19 +167,25 @@ def broker_status(args: argparse.Namespace) -> int:
     for n in nodes:
         st = n.status
         if st is None:
-            table.add_row(n.broker_group, n.node_id, n.address, f"[red]{n.error}[/]", *[""] * 6)
+            table.add_row(
+                literal(n.broker_group),
+                literal(n.node_id),
+                literal(n.address),
+                f"[red]{literal(n.error)}[/]",
+                *[""] * 6,
+            )
             continue
         table.add_row(
-            n.broker_group,
-            n.node_id,
-            n.address,
+            literal(n.broker_group),
+            literal(n.node_id),
+            literal(n.address),
             ROLE_NAMES.get(st.role, "candidate"),
             str(st.term),
             str(st.commit_index),
             str(st.applied_index),
             str(st.dispatch_index),
             str(len(st.topics)),
-            f"[red]{st.storage_error}[/]" if st.storage_error else "ok",
+            f"[red]{literal(st.storage_error)}[/]" if st.storage_error else "ok",
         )
     cli_data.console.print(table)
     if args.config:
@@ -187,9 +194,9 @@ def broker_status(args: argparse.Namespace) -> int:
         conf = Table(title="broker config")
         conf.add_column("key")
         for n, _ in shown:
-            conf.add_column(f"{n.broker_group}/{n.node_id}")
+            conf.add_column(literal(f"{n.broker_group}/{n.node_id}"))
         for k in keys:
-            conf.add_row(k, *(st.config.get(k, "") for _, st in shown))
+            conf.add_row(literal(k), *(literal(st.config.get(k, "")) for _, st in shown))
         cli_data.console.print(conf)
     return 0
 

@@ -102,6 +102,8 @@ def test_children_end_when_cluster_up_is_sigkilled(small: Small) -> None:
         assert len(small.live(state)) == 5 and state.runner_pid == up.pid
         # No [security.tls]: one warning line says the cluster is open (issue 19).
         assert small.log.read_text().count("the cluster is open") == 1
+        # its bracketed table names print as written (issue 26: they were read as markup)
+        assert "(no [security.tls])" in small.log.read_text()
         up.kill()
         up.wait(timeout=10)
         t0 = time.monotonic()
