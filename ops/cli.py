@@ -30,8 +30,9 @@ from raftmq.ops.terminal_text import literal, make_console, printable
 
 ENTRY_POINT_GROUP = "raftmq.cli"
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
-# Options whose value may be a relative time such as -10m, which argparse would take for a flag.
-RELATIVE_TIME_OPTIONS = frozenset({"--to-time"})
+# Options whose value may be a relative time such as -10m, which argparse would take for a flag
+# (`message list --from -10m`, `stats topic T --since -1h`, `group reset --to-time -2h`).
+RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until"})
 _RELATIVE_TIME = re.compile(r"-\d+[smhd]")
 
 log = logging.getLogger("raftmq.cli")
@@ -117,7 +118,7 @@ def use_credentials(args: argparse.Namespace) -> None:
 
 
 def join_relative_times(argv: Sequence[str]) -> list[str]:
-    """`--to-time -10m` -> `--to-time=-10m`: argparse takes a value starting with '-' that is not
+    """`--from -10m` -> `--from=-10m`: argparse takes a value starting with '-' that is not
     a plain negative number for an option, so the documented form would fail without this."""
     out: list[str] = []
     for arg in argv:

@@ -13,14 +13,15 @@ import base64
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO
+from typing import BinaryIO
 
 from rich.table import Table
 
 from raftmq.client.admin import Admin
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.errors import InvalidArgumentError, InvalidMessageError
+from raftmq.common.message import Message, MessageLimits, validate_message
 from raftmq.common.pb import common_pb2
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
 from raftmq.ops.terminal_text import literal
@@ -215,29 +216,52 @@ def parse_properties(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+class BadLineError(InvalidArgumentError):
+    """A line of standard input that cannot be a message; `line` is its number (from 1)."""
+
+    def __init__(self, line: int, why: str) -> None:
+        super().__init__(f"line {line} of standard input {why}", details={"line": str(line)})
+        self.line = line
+
+
 def stdin_messages(
-    stream: TextIO,
+    stream: BinaryIO,
+    topic: str,
     *,
     tags: str | None,
     keys: tuple[str, ...],
     properties: dict[str, str],
     key_separator: str | None,
 ) -> Iterator[OutgoingMessage]:
-    """One message per line of `stream` (the line end dropped); with `key_separator`, each line
-    is KEY<sep>BODY (kafka-console-producer's parse.key), the key added to `keys`."""
-    for n, line in enumerate(stream, 1):
-        text = line.rstrip("\r\n")
-        if len(text) > MAX_STDIN_LINE_BYTES:
-            raise InvalidArgumentError(f"line {n} of standard input is over 4 MiB")
+    """One message per line of `stream` (the line end dropped), its bytes as the body; with
+    `key_separator`, each line is KEY<sep>BODY (kafka-console-producer's parse.key), the key (UTF-8)
+    added to `keys`. Each line is checked as the broker would check it before it is yielded, so a
+    bad line stops the stream (BadLineError naming it) before anything of it is sent."""
+    sep = None if key_separator is None else key_separator.encode()
+    limits = MessageLimits()
+    n = 0
+    while line := stream.readline(MAX_STDIN_LINE_BYTES + 2):  # bounded: a line is read whole
+        n += 1
+        body = line.removesuffix(b"\n").removesuffix(b"\r")
+        if len(body) > MAX_STDIN_LINE_BYTES:
+            raise BadLineError(n, "is over 4 MiB")
         line_keys = keys
-        if key_separator is not None:
-            key, sep, text = text.partition(key_separator)
-            if not sep:
-                raise InvalidArgumentError(
-                    f"line {n} of standard input has no key separator {key_separator!r}"
-                )
+        if sep is not None:
+            raw_key, found, body = body.partition(sep)
+            if not found:
+                raise BadLineError(n, f"has no key separator {key_separator!r}")
+            try:
+                key = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadLineError(n, "has a key that is not UTF-8") from None
             line_keys = (*keys, key) if key else keys
-        yield OutgoingMessage(text.encode(), tags, line_keys, properties)
+        if not body:
+            raise BadLineError(n, "is empty: a message needs a body (drop empty lines first)")
+        try:
+            validate_message(Message(topic, body, tags, line_keys, properties), limits)
+        except InvalidMessageError as exc:
+            raise BadLineError(n, f"is refused: {exc.message}") from None
+        yield OutgoingMessage(body, tags, line_keys, properties)
 
 
 def message_json(m: ReceivedMessage) -> str:

@@ -114,6 +114,7 @@ def topic_update(args: argparse.Namespace) -> int:
             perm=None if args.perm is None else PERMS[args.perm],
             ordered=args.ordered,
             broker_groups=_groups(args),
+            drop_unconsumed=args.drop_unconsumed,
         )
     changes = [
         f"{args.queues} queues" if args.queues is not None else "",
@@ -227,7 +228,8 @@ def produce(args: argparse.Namespace) -> int:
     if args.stdin:
         total: int | None = None  # as many as there are lines
         source = cli_admin.stdin_messages(
-            sys.stdin,
+            sys.stdin.buffer,
+            args.topic,
             tags=args.tags,
             keys=keys,
             properties=props,
@@ -242,6 +244,7 @@ def produce(args: argparse.Namespace) -> int:
     sent = 0
     inflight: list[Future[SendResult]] = []
     interrupted = False
+    bad_line: cli_admin.BadLineError | None = None
     with Producer(_namesrv(args)) as p, _progress() as progress:
         task = progress.add_task(f"producing to {literal(args.topic)}", total=total)
 
@@ -251,7 +254,11 @@ def produce(args: argparse.Namespace) -> int:
 
         try:
             while True:
-                msgs = list(itertools.islice(source, args.batch))
+                msgs: list[OutgoingMessage] = []
+                try:
+                    msgs.extend(itertools.islice(source, args.batch))
+                except cli_admin.BadLineError as exc:
+                    bad_line = exc  # send the lines before it in this batch, then stop
                 n = len(msgs)
                 if not msgs:
                     break
@@ -283,6 +290,8 @@ def produce(args: argparse.Namespace) -> int:
                 sent += n
                 if interval:
                     time.sleep(max(0.0, started + sent * interval - time.monotonic()))
+                if bad_line is not None:
+                    break
         except KeyboardInterrupt:
             interrupted = True  # the producer's close() below still settles what was sent
     elapsed = time.monotonic() - started
@@ -304,6 +313,13 @@ def produce(args: argparse.Namespace) -> int:
             )
     if interrupted:
         return 130
+    if bad_line is not None:
+        before = f"lines 1-{sent} before it were sent (the line above)" if sent else "none sent"
+        raise InvalidArgumentError(
+            f"{bad_line.message}; {before}, nothing from line {bad_line.line} on was; fix it "
+            f"and send the rest with `tail -n +{bad_line.line}`",
+            details={"line": str(bad_line.line), "sent": str(sent)},
+        )
     if tally.first_error is not None:
         raise tally.first_error  # the first failure, as the one error line (exit 1)
     return 0 if clean else 1
@@ -560,6 +576,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="senders use a sharding key (--no-ordered: they do not)",
     )
     p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument(
+        "--drop-unconsumed",
+        action="store_true",
+        help="shrink --queues even though the queues dropped hold messages a consumer group has "
+        "not consumed: those messages become unreachable (refused without this flag)",
+    )
     p.set_defaults(func=topic_update)
     p = tsub.add_parser("list", help="every topic with its groups and queues")
     p.set_defaults(func=topic_list)
