@@ -364,7 +364,23 @@ def down(args: argparse.Namespace) -> int:
     spec = _load(args)
     state_file = cluster_state.state_path(spec.data_dir)
     state = cluster_state.read(state_file)
+    if state is None and (elsewhere := recorded_elsewhere(spec)) is not None:
+        state_file, state = elsewhere
+        console.print(
+            f"cluster {literal(state.cluster)} was started in another directory: stopping what "
+            f"{literal(str(state_file))} records",
+            soft_wrap=True,
+        )
     if state is None:
+        busy = port_problem(spec, None, down_command(args), args.spec)
+        if busy is not None:  # not ours to stop, yet the description's ports are taken
+            why = f"no running cluster is recorded in {state_file}, but {busy}"
+            err_console.print(
+                f"[red]error:[/] {literal(why)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 1
         console.print(
             f"nothing to stop: no running cluster is recorded in {literal(str(state_file))}",
             soft_wrap=True,
@@ -393,6 +409,29 @@ def down(args: argparse.Namespace) -> int:
         table.add_row(literal(r.name), str(r.pid), result)
     console.print(table)
     return 0
+
+
+def recorded_elsewhere(
+    spec: cluster_spec.ClusterSpec,
+) -> tuple[Path, cluster_state.ClusterState] | None:
+    """The state file (and state) of a cluster `cluster up` started with this description from
+    another directory: a relative data_dir lies under the directory it was started in, which its
+    processes inherit, so the process holding one of the description's ports leads to it. Only a
+    state that records that very process counts."""
+    if spec.data_dir.is_absolute():
+        return None  # the same file from every directory: nothing recorded anywhere
+    for p in spec.processes():
+        for port in p.ports:
+            for pid in ports.listener_pids(port):
+                try:
+                    cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+                except OSError:
+                    continue
+                path = cluster_state.state_path(cwd / spec.data_dir)
+                state = cluster_state.read(path)
+                if state is not None and any(r.pid == pid for r in state.processes):
+                    return path, state
+    return None
 
 
 def status(args: argparse.Namespace) -> int:
