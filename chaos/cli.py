@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from raftmq.chaos.scenarios import SCENARIOS, by_name, ci_set
 from raftmq.common.errors import RaftMQError
+from raftmq.ops.terminal_text import literal, make_console
 
-console = Console()
+console = make_console()
 DEFAULT_OUT = Path("chaos-results")
 
 
@@ -52,13 +52,13 @@ def _run_one(
     )
     started = time.monotonic()
     try:
-        r = run(opts, console=Console(stderr=True))
+        r = run(opts, console=make_console(stderr=True))
     except (RunError, RaftMQError) as exc:
-        console.print(f"[red]ERROR {name} seed={seed}:[/] {exc}", highlight=False)
+        console.print(f"[red]ERROR {name} seed={seed}:[/] {literal(str(exc))}", highlight=False)
         return {"scenario": name, "seed": seed, "passed": False, "error": str(exc)}
     colour = "green" if r.passed else "red"
-    console.print(f"[{colour}]{r.verdict}[/]", highlight=False)
-    console.print(f"  result {r.result_path}  picture {r.png_path}", highlight=False)
+    console.print(f"[{colour}]{literal(r.verdict)}[/]", highlight=False)
+    console.print(literal(f"  result {r.result_path}  picture {r.png_path}"), highlight=False)
     q = r.report.to_json()
     return {
         "scenario": name,
@@ -75,7 +75,7 @@ def _run_one(
 
 def run_cmd(args: argparse.Namespace) -> int:
     if (why := _require_root()) is not None:
-        console.print(f"[red]cannot run chaos scenarios here:[/] {why}", highlight=False)
+        console.print(f"[red]cannot run chaos scenarios here:[/] {literal(why)}", highlight=False)
         return 2
     by_name(args.scenario)  # a clear error before any setup
     out = Path(args.out) / f"{args.scenario}-seed{args.seed}"
@@ -85,7 +85,7 @@ def run_cmd(args: argparse.Namespace) -> int:
 
 def suite_cmd(args: argparse.Namespace) -> int:
     if (why := _require_root()) is not None:
-        console.print(f"[red]cannot run chaos scenarios here:[/] {why}", highlight=False)
+        console.print(f"[red]cannot run chaos scenarios here:[/] {literal(why)}", highlight=False)
         return 2
     scenarios = ci_set() if args.set == "ci" else list(SCENARIOS)
     rows = []
@@ -123,7 +123,7 @@ def cleanup_cmd(args: argparse.Namespace) -> int:
     try:
         removed = cleanup(force=args.force, only=args.run)
     except NetError as exc:
-        console.print(f"[red]cleanup failed:[/] {exc}", highlight=False)
+        console.print(f"[red]cleanup failed:[/] {literal(str(exc))}", highlight=False)
         return 2
     if not removed:
         console.print("nothing left behind by earlier chaos runs")

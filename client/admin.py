@@ -17,6 +17,7 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
 from raftmq.client.offsets import BrokerOffsets, StartFrom
+from raftmq.client.queue_shrink import refusal, stranded
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.client.stats_report import StatsReport, merge, report_range
 from raftmq.client.trace import MessageTrace, records_of_message
@@ -30,9 +31,11 @@ from raftmq.common.errors import (
     MessageNotFoundError,
     NoRouteError,
     NotLeaderError,
+    PermissionDeniedError,
     RaftMQError,
     TopicNotFoundError,
     TraceNotFoundError,
+    UnauthenticatedError,
     from_rpc_error,
 )
 from raftmq.common.message import decode_msg_id, dlq_topic, validate_group, validate_topic
@@ -213,12 +216,15 @@ class Admin:
     def broker_statuses(self, broker_groups: Sequence[str] | None = None) -> list[NodeStatus]:
         """Every node of every (or the named) broker group, each asked directly (status, term,
         indexes, storage and its settings in `config`); a node that does not answer is listed
-        with its error."""
+        with its error. A denial is the caller's (its credentials or rights), not a node's: it is
+        raised, never listed as if the node were down."""
         out = []
         for g in self._select(broker_groups):
             for n in g.nodes:
                 try:
                     st = self.broker_status(n.address)
+                except (PermissionDeniedError, UnauthenticatedError):
+                    raise
                 except RaftMQError as exc:
                     out.append(NodeStatus(g.broker_group, n.node_id, n.address, None, exc.message))
                     continue
@@ -319,9 +325,12 @@ class Admin:
         ordered: bool | None = None,
         perm: common_pb2.Permission | None = None,
         broker_groups: Sequence[str] | None = None,
+        drop_unconsumed: bool = False,
     ) -> list[str]:
         """Change the topic on every group that has it (or the named ones); what is not given
-        keeps its current value. The groups it was changed on."""
+        keeps its current value. The groups it was changed on. Fewer queues than now is refused
+        (InvalidTopicConfigError naming them) while the queues to drop hold messages a consumer
+        group has not consumed, unless `drop_unconsumed`: those become unreachable."""
         validate_topic(topic)
         if queues is not None:
             check_queue_count(topic, queues)
@@ -331,6 +340,13 @@ class Admin:
             groups = [g for g in groups if g.broker_group in current]
         if not groups or any(g.broker_group not in current for g in groups):
             raise TopicNotFoundError.for_topic(topic, auto_create=True)
+        shrinking = [
+            g.broker_group
+            for g in groups
+            if queues is not None and current[g.broker_group].read_queue_nums > queues
+        ]
+        if shrinking and queues is not None and not drop_unconsumed:
+            self._refuse_stranding(topic, queues, shrinking)
         done = []
         for g in groups:
             now = current[g.broker_group]
@@ -350,6 +366,26 @@ class Admin:
             done.append(g.broker_group)
         self.routes.invalidate(topic)
         return done
+
+    def _refuse_stranding(self, topic: str, queues: int, broker_groups: list[str]) -> None:
+        """InvalidTopicConfigError when queues `queues`.. of `broker_groups` hold messages a
+        consumer group of the topic (or, with none, any group yet to come) has not consumed."""
+        bounds = {
+            s.queue: (s.min_offset, s.max_offset)
+            for s in self.topic_status(topic)
+            if s.queue.broker_group in broker_groups and s.queue.queue_id >= queues
+        }
+        readers = [c.group for c in self.consumer_groups() if topic in c.topics]
+        committed = {
+            name: {lag.queue: lag.committed for lag in self.group_lag(name, topic)}
+            for name in readers
+        }
+        found = stranded(bounds, committed)
+        if found:
+            raise InvalidTopicConfigError(
+                refusal(topic, queues, found),
+                details={"topic": topic, "unconsumed": str(sum(s.unconsumed for s in found))},
+            )
 
     @checked
     def delete_topic(self, topic: str) -> list[str]:

@@ -309,9 +309,23 @@ class RouteCache:
             self._data_overrides = dict(overrides)
 
     def leader(self, topic: str, broker_group: str, *, refresh: bool = False) -> str:
-        """The gRPC address of the group's leader as the NameServers last said."""
-        g = self.route(topic, refresh=refresh).group(broker_group)
-        if g is None or not g.leader_address:
+        """The gRPC address of the group's leader as the NameServers last said. A group the
+        topic's route does not hold (also after one refresh) is the caller's mistake, named at
+        once (InvalidArgumentError), not waited out as a missing leader."""
+        route = self.route(topic, refresh=refresh)
+        g = route.group(broker_group)
+        if g is None and not refresh:
+            route = self.route(topic, refresh=True)  # the topic may be new on that group
+            g = route.group(broker_group)
+        if g is None:
+            known = sorted({q.broker_group for q in route.queues})
+            raise InvalidArgumentError(
+                f"topic {topic!r} has no queues on broker group {broker_group!r} (its broker "
+                f"groups: {', '.join(known) or 'none'}); check the name (`raftmq topic route "
+                f"{topic}`)",
+                details={"topic": topic, "broker_group": broker_group},
+            )
+        if not g.leader_address:
             raise NotLeaderError.for_node("-", broker_group, "")
         return g.leader_address
 

@@ -42,8 +42,9 @@ class StatsReport:
 
 
 def parse_duration_ms(text: str) -> int:
-    """'90s', '15m', '1h', '7d' (or bare seconds) as milliseconds."""
-    t = text.strip().lower()
+    """'90s', '15m', '1h', '7d' (or bare seconds) as milliseconds; '-1h' (the relative form
+    `message list --from` takes) means the same as '1h', since a duration here always looks back."""
+    t = text.strip().lower().removeprefix("-")
     try:
         unit = UNITS_MS.get(t[-1:], 0)
         value = float(t[:-1]) * unit if unit else float(t) * 1000

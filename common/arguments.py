@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from typeguard import TypeCheckError, check_type
 
 from raftmq.common.errors import InvalidArgumentError
@@ -38,6 +40,17 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return hints
 
 
+def _runtime_hint(hint: Any) -> Any:
+    """`hint` as values have it at run time: a protobuf enum (`common_pb2.Permission`) is a
+    class to type checkers but an EnumTypeWrapper object at run time, whose values are ints
+    (in a union, `X | None` evaluates to the EnumTypeWrapper class itself)."""
+    if isinstance(hint, EnumTypeWrapper) or hint is EnumTypeWrapper:
+        return int
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.Union[tuple(_runtime_hint(a) for a in typing.get_args(hint))]  # noqa: UP007
+    return hint
+
+
 def checked(fn: F) -> F:
     """Check every argument of `fn` against its annotation on each call."""
     sig = inspect.signature(fn)
@@ -48,7 +61,9 @@ def checked(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal resolved
         if resolved is None:
-            resolved = {k: v for k, v in _hints(fn).items() if k not in ("self", "return")}
+            resolved = {
+                k: _runtime_hint(v) for k, v in _hints(fn).items() if k not in ("self", "return")
+            }
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:  # a missing or unknown argument: Python's message names it
@@ -75,5 +90,6 @@ def checked(fn: F) -> F:
 
 
 def _describe(hint: Any) -> str:
-    text = getattr(hint, "__name__", None) or str(hint)
+    generic = typing.get_origin(hint) is not None  # Optional[int]: its name alone says nothing
+    text = (None if generic else getattr(hint, "__name__", None)) or str(hint)
     return text.replace("typing.", "").replace("collections.abc.", "")

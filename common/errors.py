@@ -300,7 +300,8 @@ class NotLeaderError(RaftMQError):
         where = (
             f"the leader is at {leader_hint}; retry there"
             if leader_hint
-            else "no leader is known yet; refresh routes and retry shortly"
+            else "no leader is known yet (an election is under way, or most of its nodes are "
+            "down: `raftmq cluster status` shows them); refresh routes and retry shortly"
         )
         return cls(
             f"node {node_id} of broker group {broker_group} is not the leader: {where}",

@@ -164,6 +164,7 @@ class AlarmBook:
     rules: tuple[Rule, ...]
     _tracks: dict[tuple[int, str], _Track] = field(default_factory=dict)
     _samples: dict[tuple[int, str], deque[tuple[int, float]]] = field(default_factory=dict)
+    _measured: set[int] = field(default_factory=set)  # windowed rules with a round behind them
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     _seq: int = 0
 
@@ -194,7 +195,10 @@ class AlarmBook:
         self, i: int, rule: Rule, now_ms: int, totals: Mapping[str, float | None]
     ) -> dict[str, float | None]:
         """Messages added within the rule's window: the total now less the oldest sample kept
-        inside the window (0 until a second sample exists)."""
+        inside the window. A subject that appears after the rule's first round (a group's
+        %DLQ% topic, made by its first dead letter) grew from 0; one there at the first round
+        has no known past (0 until a second sample exists), so a controller that just took
+        over does not fire for old dead letters."""
         out: dict[str, float | None] = {}
         for subject, total in totals.items():
             if total is None:
@@ -205,12 +209,15 @@ class AlarmBook:
                 if len(self._samples) >= MAX_TRACKED:
                     continue
                 samples = self._samples[(i, subject)] = deque(maxlen=MAX_SAMPLES)
+                if i in self._measured:
+                    samples.append((now_ms, 0.0))  # new since the last round: it started at 0
             samples.append((now_ms, total))
             while len(samples) > 1 and samples[1][0] <= now_ms - rule.within_ms:
                 samples.popleft()
             out[subject] = max(0.0, total - samples[0][1])
         for key in [k for k in self._samples if k[0] == i and k[1] not in totals]:
             del self._samples[key]
+        self._measured.add(i)
         return out
 
     def _step(self, i: int, rule: Rule, subject: str, value: float, now_ms: int) -> list[Event]:

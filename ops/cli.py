@@ -16,9 +16,6 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import NoReturn
 
-from rich.console import Console
-from rich.markup import escape
-
 from raftmq.common import tls
 from raftmq.common.auth import (
     ENV_ACCESS_KEY,
@@ -29,15 +26,17 @@ from raftmq.common.auth import (
 from raftmq.common.errors import RaftMQError
 from raftmq.common.settings import SettingsError
 from raftmq.ops.cluster_spec import SpecError
+from raftmq.ops.terminal_text import literal, make_console, printable
 
 ENTRY_POINT_GROUP = "raftmq.cli"
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
-# Options whose value may be a relative time such as -10m, which argparse would take for a flag.
-RELATIVE_TIME_OPTIONS = frozenset({"--to-time"})
+# Options whose value may be a relative time such as -10m, which argparse would take for a flag
+# (`message list --from -10m`, `stats topic T --since -1h`, `group reset --to-time -2h`).
+RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until"})
 _RELATIVE_TIME = re.compile(r"-\d+[smhd]")
 
 log = logging.getLogger("raftmq.cli")
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 
 
 def subcommand_modules() -> list[str]:
@@ -51,14 +50,8 @@ class OneLineParser(argparse.ArgumentParser):
     subparsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{self.prog}: error: {one_line(message)} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"{self.prog}: error: {printable(message)} (see `{self.prog} --help`)\n")
         sys.exit(2)
-
-
-def one_line(text: str) -> str:
-    """`text` with every unprintable character (newlines, NEL, escapes from an argument or a
-    peer) written as its escape, so an error stays one line on any terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +118,7 @@ def use_credentials(args: argparse.Namespace) -> None:
 
 
 def join_relative_times(argv: Sequence[str]) -> list[str]:
-    """`--to-time -10m` -> `--to-time=-10m`: argparse takes a value starting with '-' that is not
+    """`--from -10m` -> `--from=-10m`: argparse takes a value starting with '-' that is not
     a plain negative number for an option, so the documented form would fail without this."""
     out: list[str] = []
     for arg in argv:
@@ -151,27 +144,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except RaftMQError as exc:
         err_console.print(
-            f"[red]error ({exc.code}):[/] {escape(one_line(exc.message))}",
+            f"[red]error ({exc.code}):[/] {literal(exc.message)}",
             highlight=False,
             soft_wrap=True,
         )
         return 1
     except (SpecError, SettingsError) as exc:  # CertsError is a SpecError
-        err_console.print(
-            f"[red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True
-        )
+        err_console.print(f"[red]error:[/] {literal(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # a file or socket of this machine: one line, no traceback
-        err_console.print(
-            f"[red]error:[/] {escape(one_line(str(exc)))}", highlight=False, soft_wrap=True
-        )
+        err_console.print(f"[red]error:[/] {literal(str(exc))}", highlight=False, soft_wrap=True)
         return 1
     except Exception as exc:  # a bug of ours: one line for the user, the traceback in the log
         log.debug("cli.internal_error", exc_info=exc)
         err_console.print(
-            f"[red]internal error:[/] {type(exc).__name__}: {escape(one_line(str(exc)))}; please "
+            f"[red]internal error:[/] {type(exc).__name__}: {literal(str(exc))}; please "
             "report it "
             "(`--verbose` shows where)",
             highlight=False,

@@ -9,7 +9,6 @@ import json
 import os
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from raftmq.client.admin import Admin
@@ -22,8 +21,9 @@ from raftmq.common.auth import (
 )
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.ops.cluster_spec import ClusterSpec
+from raftmq.ops.terminal_text import literal, make_console
 
-console = Console()
+console = make_console()
 DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
 ENV_USER_SECRET = "RAFTMQ_ACL_USER_SECRET"
 
@@ -44,21 +44,21 @@ def _secret(args: argparse.Namespace) -> str:
 def user_create(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         v = admin.acl.create_user(args.name, _secret(args), args.type)
-    console.print(f"user {args.name} created ({args.type}); acl version {v}")
+    console.print(f"user {literal(args.name)} created ({args.type}); acl version {v}")
     return 0
 
 
 def user_update(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         v = admin.acl.update_user(args.name, _secret(args), args.type)
-    console.print(f"user {args.name} updated ({args.type}); acl version {v}")
+    console.print(f"user {literal(args.name)} updated ({args.type}); acl version {v}")
     return 0
 
 
 def user_delete(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         v = admin.acl.delete_user(args.name)
-    console.print(f"user {args.name} deleted with its policy; acl version {v}")
+    console.print(f"user {literal(args.name)} deleted with its policy; acl version {v}")
     return 0
 
 
@@ -72,7 +72,7 @@ def user_list(args: argparse.Namespace) -> int:
     t.add_column("name (access key)")
     t.add_column("type")
     for u in users:
-        t.add_row(u.name, u.type)
+        t.add_row(literal(u.name), literal(u.type))
     console.print(t)
     return 0
 
@@ -86,14 +86,14 @@ def policy_set(args: argparse.Namespace) -> int:
         )
     with _admin(args) as admin:
         v = admin.acl.set_policy(args.subject, entries)
-    console.print(f"policy of {args.subject}: {len(entries)} entries; acl version {v}")
+    console.print(f"policy of {literal(args.subject)}: {len(entries)} entries; acl version {v}")
     return 0
 
 
 def policy_delete(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         v = admin.acl.delete_policy(args.subject)
-    console.print(f"policy of {args.subject} deleted; acl version {v}")
+    console.print(f"policy of {literal(args.subject)} deleted; acl version {v}")
     return 0
 
 
@@ -111,10 +111,10 @@ def policy_list(args: argparse.Namespace) -> int:
     for subject, entries in policies.items():
         for e in entries:
             t.add_row(
-                subject,
-                str(e.resource),
-                ",".join(sorted(a.value for a in e.actions)),
-                e.decision.value,
+                literal(subject),
+                literal(str(e.resource)),
+                literal(",".join(sorted(a.value for a in e.actions))),
+                literal(e.decision.value),
             )
     console.print(t)
     return 0

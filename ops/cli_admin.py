@@ -13,16 +13,18 @@ import base64
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO
+from typing import BinaryIO
 
 from rich.table import Table
 
 from raftmq.client.admin import Admin
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.errors import InvalidArgumentError, InvalidMessageError
+from raftmq.common.message import Message, MessageLimits, validate_message
 from raftmq.common.pb import common_pb2
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
+from raftmq.ops.terminal_text import literal
 
 MAX_STDIN_LINE_BYTES = 4 << 20  # one message per line; a longer line is refused, not cut
 ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
@@ -62,11 +64,11 @@ def group_list(args: argparse.Namespace) -> int:
         first = True
         for m in g.members or (None,):
             table.add_row(
-                g.group if first else "",
-                ", ".join(g.topics) if first else "",
+                literal(g.group) if first else "",
+                literal(", ".join(g.topics)) if first else "",
                 str(len(g.members)) if first else "",
-                m.client_id if m else "[dim]none online[/]",
-                ", ".join(m.broker_groups) if m else "",
+                literal(m.client_id) if m else "[dim]none online[/]",
+                literal(", ".join(m.broker_groups)) if m else "",
             )
             first = False
     cli_data.console.print(table)
@@ -101,7 +103,7 @@ def group_reset(args: argparse.Namespace) -> int:
         else:
             rows = admin.plan_offset_reset(args.group, args.topic, target)
     done = "reset" if args.execute else "reset plan (dry run: nothing changed)"
-    title = f"group {args.group} {done}: {args.topic} to {target.describe()}"
+    title = f"group {literal(args.group)} {done}: {literal(args.topic)} to {target.describe()}"
     cli_data.console.print(_reset_table(rows, title))
     if args.execute:
         cli_data.console.print(
@@ -134,14 +136,14 @@ def _reset_table(rows: Iterable[QueueReset], title: str) -> Table:
 def topic_status(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         queues = admin.topic_status(args.topic)
-    table = Table(title=f"topic {args.topic}")
+    table = Table(title=f"topic {literal(args.topic)}")
     for col in ("broker group", "queue", "min offset", "max offset", "messages", "last stored"):
         table.add_column(col, justify="left" if col in ("broker group", "last stored") else "right")
     total = 0
     for q in queues:
         total += q.max_offset - q.min_offset
         table.add_row(
-            q.queue.broker_group,
+            literal(q.queue.broker_group),
             str(q.queue.queue_id),
             str(q.min_offset),
             str(q.max_offset),
@@ -166,19 +168,25 @@ def broker_status(args: argparse.Namespace) -> int:
     for n in nodes:
         st = n.status
         if st is None:
-            table.add_row(n.broker_group, n.node_id, n.address, f"[red]{n.error}[/]", *[""] * 6)
+            table.add_row(
+                literal(n.broker_group),
+                literal(n.node_id),
+                literal(n.address),
+                f"[red]{literal(n.error)}[/]",
+                *[""] * 6,
+            )
             continue
         table.add_row(
-            n.broker_group,
-            n.node_id,
-            n.address,
+            literal(n.broker_group),
+            literal(n.node_id),
+            literal(n.address),
             ROLE_NAMES.get(st.role, "candidate"),
             str(st.term),
             str(st.commit_index),
             str(st.applied_index),
             str(st.dispatch_index),
             str(len(st.topics)),
-            f"[red]{st.storage_error}[/]" if st.storage_error else "ok",
+            f"[red]{literal(st.storage_error)}[/]" if st.storage_error else "ok",
         )
     cli_data.console.print(table)
     if args.config:
@@ -187,9 +195,9 @@ def broker_status(args: argparse.Namespace) -> int:
         conf = Table(title="broker config")
         conf.add_column("key")
         for n, _ in shown:
-            conf.add_column(f"{n.broker_group}/{n.node_id}")
+            conf.add_column(literal(f"{n.broker_group}/{n.node_id}"))
         for k in keys:
-            conf.add_row(k, *(st.config.get(k, "") for _, st in shown))
+            conf.add_row(literal(k), *(literal(st.config.get(k, "")) for _, st in shown))
         cli_data.console.print(conf)
     return 0
 
@@ -208,29 +216,52 @@ def parse_properties(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+class BadLineError(InvalidArgumentError):
+    """A line of standard input that cannot be a message; `line` is its number (from 1)."""
+
+    def __init__(self, line: int, why: str) -> None:
+        super().__init__(f"line {line} of standard input {why}", details={"line": str(line)})
+        self.line = line
+
+
 def stdin_messages(
-    stream: TextIO,
+    stream: BinaryIO,
+    topic: str,
     *,
     tags: str | None,
     keys: tuple[str, ...],
     properties: dict[str, str],
     key_separator: str | None,
 ) -> Iterator[OutgoingMessage]:
-    """One message per line of `stream` (the line end dropped); with `key_separator`, each line
-    is KEY<sep>BODY (kafka-console-producer's parse.key), the key added to `keys`."""
-    for n, line in enumerate(stream, 1):
-        text = line.rstrip("\r\n")
-        if len(text) > MAX_STDIN_LINE_BYTES:
-            raise InvalidArgumentError(f"line {n} of standard input is over 4 MiB")
+    """One message per line of `stream` (the line end dropped), its bytes as the body; with
+    `key_separator`, each line is KEY<sep>BODY (kafka-console-producer's parse.key), the key (UTF-8)
+    added to `keys`. Each line is checked as the broker would check it before it is yielded, so a
+    bad line stops the stream (BadLineError naming it) before anything of it is sent."""
+    sep = None if key_separator is None else key_separator.encode()
+    limits = MessageLimits()
+    n = 0
+    while line := stream.readline(MAX_STDIN_LINE_BYTES + 2):  # bounded: a line is read whole
+        n += 1
+        body = line.removesuffix(b"\n").removesuffix(b"\r")
+        if len(body) > MAX_STDIN_LINE_BYTES:
+            raise BadLineError(n, "is over 4 MiB")
         line_keys = keys
-        if key_separator is not None:
-            key, sep, text = text.partition(key_separator)
-            if not sep:
-                raise InvalidArgumentError(
-                    f"line {n} of standard input has no key separator {key_separator!r}"
-                )
+        if sep is not None:
+            raw_key, found, body = body.partition(sep)
+            if not found:
+                raise BadLineError(n, f"has no key separator {key_separator!r}")
+            try:
+                key = raw_key.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadLineError(n, "has a key that is not UTF-8") from None
             line_keys = (*keys, key) if key else keys
-        yield OutgoingMessage(text.encode(), tags, line_keys, properties)
+        if not body:
+            raise BadLineError(n, "is empty: a message needs a body (drop empty lines first)")
+        try:
+            validate_message(Message(topic, body, tags, line_keys, properties), limits)
+        except InvalidMessageError as exc:
+            raise BadLineError(n, f"is refused: {exc.message}") from None
+        yield OutgoingMessage(body, tags, line_keys, properties)
 
 
 def message_json(m: ReceivedMessage) -> str:

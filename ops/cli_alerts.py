@@ -18,6 +18,7 @@ from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
 from raftmq.ops.cli_controller import DEFAULT_CONTROLLERS, console
+from raftmq.ops.terminal_text import literal
 
 RPC_TIMEOUT_S = 3.0
 
@@ -76,18 +77,31 @@ def alerts(args: argparse.Namespace) -> int:
             )
         )  # fmt: skip
         return 0
+    print_alerts(resp, events)
+    return 0
+
+
+def print_alerts(
+    resp: controller_pb2.GetAlertsResponse, events: list[controller_pb2.AlertEvent]
+) -> None:
+    """The controller leader's answer as a rules line and two tables."""
     if not resp.rules:
         console.print(
-            "no alarm rules: set [settings.controller] alarm_rules in the cluster description"
+            literal(
+                "no alarm rules: set [settings.controller] alarm_rules in the cluster description"
+            )
         )
-        return 0
-    console.print(f"rules (controller {resp.node_id}): " + "; ".join(resp.rules))
+        return
+    console.print(
+        f"rules (controller {literal(resp.node_id)}): " + literal("; ".join(resp.rules)),
+        soft_wrap=True,
+    )
     t = Table(title="alerts now")
     for col in ("state", "rule", "subject", "value", "since"):
         t.add_column(col)
     for a in resp.active:
         state = "[red]FIRING[/]" if a.state == "firing" else "[yellow]pending[/]"
-        t.add_row(state, a.rule, a.subject, f"{a.value:g}", _when(a.since_ms))
+        t.add_row(state, literal(a.rule), literal(a.subject), f"{a.value:g}", _when(a.since_ms))
     if not resp.active:
         t.add_row("[green]ok[/]", "nothing pending or firing", "", "", "")
     console.print(t)
@@ -97,9 +111,11 @@ def alerts(args: argparse.Namespace) -> int:
             h.add_column(col)
         for e in events:
             status = "[red]firing[/]" if e.status == "firing" else "[green]resolved[/]"
-            h.add_row(str(e.seq), _when(e.at_ms), status, e.rule, e.subject, f"{e.value:g}")
+            h.add_row(
+                str(e.seq), _when(e.at_ms), status, literal(e.rule), literal(e.subject),
+                f"{e.value:g}",
+            )  # fmt: skip
         console.print(h)
-    return 0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

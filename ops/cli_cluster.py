@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -36,11 +36,12 @@ from raftmq.ops.cluster_runner import (
 )
 from raftmq.ops.cluster_state import ClusterState, ProcessRecord
 from raftmq.ops.compose import DEFAULT_ADVERTISE_HOST, compose_yaml
+from raftmq.ops.terminal_text import literal, make_console
 
 # The default cluster description ships inside the package (deploy/cluster.toml links to it).
 DEFAULT_SPEC = Path(__file__).resolve().parent / "cluster.toml"
-console = Console()
-err_console = Console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def _load(args: argparse.Namespace) -> cluster_spec.ClusterSpec:
@@ -104,18 +105,18 @@ def status_table(rows: list[NodeStatus], title: str = "raftmq cluster") -> Table
         if not r.alive:
             role = "[red]down[/]"
         table.add_row(
-            r.name,
-            r.group,
-            r.address,
+            literal(r.name),
+            literal(r.group),
+            literal(r.address),
             str(r.pid or ""),
             role,
             str(r.term or ""),
-            r.leader,
+            literal(r.leader),
             str(r.commit_index or ""),
             *(
-                [f"[bold red]{'FULL' if r.disk_full else 'ERROR'}[/] {r.storage_error}"]
+                [f"[bold red]{'FULL' if r.disk_full else 'ERROR'}[/] {literal(r.storage_error)}"]
                 if storage and r.storage_error
-                else [f"[bold yellow]PRESSURE[/] {r.disk_pressure}"]
+                else [f"[bold yellow]PRESSURE[/] {literal(r.disk_pressure)}"]
                 if storage and r.disk_pressure
                 else [""] * storage
             ),
@@ -249,12 +250,12 @@ def up(args: argparse.Namespace) -> int:
     state_file = cluster_state.state_path(spec.data_dir)
     problem = port_problem(spec, cluster_state.read(state_file), down_command(args), args.spec)
     if problem is not None:
-        err_console.print(f"[red]error:[/] {problem}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]error:[/] {literal(problem)}", highlight=False, soft_wrap=True)
         return 2
     prepare_cluster_auth(spec)  # issue 19: with auth on, this process's calls sign as the admin
     warning = security_warning(spec)
     if warning is not None:
-        err_console.print(f"[yellow]{warning}[/]", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]{literal(warning)}[/]", highlight=False, soft_wrap=True)
     stop = threading.Event()
     install_stop_handlers(stop, logging.getLogger("raftmq.cli"), "cluster")
     runner: ClusterRunner
@@ -271,7 +272,7 @@ def up(args: argparse.Namespace) -> int:
             task = progress.add_task("starting processes", total=len(procs_))
             runner.start_all(
                 on_started=lambda p: progress.update(
-                    task, advance=1, description=f"started {p.name}"
+                    task, advance=1, description=f"started {literal(p.name)}"
                 )
             )
             progress.update(task, completed=len(procs_))
@@ -286,20 +287,22 @@ def up(args: argparse.Namespace) -> int:
             last = next((ln for ln in reversed(tail(exc.log).splitlines()) if ln.strip()), "")
             where = f"; its log: {exc.log} (last line: {last})"
         err_console.print(
-            f"[red]error:[/] {exc.name} did not start{where}", highlight=False, soft_wrap=True
+            f"[red]error:[/] {literal(f'{exc.name} did not start{where}')}",
+            highlight=False,
+            soft_wrap=True,
         )
         return 1
     if runner.skipped:
         console.print(
-            f"[yellow]skipped (role not in this build yet):[/] {', '.join(runner.skipped)}"
+            f"[yellow]skipped (role not in this build yet):[/] {literal(', '.join(runner.skipped))}"
         )
     if args.detach:
         return _detached(args, spec, runner, state_file, stop)
     try:
         wait_healthy(spec, stop)
-        console.print(f"[green]cluster {spec.name} is up[/]: {_endpoints(spec)}")
+        console.print(f"[green]cluster {literal(spec.name)} is up[/]: {literal(_endpoints(spec))}")
         for line in metrics_lines(spec):
-            console.print(line, soft_wrap=True, highlight=False)
+            console.print(literal(line), soft_wrap=True, highlight=False)
         console.print(TRY)
         with Live(status_table(runner.status()), console=console, refresh_per_second=1) as live:
             while not stop.wait(1.0):
@@ -334,7 +337,8 @@ def _detached(
     if missing or stop.is_set():
         why = "stopped" if stop.is_set() else f"no leader in {', '.join(missing)}"
         err_console.print(
-            f"[red]error:[/] cluster {spec.name} did not become healthy ({why}); stopping it",
+            f"[red]error:[/] {literal(f'cluster {spec.name} did not become healthy ({why})')}; "
+            "stopping it",
             highlight=False,
             soft_wrap=True,
         )
@@ -342,13 +346,15 @@ def _detached(
         cluster_state.remove(state_file)
         return 1
     console.print(
-        f"[green]cluster {spec.name} is up[/] (detached): {_endpoints(spec)}",
+        f"[green]cluster {literal(spec.name)} is up[/] (detached): {literal(_endpoints(spec))}",
         soft_wrap=True,
     )
     for line in metrics_lines(spec):
-        console.print(line, soft_wrap=True, highlight=False)
-    console.print(f"logs: {spec.data_dir.resolve()}/<process>/process.log", soft_wrap=True)
-    console.print(f"stop it with: {down_command(args)}", soft_wrap=True, highlight=False)
+        console.print(literal(line), soft_wrap=True, highlight=False)
+    console.print(
+        f"logs: {literal(str(spec.data_dir.resolve()))}/<process>/process.log", soft_wrap=True
+    )
+    console.print(f"stop it with: {literal(down_command(args))}", soft_wrap=True, highlight=False)
     return 0
 
 
@@ -358,9 +364,26 @@ def down(args: argparse.Namespace) -> int:
     spec = _load(args)
     state_file = cluster_state.state_path(spec.data_dir)
     state = cluster_state.read(state_file)
-    if state is None:
+    if state is None and (elsewhere := recorded_elsewhere(spec)) is not None:
+        state_file, state = elsewhere
         console.print(
-            f"nothing to stop: no running cluster is recorded in {state_file}", soft_wrap=True
+            f"cluster {literal(state.cluster)} was started in another directory: stopping what "
+            f"{literal(str(state_file))} records",
+            soft_wrap=True,
+        )
+    if state is None:
+        busy = port_problem(spec, None, down_command(args), args.spec)
+        if busy is not None:  # not ours to stop, yet the description's ports are taken
+            why = f"no running cluster is recorded in {state_file}, but {busy}"
+            err_console.print(
+                f"[red]error:[/] {literal(why)}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return 1
+        console.print(
+            f"nothing to stop: no running cluster is recorded in {literal(str(state_file))}",
+            soft_wrap=True,
         )
         return 0
     brokers_first = sorted(state.processes, key=lambda r: r.role != "broker")
@@ -374,16 +397,41 @@ def down(args: argparse.Namespace) -> int:
         p.close()
     cluster_state.remove(state_file)
     if not live:
-        console.print(f"nothing was running: the recorded processes of {state.cluster} had ended")
+        console.print(
+            f"nothing was running: the recorded processes of {literal(state.cluster)} had ended"
+        )
         return 0
-    table = Table(title=f"raftmq cluster {state.cluster}: stopped")
+    table = Table(title=f"raftmq cluster {literal(state.cluster)}: stopped")
     for col in ("process", "pid", "result"):
         table.add_column(col)
     for r, p in live:
         result = "[red]killed (SIGKILL)[/]" if p in killed else "stopped"
-        table.add_row(r.name, str(r.pid), result)
+        table.add_row(literal(r.name), str(r.pid), result)
     console.print(table)
     return 0
+
+
+def recorded_elsewhere(
+    spec: cluster_spec.ClusterSpec,
+) -> tuple[Path, cluster_state.ClusterState] | None:
+    """The state file (and state) of a cluster `cluster up` started with this description from
+    another directory: a relative data_dir lies under the directory it was started in, which its
+    processes inherit, so the process holding one of the description's ports leads to it. Only a
+    state that records that very process counts."""
+    if spec.data_dir.is_absolute():
+        return None  # the same file from every directory: nothing recorded anywhere
+    for p in spec.processes():
+        for port in p.ports:
+            for pid in ports.listener_pids(port):
+                try:
+                    cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+                except OSError:
+                    continue
+                path = cluster_state.state_path(cwd / spec.data_dir)
+                state = cluster_state.read(path)
+                if state is not None and any(r.pid == pid for r in state.processes):
+                    return path, state
+    return None
 
 
 def status(args: argparse.Namespace) -> int:
@@ -396,7 +444,7 @@ def status(args: argparse.Namespace) -> int:
     if not rows:
         console.print("[yellow]no broker node is registered with the NameServers[/]")
         return 1
-    console.print(status_table(rows, title=f"raftmq cluster (NameServers {args.namesrv})"))
+    console.print(status_table(rows, title=f"raftmq cluster (NameServers {literal(args.namesrv)})"))
     return 0
 
 
@@ -411,16 +459,21 @@ def certs(args: argparse.Namespace) -> int:
         out, certs_mod.cert_requests(spec), days=args.days, force=args.force, new_ca=args.new_ca
     )
     console.print(
-        f"wrote {len(written)} files to {out} (CA {out / certs_mod.CA_CERT}, valid {args.days} "
-        f"days); clients: RAFTMQ_TLS_CA={out / certs_mod.CA_CERT} "
-        f"RAFTMQ_TLS_CERT={out / 'client.crt'} RAFTMQ_TLS_KEY={out / 'client.key'}",
+        literal(
+            f"wrote {len(written)} files to {out} (CA {out / certs_mod.CA_CERT}, valid "
+            f"{args.days} days); clients: RAFTMQ_TLS_CA={out / certs_mod.CA_CERT} "
+            f"RAFTMQ_TLS_CERT={out / 'client.crt'} RAFTMQ_TLS_KEY={out / 'client.key'}"
+        ),
         soft_wrap=True,
         highlight=False,
     )
     if spec.tls is None:
         console.print(
-            "[yellow]note:[/] the description has no [security.tls] with enabled = true; "
-            "add one (see deploy/secure.toml) to use these",
+            "[yellow]note:[/] "
+            + literal(
+                "the description has no [security.tls] with enabled = true; "
+                "add one (see deploy/secure.toml) to use these"
+            ),
             soft_wrap=True,
             highlight=False,
         )

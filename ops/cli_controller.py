@@ -8,7 +8,6 @@ import datetime as dt
 import os
 
 import grpc
-from rich.console import Console
 from rich.table import Table
 
 from raftmq.common import tls
@@ -16,8 +15,9 @@ from raftmq.common.auth_client import client_signer, signed
 from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
+from raftmq.ops.terminal_text import literal, make_console
 
-console = Console()
+console = make_console()
 DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
 
 
@@ -32,10 +32,11 @@ def status(args: argparse.Namespace) -> int:
                     controller_pb2.GetControllerStatusRequest(), timeout=3
                 )
         except grpc.RpcError as exc:
-            rows.append((a, "[red]down[/]", "", "", from_rpc_error(exc).message[:60]))
+            why = literal(from_rpc_error(exc).message[:60])
+            rows.append((literal(a), "[red]down[/]", "", "", why))
             continue
         role = common_pb2.Role.Name(st.role) if st.role else "-"
-        rows.append((a, role, st.node_id, str(st.term), str(st.applied_index)))
+        rows.append((literal(a), role, literal(st.node_id), str(st.term), str(st.applied_index)))
         if st.role == common_pb2.LEADER or not groups:
             groups = list(st.groups)
     if all(r[1] == "[red]down[/]" for r in rows):
@@ -54,13 +55,13 @@ def status(args: argparse.Namespace) -> int:
             sep=" ", timespec="seconds"
         )
         g.add_row(
-            rec.broker_group,
-            rec.leader_node_id,
-            rec.leader_address,
+            literal(rec.broker_group),
+            literal(rec.leader_node_id),
+            literal(rec.leader_address),
             str(rec.term),
             str(rec.epoch),
             changed,
-            ", ".join(sorted(rec.members)),
+            literal(", ".join(sorted(rec.members))),
         )
     console.print(g)
     return 0

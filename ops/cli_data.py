@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -35,8 +34,9 @@ from raftmq.common.errors import (
 )
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import parse_address_list
+from raftmq.ops.terminal_text import literal, make_console
 
-console = Console()
+console = make_console()
 Handler = Callable[[argparse.Namespace], int]
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
 MAX_INFLIGHT = 1024  # sends of one `produce` not yet settled
@@ -96,7 +96,8 @@ def topic_create(args: argparse.Namespace) -> int:
             args.topic, queues=args.queues, ordered=args.ordered, broker_groups=groups
         )
     console.print(
-        f"[green]topic {args.topic}[/] created on {', '.join(done)} ({args.queues} queues each)"
+        f"[green]topic {literal(args.topic)}[/] created on {literal(', '.join(done))} "
+        f"({args.queues} queues each)"
     )
     return 0
 
@@ -113,6 +114,7 @@ def topic_update(args: argparse.Namespace) -> int:
             perm=None if args.perm is None else PERMS[args.perm],
             ordered=args.ordered,
             broker_groups=_groups(args),
+            drop_unconsumed=args.drop_unconsumed,
         )
     changes = [
         f"{args.queues} queues" if args.queues is not None else "",
@@ -120,7 +122,7 @@ def topic_update(args: argparse.Namespace) -> int:
         ("ordered" if args.ordered else "not ordered") if args.ordered is not None else "",
     ]
     console.print(
-        f"[green]topic {args.topic}[/] updated on {', '.join(done)}: "
+        f"[green]topic {literal(args.topic)}[/] updated on {literal(', '.join(done))}: "
         + ", ".join(c for c in changes if c)
     )
     return 0
@@ -134,8 +136,8 @@ def topic_list(args: argparse.Namespace) -> int:
         table.add_column(col)
     for name, entries in topics.items():
         table.add_row(
-            name,
-            ", ".join(g for g, _ in entries),
+            literal(name),
+            literal(", ".join(g for g, _ in entries)),
             ", ".join(f"{c.read_queue_nums}/{c.write_queue_nums}" for _, c in entries),
             "yes" if any(c.ordered for _, c in entries) else "",
         )
@@ -146,15 +148,15 @@ def topic_list(args: argparse.Namespace) -> int:
 def topic_route(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         route = admin.route(args.topic)
-    table = Table(title=f"route of {args.topic}")
+    table = Table(title=f"route of {literal(args.topic)}")
     for col in ("broker group", "leader", "nodes", "term", "read queues", "write queues"):
         table.add_column(col)
     for q in route.queues:
         g = route.group(q.broker_group)
         table.add_row(
-            q.broker_group,
-            (g.leader_address if g else "") or "[red]none[/]",
-            ", ".join(g.addresses) if g else "",
+            literal(q.broker_group),
+            literal(g.leader_address if g else "") or "[red]none[/]",
+            literal(", ".join(g.addresses) if g else ""),
             str(g.term if g else 0),
             str(q.read_queue_nums),
             str(q.write_queue_nums),
@@ -166,7 +168,7 @@ def topic_route(args: argparse.Namespace) -> int:
 def topic_delete(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         done = admin.delete_topic(args.topic)
-    console.print(f"topic {args.topic} deleted from {', '.join(done)}")
+    console.print(f"topic {literal(args.topic)} deleted from {literal(', '.join(done))}")
     return 0
 
 
@@ -226,7 +228,8 @@ def produce(args: argparse.Namespace) -> int:
     if args.stdin:
         total: int | None = None  # as many as there are lines
         source = cli_admin.stdin_messages(
-            sys.stdin,
+            sys.stdin.buffer,
+            args.topic,
             tags=args.tags,
             keys=keys,
             properties=props,
@@ -241,8 +244,9 @@ def produce(args: argparse.Namespace) -> int:
     sent = 0
     inflight: list[Future[SendResult]] = []
     interrupted = False
+    bad_line: cli_admin.BadLineError | None = None
     with Producer(_namesrv(args)) as p, _progress() as progress:
-        task = progress.add_task(f"producing to {args.topic}", total=total)
+        task = progress.add_task(f"producing to {literal(args.topic)}", total=total)
 
         def done(f: Future[SendResult]) -> None:
             tally.count(f)
@@ -250,7 +254,11 @@ def produce(args: argparse.Namespace) -> int:
 
         try:
             while True:
-                msgs = list(itertools.islice(source, args.batch))
+                msgs: list[OutgoingMessage] = []
+                try:
+                    msgs.extend(itertools.islice(source, args.batch))
+                except cli_admin.BadLineError as exc:
+                    bad_line = exc  # send the lines before it in this batch, then stop
                 n = len(msgs)
                 if not msgs:
                     break
@@ -282,6 +290,8 @@ def produce(args: argparse.Namespace) -> int:
                 sent += n
                 if interval:
                     time.sleep(max(0.0, started + sent * interval - time.monotonic()))
+                if bad_line is not None:
+                    break
         except KeyboardInterrupt:
             interrupted = True  # the producer's close() below still settles what was sent
     elapsed = time.monotonic() - started
@@ -292,15 +302,24 @@ def produce(args: argparse.Namespace) -> int:
         f"{len(ok)} messages acknowledged, {tally.failed} failed, "
         f"{tally.unknown + pending} outcome unknown, of {sent} sent in {elapsed:.2f} s "
         f"({len(ok) / max(elapsed, 1e-9):,.0f} msg/s)"
-        + (f" on {', '.join(groups)}" if groups else "")
+        + (f" on {literal(', '.join(groups))}" if groups else "")
     )
     clean = not (tally.failed or tally.unknown or pending or interrupted)
     console.print(f"[green]{summary}[/]" if clean else f"[yellow]{summary}[/]", highlight=False)
     if ok and args.show_ids:
         for r in ok[:20]:
-            console.print(f"  {r.msg_id}  {r.broker_group}#{r.queue_id}@{r.queue_offset}")
+            console.print(
+                f"  {literal(r.msg_id)}  {literal(r.broker_group)}#{r.queue_id}@{r.queue_offset}"
+            )
     if interrupted:
         return 130
+    if bad_line is not None:
+        before = f"lines 1-{sent} before it were sent (the line above)" if sent else "none sent"
+        raise InvalidArgumentError(
+            f"{bad_line.message}; {before}, nothing from line {bad_line.line} on was; fix it "
+            f"and send the rest with `tail -n +{bad_line.line}`",
+            details={"line": str(bad_line.line), "sent": str(sent)},
+        )
     if tally.first_error is not None:
         raise tally.first_error  # the first failure, as the one error line (exit 1)
     return 0 if clean else 1
@@ -340,8 +359,8 @@ def consume(args: argparse.Namespace) -> int:
             pass
         c.commit()
     # With --json standard output holds only the messages (for jq and pipes).
-    (Console(stderr=True) if args.json else console).print(
-        f"[green]{got} messages[/] consumed by group {args.group}"
+    (make_console(stderr=True) if args.json else console).print(
+        f"[green]{got} messages[/] consumed by group {literal(args.group)}"
     )
     return 0
 
@@ -349,11 +368,13 @@ def consume(args: argparse.Namespace) -> int:
 def _print_message(m: ReceivedMessage, quiet: bool) -> None:
     if quiet:
         return
-    body = m.body[:80].decode("utf-8", "replace")
-    tags = f" tags={m.tags}" if m.tags else ""
+    tags = f" tags={literal(m.tags)}" if m.tags else ""
+    keys = f" keys={literal(','.join(m.keys))}" if m.keys else ""
     console.print(
-        f"{m.broker_group}#{m.queue_id}@{m.queue_offset} {m.msg_id}{tags} {body!r}",
+        f"{literal(m.broker_group)}#{m.queue_id}@{m.queue_offset} {literal(m.msg_id)}{tags}{keys} "
+        + f"'{literal(m.body, 80)}'",
         highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -363,7 +384,7 @@ def _print_message(m: ReceivedMessage, quiet: bool) -> None:
 def group_lag(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         lags = admin.group_lag(args.group, args.topic)
-    table = Table(title=f"group {args.group} on {args.topic}")
+    table = Table(title=f"group {literal(args.group)} on {literal(args.topic)}")
     for col in ("queue", "committed", "max offset", "lag"):
         table.add_column(col, justify="right" if col != "queue" else "left")
     total = 0
@@ -386,22 +407,27 @@ def group_elect(args: argparse.Namespace) -> int:
         groups = admin.groups()
     if leader != args.node:
         console.print(
-            f"[yellow]{args.group} is led by {leader or 'nobody'} (asked: {args.node})[/]"
+            f"[yellow]{literal(args.group)} is led by {literal(leader or 'nobody')} "
+            f"(asked: {literal(args.node)})[/]"
         )
         return 1
-    console.print(f"[green]{args.group} is now led by {leader}[/]")
+    console.print(f"[green]{literal(args.group)} is now led by {literal(leader)}[/]")
     preferred = _preferred_leader(groups, args.group)
     if preferred and preferred != leader:
-        console.print(
-            f"[yellow]warning:[/] the controllers' leader balancer (balance_leaders, on by "
-            f"default) hands {args.group} back to its preferred leader {preferred} within about "
-            f"15 s, unless it is configured otherwise. To keep {leader}: set "
-            f'preferred_leader = "{leader}" in the [[group]] table of {args.group} in the cluster '
-            f'description (the controllers\' preferred_leaders = "{args.group}={leader}"), or '
-            "balance_leaders = false, and restart the controllers",
-            highlight=False,
-        )
+        console.print(balancer_warning(args.group, leader, preferred), highlight=False)
     return 0
+
+
+def balancer_warning(group: str, leader: str, preferred: str) -> str:
+    """`group elect`'s warning (markup) when the balancer will hand `group` back to `preferred`."""
+    advice = (
+        f"the controllers' leader balancer (balance_leaders, on by default) hands {group} back "
+        f"to its preferred leader {preferred} within about 15 s, unless it is configured "
+        f'otherwise. To keep {leader}: set preferred_leader = "{leader}" in the [[group]] table '
+        f"of {group} in the cluster description (the controllers' preferred_leaders = "
+        f'"{group}={leader}"), or balance_leaders = false, and restart the controllers'
+    )
+    return f"[yellow]warning:[/] {literal(advice)}"
 
 
 def _preferred_leader(groups: list[GroupInfo], group: str) -> str:
@@ -436,13 +462,13 @@ def message_get(args: argparse.Namespace) -> int:
         table.add_column(col)
     for m in found:
         table.add_row(
-            m.msg_id,
-            f"{m.broker_group}#{m.queue_id}",
+            literal(m.msg_id),
+            literal(f"{m.broker_group}#{m.queue_id}"),
             str(m.queue_offset),
-            m.tags or "",
-            ",".join(m.keys),
+            literal(m.tags or ""),
+            literal(",".join(m.keys)),
             _fmt_ms(m.store_timestamp_ms),
-            m.body[:60].decode("utf-8", "replace"),
+            literal(m.body, 60),
         )
     console.print(table)
     return 0
@@ -459,18 +485,20 @@ def message_list(args: argparse.Namespace) -> int:
             page = admin.messages_by_time(
                 args.topic, begin_ms, end_ms, page_size=args.page_size, page_token=token
             )
-            table = Table(title=f"{args.topic}: stored {_fmt_ms(begin_ms)} .. {_fmt_ms(end_ms)}")
+            table = Table(
+                title=f"{literal(args.topic)}: stored {_fmt_ms(begin_ms)} .. {_fmt_ms(end_ms)}"
+            )
             for col in ("stored", "msg id", "queue", "offset", "tags", "keys", "body"):
                 table.add_column(col)
             for m in page.messages:
                 table.add_row(
                     _fmt_ms(m.store_timestamp_ms),
-                    m.msg_id,
-                    f"{m.broker_group}#{m.queue_id}",
+                    literal(m.msg_id),
+                    literal(f"{m.broker_group}#{m.queue_id}"),
                     str(m.queue_offset),
-                    m.tags or "",
-                    ",".join(m.keys),
-                    m.body[:40].decode("utf-8", "replace"),
+                    literal(m.tags or ""),
+                    literal(",".join(m.keys)),
+                    literal(m.body, 40),
                 )
             if page.messages:
                 console.print(table)
@@ -479,7 +507,7 @@ def message_list(args: argparse.Namespace) -> int:
             if not token or not args.all:
                 break
     if token:
-        console.print(f"{shown} messages; next page: --page-token {token}")
+        console.print(f"{shown} messages; next page: --page-token {literal(token)}")
     else:
         console.print(f"{shown} messages; no more in this range")
     return 0
@@ -490,19 +518,19 @@ def message_trace(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         trace = admin.message_trace(args.id)
     steps = trace.steps()
-    table = Table(title=f"trace of {trace.msg_id}")
+    table = Table(title=f"trace of {literal(trace.msg_id)}")
     for col in ("time", "step", "msg id", "where", "who", "status", "cost ms", "detail"):
         table.add_column(col)
     for s in steps:
         table.add_row(
             _fmt_ms(s.timestamp_ms),
-            s.step,
-            s.msg_id,
-            s.where,
-            s.who,
-            s.status,
+            literal(s.step),
+            literal(s.msg_id),
+            literal(s.where),
+            literal(s.who),
+            literal(s.status),
             "" if s.cost_ms is None else str(s.cost_ms),
-            s.detail,
+            literal(s.detail),
         )
     console.print(table)
     return 0
@@ -548,6 +576,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="senders use a sharding key (--no-ordered: they do not)",
     )
     p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument(
+        "--drop-unconsumed",
+        action="store_true",
+        help="shrink --queues even though the queues dropped hold messages a consumer group has "
+        "not consumed: those messages become unreachable (refused without this flag)",
+    )
     p.set_defaults(func=topic_update)
     p = tsub.add_parser("list", help="every topic with its groups and queues")
     p.set_defaults(func=topic_list)

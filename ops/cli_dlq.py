@@ -19,6 +19,7 @@ from raftmq.common.retry import (
     reconsume_times,
 )
 from raftmq.ops.cli_data import _fmt_ms, _namesrv, console
+from raftmq.ops.terminal_text import literal
 
 
 def _origin(m: ReceivedMessage) -> tuple[str, str]:
@@ -33,18 +34,18 @@ def dlq_list(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--max must be at least 1")
     with Admin(_namesrv(args)) as admin:
         found = admin.dead_letters(args.group, max_count=args.max)
-    table = Table(title=f"dead letters of group {args.group} ({len(found)})")
+    table = Table(title=f"dead letters of group {literal(args.group)} ({len(found)})")
     for col in ("msg id", "original topic", "original id", "failures", "stored", "body"):
         table.add_column(col, overflow="fold")  # ids are copied from here: never cut them
     for m in found:
         topic, origin_id = _origin(m)
         table.add_row(
-            m.msg_id,
-            topic,
-            origin_id,
+            literal(m.msg_id),
+            literal(topic),
+            literal(origin_id),
             str(reconsume_times(m.properties)),
             _fmt_ms(m.store_timestamp_ms),
-            m.body[:40].decode("utf-8", "replace"),
+            literal(m.body, 40),
         )
     console.print(table)
     return 0
@@ -59,10 +60,10 @@ def dlq_show(args: argparse.Namespace) -> int:
             "`raftmq message get --id` shows any message"
         )
     topic, origin_id = _origin(m)
-    table = Table(title=f"dead letter {m.msg_id}", show_header=False)
+    table = Table(title=f"dead letter {literal(m.msg_id)}", show_header=False)
     table.add_column("field")
     table.add_column("value")
-    rows = [
+    rows: list[tuple[str, str | bytes]] = [
         ("dead-letter topic", m.topic),
         ("original topic", topic),
         ("original id", origin_id),
@@ -72,10 +73,10 @@ def dlq_show(args: argparse.Namespace) -> int:
         ("tags", m.tags or ""),
         ("keys", ",".join(m.keys)),
         *((f"property {k}", v) for k, v in sorted(m.properties.items())),
-        ("body", m.body[:200].decode("utf-8", "replace")),
+        ("body", m.body[:200]),
     ]
     for field, value in rows:
-        table.add_row(field, value)
+        table.add_row(literal(field), literal(value))
     console.print(table)
     return 0
 
@@ -84,8 +85,9 @@ def dlq_resend(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         result = admin.resend_dead_letter(args.id)
     console.print(
-        f"[green]resent[/] {args.id} to {result.topic} as {result.msg_id} "
-        f"({result.broker_group}#{result.queue_id}@{result.queue_offset})",
+        f"[green]resent[/] {literal(args.id)} to {literal(result.topic)} as "
+        f"{literal(result.msg_id)} ({literal(result.broker_group)}#{result.queue_id}"
+        f"@{result.queue_offset})",
         highlight=False,
     )
     return 0

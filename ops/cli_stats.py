@@ -19,6 +19,7 @@ from raftmq.client.admin import Admin
 from raftmq.client.stats_report import MINUTE_MS, StatsReport, parse_duration_ms
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
+from raftmq.ops.terminal_text import literal
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60  # columns at most: minutes are summed into this many cells
@@ -57,14 +58,15 @@ def print_report(report: StatsReport, title: str, per_minute: bool) -> None:
     console = cli_data.console
     seconds = report.minutes * MINUTE_MS / 1000
     table = Table(
-        title=f"{title}: {_minute_text(report.since_ms)} .. {_minute_text(report.until_ms)}"
+        title=f"{literal(title)}: {_minute_text(report.since_ms)} .. "
+        f"{_minute_text(report.until_ms)}"
     )
     for col in ("topic", "group", "messages", "avg TPS", "peak TPS (minute)", "per minute"):
         table.add_column(col, justify="right" if "TPS" in col or col == "messages" else "left")
     for s in report.series:
         table.add_row(
-            s.topic,
-            s.group or "[dim](produced)[/]",
+            literal(s.topic),
+            literal(s.group) or "[dim](produced)[/]",
             str(s.total),
             f"{s.total / seconds:.2f}",
             f"{max(s.counts, default=0) / 60:.2f}",
@@ -77,12 +79,12 @@ def print_report(report: StatsReport, title: str, per_minute: bool) -> None:
         minutes = Table(title="per minute")
         minutes.add_column("minute")
         for s in report.series:
-            minutes.add_column(f"{s.topic} {s.group}".strip(), justify="right")
+            minutes.add_column(literal(f"{s.topic} {s.group}".strip()), justify="right")
         for i, start in enumerate(report.minute_starts()):
             minutes.add_row(_minute_text(start), *(str(s.counts[i]) for s in report.series))
         console.print(minutes)
     for line in report.unanswered:
-        console.print(f"[yellow]not counted (node did not answer): {line}[/]")
+        console.print(f"[yellow]not counted (node did not answer): {literal(line)}[/]")
     if report.truncated:
         console.print("[yellow]a node had more rows than one answer holds: ask a shorter range[/]")
 
@@ -126,7 +128,7 @@ def _show(args: argparse.Namespace, report: StatsReport, title: str) -> int:
     if args.plot:
         plot(report, title, Path(args.plot))
         if not args.json:
-            cli_data.console.print(f"chart written to {args.plot}")
+            cli_data.console.print(f"chart written to {literal(args.plot)}")
     return 0
 
 

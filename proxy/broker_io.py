@@ -41,6 +41,7 @@ POP_TIMEOUT_S = 10.0  # a POP state read or write (a Raft entry) on the group's 
 POP_RETRY_WINDOW_S = 8.0
 POP_RETRY_PAUSE_S = (0.1, 0.25, 0.5, 1.0)
 MAX_PULL_MESSAGES = 256
+AUTO_CREATE_TTL_S = 10.0  # how long the brokers' auto_create_topic answer is reused
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +65,43 @@ class BrokerIO:
         self.routes = RouteCache(namesrv_addresses, self.pool)
         self._executor = ThreadPoolExecutor(blocking_threads, thread_name_prefix="proxy-blocking")
         self._offsets: dict[str, BrokerOffsets] = {}
+        self._auto_create: tuple[float, list[str]] | None = None  # (asked at, groups)
 
     async def _blocking(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def route(self, topic: str) -> TopicRoute:
         return await self._blocking(lambda: self.routes.route(topic))
+
+    async def auto_create_groups(self) -> list[str]:
+        """The broker groups (with a leader) that create a topic on its first send: all of them
+        when a leader's settings say auto_create_topic is on, else none. Asked at most once per
+        AUTO_CREATE_TTL_S."""
+        now = time.monotonic()
+        if self._auto_create is not None and now - self._auto_create[0] < AUTO_CREATE_TTL_S:
+            return self._auto_create[1]
+
+        def ask() -> list[str]:
+            leaders = sorted(
+                (g.broker_group, g.leader_address)
+                for c in self.routes.cluster_info().clusters
+                for g in c.groups
+                if g.leader_address
+            )
+            if not leaders:
+                return []
+            status = self.pool.broker(leaders[0][1]).GetBrokerStatus(
+                broker_pb2.GetBrokerStatusRequest(), timeout=POP_TIMEOUT_S
+            )
+            on = status.config.get("auto_create_topic", "").lower() == "true"
+            return [g for g, _ in leaders] if on else []
+
+        try:
+            groups = await self._blocking(ask)
+        except (grpc.RpcError, RaftMQError):
+            groups = []  # unknown: no provisional route (the topic is "not found", as before)
+        self._auto_create = (now, groups)
+        return groups
 
     def _offsets_of(self, group: str) -> BrokerOffsets:
         bo = self._offsets.get(group)

@@ -72,6 +72,26 @@ def message_queues(route: TopicRoute, proxies: Sequence[str]) -> list[v2.Message
     return out
 
 
+def provisional_queues(
+    topic: str, broker_groups: Sequence[str], proxies: Sequence[str]
+) -> list[v2.MessageQueue]:
+    """The route a v2 producer gets for a topic that does not exist yet while the brokers create
+    topics on first send (auto_create_topic): one write-only queue per broker group, taking
+    every message type. The send itself goes through the SDK, which creates the topic."""
+    return [
+        v2.MessageQueue(
+            topic=v2.Resource(name=topic),
+            id=0,
+            permission=v2.WRITE,
+            broker=v2.Broker(
+                name=g, id=MASTER_BROKER_ID, endpoints=endpoints(owner_of(g, proxies))
+            ),
+            accept_message_types=[v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION],
+        )
+        for g in sorted(broker_groups)
+    ]
+
+
 def send_queue(route: TopicRoute, message_group: str) -> QueueRef | None:
     """FIFO: the queue of `message_group` (the SDK's sharding-key rule, so an SDK producer with
     sharding_key=group and a v2 producer with the same message group share a queue). None for
@@ -85,11 +105,9 @@ def is_ordered(route: TopicRoute) -> bool:
     return any(q.ordered for q in route.queues)
 
 
-def read_queues(
-    route: TopicRoute, broker_group: str, me: str, proxies: Sequence[str]
-) -> list[QueueRef]:
-    """The readable queues a receive pops: those of `broker_group` ("" or unknown: of every
-    group this proxy serves)."""
-    mine = [q for q in route.read_queues() if owner_of(q.broker_group, proxies) == me]
-    named = [q for q in mine if q.broker_group == broker_group]
-    return named or mine
+def read_queues(route: TopicRoute, me: str, proxies: Sequence[str]) -> list[QueueRef]:
+    """The readable queues a receive pops: those of every broker group this proxy serves,
+    whichever assignment the client named. The official clients receive from one assignment
+    (one broker group) at a time; popping only its group answered "nothing" while another group
+    of the topic held messages (issue 26)."""
+    return [q for q in route.read_queues() if owner_of(q.broker_group, proxies) == me]

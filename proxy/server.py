@@ -29,6 +29,10 @@ from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
 MAX_GRPC_MESSAGE_EXTRA = 1 << 20  # headers, properties and batch framing beside the bodies
+# A request up to this many times max_message_bytes is read, so a body over the limit is answered
+# MESSAGE_BODY_TOO_LARGE by the send's own check; a larger request is cut by gRPC itself
+# (RESOURCE_EXHAUSTED), which bounds what one request may make the proxy hold.
+OVERSIZE_READ_FACTOR = 4
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:
@@ -48,7 +52,7 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
     limit = settings.max_message_bytes + MAX_GRPC_MESSAGE_EXTRA
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_receive_message_length", OVERSIZE_READ_FACTOR * limit),
             ("grpc.max_send_message_length", 32 * limit),  # a receive of a whole batch
             ("grpc.so_reuseport", 0),
             *SERVER_LIVENESS,

@@ -29,7 +29,13 @@ from raftmq.client.producer.transaction import TransactionCheck
 from raftmq.client.retry_back import SendBack
 from raftmq.common.acl_sync import admin_credentials, auth_config_of
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
-from raftmq.common.errors import InvalidFilterError, InvalidNameError, RaftMQError
+from raftmq.common.errors import (
+    InvalidFilterError,
+    InvalidNameError,
+    NoRouteError,
+    RaftMQError,
+    TopicNotFoundError,
+)
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import validate_group
@@ -237,7 +243,18 @@ class MessagingService:
         self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> svc.QueryRouteResponse:
         topic = convert.check_topic(request.topic)
-        route = await self.io.route(topic)
+        try:
+            route = await self.io.route(topic)
+        except (TopicNotFoundError, NoRouteError):
+            # Our SDK's producer creates such a topic with its first send (when the brokers'
+            # auto_create_topic is on); a v2 producer asks for the route first.
+            groups = await self.io.auto_create_groups()
+            if not groups:
+                raise
+            return svc.QueryRouteResponse(
+                status=ok(),
+                message_queues=routing.provisional_queues(topic, groups, self.proxies),
+            )
         return svc.QueryRouteResponse(
             status=ok(), message_queues=routing.message_queues(route, self.proxies)
         )
@@ -290,8 +307,11 @@ class MessagingService:
     async def _send_one(self, msg: v2.Message) -> svc.SendResultEntry:
         try:
             out = convert.to_outgoing(msg, self.s.max_message_bytes)
-            route = await self.io.route(out.topic)
-            queue = routing.send_queue(route, out.message_group)
+            try:
+                route = await self.io.route(out.topic)
+                queue = routing.send_queue(route, out.message_group)
+            except (TopicNotFoundError, NoRouteError):
+                queue = None  # a new topic: the SDK's send creates it if the brokers allow
             if out.message_type == v2.TRANSACTION:
                 return await self._send_half(out, queue)
             fut = self.producer.send_async(
@@ -437,9 +457,7 @@ class MessagingService:
             )
         flt = _filter(request.filter_expression)
         route = await self.io.route(topic)
-        queues = routing.read_queues(
-            route, request.message_queue.broker.name, self.me, self.proxies
-        )
+        queues = routing.read_queues(route, self.me, self.proxies)
         if not queues:
             raise ApiError(
                 v2.FORBIDDEN if route.queues else v2.TOPIC_NOT_FOUND,

@@ -227,6 +227,24 @@ def test_the_sdk_installs_alone_into_an_empty_virtualenv(dists: Dists, tmp_path:
         assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, (
             f"{module} is importable after a base install"
         )
+    # The commands the wheel installs say which extra they need (issue 26: they crashed with
+    # "No module named 'rich'").
+    for command, extra in (
+        ("raftmq", "cli"),
+        ("raftmq-broker", "server"),
+        ("raftmq-namesrv", "server"),
+        ("raftmq-controller", "server"),
+    ):  # raftmq-proxy needs only the base install
+        ran = subprocess.run(
+            [str(env.bin(command)), "--help"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+        assert f"pip install 'raftmq[{extra}]'" in ran.stderr, ran.stderr
 
 
 def _free_port() -> int:

@@ -5,13 +5,19 @@ the bounded channel pool."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raftmq.client.routes import ChannelPool, RouteCache
-from raftmq.common.errors import BrokerUnavailableError, NoRouteError, NotLeaderError
+from raftmq.common.errors import (
+    BrokerUnavailableError,
+    InvalidArgumentError,
+    NoRouteError,
+    NotLeaderError,
+)
 from raftmq.common.pb import common_pb2, namesrv_pb2
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Proc, namesrv_proc
@@ -116,6 +122,24 @@ def test_no_leader_known_is_a_typed_error(namesrvs: list[Proc]) -> None:
         with pytest.raises(NotLeaderError, match="no leader is known"):
             cache.leader(TOPIC, "broker-a")
         assert cache.nodes(TOPIC, "broker-a") == ("127.0.0.1:50000",), "nodes are still listed"
+    finally:
+        pool.close()
+
+
+def test_a_group_the_route_lacks_is_named_at_once(namesrvs: list[Proc]) -> None:
+    """Issue 26: an unknown broker group was a NotLeaderError ("no leader is known yet"), which
+    senders retry until their timeout (10 s) instead of naming the group."""
+    addrs = [address(p) for p in namesrvs]
+    pool = ChannelPool()
+    try:
+        register_group(pool, addrs, "n0", term=1)
+        cache = RouteCache(addrs, pool)
+        started = time.monotonic()
+        lacking = r"no queues on broker group 'broker-z'"
+        with pytest.raises(InvalidArgumentError, match=lacking) as e:
+            cache.leader(TOPIC, "broker-z")
+        assert "its broker groups: broker-a" in e.value.message and not e.value.retryable
+        assert time.monotonic() - started < 5
     finally:
         pool.close()
 

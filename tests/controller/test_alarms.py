@@ -112,6 +112,16 @@ def test_dlq_growth_is_measured_over_its_window() -> None:
     assert ev == [("firing", 8000, 3.0), ("resolved", 20000, 0.0)]
 
 
+def test_dlq_growth_fires_for_a_groups_first_dead_letters() -> None:
+    """Issue 26: %DLQ%g appears with its first dead letters; with no earlier sample its growth
+    read 0 and 8 dead letters went unalerted. Totals there at the first round stay quiet."""
+    book = AlarmBook(parse_rules("dlq_growth > 0 within 5m"))
+    assert book.evaluate(0, {Kind.DLQ_GROWTH: {"old": 40.0}}) == []  # no known past
+    assert book.evaluate(1000, {Kind.DLQ_GROWTH: {"old": 40.0}}) == []
+    [e] = book.evaluate(2000, {Kind.DLQ_GROWTH: {"old": 40.0, "g": 8.0}})
+    assert (e.status, e.subject, e.value) == ("firing", "g", 8.0)
+
+
 def test_rules_parse_and_bad_rules_say_what_to_write() -> None:
     rules = parse_rules(
         "group_lag > 1000 for 1m; dlq_growth > 0 within 5m; no_leader for 30s;"

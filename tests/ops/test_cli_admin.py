@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
+from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
 from tests.harness.procs import Cluster, start_cluster, wait_until
@@ -56,6 +58,11 @@ def make_topic(cluster: Cluster, name: str, queues: int = 2) -> None:
         wait_until(lambda: admin.route(name), 30, f"the route of {name}")
 
 
+def stdin(data: bytes) -> io.TextIOWrapper:
+    """Standard input as a terminal or pipe gives it: text with its bytes beneath."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
 def highs(cluster: Cluster, topic: str) -> dict[int, int]:
     with Admin(cluster.namesrv) as admin:
         return {q.queue.queue_id: q.max_offset for q in admin.topic_status(topic)}
@@ -71,13 +78,13 @@ def test_produce_stdin_consume_sql_json_topic_and_broker_status(
 ) -> None:
     make_topic(cluster, "adm-in")
     lines = "".join(f"k{i}:body {i}\n" for i in range(10))
-    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    monkeypatch.setattr("sys.stdin", stdin(lines.encode()))
     code, out, _ = run(
         cluster, capsys, "produce", "adm-in", "--stdin", "--key-separator", ":",
         "--property", "color=red", "--property", "n=1", "--tags", "T",
     )  # fmt: skip
     assert code == 0 and "10 messages acknowledged" in out, out
-    monkeypatch.setattr("sys.stdin", io.StringIO("plain a\nplain b\n"))
+    monkeypatch.setattr("sys.stdin", stdin(b"plain a\nplain b\n"))
     code, out, _ = run(
         cluster, capsys, "produce", "adm-in", "--stdin", "--property", "color=blue", "--batch", "5"
     )
@@ -249,3 +256,96 @@ def test_reset_of_a_new_group_with_create(
     )  # fmt: skip
     assert code == 0, out
     assert committed(cluster, "g-new", "adm-new") == {0: 3}
+
+
+# ---- issue 26: what an operator met ----------------------------------------------------------
+
+
+def test_topic_update_perm_is_applied(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """It failed with a type-check message about a protobuf enum."""
+    make_topic(cluster, "adm-perm")
+    code, out, err = run(cluster, capsys, "topic", "update", "adm-perm", "--perm", "r")
+    assert code == 0 and "permission r" in out, out + err
+    with Admin(cluster.namesrv) as admin:
+        [(_, cfg)] = admin.list_topics()["adm-perm"]
+    assert cfg.perm == common_pb2.PERM_READ_ONLY
+
+
+def test_relative_times_of_the_readme_are_accepted(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`message list --from -10m` and `stats topic T --since -1h` were refused by argparse."""
+    make_topic(cluster, "adm-rel")
+    with Producer(cluster.namesrv) as p:
+        p.send("adm-rel", b"recent")
+    code, out, err = run(cluster, capsys, "message", "list", "--topic", "adm-rel", "--from", "-10m")
+    assert code == 0 and "recent" in out and "1 messages" in out, out + err
+    code, out, err = run(
+        cluster, capsys, "message", "list", "--topic", "adm-rel", "--from", "-2h", "--to", "-1h"
+    )
+    assert code == 0 and "0 messages" in out, out + err
+    code, out, err = run(cluster, capsys, "stats", "topic", "adm-rel", "--since", "-1h", "--json")
+    assert code == 0 and json.loads(out)["series"][0]["total"] == 1, out + err
+
+
+def test_shrinking_queues_with_unconsumed_messages_is_refused_unless_forced(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`topic update --queues 2` on a topic with data in 4 queues hid the messages of queues
+    2 and 3 without a word."""
+    make_topic(cluster, "adm-shrink", queues=4)
+    with Producer(cluster.namesrv) as p:
+        for qid in range(4):
+            for _ in range(qid + 1):  # 1, 2, 3, 4 messages: queues 2 and 3 hold 7
+                p.send("adm-shrink", b"x", queue=QueueRef("adm-shrink", GROUP, qid))
+    code, out, err = run(cluster, capsys, "topic", "update", "adm-shrink", "--queues", "2")
+    assert code == 1 and "7 messages" in err and "--drop-unconsumed" in err, out + err
+    assert "that no consumer group has read" in err and f"{GROUP}#3 (4)" in err, err
+    assert highs(cluster, "adm-shrink") == {0: 1, 1: 2, 2: 3, 3: 4}, "nothing changed"
+    # A group that has read queue 2 but not queue 3: only queue 3's 4 messages strand it.
+    with Admin(cluster.namesrv) as admin:
+        admin.reset_offsets(
+            "g-shrink", "adm-shrink", ResetTarget(ResetTo.LATEST), allow_new_group=True
+        )
+        admin.reset_offsets("g-shrink", "adm-shrink", ResetTarget(ResetTo.SHIFT, -1))
+    code, out, err = run(cluster, capsys, "topic", "update", "adm-shrink", "--queues", "3")
+    assert code == 1 and "1 messages not yet consumed by g-shrink" in err, out + err
+    # Growing, or shrinking what is consumed, needs no flag.
+    with Admin(cluster.namesrv) as admin:
+        admin.reset_offsets("g-shrink", "adm-shrink", ResetTarget(ResetTo.LATEST))
+    code, out, err = run(cluster, capsys, "topic", "update", "adm-shrink", "--queues", "3")
+    assert code == 0, out + err
+    code, out, err = run(
+        cluster, capsys, "topic", "update", "adm-shrink", "--queues", "1", "--drop-unconsumed"
+    )
+    assert code == 0 and "1 queues" in out, out + err
+
+
+def test_produce_stdin_names_a_bad_line_and_what_was_sent_before_it(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty line failed the whole batch without naming it; a bad line 4 stopped after lines
+    1-3 were stored without saying so; invalid UTF-8 ended in an internal error."""
+    make_topic(cluster, "adm-lines", queues=1)
+    monkeypatch.setattr("sys.stdin", stdin(b"one\ntwo\n\nfour\n"))
+    code, out, err = run(cluster, capsys, "produce", "adm-lines", "--stdin", "--batch", "10")
+    assert code == 1 and "line 3 of standard input is empty" in err, out + err
+    assert "lines 1-2 before it were sent" in err and "2 messages acknowledged" in out, out + err
+    assert "tail -n +3" in err
+    monkeypatch.setattr("sys.stdin", stdin(b"k1:a\nk2:b\nk3:c\nno separator\nk5:e\n"))
+    code, out, err = run(cluster, capsys, "produce", "adm-lines", "--stdin", "--key-separator", ":")
+    assert code == 1 and "line 4 of standard input has no key separator" in err, out + err
+    assert "lines 1-3 before it were sent" in err and "3 messages acknowledged" in out, out + err
+    monkeypatch.setattr("sys.stdin", stdin(b"\xff\xfebinary\n\xc3(\n"))
+    code, out, err = run(cluster, capsys, "produce", "adm-lines", "--stdin")
+    assert code == 0 and "2 messages acknowledged" in out, out + err
+    monkeypatch.setattr("sys.stdin", stdin(b"k:fine\n\xff:bad key\n"))
+    code, out, err = run(cluster, capsys, "produce", "adm-lines", "--stdin", "--key-separator", ":")
+    assert code == 1 and "line 2 of standard input has a key that is not UTF-8" in err, err
+    assert "internal error" not in err
+    # Exactly the lines before each bad one, in order, binary bodies byte for byte.
+    with PullConsumer(cluster.namesrv, "g-lines", start_from=StartFrom.EARLIEST) as c:
+        c.subscribe("adm-lines")
+        got: list[bytes] = []
+        wait_until(lambda: got.extend(m.body for m in c.poll(200)) or len(got) >= 8, 30, "all")
+    assert got == [b"one", b"two", b"a", b"b", b"c", b"\xff\xfebinary", b"\xc3(", b"fine"]

@@ -31,9 +31,9 @@ def ignore_sigint() -> None:
 class Small:
     """A one-NameServer, one-group cluster description on free ports under tmp."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, data: Path | None = None) -> None:
         self.ports = free_ports(PORTS)
-        self.data = tmp / "data"
+        self.data = tmp / "data" if data is None else data  # relative: under each command's cwd
         self.spec = tmp / "cluster.toml"
         self.spec.write_text(
             local_description(
@@ -42,10 +42,12 @@ class Small:
         )
         self.log = tmp / "up.log"
 
-    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout_s: float = 120, cwd: Path = ROOT
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "raftmq.ops.cli", "cluster", *args, "--spec", str(self.spec)],
-            cwd=ROOT,
+            cwd=cwd,
             env=ENV,
             capture_output=True,
             text=True,
@@ -102,6 +104,8 @@ def test_children_end_when_cluster_up_is_sigkilled(small: Small) -> None:
         assert len(small.live(state)) == 5 and state.runner_pid == up.pid
         # No [security.tls]: one warning line says the cluster is open (issue 19).
         assert small.log.read_text().count("the cluster is open") == 1
+        # its bracketed table names print as written (issue 26: they were read as markup)
+        assert "(no [security.tls])" in small.log.read_text()
         up.kill()
         up.wait(timeout=10)
         t0 = time.monotonic()
@@ -135,6 +139,41 @@ def test_detach_then_down_frees_every_port(small: Small) -> None:
     assert cluster_state.read(cluster_state.state_path(small.data)) is None
     nothing = small.cli("down")
     assert nothing.returncode == 0 and "nothing to stop" in nothing.stdout
+
+
+def test_down_from_another_directory_finds_the_cluster(tmp_path: Path) -> None:
+    """Issue 26: with the default relative data_dir, `down` from another directory said "nothing
+    to stop" (exit 0) while the cluster ran."""
+    small = Small(tmp_path, data=Path("data"))
+    here, there = tmp_path / "started-here", tmp_path / "elsewhere"
+    here.mkdir()
+    there.mkdir()
+    try:
+        started = small.cli("up", "--detach", cwd=here)
+        assert started.returncode == 0, started.stdout + started.stderr
+        state = cluster_state.read(cluster_state.state_path(here / "data"))
+        assert state is not None and len(small.live(state)) == 5
+        stopped = small.cli("down", cwd=there)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "started in another directory" in stopped.stdout, stopped.stdout
+        assert str(here / "data") in stopped.stdout.replace("\n", ""), stopped.stdout
+        assert small.live(state) == [] and small.busy() == []
+        assert cluster_state.read(cluster_state.state_path(here / "data")) is None
+    finally:
+        leftover = cluster_state.read(cluster_state.state_path(here / "data"))
+        for p in leftover.processes if leftover is not None else ():
+            with procs.RecordedProcess(p.pid, p.start_ticks) as rec:
+                rec.send_signal(signal.SIGKILL)
+
+
+def test_down_names_the_holder_of_a_port_it_did_not_start(small: Small) -> None:
+    """Nothing recorded, but the description's port is taken: exit 1 naming the holder."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", small.ports[0]))
+        s.listen()
+        down = small.cli("down")
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert f"port {small.ports[0]}" in down.stderr and f"by pid {os.getpid()}" in down.stderr
 
 
 def test_a_port_in_use_is_one_line_and_nothing_starts(small: Small) -> None:

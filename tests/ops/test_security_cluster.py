@@ -464,3 +464,26 @@ def test_a_transactional_producer_needs_pub_on_its_topic_and_group(env: Env) -> 
     wait_until(lambda: end_error(sent("txg")) is None, 20, "tina's committed transaction")
     out = sent("other-group")  # the half is stored (Pub on the topic); its end is refused
     assert isinstance(end_error(out), AccessDeniedError), out
+
+
+def test_broker_status_of_a_user_without_rights_exits_with_the_denial(env: Env) -> None:
+    """Issue 26: the denial was a row of the table, exit 0, as if every node were down."""
+
+    def status(creds: Credentials) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "raftmq.ops.cli", "--namesrv", env.namesrv,
+                "--access-key", creds.access_key, "--secret-key", creds.secret_key,
+                "broker", "status", "--config",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )  # fmt: skip
+
+    denied = status(ALICE)
+    assert denied.returncode == 1, denied.stdout + denied.stderr
+    assert "ACCESS_DENIED" in denied.stderr and "broker nodes" not in denied.stdout, denied
+    allowed = status(ADMIN)
+    assert allowed.returncode == 0 and "broker config" in allowed.stdout, allowed

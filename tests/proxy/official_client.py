@@ -128,6 +128,21 @@ def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"got": got, "extra": extra}
 
 
+def receive_once(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`rounds` single receives (batch 16), each acked: what each one returned."""
+    c = _consumer(endpoint, args)
+    rounds = []
+    try:
+        for _ in range(args.get("rounds", 1)):
+            got = c.receive(16, 20)
+            for m in got:
+                c.ack(m)
+            rounds.append([_view(m) for m in got])
+    finally:
+        c.shutdown()
+    return {"rounds": rounds}
+
+
 def _error(fn: Any) -> str:
     try:
         fn()
@@ -452,6 +467,7 @@ SCENARIOS = {
     "redeliver": redeliver,
     "change_invisible": change_invisible,
     "fifo": fifo,
+    "receive_once": receive_once,
 }
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""How the `raftmq` command prints to a terminal: its consoles (rich markup for our own texts,
+emoji codes off) and `literal`, the one way user content (bodies, keys, tags, properties, names,
+a peer's error text) enters a printed line. Nothing here may let user content be read as markup,
+an emoji code or a terminal control sequence."""
+
+from __future__ import annotations
+
+import codecs
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console of the CLI: emoji codes off, since `:name:` in a body would become a picture
+    (rich reads them outside markup too)."""
+    return Console(stderr=stderr, emoji=False)
+
+
+def printable(text: str) -> str:
+    """`text` with every unprintable character (newlines, NEL, ESC from a body, an argument or a
+    peer) written as its Python escape, so a line stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def decoded(value: str | bytes, limit: int | None = None) -> str:
+    """A body as text: UTF-8, each invalid byte as its `\\xNN` escape (never a silent U+FFFD);
+    `limit` cuts the bytes first."""
+    if isinstance(value, bytes):
+        if limit is None:
+            return value.decode("utf-8", "backslashreplace")
+        # not final: a character the cut splits is dropped, not shown as stray escapes
+        decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+        return str(decoder.decode(value[:limit], final=False))
+    return value if limit is None else value[:limit]
+
+
+def literal(value: str | bytes, limit: int | None = None) -> str:
+    """User content ready for a rich markup string or a table cell: decoded, control characters
+    escaped, then markup escaped (rich's own `escape`), so `[/]`, `[bold red]`, `[link=...]` and
+    `[word]` print as written."""
+    return escape(printable(decoded(value, limit)))
