@@ -2,7 +2,8 @@
 a global cap, and a cap per client address and per authenticated user, so that one client cannot
 take what the others need (issue 27).
 
-Counting only: no sockets, no clocks, no locks (a caller shared by threads holds its own).
+Counting only: no sockets, no clocks, no locks (a caller shared by threads holds its own); and
+the settings keys every server role shares for it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
+from raftmq.common.auth import AuthSettings
 from raftmq.common.errors import ThrottledError
+from raftmq.common.settings import setting, settings_class
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +109,29 @@ class FairShare:
         self._by_user[user] -= 1
         if not self._by_user[user]:
             del self._by_user[user]
+
+
+@settings_class
+class FairShareSettings(AuthSettings):
+    """The keys every server role shares beyond [security.auth]'s (its base): a client host's
+    share of the role's gRPC port and of its HTTP port (issue 27)."""
+
+    rpc_max_calls_per_address: int = setting(
+        default=0,
+        unit="calls",
+        doc="gRPC calls one client host may have running (past it: THROTTLED); 0 = three "
+        "quarters of the role's handler threads",
+    )
+    http_max_connections_per_address: int = setting(
+        default=16,
+        unit="connections",
+        doc="/metrics, /healthz and /readyz: connections one client host may hold (a scraper "
+        "needs one); one without a whole request for 10 s is closed",
+    )
+
+
+def check_fair_share_settings(settings: FairShareSettings) -> None:
+    if settings.rpc_max_calls_per_address < 0:
+        raise ValueError("rpc_max_calls_per_address must be >= 0 (0 = 3/4 of handler threads)")
+    if settings.http_max_connections_per_address < 1:
+        raise ValueError("http_max_connections_per_address must be >= 1")
