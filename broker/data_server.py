@@ -92,6 +92,10 @@ class DataServer:
             max_frame_bytes=s.data_max_frame_bytes,
             max_inflight_per_conn=s.data_max_inflight_per_conn,
             max_connections=s.data_max_connections,
+            max_connections_per_address=s.data_max_connections_per_address,
+            max_connections_per_user=s.data_max_connections_per_user,
+            hello_timeout_s=s.data_hello_timeout_ms / 1000,
+            idle_timeout_s=s.data_idle_timeout_ms / 1000,
             ssl=tls.server_ssl(),
             authenticate=self.guard.authenticate_hello if self.guard is not None else None,
         )

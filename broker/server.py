@@ -31,8 +31,10 @@ from raftmq.broker.transactions_service import TRANSACTION_SERVICE, TransactionS
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.common import tls
 from raftmq.common.acl_sync import NodeSecurity
+from raftmq.common.call_shares import CallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
@@ -96,6 +98,9 @@ class BrokerServer:
             maximum_concurrent_rpcs=settings.max_workers * 4,
             interceptors=[
                 *self.node.metrics.grpc_interceptors(),
+                CallShares(
+                    per_address_cap(settings.rpc_max_calls_per_address, settings.max_workers)
+                ),
                 *self.security.interceptors([BROKER_SERVICE, TRANSACTION_SERVICE]),
             ],
         )
@@ -176,7 +181,11 @@ class BrokerServer:
                 raise OSError(f"cannot listen on {bind[0]}:{bind[1]} (data_listen): {exc}") from exc
         node = self.node
         self.metrics = start_metrics(
-            self.settings.metrics_listen, node.metrics.registry, lambda: readiness(node), "broker"
+            self.settings.metrics_listen,
+            node.metrics.registry,
+            lambda: readiness(node),
+            "broker",
+            HttpLimits(max_connections_per_address=self.settings.http_max_connections_per_address),
         )
         self.metrics_address = self.metrics.address if self.metrics is not None else ""
         self._server.start()

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common import tls
-from raftmq.common.auth import AuthSettings, check_auth_settings
+from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
+from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
@@ -27,7 +28,7 @@ MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a
 
 
 @settings_class
-class BrokerSettings(AuthSettings):
+class BrokerSettings(FairShareSettings):
     cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
     broker_group: str = setting(
         default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
@@ -61,6 +62,26 @@ class BrokerSettings(AuthSettings):
     )
     data_max_connections: int = setting(
         default=4096, unit="connections", doc="framed data path: connections served at once"
+    )
+    data_max_connections_per_address: int = setting(
+        default=1024,
+        unit="connections",
+        doc="framed data path: connections one client host may hold (a share of "
+        "data_max_connections, so one host cannot fill it); 0 = no cap",
+    )
+    data_max_connections_per_user: int = setting(
+        default=2048,
+        unit="connections",
+        doc="framed data path, auth on: connections one access key may hold; 0 = no cap",
+    )
+    data_hello_timeout_ms: int = setting(
+        default=5_000, unit="ms", doc="framed data path: a connection that sends no HELLO is closed"
+    )
+    data_idle_timeout_ms: int = setting(
+        default=10_000,
+        unit="ms",
+        doc="framed data path: a connection silent this long is closed (clients ping every "
+        "second; a peer gone without a FIN is noticed here)",
     )
     data_max_inflight_per_conn: int = setting(
         default=256,
@@ -231,6 +252,7 @@ class BrokerSettings(AuthSettings):
     )
 
     def __post_init__(self) -> None:
+        check_fair_share_settings(self)  # issue 27
         check_auth_settings(self, self.controller_addresses)  # issue 19
         members = parse_members(self.members)
         if self.node_id not in {m.node_id for m in members}:
@@ -253,6 +275,8 @@ class BrokerSettings(AuthSettings):
             "pull_max_bytes": self.pull_max_bytes,
             "data_max_connections": self.data_max_connections,
             "data_max_inflight_per_conn": self.data_max_inflight_per_conn,
+            "data_hello_timeout_ms": self.data_hello_timeout_ms,
+            "data_idle_timeout_ms": self.data_idle_timeout_ms,
             "transaction_timeout_ms": self.transaction_timeout_ms,
             "transaction_check_interval_ms": self.transaction_check_interval_ms,
             "transaction_ended_retention_ms": self.transaction_ended_retention_ms,
@@ -260,6 +284,11 @@ class BrokerSettings(AuthSettings):
             "stats_flush_interval_ms": self.stats_flush_interval_ms,
             "stats_max_rows": self.stats_max_rows,
         }
+        if self.data_max_connections_per_address < 0 or self.data_max_connections_per_user < 0:
+            raise ValueError(
+                "data_max_connections_per_address and data_max_connections_per_user must be >= 0"
+                " (0 = no cap)"
+            )
         if self.stats_retention_ms < 0:
             raise ValueError("stats_retention_ms must be >= 0 (0 = reports off)")
         if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:

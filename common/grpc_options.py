@@ -34,4 +34,10 @@ SERVER_LIVENESS: Options = [
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Issue 27: gRPC has no count of connections per client to cap, so a connection that holds
+    # nothing is bounded instead: a TLS or HTTP/2 handshake that does not finish (half-open or
+    # hostile; grpc's default waits 120 s), and one without a call for 5 min (the client
+    # reconnects at its next call).
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 5 * 60_000),
 ]

@@ -2,23 +2,24 @@
 exposition of the role's own registry), /healthz (the process serves) and /readyz (the role says
 it can do its job; 503 with the reason when not).
 
-A thread per scrape, off every server's hot path; it reads values, it never changes any.
+Served by common/http_shell.py, off every hot path; it reads values, it never changes any.
 Only server processes import this module (prometheus_client is in the `server` extra).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import functools
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -27,6 +28,7 @@ from prometheus_client.utils import floatToGoString
 
 from raftmq.common import tls
 from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
+from raftmq.common.http_shell import HttpLimits, HttpServer
 from raftmq.common.pb import common_pb2
 
 _log = logging.getLogger("metrics")
@@ -34,6 +36,7 @@ _log = logging.getLogger("metrics")
 # (ready, why): why says what is missing when not ready, or what the role is when ready.
 Readiness = Callable[[], tuple[bool, str]]
 METRICS_OFF = "off"
+SCRAPE_THREADS = 2  # scrapes and readiness checks at once; more wait (a scrape takes ms)
 
 
 def check_metrics_listen(value: str, what: str = "metrics_listen") -> None:
@@ -235,95 +238,84 @@ class _GrpcMetrics(grpc.ServerInterceptor):  # type: ignore[type-arg]
 
 class MetricsServer:
     """Serve `registry` and the two probes on (host, port); `start()` returns the bound
-    "host:port", `stop()` closes the socket. Scrapes run on their own threads, bounded by the
-    socket's backlog and each handler's short life (collectors read in-memory state)."""
+    "host:port", `stop()` closes the socket. On common/http_shell.py: a client host holds at most
+    its share of connections, and a scrape runs on a small pool, never on the loop (collectors
+    read in-memory state under their locks)."""
 
-    def __init__(self, registry: CollectorRegistry, ready: Readiness, name: str) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        ready: Readiness,
+        name: str,
+        limits: HttpLimits | None = None,
+    ) -> None:
         self.registry = registry
         self._ready = ready
         self._name = name
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._limits = limits
+        self._http: HttpServer | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.address = ""
 
     def start(self, host: str, port: int) -> str:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    try:
-                        body = generate_latest(server.registry)
-                    except Exception as exc:  # a collector's bug: say so, keep serving
-                        _log.exception("metrics.collect_failed")
-                        self._reply(500, f"collecting metrics failed: {exc}\n".encode())
-                        return
-                    self._reply(200, body, CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    self._reply(200, b"ok\n")
-                elif path == "/readyz":
-                    try:
-                        ok, why = server._ready()
-                    except Exception as exc:
-                        ok, why = False, f"readiness check failed: {exc}"
-                    self._reply(
-                        200 if ok else 503, f"{'ready' if ok else 'not ready'}: {why}\n".encode()
-                    )
-                else:
-                    self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
-
-            def _reply(
-                self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8"
-            ) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # a scrape every few seconds is not worth a log line
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        self._httpd = Server((host, port), Handler)
-        tls.serve_https(self._httpd, tls.server_ssl())  # HTTPS when the process has TLS
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.5},
-            name=f"metrics-{self._name}",
-            daemon=True,
+        self._pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix=f"metrics-{self._name}")
+        self._http = HttpServer(
+            self._serve, f"metrics-{self._name}", self._limits, tls.server_ssl()
         )
-        self._thread.start()
-        bound_port = self._httpd.server_address[1]
-        self.address = f"{host}:{bound_port}"
+        try:
+            self.address = self._http.start(host, port)
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            raise
         _log.info("metrics.started address=%s", self.address)
         return self.address
 
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        if request.path == "/metrics":
+            try:
+                body = await loop.run_in_executor(self._pool, generate_latest, self.registry)
+            except Exception as exc:  # a collector's bug: say so, keep serving
+                _log.exception("metrics.collect_failed")
+                return _text(500, f"collecting metrics failed: {exc}\n")
+            return web.Response(
+                status=200, body=body, headers={"Content-Type": CONTENT_TYPE_LATEST}
+            )
+        if request.path == "/healthz":
+            return _text(200, "ok\n")
+        if request.path == "/readyz":
+            try:
+                ok, why = await loop.run_in_executor(self._pool, self._ready)
+            except Exception as exc:
+                ok, why = False, f"readiness check failed: {exc}"
+            return _text(200 if ok else 503, f"{'ready' if ok else 'not ready'}: {why}\n")
+        return _text(404, "not found: try /metrics, /healthz or /readyz\n")
+
     def stop(self) -> None:
-        httpd = self._httpd
-        if httpd is None:
-            return
-        self._httpd = None
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        http, self._http = self._http, None
+        if http is not None:
+            http.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _text(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text, content_type="text/plain", charset="utf-8")
 
 
 def start_metrics(
-    listen: str, registry: CollectorRegistry, ready: Readiness, name: str
+    listen: str,
+    registry: CollectorRegistry,
+    ready: Readiness,
+    name: str,
+    limits: HttpLimits | None = None,
 ) -> MetricsServer | None:
     """A started MetricsServer on `listen` (a metrics_listen value), or None when off. Raises
     OSError naming the address when it cannot bind."""
     bind = metrics_bind(listen)
     if bind is None:
         return None
-    server = MetricsServer(registry, ready, name)
+    server = MetricsServer(registry, ready, name, limits)
     try:
         server.start(*bind)
     except OSError as exc:

@@ -8,7 +8,6 @@ Never reads a key on the hot path; never falls back to plaintext when TLS was as
 from __future__ import annotations
 
 import logging
-import socketserver
 import ssl
 import threading
 from collections.abc import Mapping, Sequence
@@ -244,20 +243,6 @@ def client_tls(
         return load({"ca": ca, "cert": cert, "key": key}, environ={})
     except SettingsError as exc:
         raise InvalidArgumentError(str(exc)) from None
-
-
-def serve_https(httpd: socketserver.TCPServer, ctx: ssl.SSLContext | None) -> None:
-    """HTTPS on an http.server: the listening socket wrapped, each handshake on the request's
-    own thread (do_handshake_on_connect=False) so a slow or plaintext client never blocks
-    accept(); a failed handshake ends that request only (handle_error logs one line)."""
-    if ctx is None:
-        return
-    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        _log.info("https.request_failed peer=%s", client_address)
-
-    httpd.handle_error = handle_error  # type: ignore[method-assign]
 
 
 def raft_password() -> str | None:

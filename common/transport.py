@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NamedTuple, TypeVar, cast
 
 from raftmq.common import errors
+from raftmq.common.fair_share import FairShare, ShareLimits, client_host
 from raftmq.common.frame import (
     AUTH_HMAC_SHA1,
     AUTH_NONE,
@@ -125,6 +126,8 @@ class FrameServer:
         max_inflight_per_conn: int = 256,
         max_pending_write_bytes: int = 16 * 1024 * 1024,
         max_connections: int = 4096,
+        max_connections_per_address: int = 0,
+        max_connections_per_user: int = 0,
         hello_timeout_s: float = 5.0,
         idle_timeout_s: float = 30.0,
         ssl: ssl_lib.SSLContext | None = None,
@@ -138,6 +141,11 @@ class FrameServer:
         self.max_inflight_per_conn = max_inflight_per_conn
         self.max_pending_write_bytes = max_pending_write_bytes
         self.max_connections = max_connections
+        # One client host (or user) holds at most its share, so a flood of idle connections
+        # from one place cannot fill max_connections for everyone (issue 27). 0 = no such cap.
+        self.shares = FairShare(
+            ShareLimits(max_connections, max_connections_per_address, max_connections_per_user)
+        )
         self.hello_timeout_s = hello_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._ssl = ssl
@@ -151,7 +159,7 @@ class FrameServer:
         self._sweep: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # every handler running, live conn or not
         self._closing = False
-        self.rejected_connections = 0  # protocol errors, refused handshakes, over max_connections
+        self.rejected_connections = 0  # protocol errors, refused handshakes, over a share
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._loop = asyncio.get_running_loop()
@@ -259,6 +267,8 @@ class _ServerConn(asyncio.Protocol):
         self._closed = False
         self._last_request_id = 0
         self.principal = ""
+        self._host = ""  # set when admitted: the FairShare unit this connection holds
+        self._user = ""  # set when its HELLO's user was admitted
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -276,14 +286,16 @@ class _ServerConn(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self._srv.max_pending_write_bytes)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        if self._srv._closing or len(self._srv._conns) >= self._srv.max_connections:
-            self._srv.rejected_connections += 1
-            self._fail(
-                errors.ThrottledError(
-                    f"server has {len(self._srv._conns)} connections (max_connections); retry later"
-                )
-            )
+        if self._srv._closing:
+            self._refuse(errors.BrokerUnavailableError("the server is shutting down; retry"))
             return
+        host = client_host(peer if isinstance(peer, tuple) else self.peer)
+        refused = self._srv.shares.admit(host)
+        if refused is not None:
+            _log.info("frame.share_refused peer=%s reason=%s", self.peer, refused.message)
+            self._refuse(refused)
+            return
+        self._host = host
         self._srv._conns.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -321,7 +333,7 @@ class _ServerConn(asyncio.Protocol):
         # Handlers still running finish (a produce is not cut half-way); their answers are
         # dropped. close() cancels whatever outlives the grace period.
         self._closed = True
-        self._srv._conns.discard(self)
+        self._leave()
         self.backlog.clear()
         self._out = []
 
@@ -355,6 +367,12 @@ class _ServerConn(asyncio.Protocol):
             except errors.RaftMQError as exc:
                 self._refuse(exc)
                 return
+            if self.principal:
+                refused = self._srv.shares.admit_user(self.principal)
+                if refused is not None:
+                    self._refuse(refused)
+                    return
+                self._user = self.principal
         elif hello.auth_method not in (AUTH_NONE, AUTH_HMAC_SHA1):
             self._refuse(
                 errors.UnsupportedError(
@@ -519,9 +537,19 @@ class _ServerConn(asyncio.Protocol):
         self._send(Kind.GOAWAY, self._last_request_id, error_body(why))
         self._flush()
         self._closed = True
-        self._srv._conns.discard(self)
+        self._leave()
         if self._transport is not None:
             self._transport.close()  # writes what is buffered, then closes
+
+    def _leave(self) -> None:
+        """Give back this connection's shares (once, however it ended)."""
+        self._srv._conns.discard(self)
+        if self._host:
+            self._srv.shares.release(self._host)
+            self._host = ""
+        if self._user:
+            self._srv.shares.release_user(self._user)
+            self._user = ""
 
 
 # ---- client -------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from raftmq.common import tls
 from raftmq.common.acl import PolicyEntry, check_name, make_user
 from raftmq.common.acl_sync import auth_config_of
 from raftmq.common.auth_guard import AuthInterceptor, Guard
+from raftmq.common.call_shares import CallShares, per_address_cap
 from raftmq.common.errors import (
     InvalidArgumentError,
     NotLeaderError,
@@ -28,6 +29,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import start_metrics
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
@@ -38,6 +40,8 @@ from raftmq.controller.node import ControllerNode
 from raftmq.controller.settings import ControllerSettings
 from raftmq.controller.state import RoleReport
 from raftmq.raftlog.record import Role
+
+HANDLER_THREADS = 16  # gRPC handler threads (control-plane calls take milliseconds)
 
 _log = logging.getLogger("controller")
 CONTROLLER_SERVICE = controller_pb2.DESCRIPTOR.services_by_name["Controller"]
@@ -229,11 +233,16 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
     node = ControllerNode(settings)
     metrics = ControllerMetrics(node, CollectorRegistry(auto_describe=False))
     assert metrics.rpc is not None
-    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [metrics.rpc.interceptor()]
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
+        metrics.rpc.interceptor(),
+        CallShares(per_address_cap(settings.rpc_max_calls_per_address, HANDLER_THREADS)),
+    ]
     if auth.enabled:  # the controller checks against its own replicated users and policies
         interceptors.append(AuthInterceptor(Guard(auth, node.acl), [CONTROLLER_SERVICE]))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="controller-rpc"),
+        futures.ThreadPoolExecutor(
+            max_workers=HANDLER_THREADS, thread_name_prefix="controller-rpc"
+        ),
         options=[("grpc.so_reuseport", 0), *SERVER_LIVENESS],
         interceptors=interceptors,
     )
@@ -250,7 +259,11 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
         return 1
     try:
         http = start_metrics(
-            settings.metrics_listen, metrics.registry, lambda: readiness(node), "controller"
+            settings.metrics_listen,
+            metrics.registry,
+            lambda: readiness(node),
+            "controller",
+            HttpLimits(max_connections_per_address=settings.http_max_connections_per_address),
         )
     except OSError as exc:
         _log.error("controller.listen_failed error=%s", exc)

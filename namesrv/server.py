@@ -20,8 +20,10 @@ import grpc
 
 from raftmq.common import tls
 from raftmq.common.acl_sync import NodeSecurity
+from raftmq.common.call_shares import CallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
+from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import controller_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_role_args, run_role
@@ -78,7 +80,13 @@ class NameServer:
                 ("grpc.so_reuseport", 0),  # two servers must never share a port silently
                 *SERVER_LIVENESS,
             ],
-            interceptors=[self.metrics.rpc.interceptor(), *self.security.interceptors(services)],
+            interceptors=[
+                self.metrics.rpc.interceptor(),
+                CallShares(
+                    per_address_cap(settings.rpc_max_calls_per_address, settings.max_workers)
+                ),
+                *self.security.interceptors(services),
+            ],
         )
         add_servicer(self._server, self.service, NAMESRV_SERVICE)
         if controller is not None:
@@ -100,7 +108,13 @@ class NameServer:
             raise OSError(f"cannot listen on {self.settings.listen} (address in use?)")
         try:
             self._http = start_metrics(
-                self.settings.metrics_listen, self.metrics.registry, self._ready, "namesrv"
+                self.settings.metrics_listen,
+                self.metrics.registry,
+                self._ready,
+                "namesrv",
+                HttpLimits(
+                    max_connections_per_address=self.settings.http_max_connections_per_address
+                ),
             )
         except OSError:
             self._server.stop(0)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from raftmq.common.auth import AuthSettings, check_auth_settings
+from raftmq.common.auth import check_auth_settings
+from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.settings import load_settings, setting, settings_class
 
@@ -19,7 +20,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @settings_class
-class NameServerSettings(AuthSettings):
+class NameServerSettings(FairShareSettings):
     listen: str = setting(
         default="127.0.0.1:9876",
         unit="host:port",
@@ -65,6 +66,7 @@ class NameServerSettings(AuthSettings):
 
     def __post_init__(self) -> None:
         # issue 19: an embedded controller holds the users and policies itself
+        check_fair_share_settings(self)  # issue 27
         check_auth_settings(
             self, "self" if self.enable_controller else self.acl_controller_addresses
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,13 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 
 def dashboard(args: argparse.Namespace) -> int:
     from raftmq.client.admin import Admin
+    from raftmq.common.http_shell import HttpLimits
     from raftmq.ops.dashboard.app import Dashboard
-    from raftmq.ops.dashboard.server import DashboardServer
+    from raftmq.ops.dashboard.server import (
+        MAX_CONNECTIONS,
+        MAX_CONNECTIONS_PER_ADDRESS,
+        DashboardServer,
+    )
 
     namesrv = cli_data._namesrv(args)
     listen = args.listen
@@ -36,8 +42,15 @@ def dashboard(args: argparse.Namespace) -> int:
             Dashboard(admin, allow_actions=args.allow_actions, namesrv=namesrv),
             host.strip("[]"),
             int(port),
+            limits=HttpLimits(
+                max_connections=args.max_connections or MAX_CONNECTIONS,
+                max_connections_per_address=(
+                    args.max_connections_per_address or MAX_CONNECTIONS_PER_ADDRESS
+                ),
+            ),
+            ssl=None if served is None else served.server_context(),
         )
-        tls.serve_https(server, None if served is None else served.server_context())
+        server.start()
         mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
         cli_data.console.print(
             f"dashboard: {tls.scheme(served)}://{server.address}/ ({mode}); "
@@ -45,15 +58,15 @@ def dashboard(args: argparse.Namespace) -> int:
             highlight=False,
         )
         # Installed here, not inherited: a shell starts background jobs with SIGINT ignored,
-        # and a supervisor stops with SIGTERM; both end the loop the same way.
+        # and a supervisor stops with SIGTERM; both end the wait the same way.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _interrupt)
         try:
-            server.serve_forever(poll_interval=0.5)
+            threading.Event().wait()
         except KeyboardInterrupt:
             cli_data.console.print("dashboard stopped", highlight=False)
         finally:
-            server.server_close()
+            server.stop()
     return 0
 
 
@@ -98,5 +111,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--allow-actions",
         action="store_true",
         help="offer create topic, reset offsets and resend dead letter (each confirmed first)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        help="connections served at once, over every client (default 512)",
+    )
+    p.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        default=0,
+        help="connections one client host may hold (default 32; one held or slow is closed "
+        "after 10 s without a whole request)",
     )
     p.set_defaults(func=dashboard)

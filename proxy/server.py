@@ -19,6 +19,7 @@ import grpc
 
 from raftmq.common import tls
 from raftmq.common.acl_sync import NodeSecurity
+from raftmq.common.call_shares import AioCallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
 from raftmq.common.settings import address_list
@@ -28,6 +29,7 @@ from raftmq.proxy.service import MessagingService
 from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
+PROXY_CALLS = 2048  # calls the proxy runs at once (each a coroutine), for the share per host
 MAX_GRPC_MESSAGE_EXTRA = 1 << 20  # headers, properties and batch framing beside the bodies
 # A request up to this many times max_message_bytes is read, so a body over the limit is answered
 # MESSAGE_BODY_TOO_LARGE by the send's own check; a larger request is cut by gRPC itself
@@ -51,12 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
     limit = settings.max_message_bytes + MAX_GRPC_MESSAGE_EXTRA
     server = grpc.aio.server(
+        interceptors=[
+            AioCallShares(per_address_cap(settings.rpc_max_calls_per_address, PROXY_CALLS))
+        ],
         options=[
             ("grpc.max_receive_message_length", OVERSIZE_READ_FACTOR * limit),
             ("grpc.max_send_message_length", 32 * limit),  # a receive of a whole batch
             ("grpc.so_reuseport", 0),
             *SERVER_LIVENESS,
-        ]
+        ],
     )
     # issue 19: users and policies from the controllers; checks in proxy/handlers.py
     security = NodeSecurity.for_settings(

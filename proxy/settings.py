@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from raftmq.common.auth import AuthSettings, check_auth_settings
+from raftmq.common.auth import check_auth_settings
+from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_PROXY_"
@@ -19,7 +20,7 @@ CONSUME_FROM = ("earliest", "latest")
 
 
 @settings_class
-class ProxySettings(AuthSettings):
+class ProxySettings(FairShareSettings):
     listen: str = setting(
         default="127.0.0.1:8081",
         unit="host:port",
@@ -108,6 +109,7 @@ class ProxySettings(AuthSettings):
     )
 
     def __post_init__(self) -> None:
+        check_fair_share_settings(self)  # issue 27
         check_auth_settings(self, self.acl_controller_addresses)  # issue 19
         for key in ("listen", "advertise"):
             value = getattr(self, key)

@@ -50,6 +50,7 @@ NOT_IN_BASE = (
     "rich",
     "cryptography",
     "grpcio-tools",
+    "aiohttp",
 )
 SDK_IMPORT = (
     "from raftmq import Producer, PushConsumer, PullConsumer, Admin, ConsumeResult, "

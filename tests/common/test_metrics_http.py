@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import (
     HotCounters,
     HotHistogram,
@@ -100,3 +101,43 @@ def test_listen_values() -> None:
     assert metrics_bind("off") is None and metrics_bind("") is None
     assert metrics_bind("[::1]:9100") == ("::1", 9100)
     assert start_metrics("off", CollectorRegistry(), lambda: (True, ""), "x") is None
+
+
+def test_a_slow_or_greedy_client_keeps_no_more_than_its_share() -> None:
+    """Issue 27, on the shell every HTTP port shares (common/http_shell.py): one host's 10 half
+    request lines leave 4 held (its share) and 6 answered 503 at once; /healthz and /metrics
+    answer another host meanwhile; the held ones are closed once quiet for the idle timeout;
+    100 query parameters get a 400. Before: a thread per connection (ThreadingHTTPServer), none
+    capped, none timed out."""
+    import select
+    import socket
+    import time
+
+    limits = HttpLimits(max_connections=64, max_connections_per_address=4, idle_timeout_s=0.5)
+    server = MetricsServer(CollectorRegistry(), lambda: (True, "ok"), "test", limits)
+    address = server.start("127.0.0.1", 0)
+    port = int(address.rsplit(":", 1)[1])
+    held = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", port), 5, source_address=("127.0.0.2", 0))
+            s.sendall(b"GET /metrics HT")
+            held.append(s)
+        assert get(f"http://{address}/healthz") == (200, "ok\n")
+        assert get(f"http://{address}/metrics")[0] == 200
+        ready, _, _ = select.select(held, [], [], 0.3)
+        answers = [s.recv(200) for s in ready]
+        assert len(answers) == 6 and all(a.startswith(b"HTTP/1.1 503") for a in answers)
+        assert b"127.0.0.2 already holds 4 connections" in answers[0]
+        t0 = time.monotonic()
+        rest = [s for s in held if s not in ready]
+        for s in rest:
+            s.settimeout(5)
+            assert s.recv(200) == b""  # closed by the server, nothing answered
+        assert time.monotonic() - t0 < 3
+        code, text = get(f"http://{address}/metrics?" + "&".join(f"p{i}=1" for i in range(100)))
+        assert code == 400 and "query parameters" in text
+    finally:
+        for s in held:
+            s.close()
+        server.stop()

@@ -651,3 +651,92 @@ def test_a_call_waiting_for_the_connection_keeps_its_own_timeout() -> None:
             lt.run(client.close())
     finally:
         silent.close()
+
+
+# ---- fair shares (issue 27) ---------------------------------------------------------------------
+
+
+def test_one_client_host_holds_at_most_its_share_and_others_still_connect() -> None:
+    async def main() -> None:
+        async with FrameServer(HANDLERS, max_connections=8, max_connections_per_address=3) as srv:
+            await srv.start()
+            held = []
+            for _ in range(3):
+                r, w = await asyncio.open_connection(
+                    "127.0.0.1", srv.port, local_addr=("127.0.0.2", 0)
+                )
+                w.write(frame.encode_hello(Hello()))
+                held.append((r, w))
+            r, w = await asyncio.open_connection("127.0.0.1", srv.port, local_addr=("127.0.0.2", 0))
+            [goaway] = await read_to_close(r)
+            exc = frame.decode_error(goaway.payload)
+            assert isinstance(exc, errors.ThrottledError)
+            assert "127.0.0.2" in exc.message and "limit per client address" in exc.message
+            w.close()
+            async with FrameClient("127.0.0.1", srv.port) as other:  # another host: served
+                assert await other.call(ECHO, b"x", 5) == b"x"
+            for _, hw in held:  # the share is given back when they close
+                hw.close()
+            await asyncio.sleep(0)
+            await wait_for_condition(lambda: srv.shares.held_by("127.0.0.2") == 0)
+            r, w = await asyncio.open_connection("127.0.0.1", srv.port, local_addr=("127.0.0.2", 0))
+            w.write(frame.encode_hello(Hello()))
+            await wait_for_condition(lambda: srv.shares.held_by("127.0.0.2") == 1)
+            w.close()
+
+    run(main())
+
+
+def test_one_user_holds_at_most_its_share() -> None:
+    def authenticate(method: int, auth: bytes) -> str:
+        return auth.decode()  # the HELLO names its user (the real check is common/auth_guard.py)
+
+    async def main() -> None:
+        async with FrameServer(
+            HANDLERS, max_connections_per_user=2, authenticate=authenticate
+        ) as srv:
+            await srv.start()
+            held = []
+            for _ in range(2):
+                r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+                w.write(
+                    frame.encode_hello(Hello(auth_method=frame.AUTH_HMAC_SHA1, auth=b"mallory"))
+                )
+                held.append(w)
+            r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+            w.write(frame.encode_hello(Hello(auth_method=frame.AUTH_HMAC_SHA1, auth=b"mallory")))
+            frames = await read_to_close(r)
+            exc = frame.decode_error(frames[-1].payload)
+            assert isinstance(exc, errors.ThrottledError) and "'mallory'" in exc.message
+            r, w2 = await asyncio.open_connection("127.0.0.1", srv.port)
+            w2.write(frame.encode_hello(Hello(auth_method=frame.AUTH_HMAC_SHA1, auth=b"alice")))
+            await wait_for_condition(lambda: srv.shares.held_by_user("alice") == 1)
+            for hw in [*held, w, w2]:
+                hw.close()
+            await wait_for_condition(lambda: srv.shares.total == 0)
+            assert srv.shares.held_by_user("mallory") == 0
+
+    run(main())
+
+
+def test_a_connection_that_said_hello_and_then_nothing_is_closed_at_the_idle_timeout() -> None:
+    async def main() -> None:
+        async with FrameServer(HANDLERS, idle_timeout_s=0.4) as srv:
+            await srv.start()
+            r, w = await hello_conn(srv.port)
+            t0 = time.monotonic()
+            frames = await read_to_close(r)
+            assert 0.3 < time.monotonic() - t0 < 3
+            exc = frame.decode_error(frames[-1].payload)
+            assert isinstance(exc, errors.BrokerUnavailableError) and "no frame" in exc.message
+            assert srv.shares.total == 0
+            w.close()
+
+    run(main())
+
+
+async def wait_for_condition(cond: Callable[[], bool], timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,7 +39,7 @@ from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
 from raftmq.ops.dashboard import app
 from raftmq.ops.dashboard.app import Dashboard, Request, parse_reset_target
 from raftmq.ops.dashboard.html import Raw, bar_chart, table
-from raftmq.ops.dashboard.server import DashboardServer
+from raftmq.ops.dashboard.server import MAX_CONNECTIONS_PER_ADDRESS, DashboardServer
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
@@ -273,13 +275,10 @@ class Served:
         self.server = DashboardServer(
             Dashboard(self.admin, allow_actions=allow_actions, namesrv=namesrv), "127.0.0.1", 0
         )
-        self.url = f"http://{self.server.address}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True)
-        self.thread.start()
+        self.url = f"http://{self.server.start()}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
         self.admin.close()
 
 
@@ -466,3 +465,51 @@ def test_actions_ask_for_confirmation_first(
     click(browser, "#confirm button", "done")
     assert f"resent to {POISON}" in browser.find_element(By.ID, "done").text
     assert admin.topic_status(POISON)[0].max_offset == high + 1
+
+
+# ---- a slow or hostile client (issue 27) --------------------------------------------------------
+
+
+def _half_requests(hosts: list[str], per_host: int, port: int) -> list[socket.socket]:
+    """Connections that send half a request line and then hold (a slowloris)."""
+    held = []
+    for host in hosts:
+        for _ in range(per_host):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(host, 0))
+            s.sendall(b"GET /topics HT")
+            held.append(s)
+    return held
+
+
+def _get(url: str, timeout_s: float = 10) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_a_slowloris_does_not_stop_another_client(served: Served) -> None:
+    """Before: 40 half-sent request lines held every one of http.server's 8 workers, and the
+    dashboard answered 503 to everything, /healthz included, for as long as they were held."""
+    port = int(served.url.rsplit(":", 1)[1])
+    # One host: at most its share is held, the rest refused at once with the reason.
+    one = _half_requests(["127.0.0.2"], 40, port)
+    # Several hosts, each under its share: held connections cost no worker.
+    many = _half_requests([f"127.0.0.{i}" for i in range(3, 7)], 12, port)
+    try:
+        t0 = time.monotonic()
+        assert _get(f"{served.url}/healthz") == (200, "ok\n")
+        for page in ("/", "/topics", "/groups"):
+            status, body = _get(f"{served.url}{page}", 30)
+            assert status == 200 and "<main" in body, (page, body[:300])
+        took_s = time.monotonic() - t0
+        assert took_s < 10, f"pages beside a slowloris took {took_s:.1f} s"
+        ready, _, _ = select.select(one, [], [], 2)  # the refused ones are answered at once
+        refused = [s for s in ready if s.recv(64).startswith(b"HTTP/1.1 503")]
+        assert len(refused) == 40 - MAX_CONNECTIONS_PER_ADDRESS, len(refused)
+    finally:
+        for s in one + many:
+            s.close()
+    status, body = _get(served.url + "/topics?" + "&".join(f"p{i}=x" for i in range(100)))
+    assert status == 400 and "query parameters" in body
