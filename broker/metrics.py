@@ -188,7 +188,16 @@ class NodeCollector(Collector):
                 max(0, st.commit_index - node.dispatcher.dispatched_index),
             ),
             ("raftmq_held_pulls", "Long polls held on the framed data path", self._held()),
-            ("raftmq_storage_error", "1 while a disk write fails", int(bool(node.health.error))),
+            (
+                "raftmq_storage_error",
+                "1 while a disk write fails or a stored record read back corrupt",
+                int(bool(node.health.error)),
+            ),
+            (
+                "raftmq_storage_corrupt_records",
+                "Stored records found failing their checksum and not repaired yet",
+                len(node.health.corrupt_records),
+            ),
         ):  # fmt: skip
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)

@@ -48,7 +48,9 @@ WEBHOOK_QUEUE = 1_000  # events waiting to be posted; past it the oldest waiting
 WEBHOOK_TIMEOUT_S = 3.0
 WEBHOOK_ATTEMPTS = 3
 DLQ_PREFIX = "%DLQ%"
-BROKER_KINDS = frozenset({Kind.GROUP_LAG, Kind.DLQ_GROWTH, Kind.DISK_USED, Kind.FOLLOWER_BEHIND})
+BROKER_KINDS = frozenset(
+    {Kind.GROUP_LAG, Kind.DLQ_GROWTH, Kind.DISK_USED, Kind.FOLLOWER_BEHIND, Kind.STORAGE_ERROR}
+)
 
 
 def event_json(e: Event, controller: str) -> dict[str, object]:
@@ -239,6 +241,7 @@ class AlarmService:
         ]
         statuses = list(self._pool.map(lambda c: self._status(c[2]), calls))
         disk: dict[str, float | None] = {}
+        storage: dict[str, float | None] = {}
         behind: dict[str, float | None] = {}
         lag: dict[str, float | None] = {}
         dlq: dict[str, float | None] = {}
@@ -247,6 +250,7 @@ class AlarmService:
         for (group, node_id, _), st in zip(calls, statuses, strict=True):
             by_group.setdefault(group, []).append((node_id, st))
             disk[f"{group}/{node_id}"] = st.disk_used_ratio if st is not None else None
+            storage[f"{group}/{node_id}"] = None if st is None else float(bool(st.storage_error))
         for group, nodes in by_group.items():
             leaders = [st for _, st in nodes if st is not None and st.role == common_pb2.LEADER]
             if not leaders:
@@ -274,6 +278,8 @@ class AlarmService:
             out[Kind.DISK_USED] = disk
         if Kind.FOLLOWER_BEHIND in kinds:
             out[Kind.FOLLOWER_BEHIND] = behind
+        if Kind.STORAGE_ERROR in kinds:
+            out[Kind.STORAGE_ERROR] = storage
         if complete and Kind.GROUP_LAG in kinds:
             out[Kind.GROUP_LAG] = lag
         if complete and Kind.DLQ_GROWTH in kinds:

@@ -34,9 +34,10 @@ class Kind(enum.Enum):
     NO_LEADER = "no_leader"  # subject "broker group": 1 while no live leader is known
     DISK_USED = "disk_used"  # subject "broker group/node": used fraction of its disk (0..1)
     FOLLOWER_BEHIND = "follower_behind"  # subject "broker group/node": entries behind the leader
+    STORAGE_ERROR = "storage_error"  # subject "broker group/node": 1 while writes fail or data rots
 
 
-DEFAULT_THRESHOLD = {Kind.NO_LEADER: 0.0}  # no_leader needs no "> N"
+DEFAULT_THRESHOLD = {Kind.NO_LEADER: 0.0, Kind.STORAGE_ERROR: 0.0}  # these need no "> N"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _RULE = re.compile(
     r"^(?P<kind>[a-z_]+)(?:\[(?P<subject>[^\]]+)\])?"
@@ -61,7 +62,7 @@ class Rule:
     @property
     def name(self) -> str:
         text = self.kind.value + (f"[{self.subject}]" if self.subject else "")
-        if self.kind is not Kind.NO_LEADER:
+        if self.kind not in DEFAULT_THRESHOLD:
             text += f" > {self.threshold:g}"
         if self.for_ms:
             text += f" for {_duration_text(self.for_ms)}"

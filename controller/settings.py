@@ -74,7 +74,8 @@ class ControllerSettings(FairShareSettings):
         unit="rule;rule;...",
         doc="alarms the controller leader evaluates, e.g. 'group_lag > 1000 for 1m; "
         "dlq_growth > 0 within 5m; no_leader for 30s; disk_used > 0.9 for 1m; "
-        'follower_behind > 10000 for 30s\' (controller/alarms.py); "" = none',
+        "follower_behind > 10000 for 30s; storage_error for 10s' (controller/alarms.py); "
+        '"" = none',
     )
     alarm_interval_ms: int = setting(
         default=5_000, unit="ms", doc="how often the controller leader evaluates the alarms"

@@ -56,6 +56,7 @@ class CorruptJournalError(RaftLogError):
         self.path = path
         self.offset = offset
         self.reason = reason
+        self.index: int | None = None  # the Raft index being read, set by the journal's readers
 
 
 class CompactedError(RaftLogError):

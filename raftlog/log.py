@@ -22,6 +22,7 @@ from raftmq.raftlog import entry_codec
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
 from raftmq.raftlog.errors import (
     CompactedError,
+    CorruptJournalError,
     EntryTooLargeError,
     LogClosedError,
     NotLeaderError,
@@ -34,7 +35,7 @@ from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
 from raftmq.raftlog.snapshot import SnapshotStore
-from raftmq.raftlog.storage_health import StorageHealth
+from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 log = logging.getLogger("raftlog.log")
 
@@ -84,6 +85,7 @@ class ReplicatedLog:
             + entry_codec.HEADER_BYTES
             + entry_codec.PER_CHUNK_BYTES * cfg.max_chunks_per_entry,
         )
+        self._journal.on_corrupt = self._on_corrupt
         self._listeners: list[RoleListener] = [on_role_change] if on_role_change else []
         self._closed = False
         self._lock = threading.Condition()  # guards _pending, _pending_bytes, _inflight
@@ -115,6 +117,11 @@ class ReplicatedLog:
         ]
         for t in self._threads:
             t.start()
+
+    def _on_corrupt(self, exc: CorruptJournalError) -> None:
+        """Any reader's thread: a journal record failed its checks (it was not served)."""
+        rec = CorruptRecord("journal", exc.path, exc.offset, exc.index, exc.reason)
+        self.health.corrupt(rec, time.monotonic())
 
     # ---- writes ----------------------------------------------------------------------------------
 

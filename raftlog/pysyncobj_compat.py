@@ -45,7 +45,7 @@ from raftmq.raftlog.election import (
     pre_vote_term,
     transfer_candidates,
 )
-from raftmq.raftlog.errors import CommittedEntryConflictError, RaftLogError
+from raftmq.raftlog.errors import CommittedEntryConflictError, CorruptJournalError, RaftLogError
 from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore, RaftMeta
 from raftmq.raftlog.record import Role
@@ -82,6 +82,7 @@ _SNAPSHOT_MESSAGE = (
 _PRE_VOTE = "rm_pre_vote"  # PreVote (election.py); older nodes ignore unknown message types
 _PRE_VOTE_REPLY = "rm_pre_vote_reply"
 _CANNOT_WRITE = "rm_cannot_write"  # key of a follower's ack: its disk refuses writes
+_MAX_UNREADABLE_LOGGED = 1024  # (peer, index) pairs remembered so each is logged once
 _LOW_SPACE_BYTES = 1 << 20  # a follower with less free space reports it cannot write
 # A follower sent a TimeoutNow that did not take over is passed over this long (others first).
 TRANSFER_PASS_OVER_S = 1.0
@@ -140,6 +141,9 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
         self._meta = meta_store.load()
         self._commit_index = self._meta.commit_index
         self._commit_saved = self._commit_index
+        # The last meta store failed: retried once a second even if nothing changed since, so
+        # an idle node's storage episode closes once the disk takes writes again.
+        self._meta_unsaved = False
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         try:
@@ -194,8 +198,10 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
             self._meta_store.store(meta)
         except OSError as exc:  # nothing is sent: the vote or the election does not happen
             self.health.failed("raft meta", str(self._meta_store.path), exc, time.monotonic())
+            self._meta_unsaved = True
             raise
         self.health.succeeded("raft meta", time.monotonic())
+        self._meta_unsaved = False
         self._meta = meta
         self._commit_saved = self._commit_index
 
@@ -207,7 +213,7 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
 
     def onOneSecondTimer(self) -> None:
         # The commit index is only a restart hint (followers relearn it): once a second is enough.
-        if self._commit_index != self._commit_saved:
+        if self._commit_index != self._commit_saved or self._meta_unsaved:
             now = time.monotonic()
             if not self.health.may_try("raft meta", now):
                 return
@@ -216,8 +222,10 @@ class JournalAdapter(Journal):  # type: ignore[misc]  # pysyncobj is untyped
                 self._meta_store.store(meta)
             except OSError as exc:  # a hint only: kept in memory, stored once the disk takes it
                 self.health.failed("raft meta", str(self._meta_store.path), exc, now)
+                self._meta_unsaved = True
                 return
             self.health.succeeded("raft meta", now)
+            self._meta_unsaved = False
             self._meta = meta
             self._commit_saved = self._commit_index
 
@@ -313,6 +321,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_max_inflight = cfg.max_inflight_bytes_per_peer
         self._rm_send_bytes = cfg.batch_max_bytes * 2
         self._rm_warned_gap: set[str] = set()
+        self._rm_unreadable_logged: set[tuple[str, int | None]] = set()  # (peer, index) logged
         self._rm_snapshots: SnapshotStore | None = None
         self._rm_snapshot_sent: dict[str, float] = {}  # peer -> monotonic time of the last send
         self._rm_tick_calls: collections.deque[Callable[[], None]] = collections.deque(maxlen=64)
@@ -441,9 +450,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
 
         def run() -> None:
             try:
-                fut.set_result(self._rm_journal.delete_prefix(before_index))
+                first = self._rm_journal.delete_prefix(before_index)
             except Exception as exc:  # the caller logs it
                 fut.set_exception(exc)
+                return
+            self._rm_health.forget_below("journal", first)  # bad records deleted with the rest
+            fut.set_result(first)
 
         self._rm_tick_calls.append(run)
         return fut
@@ -708,11 +720,16 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         j = self._rm_journal
         if fromIDx is None or fromIDx < j.first_index or fromIDx > j.last_index:
             return []
-        records = j.read_range(
-            fromIDx,
-            max_bytes=maxSizeBytes if maxSizeBytes is not None else _MAX_APPLY_BYTES,
-            max_count=min(count if count is not None else _MAX_APPLY_COUNT, _MAX_APPLY_COUNT),
-        )
+        try:
+            records = j.read_range(
+                fromIDx,
+                max_bytes=maxSizeBytes if maxSizeBytes is not None else _MAX_APPLY_BYTES,
+                max_count=min(count if count is not None else _MAX_APPLY_COUNT, _MAX_APPLY_COUNT),
+            )
+        except CorruptJournalError:
+            # Reported by the journal. pysyncobj reads entries to apply them and to check the
+            # commit term: both wait (an empty answer) instead of failing the whole tick.
+            return []
         return [(r.command, r.index, r.term) for r in records]
 
     def _SyncObj__applyLogEntries(self) -> bool:
@@ -782,11 +799,19 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 last = j.last_index
                 if nxt > last and not heartbeat_due:
                     break
-                records = (
-                    j.read_range(nxt, max_bytes=self._rm_send_bytes, max_count=_MAX_SEND_COUNT)
-                    if nxt <= last
-                    else []
-                )
+                try:
+                    records = (
+                        j.read_range(nxt, max_bytes=self._rm_send_bytes, max_count=_MAX_SEND_COUNT)
+                        if nxt <= last
+                        else []
+                    )
+                except CorruptJournalError as exc:
+                    # This peer's replication only waits for the repair; the other peers and
+                    # the tick go on (the journal told StorageHealth; this node hands off).
+                    self._rm_unreadable_for_peer(node, exc)
+                    records = []
+                    if not heartbeat_due:
+                        break
                 transport.send(
                     node,
                     {
@@ -804,6 +829,24 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                     next_index[node] = nxt
                 if node not in connected or raft_clock() - now > period:
                     break
+
+    def _rm_unreadable_for_peer(self, node: Any, exc: CorruptJournalError) -> None:
+        key = (node.id, exc.index)
+        if key in self._rm_unreadable_logged:
+            return
+        if len(self._rm_unreadable_logged) >= _MAX_UNREADABLE_LOGGED:
+            self._rm_unreadable_logged.clear()  # bounded: at worst a line is repeated
+        self._rm_unreadable_logged.add(key)
+        log.error(
+            "raft.replication_read_failed node=%s peer=%s index=%s path=%s offset=%d reason=%s "
+            "action=heartbeats_only_for_this_peer",
+            self._rm_cfg.node_id,
+            node.id,
+            exc.index,
+            exc.path,
+            exc.offset,
+            exc.reason.replace(" ", "_"),
+        )
 
     def _rm_send_snapshot(self, node: Any, next_index: int, now: float) -> None:
         """Leader: send the state machine's newest base to a follower behind retention, at most
@@ -906,6 +949,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._rm_health.failed("snapshot", str(j.directory), exc, time.monotonic())
             self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
             return
+        # A failed install kept "snapshot" backing off: without this the episode never closes.
+        self._rm_health.succeeded("snapshot", time.monotonic())
         self._SyncObj__raftLastApplied = base_index
         self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, base_index)
         self._SyncObj__raftLog.setRaftCommitIndex(self._SyncObj__raftCommitIndex)

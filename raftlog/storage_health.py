@@ -1,10 +1,13 @@
 """StorageHealth: one node's verdict on its disk, fed by every writer (journal appends and
-fsyncs, the Raft meta file, the broker's index store) and read by status, logs and leadership.
+fsyncs, the Raft meta file, the broker's index store) and every reader that finds a record failing
+its checksum, and read by status, logs, metrics and leadership.
 
 A failed write is an episode, not an event per attempt: the first failure of an episode logs one
 line (no traceback) naming the path and, for ENOSPC, that the disk is full; writers retry with a
 bounded back-off; once writes have succeeded for `settle_s` with no failure, one line says the
-episode is over. It never raises and never blocks: a full disk must not stop the node.
+episode is over. A corrupt record is not an episode: it stays reported (one line per record)
+until it is repaired or deleted, whatever the writes do. It never raises and never blocks: a full
+disk or a bad byte must not stop the node.
 """
 
 from __future__ import annotations
@@ -31,10 +34,28 @@ class StorageError:
     reason: str  # strerror, e.g. "No space left on device"
     disk_full: bool
     since_s: float  # monotonic
+    corrupt: bool = False  # a stored record failed its check on read (not a refused write)
 
     def describe(self) -> str:
+        if self.corrupt:
+            return f"corrupt data: {self.where} at {self.path}: {self.reason}"
         what = "disk full" if self.disk_full else "write failed"
         return f"{what}: {self.where} at {self.path}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class CorruptRecord:
+    """A record that failed its checksum or framing when read: where it is and what it holds."""
+
+    where: str  # "journal", "index store"
+    path: str
+    offset: int  # byte offset in `path`
+    index: int | None  # the Raft index it should hold, when the reader knew it
+    reason: str
+
+    def describe(self) -> str:
+        at = f"offset {self.offset}" + (f" (index {self.index})" if self.index is not None else "")
+        return f"{at}: {self.reason}; it is never served, and is repaired from a peer or deleted"
 
 
 def is_disk_full(exc: BaseException, path: str) -> bool:
@@ -65,12 +86,71 @@ class StorageHealth:
         self._last_failure_s = 0.0
         self._backoff_s: dict[str, float] = {}
         self._retry_at_s: dict[str, float] = {}
+        self._corrupt: dict[tuple[str, int], tuple[CorruptRecord, float]] = {}
         self.episodes = 0
 
     @property
     def error(self) -> StorageError | None:
-        """The open episode's first failure; None while the disk takes writes."""
-        return self._error
+        """The open episode's first failure, else the first unrepaired corrupt record; None
+        while the disk takes writes and every record read back intact."""
+        err = self._error
+        if err is not None or not self._corrupt:
+            return err
+        with self._lock:
+            if not self._corrupt:
+                return None
+            rec, since = next(iter(self._corrupt.values()))
+        return StorageError(rec.where, rec.path, rec.describe(), False, since, corrupt=True)
+
+    @property
+    def corrupt_records(self) -> list[CorruptRecord]:
+        """Every unrepaired corrupt record, in the order they were found."""
+        with self._lock:
+            return [rec for rec, _ in self._corrupt.values()]
+
+    def corrupt(self, rec: CorruptRecord, now_s: float) -> None:
+        """A reader found `rec` failing its check. Logged once per record; it stays reported
+        (and the node stays out of leadership) until repaired() or forget_below()."""
+        key = (rec.path, rec.offset)
+        with self._lock:
+            if key in self._corrupt:
+                return
+            self._corrupt[key] = (rec, now_s)
+        log.error(
+            "storage.corrupt_record node=%s where=%s path=%s offset=%d index=%s reason=%s: "
+            "the record is never served; this node reports it in its status and does not lead "
+            "until it is repaired from a peer",
+            self.node_id,
+            rec.where,
+            rec.path,
+            rec.offset,
+            rec.index if rec.index is not None else "unknown",
+            rec.reason.replace(" ", "_"),
+        )
+
+    def repaired(self, path: str, offset: int) -> None:
+        """The record at `path`/`offset` reads back intact again (rewritten from a peer)."""
+        with self._lock:
+            found = self._corrupt.pop((path, offset), None)
+        if found is not None:
+            log.info(
+                "storage.record_repaired node=%s path=%s offset=%d index=%s",
+                self.node_id,
+                path,
+                offset,
+                found[0].index,
+            )
+
+    def forget_below(self, where: str, first_index: int) -> None:
+        """Retention deleted every record of `where` below `first_index`: bad ones included."""
+        with self._lock:
+            gone = [
+                k
+                for k, (rec, _) in self._corrupt.items()
+                if rec.where == where and rec.index is not None and rec.index < first_index
+            ]
+            for k in gone:
+                del self._corrupt[k]
 
     def may_try(self, where: str, now_s: float) -> bool:
         """False while `where`'s back-off after its last failure runs."""

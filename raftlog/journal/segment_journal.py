@@ -14,6 +14,7 @@ import os
 import threading
 import zlib
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -105,6 +106,9 @@ class SegmentJournal:
         self._dir_dirty = False  # a file was created since the directory was last fsynced
         self._generation = 0  # bumps when indexes are removed: stale reads must not be cached
         self._closed = False
+        # Told of every record a read found failing its checks (the node's StorageHealth), from
+        # the reader's thread; the read still raises. Must not raise or block.
+        self.on_corrupt: Callable[[CorruptJournalError], None] | None = None
         self._dir.mkdir(parents=True, exist_ok=True)
         self._dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -426,7 +430,11 @@ class SegmentJournal:
                 )
             seg, pos, end = self._locate(index)
             generation = self._generation
-        return self._read_pinned(seg, index, pos, end, generation)
+        try:
+            return self._read_pinned(seg, index, pos, end, generation)
+        except CorruptJournalError as exc:
+            self._report_corrupt(exc, index)
+            raise
 
     def term_at(self, index: int) -> int:
         """The term of the record at index, from memory; IndexError outside the journal."""
@@ -502,7 +510,11 @@ class SegmentJournal:
                 used += len(rec.command)
                 index += 1
                 continue
-            got = self._read_run_pinned(seg, index, want, bounds, max_bytes - used, not out)
+            try:
+                got = self._read_run_pinned(seg, index, want, bounds, max_bytes - used, not out)
+            except CorruptJournalError as exc:
+                self._report_corrupt(exc, index)
+                raise
             out.extend(got)
             used += sum(len(r.command) for r in got)
             index += len(got)
@@ -511,6 +523,13 @@ class SegmentJournal:
         return out
 
     # ---- internals: reading --------------------------------------------------------------------
+
+    def _report_corrupt(self, exc: CorruptJournalError, index: int) -> None:
+        if exc.index is None:
+            exc.index = index
+        hook = self.on_corrupt
+        if hook is not None:
+            hook(exc)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -584,8 +603,11 @@ class SegmentJournal:
             for i in range(want):
                 span = bounds[i + 1] - bounds[i]
                 if not HEADER_BYTES <= span <= max_span or bounds[i + 1] > seg.size:
-                    # raises, naming the reason
-                    check_span(seg, bounds[i], bounds[i + 1], self._max_record_bytes)
+                    try:  # raises, naming the reason
+                        check_span(seg, bounds[i], bounds[i + 1], self._max_record_bytes)
+                    except CorruptJournalError as exc:
+                        exc.index = index + i
+                        raise
                 if (take or not must_take_one) and used + span - HEADER_BYTES > budget:
                     break
                 used += span - HEADER_BYTES
@@ -607,8 +629,8 @@ class SegmentJournal:
                     or crc32(view[start + CRC_BYTES : end]) != crc
                 ):
                     # The slow path names what is wrong and raises; it never passes bad bytes.
-                    out.append(
-                        decode_record(
+                    try:
+                        rec = decode_record(
                             data,
                             start,
                             end,
@@ -617,7 +639,10 @@ class SegmentJournal:
                             path=str(seg.path),
                             file_offset=bounds[i],
                         )
-                    )
+                    except CorruptJournalError as exc:
+                        exc.index = index + i
+                        raise
+                    out.append(rec)
                     continue
                 out.append(Record(index + i, term, data[start + HEADER_BYTES : end]))
             return out

@@ -246,11 +246,15 @@ def test_flipped_byte_in_sealed_segment_is_never_served(tmp_path: Path) -> None:
     # Record 3 of segment 1 starts at 2 * (24 + 400); hit the middle of its command.
     flip_byte(first_seg, 2 * (HEADER_BYTES + 400) + HEADER_BYTES + 200)
     with open_small(d, cache_bytes=0) as j:  # sealed segments are trusted: open succeeds
+        told: list[CorruptJournalError] = []
+        j.on_corrupt = told.append  # every failed read reaches the node's StorageHealth
         with pytest.raises(CorruptJournalError, match="crc") as info:
             j.get(3)
-        assert first_seg.name in str(info.value)
-        with pytest.raises(CorruptJournalError):
+        assert first_seg.name in str(info.value) and info.value.index == 3
+        with pytest.raises(CorruptJournalError) as info:
             j.read_range(1, max_bytes=10**6, max_count=10)
+        assert info.value.index == 3  # the bad record's own index, not the range's start
+        assert [(e.index, e.offset) for e in told] == [(3, 2 * (HEADER_BYTES + 400))] * 2
         assert j.get(2).command == bytes([2]) * 400
         assert j.get(4).command == bytes([4]) * 400
         assert [r.index for r in j.read_range(1, max_bytes=800, max_count=10)] == [1, 2]

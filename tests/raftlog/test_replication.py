@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from raftmq.raftlog import pysyncobj_compat
 from raftmq.raftlog.errors import CommittedEntryConflictError
 from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.meta import MetaStore, RaftMeta
 from raftmq.raftlog.pysyncobj_compat import RaftNode
 from raftmq.raftlog.replication import (
     Ack,
@@ -507,3 +509,52 @@ def test_shell_installs_a_snapshot_when_behind_its_base(tmp_path: Path) -> None:
         # Entries from the base on are accepted: the check runs against the base's term.
         RaftNode._rm_on_append_entries(stub, "leader", wire(100, 2, 101, [(b"c", 101, 3)], 3))
         assert j.last_index == 101 and stub.sent[-1] == {"nextNodeIdx": 102, "success": True}
+
+
+class FailingOnceSnapshots(Snapshots):
+    """The first install hits a full disk; the next goes through."""
+
+    def install_snapshot(self, snapshot: Snapshot, reset_log: Callable[[], None]) -> None:
+        if not self.installed and not getattr(self, "failed", False):
+            self.failed = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().install_snapshot(snapshot, reset_log)
+
+
+def test_a_snapshot_that_failed_once_does_not_keep_the_episode_open(tmp_path: Path) -> None:
+    with SegmentJournal(tmp_path / "j") as j:
+        j.append(1, 1, b"x")
+        stub = ShellStub(j, commit_index=1, term=3)
+        stub._rm_snapshots = FailingOnceSnapshots()  # type: ignore[attr-defined]
+        stub._SyncObj__raftLastApplied = 1  # type: ignore[attr-defined]
+        msg = {"type": "rm_install_snapshot", "term": 3, "commit_index": 120,
+               "base_index": 100, "base_term": 2, "state": b"state"}  # fmt: skip
+        RaftNode._rm_on_snapshot(stub, "leader", msg)
+        health = stub._rm_health
+        assert health.error is not None and health.error.where == "snapshot"
+        RaftNode._rm_on_snapshot(stub, "leader", msg)  # the leader resends; the disk has room
+        assert stub.sent[-1] == {"nextNodeIdx": 101, "success": True}
+        health.settle(10**9)  # long after: no writer backs off, so the episode is over
+        assert health.error is None
+
+
+def test_a_meta_store_that_failed_is_retried_while_the_node_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with SegmentJournal(tmp_path / "j") as j:
+        meta = MetaStore(tmp_path / "raft.meta")
+        adapter = pysyncobj_compat.JournalAdapter(j, meta, StorageHealth("n1"))
+        real_store = meta.store
+
+        def full(_m: RaftMeta) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(meta, "store", full)
+        with pytest.raises(OSError):
+            adapter.setCurrentTerm(2, "n2")  # a vote the disk refused: nothing sent
+        assert adapter.health.error is not None
+        monkeypatch.setattr(meta, "store", real_store)
+        time.sleep(adapter.health.retry_in_s("raft meta", time.monotonic()))  # its back-off
+        adapter.onOneSecondTimer()  # nothing changed since, but the failed store is retried
+        adapter.health.settle(10**9)
+        assert adapter.health.error is None

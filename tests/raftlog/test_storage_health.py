@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from raftmq.raftlog.storage_health import BACKOFF_MAX_S, StorageHealth
+from raftmq.raftlog.storage_health import BACKOFF_MAX_S, CorruptRecord, StorageHealth
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 
@@ -31,3 +31,29 @@ def test_one_line_per_episode_and_bounded_backoff(caplog: pytest.LogCaptureFixtu
     assert sum("storage.disk_full" in m for m in lines) == 2  # two episodes
     assert sum("storage.recovered" in m for m in lines) == 1
     assert h.episodes == 2
+
+
+def test_a_corrupt_record_stays_reported_until_repaired(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="raftlog.storage")
+    h = StorageHealth("n0", settle_s=3.0)
+    rec = CorruptRecord("journal", "/d/1.seg", 4096, 33, "crc mismatch")
+    h.corrupt(rec, 1.0)
+    h.corrupt(rec, 2.0)  # every read of it reports it again: one line
+    err = h.error
+    assert err is not None and err.corrupt and not err.disk_full
+    assert "corrupt data" in err.describe() and "offset 4096 (index 33)" in err.describe()
+    h.settle(100.0)  # writes succeeding says nothing about a bad record
+    assert h.error is not None and h.corrupt_records == [rec]
+    h.failed("journal", "/d", ENOSPC, 101.0)  # a write episode meanwhile is reported first
+    assert h.error is not None and h.error.disk_full
+    h.succeeded("journal", 102.0)
+    h.settle(200.0)
+    assert h.error is not None and h.error.corrupt  # the episode closed; the record is still bad
+    h.repaired("/d/1.seg", 4096)
+    assert h.error is None and h.corrupt_records == []
+    h.corrupt(rec, 300.0)
+    h.forget_below("journal", 34)  # retention deleted it
+    assert h.error is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("storage.corrupt_record" in m for m in lines) == 2
+    assert sum("storage.record_repaired" in m for m in lines) == 1
