@@ -43,6 +43,9 @@ POLL_TIMEOUT_MS = "pollTimeoutMs"
 PULL_BATCH_SIZE = "pullBatchSize"
 TOPIC = "topic"
 SEND_TIMEOUT_MS = "sendTimeoutMs"
+# Batch writes: the same id on a re-run of the same job stores nothing twice (sink.py).
+WRITE_ID = "writeId"
+MAX_WRITE_ID_CHARS = 80  # spark-job-<id>-p<partition> stays within the broker's 128
 # Test hook of the sink: fail commit() of this micro-batch id after its rows are stored.
 FAILPOINT_AFTER_WRITE_BATCH = "failpoint.afterWriteBatch"
 
@@ -65,7 +68,7 @@ SOURCE_OPTIONS = (
     POLL_TIMEOUT_MS,
     PULL_BATCH_SIZE,
 )
-SINK_OPTIONS = (NAMESERVER, TOPIC, SEND_TIMEOUT_MS, FAILPOINT_AFTER_WRITE_BATCH)
+SINK_OPTIONS = (NAMESERVER, TOPIC, SEND_TIMEOUT_MS, WRITE_ID, FAILPOINT_AFTER_WRITE_BATCH)
 # Options Spark itself adds to a writer's map; not ours to judge.
 SPARK_WRITER_OPTIONS = ("checkpointlocation", "path", "queryname")
 
@@ -150,6 +153,7 @@ class SinkOptions:
     namesrv: tuple[str, ...]
     topic: str | None = None  # overrides the `topic` column when set
     send_timeout_ms: int = DEFAULT_SEND_TIMEOUT_MS
+    write_id: str | None = None  # batch writes: producer ids from it instead of a random one
     failpoint_after_write_batch: int | None = None
 
 
@@ -422,5 +426,23 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         namesrv=parse_namesrv(opts),
         topic=_check_topic(topic.strip(), TOPIC) if topic is not None else None,
         send_timeout_ms=DEFAULT_SEND_TIMEOUT_MS if timeout is None else timeout,
+        write_id=_write_id(opts.get(WRITE_ID.lower())),
         failpoint_after_write_batch=_int(opts, FAILPOINT_AFTER_WRITE_BATCH, low=0),
     )
+
+
+_WRITE_ID_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _write_id(raw: str | None) -> str | None:
+    """`writeId`: 1..80 characters of letters, digits, `_`, `.` and `-` (it becomes part of the
+    broker's producer ids, which refuse anything else)."""
+    if raw is None:
+        return None
+    value = raw.strip()
+    if not value or len(value) > MAX_WRITE_ID_CHARS or not _WRITE_ID_CHARS.fullmatch(value):
+        raise OptionError(
+            f"{WRITE_ID}: give 1 to {MAX_WRITE_ID_CHARS} letters, digits, '_', '.' or '-', "
+            f"got {raw!r} (e.g. .option('{WRITE_ID}', 'orders-2026-11-27'))"
+        )
+    return value

@@ -208,7 +208,8 @@ def _task() -> TaskContext:
 
 
 class RaftMQBatchWriter(DataSourceArrowWriter):
-    """df.write: one producer id per (job, partition); task retries of the job deduplicate."""
+    """df.write: one producer id per (job, partition); task retries of the job deduplicate, and
+    so does a re-run of the job under the same `writeId` (same rows per partition, same order)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = parse_sink_options(options)
@@ -216,7 +217,8 @@ class RaftMQBatchWriter(DataSourceArrowWriter):
             raise ValueError("the raftmq sink only appends; use mode('append')")
         check_sink_schema(schema, self.opts)
         check_sink_topic(self.opts)
-        self.job_id = uuid.uuid4().hex  # made once on the driver, shared by every task
+        # Made once on the driver, shared by every task.
+        self.job_id = self.opts.write_id or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         pid = _task().partitionId()

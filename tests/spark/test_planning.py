@@ -192,6 +192,12 @@ def test_sink_options() -> None:
         parse_sink_options({**NS, "subscribe": "a"})
     with pytest.raises(OptionError, match=r"system topic|may only contain"):
         parse_sink_options({**NS, "topic": "bad topic"})
+    assert parse_sink_options({**NS, "writeId": " nightly-2026.11_27 "}).write_id == (
+        "nightly-2026.11_27"
+    )
+    for bad in ("", "a b", "x" * 81, "ümlaut"):
+        with pytest.raises(OptionError, match="writeId: give 1 to 80"):
+            parse_sink_options({**NS, "writeId": bad})
 
 
 # ---- positions and ranges -----------------------------------------------------------------------
