@@ -136,6 +136,22 @@ class DataPool:
             asyncio.run_coroutine_threadsafe(old.close(), loop)
         return fc
 
+    def submit_raw(
+        self, data_address: str, method: DataMethod, payload: bytes, timeout_s: float
+    ) -> Future[bytes]:
+        """Send a binary payload (SEND_STORED); a Future of the answer's bytes, failing with the
+        typed RaftMQError. Never blocks; the Future completes on the loop thread."""
+        out: Future[bytes] = Future()
+        try:
+            fc = self.client(data_address)
+        except RaftMQError as exc:
+            exc.details.setdefault(NOT_SENT, "1")  # never left: see may_have_stored
+            out.set_exception(exc)
+            return out
+        if self.on_loop_thread():
+            return fc.call_on_loop(int(method), payload, timeout_s)
+        return fc.call_threadsafe(int(method), payload, timeout_s)
+
     def submit(
         self, data_address: str, method: DataMethod, request: Message, timeout_s: float
     ) -> Future[Message]:
