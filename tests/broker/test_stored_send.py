@@ -212,7 +212,7 @@ def test_idempotent_v2_batches_keep_the_window_and_strict_order(env: Env) -> Non
     assert env.max_offset(3) == 3
 
 
-def _corruptions() -> list[tuple[str, bytes]]:
+def _corruptions() -> list[object]:
     good = batch(4, b"c0", b"c1", b"c2")
     h = stored_batch.read_header(good)
     crc_flip = bytearray(good)
@@ -226,16 +226,17 @@ def _corruptions() -> list[tuple[str, bytes]]:
     struct.pack_into("<I", table, 12, zlib.crc32(memoryview(table)[32:]))
     stamped = bytearray(good)  # a client may not stamp: only the leader decides store time
     stored_batch.stamp(stamped, 0, 1)
-    return [
+    cases = [
         ("body CRC", bytes(crc_flip)),
         ("total length", bytes(length)),
         ("offsets", bytes(table)),
         ("stamped", bytes(stamped)),
         ("truncated", good[:40]),
     ]
+    return [pytest.param(what, bad, id=what) for what, bad in cases]
 
 
-@pytest.mark.parametrize(("what", "bad"), _corruptions(), ids=lambda v: str(v)[:12])
+@pytest.mark.parametrize(("what", "bad"), _corruptions())
 def test_a_corrupted_batch_gets_a_typed_error_and_stores_nothing(
     env: Env, what: str, bad: bytes
 ) -> None:
