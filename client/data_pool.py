@@ -49,6 +49,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def no_data_address(address: str) -> BrokerUnavailableError:
+    """A node whose route names no framed data address: the SDK sends and pulls only there."""
+    return BrokerUnavailableError(
+        f"broker {address} advertises no data address (started with --data-listen off?); the "
+        "SDK sends and pulls over the framed data path only: restart it with --data-listen"
+    )
+
+
 def may_have_stored(err: RaftMQError) -> bool:
     """The framed path's twin of producer/retry.py's rule: False only when the attempt surely
     stored nothing: the transport failed it before the request left this process (no

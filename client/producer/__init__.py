@@ -142,7 +142,6 @@ class Producer:
         max_block_ms: int = 10_000,
         max_message_bytes: int = 4 * MIB,
         route_refresh_ms: int = 30_000,
-        max_io_threads: int = 32,
         sticky_messages: int = 32,
         delay_policy: DelayPolicy | None = None,
         allow_system_topics: bool = False,
@@ -166,10 +165,8 @@ class Producer:
             raise InvalidArgumentError("max_inflight_per_queue must be within 1..5")
         if not 1 <= max_inflight_requests <= 64:
             raise InvalidArgumentError("max_inflight_requests must be within 1..64")
-        if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
-            raise InvalidArgumentError(
-                "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
-            )
+        if max_block_ms < 0 or sticky_messages < 1:
+            raise InvalidArgumentError("max_block_ms must be >= 0, sticky_messages >= 1")
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         validate_producer_id(self.producer_id)
         self.idempotent = idempotent
@@ -201,7 +198,6 @@ class Producer:
             backoff_s=retry_backoff_ms / 1000,
             linger_s=self._linger_s,
             max_block_s=self._max_block_s,
-            max_io_threads=max_io_threads,
             max_inflight_requests=max_inflight_requests,
         )
         accumulator: Accumulator[Pending] = Accumulator(
@@ -215,7 +211,7 @@ class Producer:
             max_inflight_per_queue=max_inflight_per_queue if idempotent else 1,
             seal_on_send=True,
         )
-        self._sender = Sender(config, accumulator, self.routes, self._pool, self._data)
+        self._sender = Sender(config, accumulator, self.routes, self._data)
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
         self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
         self._sticky_lock = threading.Lock()  # guards _sticky

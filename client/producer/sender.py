@@ -3,13 +3,14 @@
 broker), and drives each batch through its attempts (retry on the new leader, move to another
 group, fail) by the pure rule in retry.py.
 
-A batch goes over the framed data path (client/data_pool.py) when the leader advertises a data
-address: batches bound for one leader wait in its outbox until the pool's loop thread flushes it
-as one SEND_BATCHES frame (one Raft entry on the leader, one chunk per batch), sealing each batch
-with what arrived for its queue meanwhile. No thread waits for the answer: its callback runs on
-the loop thread and does only non-blocking work (results, the queue's next batch when its leader
-is known); failures and anything that may look up routes go to the timer thread. Otherwise a
-batch is a blocking gRPC call on an I/O thread, as before.
+Batches go over the framed data path (client/data_pool.py), the SDK's one data transport:
+batches bound for one leader wait in its outbox until the pool's loop thread flushes it as one
+SEND_STORED frame of v2 stored batches (SEND_BATCHES for delayed messages and older brokers; one
+Raft entry on the leader, one chunk per batch), sealing each batch with what arrived for its
+queue meanwhile. No thread waits for the answer: its callback runs on the loop thread and does
+only non-blocking work (results, the queue's next batch when its leader is known); failures and
+anything that may look up routes go to the timer thread. A leader without a data address is an
+unavailable broker (retried after a route refresh).
 
 A retried request keeps its queue and sequence numbers, so the broker stores it once whatever
 happened to an earlier attempt; only a request that surely never reached a broker may move to
@@ -24,25 +25,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
-import grpc
 from google.protobuf.message import Message as PbMessage
 
 from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
-from raftmq.client.data_pool import DataPool
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import SendResult
 from raftmq.client.producer.retry import (
     Next,
     after_failure,
     final_error,
-    may_have_stored,
     retry_delay_s,
 )
 from raftmq.client.queue_selector import FaultTable, PublishQueues, select_queue
-from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
+from raftmq.client.routes import RouteCache, monotonic_ms
 from raftmq.client.scheduler import Scheduler
 from raftmq.common import stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
@@ -57,7 +56,6 @@ from raftmq.common.errors import (
     RaftMQError,
     RequestTimeoutError,
     UnsupportedError,
-    from_rpc_error,
 )
 from raftmq.common.frame import error_from_detail
 from raftmq.common.message import POSITION_HEX, Message, msg_id_prefix
@@ -120,7 +118,6 @@ class SenderConfig:
     backoff_s: float
     linger_s: float
     max_block_s: float  # how long enqueue waits for buffer room
-    max_io_threads: int
     # SEND_BATCHES frames in flight per leader (Kafka's max.in.flight.requests.per.connection):
     # while they are out, batches fill with what arrives, so fewer frames carry more.
     max_inflight_requests: int = 2
@@ -135,19 +132,13 @@ class Sender:
         config: SenderConfig,
         accumulator: Accumulator[Pending],
         routes: RouteCache,
-        pool: ChannelPool,
-        data: DataPool | None = None,
+        data: DataPool,
     ) -> None:
         self.config = config
         self.routes = routes
-        self._pool = pool
-        self._data = data  # None: gRPC only
+        self._data = data
         self._acc = accumulator
         self._scheduler = Scheduler("raftmq-producer-timer")
-        # One blocking call per busy queue at a time; more threads than that only wait.
-        self._io = ThreadPoolExecutor(
-            config.max_io_threads, thread_name_prefix="raftmq-producer-io"
-        )
         self._lock = threading.Condition()  # guards _acc and _faults
         self._counter = itertools.count()
         self._faults = FaultTable()
@@ -229,7 +220,6 @@ class Sender:
         """Stop the timer and the I/O threads; what is still buffered fails as not sent."""
         self.closed = True
         self._scheduler.close()
-        self._io.shutdown(wait=True, cancel_futures=True)
         # Batches still waiting in an outbox (their flush will not run once the loop stops)
         # end here; an earlier attempt of one may have stored it, which final_error says.
         with self._outbox_lock:
@@ -279,28 +269,19 @@ class Sender:
         except RaftMQError as exc:
             self._failed(req, exc, maybe_stored=False)  # nothing left this process
             return
-        data_address = self.routes.data_address(req.address) if self._data is not None else ""
-        if data_address and self._data is not None and not self.closed:
-            self._post(data_address, req)
-            return
-        with self._lock:
-            req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
-            wire = self._wire(req)
-        if nxt is not None:
-            self._issue(self._request(nxt))
-        try:
-            self._io.submit(self._call, req, wire)
-        except RuntimeError:  # closed meanwhile; an earlier attempt may have stored it
+        if self.closed:  # an earlier attempt may have stored it
             err = BrokerUnavailableError("the producer was closed before the send completed")
+            group = req.queue.broker_group
             self._finish(
                 req,
-                final_error(
-                    err,
-                    maybe_stored=req.maybe_stored,
-                    attempts=req.attempts,
-                    group=req.queue.broker_group,
-                ),
+                final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
             )
+            return
+        data_address = self.routes.data_address(req.address)
+        if not data_address:  # nothing left this process: retried after a route refresh
+            self._failed(req, no_data_address(req.address), maybe_stored=False)
+            return
+        self._post(data_address, req)
 
     def _wire(self, req: Request) -> broker_pb2.SendMessageRequest:
         """The batch as sent now (hold self._lock): strict unless it is its queue's oldest."""
@@ -333,7 +314,6 @@ class Sender:
 
     def _post(self, data_address: str, req: Request) -> None:
         """Queue `req` for `data_address`'s next frame; the first one in wakes the loop."""
-        assert self._data is not None
         if data_address in self._single_sends:
             self._send_single(data_address, req)
             return
@@ -354,7 +334,6 @@ class Sender:
 
     def _flush(self, data_address: str) -> None:
         """Loop thread: seal every batch waiting for `data_address` and send them as frames."""
-        assert self._data is not None
         if self._frames_out.get(data_address, 0) >= self.config.max_inflight_requests:
             return  # the outbox waits (and its open batches fill): the next answer flushes it
         with self._outbox_lock:
@@ -483,7 +462,6 @@ class Sender:
 
     def _send_single(self, data_address: str, req: Request) -> None:
         """One batch as one SEND_MESSAGE frame: for a broker without SEND_BATCHES."""
-        assert self._data is not None
         with self._lock:
             req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
             wire = self._wire(req)
@@ -625,23 +603,6 @@ class Sender:
         # The failure path may look up routes (blocking): run it on the timer thread.
         self._scheduler.call_later(0, lambda: self._failed(req, err, maybe_stored=maybe))
 
-    def _call(self, req: Request, wire: broker_pb2.SendMessageRequest) -> None:
-        # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
-        # whenever none is running, which cost ~3 ms per send here (measured with cProfile).
-        left = max(0.05, min(req.deadline - time.monotonic(), self.config.request_timeout_s))
-        try:
-            resp = self._pool.broker(req.address).SendMessage(wire, timeout=left)
-        except grpc.RpcError as exc:
-            err = from_rpc_error(exc)
-            self._failed(req, err, maybe_stored=may_have_stored(err, exc))
-            return
-        except Exception as exc:
-            # we cannot tell how far it got
-            err = BrokerUnavailableError(f"send to {req.address} failed: {exc}")
-            self._failed(req, err, maybe_stored=True)
-            return
-        self._answered(req, resp)
-
     def _answered(self, req: Request, resp: broker_pb2.SendMessageResponse) -> None:
         """A broker's answer: every message's result, then the queue's next batch. Runs on the
         loop thread for framed sends, so nothing here may block."""
@@ -673,7 +634,7 @@ class Sender:
 
     def _failed(self, req: Request, err: RaftMQError, *, maybe_stored: bool) -> None:
         """An attempt failed; `maybe_stored` says whether it may have reached a broker's log
-        (retry.may_have_stored for gRPC, data_pool.may_have_stored for frames)."""
+        (data_pool.may_have_stored)."""
         group = req.queue.broker_group
         if maybe_stored:
             req.maybe_stored = True
@@ -794,7 +755,7 @@ class Sender:
         nxt = self._settle(req, err, sent=True)
         if nxt is None:
             return
-        on_loop = self._data is not None and self._data.on_loop_thread()
+        on_loop = self._data.on_loop_thread()
         if on_loop and nxt.queue.broker_group not in self._leaders:
             # Issuing would look the leader up (maybe a NameServer call): not on the loop thread.
             self._scheduler.call_later(0, lambda: self._issue(self._request(nxt)))
