@@ -30,12 +30,13 @@ from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common import tls
+from raftmq.common import stored_batch, stored_send, tls
 from raftmq.common.acl import Action
 from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
+from raftmq.common.record_batch import MalformedBatchError
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
 
 _log = logging.getLogger("broker.data_server")
@@ -150,6 +151,7 @@ class DataServer:
             ),
             DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
             DataMethod.SEND_BATCHES: self._send_batches,
+            DataMethod.SEND_STORED: self._send_stored,
         }
         assert self._waker is not None
         handlers.update(pop_handlers(self.node, self._blocking, self._waker, self._check))
@@ -241,6 +243,62 @@ class DataServer:
                     inline.pop(batch.topic, None)
             except RaftMQError as exc:
                 prepared.append(exc)
+        topics = [b.topic for b in req.batches]
+        answers = await self._store_all(prepared, topics, req.timeout_ms)
+        return broker_pb2.SendBatchesResponse(
+            results=[requests.batch_result(a) for a in answers], broker_group=node.group, term=term
+        ).SerializeToString()
+
+    async def _send_stored(self, payload: memoryview, ctx: RequestContext) -> bytes:
+        """SEND_STORED (issue 24): v2 stored batches as the producer encoded them. Each is
+        checked whole (lengths, one CRC, the offsets table: stored_batch.check_batch) and from
+        its header (permission, topic, queue, sizes), stamped with the store time and appended
+        as the bytes received; answered as SEND_BATCHES is, in fixed-size records. A refused
+        batch is its own answer and stores nothing; a frame that does not parse fails whole."""
+        node = self.node
+        timeout_ms, batches = stored_send.decode_request(payload, MAX_BATCHES_PER_REQUEST)
+        term = node.status().term
+        limits = node.sends.batch_limits()
+        prepared: list[PreparedSend | RaftMQError] = []
+        topics: list[str] = []
+        inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
+        guard = self.guard
+        for batch in batches:
+            topic = ""
+            try:
+                try:
+                    header = stored_batch.check_batch(batch, limits)
+                except MalformedBatchError as exc:
+                    raise InvalidArgumentError(f"a stored batch was refused: {exc}") from None
+                topic = header.topic
+                if guard is not None:  # per batch: a denied topic fails its batches only
+                    guard.check_topic(ctx.principal, Action.PUB, topic)
+                ok = inline.get(topic)
+                if ok is None:
+                    ok = inline[topic] = not node.sends.needs_thread(topic)
+                if ok:
+                    prepared.append(node.sends.prepare_stored(header, batch, timeout_ms))
+                else:  # in order, one at a time (see _send_batches)
+                    prepared.append(
+                        await self._blocking(node.sends.prepare_stored, header, batch, timeout_ms)
+                    )
+                    inline.pop(topic, None)
+            except RaftMQError as exc:
+                prepared.append(exc)
+            topics.append(topic)
+        answers = await self._store_all(prepared, topics, timeout_ms)
+        return stored_send.encode_answer(
+            node.group,
+            term,
+            [a if isinstance(a, RaftMQError) else _batch_answer(a) for a in answers],
+        )
+
+    async def _store_all(
+        self, prepared: list[PreparedSend | RaftMQError], topics: list[str], timeout_ms: int
+    ) -> list[BatchStored | RaftMQError]:
+        """Submit the prepared batches back to back (one Raft entry, one chunk each) and wait
+        for each one's outcome; the answers in `prepared`'s order, refusals kept in place."""
+        node = self.node
         ready = [p for p in prepared if isinstance(p, PreparedSend)]
         answers: list[BatchStored | RaftMQError] = []
         if ready:
@@ -251,8 +309,8 @@ class DataServer:
             else:
                 assert self._waker is not None
                 timeout_s = min(p.timeout_s for p in ready)
-                if req.timeout_ms > 0:
-                    timeout_s = min(timeout_s, req.timeout_ms / 1000)
+                if timeout_ms > 0:
+                    timeout_s = min(timeout_s, timeout_ms / 1000)
                 chunks = await node.replicate_each_async(
                     [p.payload for p in ready], timeout_s, self._waker
                 )
@@ -264,18 +322,15 @@ class DataServer:
                         answers.append(node.sends.stored(p, chunk))
                     except RaftMQError as exc:
                         answers.append(exc)
-        topics = [b.topic for b, p in zip(req.batches, prepared, strict=True) if p in ready]
-        for topic, p, answer in zip(topics, ready, answers, strict=True):  # per batch
+        ready_topics = [
+            t for t, p in zip(topics, prepared, strict=True) if isinstance(p, PreparedSend)
+        ]
+        for topic, p, answer in zip(ready_topics, ready, answers, strict=True):  # per batch
             if isinstance(answer, BatchStored):
                 node.metrics.on_send(topic, p.count, len(p.payload))
                 node.stats.on_send(topic, p.count)
         done = iter(answers)
-        results = [
-            requests.batch_result(p if isinstance(p, RaftMQError) else next(done)) for p in prepared
-        ]
-        return broker_pb2.SendBatchesResponse(
-            results=results, broker_group=node.group, term=term
-        ).SerializeToString()
+        return [p if isinstance(p, RaftMQError) else next(done) for p in prepared]
 
     async def _commit_offset(self, payload: memoryview, ctx: RequestContext) -> bytes:
         node = self.node
@@ -342,3 +397,9 @@ class DataServer:
             await fut
         finally:
             held.forget(fut, topic, queue_id)
+
+
+def _batch_answer(s: BatchStored) -> stored_send.BatchAnswer:
+    return stored_send.BatchAnswer(
+        s.count, s.first_offset, s.raft_index, s.slot, s.first_position, s.duplicate
+    )

@@ -4,8 +4,10 @@ the same entries in the same order give equal outputs on every replica."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Protocol
 
 from raftmq.broker import delivery
@@ -49,6 +51,7 @@ from raftmq.broker.rows import (
 from raftmq.broker.schedule import MessageRef, ScheduleEntry, ScheduleKey
 from raftmq.broker.txn_apply import TxnApplier, TxnRow
 from raftmq.broker.txn_records import is_txn_chunk
+from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import validate_group, validate_producer_id, validate_topic
@@ -60,7 +63,7 @@ from raftmq.common.record_batch import (
     PopAck,
     PopReceive,
     ProduceBatch,
-    ProduceHeader,
+    ProducerSequence,
     QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
@@ -74,6 +77,14 @@ from raftmq.common.topic_config import TopicConfig, validate_topic_config
 from raftmq.raftlog.record import Entry
 
 MAX_SEQUENCE = (1 << 64) - 1
+_STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a chunk's kind and version bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A produce batch the producer window refuses, with the outcome to answer."""
+
+    outcome: ChunkOutcome
 
 
 class DispatchState(Protocol):
@@ -345,6 +356,14 @@ class Dispatcher:
                 except InvalidArgumentError as exc:  # checked alike on every replica
                     work.outcomes.append(Rejected(slot, str(exc)))
                 continue
+            if chunk[:2] == _STORED_V2:
+                try:
+                    self._produce_v2(work, entry.index, slot, chunk)
+                except MalformedBatchError as exc:
+                    work.outcomes.append(Rejected(slot, f"undecodable chunk: {exc}"))
+                except InvalidArgumentError as exc:  # checked alike on every replica
+                    work.outcomes.append(Rejected(slot, str(exc)))
+                continue
             if txns is not None and is_txn_chunk(chunk):
                 work.outcomes.append(txns.apply_record(work, entry.index, slot, chunk))
                 continue
@@ -412,50 +431,11 @@ class Dispatcher:
                 self.transactions.apply_half(work, raft_index, slot, batch, chunk_offsets)
             )
             return
-        gap: SequenceGap | None = None
-        producer = header.producer
-        prev: ProducerState | None = None
-        if producer is not None:
-            validate_producer_id(producer.producer_id)
-            first_seq = producer.first_sequence
-            last_seq = first_seq + count - 1
-            if last_seq > MAX_SEQUENCE:
-                work.outcomes.append(
-                    Rejected(slot, f"sequences {first_seq}..{last_seq} exceed {MAX_SEQUENCE}")
-                )
-                return
-            prev = work.producer_state(producer.producer_id, topic, queue_id)
-            expected = prev.last_sequence + 1 if prev is not None else 0
-            if producer.strict and first_seq > expected:
-                # An earlier batch of this queue is still in flight (retried): storing this one
-                # now would put it before that one, whose retry would then look like a
-                # duplicate and be dropped. Refused unstored; the producer retries it.
-                work.outcomes.append(
-                    OutOfOrder(
-                        slot,
-                        f"producer {producer.producer_id!r} sequence {first_seq} arrived before "
-                        f"{expected} on {topic}/{queue_id}; retry it after the earlier batch",
-                        expected,
-                    )
-                )
-                return
-            if prev is not None:
-                if last_seq <= prev.last_sequence:
-                    stored = _find_original(prev, first_seq, count)
-                    work.outcomes.append(Duplicate(slot, topic, queue_id, stored))
-                    return
-                if first_seq <= prev.last_sequence:
-                    work.outcomes.append(
-                        Rejected(
-                            slot,
-                            f"producer {producer.producer_id!r} sequences {first_seq}..{last_seq} "
-                            f"overlap the last stored sequence {prev.last_sequence}; "
-                            "retry exactly the batch that was sent before",
-                        )
-                    )
-                    return
-                if first_seq > prev.last_sequence + 1:
-                    gap = SequenceGap(prev.last_sequence + 1, first_seq)
+        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
+        if isinstance(verdict, _Refused):
+            work.outcomes.append(verdict.outcome)
+            return
+        prev, gap = verdict
 
         tags = scan.tags
         distinct = set(tags)
@@ -472,7 +452,10 @@ class Dispatcher:
         if header.scheduled:
             batch, chunk_offsets = _decode_batch(chunk)
             delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes, keys)
-            self._record_producer(work, header, prev, SCHEDULED_OFFSET, raft_index, slot)
+            self._record_producer(
+                work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
+                SCHEDULED_OFFSET, raft_index, slot,
+            )  # fmt: skip
             work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
             return
         first = work.append_rows(
@@ -486,31 +469,132 @@ class Dispatcher:
             tag_hashes,
             keys,
         )
-        self._record_producer(work, header, prev, first, raft_index, slot)
+        self._record_producer(
+            work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev, first,
+            raft_index, slot,
+        )  # fmt: skip
         work.outcomes.append(
             Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
         )
 
+    def _produce_v2(self, work: _EntryWork, raft_index: int, slot: int, chunk: bytes) -> None:
+        """A v2 stored batch (issue 24), indexed from its header and tables: one ConsumeQueue
+        row, no object per message; its records are read only when some message has keys (the
+        key index). The leader checked it whole (check_batch) before it was replicated."""
+        header = stored_batch.read_header(chunk)
+        topic, queue_id, count = header.topic, header.queue_id, header.count
+        validate_topic(topic, allow_system=True)
+        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
+        if isinstance(verdict, _Refused):
+            work.outcomes.append(verdict.outcome)
+            return
+        prev, gap = verdict
+        offsets = stored_batch.message_offsets(chunk, header).tolist()
+        ends = offsets[1:]
+        ends.append(header.total_bytes - header.records_at)
+        # A v2 row keeps each message's record size where a v1 row keeps its body size: what a
+        # pull's byte budget counts and the reader checks against (broker/store.py).
+        sizes = tuple(map(operator.sub, ends, offsets))
+        at = tuple(map(operator.add, offsets, repeat(header.records_at)))
+        keys: tuple[tuple[str, ...], ...] = ()
+        if stored_batch.has_keys(chunk):  # per message, for the key index only
+            keys = tuple(
+                tuple(k for k in dict.fromkeys(m.keys) if k)
+                for m in stored_batch.iter_messages(chunk, verify=False)
+            )
+        first = work.append_rows(
+            topic,
+            queue_id,
+            raft_index,
+            slot,
+            header.store_timestamp_ms,
+            at,
+            sizes,
+            tuple(stored_batch.tag_hashes(chunk, header).tolist()),
+            keys,
+        )
+        self._record_producer(
+            work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev, first,
+            raft_index, slot,
+        )  # fmt: skip
+        work.outcomes.append(
+            Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
+        )
+
+    @staticmethod
+    def _sequences(
+        work: _EntryWork,
+        slot: int,
+        topic: str,
+        queue_id: int,
+        count: int,
+        producer: ProducerSequence | None,
+    ) -> _Refused | tuple[ProducerState | None, SequenceGap | None]:
+        """An idempotent batch against its producer's window: refused (out of order, a
+        duplicate, an overlap), or (the producer's state before it, a gap it leaves)."""
+        if producer is None:
+            return None, None
+        gap: SequenceGap | None = None
+        validate_producer_id(producer.producer_id)
+        first_seq = producer.first_sequence
+        last_seq = first_seq + count - 1
+        if last_seq > MAX_SEQUENCE:
+            return _Refused(
+                Rejected(slot, f"sequences {first_seq}..{last_seq} exceed {MAX_SEQUENCE}")
+            )
+        prev = work.producer_state(producer.producer_id, topic, queue_id)
+        expected = prev.last_sequence + 1 if prev is not None else 0
+        if producer.strict and first_seq > expected:
+            # An earlier batch of this queue is still in flight (retried): storing this one
+            # now would put it before that one, whose retry would then look like a
+            # duplicate and be dropped. Refused unstored; the producer retries it.
+            return _Refused(
+                OutOfOrder(
+                    slot,
+                    f"producer {producer.producer_id!r} sequence {first_seq} arrived before "
+                    f"{expected} on {topic}/{queue_id}; retry it after the earlier batch",
+                    expected,
+                )
+            )
+        if prev is not None:
+            if last_seq <= prev.last_sequence:
+                stored = _find_original(prev, first_seq, count)
+                return _Refused(Duplicate(slot, topic, queue_id, stored))
+            if first_seq <= prev.last_sequence:
+                return _Refused(
+                    Rejected(
+                        slot,
+                        f"producer {producer.producer_id!r} sequences {first_seq}..{last_seq} "
+                        f"overlap the last stored sequence {prev.last_sequence}; "
+                        "retry exactly the batch that was sent before",
+                    )
+                )
+            if first_seq > prev.last_sequence + 1:
+                gap = SequenceGap(prev.last_sequence + 1, first_seq)
+        return prev, gap
+
     def _record_producer(
         self,
         work: _EntryWork,
-        header: ProduceHeader,
+        topic: str,
+        queue_id: int,
+        count: int,
+        producer: ProducerSequence | None,
+        store_timestamp_ms: int,
         prev: ProducerState | None,
         first: int,
         raft_index: int,
         slot: int,
     ) -> None:
-        producer = header.producer
         if producer is None:
             return
-        count = header.count
         origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
         recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
-        work.producers[producer.producer_id, header.topic, header.queue_id] = ProducerRow(
+        work.producers[producer.producer_id, topic, queue_id] = ProducerRow(
             producer.producer_id,
-            header.topic,
-            header.queue_id,
-            ProducerState(producer.first_sequence + count - 1, header.store_timestamp_ms, recent),
+            topic,
+            queue_id,
+            ProducerState(producer.first_sequence + count - 1, store_timestamp_ms, recent),
         )
 
     @staticmethod

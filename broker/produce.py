@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from raftmq.broker.rows import (
     Scheduled,
 )
 from raftmq.broker.topics import TopicProcessor
-from raftmq.common import record_batch
+from raftmq.common import record_batch, stored_batch
 from raftmq.common.errors import (
     InternalError,
     InvalidArgumentError,
@@ -42,6 +43,7 @@ from raftmq.common.message import (
     validate_topic,
 )
 from raftmq.common.record_batch import ProduceBatch, ProducerSequence
+from raftmq.common.stored_batch import BatchHeader
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
@@ -202,6 +204,47 @@ class SendProcessor:
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
         return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
+    def batch_limits(self) -> stored_batch.BatchLimits:
+        """What a v2 stored batch may hold here (checked before its CRC is computed)."""
+        s = self._settings
+        return stored_batch.BatchLimits(s.data_max_frame_bytes, s.max_batch_messages)
+
+    def prepare_stored(
+        self, header: BatchHeader, batch: memoryview, timeout_ms: int
+    ) -> PreparedSend:
+        """A v2 stored batch that check_batch accepted (issue 24), ready to replicate as the
+        bytes it came in, with the store time stamped: the per-batch checks of `prepare` from
+        its header (topic, producer id, born host, leader gate, permission, queue) and the
+        message sizes. What is inside a record (utf-8 of tags, keys and properties, property
+        limits, reserved names) is the producer SDK's check; readers refuse a bad record
+        (docs/design.md, "Stored batch format v2"). Delayed and half messages never come here."""
+        topic, queue_id, limits = header.topic, header.queue_id, self._node.limits
+        validate_topic(topic, allow_system=True)
+        if len(header.born_host.encode("utf-8")) > limits.max_born_host_bytes:
+            raise InvalidArgumentError(
+                f"born host of a batch exceeds {limits.max_born_host_bytes} bytes"
+            )
+        producer = header.producer
+        if producer is not None:
+            validate_producer_id(producer.producer_id)
+        _check_sizes(batch, header, limits.max_message_bytes)
+        self._node.require_leader()
+        self._node.check_disk_pressure()
+        cfg = self._topics.topic_for_write(topic)
+        if not cfg.writable:
+            raise PermissionDeniedError.for_topic(topic, "write", str(cfg.perm))
+        if not 0 <= queue_id < cfg.write_queue_nums:
+            raise InvalidArgumentError(
+                f"queue {queue_id} does not exist: topic {topic!r} has {cfg.write_queue_nums} "
+                f"write queues on {self._node.group}"
+            )
+        payload = bytearray(batch)  # the frame's buffer is reused: one copy, C speed
+        # The store time is the leader's; the base offset stays the dispatcher's (slot 0).
+        stored_batch.stamp(payload, 0, _now_ms())
+        settings = self._settings
+        timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
+        return PreparedSend(queue_id, bytes(payload), header.count, timeout_s)
+
     def stored(self, prepared: PreparedSend, outcome: ChunkOutcome) -> BatchStored:
         """`outcomes` per batch, not per message: the fast data path's answer (issue 14)."""
         count, queue_id = prepared.count, prepared.queue_id
@@ -280,3 +323,19 @@ class SendProcessor:
                 for i in range(count)
             ]
         raise InternalError(f"unexpected outcome {outcome!r} for a produce batch")
+
+
+def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:
+    """No message body over max_body. A batch whose whole record area fits max_body holds none
+    (O(1), every W1 and batch-API batch); only a larger one has its record heads read."""
+    area = header.total_bytes - header.records_at
+    if area - stored_batch.RECORD_HEAD_BYTES <= max_body:
+        return
+    at, unpack = header.records_at, _BODY_LEN.unpack_from
+    for offset in stored_batch.message_offsets(batch, header).tolist():
+        size = unpack(batch, at + offset)[0]
+        if size > max_body:
+            raise MessageTooLargeError.for_size(size, max_body)
+
+
+_BODY_LEN = struct.Struct("<I")  # a v2 record head starts with its body length

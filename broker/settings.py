@@ -48,8 +48,9 @@ class BrokerSettings(FairShareSettings):
         default="",
         unit="host:port",
         doc='framed data path (send, pull, offsets, heartbeats) bind address; "" = the host of '
-        'this node\'s gRPC address, any free port; "off" = gRPC only. The bound address is '
-        "registered as the node's data_address",
+        'this node\'s gRPC address, any free port; "off" = gRPC only (the SDK sends and pulls '
+        'only over this path, so its clients cannot). The bound address is registered as the '
+        "node's data_address",
     )
     metrics_listen: str = setting(
         default="",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -28,13 +29,10 @@ from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
 from raftmq.broker.transaction import MOVED_TOPIC
+from raftmq.common import produce_chunk
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
-from raftmq.common.record_batch import (
-    MalformedBatchError,
-    ProduceHeader,
-    decode_message_at,
-    decode_produce_header,
-)
+from raftmq.common.produce_chunk import ChunkHeader
+from raftmq.common.record_batch import MalformedBatchError, ProduceHeader
 from raftmq.common.topic_config import Permission, TopicConfig
 from raftmq.raftlog.record import Entry
 
@@ -829,40 +827,55 @@ class MessageReader:
 
     def read(self, rows: Sequence[CQRow]) -> list[StoredMessage]:
         entries: dict[int, Entry] = {}
-        headers: dict[tuple[int, int], tuple[bytes, ProduceHeader]] = {}
+        headers: dict[tuple[int, int], tuple[bytes, ChunkHeader]] = {}
         strings: dict[bytes, str] = {}  # tags and hosts repeat: decode each once per call
         out: list[StoredMessage] = []
-        for row in rows:
-            key = (row.raft_index, row.slot)
+        # Rows of one batch are decoded together (a v2 batch walks its table once per run).
+        for (index, slot), run in itertools.groupby(rows, key=_chunk_of):
+            group = list(run)
+            key = (index, slot)
             cached = headers.get(key)
             if cached is None:
-                entry = entries.get(row.raft_index)
+                entry = entries.get(index)
                 if entry is None:
-                    entry = entries[row.raft_index] = self._read_entry(row.raft_index)
-                cached = headers[key] = self._header(entry, row)
+                    entry = entries[index] = self._read_entry(index)
+                cached = headers[key] = self._header(entry, group[0])
             chunk, header = cached
-            if row.position >= header.count:
-                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
+            for row in group:
+                if row.position >= header.count:
+                    raise StoreError(
+                        f"{row} points past the end of its {header.count}-message batch"
+                    )
             try:
-                msg = decode_message_at(chunk, header, row.chunk_offset_bytes, strings)
-            except MalformedBatchError as exc:
-                raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
-            # The row and the log must agree; if not, the store is wrong and nothing is served.
-            if (header.queue_id, len(msg.body)) != (row.queue_id, row.body_bytes):
-                raise StoreError(f"{row} does not match the message in the log")
-            out.append(
-                StoredMessage(
-                    msg,
-                    self.broker_group,
-                    row.queue_id,
-                    row.queue_offset,
-                    encode_msg_id(self.broker_group, row.raft_index, row.slot, row.position),
-                    row.store_timestamp_ms,
-                    row.raft_index,
-                    row.slot,
-                    row.position,
+                messages = produce_chunk.messages_at(
+                    chunk,
+                    header,
+                    [r.position for r in group],
+                    [r.chunk_offset_bytes for r in group],
+                    strings,
                 )
-            )
+            except MalformedBatchError as exc:
+                raise StoreError(f"{group[0]} points at an undecodable message: {exc}") from exc
+            v2 = not isinstance(header, ProduceHeader)
+            for row, msg in zip(group, messages, strict=True):
+                # The row and the log must agree; if not, the store is wrong and nothing is
+                # served. (A v2 row keeps the record's size, a v1 row the body's.)
+                size = row.body_bytes if v2 else len(msg.body)
+                if header.queue_id != row.queue_id or size != row.body_bytes:
+                    raise StoreError(f"{row} does not match the message in the log")
+                out.append(
+                    StoredMessage(
+                        msg,
+                        self.broker_group,
+                        row.queue_id,
+                        row.queue_offset,
+                        encode_msg_id(self.broker_group, row.raft_index, row.slot, row.position),
+                        row.store_timestamp_ms,
+                        row.raft_index,
+                        row.slot,
+                        row.position,
+                    )
+                )
         return out
 
     def raw_parts(
@@ -879,7 +892,7 @@ class MessageReader:
         strings: dict[bytes, str] = {}  # for `keep`'s decoding: tags and hosts repeat
         total = 0
         cur: RawPart | None = None
-        header: ProduceHeader | None = None
+        header: ChunkHeader | None = None
         for row in rows:
             # A delivered delayed message's row sits alone (its position is not its offset's).
             if (
@@ -910,7 +923,9 @@ class MessageReader:
                 raise StoreError(f"{row} points past the end of its {header.count}-message batch")
             if keep is not None:
                 try:
-                    msg = decode_message_at(cur.chunk, header, row.chunk_offset_bytes, strings)
+                    [msg] = produce_chunk.messages_at(
+                        cur.chunk, header, [row.position], [row.chunk_offset_bytes], strings
+                    )
                 except MalformedBatchError as exc:
                     raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
                 if not keep(msg):
@@ -920,15 +935,19 @@ class MessageReader:
         return [p for p in parts if p.positions], None
 
     @staticmethod
-    def _header(entry: Entry, row: CQRow) -> tuple[bytes, ProduceHeader]:
+    def _header(entry: Entry, row: CQRow) -> tuple[bytes, ChunkHeader]:
         if entry.index != row.raft_index or row.slot >= len(entry.chunks):
             raise StoreError(f"{row} points at a missing chunk of entry {entry.index}")
         chunk = entry.chunks[row.slot]
         try:
-            header = decode_produce_header(chunk)
+            header = produce_chunk.read_header(chunk)
         except MalformedBatchError as exc:
             raise StoreError(f"{row} points at a chunk that is not a produce batch: {exc}") from exc
         if row.topic not in (header.topic, MOVED_TOPIC):
             # (A half message moved after max checks is indexed under MOVED_TOPIC in place.)
             raise StoreError(f"{row} points at a batch for topic {header.topic!r}")
         return chunk, header
+
+
+def _chunk_of(row: CQRow) -> tuple[int, int]:
+    return row.raft_index, row.slot

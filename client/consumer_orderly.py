@@ -285,7 +285,6 @@ class OrderlyPushConsumer(PushConsumer):
             start,
             self._settings,
             self.routes,
-            self._pool,
             functools.partial(self._deliver_orderly, oq),
             functools.partial(self._reset_orderly, oq),
             driver=self._driver,

@@ -122,7 +122,6 @@ class PullConsumer:
                 start,
                 self._settings,
                 self.routes,
-                self._pool,
                 self._deliver,
                 self._reset,
                 driver=self._driver,

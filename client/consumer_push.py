@@ -405,7 +405,6 @@ class PushConsumer:
             start,
             self._retry_settings if q.topic == self._retry_topic else self._settings,
             self.routes,
-            self._pool,
             functools.partial(self._deliver, pq),
             functools.partial(self._reset, pq),
             driver=self._driver,

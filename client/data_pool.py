@@ -49,6 +49,14 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def no_data_address(address: str) -> BrokerUnavailableError:
+    """A node whose route names no framed data address: the SDK sends and pulls only there."""
+    return BrokerUnavailableError(
+        f"broker {address} advertises no data address (started with --data-listen off?); the "
+        "SDK sends and pulls over the framed data path only: restart it with --data-listen"
+    )
+
+
 def may_have_stored(err: RaftMQError) -> bool:
     """The framed path's twin of producer/retry.py's rule: False only when the attempt surely
     stored nothing: the transport failed it before the request left this process (no
@@ -135,6 +143,22 @@ class DataPool:
             log.info("data_pool.evicted address=%s", old.address)
             asyncio.run_coroutine_threadsafe(old.close(), loop)
         return fc
+
+    def submit_raw(
+        self, data_address: str, method: DataMethod, payload: bytes, timeout_s: float
+    ) -> Future[bytes]:
+        """Send a binary payload (SEND_STORED); a Future of the answer's bytes, failing with the
+        typed RaftMQError. Never blocks; the Future completes on the loop thread."""
+        out: Future[bytes] = Future()
+        try:
+            fc = self.client(data_address)
+        except RaftMQError as exc:
+            exc.details.setdefault(NOT_SENT, "1")  # never left: see may_have_stored
+            out.set_exception(exc)
+            return out
+        if self.on_loop_thread():
+            return fc.call_on_loop(int(method), payload, timeout_s)
+        return fc.call_threadsafe(int(method), payload, timeout_s)
 
     def submit(
         self, data_address: str, method: DataMethod, request: Message, timeout_s: float

@@ -2,8 +2,8 @@
 raw record batches from the group's leader (a follower when the leader is away and follower
 reads are allowed), a client-side recheck of the tag filter, and a bounded hand-over.
 
-No thread waits on a pull: each pull is a future (the framed data path's where the node offers
-one, grpc's otherwise) whose answer is handed to the consumer's FetchDriver, a few threads
+No thread waits on a pull: each pull is a future of the framed data path (the SDK's one data
+transport) whose answer is handed to the consumer's FetchDriver, a few threads
 shared by all its queues; a queue whose consumer has no room pauses until woken. It owns no
 offsets beyond "where to fetch next"; consumers decide what is committed.
 """
@@ -19,13 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import grpc
 from google.protobuf.message import Message
 
-from raftmq.client.data_pool import DataPool
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.raw_batch import decode_batches
-from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.client.routes import RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
@@ -33,7 +32,6 @@ from raftmq.common.errors import (
     NotLeaderError,
     OffsetOutOfRangeError,
     RaftMQError,
-    from_rpc_error,
 )
 from raftmq.common.filter.tag import TagFilter, parse_tag_expression
 from raftmq.common.pb import broker_pb2
@@ -124,20 +122,18 @@ class QueueFetcher:
         offset: int,
         settings: FetchSettings,
         routes: RouteCache,
-        pool: ChannelPool,
         deliver: Deliver,
         on_out_of_range: OutOfRange,
         *,
         driver: FetchDriver,
+        data: DataPool,
         has_room: HasRoom = lambda: True,
-        data: DataPool | None = None,
     ) -> None:
         self.queue = queue
         self._offset = offset
         self._epoch = 0
         self._settings = settings
         self._routes = routes
-        self._pool = pool
         self._data = data
         self._driver = driver
         self._deliver = deliver
@@ -148,9 +144,6 @@ class QueueFetcher:
         self._step_lock = threading.Lock()  # one step of this fetcher at a time
         self._stopped = False
         self._paused = False
-        self._inflight: grpc.Future[broker_pb2.PullMessageResponse] | None = (
-            None  # a gRPC pull, cancelled by stop()
-        )
         self._failures = 0
         self._follower_until = 0.0  # after a follower served, keep reading there until then
         self._pull_started = 0.0  # when the pull in flight was sent (one at a time)
@@ -161,10 +154,7 @@ class QueueFetcher:
 
     def stop(self, join: bool = True) -> None:
         """No delivery starts after this returns with `join` (one running may finish first)."""
-        self._stopped = True
-        inflight = self._inflight
-        if inflight is not None:
-            inflight.cancel()
+        self._stopped = True  # an answer still on its way is dropped by _step
         if join:
             with self._step_lock:
                 pass
@@ -236,19 +226,15 @@ class QueueFetcher:
             return
         self.pulls += 1
         self._pull_started = time.monotonic()
-        data_address = self._routes.data_address(address) if self._data is not None else ""
-        if data_address and self._data is not None:
-            fut = self._data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
-            fut.add_done_callback(
-                lambda f: self._driver.run(
-                    lambda: self._on_frame_answer(f, offset, epoch, use_follower)
-                )
-            )
+        data_address = self._routes.data_address(address)
+        if not data_address:
+            self._backoff(no_data_address(address))
             return
-        gfut = self._pool.broker(address).PullMessage.future(req, timeout=timeout_s)
-        self._inflight = gfut
-        gfut.add_done_callback(
-            lambda f: self._driver.run(lambda: self._on_grpc_answer(f, offset, epoch, use_follower))
+        fut = self._data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
+        fut.add_done_callback(
+            lambda f: self._driver.run(
+                lambda: self._on_frame_answer(f, offset, epoch, use_follower)
+            )
         )
 
     def _on_frame_answer(
@@ -263,29 +249,6 @@ class QueueFetcher:
             err = (
                 exc
                 if isinstance(exc, RaftMQError)
-                else BrokerUnavailableError(f"pull of {self.queue} failed: {exc!r}")
-            )
-            self._step(None, err, offset, epoch, use_follower)
-            return
-        resp = fut.result()
-        assert isinstance(resp, broker_pb2.PullMessageResponse)
-        self._step(resp, None, offset, epoch, use_follower)
-
-    def _on_grpc_answer(
-        self,
-        fut: grpc.Future[broker_pb2.PullMessageResponse],
-        offset: int,
-        epoch: int,
-        use_follower: bool,
-    ) -> None:
-        self._inflight = None
-        if fut.cancelled():
-            return  # stop() cancelled it
-        exc = fut.exception()
-        if exc is not None:
-            err = (
-                from_rpc_error(exc)
-                if isinstance(exc, grpc.RpcError)
                 else BrokerUnavailableError(f"pull of {self.queue} failed: {exc!r}")
             )
             self._step(None, err, offset, epoch, use_follower)

@@ -1,5 +1,6 @@
 """Decoding of the record batches a pull answers with `raw_batches` (PullMessageResponse.batches):
-the broker sends stored batches untouched and the client decodes only the messages named.
+the broker sends stored batches untouched (v1 record batches or v2 stored batches, issue 24) and
+the client decodes only the messages named; a v2 batch's CRCs are checked here.
 
 Sans-I/O; it checks that each batch is what the answer says and raises MalformedBatchError if not.
 """
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from raftmq.common import produce_chunk
 from raftmq.common.message import POSITION_HEX, Message, StoredMessage, msg_id_prefix
 from raftmq.common.pb import broker_pb2
-from raftmq.common.record_batch import MalformedBatchError, decode_message_at, decode_produce_header
+from raftmq.common.record_batch import MalformedBatchError
 
 
 def named_messages(
@@ -25,7 +27,7 @@ def named_messages(
     strings: dict[bytes, str] = {}  # tags and hosts repeat: decode each once per answer
     for b in batches:
         chunk = b.chunk
-        header = decode_produce_header(chunk)
+        header = produce_chunk.read_header(chunk)
         if header.queue_id != queue_id or (topic is not None and header.topic != topic):
             raise MalformedBatchError(
                 f"batch {b.raft_index}/{b.slot} is for {header.topic}/{header.queue_id}, "
@@ -37,12 +39,18 @@ def named_messages(
                 f"{len(b.byte_offsets)} byte offsets"
             )
         id_prefix = msg_id_prefix(broker_group, b.raft_index, b.slot)
-        for position, at in zip(b.positions, b.byte_offsets, strict=True):
+        positions = list(b.positions)
+        for position in positions:
             if not 0 <= position < header.count:
                 raise MalformedBatchError(
                     f"batch {b.raft_index}/{b.slot} has no position {position} ({header.count})"
                 )
-            msg = decode_message_at(chunk, header, at, strings)
+        if positions != sorted(positions):
+            raise MalformedBatchError(f"batch {b.raft_index}/{b.slot}: positions out of order")
+        messages = produce_chunk.messages_at(
+            chunk, header, positions, b.byte_offsets, strings, verify=True
+        )
+        for position, msg in zip(positions, messages, strict=True):
             yield b, position, id_prefix + format(position, POSITION_HEX), msg
 
 

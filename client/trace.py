@@ -304,7 +304,7 @@ class _SendsDone:
                 (
                     it.future.result().msg_id if result is not None else "",
                     it.msg.born_timestamp_ms,
-                    tuple(it.msg.keys),  # a protobuf container: not JSON
+                    tuple(it.msg.keys),
                     it.msg.tags or None,
                 )
                 for it in part

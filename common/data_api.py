@@ -34,6 +34,9 @@ class DataMethod(enum.IntEnum):
     END_TRANSACTIONS = 23
     # The fast data path (issue 14): the ready batches of all a leader's queues in one frame.
     SEND_BATCHES = 50
+    # v2 stored batches as the producer encoded them (issue 24): a binary frame, no protobuf
+    # (common/stored_send.py), so not in PAYLOADS; each batch's topic is authorized on its own.
+    SEND_STORED = 51
     # POP consumption as replicated state (issue 17, broker/pop.py); framed only, no gRPC twin.
     POP_STATE = 60
     POP_RECEIVE = 61

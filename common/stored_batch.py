@@ -16,7 +16,7 @@ Layout (docs/design.md, "Stored batch format v2"):
 | 12          | 4    | body CRC           | CRC-32 of [32, total), written by the producer    |
 | 16          | 8    | base queue offset  | u64, stamped by the leader; 0 until then          |
 | 24          | 8    | store timestamp ms | i64, stamped by the leader; 0 until then          |
-| 32          | 2    | flags              | 0x1: producer id + base sequence present          |
+| 32          | 2    | flags              | 0x1 producer id + base sequence, 0x2 strict, 0x4 keys |
 | 34          | 2    | header length H    | 64 + strings, rounded up to 8: where tables start |
 | 36          | 4    | queue id           | u32                                               |
 | 40          | 4    | message count n    | u32, >= 1                                         |
@@ -74,6 +74,7 @@ __all__ = [
     "batch_count",
     "check_batch",
     "encode_batch",
+    "has_keys",
     "iter_messages",
     "iter_records",
     "message_offsets",
@@ -91,7 +92,13 @@ VERSION = 2
 STATE_PRODUCED = 0
 STATE_STAMPED = 1
 HAS_PRODUCER = 0x0001
-_KNOWN_FLAGS = HAS_PRODUCER
+# The producer's sequence must follow the last stored one (only with HAS_PRODUCER): v1's
+# ProducerSequence.strict, which the dispatcher refuses as OUT_OF_ORDER when it does not.
+STRICT_SEQUENCE = 0x0002
+# Some message carries keys: the dispatcher walks the records for the key index only then.
+HAS_KEYS = 0x0004
+_KNOWN_FLAGS = HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS
+_FLAGS_AT = 32
 
 # kind, version, state, reserved, total length, stamp CRC, body CRC, base offset, store ms,
 # flags, header length, queue id, count, reserved, base sequence, topic/producer/host lengths,
@@ -183,6 +190,8 @@ def encode_batch(
         if not pid_b:
             raise ValueError("an idempotent producer's id is empty")
         base_seq, flags = producer.first_sequence, HAS_PRODUCER
+        if producer.strict:
+            flags |= STRICT_SEQUENCE
     else:
         pid_b, base_seq, flags = b"", 0, 0
     strings = len(topic_b) + len(pid_b) + len(host_b)
@@ -197,6 +206,7 @@ def encode_batch(
     pack_record, pack_u16, pack_prop = _RECORD.pack, _U16.pack, _PROP.pack
     tag_cache: dict[str, tuple[bytes, int]] = {}  # tags repeat: encode and hash each once
     pos = 0
+    any_keys = False
     try:
         for m in messages:
             if m.topic != topic:
@@ -219,6 +229,8 @@ def encode_batch(
             append(b"")  # the record head, packed once the key and property bytes are known
             append(tag_b)
             keys_len = props_len = 0
+            if m.keys:
+                any_keys = True
             for key in m.keys:
                 kb = key.encode("utf-8")
                 append(pack_u16(len(kb)))
@@ -240,6 +252,8 @@ def encode_batch(
             pos += RECORD_HEAD_BYTES + len(tag_b) + keys_len + props_len + len(body)
     except (struct.error, OverflowError) as exc:
         raise ValueError(f"a message field does not fit the stored batch format: {exc}") from exc
+    if any_keys:
+        flags |= HAS_KEYS
     total = header_len + 12 * n + pos
     if total > _U32_MAX:
         raise ValueError(f"batch of {total} bytes exceeds the format's 4 GiB")
@@ -353,7 +367,9 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
     if flags & ~_KNOWN_FLAGS:
         raise MalformedBatchError(f"unknown flags {flags:#x}")
     has_producer = bool(flags & HAS_PRODUCER)
-    if has_producer != (pid_len > 0) or (not has_producer and base_seq):
+    if has_producer != (pid_len > 0) or (
+        not has_producer and (base_seq or flags & STRICT_SEQUENCE)
+    ):
         raise MalformedBatchError("producer flag, producer id length and base sequence disagree")
     strings_end = FIXED_HEADER_BYTES + topic_len + pid_len + host_len
     if header_len != (strings_end + 7) & ~7:
@@ -377,7 +393,9 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
         at += topic_len
         producer = None
         if has_producer:
-            producer = ProducerSequence(str(mv[at : at + pid_len], "utf-8"), base_seq)
+            producer = ProducerSequence(
+                str(mv[at : at + pid_len], "utf-8"), base_seq, bool(flags & STRICT_SEQUENCE)
+            )
         at += pid_len
         born_host = str(mv[at : at + host_len], "utf-8")
     except UnicodeDecodeError as exc:
@@ -441,6 +459,14 @@ def batch_count(buf: Bytes) -> int:
         raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
     count: int = _U32.unpack_from(buf, _COUNT_AT)[0]
     return count
+
+
+def has_keys(buf: Bytes) -> bool:
+    """Whether the producer flagged a message with keys (the key index walks only such
+    batches). O(1); a batch already checked or verified."""
+    if len(buf) < FIXED_HEADER_BYTES:
+        raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
+    return bool(_U16.unpack_from(buf, _FLAGS_AT)[0] & HAS_KEYS)
 
 
 def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:

@@ -10,6 +10,7 @@ data path where the leader offers one (client/data_pool.py), over gRPC otherwise
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from raftmq.client.accumulator import Accumulator
 from raftmq.client.data_pool import DataPool
-from raftmq.client.messages import OutgoingMessage, SendResult, to_pb
+from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
@@ -41,13 +42,20 @@ from raftmq.common.delay import (
 )
 from raftmq.common.errors import (
     InvalidArgumentError,
+    InvalidMessageError,
     MessageTooLargeError,
     NoRouteError,
     OutcomeUnknownError,
     RaftMQError,
 )
-from raftmq.common.message import check_message_types, validate_producer_id, validate_topic
-from raftmq.common.pb import common_pb2
+from raftmq.common.message import (
+    Message,
+    MessageLimits,
+    check_message_types,
+    validate_message,
+    validate_producer_id,
+    validate_topic,
+)
 from raftmq.common.types import QueueRef
 
 __all__ = ["Producer", "QueueSelector", "SendCallback", "SendOptions"]
@@ -134,7 +142,6 @@ class Producer:
         max_block_ms: int = 10_000,
         max_message_bytes: int = 4 * MIB,
         route_refresh_ms: int = 30_000,
-        max_io_threads: int = 32,
         sticky_messages: int = 32,
         delay_policy: DelayPolicy | None = None,
         allow_system_topics: bool = False,
@@ -158,10 +165,8 @@ class Producer:
             raise InvalidArgumentError("max_inflight_per_queue must be within 1..5")
         if not 1 <= max_inflight_requests <= 64:
             raise InvalidArgumentError("max_inflight_requests must be within 1..64")
-        if max_block_ms < 0 or max_io_threads < 1 or sticky_messages < 1:
-            raise InvalidArgumentError(
-                "max_block_ms must be >= 0, max_io_threads and sticky_messages >= 1"
-            )
+        if max_block_ms < 0 or sticky_messages < 1:
+            raise InvalidArgumentError("max_block_ms must be >= 0, sticky_messages >= 1")
         self.producer_id = producer_id or f"p-{uuid.uuid4().hex}"
         validate_producer_id(self.producer_id)
         self.idempotent = idempotent
@@ -193,7 +198,6 @@ class Producer:
             backoff_s=retry_backoff_ms / 1000,
             linger_s=self._linger_s,
             max_block_s=self._max_block_s,
-            max_io_threads=max_io_threads,
             max_inflight_requests=max_inflight_requests,
         )
         accumulator: Accumulator[Pending] = Accumulator(
@@ -207,13 +211,14 @@ class Producer:
             max_inflight_per_queue=max_inflight_per_queue if idempotent else 1,
             seal_on_send=True,
         )
-        self._sender = Sender(config, accumulator, self.routes, self._pool, self._data)
+        self._sender = Sender(config, accumulator, self.routes, self._data)
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
         self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
         self._sticky_lock = threading.Lock()  # guards _sticky
         self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
+        self._limits = MessageLimits(max_message_bytes=self._max_message_bytes)
         # Message trace (issue 16): off by default; records go out on a thread of their own.
         # One hook per settled request (batch), never per message.
         self._tracer: TraceSender | None = TraceSender(namesrv_addresses) if trace else None
@@ -326,8 +331,8 @@ class Producer:
         pendings = []
         for m in messages:
             om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
-            pb = self._message(om.body, SendOptions(om.tags, om.keys, om.properties))
-            pendings.append(Pending(pb, Future(), len(pb.body), False))
+            msg = self._message(topic, om.body, SendOptions(om.tags, om.keys, om.properties))
+            pendings.append(Pending(msg, Future(), len(msg.body), False))
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -364,12 +369,13 @@ class Producer:
         options: SendOptions,
         callback: SendCallback | None = None,
     ) -> Future[SendResult]:
-        msg = self._message(body, options)
+        msg = self._message(topic, body, options)
         target = self._choose_queue(topic, options)
         fut: Future[SendResult] = Future()
         if callback is not None:
             fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
-        self._sender.enqueue(target, [Pending(msg, fut, len(msg.body), options.movable)])
+        pending = Pending(msg, fut, len(msg.body), options.movable, options.delay is not None)
+        self._sender.enqueue(target, [pending])
         return fut
 
     def _on_callback_thread(
@@ -431,7 +437,9 @@ class Producer:
 
     # ---- choosing a queue ---------------------------------------------------------------------
 
-    def _message(self, body: bytes, options: SendOptions) -> common_pb2.Message:
+    def _message(self, topic: str, body: bytes, options: SendOptions) -> Message:
+        """The message as it will be stored, checked here: a v2 stored batch goes to disk as
+        the producer encoded it (issue 24), the broker checks only what its header says."""
         if self._sender.closed:
             raise InvalidArgumentError("the producer is closed")
         if not isinstance(body, (bytes, bytearray, memoryview)):
@@ -442,14 +450,24 @@ class Producer:
         if isinstance(keys, str):
             raise InvalidArgumentError("keys must be a sequence of strings, not one string")
         check_message_types(options.tags, keys, options.properties)  # before tuple(keys)
-        return to_pb(
+        tags, props = options.tags, options.properties
+        msg = Message(
+            topic,
             bytes(body),
-            options.tags,
+            tags,
             tuple(keys),
-            options.delay_properties(),
+            dict(props) if props else {},
+            0,
             time.time_ns() // 1_000_000,
             self._host,
         )
+        if tags is not None or keys or props:
+            validate_message(msg, self._limits, allow_system_topic=True)  # the user's part
+        elif not body:
+            raise InvalidMessageError("message body is empty")
+        if options.delay is not None:  # reserved names the broker reads (not the user's)
+            msg = dataclasses.replace(msg, properties=dict(options.delay_properties() or {}))
+        return msg
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
         validate_topic(topic, allow_system=self._allow_system)

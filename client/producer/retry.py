@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import enum
 
-import grpc
-
 from raftmq.common.errors import (
-    BrokerUnavailableError,
-    DiskPressureError,
     Fault,
     NotLeaderError,
     OutcomeUnknownError,
@@ -71,19 +67,3 @@ def retry_delay_s(err: RaftMQError, attempts: int, backoff_s: float) -> float:
     if isinstance(err, NotLeaderError) and err.leader_hint:
         return 0.0
     return min(backoff_s * attempts, MAX_RETRY_BACKOFF_S)
-
-
-def may_have_stored(err: RaftMQError, rpc: grpc.RpcError | None) -> bool:
-    """False only when the attempt surely stored nothing: it failed before a request left
-    (no route, no leader known: `rpc` is None), a node refused it as not the leader (raftlog
-    fails a submission with NOT_LEADER only when it is surely not in the log), or the
-    connection could not be made. Anything else may have reached the log."""
-    if rpc is None or isinstance(err, (NotLeaderError, DiskPressureError, OutOfOrderSequenceError)):
-        return False  # DISK_PRESSURE is answered before anything is proposed
-    if isinstance(err, BrokerUnavailableError):
-        try:
-            text = (rpc.details() or "").lower()
-        except Exception:
-            return True
-        return not ("failed to connect" in text or "connection refused" in text)
-    return True

@@ -3,13 +3,14 @@
 broker), and drives each batch through its attempts (retry on the new leader, move to another
 group, fail) by the pure rule in retry.py.
 
-A batch goes over the framed data path (client/data_pool.py) when the leader advertises a data
-address: batches bound for one leader wait in its outbox until the pool's loop thread flushes it
-as one SEND_BATCHES frame (one Raft entry on the leader, one chunk per batch), sealing each batch
-with what arrived for its queue meanwhile. No thread waits for the answer: its callback runs on
-the loop thread and does only non-blocking work (results, the queue's next batch when its leader
-is known); failures and anything that may look up routes go to the timer thread. Otherwise a
-batch is a blocking gRPC call on an I/O thread, as before.
+Batches go over the framed data path (client/data_pool.py), the SDK's one data transport:
+batches bound for one leader wait in its outbox until the pool's loop thread flushes it as one
+SEND_STORED frame of v2 stored batches (SEND_BATCHES for delayed messages and older brokers; one
+Raft entry on the leader, one chunk per batch), sealing each batch with what arrived for its
+queue meanwhile. No thread waits for the answer: its callback runs on the loop thread and does
+only non-blocking work (results, the queue's next batch when its leader is known); failures and
+anything that may look up routes go to the timer thread. A leader without a data address is an
+unavailable broker (retried after a route refresh).
 
 A retried request keeps its queue and sequence numbers, so the broker stores it once whatever
 happened to an earlier attempt; only a request that surely never reached a broker may move to
@@ -24,29 +25,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
-import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import Message as PbMessage
 
 from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
-from raftmq.client.data_pool import DataPool
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import SendResult
 from raftmq.client.producer.retry import (
     Next,
     after_failure,
     final_error,
-    may_have_stored,
     retry_delay_s,
 )
 from raftmq.client.queue_selector import FaultTable, PublishQueues, select_queue
-from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
+from raftmq.client.routes import RouteCache, monotonic_ms
 from raftmq.client.scheduler import Scheduler
+from raftmq.common import stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    InvalidArgumentError,
     NoRouteError,
     NotLeaderError,
     OutcomeUnknownError,
@@ -55,11 +56,12 @@ from raftmq.common.errors import (
     RaftMQError,
     RequestTimeoutError,
     UnsupportedError,
-    from_rpc_error,
 )
 from raftmq.common.frame import error_from_detail
-from raftmq.common.message import POSITION_HEX, msg_id_prefix
+from raftmq.common.message import POSITION_HEX, Message, msg_id_prefix
 from raftmq.common.pb import broker_pb2, common_pb2
+from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
+from raftmq.common.stored_send import BatchAnswer
 from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.producer")
@@ -72,10 +74,13 @@ FRAME_MAX_BYTES = 4 << 20  # message bytes in one frame (the broker takes 8 MiB 
 class Pending:
     """One message waiting for its outcome."""
 
-    msg: common_pb2.Message
+    msg: Message
     future: Future[SendResult]
     size: int
     movable: bool  # no sharding key and no chosen queue: may move to another group
+    # Delayed: the leader stamps its due time into the v1 record (broker/delivery.py), so its
+    # batch goes as SEND_BATCHES; every other batch goes as a v2 stored batch (SEND_STORED).
+    v1_only: bool = False
     # When its outcome is due (Kafka's delivery.timeout.ms): set when it enters the buffer, so
     # time spent waiting behind an unanswered request on its queue counts too.
     deadline: float = 0.0
@@ -113,7 +118,6 @@ class SenderConfig:
     backoff_s: float
     linger_s: float
     max_block_s: float  # how long enqueue waits for buffer room
-    max_io_threads: int
     # SEND_BATCHES frames in flight per leader (Kafka's max.in.flight.requests.per.connection):
     # while they are out, batches fill with what arrives, so fewer frames carry more.
     max_inflight_requests: int = 2
@@ -128,19 +132,13 @@ class Sender:
         config: SenderConfig,
         accumulator: Accumulator[Pending],
         routes: RouteCache,
-        pool: ChannelPool,
-        data: DataPool | None = None,
+        data: DataPool,
     ) -> None:
         self.config = config
         self.routes = routes
-        self._pool = pool
-        self._data = data  # None: gRPC only
+        self._data = data
         self._acc = accumulator
         self._scheduler = Scheduler("raftmq-producer-timer")
-        # One blocking call per busy queue at a time; more threads than that only wait.
-        self._io = ThreadPoolExecutor(
-            config.max_io_threads, thread_name_prefix="raftmq-producer-io"
-        )
         self._lock = threading.Condition()  # guards _acc and _faults
         self._counter = itertools.count()
         self._faults = FaultTable()
@@ -150,6 +148,7 @@ class Sender:
         self._outbox_lock = threading.Lock()
         self._outbox: dict[str, list[Request]] = {}
         self._single_sends: set[str] = set()  # data addresses without SEND_BATCHES
+        self._v1_batches: set[str] = set()  # data addresses without SEND_STORED
         # Called with each settled request's messages (every future done), on whichever thread
         # settled it (often the data pool's loop: it must not block). Message trace sets it.
         self.on_settled: Callable[[str, Sequence[Pending]], None] | None = None
@@ -221,7 +220,6 @@ class Sender:
         """Stop the timer and the I/O threads; what is still buffered fails as not sent."""
         self.closed = True
         self._scheduler.close()
-        self._io.shutdown(wait=True, cancel_futures=True)
         # Batches still waiting in an outbox (their flush will not run once the loop stops)
         # end here; an earlier attempt of one may have stored it, which final_error says.
         with self._outbox_lock:
@@ -271,28 +269,19 @@ class Sender:
         except RaftMQError as exc:
             self._failed(req, exc, maybe_stored=False)  # nothing left this process
             return
-        data_address = self.routes.data_address(req.address) if self._data is not None else ""
-        if data_address and self._data is not None and not self.closed:
-            self._post(data_address, req)
-            return
-        with self._lock:
-            req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
-            wire = self._wire(req)
-        if nxt is not None:
-            self._issue(self._request(nxt))
-        try:
-            self._io.submit(self._call, req, wire)
-        except RuntimeError:  # closed meanwhile; an earlier attempt may have stored it
+        if self.closed:  # an earlier attempt may have stored it
             err = BrokerUnavailableError("the producer was closed before the send completed")
+            group = req.queue.broker_group
             self._finish(
                 req,
-                final_error(
-                    err,
-                    maybe_stored=req.maybe_stored,
-                    attempts=req.attempts,
-                    group=req.queue.broker_group,
-                ),
+                final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
             )
+            return
+        data_address = self.routes.data_address(req.address)
+        if not data_address:  # nothing left this process: retried after a route refresh
+            self._failed(req, no_data_address(req.address), maybe_stored=False)
+            return
+        self._post(data_address, req)
 
     def _wire(self, req: Request) -> broker_pb2.SendMessageRequest:
         """The batch as sent now (hold self._lock): strict unless it is its queue's oldest."""
@@ -300,18 +289,31 @@ class Sender:
         return broker_pb2.SendMessageRequest(
             topic=req.queue.topic,
             queue_id=req.queue.queue_id,
-            messages=[it.msg for it in req.items],
+            messages=[_to_pb(it.msg) for it in req.items],
             producer_id=self.config.producer_id if idempotent else "",
             first_sequence=req.batch.first_sequence if idempotent else 0,
             timeout_ms=int(self.config.request_timeout_s * 1000),
             strict_sequence=idempotent and not self._acc.is_oldest(req.batch),
         )
 
+    def _stored(self, req: Request, strict: bool) -> bytes:
+        """The batch as a v2 stored batch: encoded once, stored on every node as these bytes."""
+        items = req.items
+        producer = None
+        if self.config.idempotent:
+            producer = ProducerSequence(self.config.producer_id, req.batch.first_sequence, strict)
+        return stored_batch.encode_batch(
+            req.queue.topic,
+            req.queue.queue_id,
+            [it.msg for it in items],
+            producer,
+            items[0].msg.born_host,
+        )
+
     # ---- the framed path: one SEND_BATCHES frame per leader per flush ---------------------------
 
     def _post(self, data_address: str, req: Request) -> None:
         """Queue `req` for `data_address`'s next frame; the first one in wakes the loop."""
-        assert self._data is not None
         if data_address in self._single_sends:
             self._send_single(data_address, req)
             return
@@ -332,7 +334,6 @@ class Sender:
 
     def _flush(self, data_address: str) -> None:
         """Loop thread: seal every batch waiting for `data_address` and send them as frames."""
-        assert self._data is not None
         if self._frames_out.get(data_address, 0) >= self.config.max_inflight_requests:
             return  # the outbox waits (and its open batches fill): the next answer flushes it
         with self._outbox_lock:
@@ -341,13 +342,28 @@ class Sender:
             return
         more: list[Batch[Pending]] = []
         frames: list[tuple[list[Request], list[broker_pb2.SendMessageRequest]]] = []
+        stored: list[tuple[list[Request], list[bool]]] = []  # v2: requests, strict flags
+        v1_only = data_address in self._v1_batches
         with self._lock:
             now_ms = monotonic_ms()
-            size = 0
+            size = stored_size = 0
             for req in reqs:
                 req.batch, nxt = self._acc.seal(req.batch, now_ms)
                 if nxt is not None:
                     more.append(nxt)
+                if not v1_only and not any(it.v1_only for it in req.items):
+                    if (
+                        not stored
+                        or len(stored[-1][0]) >= FRAME_MAX_BATCHES
+                        or (stored_size + req.batch.size_bytes > FRAME_MAX_BYTES and stored[-1][0])
+                    ):
+                        stored.append(([], []))
+                        stored_size = 0
+                    stored[-1][0].append(req)
+                    strict = self.config.idempotent and not self._acc.is_oldest(req.batch)
+                    stored[-1][1].append(strict)
+                    stored_size += req.batch.size_bytes
+                    continue
                 if (
                     not frames
                     or len(frames[-1][0]) >= FRAME_MAX_BATCHES
@@ -359,26 +375,93 @@ class Sender:
                 frames[-1][1].append(self._wire(req))
                 size += req.batch.size_bytes
         now = time.monotonic()
-        for batch_reqs, wires in frames:
-            left = min(r.deadline for r in batch_reqs) - now
-            left = max(0.05, min(left, self.config.request_timeout_s))
-            wire = broker_pb2.SendBatchesRequest(
-                batches=wires, timeout_ms=int(self.config.request_timeout_s * 1000)
+        timeout_ms = int(self.config.request_timeout_s * 1000)
+        for batch_reqs, stricts in stored:  # encoded outside the lock: per batch, one call
+            encoded: list[bytes] = []
+            sendable: list[Request] = []
+            for req, strict in zip(batch_reqs, stricts, strict=True):
+                try:
+                    encoded.append(self._stored(req, strict))
+                    sendable.append(req)
+                except ValueError as exc:  # a field the format cannot carry: never sent
+                    self._finish(req, InvalidArgumentError(f"cannot encode the batch: {exc}"))
+            if not sendable:
+                continue
+            payload = stored_send.encode_request(encoded, timeout_ms)
+            self._count_frame(data_address, sendable)
+            raw = self._data.submit_raw(
+                data_address, DataMethod.SEND_STORED, payload, self._left(sendable, now)
             )
-            self.frames_sent += 1
-            self._frames_out[data_address] = self._frames_out.get(data_address, 0) + 1
-            self.batches_sent += len(batch_reqs)
-            self.messages_sent += sum(len(r.items) for r in batch_reqs)
-            fut = self._data.submit(data_address, DataMethod.SEND_BATCHES, wire, left)
+            raw.add_done_callback(functools.partial(self._on_stored_answer, data_address, sendable))
+        for batch_reqs, wires in frames:
+            wire = broker_pb2.SendBatchesRequest(batches=wires, timeout_ms=timeout_ms)
+            self._count_frame(data_address, batch_reqs)
+            fut = self._data.submit(
+                data_address, DataMethod.SEND_BATCHES, wire, self._left(batch_reqs, now)
+            )
             fut.add_done_callback(
                 functools.partial(self._on_batches_answer, data_address, batch_reqs)
             )
         for nxt in more:
             self._issue(self._request(nxt))
 
+    def _left(self, reqs: list[Request], now: float) -> float:
+        left = min(r.deadline for r in reqs) - now
+        return max(0.05, min(left, self.config.request_timeout_s))
+
+    def _count_frame(self, data_address: str, reqs: list[Request]) -> None:
+        self.frames_sent += 1
+        self._frames_out[data_address] = self._frames_out.get(data_address, 0) + 1
+        self.batches_sent += len(reqs)
+        self.messages_sent += sum(len(r.items) for r in reqs)
+
+    def _on_stored_answer(self, data_address: str, reqs: list[Request], fut: Future[bytes]) -> None:
+        """A SEND_STORED answer, on the loop thread: as a SEND_BATCHES answer is."""
+        self._frames_out[data_address] -= 1
+        try:
+            self._on_stored_results(data_address, reqs, fut)
+        finally:
+            if self._outbox.get(data_address):
+                self._flush(data_address)
+
+    def _on_stored_results(
+        self, data_address: str, reqs: list[Request], fut: Future[bytes]
+    ) -> None:
+        exc = fut.exception()
+        if isinstance(exc, UnsupportedError):
+            # A broker from before SEND_STORED (it stored nothing): SEND_BATCHES there.
+            log.info("producer.v1_batches address=%s", data_address)
+            self._v1_batches.add(data_address)
+            for req in reqs:
+                self._post(data_address, req)
+            return
+        if exc is not None:
+            for req in reqs:
+                self._frame_failed(req, exc)
+            return
+        try:
+            answer = stored_send.decode_answer(fut.result())
+        except MalformedBatchError as err:
+            bad = OutcomeUnknownError(f"{data_address} answered SEND_STORED with garbage: {err}")
+            for req in reqs:
+                self._finish(req, bad)
+            return
+        if len(answer.results) != len(reqs):
+            unknown = OutcomeUnknownError(
+                f"broker answered {len(answer.results)} results for {len(reqs)} batches"
+            )
+            for req in reqs:
+                self._finish(req, unknown)
+            return
+        group = answer.broker_group
+        for req, r in zip(reqs, answer.results, strict=True):
+            if r.error is not None:
+                self._frame_failed(req, error_from_detail(r.error))
+            else:
+                self._answered_batch(req, r, group or req.queue.broker_group)
+
     def _send_single(self, data_address: str, req: Request) -> None:
         """One batch as one SEND_MESSAGE frame: for a broker without SEND_BATCHES."""
-        assert self._data is not None
         with self._lock:
             req.batch, nxt = self._acc.seal(req.batch, monotonic_ms())
             wire = self._wire(req)
@@ -389,7 +472,7 @@ class Sender:
             self._issue(self._request(nxt))
 
     def _on_batches_answer(
-        self, data_address: str, reqs: list[Request], fut: Future[Message]
+        self, data_address: str, reqs: list[Request], fut: Future[PbMessage]
     ) -> None:
         """A SEND_BATCHES answer, on the loop thread: each batch's result or error apart; then
         what waited for room in the leader's window of frames goes."""
@@ -401,7 +484,7 @@ class Sender:
                 self._flush(data_address)
 
     def _on_batches_results(
-        self, data_address: str, reqs: list[Request], fut: Future[Message]
+        self, data_address: str, reqs: list[Request], fut: Future[PbMessage]
     ) -> None:
         exc = fut.exception()
         if isinstance(exc, UnsupportedError):
@@ -432,9 +515,12 @@ class Sender:
             if r.HasField("error"):
                 self._frame_failed(req, error_from_detail(r.error))
             else:
-                self._answered_batch(req, r, group or req.queue.broker_group)
+                answer = BatchAnswer(
+                    r.count, r.first_offset, r.raft_index, r.slot, r.first_position, r.duplicate
+                )
+                self._answered_batch(req, answer, group or req.queue.broker_group)
 
-    def _answered_batch(self, req: Request, r: broker_pb2.BatchResult, group: str) -> None:
+    def _answered_batch(self, req: Request, r: BatchAnswer, group: str) -> None:
         """A batch stored (or found stored): ids derived from where it landed, as the broker
         derives them (common.message.encode_msg_id)."""
         latency_ms = int((time.monotonic() - req.started) * 1000)
@@ -447,11 +533,11 @@ class Sender:
                 OutcomeUnknownError(f"broker answered {r.count} results for {len(items)} messages"),
             )
             return
-        topic = req.queue.topic
+        topic, queue_id = req.queue.topic, req.queue.queue_id
         if r.raft_index <= 0:  # a duplicate whose original the broker no longer remembers
             for it in items:
                 if not it.future.done():
-                    it.future.set_result(SendResult("", topic, group, r.queue_id, -1, r.duplicate))
+                    it.future.set_result(SendResult("", topic, group, queue_id, -1, r.duplicate))
         else:
             # first_offset -1 with a place in the log: stored, its queue offsets not known yet
             # (a delayed message gets them when it falls due)
@@ -464,7 +550,7 @@ class Sender:
                             prefix + format(pos + i, POSITION_HEX),
                             topic,
                             group,
-                            r.queue_id,
+                            queue_id,
                             offset + i if offset >= 0 else -1,
                             r.duplicate,
                         )
@@ -489,7 +575,7 @@ class Sender:
             req = self._request(nxt)
         return req
 
-    def _on_frame_answer(self, req: Request, fut: Future[Message]) -> None:
+    def _on_frame_answer(self, req: Request, fut: Future[PbMessage]) -> None:
         """The framed answer, on the data pool's loop thread: never block here."""
         exc = fut.exception()
         if exc is None:
@@ -516,23 +602,6 @@ class Sender:
             return
         # The failure path may look up routes (blocking): run it on the timer thread.
         self._scheduler.call_later(0, lambda: self._failed(req, err, maybe_stored=maybe))
-
-    def _call(self, req: Request, wire: broker_pb2.SendMessageRequest) -> None:
-        # A blocking call on an I/O thread: grpc's .future() starts a channel polling thread
-        # whenever none is running, which cost ~3 ms per send here (measured with cProfile).
-        left = max(0.05, min(req.deadline - time.monotonic(), self.config.request_timeout_s))
-        try:
-            resp = self._pool.broker(req.address).SendMessage(wire, timeout=left)
-        except grpc.RpcError as exc:
-            err = from_rpc_error(exc)
-            self._failed(req, err, maybe_stored=may_have_stored(err, exc))
-            return
-        except Exception as exc:
-            # we cannot tell how far it got
-            err = BrokerUnavailableError(f"send to {req.address} failed: {exc}")
-            self._failed(req, err, maybe_stored=True)
-            return
-        self._answered(req, resp)
 
     def _answered(self, req: Request, resp: broker_pb2.SendMessageResponse) -> None:
         """A broker's answer: every message's result, then the queue's next batch. Runs on the
@@ -565,7 +634,7 @@ class Sender:
 
     def _failed(self, req: Request, err: RaftMQError, *, maybe_stored: bool) -> None:
         """An attempt failed; `maybe_stored` says whether it may have reached a broker's log
-        (retry.may_have_stored for gRPC, data_pool.may_have_stored for frames)."""
+        (data_pool.may_have_stored)."""
         group = req.queue.broker_group
         if maybe_stored:
             req.maybe_stored = True
@@ -686,9 +755,22 @@ class Sender:
         nxt = self._settle(req, err, sent=True)
         if nxt is None:
             return
-        on_loop = self._data is not None and self._data.on_loop_thread()
+        on_loop = self._data.on_loop_thread()
         if on_loop and nxt.queue.broker_group not in self._leaders:
             # Issuing would look the leader up (maybe a NameServer call): not on the loop thread.
             self._scheduler.call_later(0, lambda: self._issue(self._request(nxt)))
             return
         self._issue(self._request(nxt))
+
+
+def _to_pb(m: Message) -> common_pb2.Message:
+    """The v1 wire form of a message (SEND_BATCHES, gRPC): only for delayed messages and
+    brokers without SEND_STORED."""
+    return common_pb2.Message(
+        body=m.body,
+        tags=m.tags or "",
+        keys=m.keys,
+        properties=m.properties,
+        born_timestamp_ms=m.born_timestamp_ms,
+        born_host=m.born_host,
+    )

@@ -278,7 +278,7 @@ def test_dead_frame_server_before_send_is_broker_unavailable(
 
 
 def test_outcome_rule_of_frames() -> None:
-    """data_pool.may_have_stored, the frames twin of retry.may_have_stored."""
+    """data_pool.may_have_stored: what a failed frame may have stored."""
     assert not may_have_stored(BrokerUnavailableError("x", details={"not_sent": "1"}))
     assert not may_have_stored(NotLeaderError("x", leader_hint="h:1"))
     assert may_have_stored(BrokerUnavailableError("lost", details={"request_id": "7"}))
@@ -308,24 +308,27 @@ def test_data_pool_is_bounded_and_closes_clients() -> None:
     assert isinstance(err, BrokerUnavailableError) and not may_have_stored(err)
 
 
-# ---- gRPC when no data address is advertised ----------------------------------------------
+# ---- one data transport: no gRPC fallback -------------------------------------------------------
 
 
-def test_falls_back_to_grpc_without_a_data_address(
+def test_a_node_without_a_data_address_is_unavailable_not_a_grpc_fallback(
     cluster: Cluster, proxies: dict[str, FrameBrokerProxy]
 ) -> None:
+    """Sends and pulls travel on frames only (issue 24): a leader that advertises no data
+    address fails a send with BrokerUnavailableError saying what to do, nothing is sent over
+    gRPC (nothing stored), and the frame loop never starts."""
     name = topic(cluster, "dp-grpc")
-    counts = {m: total(proxies, m) for m in DataMethod}
-    with Producer(cluster.namesrv) as p:
+    q = QueueRef(name, GROUP, 0)
+    before = queue_max(cluster, q)
+    with Producer(cluster.namesrv, send_timeout_ms=1500, request_timeout_ms=500) as p:
         # the brokers run with --data-listen off: the NameServer advertises no data_address
         route = p.routes.route(name)
         assert all(not d for g in route.groups.values() for d in g.data_addresses)
-        for f in [p.send_async(name, b"g%d" % i) for i in range(100)]:
-            f.result(30)
+        with pytest.raises(BrokerUnavailableError, match="--data-listen") as info:
+            p.send(name, b"never", queue=q)
+        assert type(info.value) is BrokerUnavailableError  # surely not stored
         assert p._data._loop_thread is None  # the frame loop never started
-    got = drain(cluster, name, "g-grpc", 100, None)
-    assert sorted(m.body for m in got) == sorted(b"g%d" % i for i in range(100))
-    assert {m: total(proxies, m) for m in DataMethod} == counts
+    assert queue_max(cluster, q) == before
 
 
 # ---- the asyncio face ---------------------------------------------------------------------

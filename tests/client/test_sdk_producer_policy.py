@@ -3,7 +3,6 @@ never stored), what is retried with the same sequences, what fails and with whic
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from raftmq.client import data_pool
@@ -12,7 +11,6 @@ from raftmq.client.producer.retry import (
     Next,
     after_failure,
     final_error,
-    may_have_stored,
     retry_delay_s,
 )
 from raftmq.common.errors import (
@@ -30,41 +28,10 @@ from raftmq.common.errors import (
 )
 
 
-class Failed(grpc.RpcError):
-    """A failed call as grpc reports it: a status and a details text."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-
-REFUSED = Failed(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
-RESET = Failed(grpc.StatusCode.UNAVAILABLE, "Socket closed")
-TIMED_OUT = Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-
-
 def decide(err: RaftMQError, *, maybe_stored: bool = False, movable: bool = True) -> Next:
     return after_failure(
         err, attempts=1, max_attempts=5, time_left_s=5.0, maybe_stored=maybe_stored, movable=movable
     )
-
-
-def test_what_may_have_been_stored() -> None:
-    unavailable = BrokerUnavailableError("x")
-    assert not may_have_stored(
-        NotLeaderError("x", leader_hint="h:1"), Failed(grpc.StatusCode.UNAVAILABLE, "")
-    )
-    assert not may_have_stored(NotLeaderError("x"), None), "no leader known: nothing was sent"
-    assert not may_have_stored(NoRouteError("x"), None)
-    assert not may_have_stored(unavailable, REFUSED), "the connection was never made"
-    assert may_have_stored(unavailable, RESET), "the connection broke with the request out"
-    assert may_have_stored(RequestTimeoutError("x"), TIMED_OUT)
-    assert may_have_stored(OutcomeUnknownError("x"), Failed(grpc.StatusCode.UNKNOWN, ""))
 
 
 def test_only_a_request_that_surely_never_left_moves() -> None:
@@ -89,7 +56,6 @@ def test_an_out_of_order_batch_waits_on_its_queue() -> None:
     err = OutOfOrderSequenceError("x")
     assert err.retryable and err.code == "OUT_OF_ORDER_SEQUENCE"
     assert decide(err) is Next.RETRY
-    assert not may_have_stored(err, Failed(grpc.StatusCode.ABORTED, "out of order"))
     assert not data_pool.may_have_stored(err)
 
 

@@ -1,0 +1,361 @@
+"""The v2 stored batch as the produced batch (issue 24), against real processes: a NameServer
+and a three-node broker group on loopback. A batch sent with SEND_STORED is stored as the bytes
+the producer encoded (but the leader's store-time stamp) on all three nodes, pulled unchanged,
+decoded by the SDK; corrupted batches from a hostile client get a typed error and store
+nothing; a journal holding v1 batches still opens, and a pull spanning both formats reads both.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer
+from raftmq.client.raw_batch import decode_batches
+from raftmq.common import stored_batch, stored_send
+from raftmq.common.data_api import DataMethod
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.message import Message
+from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
+from raftmq.common.record_batch import ProducerSequence
+from raftmq.common.transport import FrameClient, LoopThread
+from raftmq.common.types import QueueRef
+from raftmq.raftlog import entry_codec
+from raftmq.raftlog.journal.segment_journal import SegmentJournal
+from tests.harness.procs import Cluster, start_cluster, wait_until
+
+GROUP = "broker-a"
+TOPIC = "stored"
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    io: LoopThread
+    clients: dict[str, FrameClient]  # node id -> its data port
+    leader: str
+
+    def call(self, node: str, method: DataMethod, payload: bytes, timeout_s: float = 10) -> bytes:
+        fc = self.clients[node]
+        return fc.call_threadsafe(int(method), payload, timeout_s).result(timeout_s + 2)
+
+    def send(self, *batches: bytes) -> stored_send.StoredSendAnswer:
+        raw = self.call(self.leader, DataMethod.SEND_STORED, stored_send.encode_request(batches, 0))
+        return stored_send.decode_answer(raw)
+
+    def pull(
+        self, node: str, queue_id: int, offset: int, *, raw: bool, follower: bool = False
+    ) -> broker_pb2.PullMessageResponse:
+        req = broker_pb2.PullMessageRequest(
+            consumer_group="cg",
+            topic=TOPIC,
+            queue_id=queue_id,
+            offset=offset,
+            max_count=64,
+            raw_batches=raw,
+            allow_follower_read=follower,
+        )
+        out = self.call(node, DataMethod.PULL_MESSAGE, req.SerializeToString())
+        return broker_pb2.PullMessageResponse.FromString(out)
+
+    def max_offset(self, queue_id: int) -> int:
+        req = broker_pb2.GetQueueBoundsRequest(topic=TOPIC, queue_id=queue_id)
+        raw = self.call(self.leader, DataMethod.GET_QUEUE_BOUNDS, req.SerializeToString())
+        return broker_pb2.GetQueueBoundsResponse.FromString(raw).max_offset
+
+
+def _nodes(namesrv: str) -> list[namesrv_pb2.BrokerNode]:
+    with Admin(namesrv) as admin:
+        groups = [g for g in admin.groups() if g.broker_group == GROUP]
+        nodes = list(groups[0].nodes) if groups else []
+    if len(nodes) == 3 and all(n.data_address for n in nodes) and any(n.is_leader for n in nodes):
+        return nodes
+    return []
+
+
+def _connect(cluster: Cluster, io: LoopThread) -> Env:
+    nodes = wait_until(lambda: _nodes(cluster.namesrv), 60, "3 nodes with data addresses")
+    assert isinstance(nodes, list)
+    clients = {}
+    for n in nodes:
+        host, _, port = n.data_address.rpartition(":")
+        clients[n.node_id] = FrameClient(host, int(port), loop=io.loop)
+    leader = next(n.node_id for n in nodes if n.is_leader)
+    return Env(cluster, io, clients, leader)
+
+
+def _close(env: Env) -> None:
+    for fc in env.clients.values():
+        env.io.run(fc.close())
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    tmp: Path = tmp_path_factory.mktemp("stored-send")
+    cluster = start_cluster(tmp, groups=(GROUP,), namesrvs=1)
+    io = LoopThread("test-stored")
+    try:
+        e = _connect(cluster, io)
+        with Admin(cluster.namesrv) as admin:
+            admin.create_topic(TOPIC, queues=8)
+        # the first send waits for the new leader's gate
+        wait_until(lambda: e.send(batch(7, b"init")).results[0].error is None, 30, "a first send")
+        yield e
+        _close(e)
+    finally:
+        io.stop()
+        cluster.close()
+
+
+def batch(queue_id: int, *bodies: bytes, producer: ProducerSequence | None = None) -> bytes:
+    messages = [
+        Message(TOPIC, b, "tag-a" if i % 2 else "tag-b", (f"key-{b.decode()}",), {"n": str(i)})
+        for i, b in enumerate(bodies)
+    ]
+    return stored_batch.encode_batch(TOPIC, queue_id, messages, producer, "host-1")
+
+
+def _same_but_stamp(stored: bytes, sent: bytes) -> None:
+    """The leader changed only the stamp: state, stamp CRC, store time (bytes 2, 8..12, 24..32)
+    and left the base offset slot 0 (offsets stay the dispatcher's)."""
+    assert len(stored) == len(sent)
+    assert stored[32:] == sent[32:]
+    assert stored[:2] == sent[:2] and stored[3:8] == sent[3:8] and stored[12:24] == sent[12:24]
+    header = stored_batch.verify_stamped(stored)
+    assert header.stamped and header.base_offset == 0 and header.store_timestamp_ms > 0
+
+
+def test_a_v2_batch_is_stored_as_sent_on_every_node_and_pulled_unchanged(env: Env) -> None:
+    sent = batch(1, b"a", b"b", b"c")
+    answer = env.send(sent)
+    assert answer.broker_group == GROUP
+    [r] = answer.results
+    assert r.error is None and (r.first_offset, r.count, r.duplicate) == (0, 3, False)
+
+    for node in env.clients:  # every node's journal chunk, as its pull reads it
+
+        def indexed(n: str = node) -> broker_pb2.PullMessageResponse | None:
+            out = env.pull(n, 1, 0, raw=True, follower=True)
+            return out if out.status == broker_pb2.FOUND else None
+
+        out = wait_until(indexed, 30, f"{node} has the batch")
+        assert isinstance(out, broker_pb2.PullMessageResponse)
+        [b] = out.batches
+        _same_but_stamp(b.chunk, sent)
+        assert (b.raft_index, b.slot, b.first_offset, list(b.positions)) == (
+            r.raft_index, r.slot, 0, [0, 1, 2],
+        )  # fmt: skip
+        got = decode_batches(out.batches, GROUP, 1)
+        assert [(m.message.body, m.message.tags, m.message.keys) for m in got] == [
+            (b"a", "tag-b", ("key-a",)),
+            (b"b", "tag-a", ("key-b",)),
+            (b"c", "tag-b", ("key-c",)),
+        ]
+        assert [m.message.properties for m in got] == [{"n": "0"}, {"n": "1"}, {"n": "2"}]
+        assert got[0].store_timestamp_ms == b.store_timestamp_ms > 0
+
+    # From inside the batch: the same stored bytes, the positions asked for.
+    inside = env.pull(env.leader, 1, 1, raw=True)
+    assert [list(b.positions) for b in inside.batches] == [[1, 2]]
+    assert [m.message.body for m in decode_batches(inside.batches, GROUP, 1)] == [b"b", b"c"]
+    # A client that asks for messages (gRPC's form) gets them decoded by the broker.
+    plain = env.pull(env.leader, 1, 0, raw=False)
+    assert [m.message.body for m in plain.messages] == [b"a", b"b", b"c"]
+    assert [m.queue_offset for m in plain.messages] == [0, 1, 2]
+    # The key index is built from the v2 records.
+    with Admin(env.cluster.namesrv) as admin:
+        hits = wait_until(lambda: admin.messages_by_key(TOPIC, "key-b"), 30, "the key index")
+        assert [m.body for m in hits] == [b"b"]
+
+
+def test_tag_filter_uses_the_batch_s_hash_table(env: Env) -> None:
+    env.send(batch(2, b"x0", b"x1", b"x2", b"x3"))
+    req = broker_pb2.PullMessageRequest(
+        consumer_group="cg",
+        topic=TOPIC,
+        queue_id=2,
+        offset=0,
+        max_count=64,
+        filter_type=broker_pb2.TAG,
+        filter_expression="tag-a",
+        raw_batches=True,
+    )
+    out = broker_pb2.PullMessageResponse.FromString(
+        env.call(env.leader, DataMethod.PULL_MESSAGE, req.SerializeToString())
+    )
+    assert [m.message.body for m in decode_batches(out.batches, GROUP, 2)] == [b"x1", b"x3"]
+
+
+def test_idempotent_v2_batches_keep_the_window_and_strict_order(env: Env) -> None:
+    first = batch(3, b"s0", b"s1", producer=ProducerSequence("p-v2", 0))
+    [a] = env.send(first).results
+    [again] = env.send(first).results  # a retry: answered with the original place
+    assert a.error is None and again.error is None and again.duplicate
+    assert (again.first_offset, again.raft_index) == (a.first_offset, a.raft_index)
+    # Strict and ahead of the next expected sequence (2): refused unstored, typed.
+    ahead = batch(3, b"s5", producer=ProducerSequence("p-v2", 5, strict=True))
+    [refused] = env.send(ahead).results
+    assert refused.error is not None
+    assert common_pb2.ErrorCode.Name(refused.error.code) == "OUT_OF_ORDER_SEQUENCE"
+    assert refused.error.details["expected_sequence"] == "2"
+    nxt = batch(3, b"s2", producer=ProducerSequence("p-v2", 2, strict=True))
+    [ok] = env.send(nxt).results
+    assert ok.error is None and ok.first_offset == 2
+    assert env.max_offset(3) == 3
+
+
+def _corruptions() -> list[object]:
+    good = batch(4, b"c0", b"c1", b"c2")
+    h = stored_batch.read_header(good)
+    crc_flip = bytearray(good)
+    crc_flip[-1] ^= 0x01  # a body byte: the body CRC no longer matches
+    length = bytearray(good)
+    struct.pack_into("<I", length, 4, len(good) + 8)  # total length says more than was sent
+    table = bytearray(good)  # offsets table [0, a, b] -> [0, b, a], CRC recomputed to match
+    at = h.tables_at + 8 * h.count
+    offs = struct.unpack_from("<3I", table, at)
+    struct.pack_into("<3I", table, at, offs[0], offs[2], offs[1])
+    struct.pack_into("<I", table, 12, zlib.crc32(memoryview(table)[32:]))
+    stamped = bytearray(good)  # a client may not stamp: only the leader decides store time
+    stored_batch.stamp(stamped, 0, 1)
+    cases = [
+        ("body CRC", bytes(crc_flip)),
+        ("total length", bytes(length)),
+        ("offsets", bytes(table)),
+        ("stamped", bytes(stamped)),
+        ("truncated", good[:40]),
+    ]
+    return [pytest.param(what, bad, id=what) for what, bad in cases]
+
+
+@pytest.mark.parametrize(("what", "bad"), _corruptions())
+def test_a_corrupted_batch_gets_a_typed_error_and_stores_nothing(
+    env: Env, what: str, bad: bytes
+) -> None:
+    before = env.max_offset(4)
+    good = batch(4, b"ok")
+    refused, ok = env.send(bad, good).results
+    assert refused.error is not None, what
+    assert common_pb2.ErrorCode.Name(refused.error.code) == "INVALID_ARGUMENT", what
+    assert "stored batch was refused" in refused.error.message, refused.error.message
+    assert ok.error is None and ok.first_offset == before and ok.count == 1
+    assert env.max_offset(4) == before + 1  # only the good batch
+
+
+def test_a_frame_that_does_not_add_up_fails_whole(env: Env) -> None:
+    before = env.max_offset(4)
+    good = batch(4, b"never")
+    framed = bytearray(stored_send.encode_request([good], 0))
+    struct.pack_into("<I", framed, 8, len(good) + 100)  # the batch length overruns the frame
+    with pytest.raises(InvalidArgumentError, match="overruns"):
+        env.call(env.leader, DataMethod.SEND_STORED, bytes(framed))
+    assert env.max_offset(4) == before
+
+
+def test_the_sdk_producer_sends_v2_and_the_consumer_reads_it(env: Env) -> None:
+    with Producer(env.cluster.namesrv, idempotent=True) as producer:
+        queue = QueueRef(TOPIC, GROUP, 5)
+        results = [
+            producer.send(TOPIC, f"sdk-{i}".encode(), tags="t", queue=queue) for i in range(5)
+        ]
+    assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]
+    out = env.pull(env.leader, 5, 0, raw=True)
+    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}  # every batch is v2
+    with PullConsumer(env.cluster.namesrv, "cg-sdk", start_from=StartFrom.EARLIEST) as consumer:
+        consumer.assign([queue])
+        got: list[bytes] = []
+        wait_until(
+            lambda: got.extend(m.body for m in consumer.poll(timeout_ms=1000)) or len(got) >= 5,
+            30,
+            "five messages",
+        )
+    assert got == [f"sdk-{i}".encode() for i in range(5)]
+
+
+def _journal_chunks(node_dir: Path) -> dict[tuple[int, int], bytes]:
+    (journal_dir,) = [p for p in node_dir.rglob("journal") if p.is_dir()]
+    out: dict[tuple[int, int], bytes] = {}
+    with SegmentJournal(journal_dir) as j:
+        at = j.first_index
+        while at <= j.last_index:
+            records = j.read_range(at, max_bytes=1 << 24, max_count=1024)
+            for rec in records:
+                for slot, chunk in enumerate(entry_codec.decode_data(rec.command)):
+                    out[rec.index, slot] = chunk
+            at = records[-1].index + 1
+    return out
+
+
+def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
+    env: Env,
+) -> None:
+    """v1 batches (SEND_BATCHES, today's delayed path and older producers: the same record
+    bytes every earlier version wrote) and v2 batches in one queue; every node's journal holds
+    identical chunks; the group restarted on its journals still pulls both formats."""
+    v1 = broker_pb2.SendBatchesRequest(
+        batches=[
+            broker_pb2.SendMessageRequest(
+                topic=TOPIC,
+                queue_id=6,
+                messages=[common_pb2.Message(body=b"v1-0", tags="t", keys=["k1"])],
+            )
+        ]
+    )
+    out = broker_pb2.SendBatchesResponse.FromString(
+        env.call(env.leader, DataMethod.SEND_BATCHES, v1.SerializeToString())
+    )
+    assert not out.results[0].HasField("error")
+    [r] = env.send(batch(6, b"v2-1", b"v2-2")).results
+    assert r.error is None and r.first_offset == 1
+    for node in env.clients:  # every node indexed both
+        wait_until(
+            lambda n=node: env.pull(n, 6, 0, raw=False, follower=True).next_offset == 3,
+            30,
+            f"{node} indexed queue 6",
+        )
+
+    cluster = env.cluster
+    _close(env)
+    _, procs = cluster.groups[GROUP]
+    for p in procs:
+        p.stop()
+    chunks = [_journal_chunks(cluster.tmp / p.name) for p in procs]
+    v2_chunks = [
+        {k: c for k, c in node.items() if c[:2] == bytes((1, stored_batch.VERSION))}
+        for node in chunks
+    ]
+    assert len(v2_chunks[0]) >= 8  # every v2 batch of this module
+    assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
+    assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
+
+    for p in procs:
+        p.start("broker.started")
+    fresh = _connect(cluster, env.io)
+    env.clients, env.leader = fresh.clients, fresh.leader
+
+    def both() -> broker_pb2.PullMessageResponse | None:
+        try:
+            out = env.pull(env.leader, 6, 0, raw=True)
+        except Exception:
+            return None
+        return out if out.status == broker_pb2.FOUND else None
+
+    out_raw = wait_until(both, 60, "a pull after the restart")
+    assert isinstance(out_raw, broker_pb2.PullMessageResponse)
+    assert [b.chunk[1] for b in out_raw.batches] == [1, stored_batch.VERSION]
+    got = decode_batches(out_raw.batches, GROUP, 6)
+    assert [(m.message.body, m.queue_offset) for m in got] == [
+        (b"v1-0", 0),
+        (b"v2-1", 1),
+        (b"v2-2", 2),
+    ]
+    plain = env.pull(env.leader, 6, 0, raw=False)
+    assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
