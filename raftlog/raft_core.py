@@ -202,6 +202,7 @@ class RaftCore:
         self._unstable_from = self.log.last_index + 1
         self._pending_snapshot: Snapshot | None = None
         self._msgs: list[Message] = []
+        self._leader_msgs: list[Message] = []  # promise nothing of our disk: may leave at once
         self._awaiting_advance = False
         # Timers, in ticks.
         self._election_elapsed = 0
@@ -308,6 +309,7 @@ class RaftCore:
         d = self._durable_hs
         return (
             bool(self._msgs)
+            or bool(self._leader_msgs)
             or self.term != d.term
             or self.vote != d.vote
             or self.commit != d.commit
@@ -327,9 +329,11 @@ class RaftCore:
             snapshot=self._pending_snapshot,
             entries=entries,
             messages=tuple(self._msgs),
+            leader_messages=tuple(self._leader_msgs),
             committed=committed,
         )
         self._msgs = []
+        self._leader_msgs = []
         self._pending_snapshot = None
         self._unstable_from = self.log.last_index + 1
         self.applied = self.commit
@@ -448,7 +452,7 @@ class RaftCore:
             self.members,
         )
         if self._pre_vote_round.won:  # a group of one
-            self._campaign(transfer=False)
+            self._campaign(self._pre_vote_round.term, transfer=False)
             return
         req = self._pre_vote_round.request(self.log.last_position)
         for p in self.peers:
@@ -461,13 +465,14 @@ class RaftCore:
         self._highest_term_heard = max(self._highest_term_heard, m.reply.term)
         rnd = self._pre_vote_round
         if self.role is Role.PRE_CANDIDATE and rnd is not None and rnd.on_reply(m.reply):
-            self._campaign(transfer=False)
+            self._campaign(rnd.term, transfer=False)
 
-    def _campaign(self, *, transfer: bool) -> None:
-        """A real election: the term rises and we vote for ourselves. The ballots leave in the
-        next Ready, after its hard state (this term and vote) is durable."""
+    def _campaign(self, term: int, *, transfer: bool) -> None:
+        """A real election at `term` (the one the pre-vote round won, above every term its
+        voters answered with), voting for ourselves. The ballots leave in the next Ready, after
+        its hard state (this term and vote) is durable."""
         self.role = Role.CANDIDATE
-        self.term += 1
+        self.term = term
         self.vote = self.id
         self.leader = None
         self._pre_vote_round = None
@@ -502,7 +507,7 @@ class RaftCore:
 
     def _on_timeout_now(self, m: TimeoutNow) -> None:
         if self.eligible and self.role is not Role.LEADER:
-            self._campaign(transfer=True)
+            self._campaign(self.term + 1, transfer=True)
 
     def _become_follower(self, term: int, leader: str | None) -> None:
         if term > self.term:
@@ -751,7 +756,12 @@ class RaftCore:
     # ---- plumbing -----------------------------------------------------------------------
 
     def _send(self, m: Message) -> None:
-        self._msgs.append(m)
+        if isinstance(m, AppendEntries | InstallSnapshot | TimeoutNow):
+            # A leader's term was durable before its ballots left, and an append promises
+            # nothing about its own log: these may leave while the shell persists.
+            self._leader_msgs.append(m)
+        else:
+            self._msgs.append(m)
 
     def _new_timeout(self) -> int:
         e = self.config.election_ticks
