@@ -191,8 +191,14 @@ class RaftCore:
             raise ValueError(
                 f"hard state commit {hs.commit} is past the durable log's end {self.log.last_index}"
             )
-        self.commit = max(hs.commit, self.log.base_index)
+        # What the state machine applied is committed, whatever the (lazily kept) hard state says.
         self.applied = self.log.base_index if applied_index is None else applied_index
+        if not self.log.base_index <= self.applied <= self.log.last_index:
+            raise ValueError(
+                f"applied index {self.applied} outside the durable log "
+                f"[{self.log.base_index}, {self.log.last_index}]"
+            )
+        self.commit = max(hs.commit, self.applied)
         self.role = Role.FOLLOWER
         self.leader: str | None = None
         self.eligible = True
