@@ -56,6 +56,7 @@ class Role(enum.Enum):
 class PeerMode(enum.Enum):
     PROBE = "probe"  # one append (or snapshot) out at a time until the follower's end is found
     REPLICATE = "replicate"  # appends streamed ahead of acknowledgements, up to max_inflight
+    SNAPSHOT = "snapshot"  # a snapshot is out: wait for its answer, resend it only if none comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class RaftConfig:
     tick_ms: int = 100  # what one tick is worth (election.py's rules take seconds)
     max_inflight: int = 8  # appends in flight per peer in REPLICATE mode
     max_entries_per_append: int = 64
+    snapshot_resend_ticks: int = 20  # a snapshot is large: ask again only after this long
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks:
@@ -94,6 +96,7 @@ class PeerProgress:
     eligible: bool = True  # as the follower last said
     match_at_heartbeat: int = 0  # match_index at the previous heartbeat (a stalled pipeline)
     heard_ticks: int = 0  # ticks since its last answer
+    snapshot_ticks: int = 0  # SNAPSHOT: ticks since the snapshot left
 
 
 class RaftLog:
@@ -549,6 +552,10 @@ class RaftCore:
         self._election_elapsed += 1
         for pr in self.progress.values():
             pr.heard_ticks += 1
+            if pr.mode is PeerMode.SNAPSHOT:
+                pr.snapshot_ticks += 1
+                if pr.snapshot_ticks >= self.config.snapshot_resend_ticks:
+                    self._to_probe(pr, pr.next_index)  # lost on the way: the probe resends it
         if self.transfer_target is not None:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.config.election_ticks:
@@ -579,6 +586,8 @@ class RaftCore:
                 # Nothing acknowledged for a whole heartbeat with appends out: assume them lost.
                 self._to_probe(pr, pr.match_index + 1)
             pr.match_at_heartbeat = pr.match_index
+            if pr.mode is PeerMode.SNAPSHOT:
+                continue  # its answer (or the resend timer) moves it on
             if pr.mode is PeerMode.PROBE:
                 pr.paused = False
                 self._send_append(p, pr)
@@ -601,7 +610,7 @@ class RaftCore:
     def _send_append(self, peer: str, pr: PeerProgress) -> None:
         """Send what the peer lacks, as far as its mode allows."""
         while True:
-            if pr.mode is PeerMode.PROBE and pr.paused:
+            if pr.mode is PeerMode.SNAPSHOT or (pr.mode is PeerMode.PROBE and pr.paused):
                 return
             if pr.mode is PeerMode.REPLICATE and (
                 len(pr.inflight) >= self.config.max_inflight or pr.next_index > self.log.last_index
@@ -614,7 +623,9 @@ class RaftCore:
                         f"{self.id} has compacted to {self.log.base_index} without a snapshot"
                     )
                 self._send(InstallSnapshot(self.id, peer, self.term, self.snapshot))
-                pr.paused = True
+                pr.mode = PeerMode.SNAPSHOT
+                pr.inflight.clear()
+                pr.snapshot_ticks = 0
                 return
             hi = min(self.log.last_index + 1, pr.next_index + self.config.max_entries_per_append)
             entries = tuple(self.log.entries(pr.next_index, hi))
@@ -643,7 +654,9 @@ class RaftCore:
             pr.match_index, pr.next_index = after.match_index, after.next_index
             while pr.inflight and pr.inflight[0] <= pr.match_index:
                 pr.inflight.popleft()
-            if pr.mode is PeerMode.PROBE:
+            if pr.mode is PeerMode.SNAPSHOT and pr.match_index < self.log.base_index:
+                pass  # an older answer: the snapshot's own is still to come
+            elif pr.mode is not PeerMode.REPLICATE:
                 pr.mode = PeerMode.REPLICATE
                 pr.paused = False
                 pr.inflight.clear()
@@ -651,11 +664,10 @@ class RaftCore:
             self._maybe_commit()
             self._maybe_send_timeout_now()
         else:
-            stale = (
-                m.rejected_prev <= pr.match_index
-                if pr.mode is PeerMode.REPLICATE
-                else m.rejected_prev != pr.next_index - 1
-            )
+            if pr.mode is PeerMode.REPLICATE:
+                stale = m.rejected_prev <= pr.match_index
+            else:  # a probe answers for the append it sent; a snapshot waits for its own answer
+                stale = pr.mode is PeerMode.SNAPSHOT or m.rejected_prev != pr.next_index - 1
             if stale:
                 return
             # Resume at the follower's hint, never below what it acknowledged (an ack means

@@ -276,6 +276,12 @@ def test_a_follower_behind_the_retention_cut_is_sent_the_snapshot_and_installs_i
     a.tick()  # the heartbeat re-probes c, which never answered: its next entry is cut away
     install = sent(flush(a), InstallSnapshot, "c")[0]
     assert isinstance(install, InstallSnapshot) and install.snapshot == snap
+    a.tick()  # a heartbeat does not send a large snapshot again...
+    assert not sent(flush(a), InstallSnapshot)
+    for _ in range(CFG.snapshot_resend_ticks):  # ...only an answer that never came does
+        a.tick()
+        ack(a, "b", a.log.last_index + 1)  # b keeps the leader in office meanwhile
+    assert sent(flush(a), InstallSnapshot, "c")
     c = node("c")
     c.step(install)
     rd = flush(c)
