@@ -260,7 +260,8 @@ class Simulation:
     def describe(self) -> str:
         return (
             f"seed={self.seed} settings={self.s} failed at event {self.step_no} (tick {self.now})\n"
-            f"replay: RAFT_SIM_SEED={self.seed} .venv/bin/pytest tests/raftlog/test_raft_sim.py\n"
+            f"replay: RAFT_SIM_SEED={self.seed} .venv/bin/pytest tests/raftlog/test_raft_sim.py "
+            f"(or Simulation({self.seed}, {self.s}).run() with the same core and shell)\n"
             f"schedule: {self.schedule}"
         )
 
