@@ -56,6 +56,7 @@ class Role(enum.Enum):
 class PeerMode(enum.Enum):
     PROBE = "probe"  # one append (or snapshot) out at a time until the follower's end is found
     REPLICATE = "replicate"  # appends streamed ahead of acknowledgements, up to max_inflight
+    SNAPSHOT = "snapshot"  # a snapshot is out: wait for its answer, resend it only if none comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class RaftConfig:
     tick_ms: int = 100  # what one tick is worth (election.py's rules take seconds)
     max_inflight: int = 8  # appends in flight per peer in REPLICATE mode
     max_entries_per_append: int = 64
+    snapshot_resend_ticks: int = 20  # a snapshot is large: ask again only after this long
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks:
@@ -94,6 +96,7 @@ class PeerProgress:
     eligible: bool = True  # as the follower last said
     match_at_heartbeat: int = 0  # match_index at the previous heartbeat (a stalled pipeline)
     heard_ticks: int = 0  # ticks since its last answer
+    snapshot_ticks: int = 0  # SNAPSHOT: ticks since the snapshot left
 
 
 class RaftLog:
@@ -191,8 +194,14 @@ class RaftCore:
             raise ValueError(
                 f"hard state commit {hs.commit} is past the durable log's end {self.log.last_index}"
             )
-        self.commit = max(hs.commit, self.log.base_index)
+        # What the state machine applied is committed, whatever the (lazily kept) hard state says.
         self.applied = self.log.base_index if applied_index is None else applied_index
+        if not self.log.base_index <= self.applied <= self.log.last_index:
+            raise ValueError(
+                f"applied index {self.applied} outside the durable log "
+                f"[{self.log.base_index}, {self.log.last_index}]"
+            )
+        self.commit = max(hs.commit, self.applied)
         self.role = Role.FOLLOWER
         self.leader: str | None = None
         self.eligible = True
@@ -202,6 +211,7 @@ class RaftCore:
         self._unstable_from = self.log.last_index + 1
         self._pending_snapshot: Snapshot | None = None
         self._msgs: list[Message] = []
+        self._leader_msgs: list[Message] = []  # promise nothing of our disk: may leave at once
         self._awaiting_advance = False
         # Timers, in ticks.
         self._election_elapsed = 0
@@ -308,6 +318,7 @@ class RaftCore:
         d = self._durable_hs
         return (
             bool(self._msgs)
+            or bool(self._leader_msgs)
             or self.term != d.term
             or self.vote != d.vote
             or self.commit != d.commit
@@ -327,9 +338,11 @@ class RaftCore:
             snapshot=self._pending_snapshot,
             entries=entries,
             messages=tuple(self._msgs),
+            leader_messages=tuple(self._leader_msgs),
             committed=committed,
         )
         self._msgs = []
+        self._leader_msgs = []
         self._pending_snapshot = None
         self._unstable_from = self.log.last_index + 1
         self.applied = self.commit
@@ -448,7 +461,7 @@ class RaftCore:
             self.members,
         )
         if self._pre_vote_round.won:  # a group of one
-            self._campaign(transfer=False)
+            self._campaign(self._pre_vote_round.term, transfer=False)
             return
         req = self._pre_vote_round.request(self.log.last_position)
         for p in self.peers:
@@ -461,13 +474,14 @@ class RaftCore:
         self._highest_term_heard = max(self._highest_term_heard, m.reply.term)
         rnd = self._pre_vote_round
         if self.role is Role.PRE_CANDIDATE and rnd is not None and rnd.on_reply(m.reply):
-            self._campaign(transfer=False)
+            self._campaign(rnd.term, transfer=False)
 
-    def _campaign(self, *, transfer: bool) -> None:
-        """A real election: the term rises and we vote for ourselves. The ballots leave in the
-        next Ready, after its hard state (this term and vote) is durable."""
+    def _campaign(self, term: int, *, transfer: bool) -> None:
+        """A real election at `term` (the one the pre-vote round won, above every term its
+        voters answered with), voting for ourselves. The ballots leave in the next Ready, after
+        its hard state (this term and vote) is durable."""
         self.role = Role.CANDIDATE
-        self.term += 1
+        self.term = term
         self.vote = self.id
         self.leader = None
         self._pre_vote_round = None
@@ -502,7 +516,7 @@ class RaftCore:
 
     def _on_timeout_now(self, m: TimeoutNow) -> None:
         if self.eligible and self.role is not Role.LEADER:
-            self._campaign(transfer=True)
+            self._campaign(self.term + 1, transfer=True)
 
     def _become_follower(self, term: int, leader: str | None) -> None:
         if term > self.term:
@@ -538,6 +552,10 @@ class RaftCore:
         self._election_elapsed += 1
         for pr in self.progress.values():
             pr.heard_ticks += 1
+            if pr.mode is PeerMode.SNAPSHOT:
+                pr.snapshot_ticks += 1
+                if pr.snapshot_ticks >= self.config.snapshot_resend_ticks:
+                    self._to_probe(pr, pr.next_index)  # lost on the way: the probe resends it
         if self.transfer_target is not None:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.config.election_ticks:
@@ -568,6 +586,8 @@ class RaftCore:
                 # Nothing acknowledged for a whole heartbeat with appends out: assume them lost.
                 self._to_probe(pr, pr.match_index + 1)
             pr.match_at_heartbeat = pr.match_index
+            if pr.mode is PeerMode.SNAPSHOT:
+                continue  # its answer (or the resend timer) moves it on
             if pr.mode is PeerMode.PROBE:
                 pr.paused = False
                 self._send_append(p, pr)
@@ -590,7 +610,7 @@ class RaftCore:
     def _send_append(self, peer: str, pr: PeerProgress) -> None:
         """Send what the peer lacks, as far as its mode allows."""
         while True:
-            if pr.mode is PeerMode.PROBE and pr.paused:
+            if pr.mode is PeerMode.SNAPSHOT or (pr.mode is PeerMode.PROBE and pr.paused):
                 return
             if pr.mode is PeerMode.REPLICATE and (
                 len(pr.inflight) >= self.config.max_inflight or pr.next_index > self.log.last_index
@@ -603,7 +623,9 @@ class RaftCore:
                         f"{self.id} has compacted to {self.log.base_index} without a snapshot"
                     )
                 self._send(InstallSnapshot(self.id, peer, self.term, self.snapshot))
-                pr.paused = True
+                pr.mode = PeerMode.SNAPSHOT
+                pr.inflight.clear()
+                pr.snapshot_ticks = 0
                 return
             hi = min(self.log.last_index + 1, pr.next_index + self.config.max_entries_per_append)
             entries = tuple(self.log.entries(pr.next_index, hi))
@@ -632,7 +654,9 @@ class RaftCore:
             pr.match_index, pr.next_index = after.match_index, after.next_index
             while pr.inflight and pr.inflight[0] <= pr.match_index:
                 pr.inflight.popleft()
-            if pr.mode is PeerMode.PROBE:
+            if pr.mode is PeerMode.SNAPSHOT and pr.match_index < self.log.base_index:
+                pass  # an older answer: the snapshot's own is still to come
+            elif pr.mode is not PeerMode.REPLICATE:
                 pr.mode = PeerMode.REPLICATE
                 pr.paused = False
                 pr.inflight.clear()
@@ -640,11 +664,10 @@ class RaftCore:
             self._maybe_commit()
             self._maybe_send_timeout_now()
         else:
-            stale = (
-                m.rejected_prev <= pr.match_index
-                if pr.mode is PeerMode.REPLICATE
-                else m.rejected_prev != pr.next_index - 1
-            )
+            if pr.mode is PeerMode.REPLICATE:
+                stale = m.rejected_prev <= pr.match_index
+            else:  # a probe answers for the append it sent; a snapshot waits for its own answer
+                stale = pr.mode is PeerMode.SNAPSHOT or m.rejected_prev != pr.next_index - 1
             if stale:
                 return
             # Resume at the follower's hint, never below what it acknowledged (an ack means
@@ -751,7 +774,12 @@ class RaftCore:
     # ---- plumbing -----------------------------------------------------------------------
 
     def _send(self, m: Message) -> None:
-        self._msgs.append(m)
+        if isinstance(m, AppendEntries | InstallSnapshot | TimeoutNow):
+            # A leader's term was durable before its ballots left, and an append promises
+            # nothing about its own log: these may leave while the shell persists.
+            self._leader_msgs.append(m)
+        else:
+            self._msgs.append(m)
 
     def _new_timeout(self) -> int:
         e = self.config.election_ticks

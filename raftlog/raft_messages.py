@@ -133,13 +133,18 @@ Message = (
 class Ready:
     """What the shell must do, in this order, then call RaftCore.advance(ready):
 
+    0. `leader_messages` (a leader's appends, snapshots, TimeoutNow) may leave at once, before
+       or while it persists: they promise nothing about this node's disk (Raft thesis 10.2.1),
+       so the leader's write and its followers' overlap;
     1. install `snapshot` if set (it replaces the whole log and the state machine);
     2. persist `entries`: each overwrites any stored entry at its index or above;
     3. persist `hard_state` if set;
     4. only then send `messages` (a vote or an acknowledgement promises what 1-3 made durable);
     5. apply `committed` in order (they may include entries of step 2).
 
-    A crash anywhere in 1-3 may keep any prefix of `entries`; nothing of 4 leaves before 3 is done.
+    A crash anywhere in 1-3 may keep any prefix of `entries`; nothing of 4 leaves before 3 is
+    done. The core may be stepped while the shell works on a Ready, but hands out the next one
+    only after advance(): the leader counts its own new entries toward commit from then on.
     """
 
     hard_state: HardState | None
@@ -147,3 +152,4 @@ class Ready:
     entries: tuple[Entry, ...]
     messages: tuple[Message, ...]
     committed: tuple[Entry, ...]
+    leader_messages: tuple[Message, ...] = ()

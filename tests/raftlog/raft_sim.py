@@ -73,6 +73,8 @@ class SimSettings:
     election_ticks: int = 8
     heartbeat_ticks: int = 2
     max_inflight: int = 3
+    slow_write: float = 0.3  # share of Readies whose write takes 1-2 ticks
+    isolate_new_leader: float = 0.3  # chance a new leader is cut off at once, for 10-40 ticks
 
 
 @dataclass(slots=True)
@@ -123,6 +125,8 @@ class SimNode:
     core: RaftCore | None = None
     applied: list[bytes] = field(default_factory=list)  # the state machine: payload of index i+1
     eligible: bool = True
+    writing: Ready | None = None  # a Ready whose write is under way
+    write_done_at: int = 0
     armed: str | None = None  # crash_torn / crash_meta: crash while persisting a coming Ready
 
 
@@ -192,10 +196,11 @@ class Simulation:
         *,
         send_early: Callable[[Message], bool] | None = None,
         check_contract: bool = True,
+        schedule: list[Event] | None = None,
     ) -> None:
         self.seed = seed
         self.s = settings = settings or SimSettings()
-        self.schedule = make_schedule(seed, settings)
+        self.schedule = make_schedule(seed, settings) if schedule is None else schedule
         self.core_factory = core_factory
         self.send_early = send_early
         self.check_contract = check_contract
@@ -229,6 +234,8 @@ class Simulation:
         self._recheck_acked = False
         self._proposal_seq = 0
         self.step_no = -1
+        self._healed = False
+        self._cut_off: dict[str, int] = {}  # node -> tick its cut-off link comes back
         self.stats: Counter[str] = Counter()
         self._new_leaders_checked: set[tuple[str, int]] = set()
         for n in self.nodes.values():
@@ -253,7 +260,8 @@ class Simulation:
     def describe(self) -> str:
         return (
             f"seed={self.seed} settings={self.s} failed at event {self.step_no} (tick {self.now})\n"
-            f"replay: RAFT_SIM_SEED={self.seed} .venv/bin/pytest tests/raftlog/test_raft_sim.py\n"
+            f"replay: RAFT_SIM_SEED={self.seed} .venv/bin/pytest tests/raftlog/test_raft_sim.py "
+            f"(or Simulation({self.seed}, {self.s}).run() with the same core and shell)\n"
             f"schedule: {self.schedule}"
         )
 
@@ -313,8 +321,17 @@ class Simulation:
             target = self.nodes[m.to]
             if target.core is None or (m.sender, m.to) in self.blocked:
                 continue
+            if self._cut_off and (
+                self._cut_off.get(m.sender, 0) > self.now or self._cut_off.get(m.to, 0) > self.now
+            ):
+                continue
             target.core.step(m)
             self._drain(target)
+        for n in self.nodes.values():
+            if n.writing is not None and n.write_done_at <= self.now:
+                rd, n.writing = n.writing, None
+                self._finish(n, rd)
+                self._drain(n)
 
     def propose(self, count: int, prefix: str = "v") -> None:
         leaders = [
@@ -336,8 +353,13 @@ class Simulation:
         self._drain(n)
 
     def crash(self, node: str) -> None:
-        """Kill the node between two Readies: it keeps everything it was told is durable."""
+        """Kill the node: it keeps what it was told is durable, and of a write under way
+        a prefix (a torn tail)."""
         n = self.nodes[node]
+        if n.writing is not None:
+            self._persist(n, n.writing, torn=True)
+            n.writing = None
+            self.stats["crash_in_write"] += 1
         n.core = None
         n.applied = []
         n.armed = None
@@ -347,9 +369,8 @@ class Simulation:
 
     def _torn_crash(self, n: SimNode, rd: Ready) -> None:
         """Power lost while persisting `rd`: a prefix of its entries may be kept, its hard state
-        only if all of them were; nothing it sends has left (unless the shell sends early).
-        The supervisor restarts the node at once."""
-        self._send_all(n, rd, early_only=True)
+        only if all of them were; of its messages only the leader's appends have left (and
+        what a buggy shell sends early). The supervisor restarts the node at once."""
         self._persist(n, rd, torn=True)
         self.stats[n.armed or "torn"] += 1
         self.crash(n.id)
@@ -358,7 +379,7 @@ class Simulation:
     def compact(self, node: str) -> None:
         n = self.nodes[node]
         core = n.core
-        if core is None:
+        if core is None or n.writing is not None:
             return
         top = min(core.applied, core.durable_index)
         up_to = max(core.log.base_index, top - self.rng.randrange(3))
@@ -396,17 +417,26 @@ class Simulation:
         core = n.core
         assert core is not None
         self._observe(n)
-        while core.has_ready():
+        while n.writing is None and core.has_ready():
             rd = core.ready()
+            self._send_all(n, rd, early_only=True)
             if n.armed is not None and self._hits(n.armed, rd, core):
                 self._torn_crash(n, rd)
                 return
-            self._send_all(n, rd, early_only=True)
-            self._persist(n, rd, torn=False)
-            self._send_all(n, rd, early_only=False)
-            self._apply(n, rd.committed)
-            core.advance(rd)
-            self._observe(n)
+            if self.rng.random() < self.s.slow_write:
+                # The write (its fdatasync) takes a tick or two; the node goes on stepping.
+                n.writing = rd
+                n.write_done_at = self.now + 1 + self.rng.randrange(2)
+                return
+            self._finish(n, rd)
+
+    def _finish(self, n: SimNode, rd: Ready) -> None:
+        assert n.core is not None
+        self._persist(n, rd, torn=False)
+        self._send_all(n, rd, early_only=False)
+        self._apply(n, rd.committed)
+        n.core.advance(rd)
+        self._observe(n)
 
     def _persist(self, n: SimNode, rd: Ready, *, torn: bool) -> None:
         d = n.disk
@@ -447,12 +477,16 @@ class Simulation:
         )
 
     def _send_all(self, n: SimNode, rd: Ready, *, early_only: bool) -> None:
-        """Send the Ready's messages: the contract's late ones, or only those the (buggy) shell
-        sends before persisting."""
+        """early_only: the leader's messages (they may leave before the write) and any a buggy
+        shell sends early; else the rest, after the write."""
         early = self.send_early
-        for m in rd.messages:
-            if (early is not None and early(m)) != early_only:
-                continue
+        if early_only:
+            out = list(rd.leader_messages)
+            if early is not None:
+                out += [m for m in rd.messages if early(m)]
+        else:
+            out = [m for m in rd.messages if early is None or not early(m)]
+        for m in out:
             if self.check_contract:
                 self._check_promise(n.disk, m)
             if isinstance(m, RequestVote) and m.transfer:
@@ -505,6 +539,11 @@ class Simulation:
             if (n.id, core.term) not in self._new_leaders_checked:
                 self._new_leaders_checked.add((n.id, core.term))
                 self._check_completeness(n)
+                if not self._healed and self.rng.random() < self.s.isolate_new_leader:
+                    # A flapping link cuts a fresh leader off before its no-op gets anywhere,
+                    # for a while that heals do not end (whoever it cut off before is back).
+                    self._cut_off = {n.id: self.now + self.rng.randint(10, 40)}
+                    self.stats["isolated_new_leader"] += 1
         elif not n.eligible and core.role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
             raise Violation("eligibility", f"{n.id} campaigns while not eligible")
 
@@ -601,7 +640,9 @@ class Simulation:
 
     def _liveness(self) -> None:
         """Heal everything; within the bound a leader must commit a new proposal."""
+        self._healed = True
         self.blocked.clear()
+        self._cut_off.clear()
         self.drop = self.duplicate = 0.0
         for n in self.nodes.values():
             n.eligible = True

@@ -39,7 +39,8 @@ def flush(core: RaftCore) -> Ready:
 
 
 def sent(rd: Ready, kind: type[Message], to: str | None = None) -> list[Message]:
-    return [m for m in rd.messages if isinstance(m, kind) and (to is None or m.to == to)]
+    out = (*rd.leader_messages, *rd.messages)
+    return [m for m in out if isinstance(m, kind) and (to is None or m.to == to)]
 
 
 def entries(*terms: int) -> list[Entry]:
@@ -86,6 +87,19 @@ def test_a_won_pre_vote_raises_the_term_and_its_ballots_leave_with_the_durable_v
     # The ballots ride in the Ready whose hard state (term 5, vote a) the shell persists first.
     assert rd.hard_state == HardState(term=5, vote="a", commit=0)
     assert {m.to for m in sent(rd, RequestVote)} == {"b", "c"}
+
+
+def test_a_lagging_node_campaigns_at_the_term_its_pre_vote_round_asked_for() -> None:
+    """Found by the simulator: campaigning at term + 1 instead lost every election to voters
+    that had moved on, until a refusal taught the term."""
+    a = node(hard_state=HardState(term=2))
+    first = sent(time_out(a), PreVote, "b")[0]
+    assert isinstance(first, PreVote) and first.request.term == 3
+    a.step(PreVoteResponse("b", "a", PreVoteReply("b", first.request.round_id, False, 4)))
+    second = sent(time_out(a), PreVote, "b")[0]
+    assert isinstance(second, PreVote) and second.request.term == 5
+    a.step(PreVoteResponse("b", "a", PreVoteReply("b", second.request.round_id, True, 4)))
+    assert flush(a).hard_state == HardState(term=5, vote="a", commit=0)
 
 
 def test_a_vote_goes_only_to_a_log_at_least_as_up_to_date_as_ours() -> None:
@@ -226,6 +240,7 @@ def test_transfer_waits_for_the_target_to_catch_up_then_it_campaigns_without_pre
     rd = flush(c)
     assert rd.hard_state == HardState(term=a.term + 1, vote="c", commit=0)
     assert all(isinstance(m, RequestVote) and m.transfer for m in rd.messages)
+    assert len(rd.messages) == 2
 
 
 def test_a_node_not_eligible_never_campaigns_nor_takes_over() -> None:
@@ -261,6 +276,12 @@ def test_a_follower_behind_the_retention_cut_is_sent_the_snapshot_and_installs_i
     a.tick()  # the heartbeat re-probes c, which never answered: its next entry is cut away
     install = sent(flush(a), InstallSnapshot, "c")[0]
     assert isinstance(install, InstallSnapshot) and install.snapshot == snap
+    a.tick()  # a heartbeat does not send a large snapshot again...
+    assert not sent(flush(a), InstallSnapshot)
+    for _ in range(CFG.snapshot_resend_ticks):  # ...only an answer that never came does
+        a.tick()
+        ack(a, "b", a.log.last_index + 1)  # b keeps the leader in office meanwhile
+    assert sent(flush(a), InstallSnapshot, "c")
     c = node("c")
     c.step(install)
     rd = flush(c)
