@@ -29,7 +29,7 @@ from raftmq.proxy.service import MessagingService
 from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
-PROXY_CALLS = 2048  # calls the proxy runs at once (each a coroutine), for the share per host
+PROXY_CALLS = 2048  # the calls the proxy runs at once (coroutines), of which a host gets its share
 MAX_GRPC_MESSAGE_EXTRA = 1 << 20  # headers, properties and batch framing beside the bodies
 
 
