@@ -109,7 +109,9 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
         timeout=300,
     )
     try:
-        assert done.returncode == 0, f"the recipe failed:\n{script}\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, (
+            f"the recipe failed:\n{script}\n{done.stdout}\n{done.stderr}\n{_failed_logs(work)}"
+        )
         exported = dict(
             line.split("=", 1) for line in (work / "recipe.env").read_text().splitlines()
         )
@@ -119,6 +121,16 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
             [str(RAFTMQ), "cluster", "down", "--spec", "deploy/secure.toml"],
             check=False, cwd=work, env=env, capture_output=True, timeout=120,
         )  # fmt: skip
+
+
+def _failed_logs(work: Path) -> str:
+    """The logs of the processes that wrote a traceback, for a failure's message."""
+    out = []
+    for log in sorted(work.glob("data-secure/*/process.log")):
+        text = log.read_text(errors="replace")
+        if "Traceback" in text:
+            out.append(f"--- {log}\n{text[-4000:]}")
+    return "\n".join(out)
 
 
 def _cwd(pid: int) -> Path | None:
