@@ -128,17 +128,13 @@ def _environment(spec: ClusterSpec, processes: list[ProcessSpec]) -> list[str]:
     [security.auth] (issue 19): without a secret in the description, the admin's comes from
     the host's environment at `docker compose up`; the processes' own clients (the dashboard,
     health checks) sign as the admin."""
-    variables: dict[str, str] = {}
-    for p in processes:
-        variables.update((k, json.dumps(v)) for k, v in p.env)
+    # A secret is never written into the file (it is printed, and kept): each is a reference to
+    # the same variable in the environment of `docker compose up`.
+    variables = {k: _from_host(k) for p in processes for k, _ in p.env}
     if spec.auth.get("auth_enabled"):
         ak = spec.auth.get("auth_admin_access_key", "")
-        ak_ref = (
-            json.dumps(ak) if ak else '"${RAFTMQ_ADMIN_ACCESS_KEY:?set RAFTMQ_ADMIN_ACCESS_KEY}"'
-        )
-        sk_ref = variables.get(
-            ENV_ADMIN_SECRET_KEY, '"${RAFTMQ_ADMIN_SECRET_KEY:?set RAFTMQ_ADMIN_SECRET_KEY}"'
-        )
+        ak_ref = json.dumps(ak) if ak else _from_host("RAFTMQ_ADMIN_ACCESS_KEY")
+        sk_ref = _from_host(ENV_ADMIN_SECRET_KEY)
         variables.update(
             {"RAFTMQ_ACCESS_KEY": ak_ref, ENV_ADMIN_SECRET_KEY: sk_ref, "RAFTMQ_SECRET_KEY": sk_ref}
         )
@@ -147,6 +143,10 @@ def _environment(spec: ClusterSpec, processes: list[ProcessSpec]) -> list[str]:
     if not variables:
         return []
     return ["  environment:", *(f"    {k}: {v}" for k, v in variables.items())]
+
+
+def _from_host(variable: str) -> str:
+    return json.dumps(f"${{{variable}:?set {variable}}}")
 
 
 def _published_ports(spec: ClusterSpec, host_reachable: bool) -> dict[str, tuple[int, ...]]:

@@ -193,6 +193,7 @@ def test_secrets_of_a_description_go_by_environment_and_print_as_stars(tmp_path:
     flags (`ps` showed them), and `broker status --config` printed the admin's in clear."""
     from raftmq.broker.settings import BrokerSettings
     from raftmq.common.settings import REDACTED, redacted
+    from raftmq.ops.compose import compose_yaml
 
     extra = (
         "[settings.broker]\nraft_password='raft-pw-1'\n"
@@ -207,6 +208,9 @@ def test_secrets_of_a_description_go_by_environment_and_print_as_stars(tmp_path:
         assert not any("adm-sk-1" in a or "raft-pw-1" in a for a in p.argv), p.argv
         assert ("RAFTMQ_ADMIN_SECRET_KEY", "adm-sk-1") in p.env, p.name
         assert (("RAFTMQ_BROKER_RAFT_PASSWORD", "raft-pw-1") in p.env) == (p.role == "broker")
+    compose = compose_yaml(spec)  # printed and kept: the secrets are references to the host's
+    assert "adm-sk-1" not in compose and "raft-pw-1" not in compose
+    assert 'RAFTMQ_BROKER_RAFT_PASSWORD: "${RAFTMQ_BROKER_RAFT_PASSWORD:?' in compose
     shown = redacted(BrokerSettings(auth_admin_secret_key="adm-sk-1", raft_password="raft-pw-1"))
     assert shown["auth_admin_secret_key"] == shown["raft_password"] == REDACTED
     assert redacted(BrokerSettings())["raft_password"] == ""
