@@ -7,7 +7,6 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from raftmq.broker.node import BrokerNode
 from raftmq.broker.time_query import Cursor
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
 
@@ -322,7 +322,6 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
-SECRET_SETTINGS = frozenset({"raft_password"})
 
 
 def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
@@ -345,17 +344,6 @@ def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
             for g in sorted(set(live) | set(committed))
         ]
     )
-
-
-def settings_config(node: BrokerNode) -> dict[str, str]:
-    """The node's settings as text, secrets left out (set ones show as "***")."""
-    out = {}
-    for f in dataclasses.fields(node.settings):
-        value = getattr(node.settings, f.name)
-        if f.name in SECRET_SETTINGS:
-            value = "***" if value else ""
-        out[f.name] = getattr(value, "value", None) or str(value)
-    return out
 
 
 def _lock_answer(
@@ -417,7 +405,7 @@ def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2
         topics=topics,
         storage_error=storage.describe() if storage is not None else "",
         disk_full=storage is not None and storage.disk_full,
-        config=settings_config(node),
+        config=redacted(node.settings),
         first_index=st.first_index,
         retention_cut_index=node.store.cut_index,
         disk_pressure=node.disk_pressure or "",

@@ -158,7 +158,10 @@ class BrokerSettings(FairShareSettings):
         doc="Raft election timeout, upper bound",
     )
     raft_password: str = setting(
-        default="", unit="", doc='encrypts Raft traffic between the nodes; "" = plain'
+        default="",
+        unit="",
+        doc='encrypts Raft traffic between the nodes; "" = plain; never printed',
+        secret=True,
     )
     store_map_size_bytes: int = setting(
         default=8 * GIB, unit="bytes", doc="lmdb map size of the indexes (sparse file)"

@@ -11,7 +11,7 @@ from typing import TypeVar
 import grpc
 
 from raftmq.client.routes import ChannelPool
-from raftmq.common.acl import Acl, PolicyEntry, make_user
+from raftmq.common.acl import Acl, PolicyEntry, make_user, with_entries
 from raftmq.common.errors import (
     BrokerUnavailableError,
     InvalidArgumentError,
@@ -73,6 +73,19 @@ class AclAdmin:
             ],
         )
         return self._write(lambda s: s.SetPolicy(req, timeout=CALL_TIMEOUT_S)).version
+
+    def add_to_policy(
+        self,
+        subject: str,
+        add: Iterable[PolicyEntry] = (),
+        remove: Iterable[PolicyEntry] = (),
+    ) -> tuple[int, tuple[PolicyEntry, ...]]:
+        """Add entries to `subject`'s policy and remove others, keeping the rest: (the ACL
+        version, the policy written). A read then a write: two administrators editing one
+        user's policy at the same moment, the last write wins."""
+        current = self.snapshot().policies.get(subject, ())
+        entries = with_entries(current, add, remove)
+        return self.set_policy(subject, entries), entries
 
     def delete_policy(self, subject: str) -> int:
         return self._write(

@@ -41,6 +41,7 @@ from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
+    AccessDeniedError,
     InvalidArgumentError,
     RaftMQError,
     from_rpc_error,
@@ -201,22 +202,33 @@ class PushConsumer:
             self.routes.route(self.topic)  # fail fast on an unknown topic
         except RaftMQError:
             self._closed = True  # nothing started yet: release the threads and channels
-            self._scheduler.close()
-            self._heartbeats.close()
-            self._driver.close()
-            self._executor.shutdown(wait=False)
-            self._data.close()
-            self._pool.close()
-            if self._tracer is not None:
-                self._tracer.close()
+            self._release_unstarted()
             raise
         if self._model is MessageModel.CLUSTERING:
-            self._heartbeat()
+            try:
+                # The first heartbeat asks for Sub on the group and the topic: a group this user
+                # may not use fails here, typed, not as a WARNING per queue afterwards.
+                self._heartbeat(starting=True)
+            except AccessDeniedError:
+                self._closed = True
+                self._release_unstarted()
+                raise
             self._heartbeats.every(self._heartbeat_ms / 1000, self._heartbeat)
         self.rebalance()
         self._scheduler.every(self._rebalance_s, self.rebalance)
         self._scheduler.every(self._commit_s, self.commit)
         return self
+
+    def _release_unstarted(self) -> None:
+        """A start that failed: the threads and channels go, nothing else had begun."""
+        self._scheduler.close()
+        self._heartbeats.close()
+        self._driver.close()
+        self._executor.shutdown(wait=False)
+        self._data.close()
+        self._pool.close()
+        if self._tracer is not None:
+            self._tracer.close()
 
     def close(self) -> None:
         """Stop fetching, let running listeners finish, commit, leave the group."""
@@ -257,7 +269,10 @@ class PushConsumer:
         route = self.routes.route(self.topic)
         return sorted({a for g in route.groups.values() for a in g.addresses})
 
-    def _heartbeat(self, leaving: bool = False) -> None:
+    def _heartbeat(self, leaving: bool = False, starting: bool = False) -> None:
+        """Tell every node of the topic's groups that this member is here (or leaving). When
+        `starting`, a node's AccessDeniedError is raised (the user may not use the group or the
+        topic); otherwise a node that does not answer is skipped."""
         req = broker_pb2.HeartbeatRequest(
             consumer_group=self.group,
             client_id=self.client_id,
@@ -279,13 +294,23 @@ class PushConsumer:
             if data_address:
                 framed.append(self._data.submit(data_address, DataMethod.HEARTBEAT, req, 2.0))
                 continue
-            with contextlib.suppress(grpc.RpcError):
+            try:
                 answers.append(self._pool.broker(a).Heartbeat(req, timeout=2))
+            except grpc.RpcError as exc:
+                denied = from_rpc_error(exc)
+                if starting and isinstance(denied, AccessDeniedError):
+                    raise denied from None
         for fut in framed:
-            with contextlib.suppress(RaftMQError, FutureTimeout):
+            try:
                 answer = fut.result(timeout=2 + 1)
-                assert isinstance(answer, broker_pb2.HeartbeatResponse)
-                answers.append(answer)
+            except AccessDeniedError:
+                if starting:
+                    raise
+                continue
+            except (RaftMQError, FutureTimeout):
+                continue
+            assert isinstance(answer, broker_pb2.HeartbeatResponse)
+            answers.append(answer)
         if not leaving:
             self._follow_resets(answers)
             self._check_membership()

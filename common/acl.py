@@ -174,6 +174,11 @@ class PolicyEntry:
     def covers(self, action: Action, r: Resource) -> bool:
         return (Action.ALL in self.actions or action in self.actions) and self.resource.matches(r)
 
+    @property
+    def spec(self) -> str:
+        """The entry as `raftmq acl policy` takes it: `RESOURCE=ACTION[,ACTION...]`."""
+        return f"{self.resource}={','.join(sorted(a.value for a in self.actions))}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "resource": str(self.resource),
@@ -299,6 +304,54 @@ def authorize(
                 return Decision.DENY
             allowed = True
     return Decision.ALLOW if allowed else Decision.DENY
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why `authorize` said Deny for a user that is not super: the user is unknown, or a Deny
+    entry matched (`deny`), or no Allow entry covered the request (`deny` is None)."""
+
+    user_known: bool
+    deny: PolicyEntry | None = None
+    allowed_otherwise: bool = False  # an Allow entry covers it too (only the Deny stands between)
+
+
+def why_denied(
+    acl: Acl,
+    subject: str,
+    actions: Iterable[Action],
+    resource: Resource,
+    admin: User | None = None,
+) -> Refusal:
+    """The reason behind a Deny of `subject` doing any of `actions` on `resource`."""
+    if acl.user(subject, admin) is None:
+        return Refusal(user_known=False)
+    wanted = tuple(actions)
+    entries = acl.policies.get(subject, ())
+    allowed = any(
+        e.decision is Decision.ALLOW and any(e.covers(a, resource) for a in wanted) for e in entries
+    )
+    for entry in entries:
+        if entry.decision is Decision.DENY and any(entry.covers(a, resource) for a in wanted):
+            return Refusal(user_known=True, deny=entry, allowed_otherwise=allowed)
+    return Refusal(user_known=True)
+
+
+def with_entries(
+    current: Iterable[PolicyEntry],
+    add: Iterable[PolicyEntry] = (),
+    remove: Iterable[PolicyEntry] = (),
+) -> tuple[PolicyEntry, ...]:
+    """A policy with entries added (once each, in order, after the kept ones) and others
+    removed (by equality); what `raftmq acl policy add|remove` write."""
+    gone = set(remove)
+    out = [e for e in current if e not in gone]
+    for e in add:
+        if e not in out:
+            out.append(e)
+    if len(out) > MAX_POLICY_ENTRIES:
+        raise InvalidArgumentError(f"{len(out)} entries; at most {MAX_POLICY_ENTRIES} per user")
+    return tuple(out)
 
 
 def parse_entries(specs: Iterable[str], decision: str = "Allow") -> tuple[PolicyEntry, ...]:

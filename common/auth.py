@@ -98,7 +98,8 @@ class AuthSettings:
         default="",
         unit="",
         doc='the admin\'s secret key; "" = env RAFTMQ_ADMIN_SECRET_KEY (keeps it off the command '
-        "line)",
+        "line); never printed",
+        secret=True,
     )
     auth_window_ms: int = setting(
         default=900_000,

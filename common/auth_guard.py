@@ -9,6 +9,7 @@ without a rule is refused.
 from __future__ import annotations
 
 import logging
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,11 +24,13 @@ from raftmq.common.acl import (
     Acl,
     Action,
     Decision,
+    Refusal,
     Resource,
     User,
     UserType,
     authorize,
     topic,
+    why_denied,
 )
 from raftmq.common.auth import (
     AUTHORIZATION_KEY,
@@ -154,16 +157,17 @@ class Guard:
             if self._decide(acl, decisions, subject, need) is Decision.DENY:
                 self.denied += 1
                 action, resource = need
-                if isinstance(action, frozenset):
-                    names = " or ".join(sorted(a.value for a in action))
-                    raise AccessDeniedError.for_request(subject, names, str(resource))
                 if need == SUPER[0]:
                     raise AccessDeniedError(
                         f"user {subject!r} may not call this: it is for super users only (the "
                         "cluster's nodes and operators)",
                         details={"subject": subject, "action": "Super", "resource": "Cluster"},
                     )
-                raise AccessDeniedError.for_request(subject, action.value, str(resource))
+                actions = (
+                    sorted(action, key=_grant_order) if isinstance(action, frozenset) else [action]
+                )
+                refusal = why_denied(acl, subject, actions, resource, self.config.admin)
+                raise denial(subject, actions, str(resource), refusal)
 
     def check_path(self, subject: str, path: str, request: Any) -> None:
         rule = RULES.get(path)
@@ -293,3 +297,49 @@ def _refuse_streaming(path: str) -> Any:
         abort_with(context, AccessDeniedError(f"streaming method {path} is not checked; refused"))
 
     return grpc.unary_unary_rpc_method_handler(behavior)
+
+
+# When any one of several actions would do (a route lookup: Get, Pub or Sub), the grant offered
+# is the least: reading before writing.
+_GRANT_ORDER = (Action.GET, Action.LIST, Action.SUB, Action.PUB)
+
+
+def _grant_order(action: Action) -> int:
+    return _GRANT_ORDER.index(action) if action in _GRANT_ORDER else len(_GRANT_ORDER)
+
+
+def denial(
+    subject: str, actions: Sequence[Action], resource: str, refusal: Refusal
+) -> AccessDeniedError:
+    """The AccessDeniedError of a refused request: whether the user is unknown, a Deny entry
+    matched or no Allow entry did, and the one command that grants it without touching the rest
+    of the user's policy (`raftmq acl policy add`, or `remove` of the matching Deny)."""
+    if len(actions) == 1:
+        refused = f"may not {actions[0].value} on {resource}"
+    else:  # a route lookup: any one of them would do
+        refused = f"may do none of {', '.join(a.value for a in actions)} on {resource}"
+    user = shlex.quote(subject)
+    entry = shlex.quote(f"{resource}={actions[0].value}")
+    grant = f"raftmq acl policy add {user} {entry}"
+    if refusal.deny is not None:
+        why = f"its policy's Deny entry {refusal.deny.spec} matches (a Deny wins over any Allow)"
+        lift = f"raftmq acl policy remove {user} --deny {shlex.quote(refusal.deny.spec)}"
+        grant = lift if refusal.allowed_otherwise else f"{lift} && {grant}"
+        reason = "deny"
+    elif refusal.user_known:
+        why = "no Allow entry of its policy covers it"
+        reason = "no_allow"
+    else:
+        why = "no such user is known to the ACL"
+        grant = f"raftmq acl user create {user} --user-secret <SECRET> && {grant}"
+        reason = "unknown_user"
+    return AccessDeniedError(
+        f"user {subject!r} {refused}: {why}; an administrator grants it with `{grant}`",
+        details={
+            "subject": subject,
+            "action": "|".join(a.value for a in actions),
+            "resource": resource,
+            "reason": reason,
+            "grant": grant,
+        },
+    )

@@ -20,9 +20,11 @@ UNCAPPED_TOTAL = 1 << 30  # the server's own limits (threads, maximum_concurrent
 
 
 def per_address_cap(setting: int, handler_threads: int) -> int:
-    """A role's `rpc_max_calls_per_address` in force: as set, or 0 = three quarters of its
-    handler threads (a host may run that many at once; the other hosts keep the rest)."""
-    return setting if setting > 0 else max(1, handler_threads * 3 // 4)
+    """A role's `rpc_max_calls_per_address` in force: as set, or 0 = all but an eighth of its
+    handler threads (a host may run that many at once; the other hosts keep the rest). Not
+    less: on one machine every process of a local cluster is the same host (127.0.0.1), and its
+    own registrations and lookups must not be refused in a burst."""
+    return setting if setting > 0 else max(1, handler_threads - max(1, handler_threads // 8))
 
 
 class _Shares:

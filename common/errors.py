@@ -155,15 +155,17 @@ class PermissionDeniedError(RaftMQError):
 
 class AccessDeniedError(PermissionDeniedError):
     """The ACL (users and policies, `raftmq acl`) does not allow this user this action on this
-    resource. A PermissionDeniedError, so code that handles a topic's permission handles it."""
+    resource. A PermissionDeniedError, so code that handles a topic's permission handles it.
+    Its details say why (`reason`: deny, no_allow, unknown_user) and the command that grants it
+    (`grant`); common/auth_guard.py `denial` makes them."""
 
-    @classmethod
-    def for_request(cls, subject: str, action: str, resource: str) -> AccessDeniedError:
-        return cls(
-            f"user {subject!r} may not {action} on {resource}; ask an administrator for a policy "
-            f"(`raftmq acl policy set {subject} {resource}={action}`)",
-            details={"subject": subject, "action": action, "resource": resource},
-        )
+    @property
+    def reason(self) -> str:
+        return self.details.get("reason", "")
+
+    @property
+    def grant(self) -> str:
+        return self.details.get("grant", "")
 
 
 class UnauthenticatedError(RaftMQError):

@@ -119,8 +119,8 @@ class FairShareSettings(AuthSettings):
     rpc_max_calls_per_address: int = setting(
         default=0,
         unit="calls",
-        doc="gRPC calls one client host may have running (past it: THROTTLED); 0 = three "
-        "quarters of the role's handler threads",
+        doc="gRPC calls one client host may have running (past it: THROTTLED); 0 = all but an "
+        "eighth of the role's handler threads",
     )
     http_max_connections_per_address: int = setting(
         default=16,
@@ -132,6 +132,6 @@ class FairShareSettings(AuthSettings):
 
 def check_fair_share_settings(settings: FairShareSettings) -> None:
     if settings.rpc_max_calls_per_address < 0:
-        raise ValueError("rpc_max_calls_per_address must be >= 0 (0 = 3/4 of handler threads)")
+        raise ValueError("rpc_max_calls_per_address must be >= 0 (0 = 7/8 of handler threads)")
     if settings.http_max_connections_per_address < 1:
         raise ValueError("http_max_connections_per_address must be >= 1")

@@ -41,9 +41,32 @@ class SettingInfo(NamedTuple):
     doc: str
 
 
-def setting(*, default: T, unit: str, doc: str) -> T:
-    """Declare a settings key: `timeout_ms: int = setting(default=3000, unit="ms", doc="...")`."""
-    return dataclasses.field(default=default, metadata={"unit": unit, "doc": doc})
+def setting(*, default: T, unit: str, doc: str, secret: bool = False) -> T:
+    """Declare a settings key: `timeout_ms: int = setting(default=3000, unit="ms", doc="...")`.
+    A `secret` key is never printed (see `redacted`) and never passed on a command line."""
+    return dataclasses.field(default=default, metadata={"unit": unit, "doc": doc, "secret": secret})
+
+
+REDACTED = "***"
+
+
+def secret_keys(cls: type[Any]) -> frozenset[str]:
+    """The keys of a settings class declared `secret=True`."""
+    return frozenset(f.name for f in _fields(cls) if f.metadata.get("secret"))
+
+
+def redacted(settings: object) -> dict[str, str]:
+    """A settings object as text for a status table or a log: a secret that is set shows as
+    REDACTED, an unset one as ""."""
+    secrets = secret_keys(type(settings))
+    out = {}
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, f.name)
+        if f.name in secrets:
+            out[f.name] = REDACTED if value else ""
+        else:
+            out[f.name] = str(getattr(value, "value", None) or value)
+    return out
 
 
 def address_list(text: str, what: str) -> tuple[str, ...]:

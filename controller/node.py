@@ -138,7 +138,8 @@ class ControllerNode:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a start that failed to bind closes a node never started
+            self._thread.join(timeout=5)
         self.alarms.close()
         self._balancer.shutdown(wait=False, cancel_futures=True)
         self.pusher.close()

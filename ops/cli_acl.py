@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from raftmq.client.admin import Admin
-from raftmq.common.acl import parse_entries
+from raftmq.common.acl import PolicyEntry, parse_entries
 from raftmq.common.auth import (
     ENV_ACCESS_KEY,
     ENV_ADMIN_ACCESS_KEY,
@@ -78,16 +78,37 @@ def user_list(args: argparse.Namespace) -> int:
 
 
 def policy_set(args: argparse.Namespace) -> int:
+    entries = _entries(args)
+    with _admin(args) as admin:
+        v = admin.acl.set_policy(args.subject, entries)
+    console.print(f"policy of {literal(args.subject)}: {len(entries)} entries; acl version {v}")
+    return 0
+
+
+def policy_add(args: argparse.Namespace) -> int:
+    """`acl policy add`: entries added to the user's policy, the others kept (what a denial's
+    message proposes); `acl policy remove`: the given entries taken out."""
+    entries = _entries(args)
+    removing = args.acl_policy_command == "remove"
+    with _admin(args) as admin:
+        v, policy = admin.acl.add_to_policy(
+            args.subject, remove=entries if removing else (), add=() if removing else entries
+        )
+    console.print(
+        f"policy of {literal(args.subject)}: {len(policy)} entries; acl version {v}",
+        highlight=False,
+    )
+    return 0
+
+
+def _entries(args: argparse.Namespace) -> tuple[PolicyEntry, ...]:
     entries = parse_entries(args.allow or (), "Allow") + parse_entries(args.deny or (), "Deny")
     if not entries:
         raise InvalidArgumentError(
             "give at least one entry: RESOURCE=ACTIONS, e.g. Topic:orders*=Pub "
             "(--deny RESOURCE=ACTIONS for a Deny)"
         )
-    with _admin(args) as admin:
-        v = admin.acl.set_policy(args.subject, entries)
-    console.print(f"policy of {literal(args.subject)}: {len(entries)} entries; acl version {v}")
-    return 0
+    return entries
 
 
 def policy_delete(args: argparse.Namespace) -> int:
@@ -171,20 +192,26 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     policy = what.add_parser("policy", help="what a user may do: Allow/Deny entries")
     ps = policy.add_subparsers(dest="acl_policy_command", required=True)
-    p = ps.add_parser(
-        "set",
-        help="replace a user's policy, e.g. `raftmq acl policy set alice Topic:orders*=Pub "
-        "--deny Topic:orders-secret=Pub`",
-    )
-    p.add_argument("subject", help="the user")
-    p.add_argument(
-        "allow",
-        nargs="*",
-        help="Allow entries RESOURCE=ACTIONS: resources Topic:NAME, Topic:PREFIX*, Group:NAME, "
-        "Cluster:*, *; actions Pub, Sub, Create, Update, Delete, Get, List, All",
-    )
-    p.add_argument("--deny", action="append", help="a Deny entry RESOURCE=ACTIONS (repeatable)")
-    p.set_defaults(func=policy_set)
+    for name, fn, text in (
+        (
+            "set",
+            policy_set,
+            "replace a user's whole policy, e.g. `raftmq acl policy set alice Topic:orders*=Pub "
+            "--deny Topic:orders-secret=Pub`",
+        ),
+        ("add", policy_add, "add entries to a user's policy, keeping the others"),
+        ("remove", policy_add, "remove these entries from a user's policy, keeping the others"),
+    ):
+        p = ps.add_parser(name, help=text)
+        p.add_argument("subject", help="the user")
+        p.add_argument(
+            "allow",
+            nargs="*",
+            help="Allow entries RESOURCE=ACTIONS: resources Topic:NAME, Topic:PREFIX*, "
+            "Group:NAME, Cluster:*, *; actions Pub, Sub, Create, Update, Delete, Get, List, All",
+        )
+        p.add_argument("--deny", action="append", help="a Deny entry RESOURCE=ACTIONS (repeatable)")
+        p.set_defaults(func=fn)
     p = ps.add_parser("delete", help="remove a user's policy (it may then do nothing)")
     p.add_argument("subject")
     p.set_defaults(func=policy_delete)

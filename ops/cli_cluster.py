@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shlex
 import threading
 import time
@@ -172,6 +173,9 @@ def down_command(args: argparse.Namespace) -> str:
     return cmd
 
 
+RAFTMQ_ROLE = re.compile(r"raftmq[.-](namesrv|broker|controller|proxy)\b")
+
+
 def port_problem(
     spec: cluster_spec.ClusterSpec, state: ClusterState | None, down_cmd: str, spec_arg: str
 ) -> str | None:
@@ -198,6 +202,14 @@ def port_problem(
     pids = ports.listener_pids(b.port)
     if pids:
         cmdline = ports.command_line(pids[0])
+        if RAFTMQ_ROLE.search(ports.command_line(pids[0], max_chars=4096)):
+            # Most likely the user's other cluster (`make run` beside deploy/secure.toml): the
+            # fix is separate ports, not killing a process of a cluster they mean to keep.
+            return (
+                f"{what} by pid {pids[0]} ({cmdline}), a process of another raftmq cluster: "
+                f"give {spec_arg} ports of its own (two clusters on one machine need disjoint "
+                "ports), or stop that cluster with `raftmq cluster down --spec <its description>`"
+            )
         return f"{what} by pid {pids[0]} ({cmdline}); free it with: kill {pids[0]}"
     return (
         f"{what} by a process this user cannot see; free it (`ss -ltnp`), or change the "

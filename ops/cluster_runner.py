@@ -128,7 +128,7 @@ class ClusterRunner:
         p = self._spec(name)
         p.data_dir.mkdir(parents=True, exist_ok=True)
         log = p.data_dir / "process.log"
-        env = procs.child_env()
+        env = {**procs.child_env(), **dict(p.env)}  # secrets by environment, never in argv
         prefix = list(self._wrap(p)) if self._wrap is not None else []
         tie = not self._detached and procs.can_tie_to_parent()
         offset = log.stat().st_size if log.exists() else 0

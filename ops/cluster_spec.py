@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from raftmq.common.settings import settings_table
+from raftmq.common.auth import ENV_ADMIN_SECRET_KEY
+from raftmq.common.settings import secret_keys, settings_table
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 DATA_PORT_OFFSET = 1000  # a broker's data port in host-reachable compose: gRPC port + 1000
@@ -116,6 +117,9 @@ class ProcessSpec:
     ports: tuple[int, ...]
     group: str = ""
     metrics: str = ""  # host:port of its /metrics, /healthz and /readyz; "" = none
+    # Secrets the process gets in its environment, never on its command line (visible to every
+    # user in `ps`): (variable, value) pairs (issue 27).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +272,8 @@ class ClusterSpec:
     def processes(self) -> list[ProcessSpec]:
         """NameServers first, then controllers, then broker nodes: the order to start them."""
         out: list[ProcessSpec] = []
-        ns_flags = _flags({**self._auth("namesrv"), **self.settings.get("namesrv", {})})
-        ctl_flags = _flags({**self._auth("controller"), **self.settings.get("controller", {})})
+        ns_flags, ns_env = self._role_flags("namesrv")
+        ctl_flags, ctl_env = self._role_flags("controller")
         if self.preferred_leaders:
             ctl_flags += [
                 "--preferred-leaders",
@@ -296,6 +300,7 @@ class ClusterSpec:
                     self.data_dir / name,
                     e.host,
                     ports,
+                    env=ns_env + (ctl_env if self.controller_in_namesrv else ()),
                 )
             )
         for c in () if self.controller_in_namesrv else self.controllers:
@@ -328,9 +333,10 @@ class ClusterSpec:
                     self.data_dir / c.name,
                     c.address.host,
                     (c.address.port, c.raft.port),
+                    env=ctl_env,
                 )
             )
-        br_flags = _flags({**self._auth("broker"), **self.settings.get("broker", {})})
+        br_flags, br_env = self._role_flags("broker")
         for group, nodes in self.groups.items():
             members = ",".join(f"{n.node_id}={n.address}/{n.raft}" for n in nodes)
             for n in nodes:
@@ -363,9 +369,10 @@ class ClusterSpec:
                         n.address.host,
                         (n.address.port, n.raft.port),
                         group,
+                        env=br_env,
                     )
                 )
-        px_flags = _flags({**self._auth("proxy"), **self.settings.get("proxy", {})})
+        px_flags, px_env = self._role_flags("proxy")
         peers = ",".join(str(e) for e in self.proxies)
         for i, e in enumerate(self.proxies):
             name = f"proxy-{i}"
@@ -385,6 +392,7 @@ class ClusterSpec:
                     self.data_dir / name,
                     e.host,
                     (e.port,),
+                    env=px_env,
                 )
             )
         return [self._with_tls(self._with_metrics(p)) for p in out]
@@ -408,6 +416,26 @@ class ClusterSpec:
                 f"{'is' if len(missing) == 1 else 'are'} missing; run `raftmq cluster certs "
                 "--spec <this description>` to make a development CA and certificates"
             )
+
+    def _role_flags(self, role: str) -> tuple[list[str], tuple[tuple[str, str], ...]]:
+        """A role's settings from [security.auth] and [settings.<role>]: the plain ones as
+        flags, the secret ones (declared `secret=True`) as environment variables. The admin's
+        secret goes as RAFTMQ_ADMIN_SECRET_KEY, which every role (an embedded controller too)
+        reads when its own key is empty."""
+        values = {**self._auth(role), **self.settings.get(role, {})}
+        module_name, class_name = ROLE_SETTINGS[role]
+        module = importlib.import_module(module_name)
+        secrets = secret_keys(getattr(module, class_name))
+        env: list[tuple[str, str]] = []
+        for key in sorted(secrets & set(values)):
+            value = str(values.pop(key))
+            if not value:
+                continue
+            if key == "auth_admin_secret_key":
+                env.append((ENV_ADMIN_SECRET_KEY, value))
+            else:
+                env.append((f"{module.ENV_PREFIX}{key.upper()}", value))
+        return _flags(values), tuple(env)
 
     def _auth(self, role: str) -> dict[str, Any]:
         """[security.auth] as the role's settings; the NameServers and proxies fetch the users
@@ -483,6 +511,7 @@ _AUTH_KEYS: dict[str, tuple[str, type]] = {
     "enabled": ("auth_enabled", bool),
     "admin_access_key": ("auth_admin_access_key", str),
     "admin_secret_key": ("auth_admin_secret_key", str),
+    "admin_secret_file": ("auth_admin_secret_key", Path),  # read here, mode 600 or stricter
     "window_ms": ("auth_window_ms", int),
     "refresh_ms": ("acl_refresh_ms", int),
 }
@@ -490,7 +519,9 @@ _AUTH_KEYS: dict[str, tuple[str, type]] = {
 
 def _security_auth(security: object, source: str) -> dict[str, Any]:
     """[security.auth] (issue 19) as role settings. The admin's keys may be left out and given
-    to every process as RAFTMQ_ADMIN_ACCESS_KEY / RAFTMQ_ADMIN_SECRET_KEY instead. Other
+    to every process as RAFTMQ_ADMIN_ACCESS_KEY / RAFTMQ_ADMIN_SECRET_KEY instead, or the secret
+    read from admin_secret_file (mode 600); either way it reaches the processes in their
+    environment, never on their command lines. Other
     [security.*] tables (tls) are read elsewhere."""
     if not isinstance(security, dict):
         raise SpecError(f"{source}: [security] must be a table")
@@ -505,10 +536,34 @@ def _security_auth(security: object, source: str) -> dict[str, Any]:
                 f"{source}: [security.auth] has no key {key!r} (known: {', '.join(_AUTH_KEYS)})"
             )
         name, kind = known
+        if kind is Path:
+            out[name] = read_secret_file(value, f"{source}: security.auth.{key}")
+            continue
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise SpecError(f"{source}: security.auth.{key} must be a {kind.__name__}")
         out[name] = value
     return out
+
+
+def read_secret_file(path: object, what: str) -> str:
+    """A secret kept in a file only its owner may read (mode 600 or stricter): its first line.
+    Refused with the fix when the file is readable by others or missing."""
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"{what} must be the path of a file holding the secret")
+    file = Path(path).expanduser()
+    try:
+        mode = file.stat().st_mode
+        if mode & 0o077:
+            raise SpecError(
+                f"{what}: {file} may be read by other users (mode {mode & 0o777:o}); "
+                f"run: chmod 600 {file}"
+            )
+        secret = file.read_text().strip()
+    except OSError as exc:
+        raise SpecError(f"{what}: cannot read {file}: {exc.strerror}") from None
+    if not secret:
+        raise SpecError(f"{what}: {file} is empty")
+    return secret
 
 
 def _dashboard(table: object, source: str) -> Endpoint | None:

@@ -31,13 +31,19 @@ KILL_WAIT_S = 10.0
 POLL_INTERVAL_S = 0.05
 
 
+# The admin's keys for [security.auth] (common/auth.py), kept off the children's command lines.
+PASSED_ENV = frozenset({"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY"})
+
+
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment without RAFTMQ_* settings (a child takes its settings from its
-    flags only), with CODE_ROOT first on PYTHONPATH and unbuffered output for its log."""
+    flags, and its secrets from the variables its ProcessSpec names), except the admin's keys
+    (RAFTMQ_ADMIN_*: what the README's secure recipe exports), with CODE_ROOT first on
+    PYTHONPATH and unbuffered output for its log."""
     env = {
         k: v
         for k, v in (base if base is not None else os.environ).items()
-        if not k.startswith("RAFTMQ_")
+        if not k.startswith("RAFTMQ_") or k in PASSED_ENV
     }
     env["PYTHONPATH"] = str(CODE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"

@@ -29,7 +29,7 @@ from raftmq.proxy.service import MessagingService
 from raftmq.proxy.settings import ProxySettings
 
 log = logging.getLogger("proxy")
-PROXY_CALLS = 2048  # calls the proxy runs at once (each a coroutine), for the share per host
+PROXY_CALLS = 2048  # the calls the proxy runs at once (coroutines), of which a host gets its share
 MAX_GRPC_MESSAGE_EXTRA = 1 << 20  # headers, properties and batch framing beside the bodies
 # A request up to this many times max_message_bytes is read, so a body over the limit is answered
 # MESSAGE_BODY_TOO_LARGE by the send's own check; a larger request is cut by gRPC itself

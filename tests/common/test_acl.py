@@ -22,6 +22,8 @@ from raftmq.common.acl import (
     group,
     parse_entries,
     topic,
+    why_denied,
+    with_entries,
 )
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.pb import broker_pb2, controller_pb2, namesrv_pb2, transaction_pb2
@@ -149,6 +151,36 @@ def test_a_matching_deny_always_wins(es: list[PolicyEntry], action: Action, r: R
     deny = PolicyEntry(ResourcePattern(r.type, r.name, False), frozenset({action}), Decision.DENY)
     for at in range(len(es) + 1):
         assert authorize(acl_of(*es[:at], deny, *es[at:]), "alice", action, r) is Decision.DENY
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(entries, max_size=6), actions, resources)
+def test_a_denial_says_why_and_its_grant_allows_it(
+    es: list[PolicyEntry], action: Action, r: Resource
+) -> None:
+    """Issue 27: a Deny is explained by the Deny entry that matched, or by the want of an Allow;
+    the grant the message names (add the entry, or remove that Deny) makes it an Allow, and
+    leaves every other entry as it was."""
+    acl = acl_of(*es)
+    if authorize(acl, "alice", action, r) is Decision.ALLOW:
+        return
+    refusal = why_denied(acl, "alice", [action], r)
+    assert refusal.user_known
+    if refusal.deny is not None:
+        assert refusal.deny in es and refusal.deny.covers(action, r)
+        granted = with_entries(es, remove=[e for e in es if e == refusal.deny])
+        if any(e.decision is Decision.DENY and e.covers(action, r) for e in granted):
+            return  # another Deny also matches: the next denial names it
+        if not refusal.allowed_otherwise:  # the grant adds the Allow as well
+            [entry] = parse_entries([f"{r.type.value}:{r.name}={action.value}"])
+            granted = with_entries(granted, add=[entry])
+    else:
+        assert not any(e.covers(action, r) for e in es)
+        [entry] = parse_entries([f"{r.type.value}:{r.name}={action.value}"])
+        granted = with_entries(es, add=[entry])
+        assert granted[: len(es)] == tuple(es)  # additive: nothing else moved
+    assert authorize(acl_of(*granted), "alice", action, r) is Decision.ALLOW
+    assert not why_denied(acl, "mallory", [action], r).user_known
 
 
 # ---- the RPC table ------------------------------------------------------------------------------

@@ -126,6 +126,8 @@ def test_guard_caches_decisions_until_the_acl_changes() -> None:
         "subject": "alice",
         "action": "Pub",
         "resource": "Topic:payments",
+        "reason": "no_allow",
+        "grant": "raftmq acl policy add alice Topic:payments=Pub",
     }
     assert denied.value.code == "ACCESS_DENIED"
     with pytest.raises(AccessDeniedError, match="super users"):

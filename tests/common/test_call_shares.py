@@ -29,8 +29,9 @@ def _code_of(exc: grpc.RpcError) -> str:
     return ""
 
 
-def test_the_default_share_is_three_quarters_of_the_threads() -> None:
-    assert per_address_cap(0, 128) == 96 and per_address_cap(0, 1) == 1
+def test_the_default_share_leaves_an_eighth_of_the_threads_to_other_hosts() -> None:
+    assert per_address_cap(0, 128) == 112 and per_address_cap(0, 16) == 14
+    assert per_address_cap(0, 4) == 3 and per_address_cap(0, 1) == 1
     assert per_address_cap(5, 128) == 5
 
 

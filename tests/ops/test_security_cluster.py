@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -53,6 +54,7 @@ from raftmq.ops.cluster_spec import SpecError, load, parse
 from raftmq.ops.compose import compose_yaml
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import wait_until
+from tests.harness.readme import readme_blocks, substitute
 
 ADMIN = Credentials("ops-admin", "ops-admin-secret")
 ALICE = Credentials("alice", "alice-secret")
@@ -170,6 +172,8 @@ def test_allowed_publish_and_a_denial_that_names_action_and_resource(env: Env) -
         "subject": "alice",
         "action": "Pub",
         "resource": "Topic:payments",
+        "reason": "no_allow",
+        "grant": "raftmq acl policy add alice Topic:payments=Pub",
     }
 
 
@@ -487,3 +491,92 @@ def test_broker_status_of_a_user_without_rights_exits_with_the_denial(env: Env) 
     assert "ACCESS_DENIED" in denied.stderr and "broker nodes" not in denied.stdout, denied
     allowed = status(ADMIN)
     assert allowed.returncode == 0 and "broker config" in allowed.stdout, allowed
+
+
+# ---- denials that say what happened (issue 27) -------------------------------------------------
+
+
+def test_the_readme_denial_example_prints_what_it_shows(env: Env) -> None:
+    """The README's `acl` block run against this cluster (its user renamed, its NameServer this
+    one's): it prints exactly its `# prints:` lines. Before: the README showed details without
+    a reason, and the proposed `acl policy set alice Topic:X=Get or Pub or Sub` was no valid
+    command and would have replaced alice's whole policy."""
+    with env.admin() as admin:
+        admin.acl.create_user("ruth", "ruth-secret")
+        admin.acl.set_policy(
+            "ruth",
+            parse_entries(["Topic:orders*=Pub", "Group:billing=Sub"])
+            + parse_entries(["Topic:orders-secret=All"], "Deny"),
+        )
+    [block] = readme_blocks("python", "acl")
+    names = {'"alice", "alice-secret"': '"ruth", "ruth-secret"', " alice ": " ruth "}
+    code = substitute(block.code, env.namesrv, {"127.0.0.1:9976": env.namesrv, **names})
+    expected = [ln.removeprefix("# ") for ln in code.split("# prints:\n", 1)[1].splitlines()]
+    assert expected and all(" ruth " in ln for ln in expected), expected
+
+    def prints() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+        return done.stdout if done.stdout.splitlines() == expected else ""
+
+    wait_until(prints, 30, f"the README's output {expected} (ruth's policy on every node)")
+
+
+def test_each_grant_a_denial_names_is_valid_and_additive(env: Env, tmp_path: Path) -> None:
+    """Follow the denials of a send to a topic the user has no entry for: each names a command
+    that, run as printed, lets the next step through, and the user's other entries stay."""
+    creds = tmp_path / "admin.toml"
+    creds.write_text(f'access_key = "{ADMIN.access_key}"\nsecret_key = "{ADMIN.secret_key}"\n')
+    sam = Credentials("sam", "sam-secret")
+    with env.admin() as admin:
+        admin.acl.create_user("sam", sam.secret_key)
+        admin.acl.set_policy("sam", parse_entries(["Topic:orders*=Pub", "Group:billing=Sub"]))
+    grants: list[str] = []
+
+    def sends() -> bool:
+        try:
+            with Producer(env.namesrv, credentials=sam, send_timeout_ms=5_000) as p:
+                p.send("payments", b"granted")
+        except AccessDeniedError as exc:
+            assert exc.reason == "no_allow" and exc.grant.startswith("raftmq acl policy add sam")
+            if exc.grant not in grants:
+                grants.append(exc.grant)
+            argv = shlex.split(exc.grant)
+            done = subprocess.run(
+                [sys.executable, "-m", "raftmq.ops.cli", "--credentials-file", str(creds),
+                 "acl", "--controllers", env.controllers, *argv[2:]],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            return False
+        return True
+
+    wait_until(sends, 60, "sam's send to payments, following the grants the denials name")
+    assert grants == [
+        "raftmq acl policy add sam Topic:payments=Get",  # the route, at the NameServer
+        "raftmq acl policy add sam Topic:payments=Pub",  # the send, at the broker
+    ], grants
+    with env.admin() as admin:
+        kept = {e.spec for e in admin.acl.policies()["sam"]}
+    assert kept == {"Topic:orders*=Pub", "Group:billing=Sub", "Topic:payments=Get",
+                    "Topic:payments=Pub"}, kept  # fmt: skip
+
+
+def test_a_push_consumer_denied_its_group_fails_at_start(env: Env) -> None:
+    """Before: it started, received nothing, and logged a WARNING per queue."""
+    consumer = PushConsumer(
+        env.namesrv,
+        "other",  # bob has Sub on Group:billing only
+        "orders-eu",
+        lambda m: ConsumeResult.SUCCESS,
+        credentials=BOB,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(AccessDeniedError) as denied:
+        consumer.start()
+    assert time.monotonic() - t0 < 15
+    err = denied.value
+    assert err.reason == "no_allow" and err.details["resource"] == "Group:other", err.details
+    assert err.grant == "raftmq acl policy add bob Group:other=Sub"
+    consumer.close()  # nothing to stop: it never started
