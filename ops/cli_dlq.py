@@ -83,7 +83,7 @@ def dlq_show(args: argparse.Namespace) -> int:
 
 def dlq_resend(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
-        result = admin.resend_dead_letter(args.id)
+        result = admin.resend_dead_letter(args.id, force=args.force)
     console.print(
         f"[green]resent[/] {literal(args.id)} to {literal(result.topic)} as "
         f"{literal(result.msg_id)} ({literal(result.broker_group)}#{result.queue_id}"
@@ -103,6 +103,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = dsub.add_parser("show", help="one dead letter with its origin and properties")
     p.add_argument("--id", required=True, help="the dead letter's message id")
     p.set_defaults(func=dlq_show)
-    p = dsub.add_parser("resend", help="send a dead letter back to its original topic")
+    p = dsub.add_parser(
+        "resend", help="send a dead letter back to its original topic (once, unless --force)"
+    )
     p.add_argument("--id", required=True, help="the dead letter's message id")
+    p.add_argument("--force", action="store_true", help="resend even though it was resent before")
     p.set_defaults(func=dlq_resend)
