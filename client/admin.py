@@ -756,13 +756,17 @@ class Admin:
         return sent
 
     def _resends_of(self, msg_id: str) -> list[MoveTrace]:
-        """The recorded resends of dead letter `msg_id`, oldest first."""
+        """The recorded resends of dead letter `msg_id`, oldest first: the trace messages whose
+        first key is it (a resend record is keyed dead letter first, then the original and the
+        new id, so an original's own id never matches)."""
         try:
             found = self.messages_by_key(TRACE_TOPIC, msg_id, max_count=64)
         except (NoRouteError, TopicNotFoundError):
             return []  # nothing was ever traced
         out = []
         for m in found:
+            if not m.keys or m.keys[0] != msg_id:
+                continue
             try:
                 out += [
                     r
