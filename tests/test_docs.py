@@ -1,7 +1,8 @@
 """The docs as an operator reads them cannot drift from the code (issue 26): every count of chaos
 scenarios in the README, docs/ and the Makefile is today's (`raftmq chaos list`: the full list or
 the CI set), unless the sentence says it was the count "then" (a recorded run); no doc names a
-path of the machine it was written on; the CLI commands the README's tables name parse."""
+path of the machine it was written on; the CLI commands the README's tables name parse, and
+`raftmq --version` says the version the docs are of."""
 
 from __future__ import annotations
 
@@ -69,3 +70,12 @@ def test_the_readmes_table_commands_parse(command: str) -> None:
         cli.build_parser().parse_args(cli.join_relative_times(filled))
     except SystemExit as exc:
         pytest.fail(f"`raftmq {command}` does not parse (exit {exc.code}): {filled}")
+
+
+def test_version_prints_the_packages_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import raftmq
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"raftmq {raftmq.__version__}"
