@@ -69,6 +69,8 @@ def test_the_readmes_table_commands_parse(command: str) -> None:
     try:
         cli.build_parser().parse_args(cli.join_relative_times(filled))
     except SystemExit as exc:
+        if exc.code == 0:  # --version, --help: printed and done
+            return
         pytest.fail(f"`raftmq {command}` does not parse (exit {exc.code}): {filled}")
 
 

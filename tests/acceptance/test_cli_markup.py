@@ -5,6 +5,8 @@ must exit 0 and print the content as written, control characters as escapes."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,6 +132,14 @@ def test_every_printing_command_shows_user_content_as_written(
     assert_literal(out, SHOWN[0], TAG, ",".join(KEYS), PROPERTY[1])
     out = run(cluster, capsys, "dlq", "resend", "--id", dead)
     assert_literal(out, f"resent {dead} to {TOPIC}")
+    rows = [json.loads(line) for line in run(cluster, capsys, "dlq", "list", "--group", DLQ_GROUP,
+                                             "--json").splitlines()]  # fmt: skip
+    assert sorted(r.get("body", "") for r in rows if "body" in r) == sorted(
+        b.decode() for b in BODIES[:3]
+    ), rows
+    assert [r["body_base64"] for r in rows if "body_base64" in r] == [
+        base64.b64encode(BODIES[3]).decode()
+    ]
     for argv in (
         ("topic", "status", TOPIC),
         ("topic", "list"),
