@@ -34,6 +34,7 @@ class SentBack:
     dead_letter: bool
     reconsume_times: int
     delay_level: int
+    delay_ms: int  # the retry copy's wait; 0 for a dead letter
 
 
 class SendBackProcessor:
@@ -92,7 +93,12 @@ class SendBackProcessor:
                 decision.reconsume_times,
             )
         return SentBack(
-            outcome, decision.topic, dead, decision.reconsume_times, decision.delay_level
+            outcome,
+            decision.topic,
+            dead,
+            decision.reconsume_times,
+            decision.delay_level,
+            0 if dead else decision.delay_ms,
         )
 
     def resend_dead_letter(self, msg_id: str) -> tuple[str, SendOutcome]:

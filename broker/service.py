@@ -72,6 +72,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             dead_letter=back.dead_letter,
             reconsume_times=back.reconsume_times,
             delay_level=back.delay_level,
+            delay_ms=back.delay_ms,
         )
 
     @rpc_errors

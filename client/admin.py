@@ -17,10 +17,11 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo, target_offset
 from raftmq.client.offsets import BrokerOffsets, StartFrom
+from raftmq.client.producer import Producer
 from raftmq.client.queue_shrink import refusal, stranded
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.client.stats_report import StatsReport, merge, report_range
-from raftmq.client.trace import MessageTrace, records_of_message
+from raftmq.client.trace import MessageTrace, records_of_message, trace_message
 from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
@@ -38,12 +39,20 @@ from raftmq.common.errors import (
     UnauthenticatedError,
     from_rpc_error,
 )
-from raftmq.common.message import decode_msg_id, dlq_topic, validate_group, validate_topic
+from raftmq.common.message import (
+    DLQ_TOPIC_PREFIX,
+    decode_msg_id,
+    dlq_topic,
+    validate_group,
+    validate_topic,
+)
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2
+from raftmq.common.retry import PROPERTY_DLQ_ORIGIN_MESSAGE_ID
 from raftmq.common.topic_config import MAX_QUEUES_PER_TOPIC
 from raftmq.common.trace import (
     TRACE_TOPIC,
     MalformedTraceError,
+    MoveKind,
     MoveTrace,
     TraceRecord,
     path_of,
@@ -172,6 +181,9 @@ class Admin:
         self._pool = ChannelPool(
             tls_config=tls.client_tls(tls_ca, tls_cert, tls_key), credentials=credentials
         )
+        # a resend's trace record is sent by a Producer connected the same way
+        self._tls_files = (tls_ca, tls_cert, tls_key)
+        self._credentials = credentials
         # the users and policies (issue 19) are the controllers' (acl_* methods)
         self.controllers = parse_address_list(controllers, "controllers") if controllers else ()
         self.acl = AclAdmin(self._pool, self.controllers)
@@ -698,9 +710,74 @@ class Admin:
         return out
 
     @checked
-    def resend_dead_letter(self, msg_id: str) -> SendResult:
+    def resend_dead_letter(self, msg_id: str, *, force: bool = False) -> SendResult:
         """`raftmq dlq resend`: the dead letter `msg_id` back to its original topic, as a fresh
-        message (count 0); the dead letter itself stays where it is."""
+        message (count 0); the dead letter itself stays where it is. A resend is recorded in
+        the trace topic, keyed by the dead letter's, its original's and the new id, so the
+        original's trace leads to it and a second resend of the same dead letter is refused
+        (InvalidArgumentError naming the first) unless `force`. Two resends at the same moment
+        may both pass the check: it reads the trace, it takes no lock."""
+        decode_msg_id(msg_id)
+        if not force:
+            earlier = self._resends_of(msg_id)
+            if earlier:
+                first = earlier[0]
+                raise InvalidArgumentError(
+                    f"dead letter {msg_id} was already resent to {first.to_topic} as "
+                    f"{first.new_msg_id}; resend it again with --force (force=True in the SDK)",
+                    details={"msg_id": msg_id, "resent_as": first.new_msg_id},
+                )
+        dead = self.message_by_id(msg_id)
+        sent = self._resend(msg_id)
+        origin = dead.properties.get(PROPERTY_DLQ_ORIGIN_MESSAGE_ID, "") or msg_id
+        record = MoveTrace(
+            msg_id=origin,
+            timestamp_ms=time.time_ns() // 1_000_000,
+            move=MoveKind.RESEND,
+            group=dead.topic.removeprefix(DLQ_TOPIC_PREFIX),
+            from_topic=dead.topic,
+            to_topic=sent.topic,
+            reconsume_times=0,
+            new_msg_id=sent.msg_id,
+        )
+        try:
+            with Producer(
+                self.routes.namesrv_addresses,
+                allow_system_topics=True,
+                credentials=self._credentials,
+                tls_ca=self._tls_files[0],
+                tls_cert=self._tls_files[1],
+                tls_key=self._tls_files[2],
+            ) as p:
+                m = trace_message([record], (msg_id, origin, sent.msg_id))
+                p.send(TRACE_TOPIC, m.body, keys=m.keys, properties=m.properties)
+        except RaftMQError as exc:  # resent all the same: say the record is missing
+            log.warning("admin.resend_trace_failed msg_id=%s error=%s", msg_id, exc.message)
+        return sent
+
+    def _resends_of(self, msg_id: str) -> list[MoveTrace]:
+        """The recorded resends of dead letter `msg_id`, oldest first: the trace messages whose
+        first key is it (a resend record is keyed dead letter first, then the original and the
+        new id, so an original's own id never matches)."""
+        try:
+            found = self.messages_by_key(TRACE_TOPIC, msg_id, max_count=64)
+        except (NoRouteError, TopicNotFoundError):
+            return []  # nothing was ever traced
+        out = []
+        for m in found:
+            if not m.keys or m.keys[0] != msg_id:
+                continue
+            try:
+                out += [
+                    r
+                    for r in records_of_message(m)
+                    if isinstance(r, MoveTrace) and r.move is MoveKind.RESEND
+                ]
+            except MalformedTraceError:
+                continue
+        return sorted(out, key=lambda r: r.timestamp_ms)
+
+    def _resend(self, msg_id: str) -> SendResult:
         group_name = decode_msg_id(msg_id).broker_group
         for g in self._select(None):
             if g.broker_group != group_name:

@@ -103,5 +103,6 @@ class SendBack:
                 to_topic=back.topic,
                 reconsume_times=back.reconsume_times,
                 new_msg_id=back.msg_id,
+                delay_ms=back.delay_ms,  # the broker's level delay (issue 26: it read 0)
             )
         )

@@ -41,6 +41,7 @@ from raftmq.common.trace import (
     TraceBuffer,
     TraceRecord,
     decode_batch,
+    encode_batch,
     encode_sends,
 )
 
@@ -255,6 +256,14 @@ def _trace_message(batch: TraceBatch) -> OutgoingMessage:
     of ~350, more than a small message's own body; the keys are the traced ids."""
     return OutgoingMessage(
         zlib.compress(batch.body, 1), keys=batch.keys, properties={TRACE_CODEC: "zlib"}
+    )
+
+
+def trace_message(records: Sequence[TraceRecord], keys: Sequence[str]) -> OutgoingMessage:
+    """Records written outside a TraceSender (Admin's resend record) as one trace-topic message
+    keyed by `keys`, the ids a trace lookup finds it by."""
+    return _trace_message(
+        TraceBatch(encode_batch(records), tuple(dict.fromkeys(k for k in keys if k)), len(records))
     )
 
 

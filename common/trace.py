@@ -78,6 +78,7 @@ class EndTransactionTrace:
 class MoveKind(enum.Enum):
     RETRY = "retry"
     DEAD_LETTER = "dlq"
+    RESEND = "resend"  # `raftmq dlq resend`: a dead letter back to its original topic
 
 
 @dataclass(frozen=True, slots=True)

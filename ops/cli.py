@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import NoReturn
 
+import raftmq
 from raftmq.common import tls
 from raftmq.common.auth import (
     ENV_ACCESS_KEY,
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"(env RAFTMQ_NAMESRV; default {DEFAULT_NAMESRV})",
     )
     parser.add_argument("--verbose", action="store_true", help="log the SDK's own messages")
+    parser.add_argument(
+        "--version", action="version", version=f"raftmq {raftmq.__version__}", help="and exit"
+    )
     for key, what in (("ca", "CA certificate"), ("cert", "client certificate"), ("key", "its key")):
         parser.add_argument(
             f"--tls-{key}",

@@ -136,6 +136,20 @@ def _reset_table(rows: Iterable[QueueReset], title: str) -> Table:
 def topic_status(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         queues = admin.topic_status(args.topic)
+    if args.json:
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": q.queue.broker_group,
+                    "queue_id": q.queue.queue_id,
+                    "min_offset": q.min_offset,
+                    "max_offset": q.max_offset,
+                    "last_store_timestamp_ms": q.last_store_timestamp_ms,
+                }
+                for q in queues
+            ]
+        )
+        return 0
     table = Table(title=f"topic {literal(args.topic)}")
     for col in ("broker group", "queue", "min offset", "max offset", "messages", "last stored"):
         table.add_column(col, justify="left" if col in ("broker group", "last stored") else "right")
@@ -332,6 +346,7 @@ def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def register_topic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = tsub.add_parser("status", help="min and max offset and last store time per queue")
     p.add_argument("topic")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=topic_status)
 
 

@@ -9,6 +9,7 @@ import argparse
 import datetime as dt
 import importlib
 import itertools
+import json
 import os
 import sys
 import threading
@@ -131,6 +132,23 @@ def topic_update(args: argparse.Namespace) -> int:
 def topic_list(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         topics = admin.list_topics()
+    if args.json:
+        print_json(
+            {
+                name: [
+                    {
+                        "broker_group": g,
+                        "read_queues": c.read_queue_nums,
+                        "write_queues": c.write_queue_nums,
+                        "perm": common_pb2.Permission.Name(c.perm),
+                        "ordered": c.ordered,
+                    }
+                    for g, c in entries
+                ]
+                for name, entries in topics.items()
+            }
+        )
+        return 0
     table = Table(title="topics")
     for col in ("topic", "broker groups", "queues (r/w)", "ordered"):
         table.add_column(col)
@@ -382,23 +400,57 @@ def _print_message(m: ReceivedMessage, quiet: bool) -> None:
 
 
 def group_lag(args: argparse.Namespace) -> int:
+    """One topic's lag per queue, or (without --topic) every topic the group reads, as
+    kafka-consumer-groups --describe does."""
     with Admin(_namesrv(args)) as admin:
-        lags = admin.group_lag(args.group, args.topic)
-    table = Table(title=f"group {literal(args.group)} on {literal(args.topic)}")
-    for col in ("queue", "committed", "max offset", "lag"):
-        table.add_column(col, justify="right" if col != "queue" else "left")
+        if args.topic:
+            topics = [args.topic]
+        else:
+            found = [g for g in admin.consumer_groups() if g.group == args.group]
+            topics = list(found[0].topics) if found else []
+            if not topics:
+                raise InvalidArgumentError(
+                    f"consumer group {args.group!r} has no committed offset and no member "
+                    "online: check the name (`raftmq group list`), or give --topic"
+                )
+        lags = [lag for t in topics for lag in admin.group_lag(args.group, t)]
+    if args.json:
+        print_json(
+            [
+                {
+                    "topic": q.queue.topic,
+                    "broker_group": q.queue.broker_group,
+                    "queue_id": q.queue.queue_id,
+                    "committed": q.committed,
+                    "max_offset": q.max_offset,
+                    "lag": q.lag,
+                }
+                for q in lags
+            ]
+        )
+        return 0
+    where = literal(args.topic) if args.topic else f"{len(topics)} topics"
+    table = Table(title=f"group {literal(args.group)} on {where}")
+    for col in ("topic", "queue", "committed", "max offset", "lag"):
+        table.add_column(col, justify="right" if col not in ("topic", "queue") else "left")
     total = 0
     for q in lags:
         total += q.lag
         table.add_row(
-            str(q.queue),
+            literal(q.queue.topic),
+            literal(f"{q.queue.broker_group}#{q.queue.queue_id}"),
             "-" if q.committed is None else str(q.committed),
             str(q.max_offset),
             str(q.lag),
         )
-    table.add_row("[bold]total[/]", "", "", f"[bold]{total}[/]")
+    table.add_row("[bold]total[/]", "", "", "", f"[bold]{total}[/]")
     console.print(table)
     return 0
+
+
+def print_json(value: object) -> None:
+    """One JSON document on standard output, for scripts (`--json`): never markup."""
+    sys.stdout.write(json.dumps(value, ensure_ascii=False) + "\n")
 
 
 def group_elect(args: argparse.Namespace) -> int:
@@ -450,6 +502,12 @@ def message_get(args: argparse.Namespace) -> int:
             if not args.topic:
                 raise InvalidArgumentError("--key needs --topic")
             found = admin.messages_by_key(args.topic, args.key)
+    if found and args.json:
+        from raftmq.ops import cli_admin
+
+        for m in found:
+            cli_admin.print_json(m)
+        return 0
     if not found:
         # The same outcome as a lookup by id that finds nothing: one line, exit 1.
         raise MessageNotFoundError(
@@ -485,6 +543,11 @@ def message_list(args: argparse.Namespace) -> int:
             page = admin.messages_by_time(
                 args.topic, begin_ms, end_ms, page_size=args.page_size, page_token=token
             )
+            if args.json:  # one JSON object per message, as `consume --json` prints them
+                from raftmq.ops import cli_admin
+
+                for m in page.messages:
+                    cli_admin.print_json(m)
             table = Table(
                 title=f"{literal(args.topic)}: stored {_fmt_ms(begin_ms)} .. {_fmt_ms(end_ms)}"
             )
@@ -500,16 +563,17 @@ def message_list(args: argparse.Namespace) -> int:
                     literal(",".join(m.keys)),
                     literal(m.body, 40),
                 )
-            if page.messages:
+            if page.messages and not args.json:
                 console.print(table)
             shown += len(page.messages)
             token = page.next_page_token
             if not token or not args.all:
                 break
+    summary = make_console(stderr=True) if args.json else console  # stdout: the JSON lines
     if token:
-        console.print(f"{shown} messages; next page: --page-token {literal(token)}")
+        summary.print(f"{shown} messages; next page: --page-token {literal(token)}")
     else:
-        console.print(f"{shown} messages; no more in this range")
+        summary.print(f"{shown} messages; no more in this range")
     return 0
 
 
@@ -584,6 +648,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=topic_update)
     p = tsub.add_parser("list", help="every topic with its groups and queues")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=topic_list)
     p = tsub.add_parser("route", help="a topic's route: groups, leaders, queues")
     p.add_argument("topic")
@@ -625,7 +690,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gsub = group.add_subparsers(dest="group_command", required=True)
     p = gsub.add_parser("lag", help="committed offset, max offset and lag per queue")
     p.add_argument("group")
-    p.add_argument("--topic", required=True)
+    p.add_argument("--topic", default="", help="one topic (default: every topic of the group)")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=group_lag)
     cli_admin.register_group(gsub)
     p = gsub.add_parser("elect", help="hand a broker group's leadership to one of its nodes")
@@ -640,6 +706,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.add_argument("--id")
     g.add_argument("--key")
     p.add_argument("--topic", default=None, help="with --key")
+    p.add_argument("--json", action="store_true", help="one JSON object per message")
     p.set_defaults(func=message_get)
     p = msub.add_parser(
         "trace",
@@ -659,6 +726,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--page-size", type=int, default=32, help="messages per page (1..1024)")
     p.add_argument("--page-token", default="", help="continue where a page ended")
     p.add_argument("--all", action="store_true", help="print every page, not only the first")
+    p.add_argument("--json", action="store_true", help="one JSON object per message")
     p.set_defaults(func=message_list)
 
     from raftmq.ops import cli_dlq  # here: it imports this module's helpers

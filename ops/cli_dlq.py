@@ -34,6 +34,12 @@ def dlq_list(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--max must be at least 1")
     with Admin(_namesrv(args)) as admin:
         found = admin.dead_letters(args.group, max_count=args.max)
+    if args.json:  # one JSON object per dead letter, its origin among the properties
+        from raftmq.ops import cli_admin
+
+        for m in found:
+            cli_admin.print_json(m)
+        return 0
     table = Table(title=f"dead letters of group {literal(args.group)} ({len(found)})")
     for col in ("msg id", "original topic", "original id", "failures", "stored", "body"):
         table.add_column(col, overflow="fold")  # ids are copied from here: never cut them
@@ -83,7 +89,7 @@ def dlq_show(args: argparse.Namespace) -> int:
 
 def dlq_resend(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
-        result = admin.resend_dead_letter(args.id)
+        result = admin.resend_dead_letter(args.id, force=args.force)
     console.print(
         f"[green]resent[/] {literal(args.id)} to {literal(result.topic)} as "
         f"{literal(result.msg_id)} ({literal(result.broker_group)}#{result.queue_id}"
@@ -99,10 +105,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = dsub.add_parser("list", help="the dead letters of a consumer group")
     p.add_argument("--group", required=True, help="consumer group")
     p.add_argument("--max", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--json", action="store_true", help="one JSON object per dead letter")
     p.set_defaults(func=dlq_list)
     p = dsub.add_parser("show", help="one dead letter with its origin and properties")
     p.add_argument("--id", required=True, help="the dead letter's message id")
     p.set_defaults(func=dlq_show)
-    p = dsub.add_parser("resend", help="send a dead letter back to its original topic")
+    p = dsub.add_parser(
+        "resend", help="send a dead letter back to its original topic (once, unless --force)"
+    )
     p.add_argument("--id", required=True, help="the dead letter's message id")
+    p.add_argument("--force", action="store_true", help="resend even though it was resent before")
     p.set_defaults(func=dlq_resend)

@@ -6,9 +6,9 @@ an emoji code or a terminal control sequence."""
 from __future__ import annotations
 
 import codecs
+import re
 
 from rich.console import Console
-from rich.markup import escape
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -37,6 +37,27 @@ def decoded(value: str | bytes, limit: int | None = None) -> str:
 
 def literal(value: str | bytes, limit: int | None = None) -> str:
     """User content ready for a rich markup string or a table cell: decoded, control characters
-    escaped, then markup escaped (rich's own `escape`), so `[/]`, `[bold red]`, `[link=...]` and
-    `[word]` print as written."""
-    return escape(printable(decoded(value, limit)))
+    escaped, then markup escaped so that `[/]`, `[bold red]`, `[link=...]`, `[word]` and any run
+    of backslashes print as written, alone or inside our own tags.
+
+    rich's `escape` is not enough (the property test in tests/ops/test_terminal_text.py found
+    both): rich's renderer also turns `\\[` into `[` outside tags, and a final backslash
+    would escape the tag that follows it. So each `[` gets the backslashes rich's parser takes
+    away: before a tag-like `[x...]` (RE_TAGS), its k backslashes doubled and one more; before
+    any other `[`, one more; backslashes at the end doubled and closed by an empty style."""
+    text = printable(decoded(value, limit))
+
+    def bracket(m: re.Match[str]) -> str:
+        k = len(m.group(1))
+        tag_like = _TAG_BODY.match(text, m.end()) is not None
+        return "\\" * (2 * k + 1 if tag_like else k + 1) + "["
+
+    body = text.rstrip("\\")
+    out = _BRACKET.sub(bracket, body)
+    trailing = len(text) - len(body)
+    return out + "\\" * (2 * trailing) + "[none][/none]" if trailing else out
+
+
+# What rich's markup parser (rich.markup.RE_TAGS) reads as a tag after a `[`.
+_TAG_BODY = re.compile(r"[a-z#/@][^\[]*?\]")
+_BRACKET = re.compile(r"(\\*)\[")

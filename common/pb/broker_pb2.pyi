@@ -636,18 +636,20 @@ class ConsumerSendBackRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., msg_id: _Optional[str] = ..., max_reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ..., reconsume_times: _Optional[int] = ...) -> None: ...
 
 class ConsumerSendBackResponse(_message.Message):
-    __slots__ = ("msg_id", "topic", "dead_letter", "reconsume_times", "delay_level")
+    __slots__ = ("msg_id", "topic", "dead_letter", "reconsume_times", "delay_level", "delay_ms")
     MSG_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     RECONSUME_TIMES_FIELD_NUMBER: _ClassVar[int]
     DELAY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
     msg_id: str
     topic: str
     dead_letter: bool
     reconsume_times: int
     delay_level: int
-    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., dead_letter: _Optional[bool] = ..., reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ...) -> None: ...
+    delay_ms: int
+    def __init__(self, msg_id: _Optional[str] = ..., topic: _Optional[str] = ..., dead_letter: _Optional[bool] = ..., reconsume_times: _Optional[int] = ..., delay_level: _Optional[int] = ..., delay_ms: _Optional[int] = ...) -> None: ...
 
 class ResendDeadLetterRequest(_message.Message):
     __slots__ = ("msg_id",)

@@ -5,6 +5,9 @@ must exit 0 and print the content as written, control characters as escapes."""
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -129,6 +132,14 @@ def test_every_printing_command_shows_user_content_as_written(
     assert_literal(out, SHOWN[0], TAG, ",".join(KEYS), PROPERTY[1])
     out = run(cluster, capsys, "dlq", "resend", "--id", dead)
     assert_literal(out, f"resent {dead} to {TOPIC}")
+    rows = [json.loads(line) for line in run(cluster, capsys, "dlq", "list", "--group", DLQ_GROUP,
+                                             "--json").splitlines()]  # fmt: skip
+    assert sorted(r.get("body", "") for r in rows if "body" in r) == sorted(
+        b.decode() for b in BODIES[:3]
+    ), rows
+    assert [r["body_base64"] for r in rows if "body_base64" in r] == [
+        base64.b64encode(BODIES[3]).decode()
+    ]
     for argv in (
         ("topic", "status", TOPIC),
         ("topic", "list"),
@@ -171,3 +182,24 @@ def test_the_clis_own_texts_keep_their_bracketed_words() -> None:
     advice = cli_data.balancer_warning("broker-a", "n2", "n1")
     assert "in the [[group]] table of broker-a" in rendered(advice), rendered(advice)
     assert rendered(literal("(no [security.tls])")).strip() == "(no [security.tls])"
+
+
+def test_a_dead_letter_is_resent_once_unless_forced_and_the_trace_shows_it(
+    cluster: Cluster, data: Data, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: `dlq resend --id X` twice made two copies, and the original's trace did not
+    lead to its resend."""
+    with Admin(cluster.namesrv) as admin:
+        dead = next(d for d in admin.dead_letters(DLQ_GROUP) if d.body == BODIES[1])
+    out = run(cluster, capsys, "dlq", "resend", "--id", dead.msg_id)
+    first = re.search(r" as (\S+) ", out)
+    assert first is not None, out
+    code = cli.main(["--namesrv", cluster.namesrv, "dlq", "resend", "--id", dead.msg_id])
+    _, err = capsys.readouterr()
+    assert code == 1 and f"already resent to {TOPIC} as {first.group(1)}" in err, err
+    assert "--force" in err
+    out = run(cluster, capsys, "dlq", "resend", "--id", dead.msg_id, "--force")
+    assert f"resent {dead.msg_id} to {TOPIC}" in out
+    origin = data.sent[1].msg_id
+    out = run(cluster, capsys, "message", "trace", "--id", origin)
+    assert "resend" in out and first.group(1) in out, out

@@ -254,6 +254,11 @@ def test_orderly_dead_letters_like_a_push_consumer(cluster: Cluster) -> None:
             moves = [r for r in t.records if isinstance(r, MoveTrace)]
             assert [r.new_msg_id for r in moves if r.move is MoveKind.DEAD_LETTER] == [m.msg_id]
             assert all(r.group == groups[kind] for r in moves)
+        # The push group's first failure went to %RETRY% at level 3 of this cluster's levels:
+        # its trace shows that wait (issue 26: every retry step read "delay 0 ms").
+        t = admin.message_trace(poison["push"].msg_id)
+        retries = [r for r in t.records if isinstance(r, MoveTrace) and r.move is MoveKind.RETRY]
+        assert [r.delay_ms for r in retries] == [RETRY_DELAYS_MS[0]], retries
 
 
 def test_send_back_bad_input(cluster: Cluster) -> None:

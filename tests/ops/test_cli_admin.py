@@ -349,3 +349,43 @@ def test_produce_stdin_names_a_bad_line_and_what_was_sent_before_it(
         got: list[bytes] = []
         wait_until(lambda: got.extend(m.body for m in c.poll(200)) or len(got) >= 8, 30, "all")
     assert got == [b"one", b"two", b"a", b"b", b"c", b"\xff\xfebinary", b"\xc3(", b"fine"]
+
+
+def test_group_lag_across_topics_and_json_on_read_commands(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`group lag G` without --topic covers every topic of the group (kafka-consumer-groups
+    --describe); topic list/status, group lag, message get/list take --json."""
+    for t in ("adm-lag1", "adm-lag2"):
+        make_topic(cluster, t, queues=1)
+    with Producer(cluster.namesrv) as p:
+        for i in range(3):
+            p.send("adm-lag1", f"one {i}".encode())
+        for i in range(2):
+            p.send("adm-lag2", f"two {i}".encode(), keys=["k-lag"])
+    with Admin(cluster.namesrv) as admin:
+        admin.reset_offsets("g-lag", "adm-lag1", ResetTarget(ResetTo.LATEST), allow_new_group=True)
+        admin.reset_offsets(
+            "g-lag", "adm-lag2", ResetTarget(ResetTo.EARLIEST), allow_new_group=True
+        )
+    code, out, err = run(cluster, capsys, "group", "lag", "g-lag")
+    assert code == 0 and "adm-lag1" in out and "adm-lag2" in out, out + err
+    assert re.search(r"total\D+2\b", out), out
+    code, out, err = run(cluster, capsys, "group", "lag", "g-lag", "--json")
+    rows = json.loads(out)
+    assert {(r["topic"], r["lag"]) for r in rows} == {("adm-lag1", 0), ("adm-lag2", 2)}, rows
+    code, _, err = run(cluster, capsys, "group", "lag", "g-nobody")
+    assert code == 1 and "raftmq group list" in err, err
+    code, out, _ = run(cluster, capsys, "topic", "list", "--json")
+    assert json.loads(out)["adm-lag1"][0]["perm"] == "PERM_READ_WRITE"
+    code, out, _ = run(cluster, capsys, "topic", "status", "adm-lag2", "--json")
+    assert [q["max_offset"] for q in json.loads(out)] == [2]
+    code, out, err = run(
+        cluster, capsys, "message", "list", "--topic", "adm-lag2", "--from", "-10m", "--json"
+    )
+    bodies = [json.loads(line)["body"] for line in out.splitlines()]
+    assert code == 0 and bodies == ["two 0", "two 1"] and "2 messages" in err, out + err
+    code, out, _ = run(
+        cluster, capsys, "message", "get", "--key", "k-lag", "--topic", "adm-lag2", "--json"
+    )
+    assert sorted(json.loads(line)["body"] for line in out.splitlines()) == ["two 0", "two 1"]
