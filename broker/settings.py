@@ -179,7 +179,8 @@ class BrokerSettings(AuthSettings):
     disk_max_used_ratio: float = setting(
         default=0.90,
         unit="ratio",
-        doc="sends are refused (DISK_PRESSURE) while the data disk is fuller (RocketMQ's "
+        doc="past it a leader hands off to a follower with room, and sends are refused "
+        "(DISK_PRESSURE) while the data disk is fuller and no follower can take over (RocketMQ's "
         "diskMaxUsedSpaceRatio); they resume below 95% of it; 1.0 = no limit",
     )
     shutdown_grace_ms: int = setting(

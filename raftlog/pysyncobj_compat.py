@@ -339,6 +339,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_peer_cannot_write: dict[str, bool] = {}
         self._rm_transfer_tried: dict[str, float] = {}
         self._rm_low_space = False
+        self._rm_disk_pressure = False  # past the broker's disk threshold (set_disk_pressure)
         self._rm_next_space_check = 0.0
         self._rm_blocked: frozenset[str] = frozenset()
         self._rm_send_filter_installed = False
@@ -439,6 +440,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         while the connections stay up, as a firewall rule dropping packets would (a node cut off
         this way keeps its timers running). An empty set restores normal traffic."""
         self._rm_tick_calls.append(lambda: self._rm_block(peers))
+
+    def set_disk_pressure(self, on: bool) -> None:
+        """Any thread: this node's disk is past its threshold; its acks say it cannot write, so
+        no leader picks it to take over (a plain bool: one writer, read by the tick thread)."""
+        self._rm_disk_pressure = on
 
     def set_snapshot_store(self, store: SnapshotStore | None) -> None:
         self._rm_snapshots = store
@@ -665,7 +671,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 self._rm_low_space = st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
             except OSError:
                 self._rm_low_space = False
-        return self._rm_health.error is not None or self._rm_low_space
+        return self._rm_health.error is not None or self._rm_low_space or self._rm_disk_pressure
 
     def _SyncObj__sendNextNodeIdx(
         self,
