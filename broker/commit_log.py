@@ -37,6 +37,10 @@ class CommitLog(CommittedLog, Protocol):
 
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool: ...
 
+    def scrub_progress(self) -> tuple[int, int]:
+        """(bytes the journal scrubber read and checked, complete passes)."""
+        ...
+
     def can_hand_off(self) -> bool:
         """Some follower could take over now (the disk guard refuses sends only if none can)."""
         ...

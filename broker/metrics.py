@@ -194,6 +194,16 @@ class NodeCollector(Collector):
                 int(bool(node.health.error)),
             ),
             (
+                "raftmq_scrub_bytes",
+                "Journal bytes the scrubber re-read and checked since start",
+                node.rlog.scrub_progress()[0],
+            ),
+            (
+                "raftmq_scrub_passes",
+                "Complete scrubber passes over the sealed journal segments since start",
+                node.rlog.scrub_progress()[1],
+            ),
+            (
                 "raftmq_storage_corrupt_records",
                 "Stored records found failing their checksum and not repaired yet",
                 len(node.health.corrupt_records),

@@ -125,6 +125,12 @@ class BrokerSettings(AuthSettings):
     segment_bytes: int = setting(
         default=config_default("segment_bytes", int), unit="bytes", doc="journal segment size"
     )
+    scrub_bytes_per_s: int = setting(
+        default=config_default("scrub_bytes_per_s", int),
+        unit="bytes/s",
+        doc="sealed journal segments re-read and checked in the background at this rate, so "
+        "a corrupt record nobody reads is found (storage_error); 0 = off",
+    )
     election_timeout_min_ms: int = setting(
         default=config_default("election_timeout_min_ms", int),
         unit="ms",
@@ -329,6 +335,7 @@ class BrokerSettings(AuthSettings):
             batch_max_bytes=self.batch_max_bytes,
             commit_timeout_ms=self.send_timeout_ms,
             segment_bytes=self.segment_bytes,
+            scrub_bytes_per_s=self.scrub_bytes_per_s,
             election_timeout_min_ms=self.election_timeout_min_ms,
             election_timeout_max_ms=self.election_timeout_max_ms,
             connection_timeout_ms=max(

@@ -34,6 +34,7 @@ from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
@@ -120,6 +121,18 @@ class ReplicatedLog:
             threading.Thread(target=self._batch_loop, name="raftlog-batcher", daemon=True),
             threading.Thread(target=self._event_loop, name="raftlog-events", daemon=True),
         ]
+        self._scrub_stop = threading.Event()
+        self.scrubber: Scrubber | None = None
+        if cfg.scrub_bytes_per_s > 0:
+            self.scrubber = Scrubber(self._journal, cfg.scrub_bytes_per_s)
+            self._threads.append(
+                threading.Thread(
+                    target=self.scrubber.run,
+                    args=(self._scrub_stop,),
+                    name="raftlog-scrubber",
+                    daemon=True,
+                )
+            )
         for t in self._threads:
             t.start()
 
@@ -330,6 +343,11 @@ class ReplicatedLog:
         follower can take over: can_hand_off)."""
         self._disk_pressure = on
         self._node.set_disk_pressure(on)
+
+    def scrub_progress(self) -> tuple[int, int]:
+        """(bytes the scrubber read and checked, complete passes over the sealed segments)."""
+        sc = self.scrubber
+        return (sc.bytes_total, sc.passes) if sc is not None else (0, 0)
 
     def can_hand_off(self) -> bool:
         """Some follower could take over now (connected, answering, able to write)."""
@@ -611,6 +629,7 @@ class ReplicatedLog:
         closed = LogClosedError("the replicated log was closed")
         self._fail_all(closed, closed)
         self._events.put(("stop", None))
+        self._scrub_stop.set()
         self._node.destroy_synchronous()  # pysyncobj closes the journal adapter on its thread
         for t in self._threads:
             t.join(timeout=5)

@@ -184,6 +184,9 @@ class MemoryLog:
     def can_hand_off(self) -> bool:
         return False  # no peer that could take over
 
+    def scrub_progress(self) -> tuple[int, int]:
+        return (0, 0)  # nothing on disk to scrub
+
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool:
         """Hands off to `target` (a raft address): this node follows it."""
         if self._role is not Role.LEADER:

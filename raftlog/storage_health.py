@@ -103,6 +103,11 @@ class StorageHealth:
         return StorageError(rec.where, rec.path, rec.describe(), False, since, corrupt=True)
 
     @property
+    def has_corrupt(self) -> bool:
+        """Cheap (no lock): some record is waiting for its repair."""
+        return bool(self._corrupt)
+
+    @property
     def corrupt_records(self) -> list[CorruptRecord]:
         """Every unrepaired corrupt record, in the order they were found."""
         with self._lock:
