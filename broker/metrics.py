@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from raftmq.common.errors import RaftMQError
@@ -202,6 +202,14 @@ class NodeCollector(Collector):
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
             yield g
+        scrubbed, passes = node.rlog.scrub_progress()
+        for name, doc, value in (
+            ("raftmq_scrub_bytes", "Journal bytes the scrubber re-read and checked", scrubbed),
+            ("raftmq_scrub_passes", "Scrubber passes over the sealed journal segments", passes),
+        ):  # counters since start: the exposition adds _total
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
         lag = GaugeMetricFamily(
             "raftmq_raft_follower_match_lag_entries",
             "Leader only: entries of the leader's journal a follower has not matched yet",

@@ -163,6 +163,7 @@ class BrokerNode:
         # refused right now (the disk guard), None while they are accepted.
         self.retention: RetentionService | None = None
         self.disk_pressure: str | None = None
+        self.disk_pressure_movable = False  # the disk ratio alone: a follower with room helps
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -306,9 +307,11 @@ class BrokerNode:
             raise self.dispatcher_down(exc) from exc
 
     def check_disk_pressure(self) -> None:
-        """Sends are refused while the disk guard says so (offsets and reads go on)."""
+        """Sends are refused while the disk guard says so (offsets and reads go on), unless
+        only this node's disk is too full and a follower could take over: the log hands
+        leadership to it (ReplicatedLog.set_disk_pressure) and sends go on until it leads."""
         reason = self.disk_pressure
-        if reason is not None:
+        if reason is not None and not (self.disk_pressure_movable and self.rlog.can_hand_off()):
             raise DiskPressureError(
                 f"node {self.me.node_id} of broker group {self.group} refuses sends: {reason}; "
                 "nothing was stored; retry later (retention frees space) or free disk space",

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from raftmq.broker.retention import (
@@ -35,6 +36,7 @@ log = logging.getLogger("broker.retention")
 TRIM_ROWS_PER_TXN = 5_000  # index rows deleted per lmdb transaction
 TRIM_TXNS_PER_STEP = 20  # transactions per check (the rest waits for the next one)
 DELETE_WAIT_S = 5.0
+DISK_CHECK_S = 1.0  # the disk guard's period at most
 
 
 class RetentionService:
@@ -63,9 +65,17 @@ class RetentionService:
         return sum(seg.size_bytes for seg in self._rlog.segments())
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        # The disk is checked at least once a second whatever the retention interval: a leader
+        # past its threshold must hand off before its disk fills (issue 25).
+        tick_s = min(self._interval_s, DISK_CHECK_S)
+        next_step = time.monotonic() + self._interval_s
+        while not self._stop.wait(tick_s):
             try:
-                self.step(time.time_ns() // 1_000_000)
+                if time.monotonic() >= next_step:
+                    next_step = time.monotonic() + self._interval_s
+                    self.step(time.time_ns() // 1_000_000)
+                elif not self._node.closed:
+                    self._check_disk()
             except Exception:  # a bug or a full disk: logged, tried again next time
                 log.exception("broker.retention_step_failed node=%s", self._node.me.node_id)
 
@@ -89,7 +99,13 @@ class RetentionService:
         except OSError:
             ratio = 0.0
         before = node.disk_pressure
-        reason = disk_pressure(self._limits, used, ratio, refusing=before is not None)
+        refusing = before is not None
+        limits = self._limits
+        # Only a disk fuller than its ratio is this node's own: every replica stores the same
+        # bytes, so max_store_bytes is passed by all alike and a hand-off would not help.
+        stored = disk_pressure(replace(limits, max_used_ratio=1.0), used, ratio, refusing)
+        full = disk_pressure(replace(limits, max_store_bytes=0), used, ratio, refusing)
+        reason = stored or full
         if reason is not None and before is None:
             log.error(
                 "broker.disk_pressure node=%s store_bytes=%d disk_used_ratio=%.3f: sends refused "
@@ -108,6 +124,8 @@ class RetentionService:
                 ratio,
             )
         node.disk_pressure = reason
+        node.disk_pressure_movable = stored is None and full is not None
+        self._rlog.set_disk_pressure(full is not None)
 
     def _delete_segments(self) -> None:
         """Delete whole segments below the cut this replica applied (and indexed past)."""

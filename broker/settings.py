@@ -147,6 +147,12 @@ class BrokerSettings(FairShareSettings):
     segment_bytes: int = setting(
         default=config_default("segment_bytes", int), unit="bytes", doc="journal segment size"
     )
+    scrub_bytes_per_s: int = setting(
+        default=config_default("scrub_bytes_per_s", int),
+        unit="bytes/s",
+        doc="sealed journal segments re-read and checked in the background at this rate, so "
+        "a corrupt record nobody reads is found (storage_error); 0 = off",
+    )
     election_timeout_min_ms: int = setting(
         default=config_default("election_timeout_min_ms", int),
         unit="ms",
@@ -204,7 +210,8 @@ class BrokerSettings(FairShareSettings):
     disk_max_used_ratio: float = setting(
         default=0.90,
         unit="ratio",
-        doc="sends are refused (DISK_PRESSURE) while the data disk is fuller (RocketMQ's "
+        doc="past it a leader hands off to a follower with room, and sends are refused "
+        "(DISK_PRESSURE) while the data disk is fuller and no follower can take over (RocketMQ's "
         "diskMaxUsedSpaceRatio); they resume below 95% of it; 1.0 = no limit",
     )
     shutdown_grace_ms: int = setting(
@@ -361,6 +368,7 @@ class BrokerSettings(FairShareSettings):
             batch_max_bytes=self.batch_max_bytes,
             commit_timeout_ms=self.send_timeout_ms,
             segment_bytes=self.segment_bytes,
+            scrub_bytes_per_s=self.scrub_bytes_per_s,
             election_timeout_min_ms=self.election_timeout_min_ms,
             election_timeout_max_ms=self.election_timeout_max_ms,
             connection_timeout_ms=max(

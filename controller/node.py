@@ -349,13 +349,13 @@ class ControllerNode:
                     t.to_node,
                 )
                 return
-            if st.disk_full or st.storage_error:
+            if st.disk_full or st.storage_error or st.disk_pressure:
                 # It would refuse to lead, and the attempt holds the leader's writes meanwhile.
                 log.info(
                     "controller.balance_skipped group=%s to=%s reason=target_cannot_write error=%s",
                     t.broker_group,
                     t.to_node,
-                    st.storage_error or "disk full",
+                    st.storage_error or st.disk_pressure or "disk full",
                 )
                 return
             with tls.channel(t.from_address) as ch:

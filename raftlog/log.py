@@ -34,6 +34,7 @@ from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
@@ -46,6 +47,8 @@ RoleListener = Callable[[RoleChange], None]
 HANDOFF_RETRY_S = 0.05
 # A transfer target that is not connected or not answering may be reconnecting: it gets this long.
 TRANSFER_GRACE_S = 1.0
+PRESSURE_HANDOFF_S = 1.0  # a leader past its disk threshold pauses writes this long at most
+PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it and leads
 
 
 @dataclass(slots=True)
@@ -100,6 +103,9 @@ class ReplicatedLog:
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
         self._handing_off = False  # leader with an unwritable disk, transferring leadership
+        self._disk_pressure = False  # past the broker's disk threshold: hand off while we can
+        self._pressure_handoff: threading.Thread | None = None
+        self._next_pressure_try_s = 0.0
         self._next_handoff_s = 0.0
         self._next_flush = 0.0
         adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
@@ -115,6 +121,18 @@ class ReplicatedLog:
             threading.Thread(target=self._batch_loop, name="raftlog-batcher", daemon=True),
             threading.Thread(target=self._event_loop, name="raftlog-events", daemon=True),
         ]
+        self._scrub_stop = threading.Event()
+        self.scrubber: Scrubber | None = None
+        if cfg.scrub_bytes_per_s > 0:
+            self.scrubber = Scrubber(self._journal, cfg.scrub_bytes_per_s)
+            self._threads.append(
+                threading.Thread(
+                    target=self.scrubber.run,
+                    args=(self._scrub_stop,),
+                    name="raftlog-scrubber",
+                    daemon=True,
+                )
+            )
         for t in self._threads:
             t.start()
 
@@ -252,6 +270,7 @@ class ReplicatedLog:
             self._expire(now)
             self.health.settle(now)
             self._hand_off_if_unwritable(now)
+            self._hand_off_if_pressed(now)
 
     def _complete(self, batch_id: int, index: int, err: int) -> None:
         with self._lock:
@@ -316,6 +335,48 @@ class ReplicatedLog:
         if now >= self._next_handoff_s:
             self._next_handoff_s = now + HANDOFF_RETRY_S
             self._node.request_transfer_best()
+
+    def set_disk_pressure(self, on: bool) -> None:
+        """The broker's disk guard (any thread): this node's disk is past its threshold. A
+        follower then reports that it cannot take over; a leader hands off to one that can,
+        before its disk fills (writes go on meanwhile; the broker refuses them only if no
+        follower can take over: can_hand_off)."""
+        self._disk_pressure = on
+        self._node.set_disk_pressure(on)
+
+    def scrub_progress(self) -> tuple[int, int]:
+        """(bytes the scrubber read and checked, complete passes over the sealed segments)."""
+        sc = self.scrubber
+        return (sc.bytes_total, sc.passes) if sc is not None else (0, 0)
+
+    def can_hand_off(self) -> bool:
+        """Some follower could take over now (connected, answering, able to write)."""
+        return any(self._node.cannot_take_over(peer) is None for peer in self.cfg.peers)
+
+    def _hand_off_if_pressed(self, now: float) -> None:
+        """A leader past its disk threshold transfers leadership to a follower that can take
+        over, in a thread of its own (transfer_leadership pauses writes until the follower has
+        caught up, at most PRESSURE_HANDOFF_S); tried again every PRESSURE_RETRY_S."""
+        running = self._pressure_handoff
+        if (
+            not self._disk_pressure
+            or self._closed
+            or self.health.error is not None  # _hand_off_if_unwritable's case
+            or (running is not None and running.is_alive())
+            or now < self._next_pressure_try_s
+            or not self._node.is_leader()
+            or not self.can_hand_off()
+        ):
+            return
+        self._next_pressure_try_s = now + PRESSURE_RETRY_S
+        log.warning("raft.handing_off_leadership node=%s reason=disk_pressure", self.cfg.node_id)
+        self._pressure_handoff = threading.Thread(
+            target=self.transfer_leadership,
+            kwargs={"timeout_s": PRESSURE_HANDOFF_S},
+            name="raftlog-pressure-handoff",
+            daemon=True,
+        )
+        self._pressure_handoff.start()
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(
@@ -568,6 +629,7 @@ class ReplicatedLog:
         closed = LogClosedError("the replicated log was closed")
         self._fail_all(closed, closed)
         self._events.put(("stop", None))
+        self._scrub_stop.set()
         self._node.destroy_synchronous()  # pysyncobj closes the journal adapter on its thread
         for t in self._threads:
             t.join(timeout=5)

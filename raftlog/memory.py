@@ -181,6 +181,12 @@ class MemoryLog:
             noop = self._noop_index
             return self._role is Role.LEADER and noop is not None and self._committed >= noop
 
+    def can_hand_off(self) -> bool:
+        return False  # no peer that could take over
+
+    def scrub_progress(self) -> tuple[int, int]:
+        return (0, 0)  # nothing on disk to scrub
+
     def transfer_leadership(self, target: str | None = None, timeout_s: float = 3.0) -> bool:
         """Hands off to `target` (a raft address): this node follows it."""
         if self._role is not Role.LEADER:

@@ -82,6 +82,10 @@ _SNAPSHOT_MESSAGE = (
 _PRE_VOTE = "rm_pre_vote"  # PreVote (election.py); older nodes ignore unknown message types
 _PRE_VOTE_REPLY = "rm_pre_vote_reply"
 _CANNOT_WRITE = "rm_cannot_write"  # key of a follower's ack: its disk refuses writes
+_FETCH = "rm_fetch_record"  # repair: "send me your copy of entry i" (older nodes ignore it)
+_FETCH_REPLY = "rm_fetch_record_reply"
+REPAIR_RETRY_S = 1.0  # a corrupt record's copy is asked of every peer this often until repaired
+_MAX_REPAIRS_ASKED = 16  # records asked for per round (the rest wait for the next rounds)
 _MAX_UNREADABLE_LOGGED = 1024  # (peer, index) pairs remembered so each is logged once
 _LOW_SPACE_BYTES = 1 << 20  # a follower with less free space reports it cannot write
 # A follower sent a TimeoutNow that did not take over is passed over this long (others first).
@@ -339,6 +343,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_peer_cannot_write: dict[str, bool] = {}
         self._rm_transfer_tried: dict[str, float] = {}
         self._rm_low_space = False
+        self._rm_disk_pressure = False  # past the broker's disk threshold (set_disk_pressure)
         self._rm_next_space_check = 0.0
         self._rm_blocked: frozenset[str] = frozenset()
         self._rm_send_filter_installed = False
@@ -346,7 +351,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         transport = self._SyncObj__transport
         for name in ("add", "remove", "set_version"):  # unauthenticated admin commands: refused
             transport.setOnUtilityMessageCallback(name, _refuse_utility)
+        self._rm_next_repair = 0.0
         self.addOnTickCallback(self._rm_run_tick_calls)
+        self.addOnTickCallback(self._rm_repair_tick)
         self.addOnTickCallback(on_tick)
 
     # ---- API used by ReplicatedLog (any thread) ----------------------------------------------
@@ -439,6 +446,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         while the connections stay up, as a firewall rule dropping packets would (a node cut off
         this way keeps its timers running). An empty set restores normal traffic."""
         self._rm_tick_calls.append(lambda: self._rm_block(peers))
+
+    def set_disk_pressure(self, on: bool) -> None:
+        """Any thread: this node's disk is past its threshold; its acks say it cannot write, so
+        no leader picks it to take over (a plain bool: one writer, read by the tick thread)."""
+        self._rm_disk_pressure = on
 
     def set_snapshot_store(self, store: SnapshotStore | None) -> None:
         self._rm_snapshots = store
@@ -665,7 +677,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 self._rm_low_space = st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
             except OSError:
                 self._rm_low_space = False
-        return self._rm_health.error is not None or self._rm_low_space
+        return self._rm_health.error is not None or self._rm_low_space or self._rm_disk_pressure
 
     def _SyncObj__sendNextNodeIdx(
         self,
@@ -686,6 +698,58 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         if self._rm_cannot_write():
             message[_CANNOT_WRITE] = True
         self._SyncObj__transport.send(node, message)
+
+    # ---- repair from peers (tick thread) ----------------------------------------------------
+
+    def _rm_repair_tick(self) -> None:
+        """Ask every connected peer for its copy of each corrupt journal record, once a
+        second while any waits (a peer answers from its own checked read)."""
+        health = self._rm_health
+        if not health.has_corrupt:
+            return
+        now = time.monotonic()
+        if now < self._rm_next_repair:
+            return
+        self._rm_next_repair = now + REPAIR_RETRY_S
+        wanted = sorted(
+            {r.index for r in health.corrupt_records if r.where == "journal" and r.index}
+        )[:_MAX_REPAIRS_ASKED]
+        connected = self._SyncObj__connectedNodes
+        for node in list(self._SyncObj__otherNodes):
+            if node in connected:
+                for index in wanted:
+                    self._SyncObj__transport.send(node, {"type": _FETCH, "index": index})
+
+    def _rm_on_fetch(self, node: Any, msg: dict[str, Any]) -> None:
+        index = int(msg["index"])
+        try:
+            rec = self._rm_journal.get(index)
+        except (RaftLogError, IndexError):  # not here (retention, behind) or bad here too
+            self._SyncObj__transport.send(node, {"type": _FETCH_REPLY, "index": index})
+            return
+        self._SyncObj__transport.send(
+            node,
+            {"type": _FETCH_REPLY, "index": index, "term": rec.term, "command": rec.command},
+        )
+
+    def _rm_on_fetch_reply(self, node: Any, msg: dict[str, Any]) -> None:
+        if "command" not in msg:
+            return  # that peer has no good copy; another may
+        index, term = int(msg["index"]), int(msg["term"])
+        try:
+            path, offset = self._rm_journal.rewrite_sealed(index, term, bytes(msg["command"]))
+        except (RaftLogError, IndexError, OSError) as exc:
+            log.debug("raft.repair_failed index=%d peer=%s error=%s", index, node.id, exc)
+            return
+        log.warning(
+            "raft.record_repaired node=%s index=%d path=%s offset=%d from_peer=%s",
+            self._rm_cfg.node_id,
+            index,
+            path,
+            offset,
+            node.id,
+        )
+        self._rm_health.repaired(path, offset)
 
     # ---- fault injection --------------------------------------------------------------------
 
@@ -765,6 +829,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._rm_on_append_entries(node, message)
         elif kind == _SNAPSHOT_MESSAGE:
             self._rm_on_snapshot(node, message)
+        elif kind == _FETCH:
+            self._rm_on_fetch(node, message)
+        elif kind == _FETCH_REPLY:
+            self._rm_on_fetch_reply(node, message)
         elif kind == "next_node_idx" and self._SyncObj__raftState == _LEADER:
             self._rm_peer_cannot_write[node.id] = bool(message.get(_CANNOT_WRITE, False))
             self._rm_on_next_node_idx(node, message)

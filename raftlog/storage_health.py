@@ -55,7 +55,11 @@ class CorruptRecord:
 
     def describe(self) -> str:
         at = f"offset {self.offset}" + (f" (index {self.index})" if self.index is not None else "")
-        return f"{at}: {self.reason}; it is never served, and is repaired from a peer or deleted"
+        return (
+            f"{at}: {self.reason}; never served, being fetched again from a peer (if this "
+            "stays, no peer holds an intact copy: stop this node, empty its data directory and "
+            "start it again to rebuild it from its peers)"
+        )
 
 
 def is_disk_full(exc: BaseException, path: str) -> bool:
@@ -103,6 +107,11 @@ class StorageHealth:
         return StorageError(rec.where, rec.path, rec.describe(), False, since, corrupt=True)
 
     @property
+    def has_corrupt(self) -> bool:
+        """Cheap (no lock): some record is waiting for its repair."""
+        return bool(self._corrupt)
+
+    @property
     def corrupt_records(self) -> list[CorruptRecord]:
         """Every unrepaired corrupt record, in the order they were found."""
         with self._lock:
@@ -118,8 +127,8 @@ class StorageHealth:
             self._corrupt[key] = (rec, now_s)
         log.error(
             "storage.corrupt_record node=%s where=%s path=%s offset=%d index=%s reason=%s: "
-            "the record is never served; this node reports it in its status and does not lead "
-            "until it is repaired from a peer",
+            "the record is never served; this node reports it in its status, does not lead and "
+            "fetches it again from a peer",
             self.node_id,
             rec.where,
             rec.path,

@@ -522,6 +522,60 @@ class SegmentJournal:
                 break  # the byte budget ran out inside this run
         return out
 
+    def verify_sealed(self, start: int, max_bytes: int) -> tuple[int, int]:
+        """Re-read records of a sealed segment from `start` off the disk (never from a cache),
+        checking each, as the scrubber does. Returns (the next index to verify, bytes read);
+        the next index is the first of the next segment at a segment's end, and first_index
+        when `start` is below it or past the sealed segments (a new pass). A record failing its
+        check is reported to on_corrupt and skipped, never returned."""
+        with self._lock:
+            self._check_open()
+            if start < self._first_index or start >= self._active.first:
+                return self._first_index, 0
+            seg, _, _ = self._locate(start)
+            want = min(seg.first + seg.count - start, _RANGE_BATCH_RECORDS)
+        try:
+            got = self._read_run_pinned(seg, start, want, None, max_bytes, True)
+        except CorruptJournalError as exc:
+            self._report_corrupt(exc, start)
+            bad = exc.index if exc.index is not None else start
+            return bad + 1, 0
+        return start + len(got), sum(HEADER_BYTES + len(r.command) for r in got)
+
+    def rewrite_sealed(self, index: int, term: int, command: bytes) -> tuple[str, int]:
+        """Repair: write the record at `index` of a sealed segment again, in place, from a
+        peer's intact copy, then read it back off the disk. Only if `term` is the term this
+        journal holds for the index (kept in memory) and the copy fills the record's span in
+        the position index exactly. Returns (segment path, byte offset). Raises
+        CorruptJournalError (the copy does not fit, or it still reads back bad), IndexError (not
+        in a sealed segment) or OSError. Call it from the writer's thread."""
+        with self._lock:
+            self._check_open()
+            if not self._first_index <= index < self._active.first:
+                raise IndexError(f"index {index} is not in a sealed segment")
+            seg, _, _ = self._locate(index)
+        try:
+            pos, end = span_from_index_file(seg, index)
+            ours = self.term_at(index)
+            if ours != term or end - pos != HEADER_BYTES + len(command):
+                raise CorruptJournalError(
+                    str(seg.path),
+                    pos,
+                    f"a peer's copy (term {term}, {len(command)} bytes) does not fit the record "
+                    f"(term {ours}, {end - pos - HEADER_BYTES} bytes)",
+                )
+            fd = os.open(seg.path, os.O_WRONLY)
+            try:
+                write_fully(fd, encode_header(index, term, command) + command, 0, pos)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            read_record(seg, index, pos, end, self._max_record_bytes)  # raises if still bad
+            return str(seg.path), pos
+        finally:
+            with self._lock:
+                self._unpin(seg)
+
     # ---- internals: reading --------------------------------------------------------------------
 
     def _report_corrupt(self, exc: CorruptJournalError, index: int) -> None:

@@ -153,6 +153,11 @@ def test_every_role_serves_metrics_that_count_what_was_sent(runner: ClusterRunne
     )
     assert value(lead, "rocketmq_storage_size_bytes", kind="journal") > 0
     assert value(lead, "raftmq_disk_free_bytes") > 0
+    storage = {"raftmq_storage_error", "raftmq_storage_corrupt_records"}
+    assert storage | {"raftmq_scrub_bytes_total", "raftmq_scrub_passes_total"} <= {
+        n for n, _ in lead
+    }
+    assert all(value(lead, n) == 0 for n in storage)  # every record read back intact
 
     # Consume everything and commit: messages out move by SENT, the group's lag drops to 0.
     got = 0

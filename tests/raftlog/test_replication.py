@@ -33,7 +33,7 @@ from raftmq.raftlog.replication import (
     leader_on_ack,
 )
 from raftmq.raftlog.snapshot import Snapshot
-from raftmq.raftlog.storage_health import StorageHealth
+from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 
 @dataclass
@@ -558,3 +558,23 @@ def test_a_meta_store_that_failed_is_retried_while_the_node_is_idle(
         adapter.onOneSecondTimer()  # nothing changed since, but the failed store is retried
         adapter.health.settle(10**9)
         assert adapter.health.error is None
+
+
+def test_a_node_with_a_corrupt_record_or_a_pressed_disk_says_it_cannot_take_over(
+    tmp_path: Path,
+) -> None:
+    """What a follower's acks carry (rm_cannot_write): the leader's transfer_candidates and an
+    explicit LeadershipTransfer (the controller's balancer) then pass it over."""
+    with SegmentJournal(tmp_path / "j") as j:
+        stub = ShellStub(j, commit_index=0, term=1)
+        stub._rm_next_space_check = 0.0  # type: ignore[attr-defined]
+        stub._rm_low_space = False  # type: ignore[attr-defined]
+        stub._rm_disk_pressure = False  # type: ignore[attr-defined]
+        assert not RaftNode._rm_cannot_write(stub)
+        rec = CorruptRecord("journal", str(tmp_path / "j" / "1.seg"), 24, 3, "crc mismatch")
+        stub._rm_health.corrupt(rec, 1.0)
+        assert RaftNode._rm_cannot_write(stub)  # unrepaired corruption: never preferred
+        stub._rm_health.repaired(rec.path, rec.offset)
+        assert not RaftNode._rm_cannot_write(stub)
+        stub._rm_disk_pressure = True  # type: ignore[attr-defined]
+        assert RaftNode._rm_cannot_write(stub)  # past its disk threshold
