@@ -7,6 +7,7 @@ nothing; a journal holding v1 batches still opens, and a pull spanning both form
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import zlib
 from collections.abc import Iterator
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from raftmq.client.admin import Admin
+from raftmq.client.aio import AsyncProducer
 from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
@@ -359,3 +362,30 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     ]
     plain = env.pull(env.leader, 6, 0, raw=False)
     assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
+
+
+def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
+    """Producer.send_batch_future / AsyncProducer.send_batch_future: one future for many
+    messages, the results in order on contiguous offsets of one queue, stored as v2 batches."""
+    queue = QueueRef(TOPIC, GROUP, 0)
+    before = env.max_offset(0)
+    bodies = [f"bulk-{i}".encode() for i in range(300)]
+    with Producer(env.cluster.namesrv, idempotent=True, batch_max_messages=128) as producer:
+        fut = producer.send_batch_future(TOPIC, bodies, queue=queue)
+        results = fut.result(30)
+        assert [r.queue_offset for r in results] == list(range(before, before + 300))
+        assert len({r.msg_id for r in results}) == 300
+
+        async def aio() -> list[SendResult]:
+            async with AsyncProducer(env.cluster.namesrv) as p:
+                return await p.send_batch_future(
+                    TOPIC, [OutgoingMessage(b"a-0", tags="t"), b"a-1"], queue=queue
+                )
+
+        more = asyncio.run(aio())
+        assert [r.queue_offset for r in more] == [before + 300, before + 301]
+        empty = producer.send_batch_future(TOPIC, [], queue=queue)
+        assert empty.result(1) == []
+    out = env.pull(env.leader, 0, before, raw=True)
+    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
