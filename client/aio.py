@@ -14,7 +14,8 @@ from typing import Any
 
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
-from raftmq.client.producer import Producer, QueueSelector
+from raftmq.client.producer import Producer, QueueSelector, SendOptions
+from raftmq.client.producer.outcome import LoopSlot
 from raftmq.common.types import QueueRef
 from raftmq.common.wakeups import LoopWaker
 
@@ -74,27 +75,10 @@ class AsyncProducer:
         if waker is None or waker.loop is not loop:
             waker = self._waker = LoopWaker(loop)
         out: asyncio.Future[SendResult] = loop.create_future()
-        # send_async may wait up to max_block_ms for buffer room, like Kafka's send(): only
-        # when the producer is saturated.
-        fut = self.producer.send_async(
-            topic,
-            body,
-            tags=tags,
-            keys=keys,
-            properties=properties,
-            sharding_key=sharding_key,
-            queue_selector=queue_selector,
-            queue=queue,
-        )
-
-        def done(f: Future[SendResult]) -> None:
-            exc = f.exception()
-            if exc is not None:
-                waker.set_exception(out, exc)
-            else:
-                waker.set_result(out, f.result())
-
-        fut.add_done_callback(done)
+        # May wait up to max_block_ms for buffer room, like Kafka's send(): only when the
+        # producer is saturated. The outcome goes straight to `out` (no Future per message).
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        self.producer._send_into(topic, body, options, LoopSlot(waker, out))
         return out
 
     def send_batch_future(

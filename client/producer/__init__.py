@@ -26,7 +26,7 @@ from typing import TypeVar
 from raftmq.client.accumulator import Accumulator
 from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import OutgoingMessage, SendResult
-from raftmq.client.producer.batch_outcome import BatchOutcome
+from raftmq.client.producer.outcome import BatchOutcome, Outcome
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
@@ -410,14 +410,21 @@ class Producer:
         options: SendOptions,
         callback: SendCallback | None = None,
     ) -> Future[SendResult]:
-        msg = self._message(topic, body, options)
-        target = self._choose_queue(topic, options)
         fut: Future[SendResult] = Future()
         if callback is not None:
             fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
-        pending = Pending(msg, fut, len(msg.body), options.movable, options.delay is not None)
-        self._sender.enqueue(target, [pending])
+        self._send_into(topic, body, options, fut)
         return fut
+
+    def _send_into(self, topic: str, body: bytes, options: SendOptions, outcome: Outcome) -> None:
+        """Check, place and buffer one message whose outcome goes to `outcome` (the asyncio
+        face passes a LoopSlot: no concurrent Future per message)."""
+        if type(topic) is not str:  # the asyncio face comes here without @checked
+            raise InvalidArgumentError(_wrong("topic", "a str", topic))
+        msg = self._message(topic, body, options)
+        target = self._choose_queue(topic, options)
+        pending = Pending(msg, outcome, len(msg.body), options.movable, options.delay is not None)
+        self._sender.enqueue(target, [pending])
 
     def _on_callback_thread(
         self, fn: Callable[[Future[SendResult]], None]

@@ -1,17 +1,32 @@
-"""One future for a batch of sends (issue 24's batch-first call): each message gets a slot, a
-small object that takes its outcome the way a future would (the sender sets results and errors
-on it), and the batch's one future completes once every slot has its outcome. No lock, Future or
-callback per message: a `concurrent.futures.Future` costs a Condition each.
+"""Where a message's outcome goes, as the sender sets it (`Outcome`: the part of a future's
+interface the sender and the trace hook use): a `concurrent.futures.Future` (the threaded API),
+a `Slot` of a batch's one future (the batch-first call), or a `LoopSlot` that completes an
+asyncio future through a LoopWaker (the asyncio face). No lock, Future or callback per message in
+the last two: a `concurrent.futures.Future` costs a Condition each (issue 24).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import Future
+from typing import Protocol
 
 from raftmq.client.messages import SendResult
+from raftmq.common.wakeups import LoopWaker
 
-__all__ = ["BatchOutcome", "Slot"]
+__all__ = ["BatchOutcome", "LoopSlot", "Outcome", "Slot"]
+
+
+class Outcome(Protocol):
+    """One message's outcome: set once by the sender, read after it is set."""
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def set_result(self, result: SendResult) -> None: ...
+    def set_exception(self, error: BaseException) -> None: ...
+    def exception(self) -> BaseException | None: ...
+    def result(self) -> SendResult: ...
 
 
 class BatchOutcome:
@@ -76,6 +91,47 @@ class Slot:
             return
         self._done, self._error = True, error
         self._batch._settle(self._i, None, error)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> SendResult:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the slot has no outcome yet")
+        return self._result
+
+
+class LoopSlot:
+    """One message's outcome posted to an asyncio future of the caller's loop through its
+    LoopWaker (one wake-up per burst of completions)."""
+
+    __slots__ = ("_done", "_error", "_out", "_result", "_waker")
+
+    def __init__(self, waker: LoopWaker, out: asyncio.Future[SendResult]) -> None:
+        self._waker, self._out = waker, out
+        self._done = False
+        self._result: SendResult | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: SendResult) -> None:
+        if self._done:
+            return
+        self._done, self._result = True, result
+        self._waker.set_result(self._out, result)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self._done:
+            return
+        self._done, self._error = True, error
+        self._waker.set_exception(self._out, error)
 
     def exception(self) -> BaseException | None:
         return self._error

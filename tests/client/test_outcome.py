@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.client.messages import SendResult
-from raftmq.client.producer.batch_outcome import BatchOutcome
+from raftmq.client.producer.outcome import BatchOutcome
 from raftmq.common.errors import NotLeaderError
 
 
