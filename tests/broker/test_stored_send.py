@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raftmq.client.admin import Admin
 from raftmq.client.aio import AsyncProducer
@@ -389,3 +391,32 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     out = env.pull(env.leader, 0, before, raw=True)
     assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
+
+
+@given(st.data())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_hostile_frames_get_typed_errors_never_a_traceback(env: Env, data: st.DataObject) -> None:
+    """Random damage to a SEND_STORED frame (bytes flipped, cut or added anywhere, header and
+    batch alike): a typed INVALID_ARGUMENT for the frame or for the batch, never an internal
+    error; whatever the leader accepts is a batch it could check whole."""
+    frame = bytearray(stored_send.encode_request([batch(7, b"h0", b"h1")], 0))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        op = data.draw(st.sampled_from(["flip", "cut", "add"]))
+        if op == "flip":
+            frame[at] ^= data.draw(st.integers(1, 255))
+        elif op == "cut":
+            del frame[at:]
+            if not frame:
+                frame.append(0)
+        else:
+            frame[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        raw = env.call(env.leader, DataMethod.SEND_STORED, bytes(frame))
+    except InvalidArgumentError:
+        return
+    for r in stored_send.decode_answer(raw).results:
+        if r.error is not None:
+            assert common_pb2.ErrorCode.Name(r.error.code) == "INVALID_ARGUMENT", r.error
