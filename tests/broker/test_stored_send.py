@@ -181,7 +181,7 @@ def test_a_v2_batch_is_stored_as_sent_on_every_node_and_pulled_unchanged(env: En
         assert [m.body for m in hits] == [b"b"]
 
 
-def test_tag_filter_uses_the_batch_s_hash_table(env: Env) -> None:
+def test_tag_and_sql92_filters_on_v2_batches(env: Env) -> None:
     env.send(batch(2, b"x0", b"x1", b"x2", b"x3"))
     req = broker_pb2.PullMessageRequest(
         consumer_group="cg",
@@ -197,6 +197,13 @@ def test_tag_filter_uses_the_batch_s_hash_table(env: Env) -> None:
         env.call(env.leader, DataMethod.PULL_MESSAGE, req.SerializeToString())
     )
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 2)] == [b"x1", b"x3"]
+    # SQL92 on the properties: the broker decodes the rows of a batch together
+    req.filter_type, req.filter_expression = broker_pb2.SQL92, "n = '2' OR n = '3'"
+    out = broker_pb2.PullMessageResponse.FromString(
+        env.call(env.leader, DataMethod.PULL_MESSAGE, req.SerializeToString())
+    )
+    assert [list(b.positions) for b in out.batches] == [[2, 3]]
+    assert [m.message.body for m in decode_batches(out.batches, GROUP, 2)] == [b"x2", b"x3"]
 
 
 def test_idempotent_v2_batches_keep_the_window_and_strict_order(env: Env) -> None:
