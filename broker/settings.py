@@ -49,7 +49,7 @@ class BrokerSettings(FairShareSettings):
         unit="host:port",
         doc='framed data path (send, pull, offsets, heartbeats) bind address; "" = the host of '
         'this node\'s gRPC address, any free port; "off" = gRPC only (the SDK sends and pulls '
-        'only over this path, so its clients cannot). The bound address is registered as the '
+        "only over this path, so its clients cannot). The bound address is registered as the "
         "node's data_address",
     )
     metrics_listen: str = setting(

@@ -893,7 +893,8 @@ class MessageReader:
         total = 0
         cur: RawPart | None = None
         header: ChunkHeader | None = None
-        for row in rows:
+        decoded: dict[int, Message] = {}  # position -> message of the current part, for `keep`
+        for i, row in enumerate(rows):
             # A delivered delayed message's row sits alone (its position is not its offset's).
             if (
                 cur is None
@@ -918,21 +919,46 @@ class MessageReader:
                     [],
                 )
                 parts.append(cur)
+                if keep is not None:  # this part's rows decoded together (one walk of a v2 table)
+                    decoded = self._decode_run(rows, i, cur, header, strings)
             assert header is not None
             if row.position >= header.count:
                 raise StoreError(f"{row} points past the end of its {header.count}-message batch")
-            if keep is not None:
-                try:
-                    [msg] = produce_chunk.messages_at(
-                        cur.chunk, header, [row.position], [row.chunk_offset_bytes], strings
-                    )
-                except MalformedBatchError as exc:
-                    raise StoreError(f"{row} points at an undecodable message: {exc}") from exc
-                if not keep(msg):
-                    continue
+            if keep is not None and not keep(decoded[row.position]):
+                continue
             cur.positions.append(row.position)
             cur.byte_offsets.append(row.chunk_offset_bytes)
         return [p for p in parts if p.positions], None
+
+    @staticmethod
+    def _decode_run(
+        rows: Sequence[CQRow],
+        start: int,
+        part: RawPart,
+        header: ChunkHeader,
+        strings: dict[bytes, str],
+    ) -> dict[int, Message]:
+        """The messages of rows[start:] that belong to `part` (a contiguous run), by position."""
+        run: list[CQRow] = []
+        for row in rows[start:]:
+            if (row.raft_index, row.slot) != (part.raft_index, part.slot) or (
+                row.queue_offset - row.position != part.first_offset
+            ):
+                break
+            if row.position >= header.count:
+                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
+            run.append(row)
+        try:
+            messages = produce_chunk.messages_at(
+                part.chunk,
+                header,
+                [r.position for r in run],
+                [r.chunk_offset_bytes for r in run],
+                strings,
+            )
+        except MalformedBatchError as exc:
+            raise StoreError(f"{run[0]} points at an undecodable message: {exc}") from exc
+        return {r.position: m for r, m in zip(run, messages, strict=True)}
 
     @staticmethod
     def _header(entry: Entry, row: CQRow) -> tuple[bytes, ChunkHeader]:

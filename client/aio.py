@@ -13,8 +13,9 @@ from concurrent.futures import Future
 from typing import Any
 
 from raftmq.client.consumer_pull import PullConsumer
-from raftmq.client.messages import ReceivedMessage, SendResult
-from raftmq.client.producer import Producer, QueueSelector
+from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
+from raftmq.client.producer import Producer, QueueSelector, SendOptions
+from raftmq.client.producer.outcome import LoopSlot
 from raftmq.common.types import QueueRef
 from raftmq.common.wakeups import LoopWaker
 
@@ -74,20 +75,33 @@ class AsyncProducer:
         if waker is None or waker.loop is not loop:
             waker = self._waker = LoopWaker(loop)
         out: asyncio.Future[SendResult] = loop.create_future()
-        # send_async may wait up to max_block_ms for buffer room, like Kafka's send(): only
-        # when the producer is saturated.
-        fut = self.producer.send_async(
-            topic,
-            body,
-            tags=tags,
-            keys=keys,
-            properties=properties,
-            sharding_key=sharding_key,
-            queue_selector=queue_selector,
-            queue=queue,
+        # May wait up to max_block_ms for buffer room, like Kafka's send(): only when the
+        # producer is saturated. The outcome goes straight to `out` (no Future per message).
+        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        self.producer._send_into(topic, body, options, LoopSlot(waker, out))
+        return out
+
+    def send_batch_future(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> asyncio.Future[list[SendResult]]:
+        """Producer.send_batch_future on this loop: one asyncio future for the whole batch (a
+        list of results in order), completed with one wake-up of the loop."""
+        loop = asyncio.get_running_loop()
+        waker = self._waker
+        if waker is None or waker.loop is not loop:
+            waker = self._waker = LoopWaker(loop)
+        out: asyncio.Future[list[SendResult]] = loop.create_future()
+        fut = self.producer.send_batch_future(
+            topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
 
-        def done(f: Future[SendResult]) -> None:
+        def done(f: Future[list[SendResult]]) -> None:
             exc = f.exception()
             if exc is not None:
                 waker.set_exception(out, exc)

@@ -142,18 +142,20 @@ def write_partition(
     chunker: SequenceChunker[OutgoingMessage] = SequenceChunker(
         max_messages=MAX_CHUNK_MESSAGES, max_bytes=MAX_CHUNK_BYTES
     )
-    inflight: dict[QueueRef, list[Future[SendResult]]] = {}
+    inflight: dict[QueueRef, Future[list[SendResult]]] = {}  # one future per chunk
     publish: dict[str, PublishQueues] = {}
     totals = [0, 0]  # stored, duplicates
     wait_s = opts.send_timeout_ms / 1000 + SETTLE_MARGIN_S
 
     def settle(queue: QueueRef) -> None:
-        for fut in inflight.pop(queue, ()):
-            totals[1 if fut.result(timeout=wait_s).duplicate else 0] += 1
+        fut = inflight.pop(queue, None)
+        if fut is not None:
+            for result in fut.result(timeout=wait_s):
+                totals[1 if result.duplicate else 0] += 1
 
     def submit(chunk: Chunk[OutgoingMessage]) -> None:
         settle(chunk.queue)  # a queue's later sequences must never overtake earlier ones
-        inflight[chunk.queue] = producer.send_batch_async(
+        inflight[chunk.queue] = producer.send_batch_future(
             chunk.queue.topic, chunk.items, queue=chunk.queue
         )
 

@@ -21,10 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import TypeVar
 
 from raftmq.client.accumulator import Accumulator
 from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import OutgoingMessage, SendResult
+from raftmq.client.producer.outcome import BatchOutcome, Outcome
 from raftmq.client.producer.sender import Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
@@ -104,6 +106,10 @@ class SendOptions:
     def movable(self) -> bool:
         """Nothing pins the message to a queue, so it may move to another broker group."""
         return self.sharding_key is None and self.queue_selector is None and self.queue is None
+
+
+_R = TypeVar("_R")
+_PLAIN = SendOptions()  # a body without tag, keys or properties
 
 
 class Producer:
@@ -309,10 +315,10 @@ class Producer:
         queue: QueueRef | None = None,
     ) -> list[SendResult]:
         """Store `messages` together in one queue, in order (RocketMQ's batch send)."""
-        futures = self.send_batch_async(
+        fut = self.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
-        return [self._wait(f) for f in futures]
+        return self._wait(fut)
 
     @checked
     def send_batch_async(
@@ -329,16 +335,51 @@ class Producer:
         if not messages:
             return []
         pendings = []
+        futures: list[Future[SendResult]] = []
         for m in messages:
             om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
             msg = self._message(topic, om.body, SendOptions(om.tags, om.keys, om.properties))
-            pendings.append(Pending(msg, Future(), len(msg.body), False))
+            fut: Future[SendResult] = Future()
+            futures.append(fut)
+            pendings.append(Pending(msg, fut, len(msg.body), False))
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
         target = self._choose_queue(topic, placement)
         self._sender.enqueue(target, pendings)
-        return [it.future for it in pendings]
+        return futures
+
+    @checked
+    def send_batch_future(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        queue: QueueRef | None = None,
+    ) -> Future[list[SendResult]]:
+        """The batch-first call: `messages` stored together in one queue, in order, with ONE
+        future for all of them (a list of results in order), for a caller with many messages at
+        hand; no future or lock per message. It fails with the first failed message's typed
+        error (messages before it may be stored). More than batch_max_messages go in several
+        requests of the same queue."""
+        outcome = BatchOutcome(len(messages))
+        if not messages:
+            return outcome.future
+        pendings = []
+        for m, slot in zip(messages, outcome.slots(), strict=True):
+            if isinstance(m, OutgoingMessage):
+                options = SendOptions(m.tags, m.keys, m.properties)
+                msg = self._message(topic, m.body, options)
+            else:
+                msg = self._message(topic, m, _PLAIN)
+            pendings.append(Pending(msg, slot, len(msg.body), False))
+        placement = SendOptions(
+            sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
+        )
+        self._sender.enqueue(self._choose_queue(topic, placement), pendings)
+        return outcome.future
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every buffered message has an outcome; False on timeout."""
@@ -369,14 +410,21 @@ class Producer:
         options: SendOptions,
         callback: SendCallback | None = None,
     ) -> Future[SendResult]:
-        msg = self._message(topic, body, options)
-        target = self._choose_queue(topic, options)
         fut: Future[SendResult] = Future()
         if callback is not None:
             fut.add_done_callback(self._on_callback_thread(_callback_adapter(callback)))
-        pending = Pending(msg, fut, len(msg.body), options.movable, options.delay is not None)
-        self._sender.enqueue(target, [pending])
+        self._send_into(topic, body, options, fut)
         return fut
+
+    def _send_into(self, topic: str, body: bytes, options: SendOptions, outcome: Outcome) -> None:
+        """Check, place and buffer one message whose outcome goes to `outcome` (the asyncio
+        face passes a LoopSlot: no concurrent Future per message)."""
+        if type(topic) is not str:  # the asyncio face comes here without @checked
+            raise InvalidArgumentError(_wrong("topic", "a str", topic))
+        msg = self._message(topic, body, options)
+        target = self._choose_queue(topic, options)
+        pending = Pending(msg, outcome, len(msg.body), options.movable, options.delay is not None)
+        self._sender.enqueue(target, [pending])
 
     def _on_callback_thread(
         self, fn: Callable[[Future[SendResult]], None]
@@ -389,7 +437,7 @@ class Producer:
 
         return hop
 
-    def _wait(self, fut: Future[SendResult]) -> SendResult:
+    def _wait(self, fut: Future[_R]) -> _R:
         # Bounded: the request's own deadline settles it long before this one.
         limit_s = self._max_block_s + self._linger_s + 2 * self._timeout_s + 5
         try:

@@ -34,6 +34,7 @@ from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
 from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import SendResult
+from raftmq.client.producer.outcome import Outcome
 from raftmq.client.producer.retry import (
     Next,
     after_failure,
@@ -75,7 +76,7 @@ class Pending:
     """One message waiting for its outcome."""
 
     msg: Message
-    future: Future[SendResult]
+    future: Outcome  # a Future, a batch's Slot or an asyncio face's LoopSlot
     size: int
     movable: bool  # no sharding key and no chosen queue: may move to another group
     # Delayed: the leader stamps its due time into the v1 record (broker/delivery.py), so its

@@ -7,6 +7,7 @@ nothing; a journal holding v1 batches still opens, and a pull spanning both form
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import zlib
 from collections.abc import Iterator
@@ -14,9 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raftmq.client.admin import Admin
+from raftmq.client.aio import AsyncProducer
 from raftmq.client.consumer_pull import PullConsumer
+from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
@@ -176,7 +181,7 @@ def test_a_v2_batch_is_stored_as_sent_on_every_node_and_pulled_unchanged(env: En
         assert [m.body for m in hits] == [b"b"]
 
 
-def test_tag_filter_uses_the_batch_s_hash_table(env: Env) -> None:
+def test_tag_and_sql92_filters_on_v2_batches(env: Env) -> None:
     env.send(batch(2, b"x0", b"x1", b"x2", b"x3"))
     req = broker_pb2.PullMessageRequest(
         consumer_group="cg",
@@ -192,6 +197,13 @@ def test_tag_filter_uses_the_batch_s_hash_table(env: Env) -> None:
         env.call(env.leader, DataMethod.PULL_MESSAGE, req.SerializeToString())
     )
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 2)] == [b"x1", b"x3"]
+    # SQL92 on the properties: the broker decodes the rows of a batch together
+    req.filter_type, req.filter_expression = broker_pb2.SQL92, "n = '2' OR n = '3'"
+    out = broker_pb2.PullMessageResponse.FromString(
+        env.call(env.leader, DataMethod.PULL_MESSAGE, req.SerializeToString())
+    )
+    assert [list(b.positions) for b in out.batches] == [[2, 3]]
+    assert [m.message.body for m in decode_batches(out.batches, GROUP, 2)] == [b"x2", b"x3"]
 
 
 def test_idempotent_v2_batches_keep_the_window_and_strict_order(env: Env) -> None:
@@ -359,3 +371,59 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     ]
     plain = env.pull(env.leader, 6, 0, raw=False)
     assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
+
+
+def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
+    """Producer.send_batch_future / AsyncProducer.send_batch_future: one future for many
+    messages, the results in order on contiguous offsets of one queue, stored as v2 batches."""
+    queue = QueueRef(TOPIC, GROUP, 0)
+    before = env.max_offset(0)
+    bodies = [f"bulk-{i}".encode() for i in range(300)]
+    with Producer(env.cluster.namesrv, idempotent=True, batch_max_messages=128) as producer:
+        fut = producer.send_batch_future(TOPIC, bodies, queue=queue)
+        results = fut.result(30)
+        assert [r.queue_offset for r in results] == list(range(before, before + 300))
+        assert len({r.msg_id for r in results}) == 300
+
+        async def aio() -> list[SendResult]:
+            async with AsyncProducer(env.cluster.namesrv) as p:
+                return await p.send_batch_future(
+                    TOPIC, [OutgoingMessage(b"a-0", tags="t"), b"a-1"], queue=queue
+                )
+
+        more = asyncio.run(aio())
+        assert [r.queue_offset for r in more] == [before + 300, before + 301]
+        empty = producer.send_batch_future(TOPIC, [], queue=queue)
+        assert empty.result(1) == []
+    out = env.pull(env.leader, 0, before, raw=True)
+    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
+
+
+@given(st.data())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_hostile_frames_get_typed_errors_never_a_traceback(env: Env, data: st.DataObject) -> None:
+    """Random damage to a SEND_STORED frame (bytes flipped, cut or added anywhere, header and
+    batch alike): a typed INVALID_ARGUMENT for the frame or for the batch, never an internal
+    error; whatever the leader accepts is a batch it could check whole."""
+    frame = bytearray(stored_send.encode_request([batch(7, b"h0", b"h1")], 0))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        op = data.draw(st.sampled_from(["flip", "cut", "add"]))
+        if op == "flip":
+            frame[at] ^= data.draw(st.integers(1, 255))
+        elif op == "cut":
+            del frame[at:]
+            if not frame:
+                frame.append(0)
+        else:
+            frame[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        raw = env.call(env.leader, DataMethod.SEND_STORED, bytes(frame))
+    except InvalidArgumentError:
+        return
+    for r in stored_send.decode_answer(raw).results:
+        if r.error is not None:
+            assert common_pb2.ErrorCode.Name(r.error.code) == "INVALID_ARGUMENT", r.error

@@ -31,6 +31,7 @@ from raftmq.client.producer.transaction import (
     TransactionProducer,
     TransactionSendResult,
 )
+from raftmq.common import stored_batch, stored_send
 from raftmq.common.acl import parse_entries
 from raftmq.common.auth import Credentials, Signer
 from raftmq.common.data_api import DataMethod
@@ -42,6 +43,7 @@ from raftmq.common.errors import (
     from_rpc_error,
 )
 from raftmq.common.frame import error_from_detail
+from raftmq.common.message import Message
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
@@ -175,6 +177,11 @@ def test_allowed_publish_and_a_denial_that_names_action_and_resource(env: Env) -
         "reason": "no_allow",
         "grant": "raftmq acl policy add alice Topic:payments=Pub",
     }
+    # v2 stored batches (SEND_STORED): each batch's topic is checked from its header
+    denied_v2, allowed_v2 = _stored_send(env, ALICE, ["payments", "orders-eu"])
+    assert isinstance(denied_v2, AccessDeniedError), denied_v2
+    assert denied_v2.details.get("resource") == "Topic:payments", denied_v2.details
+    assert not isinstance(allowed_v2, RaftMQError), allowed_v2
 
 
 def _framed_send(
@@ -203,6 +210,26 @@ def _framed_send(
         out = broker_pb2.SendBatchesResponse.FromString(raw)
         r = out.results[0]
         return error_from_detail(r.error) if r.HasField("error") else r
+
+    return asyncio.run(go())
+
+
+def _stored_send(env: Env, creds: Credentials, topics: list[str]) -> list[object]:
+    """One SEND_STORED frame with a v2 stored batch per topic; each batch's error or answer."""
+    with env.admin() as admin:
+        leader = next(g for g in admin.groups() if g.broker_group == "broker-a")
+    port = env.data_port(leader.leader_address)
+    signer = Signer(creds, None)
+    batches = [stored_batch.encode_batch(t, 0, [Message(t, b"v2")], None, "h") for t in topics]
+
+    async def go() -> list[object]:
+        fc = FrameClient("127.0.0.1", port, auth=signer.hello_auth)
+        try:
+            raw = await fc.call(DataMethod.SEND_STORED, stored_send.encode_request(batches, 0), 5.0)
+        finally:
+            await fc.close()
+        answer = stored_send.decode_answer(raw)
+        return [error_from_detail(r.error) if r.error else r for r in answer.results]
 
     return asyncio.run(go())
 

@@ -1,0 +1,144 @@
+"""Where a message's outcome goes, as the sender sets it (`Outcome`: the part of a future's
+interface the sender and the trace hook use): a `concurrent.futures.Future` (the threaded API),
+a `Slot` of a batch's one future (the batch-first call), or a `LoopSlot` that completes an
+asyncio future through a LoopWaker (the asyncio face). No lock, Future or callback per message in
+the last two: a `concurrent.futures.Future` costs a Condition each (issue 24).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Protocol
+
+from raftmq.client.messages import SendResult
+from raftmq.common.wakeups import LoopWaker
+
+__all__ = ["BatchOutcome", "LoopSlot", "Outcome", "Slot"]
+
+
+class Outcome(Protocol):
+    """One message's outcome: set once by the sender, read after it is set."""
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def set_result(self, result: SendResult) -> None: ...
+    def set_exception(self, error: BaseException) -> None: ...
+    def exception(self) -> BaseException | None: ...
+    def result(self) -> SendResult: ...
+
+
+class BatchOutcome:
+    """`future` gets the list of results in the batch's order once all are stored, or the first
+    error (the typed RaftMQError of the first message that failed: messages before it may be
+    stored; each request of a queue is stored whole or not at all)."""
+
+    __slots__ = ("_error", "_left", "_lock", "_results", "future")
+
+    def __init__(self, n: int) -> None:
+        self.future: Future[list[SendResult]] = Future()
+        self._results: list[SendResult | None] = [None] * n
+        self._left = n
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()  # slots complete on the loop and the timer thread
+        if n == 0:
+            self.future.set_result([])
+
+    def slots(self) -> list[Slot]:
+        return [Slot(self, i) for i in range(len(self._results))]
+
+    def _settle(self, i: int, result: SendResult | None, error: BaseException | None) -> None:
+        with self._lock:
+            self._results[i] = result
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            if self._left:
+                return
+        if self._error is not None:
+            self.future.set_exception(self._error)
+        else:
+            self.future.set_result([r for r in self._results if r is not None])
+
+
+class Slot:
+    """One message's outcome inside a BatchOutcome: the part of a future's interface the
+    sender and the trace hook use (set once; read after it is set)."""
+
+    __slots__ = ("_batch", "_done", "_error", "_i", "_result")
+
+    def __init__(self, batch: BatchOutcome, i: int) -> None:
+        self._batch, self._i = batch, i
+        self._done = False
+        self._result: SendResult | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: SendResult) -> None:
+        if self._done:
+            return
+        self._done, self._result = True, result
+        self._batch._settle(self._i, result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self._done:
+            return
+        self._done, self._error = True, error
+        self._batch._settle(self._i, None, error)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> SendResult:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the slot has no outcome yet")
+        return self._result
+
+
+class LoopSlot:
+    """One message's outcome posted to an asyncio future of the caller's loop through its
+    LoopWaker (one wake-up per burst of completions)."""
+
+    __slots__ = ("_done", "_error", "_out", "_result", "_waker")
+
+    def __init__(self, waker: LoopWaker, out: asyncio.Future[SendResult]) -> None:
+        self._waker, self._out = waker, out
+        self._done = False
+        self._result: SendResult | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: SendResult) -> None:
+        if self._done:
+            return
+        self._done, self._result = True, result
+        self._waker.set_result(self._out, result)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self._done:
+            return
+        self._done, self._error = True, error
+        self._waker.set_exception(self._out, error)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> SendResult:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the slot has no outcome yet")
+        return self._result
