@@ -153,6 +153,7 @@ def test_the_crc_is_crc32c(sb: ModuleType) -> None:
 
 
 @given(args=batch_args(), base=u64, store_ms=i64)
+@settings(deadline=None)
 def test_round_trip_before_and_after_stamping(
     sb: ModuleType, args: Args, base: int, store_ms: int
 ) -> None:
@@ -186,6 +187,7 @@ def test_round_trip_before_and_after_stamping(
 
 
 @given(args=batch_args())
+@settings(deadline=None)
 def test_tag_hashes_are_the_per_message_function(sb: ModuleType, args: Args) -> None:
     raw = sb.encode_batch(*args)
     want = [tag_hash(m.tags) for m in args[2]]
@@ -195,6 +197,7 @@ def test_tag_hashes_are_the_per_message_function(sb: ModuleType, args: Args) -> 
 
 
 @given(args=batch_args(), base=u64)
+@settings(deadline=None)
 def test_slicing_equals_full_decode(sb: ModuleType, args: Args, base: int) -> None:
     buf = bytearray(sb.encode_batch(*args))
     sb.stamp(buf, base, 1)
@@ -294,7 +297,7 @@ def test_every_single_byte_corruption_is_detected(sb: ModuleType) -> None:
 
 
 @given(args=batch_args(), data=st.data())
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 def test_a_random_byte_change_in_the_crc_covered_area_is_detected(
     sb: ModuleType, args: Args, data: st.DataObject
 ) -> None:
@@ -306,7 +309,7 @@ def test_a_random_byte_change_in_the_crc_covered_area_is_detected(
 
 
 @given(args=batch_args(), stamped=st.booleans())
-@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=50)
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=50, deadline=None)
 def test_truncation_at_every_length_is_refused(sb: ModuleType, args: Args, stamped: bool) -> None:
     buf = bytearray(sb.encode_batch(*args))
     if stamped:
@@ -337,7 +340,7 @@ def _consume(sb: ModuleType, buf: bytes | bytearray) -> None:
 
 
 @given(args=batch_args(), data=st.data())
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 def test_corruption_behind_a_good_crc_raises_only_malformed(
     sb: ModuleType, args: Args, data: st.DataObject
 ) -> None:
@@ -362,6 +365,7 @@ def test_corruption_behind_a_good_crc_raises_only_malformed(
 
 
 @given(raw=st.binary(max_size=300))
+@settings(deadline=None)
 @example(raw=b"")
 @example(raw=bytes(FIXED_HEADER_BYTES))
 def test_garbage_raises_only_malformed(sb: ModuleType, raw: bytes) -> None:
