@@ -725,13 +725,14 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
             goto fail;
         }
         uint32_t prev = 0;
-        for (uint32_t i = 1; i < count; i++) {
+        int increasing = 1;
+        for (uint32_t i = 1; i < count && increasing; i++) {
             uint32_t o = rd32(offs + 4 * (size_t)i);
-            if (o < prev) break;
+            increasing = o >= prev;
             prev = o;
         }
         uint32_t last = rd32(offs + 4 * ((size_t)count - 1));
-        if ((int64_t)last > area - RECORD_HEAD_BYTES || prev != last) {
+        if ((int64_t)last > area - RECORD_HEAD_BYTES || !increasing) {
             malformed("message offsets are not increasing or overrun the batch's message area");
             goto fail;
         }

@@ -411,6 +411,12 @@ def test_refusals_name_the_field(sb: ModuleType) -> None:
     for buf, field in cases:
         with pytest.raises(MalformedBatchError, match=field):
             sb.check_batch(buf)
+    # a dip in the offsets table that climbs back to the last value: [0, c, b, c] with b < c
+    four = sb.encode_batch(TOPIC, 0, [Message(TOPIC, bytes(i)) for i in range(4)])
+    at = sb.read_header(four).tables_at + 8 * 4
+    last = struct.unpack_from("<I", four, at + 12)[0]
+    with pytest.raises(MalformedBatchError, match="not increasing"):
+        sb.check_batch(_with(four, "<I", at + 4, last))
     with pytest.raises(MalformedBatchError, match="max_messages"):
         sb.check_batch(raw, BatchLimits(max_messages=2))
     with pytest.raises(MalformedBatchError, match="max_batch_bytes"):
