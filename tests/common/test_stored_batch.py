@@ -640,6 +640,11 @@ def damaged(draw: st.DrawFn) -> bytes | bytearray:
             if draw(st.booleans())
             else (draw(st.integers(0, 255)))
         )
+    if h.count > 1 and draw(st.integers(0, 99)) < 30:  # one table entry copied over another
+        table = h.tables_at + 8 * h.count
+        i = draw(st.integers(0, h.count - 1))
+        j = h.count - 1 if draw(st.booleans()) else draw(st.integers(0, h.count - 1))
+        buf[table + 4 * i : table + 4 * i + 4] = buf[table + 4 * j : table + 4 * j + 4]
     if draw(st.integers(0, 99)) < 10:
         struct.pack_into("<I", buf, 4, draw(st.sampled_from(range(0, 200, 7))))
     if draw(st.integers(0, 99)) < 70:
