@@ -795,11 +795,32 @@ static PyObject *check_batch(PyObject *self, PyObject *args, PyObject *kwargs)
     return h;
 }
 
-static PyObject *verify_stamped(PyObject *self, PyObject *buf) { return parse_obj(buf, 1, 1); }
-
-static PyObject *read_header(PyObject *self, PyObject *buf)
+/* The one argument `buf` of a METH_FASTCALL | METH_KEYWORDS function, positional or by name
+ * (as the twin's signature takes it), without PyArg_ParseTupleAndKeywords's cost. */
+static PyObject *buf_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         const char *fname)
 {
-    return parse_obj(buf, CHECK_NONE, 0);
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs == 1 && nkw == 0) return args[0];
+    if (nargs == 0 && nkw == 1 &&
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "buf") == 0)
+        return args[0];
+    PyErr_Format(PyExc_TypeError, "%s() takes exactly one argument, buf", fname);
+    return NULL;
+}
+
+static PyObject *verify_stamped(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    PyObject *buf = buf_arg(args, nargs, kwnames, "verify_stamped");
+    return buf == NULL ? NULL : parse_obj(buf, 1, 1);
+}
+
+static PyObject *read_header(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    PyObject *buf = buf_arg(args, nargs, kwnames, "read_header");
+    return buf == NULL ? NULL : parse_obj(buf, CHECK_NONE, 0);
 }
 
 static PyObject *stamp(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -860,8 +881,11 @@ static PyObject *stamp(PyObject *self, PyObject *args, PyObject *kwargs)
 
 /* ---- per-batch reads for the index and pulls ------------------------------------------------- */
 
-static PyObject *batch_count(PyObject *self, PyObject *buf)
+static PyObject *batch_count(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
 {
+    PyObject *buf = buf_arg(args, nargs, kwnames, "batch_count");
+    if (buf == NULL) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *r;
@@ -1304,11 +1328,14 @@ static PyMethodDef methods[] = {
      "The stored bytes of one queue's batch, unstamped, with its body CRC."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_VARARGS | METH_KEYWORDS,
      "The leader's check of a batch as produced."},
-    {"verify_stamped", verify_stamped, METH_O, "A stamped batch read back: both CRCs."},
-    {"read_header", read_header, METH_O, "The header of a batch verified once already."},
+    {"verify_stamped", (PyCFunction)(void (*)(void))verify_stamped, METH_FASTCALL | METH_KEYWORDS,
+     "A stamped batch read back: both CRCs."},
+    {"read_header", (PyCFunction)(void (*)(void))read_header, METH_FASTCALL | METH_KEYWORDS,
+     "The header of a batch verified once already."},
     {"stamp", (PyCFunction)(void (*)(void))stamp, METH_VARARGS | METH_KEYWORDS,
      "Writes the base offset, the store time and the stamp CRC in place."},
-    {"batch_count", batch_count, METH_O, "The message count of a checked batch."},
+    {"batch_count", (PyCFunction)(void (*)(void))batch_count, METH_FASTCALL | METH_KEYWORDS,
+     "The message count of a checked batch."},
     {"tag_hashes", (PyCFunction)(void (*)(void))tag_hashes, METH_VARARGS | METH_KEYWORDS,
      "The batch's packed tag hashes (u64 each)."},
     {"message_offsets", (PyCFunction)(void (*)(void))message_offsets,

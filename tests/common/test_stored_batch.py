@@ -8,6 +8,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -765,3 +766,37 @@ def test_the_extension_survives_many_batches_without_leaking() -> None:
     after = len(gc.get_objects()), sys.getallocatedblocks()
     assert after[0] - before[0] < 50, (before, after)
     assert after[1] - before[1] < 2000, (before, after)
+
+
+def test_the_extension_takes_the_twins_keywords() -> None:
+    """Callers may name any argument as the twin's signatures do."""
+    py, c = _needs_both()
+    raw = small_batch(py)
+    h = py.read_header(raw)
+    msgs = [Message(TOPIC, b"x")]
+    calls: list[tuple[str, Callable[[], dict[str, object]]]] = [
+        (
+            "encode_batch",
+            lambda: {"topic": TOPIC, "queue_id": 1, "messages": msgs, "producer": None},
+        ),
+        ("check_batch", lambda: {"buf": raw, "limits": BatchLimits()}),
+        ("verify_stamped", lambda: {"buf": raw}),
+        ("read_header", lambda: {"buf": raw}),
+        ("batch_count", lambda: {"buf": raw}),
+        ("stamp", lambda: {"buf": bytearray(raw), "base_offset": 1, "store_ms": 2}),
+        ("tag_hashes", lambda: {"buf": raw, "header": h}),
+        ("message_offsets", lambda: {"buf": raw, "header": h}),
+        ("slice_from", lambda: {"buf": raw, "k": 1, "header": h}),
+        ("iter_messages", lambda: {"buf": raw, "first": 1, "verify": False}),
+        ("iter_records", lambda: {"records": py.slice_from(raw, 1), "header": h, "first": 1}),
+    ]
+    for name, kwargs in calls:
+        want, got = getattr(py, name), getattr(c, name)
+        assert _outcome(_iterate_if, got, **kwargs()) == _outcome(_iterate_if, want, **kwargs())
+        with pytest.raises(TypeError):
+            got(**kwargs(), nonsense=1)
+
+
+def _iterate_if(fn: object, **kwargs: object) -> object:
+    v = fn(**kwargs)  # type: ignore[operator]
+    return _iterate(v, 10) if hasattr(v, "__next__") else v
