@@ -4,10 +4,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# The stored batch codec's C extension (setup.py): built again in place whenever its source or
+# setup.py changes (pip install -e builds it once; a later edit of the .c needs this).
+EXT_SRC := common/_stored_batch_c.c
+EXT_STAMP := $(VENV)/.ext-$(shell cat $(EXT_SRC) setup.py | sha1sum | cut -c1-12)
 # The official Node.js client's tests: npm ci into NODE_DIR again whenever its lock file changes.
 NODE_DIR := tests/proxy/nodejs
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/package-lock.json | sha1sum | cut -c1-12)
-DEBS := procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables chromium chromium-driver
+# gcc, libc6-dev and python3-dev build the codec's C extension (without them pip installs the
+# pure-Python twin and tests/common/test_stored_batch.py says so).
+DEBS := gcc libc6-dev python3-dev procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables chromium chromium-driver
 
 .PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs node-deps
 
@@ -17,7 +23,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'  # dev pulls in every extra: server, cli, spark, chaos
 	@rm -f $(VENV)/.installed-*; touch $@
 
-deps: debs $(STAMP) node-deps
+$(EXT_STAMP): $(STAMP) $(EXT_SRC) setup.py
+	$(BIN)/python setup.py -q build_ext --inplace
+	@$(BIN)/python -c 'from raftmq.common import stored_batch as s; assert s.IMPLEMENTATION == "c", "the C codec did not build"'
+	@rm -f $(VENV)/.ext-*; touch $@
+
+deps: debs $(STAMP) $(EXT_STAMP) node-deps
 
 # Node.js (Debian's, if the machine has none) and the locked npm packages of NODE_DIR.
 node-deps: $(NODE_STAMP)
@@ -76,4 +87,4 @@ bench-spark: deps
 	$(BIN)/python bench/spark_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache $(NODE_DIR)/node_modules
+	rm -rf $(VENV) build *.egg-info common/*.so .mypy_cache .ruff_cache .pytest_cache $(NODE_DIR)/node_modules

@@ -1,7 +1,8 @@
-"""Sans-I/O codec of the v2 stored batch: the bytes a producer encodes once per queue batch, the
-leader checks with whole-batch operations and stamps in place, and the journal, the index and
-pulls carry unchanged. Never a Python object per message on the server side; decoders raise only
-MalformedBatchError (never IndexError or struct.error). Little-endian; strings utf-8.
+"""The v2 stored batch codec: the bytes a producer encodes once per queue batch, the leader checks
+with whole-batch operations and stamps in place, and the journal, the index and pulls carry
+unchanged. This module only picks the implementation at import: the compiled `_stored_batch_c`
+when it was built, else the pure-Python twin `_stored_batch_py` (the same names, signatures, bytes,
+values and errors); `RAFTMQ_NO_EXTENSIONS=1` forces the twin. `IMPLEMENTATION` says which is used.
 
 Layout (docs/design.md, "Stored batch format v2"):
 
@@ -12,11 +13,11 @@ Layout (docs/design.md, "Stored batch format v2"):
 | 2           | 1    | state              | 0 as produced, 1 once stamped by the leader       |
 | 3           | 1    | reserved           | 0                                                 |
 | 4           | 4    | total length       | u32, bytes of the whole batch                     |
-| 8           | 4    | stamp CRC          | CRC-32 of [0, 8) + [12, 32); 0 until stamped      |
-| 12          | 4    | body CRC           | CRC-32 of [32, total), written by the producer    |
+| 8           | 4    | stamp CRC          | CRC-32C of [0, 8) + [12, 32); 0 until stamped     |
+| 12          | 4    | body CRC           | CRC-32C of [32, total), written by the producer   |
 | 16          | 8    | base queue offset  | u64, stamped by the leader; 0 until then          |
 | 24          | 8    | store timestamp ms | i64, stamped by the leader; 0 until then          |
-| 32          | 2    | flags              | 0x1 producer id + base sequence, 0x2 strict, 0x4 keys |
+| 32          | 2    | flags              | 0x1: producer id + base sequence present          |
 | 34          | 2    | header length H    | 64 + strings, rounded up to 8: where tables start |
 | 36          | 4    | queue id           | u32                                               |
 | 40          | 4    | message count n    | u32, >= 1                                         |
@@ -40,8 +41,9 @@ self-delimiting (a slice of records decodes without the offsets table).
 The body CRC covers everything the producer wrote but the four stamped or stamp-related slots
 (bytes 8..32); stamping writes the base offset, the store time and state 1, then the stamp CRC
 over bytes 0..32 except itself, so a stamped batch read back from the journal is verified end to
-end by two CRC calls. CRC-32 is zlib's (C, in the standard library, ~5 GB/s here); CRC-32C would
-need a third-party wheel on every client and is no stronger for our needs.
+end by two CRC calls. CRC-32C (Castagnoli, as Kafka's record batches) from the `crc32c` package:
+hardware instructions where the CPU has them, zero-copy on any buffer, the GIL released on large
+buffers.
 Tag hashes are u64, not u32: they are the repository's 64-bit tag_hash, which ConsumeQueue rows
 and TagFilter.matches_hash compare. The leader cannot check them against the tags without
 walking messages; a wrong hash only misfilters its own producer's messages, and consumers
@@ -50,21 +52,28 @@ re-check the real tag (as RocketMQ does).
 
 from __future__ import annotations
 
-import operator
-import struct
-import sys
-import zlib
-from array import array
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from itertools import repeat
+import os
+from types import ModuleType
 
-from raftmq.common.filter.tag import tag_hash
-from raftmq.common.message import MIB, Message
-from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
+from raftmq.common import _stored_batch_py
+from raftmq.common._stored_batch_py import (
+    DEFAULT_LIMITS,
+    FIXED_HEADER_BYTES,
+    NO_TAG,
+    RECORD_HEAD_BYTES,
+    VERSION,
+    BatchHeader,
+    BatchLimits,
+    BatchMessage,
+    MalformedBatchError,
+    has_keys,
+)
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "FIXED_HEADER_BYTES",
+    "IMPLEMENTATION",
+    "NO_TAG",
     "RECORD_HEAD_BYTES",
     "VERSION",
     "BatchHeader",
@@ -75,6 +84,7 @@ __all__ = [
     "check_batch",
     "encode_batch",
     "has_keys",
+    "implementations",
     "iter_messages",
     "iter_records",
     "message_offsets",
@@ -85,613 +95,59 @@ __all__ = [
     "verify_stamped",
 ]
 
-Bytes = bytes | bytearray | memoryview
-
-KIND_PRODUCE = 1
-VERSION = 2
-STATE_PRODUCED = 0
-STATE_STAMPED = 1
-HAS_PRODUCER = 0x0001
-# The producer's sequence must follow the last stored one (only with HAS_PRODUCER): v1's
-# ProducerSequence.strict, which the dispatcher refuses as OUT_OF_ORDER when it does not.
-STRICT_SEQUENCE = 0x0002
-# Some message carries keys: the dispatcher walks the records for the key index only then.
-HAS_KEYS = 0x0004
-_KNOWN_FLAGS = HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS
-_FLAGS_AT = 32
-
-# kind, version, state, reserved, total length, stamp CRC, body CRC, base offset, store ms,
-# flags, header length, queue id, count, reserved, base sequence, topic/producer/host lengths,
-# reserved
-_FIXED = struct.Struct("<BBBBIIIQqHHIIIQHHHH")
-FIXED_HEADER_BYTES = _FIXED.size  # 64
-_STAMP_CRC_AT = 8
-_BODY_CRC_AT = 12
-_BODY_AT = 32  # the body CRC covers [32, total)
-_STAMP = struct.Struct("<Qq")  # base offset, store ms at 16
-_STAMP_AT = 16
-_STATE_AT = 2
-_U32 = struct.Struct("<I")
-_COUNT_AT = 40
-
-# body length, flag, born ms, tag length, key count, keys length, properties length
-_RECORD = struct.Struct("<IiqHHII")
-RECORD_HEAD_BYTES = _RECORD.size  # 28
-_U16 = struct.Struct("<H")
-_PROP = struct.Struct("<HI")
-NO_TAG = 0xFFFF
-
-_U16_MAX = 0xFFFF
-_U32_MAX = 0xFFFF_FFFF
-_U64_MAX = (1 << 64) - 1
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_LITTLE = sys.byteorder == "little"
-_ZERO_CRC = bytes(4)
-_ZERO_SLOTS = bytes(_BODY_AT - _STAMP_AT)
-if array("I").itemsize != 4 or array("Q").itemsize != 8:
-    raise RuntimeError("this platform's array('I')/array('Q') are not 4/8 bytes")
+NO_EXTENSIONS_ENV = "RAFTMQ_NO_EXTENSIONS"
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLimits:
-    """What the leader accepts in one stored batch (checked before the CRC is computed)."""
-
-    max_batch_bytes: int = 8 * MIB
-    max_messages: int = 4096
+def _extensions_refused() -> bool:
+    return os.environ.get(NO_EXTENSIONS_ENV, "") not in ("", "0")
 
 
-DEFAULT_LIMITS = BatchLimits()
-
-
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """A stored batch's header, decoded once per batch: everything but the messages."""
-
-    topic: str
-    queue_id: int
-    count: int
-    producer: ProducerSequence | None
-    born_host: str
-    stamped: bool
-    base_offset: int  # 0 until stamped
-    store_timestamp_ms: int  # 0 until stamped
-    total_bytes: int
-    tables_at: int  # H: where the tag hashes start
-    records_at: int  # A: where the message records start
-
-    @property
-    def next_offset(self) -> int:
-        """The queue offset after this batch's last message."""
-        return self.base_offset + self.count
-
-
-# ---- encoding (client side) --------------------------------------------------------------------
-
-
-def encode_batch(
-    topic: str,
-    queue_id: int,
-    messages: Sequence[Message],
-    producer: ProducerSequence | None = None,
-    born_host: str = "",
-) -> bytes:
-    """The stored bytes of one queue's batch, unstamped, with its body CRC. Every message's topic
-    must be `topic` and its born_host "" or `born_host` (the batch carries one). Raises ValueError
-    for values the format cannot carry (validate messages first: this only checks ranges)."""
-    n = len(messages)
-    if n == 0:
-        raise ValueError("a stored batch carries at least one message")
-    if n > _U32_MAX:
-        raise ValueError(f"{n} messages do not fit one batch")
-    topic_b = _short(topic, "topic")
-    host_b = _short(born_host, "born host")
-    if producer is not None:
-        pid_b = _short(producer.producer_id, "producer id")
-        if not pid_b:
-            raise ValueError("an idempotent producer's id is empty")
-        base_seq, flags = producer.first_sequence, HAS_PRODUCER
-        if producer.strict:
-            flags |= STRICT_SEQUENCE
-    else:
-        pid_b, base_seq, flags = b"", 0, 0
-    strings = len(topic_b) + len(pid_b) + len(host_b)
-    header_len = (FIXED_HEADER_BYTES + strings + 7) & ~7
-    if header_len > _U16_MAX:
-        raise ValueError(f"topic, producer id and born host take {strings} bytes; too long")
-
-    hashes = array("Q")
-    offsets = array("I")
-    parts: list[bytes] = []
-    append, add_hash, add_offset = parts.append, hashes.append, offsets.append
-    pack_record, pack_u16, pack_prop = _RECORD.pack, _U16.pack, _PROP.pack
-    tag_cache: dict[str, tuple[bytes, int]] = {}  # tags repeat: encode and hash each once
-    pos = 0
-    any_keys = False
+def implementations() -> dict[str, ModuleType]:
+    """Every implementation importable here by name ("python" always, "c" once built), whatever
+    RAFTMQ_NO_EXTENSIONS says: what tests and benchmarks run side by side."""
+    found = {"python": _stored_batch_py}
     try:
-        for m in messages:
-            if m.topic != topic:
-                raise ValueError(f"message for topic {m.topic!r} in a batch for topic {topic!r}")
-            if m.born_host and m.born_host != born_host:
-                raise ValueError(f"message born on {m.born_host!r} in a batch from {born_host!r}")
-            tags = m.tags
-            if tags is None:
-                tag_b, tag_len, code = b"", NO_TAG, 0
-            else:
-                cached = tag_cache.get(tags)
-                if cached is None:
-                    tb = tags.encode("utf-8")
-                    if len(tb) >= NO_TAG:
-                        raise ValueError(f"tag of {len(tb)} bytes is too long")
-                    cached = tag_cache[tags] = (tb, tag_hash(tags))
-                tag_b, code = cached
-                tag_len = len(tag_b)
-            at = len(parts)
-            append(b"")  # the record head, packed once the key and property bytes are known
-            append(tag_b)
-            keys_len = props_len = 0
-            if m.keys:
-                any_keys = True
-            for key in m.keys:
-                kb = key.encode("utf-8")
-                append(pack_u16(len(kb)))
-                append(kb)
-                keys_len += 2 + len(kb)
-            for name, value in m.properties.items():
-                nb, vb = name.encode("utf-8"), value.encode("utf-8")
-                append(pack_prop(len(nb), len(vb)))
-                append(nb)
-                append(vb)
-                props_len += 6 + len(nb) + len(vb)
-            body = m.body
-            append(body)
-            parts[at] = pack_record(
-                len(body), m.flag, m.born_timestamp_ms, tag_len, len(m.keys), keys_len, props_len
-            )
-            add_hash(code)
-            add_offset(pos)
-            pos += RECORD_HEAD_BYTES + len(tag_b) + keys_len + props_len + len(body)
-    except (struct.error, OverflowError) as exc:
-        raise ValueError(f"a message field does not fit the stored batch format: {exc}") from exc
-    if any_keys:
-        flags |= HAS_KEYS
-    total = header_len + 12 * n + pos
-    if total > _U32_MAX:
-        raise ValueError(f"batch of {total} bytes exceeds the format's 4 GiB")
-    if not 0 <= queue_id <= _U32_MAX or not 0 <= base_seq <= _U64_MAX:
-        raise ValueError(f"queue id {queue_id} or base sequence {base_seq} out of range")
-    if not _LITTLE:
-        hashes.byteswap()
-        offsets.byteswap()
-
-    head = bytearray(header_len)
-    _FIXED.pack_into(
-        head, 0, KIND_PRODUCE, VERSION, STATE_PRODUCED, 0, total, 0, 0, 0, 0, flags,
-        header_len, queue_id, n, 0, base_seq, len(topic_b), len(pid_b), len(host_b), 0,
-    )  # fmt: skip
-    at = FIXED_HEADER_BYTES
-    for s in (topic_b, pid_b, host_b):
-        head[at : at + len(s)] = s
-        at += len(s)
-    records = b"".join(parts)
-    crc = zlib.crc32(memoryview(head)[_BODY_AT:])
-    crc = zlib.crc32(hashes, crc)
-    crc = zlib.crc32(offsets, crc)
-    crc = zlib.crc32(records, crc)
-    _U32.pack_into(head, _BODY_CRC_AT, crc)
-    return b"".join((head, hashes, offsets, records))
-
-
-def _short(s: str, what: str) -> bytes:
-    b = s.encode("utf-8")
-    if len(b) > _U16_MAX:
-        raise ValueError(f"{what} of {len(b)} bytes exceeds {_U16_MAX}: {s[:40]!r}...")
-    return b
-
-
-# ---- whole-batch checks (leader, replicas, readers of the journal) -----------------------------
-
-
-def check_batch(buf: Bytes, limits: BatchLimits = DEFAULT_LIMITS) -> BatchHeader:
-    """The leader's check of a batch as produced: limits, every length, the body CRC and the
-    offsets table, all with whole-batch operations (the table's order is checked by C-level
-    map/all over its ints: no Python frame per message, but still O(n) work in C)."""
-    size = len(buf)
-    if size > limits.max_batch_bytes:
-        raise MalformedBatchError(
-            f"batch of {size} bytes exceeds max_batch_bytes {limits.max_batch_bytes}"
-        )
-    header = _parse(buf, stamped=False)
-    if header.count > limits.max_messages:
-        raise MalformedBatchError(
-            f"batch of {header.count} messages exceeds max_messages {limits.max_messages}"
-        )
-    return header
-
-
-def verify_stamped(buf: Bytes) -> BatchHeader:
-    """A stamped batch read back (journal, pull, replica): both CRCs, every length."""
-    return _parse(buf, stamped=True)
-
-
-def read_header(buf: Bytes) -> BatchHeader:
-    """The header of a batch verified once already (journal reads for the index and pulls): no
-    CRC and no pass over the offsets table, O(1) but for the three strings; every header length
-    still checked."""
-    return _parse(buf, stamped=None, table=False)
-
-
-def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
-    """stamped: True/False checks the CRCs of a stamped/unstamped batch, None neither; table:
-    whether to check the offsets table (O(n) in C)."""
-    mv = memoryview(buf)
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    size = mv.nbytes
-    if size < FIXED_HEADER_BYTES:
-        raise MalformedBatchError(
-            f"batch of {size} bytes is shorter than its {FIXED_HEADER_BYTES}-byte header"
-        )
-    (kind, version, state, reserved0, total, stamp_crc, body_crc, base, store_ms, flags,
-     header_len, queue_id, count, reserved1, base_seq, topic_len, pid_len, host_len,
-     reserved2) = _FIXED.unpack_from(mv, 0)  # fmt: skip
-    if kind != KIND_PRODUCE:
-        raise MalformedBatchError(f"kind {kind} is not a produce batch ({KIND_PRODUCE})")
-    if version != VERSION:
-        raise MalformedBatchError(f"stored batch version {version} is not supported ({VERSION})")
-    if total != size:
-        raise MalformedBatchError(f"total length {total} but the batch has {size} bytes")
-    if state == STATE_PRODUCED:
-        if stamped:
-            raise MalformedBatchError("state: the batch was never stamped")
-        if mv[_STAMP_CRC_AT:_BODY_CRC_AT] != _ZERO_CRC or mv[_STAMP_AT:_BODY_AT] != _ZERO_SLOTS:
-            raise MalformedBatchError("stamp slots of an unstamped batch are not zero")
-    elif state == STATE_STAMPED:
-        if stamped is False:
-            raise MalformedBatchError("state: the batch is already stamped")
-        if stamped:
-            crc = zlib.crc32(mv[_BODY_CRC_AT:_BODY_AT], zlib.crc32(mv[:_STAMP_CRC_AT]))
-            if crc != stamp_crc:
-                raise MalformedBatchError(
-                    f"stamp CRC mismatch: header says {stamp_crc:#010x}, bytes give {crc:#010x}"
-                )
+        from raftmq.common import _stored_batch_c
+    except ImportError:
+        pass
     else:
-        raise MalformedBatchError(f"unknown state {state}")
-    if stamped is not None:
-        crc = zlib.crc32(mv[_BODY_AT:])
-        if crc != body_crc:
-            raise MalformedBatchError(
-                f"body CRC mismatch: header says {body_crc:#010x}, bytes give {crc:#010x}"
-            )
-    if reserved0 or reserved1 or reserved2:
-        raise MalformedBatchError("reserved header fields are not zero")
-    if flags & ~_KNOWN_FLAGS:
-        raise MalformedBatchError(f"unknown flags {flags:#x}")
-    has_producer = bool(flags & HAS_PRODUCER)
-    if has_producer != (pid_len > 0) or (
-        not has_producer and (base_seq or flags & STRICT_SEQUENCE)
-    ):
-        raise MalformedBatchError("producer flag, producer id length and base sequence disagree")
-    strings_end = FIXED_HEADER_BYTES + topic_len + pid_len + host_len
-    if header_len != (strings_end + 7) & ~7:
-        raise MalformedBatchError(
-            f"header length {header_len} does not match its strings ({strings_end} bytes)"
-        )
-    if count == 0:
-        raise MalformedBatchError("message count is 0")
-    records_at = header_len + 12 * count
-    area = size - records_at
-    if area < count * RECORD_HEAD_BYTES:
-        raise MalformedBatchError(
-            f"message count {count} does not fit a {size}-byte batch with header length "
-            f"{header_len}"
-        )
-    if header_len > strings_end and any(mv[strings_end:header_len]):
-        raise MalformedBatchError("header padding is not zero")
-    try:
-        at = FIXED_HEADER_BYTES
-        topic = str(mv[at : at + topic_len], "utf-8")
-        at += topic_len
-        producer = None
-        if has_producer:
-            producer = ProducerSequence(
-                str(mv[at : at + pid_len], "utf-8"), base_seq, bool(flags & STRICT_SEQUENCE)
-            )
-        at += pid_len
-        born_host = str(mv[at : at + host_len], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise MalformedBatchError(f"invalid utf-8 in the batch header: {exc}") from exc
-    if table:
-        _check_offsets(_u32s(mv[header_len + 8 * count : records_at]).tolist(), area)
-    return BatchHeader(
-        topic, queue_id, count, producer, born_host, state == STATE_STAMPED, base, store_ms,
-        size, header_len, records_at,
-    )  # fmt: skip
+        found["c"] = _stored_batch_c
+    return found
 
 
-def _check_offsets(offs: list[int], area: int) -> None:
-    # Non-decreasing, from 0, the last record's head inside the area: sorted() of a sorted list
-    # is n - 1 C comparisons (~5 ns a message). That each record spans at least its head and
-    # exactly its own lengths is checked by readers when they make a message object.
-    if offs[0] != 0:
-        raise MalformedBatchError(f"message offsets: the first is {offs[0]}, not 0")
-    if offs[-1] > area - RECORD_HEAD_BYTES or sorted(offs) != offs:
-        raise MalformedBatchError(
-            "message offsets are not increasing or overrun the batch's message area"
-        )
+# aiokafka's pattern: the twin stays importable and tested; the extension is optional (a wheel
+# built without a compiler has none) and refused by the environment variable.
+try:
+    if _extensions_refused():
+        raise ImportError(f"{NO_EXTENSIONS_ENV} is set")
+    from raftmq.common._stored_batch_c import (
+        batch_count,
+        check_batch,
+        encode_batch,
+        iter_messages,
+        iter_records,
+        message_offsets,
+        read_header,
+        slice_from,
+        stamp,
+        tag_hashes,
+        verify_stamped,
+    )
 
+    IMPLEMENTATION = "c"
+except ImportError:
+    from raftmq.common._stored_batch_py import (
+        batch_count,
+        check_batch,
+        encode_batch,
+        iter_messages,
+        iter_records,
+        message_offsets,
+        read_header,
+        slice_from,
+        stamp,
+        tag_hashes,
+        verify_stamped,
+    )
 
-def _u32s(mv: memoryview) -> memoryview:
-    if _LITTLE:
-        return mv.cast("I")
-    a = array("I", mv)
-    a.byteswap()
-    return memoryview(a)
-
-
-def _u64s(mv: memoryview) -> memoryview:
-    if _LITTLE:
-        return mv.cast("Q")
-    a = array("Q", mv)
-    a.byteswap()
-    return memoryview(a)
-
-
-def stamp(buf: bytearray, base_offset: int, store_ms: int) -> None:
-    """Writes the base queue offset and the store time into a checked batch, then the stamp
-    CRC: O(1), in place. The caller checked `buf` with check_batch."""
-    if len(buf) < FIXED_HEADER_BYTES or buf[_STATE_AT] != STATE_PRODUCED:
-        raise ValueError("stamp() takes an unstamped batch that check_batch accepted")
-    if not (0 <= base_offset <= _U64_MAX and _I64_MIN <= store_ms <= _I64_MAX):
-        raise ValueError(f"base offset {base_offset} or store time {store_ms} out of range")
-    _STAMP.pack_into(buf, _STAMP_AT, base_offset, store_ms)
-    buf[_STATE_AT] = STATE_STAMPED
-    mv = memoryview(buf)
-    crc = zlib.crc32(mv[_BODY_CRC_AT:_BODY_AT], zlib.crc32(mv[:_STAMP_CRC_AT]))
-    _U32.pack_into(buf, _STAMP_CRC_AT, crc)
-
-
-# ---- per-batch reads for the index and pulls (O(1) each) ---------------------------------------
-
-
-def batch_count(buf: Bytes) -> int:
-    """The message count of a batch already checked or verified."""
-    if len(buf) < FIXED_HEADER_BYTES:
-        raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
-    count: int = _U32.unpack_from(buf, _COUNT_AT)[0]
-    return count
-
-
-def has_keys(buf: Bytes) -> bool:
-    """Whether the producer flagged a message with keys (the key index walks only such
-    batches). O(1); a batch already checked or verified."""
-    if len(buf) < FIXED_HEADER_BYTES:
-        raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
-    return bool(_U16.unpack_from(buf, _FLAGS_AT)[0] & HAS_KEYS)
-
-
-def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:
-    """The batch's packed tag hashes (u64 each, common.filter.tag.tag_hash): the dispatcher's
-    index row keeps them as they are (`.tobytes()`), a filter reads them as ints."""
-    h = read_header(buf) if header is None else header
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-    return _u64s(mv[h.tables_at : h.tables_at + 8 * h.count])
-
-
-def message_offsets(buf: Bytes, header: BatchHeader | None = None) -> memoryview:
-    """Each message's record offset from the start of the message area (u32 each)."""
-    h = read_header(buf) if header is None else header
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-    return _u32s(mv[h.tables_at + 8 * h.count : h.records_at])
-
-
-def slice_from(buf: Bytes, k: int, header: BatchHeader | None = None) -> memoryview:
-    """The records of messages k.. (queue offsets base + k ..), without copying: what a pull
-    returns after the batch's header when it starts inside a batch. Records are self-delimiting;
-    iter_records decodes them."""
-    h = read_header(buf) if header is None else header
-    if not 0 <= k < h.count:
-        raise ValueError(f"message {k} is not in a batch of {h.count}")
-    at = h.tables_at + 8 * h.count + 4 * k
-    start = h.records_at + _U32.unpack_from(buf, at)[0]
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-    return mv[start : h.total_bytes]
-
-
-# ---- lazy client decoding ----------------------------------------------------------------------
-
-
-class BatchMessage:
-    """One message of a stored batch, as a consumer sees it. The record head is checked when the
-    object is made; the tag, keys, properties and body are decoded on access (each access decodes
-    again: keep the value if you need it twice)."""
-
-    __slots__ = ("_batch", "_data", "_end", "_head", "_pos", "queue_offset", "tag_hash")
-
-    _batch: BatchHeader
-    _data: bytes
-    _end: int
-    _head: tuple[int, int, int, int, int, int, int]
-    _pos: int
-    queue_offset: int
-    tag_hash: int  # what the index row holds; 0 when unknown (records decoded from a slice)
-
-    @property
-    def topic(self) -> str:
-        return self._batch.topic
-
-    @property
-    def queue_id(self) -> int:
-        return self._batch.queue_id
-
-    @property
-    def store_timestamp_ms(self) -> int:
-        return self._batch.store_timestamp_ms
-
-    @property
-    def born_host(self) -> str:
-        return self._batch.born_host
-
-    @property
-    def flag(self) -> int:
-        return self._head[1]
-
-    @property
-    def born_timestamp_ms(self) -> int:
-        return self._head[2]
-
-    @property
-    def body(self) -> bytes:
-        return self._data[self._end - self._head[0] : self._end]
-
-    @property
-    def tags(self) -> str | None:
-        tag_len = self._head[3]
-        if tag_len == NO_TAG:
-            return None
-        at = self._pos + RECORD_HEAD_BYTES
-        return _utf8(self._data[at : at + tag_len], "tag")
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        _, _, _, tag_len, n_keys, keys_len, _ = self._head
-        if not n_keys:
-            return ()
-        data = self._data
-        at = self._pos + RECORD_HEAD_BYTES + (0 if tag_len == NO_TAG else tag_len)
-        end = at + keys_len
-        keys = []
-        for _ in range(n_keys):
-            if at + 2 > end:
-                raise MalformedBatchError(f"key length overruns the keys of message {self}")
-            (n,) = _U16.unpack_from(data, at)
-            at += 2
-            if at + n > end:
-                raise MalformedBatchError(f"key of {n} bytes overruns the keys of message {self}")
-            keys.append(_utf8(data[at : at + n], "key"))
-            at += n
-        if at != end:
-            raise MalformedBatchError(f"{end - at} bytes after the keys of message {self}")
-        return tuple(keys)
-
-    @property
-    def properties(self) -> dict[str, str]:
-        _, _, _, tag_len, _, keys_len, props_len = self._head
-        props: dict[str, str] = {}
-        if not props_len:
-            return props
-        data = self._data
-        at = self._pos + RECORD_HEAD_BYTES + (0 if tag_len == NO_TAG else tag_len) + keys_len
-        end = at + props_len
-        while at < end:
-            if at + 6 > end:
-                raise MalformedBatchError(f"property lengths overrun message {self}")
-            name_len, value_len = _PROP.unpack_from(data, at)
-            at += 6
-            stop = at + name_len + value_len
-            if stop > end:
-                raise MalformedBatchError(f"property overruns the properties of message {self}")
-            name = _utf8(data[at : at + name_len], "property name")
-            if name in props:
-                raise MalformedBatchError(f"property {name!r} twice in message {self}")
-            props[name] = _utf8(data[at + name_len : stop], "property value")
-            at = stop
-        return props
-
-    def message(self) -> Message:
-        """The message as the producer passed it (born_host from the batch)."""
-        return Message(
-            self.topic, self.body, self.tags, self.keys, self.properties, self.flag,
-            self.born_timestamp_ms, self.born_host,
-        )  # fmt: skip
-
-    def __repr__(self) -> str:
-        b = self._batch
-        return f"BatchMessage({b.topic!r}, queue {b.queue_id}, offset {self.queue_offset})"
-
-
-def _utf8(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MalformedBatchError(f"invalid utf-8 in a message {what}: {exc}") from exc
-
-
-_new = object.__new__
-_unpack_record = _RECORD.unpack_from
-
-
-def _make(
-    header: BatchHeader, data: bytes, pos: int, end: int, offset: int, code: int
-) -> BatchMessage:
-    if pos + RECORD_HEAD_BYTES > end:
-        raise MalformedBatchError(f"record of message at queue offset {offset} is too short")
-    head = _unpack_record(data, pos)
-    tag_len = head[3]
-    size = RECORD_HEAD_BYTES + head[0] + head[5] + head[6] + (0 if tag_len == NO_TAG else tag_len)
-    if pos + size != end:
-        raise MalformedBatchError(
-            f"record of message at queue offset {offset}: its lengths give {size} bytes, "
-            f"the offsets table {end - pos}"
-        )
-    m: BatchMessage = _new(BatchMessage)
-    m._batch = header
-    m._data = data
-    m._pos = pos
-    m._end = end
-    m._head = head
-    m.queue_offset = offset
-    m.tag_hash = code
-    return m
-
-
-def iter_messages(buf: Bytes, first: int = 0, *, verify: bool = True) -> Iterator[BatchMessage]:
-    """The messages first.. of a whole stored batch (stamped or not), found through its offsets
-    table. `verify` checks the CRCs first (what a reader of bytes from the wire should do)."""
-    data = buf if isinstance(buf, bytes) else bytes(buf)  # one copy; slices must be bytes
-    if not verify:
-        header = _parse(data, stamped=None)
-    elif len(data) > _STATE_AT and data[_STATE_AT] == STATE_PRODUCED:
-        header = _parse(data, stamped=False)
-    else:
-        header = verify_stamped(data)
-    count = header.count
-    if not 0 <= first <= count:
-        raise ValueError(f"message {first} is not in a batch of {count}")
-    mv = memoryview(data)
-    at = header.tables_at
-    codes = _u64s(mv[at : at + 8 * count]).tolist()
-    ends = _u32s(mv[at + 8 * count : header.records_at]).tolist()
-    starts = list(map(operator.add, ends[first:], repeat(header.records_at)))
-    stops = starts[1:]
-    stops.append(header.total_bytes)
-    offset = header.base_offset + first
-    return map(
-        _make, repeat(header), repeat(data), starts, stops, range(offset, offset + len(starts)),
-        codes[first:],
-    )  # fmt: skip
-
-
-def iter_records(records: Bytes, header: BatchHeader, first: int) -> Iterator[BatchMessage]:
-    """The messages in a slice of records (slice_from(buf, first)) of the batch whose header is
-    `header`: walks the self-delimiting records. Tag hashes are not in a slice (tag_hash 0)."""
-    data = records if isinstance(records, bytes) else bytes(records)
-    size = len(data)
-    pos = 0
-    offset = header.base_offset + first
-    remaining = header.count - first
-    while pos < size:
-        if remaining <= 0:
-            raise MalformedBatchError(f"{size - pos} bytes after the batch's last record")
-        if pos + RECORD_HEAD_BYTES > size:
-            raise MalformedBatchError(f"record head at byte {pos} overruns the slice")
-        body_len, _, _, tag_len, _, keys_len, props_len = _unpack_record(data, pos)
-        end = pos + RECORD_HEAD_BYTES + body_len + keys_len + props_len
-        end += 0 if tag_len == NO_TAG else tag_len
-        if end > size:
-            raise MalformedBatchError(f"record at byte {pos} overruns the slice")
-        yield _make(header, data, pos, end, offset, 0)
-        pos = end
-        offset += 1
-        remaining -= 1
-    if remaining:
-        raise MalformedBatchError(f"the slice ends {remaining} records early")
+    IMPLEMENTATION = "python"

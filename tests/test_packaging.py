@@ -66,8 +66,11 @@ class Dists:
     wheel: Path  # built from the sdist, as `python -m build` does
 
 
-def _run(argv: list[str], cwd: Path, timeout_s: float = 300) -> str:
+def _run(
+    argv: list[str], cwd: Path, timeout_s: float = 300, extra_env: dict[str, str] | None = None
+) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
+    env |= extra_env or {}
     done = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
     )
@@ -174,8 +177,9 @@ def _base_requirements(metadata: str) -> list[str]:
 def test_the_base_install_is_the_sdk_alone(dists: Dists) -> None:
     base = _base_requirements(_dist_info(dists.wheel, "METADATA"))
     names = {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in base}
-    # typeguard: the SDK's argument checks (common/arguments.py); pure Python, no dependencies
-    assert names == {"grpcio", "protobuf", "typeguard"}, base
+    # typeguard: the SDK's argument checks (common/arguments.py); pure Python, no dependencies;
+    # crc32c: the stored batch's CRC-32C (common/stored_batch.py), wheels for every platform
+    assert names == {"grpcio", "protobuf", "typeguard", "crc32c"}, base
     assert not names & set(NOT_IN_BASE)
 
 
@@ -223,6 +227,7 @@ def test_the_sdk_installs_alone_into_an_empty_virtualenv(dists: Dists, tmp_path:
     done = env.run(f"{SDK_IMPORT}\nimport raftmq; print(raftmq.__file__)", tmp_path)
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).is_relative_to(env.root), "imported another raftmq"
+    assert env.run(CODEC_IMPLEMENTATION, tmp_path).stdout.strip() == "c"  # built with gcc here
     for module in ("lmdb", "pysyncobj", "pyspark", "pyarrow", "rich", "matplotlib"):
         gone = env.run(f"import {module}", tmp_path)
         assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, (
@@ -246,6 +251,43 @@ def test_the_sdk_installs_alone_into_an_empty_virtualenv(dists: Dists, tmp_path:
         )
         assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
         assert f"pip install 'raftmq[{extra}]'" in ran.stderr, ran.stderr
+
+
+# Which stored batch codec the installed package runs, after a round trip through it.
+CODEC_IMPLEMENTATION = """
+from raftmq.common import stored_batch as s
+from raftmq.common.message import Message
+raw = bytearray(s.encode_batch("t", 1, [Message("t", b"x", "tag")]))
+s.check_batch(raw)
+s.stamp(raw, 7, 8)
+assert [(m.queue_offset, m.body) for m in s.iter_messages(raw)] == [(7, b"x")]
+print(s.IMPLEMENTATION)
+"""
+
+
+def test_the_wheel_holds_the_compiled_codec(dists: Dists) -> None:
+    compiled = [
+        n for n in _wheel_names(dists.wheel) if n.startswith("raftmq/common/_stored_batch_c.")
+    ]
+    assert any(n.endswith((".so", ".pyd")) for n in compiled), compiled
+    assert "raftmq/common/_stored_batch_c.pyi" in compiled
+
+
+def test_a_wheel_built_without_a_compiler_runs_on_the_twin(dists: Dists, tmp_path: Path) -> None:
+    """The extension is optional: with no working compiler the build warns, the wheel has no
+    extension, and the installed SDK runs the pure-Python twin."""
+    source = tmp_path / "src"
+    shutil.copytree(dists.source, source, symlinks=True)
+    out = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+          "-w", str(out), "."], source, extra_env={"CC": str(tmp_path / "no-such-cc")})  # fmt: skip
+    (wheel,) = out.glob("raftmq-*.whl")
+    assert not [n for n in _wheel_names(wheel) if n.endswith((".so", ".pyd"))]
+    env = _new_env(tmp_path / "venv")
+    _pip_install(env, str(wheel), tmp_path)
+    done = env.run(CODEC_IMPLEMENTATION, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "python"
 
 
 def _free_port() -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -235,7 +235,7 @@ def _corruptions() -> list[object]:
     at = h.tables_at + 8 * h.count
     offs = struct.unpack_from("<3I", table, at)
     struct.pack_into("<3I", table, at, offs[0], offs[2], offs[1])
-    struct.pack_into("<I", table, 12, zlib.crc32(memoryview(table)[32:]))
+    struct.pack_into("<I", table, 12, crc32c.crc32c(memoryview(table)[32:]))
     stamped = bytearray(good)  # a client may not stamp: only the leader decides store time
     stored_batch.stamp(stamped, 0, 1)
     cases = [
