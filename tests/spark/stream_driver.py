@@ -1,7 +1,8 @@
 """A Spark driver in its own process for the kill tests: streams a raftmq topic into parquet
-(MODE parquet, OUT a directory) or through a transformation into another topic with the raftmq
-sink (MODE sink, OUT a topic), with a checkpoint, until it is killed. Prints `driver.started`
-once the query runs.
+(MODE parquet, OUT a directory), through a transformation into another topic with the raftmq
+sink (MODE sink, OUT a topic), or as a running count per key in update mode through
+foreach_batch_sink (MODE update, OUT a topic), with a checkpoint, until it is killed. Prints
+`driver.started` once the query runs.
 
 Usage: python -m tests.spark.stream_driver MODE NAMESRV TOPIC CHECKPOINT OUT MAX_OFFSETS TRIGGER_MS
 """
@@ -20,6 +21,11 @@ def transform(df: Any) -> Any:
     from pyspark.sql import functions as F
 
     return df.select(F.concat(F.lit(b"out-"), F.col("value")).alias("value"), F.col("key"))
+
+
+def running_count(df: Any) -> Any:
+    """The update-mode pipeline: messages per key so far, the count as the value."""
+    return df.groupBy("key").count().selectExpr("key", "cast(`count` as string) as value")
 
 
 def main(argv: list[str]) -> int:
@@ -41,6 +47,14 @@ def main(argv: list[str]) -> int:
     )
     if mode == "parquet":
         writer = df.writeStream.format("parquet").option("path", out)
+    elif mode == "update":
+        from raftmq.spark_source.micro_batch_sink import foreach_batch_sink
+
+        writer = (
+            running_count(df)
+            .writeStream.outputMode("update")
+            .foreachBatch(foreach_batch_sink(nameServer=namesrv, topic=out))
+        )
     else:
         writer = (
             transform(df)

@@ -204,3 +204,52 @@ def test_sink_pipeline_killed_twice_stores_each_result_once(
     assert set(bodies) == {b"out-" + b for b in expected}
     dupes = {b: n for b, n in bodies.items() if n > 1}
     assert not dupes, f"{len(dupes)} results stored more than once (replayed {replayed})"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # two driver JVMs started and killed, then a restart
+def test_update_mode_count_killed_twice_ends_with_the_true_count_per_key(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A running `groupBy(key).count()` in update mode written with foreach_batch_sink; the
+    driver is SIGKILLed mid-batch twice under live traffic and restarted: the last value per key
+    in the output topic is the true count of the key's messages (issue 28, bar 4)."""
+    from raftmq.spark_source.micro_batch_sink import foreach_batch_sink
+    from tests.spark.stream_driver import running_count
+
+    src, dst = "spark-kill-count-a", "spark-kill-count-b"
+    cluster.create_topic(src, queues=QUEUES)
+    cluster.create_topic(dst, queues=2)
+    for r in range(5):  # keyed traffic; the live traffic of the runs is unkeyed (key null)
+        for i, g in enumerate(GROUPS):
+            for qid in range(QUEUES):
+                key = f"k{(r + qid + i) % 6}"
+                cluster.send(
+                    src, g, qid, [f"{key}-{r}-{j}".encode() for j in range(20)], keys=[key]
+                )
+    ck = tmp_path / "ck"
+    live = [0, 250]
+    for run in range(2):
+        _kill_mid_batch("update", cluster, src, ck, dst, tmp_path / f"driver{run}.log", live)
+    q = (
+        running_count(
+            spark.readStream.format("raftmq")
+            .option("nameServer", cluster.namesrv_address)
+            .option("subscribe", src)
+            .load()
+        )
+        .writeStream.outputMode("update")
+        .foreachBatch(foreach_batch_sink(nameServer=cluster.namesrv_address, topic=dst))
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(240), "the restarted query did not finish"
+    assert q.exception() is None
+
+    def key_of(m: Any) -> str | None:
+        return m.message.keys[0] if m.message.keys else None
+
+    truth = collections.Counter(key_of(m) for m in cluster.read_topic(src))
+    last = {key_of(m): int(m.message.body) for m in cluster.read_topic(dst)}
+    assert last == dict(truth)
