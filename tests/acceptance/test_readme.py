@@ -137,7 +137,17 @@ def test_the_readme_shows_what_this_test_runs() -> None:
         # rmq5node (javascript): the official Node.js client, by tests/proxy/test_nodejs_client.py;
         # secure: the secure-cluster recipe, by tests/ops/test_secure_recipe.py; acl: a denial's
         # output, by tests/ops/test_security_cluster.py
-        known = ("", "spark", "sparkregister", "sparkupdate", "skip", "rmq5", "rmq5node", "secure", "acl")
+        known = (
+            "",
+            "spark",
+            "sparkregister",
+            "sparkupdate",
+            "skip",
+            "rmq5",
+            "rmq5node",
+            "secure",
+            "acl",
+        )
         assert b.lang != "javascript" or b.tag == "rmq5node", f"{b.name}: no rule for this block"
         assert b.tag in known, f"{b.name}: unknown readme-test tag {b.tag!r}"
 
