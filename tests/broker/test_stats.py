@@ -149,7 +149,8 @@ def test_durations_and_ranges() -> None:
     assert parse_duration_ms("1h") == 3_600_000
     assert parse_duration_ms("7d") == 7 * 86_400_000
     assert parse_duration_ms("30") == 30_000
-    for bad in ("", "-5m", "abc", "1x", "0"):
+    assert parse_duration_ms("-5m") == 300_000  # the README's relative form looks back too
+    for bad in ("", "--5m", "-0", "abc", "1x", "0"):
         with pytest.raises(InvalidArgumentError, match="positive number"):
             parse_duration_ms(bad)
     lo, hi = report_range(T0 + 30_000, 3_600_000)
