@@ -124,11 +124,11 @@ def test_every_role_serves_metrics_that_count_what_was_sent(runner: ClusterRunne
     assert moved == SENT
     assert sum(value(a, "rocketmq_throughput_in_total", topic=TOPIC) for a in after) > SENT * 2
     # Latency histograms: at least one timed send (batches: fewer requests than messages; the
-    # SDK sends each leader's ready batches in one SEND_BATCHES frame).
+    # SDK sends each leader's ready stored batches in one SEND_STORED frame).
     timed = sum(
         value(a, "rocketmq_rpc_latency_seconds_count", method=m)
         for a in after
-        for m in ("SEND_MESSAGE", "SEND_BATCHES")
+        for m in ("SEND_MESSAGE", "SEND_BATCHES", "SEND_STORED")
     )
     assert 1 <= timed < SENT
     # One leader; its Raft gauges agree with themselves; the followers have matched.
