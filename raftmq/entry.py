@@ -5,19 +5,31 @@ instead of a traceback. It must import nothing beyond the standard library."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 import sys
 from collections.abc import Callable
 
-# The top-level module each extra brings (pyproject.toml's optional-dependencies).
-EXTRA_OF_MODULE = {
-    "rich": "cli",
-    "pysyncobj": "server",
-    "lmdb": "server",
-    "cryptography": "server",
-    "uvloop": "server",
-    "prometheus_client": "server",
-    "matplotlib": "plot",
-}
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*["']([^"']+)["']""")
+_NAME_END = re.compile(r"[\s;<>=!~\[(]")
+
+
+def extra_of(module: str) -> str | None:
+    """The optional extra whose requirement installs top-level `module`, read from the installed
+    package's metadata (pyproject.toml's optional-dependencies), so no second list can drift;
+    None when no extra names it (then the install itself is broken). Assumes a distribution
+    named like its module (`prometheus_client` is `prometheus-client`), true of ours."""
+    try:
+        requirements = importlib.metadata.requires("raftmq") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    want = module.replace("_", "-").lower()
+    for req in requirements:
+        name = _NAME_END.split(req, maxsplit=1)[0].replace("_", "-").lower()
+        marker = _EXTRA_MARKER.search(req)
+        if name == want and marker is not None:
+            return marker.group(1)
+    return None
 
 
 def _run(command: str, module: str, extras: str) -> None:
@@ -25,7 +37,7 @@ def _run(command: str, module: str, extras: str) -> None:
         main: Callable[[], int | None] = importlib.import_module(module).main
     except ModuleNotFoundError as exc:
         top = (exc.name or "").partition(".")[0]
-        extra = EXTRA_OF_MODULE.get(top)
+        extra = extra_of(top)
         if extra is None:
             raise  # not an extra's module: a broken install, let it be seen
         sys.stderr.write(
