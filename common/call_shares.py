@@ -44,6 +44,7 @@ class _Shares:
             self._shares.release(host)
 
 
+# grpc-stubs declares the interceptors generic; the runtime classes cannot be subscripted.
 class CallShares(grpc.ServerInterceptor):  # type: ignore[type-arg]
     """For a threaded grpc.Server: unary calls (all ours are) counted per client host."""
 
@@ -83,6 +84,7 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: RaftMQError) 
     await context.abort(row.status, exc.message)
 
 
+# Generic in grpc-stubs only, as above.
 class AioCallShares(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """For a grpc.aio server: every call kind counted per client host while it runs (a
     stream for as long as it is open)."""

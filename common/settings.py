@@ -19,6 +19,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar, cast
 
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
 S = TypeVar("S")
 C = TypeVar("C", bound=type[Any])
@@ -55,12 +58,12 @@ def secret_keys(cls: type[Any]) -> frozenset[str]:
     return frozenset(f.name for f in _fields(cls) if f.metadata.get("secret"))
 
 
-def redacted(settings: object) -> dict[str, str]:
+def redacted(settings: DataclassInstance) -> dict[str, str]:
     """A settings object as text for a status table or a log: a secret that is set shows as
     REDACTED, an unset one as ""."""
     secrets = secret_keys(type(settings))
     out = {}
-    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+    for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
         if f.name in secrets:
             out[f.name] = REDACTED if value else ""

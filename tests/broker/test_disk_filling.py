@@ -132,7 +132,9 @@ def test_a_leader_whose_disk_fills_gradually_hands_off_before_refusing(tmp_path:
             ns.start("namesrv.started")
             for n in nodes:
                 n.start("broker.started")
-            leader = wait_until(lambda: load.leader() + 1, 20, "a leader") - 1  # type: ignore[operator]
+            found = wait_until(lambda: load.leader() + 1, 20, "a leader")  # index + 1: 0 is falsy
+            assert isinstance(found, int)
+            leader = found - 1
             if leader != 0:  # the small disk must be the leader's
                 broker_pb2_grpc.BrokerStub(channels[leader]).LeadershipTransfer(
                     broker_pb2.LeadershipTransferRequest(target_node_id="n0"), timeout=10
@@ -157,7 +159,8 @@ def test_a_leader_whose_disk_fills_gradually_hands_off_before_refusing(tmp_path:
             handed = wait_until(
                 lambda: load.leader() != 0 and time.monotonic(), 10, "another leader"
             )
-            handoff_s = float(handed) - float(pressed)  # type: ignore[arg-type]
+            assert isinstance(handed, float) and isinstance(pressed, float)
+            handoff_s = handed - pressed
             time.sleep(4)  # the load goes on at the new leader
             load.stop.set()
             for t in threads:
