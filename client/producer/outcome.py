@@ -62,17 +62,19 @@ class BatchOutcome:
             self.future.set_result([r for r in self._results if r is not None])
 
 
-class Slot:
-    """One message's outcome inside a BatchOutcome: the part of a future's interface the
-    sender and the trace hook use (set once; read after it is set)."""
+class _SetOnce:
+    """A message's outcome, set once, read after it is set: the part of a future's interface
+    the sender and the trace hook use. Subclasses say where the outcome goes (`_deliver`)."""
 
-    __slots__ = ("_batch", "_done", "_error", "_i", "_result")
+    __slots__ = ("_done", "_error", "_result")
 
-    def __init__(self, batch: BatchOutcome, i: int) -> None:
-        self._batch, self._i = batch, i
+    def __init__(self) -> None:
         self._done = False
         self._result: SendResult | None = None
         self._error: BaseException | None = None
+
+    def _deliver(self, result: SendResult | None, error: BaseException | None) -> None:
+        raise NotImplementedError
 
     def done(self) -> bool:
         return self._done
@@ -84,13 +86,13 @@ class Slot:
         if self._done:
             return
         self._done, self._result = True, result
-        self._batch._settle(self._i, result, None)
+        self._deliver(result, None)
 
     def set_exception(self, error: BaseException) -> None:
         if self._done:
             return
         self._done, self._error = True, error
-        self._batch._settle(self._i, None, error)
+        self._deliver(None, error)
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -103,42 +105,32 @@ class Slot:
         return self._result
 
 
-class LoopSlot:
+class Slot(_SetOnce):
+    """One message's outcome inside a BatchOutcome."""
+
+    __slots__ = ("_batch", "_i")
+
+    def __init__(self, batch: BatchOutcome, i: int) -> None:
+        super().__init__()
+        self._batch, self._i = batch, i
+
+    def _deliver(self, result: SendResult | None, error: BaseException | None) -> None:
+        self._batch._settle(self._i, result, error)
+
+
+class LoopSlot(_SetOnce):
     """One message's outcome posted to an asyncio future of the caller's loop through its
     LoopWaker (one wake-up per burst of completions)."""
 
-    __slots__ = ("_done", "_error", "_out", "_result", "_waker")
+    __slots__ = ("_out", "_waker")
 
     def __init__(self, waker: LoopWaker, out: asyncio.Future[SendResult]) -> None:
+        super().__init__()
         self._waker, self._out = waker, out
-        self._done = False
-        self._result: SendResult | None = None
-        self._error: BaseException | None = None
 
-    def done(self) -> bool:
-        return self._done
-
-    def cancelled(self) -> bool:
-        return False
-
-    def set_result(self, result: SendResult) -> None:
-        if self._done:
-            return
-        self._done, self._result = True, result
-        self._waker.set_result(self._out, result)
-
-    def set_exception(self, error: BaseException) -> None:
-        if self._done:
-            return
-        self._done, self._error = True, error
-        self._waker.set_exception(self._out, error)
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self) -> SendResult:
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            raise RuntimeError("the slot has no outcome yet")
-        return self._result
+    def _deliver(self, result: SendResult | None, error: BaseException | None) -> None:
+        if error is not None:
+            self._waker.set_exception(self._out, error)
+        else:
+            assert result is not None
+            self._waker.set_result(self._out, result)
