@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -334,19 +334,11 @@ class Producer:
         another group apart), in order; more than batch_max_messages go in several requests."""
         if not messages:
             return []
-        pendings = []
-        futures: list[Future[SendResult]] = []
-        for m in messages:
-            om = m if isinstance(m, OutgoingMessage) else OutgoingMessage(m)
-            msg = self._message(topic, om.body, SendOptions(om.tags, om.keys, om.properties))
-            fut: Future[SendResult] = Future()
-            futures.append(fut)
-            pendings.append(Pending(msg, fut, len(msg.body), False))
+        futures: list[Future[SendResult]] = [Future() for _ in messages]
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
-        target = self._choose_queue(topic, placement)
-        self._sender.enqueue(target, pendings)
+        self._enqueue_together(topic, messages, futures, placement)
         return futures
 
     @checked
@@ -367,19 +359,29 @@ class Producer:
         outcome = BatchOutcome(len(messages))
         if not messages:
             return outcome.future
-        pendings = []
-        for m, slot in zip(messages, outcome.slots(), strict=True):
-            if isinstance(m, OutgoingMessage):
-                options = SendOptions(m.tags, m.keys, m.properties)
-                msg = self._message(topic, m.body, options)
-            else:
-                msg = self._message(topic, m, _PLAIN)
-            pendings.append(Pending(msg, slot, len(msg.body), False))
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
-        self._sender.enqueue(self._choose_queue(topic, placement), pendings)
+        self._enqueue_together(topic, messages, outcome.slots(), placement)
         return outcome.future
+
+    def _enqueue_together(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes],
+        outcomes: Iterable[Outcome],
+        placement: SendOptions,
+    ) -> None:
+        """The batch calls' common step: every message checked and given its outcome, then all
+        handed to the sender for one queue, so they stay together and in order."""
+        pendings = []
+        for m, out in zip(messages, outcomes, strict=True):
+            if isinstance(m, OutgoingMessage):
+                msg = self._message(topic, m.body, SendOptions(m.tags, m.keys, m.properties))
+            else:
+                msg = self._message(topic, m, _PLAIN)
+            pendings.append(Pending(msg, out, len(msg.body), False))
+        self._sender.enqueue(self._choose_queue(topic, placement), pendings)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every buffered message has an outcome; False on timeout."""
