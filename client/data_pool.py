@@ -147,8 +147,9 @@ class DataPool:
     def submit_raw(
         self, data_address: str, method: DataMethod, payload: bytes, timeout_s: float
     ) -> Future[bytes]:
-        """Send a binary payload (SEND_STORED); a Future of the answer's bytes, failing with the
-        typed RaftMQError. Never blocks; the Future completes on the loop thread."""
+        """Send a binary payload (SEND_STORED, or a serialized request for submit); a Future of
+        the answer's bytes, failing with the typed RaftMQError. Never blocks; the Future
+        completes on the loop thread."""
         out: Future[bytes] = Future()
         try:
             fc = self.client(data_address)
@@ -156,7 +157,7 @@ class DataPool:
             exc.details.setdefault(NOT_SENT, "1")  # never left: see may_have_stored
             out.set_exception(exc)
             return out
-        if self.on_loop_thread():
+        if self.on_loop_thread():  # a done-callback's next call: no wake-up needed
             return fc.call_on_loop(int(method), payload, timeout_s)
         return fc.call_threadsafe(int(method), payload, timeout_s)
 
@@ -166,18 +167,8 @@ class DataPool:
         """Send `request` to `data_address`; a Future of the response (PAYLOADS' type), failing
         with the typed RaftMQError. Never blocks; the Future completes on the loop thread."""
         out: Future[Message] = Future()
-        try:
-            fc = self.client(data_address)
-        except RaftMQError as exc:
-            exc.details.setdefault(NOT_SENT, "1")  # never left: see may_have_stored
-            out.set_exception(exc)
-            return out
         response_type = PAYLOADS[method][1]
-        payload = request.SerializeToString()
-        if self.on_loop_thread():  # a done-callback's next call: no wake-up needed
-            raw = fc.call_on_loop(int(method), payload, timeout_s)
-        else:
-            raw = fc.call_threadsafe(int(method), payload, timeout_s)
+        raw = self.submit_raw(data_address, method, request.SerializeToString(), timeout_s)
 
         def parse(f: Future[bytes]) -> None:
             if out.done():  # cancelled by its caller meanwhile: nobody wants the answer
