@@ -53,7 +53,7 @@ types: deps
 	$(BIN)/mypy -p raftmq
 
 unit: deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # What CI runs (.ci/run): lint, types, the suite, then the chaos CI set (root: namespaces).
 test: lint types unit chaos

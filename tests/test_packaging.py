@@ -15,7 +15,6 @@ import os
 import re
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.harness.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = (
@@ -291,9 +292,7 @@ def test_a_wheel_built_without_a_compiler_runs_on_the_twin(dists: Dists, tmp_pat
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @pytest.fixture

@@ -22,19 +22,48 @@ from typing import Any
 from raftmq.ops import procs
 from tests.harness.standalone import AUTHKEY
 
+# Ports handed to servers come from below the kernel's ephemeral range (32768-60999 on Linux):
+# a port picked from that range and closed again can be taken by any process's outgoing
+# connection before our server binds it ("address already in use" at start, seen in CI runs).
+# Each pytest-xdist worker has its own slice, so two workers never hand out the same port; a
+# port something listens on now is skipped. Below 24576 are the fixed ports of our own cluster
+# files (ops/, deploy/, chaos/: 8080-13023 and 20911-21023).
+_PORT_BASE = 24576
+_PORT_SLICE = 4096  # ports per worker: 24576-28671 for gw0, 28672-32767 for gw1
+_cursor: list[int] = []
+
+
+def _slice_start() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    return _PORT_BASE + (index % 2) * _PORT_SLICE
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
 
 def free_ports(n: int) -> list[int]:
-    """n distinct ports that were free a moment ago (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct ports free a moment ago, none of them ever given out before by this process
+    (until its slice wraps) and none in the ephemeral range."""
+    start = _slice_start()
+    if not _cursor:
+        # Another pytest on this machine (another checkout) starts elsewhere in the slice.
+        _cursor.append(os.getpid() % _PORT_SLICE)
+    ports: list[int] = []
+    for _ in range(_PORT_SLICE):
+        port = start + _cursor[0]
+        _cursor[0] = (_cursor[0] + 1) % _PORT_SLICE
+        if _bindable(port):
+            ports.append(port)
+            if len(ports) == n:
+                return ports
+    raise RuntimeError(f"no {n} free ports in {start}-{start + _PORT_SLICE - 1}")
 
 
 class ControlError(RuntimeError):

@@ -110,8 +110,8 @@ class GroupLayout:
     group: str
     grpc_ports: list[int]
     raft_ports: list[int]
-    # The framed data path's ports. Given, so that no broker binds an ephemeral port the harness
-    # handed out to another process (free_ports picks from the ephemeral range); empty: ephemeral.
+    # The framed data path's ports. Given, so that every port a test's cluster listens on comes
+    # from free_ports (outside the ephemeral range); empty: the broker binds an ephemeral one.
     data_ports: list[int] = field(default_factory=list)
 
     @property

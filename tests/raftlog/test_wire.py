@@ -3,7 +3,6 @@ transport of a real 3-node pysyncobj cluster."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pickle
@@ -27,6 +26,7 @@ from raftmq.raftlog.wire import (
     FramedConnection,
     Poller,
 )
+from tests.harness.local_cluster import free_ports
 
 MIB = 1 << 20
 
@@ -398,14 +398,6 @@ class Counter(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self.count += 1
         self.payload_bytes += len(payload)
         return self.count
-
-
-def free_ports(n: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def test_three_node_cluster_replicates_over_framed_connections(

@@ -1,0 +1,69 @@
+"""How `make test` splits the suite over pytest-xdist's workers (`-n 2 --dist loadgroup`).
+
+Each test module is one group (its module-scoped cluster starts once), a package with package
+fixtures (one cluster, one SparkSession) is one group, and every module that holds something
+machine-wide is in the one SERIAL group, so no two of them ever run at once: fixed ports (the
+README's and deploy/'s clusters, `cluster up` with its default file), network namespaces and
+the chaos runner's cleanup, and the tests that assert a latency or a gap (they measure this
+machine, so they must not share it with a second worker's cluster). Plain `pytest` (no -n)
+ignores the groups.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import pytest
+
+# Packages whose fixtures are package-scoped: split over two workers they would start twice.
+PACKAGE_GROUPS = ("tests/acceptance", "tests/spark")
+
+# Modules that must never run beside another module (reasons above); a directory names all of
+# its modules.
+SERIAL = (
+    "tests/chaos",
+    "tests/test_compose.py",
+    "tests/test_docs.py",
+    "tests/test_packaging.py",
+    "tests/client/test_cluster_cli.py",
+    "tests/client/test_cluster_spec.py",
+    "tests/client/test_hostile_input.py",
+    "tests/fuzz/test_cli_fuzz.py",
+    "tests/ops/test_cluster_lifecycle.py",
+    "tests/ops/test_dashboard.py",
+    "tests/ops/test_metrics.py",
+    "tests/ops/test_secure_cluster.py",
+    "tests/ops/test_secure_recipe.py",
+    "tests/ops/test_security_cluster.py",
+    "tests/ops/test_tls_cluster.py",
+    "tests/proxy/test_nodejs_client.py",
+    "tests/proxy/test_official_client.py",
+    # latencies, gaps and timings measured on this machine
+    "tests/broker/test_data_server.py",
+    "tests/broker/test_disk_filling.py",
+    "tests/broker/test_fair_share_data_port.py",
+    "tests/broker/test_server.py",
+    "tests/client/test_queue_selector.py",
+    "tests/common/test_metrics_http.py",
+    "tests/common/test_transport.py",
+    "tests/raftlog/test_isolation.py",
+    "tests/controller/test_alarms_cluster.py",
+    "tests/controller/test_failover.py",
+)
+
+
+def _group_of(path: str) -> str:
+    for serial in SERIAL:
+        if path == serial or path.startswith(serial + "/"):
+            return "serial"
+    for package in PACKAGE_GROUPS:
+        if path.startswith(package + "/"):
+            return package
+    return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = PurePosixPath(str(config.rootpath))
+    for item in items:
+        path = str(PurePosixPath(str(item.path)).relative_to(root))
+        item.add_marker(pytest.mark.xdist_group(_group_of(path)))
