@@ -54,6 +54,11 @@ class CorruptRecord:
     reason: str
 
     def describe(self) -> str:
+        if self.where == "index store":  # the path names the table and key; the log rebuilds it
+            return (
+                f"{self.reason}; never served, the index store is being rebuilt from the log (if "
+                "this stays: stop this node, delete its store directory and start it again)"
+            )
         at = f"offset {self.offset}" + (f" (index {self.index})" if self.index is not None else "")
         return (
             f"{at}: {self.reason}; never served, being fetched again from a peer (if this "

@@ -1,0 +1,142 @@
+"""IndexRepair: hears every index-store row that fails its checksum (broker/checked_tables.py),
+reports it to the node's StorageHealth (storage_error, the corrupt-records metric, the alarm, one
+log line with table and key) and rebuilds the index store from the log without stopping the
+node: the base of the current retention cut, then dispatch of every entry after it. It never
+serves a row, never touches the journal, and clears the report only once the rebuild is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from raftmq.broker.errors import CorruptRowError, DispatcherStoppedError, StoreError
+from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
+
+if TYPE_CHECKING:
+    from raftmq.broker.dispatcher_thread import DispatcherThread
+    from raftmq.broker.store import MessageStore
+    from raftmq.broker.txn_apply import TxnApplier
+
+log = logging.getLogger("broker.index_repair")
+
+WHERE = "index store"
+CATCH_UP_WAIT_S = 0.5  # between checks of the rebuild's progress (and of stop())
+
+
+def record_of(exc: CorruptRowError) -> CorruptRecord:
+    """The StorageHealth record of a bad row: one per (table, key), path naming both."""
+    key = exc.key.replace(" ", "\\x20")  # the log line's key=value pairs stay one word each
+    return CorruptRecord(WHERE, f"{exc.path}/{exc.table}/{key}", 0, None, exc.reason)
+
+
+class IndexRepair:
+    """Start it once; close() it to stop. `rebuilding` is True from the first bad row until
+    dispatch has derived the index again up to where it had got."""
+
+    def __init__(
+        self,
+        node_id: str,
+        store: MessageStore,
+        dispatcher: DispatcherThread,
+        transactions: TxnApplier | None,
+        health: StorageHealth,
+    ) -> None:
+        self._node_id = node_id
+        self._store = store
+        self._dispatcher = dispatcher
+        self._transactions = transactions
+        self._health = health
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rebuilds = 0
+        store.report_corrupt_to(self._on_corrupt)
+
+    @property
+    def rebuilding(self) -> bool:
+        return self._wanted.is_set() or any(r.where == WHERE for r in self._health.corrupt_records)
+
+    def report(self, exc: StoreError) -> None:
+        """A row that passed its checksum but disagrees with the log or the request (a pull's
+        cross-checks): the same report and rebuild as a bad checksum."""
+        path = str(self._store.path)
+        self._on_corrupt(CorruptRowError(path, "consume_queue", "(served rows)", str(exc)))
+
+    def _on_corrupt(self, exc: CorruptRowError) -> None:
+        """Any thread (a reader, the dispatcher): report it, and wake the rebuild."""
+        self._health.corrupt(record_of(exc), time.monotonic())
+        self._wanted.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"index-repair-{self._node_id}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wanted.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wanted.wait()
+            if self._stop.is_set():
+                return
+            self._wanted.clear()
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        reached = self._dispatcher.dispatched_index
+        started = time.monotonic()
+        failed: list[BaseException] = []
+
+        def replace() -> tuple[int, int]:
+            try:
+                index, term = self._store.rebuild()
+            except StoreError as exc:  # a bad cut or base: nothing changed
+                failed.append(exc)
+                return self._store.dispatched_index, 0
+            if self._transactions is not None:
+                self._transactions.reload(self._store.transaction_values())
+            return index, term
+
+        self._dispatcher.install(replace)
+        if failed:
+            log.error(
+                "broker.index_rebuild_failed node=%s error=%s: the index store cannot be rebuilt "
+                "here; it stays reported and this node does not lead: stop it, delete its store "
+                "directory and start it again (it then takes a snapshot from the leader)",
+                self._node_id,
+                str(failed[0]).replace(" ", "_"),
+            )
+            return
+        log.warning(
+            "broker.index_rebuild_started node=%s from_index=%d to_index=%d",
+            self._node_id,
+            self._store.dispatched_index,
+            reached,
+        )
+        try:
+            while not self._stop.is_set():
+                if self._dispatcher.wait_dispatched(reached, CATCH_UP_WAIT_S):
+                    break
+        except DispatcherStoppedError:
+            return  # the node is going away, or dispatch failed (it logged why)
+        if self._stop.is_set() or self._wanted.is_set():
+            return  # stopping, or a row went bad again meanwhile: the next rebuild clears
+        for rec in self._health.corrupt_records:
+            if rec.where == WHERE:
+                self._health.repaired(rec.path, rec.offset)
+        self.rebuilds += 1
+        log.warning(
+            "broker.index_rebuilt node=%s index=%d seconds=%.2f: every row derived again from "
+            "the log",
+            self._node_id,
+            reached,
+            time.monotonic() - started,
+        )

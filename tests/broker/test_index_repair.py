@@ -1,0 +1,114 @@
+"""A row of the index store that fails its checksum is reported (storage_error names the table)
+and the store rebuilt from the log without stopping dispatch (broker/index_repair.py), whether a
+reader or the dispatcher itself found it; the report clears only once the rebuild caught up. A
+pull's answer is cross-checked against the request before it leaves (broker/pull.py)."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread
+from raftmq.broker.errors import CorruptRowError, StoreError
+from raftmq.broker.index_repair import IndexRepair
+from raftmq.broker.pull import check_served
+from raftmq.broker.store import MessageReader, MessageStore, RawPart
+from raftmq.raftlog.storage_health import StorageHealth
+
+from .support import InProcessLog, commit, produce
+
+FAST = DispatcherSettings(max_batch_entries=4, max_batch_bytes=1 << 20, poll_timeout_ms=10)
+
+
+class Group:
+    """One node's store, dispatcher and repair over an in-process committed log."""
+
+    def __init__(self, path: Path) -> None:
+        self.log = InProcessLog()
+        self.store = MessageStore(path, map_size_bytes=64 << 20)
+        self.health = StorageHealth("n1")
+        self.dispatcher = DispatcherThread(self.log, self.store, settings=FAST, health=self.health)
+        self.repair = IndexRepair("n1", self.store, self.dispatcher, None, self.health)
+        self.dispatcher.start()
+        self.repair.start()
+
+    def close(self) -> None:
+        self.repair.close()
+        self.dispatcher.stop()
+        self.store.close()
+
+    def overwrite(self, table: str, key_suffix: bytes, change: bytes) -> None:
+        """Write `change` over the start of the stored value (checksum left as it was) of the
+        row of `table` whose key ends in key_suffix: a byte flipped on disk."""
+        raw = self.store._env.raw  # the store's own environment: lmdb allows one per process
+        db = raw.open_db(table.encode())
+        with raw.begin(write=True) as txn:
+            key = next(k for k, _ in txn.cursor(db=db) if k.endswith(key_suffix))
+            value = txn.get(key, db=db)
+            txn.put(key, change + value[len(change) :], db=db)
+
+    def wait_repaired(self, rebuilds: int, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.repair.rebuilds < rebuilds or self.health.error is not None:
+            assert time.monotonic() < deadline, f"not rebuilt: {self.health.error}"
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[Group]:
+    g = Group(tmp_path / "store")
+    for i in range(3):
+        g.log.append([produce("T", 0, 2, body=b"m%d-" % i)])
+    g.log.append([commit("g", "T", 0, 3)])
+    assert g.dispatcher.wait_dispatched(4, 10)
+    yield g
+    g.close()
+
+
+def test_a_row_a_reader_finds_bad_is_reported_then_rebuilt_from_the_log(group: Group) -> None:
+    # Offsets 2-3 (the batch at raft index 2) made to point at raft index 1: well-formed.
+    group.overwrite("consume_queue", struct.pack(">Q", 2), struct.pack(">Q", 1))
+    with pytest.raises(CorruptRowError):
+        group.store.read_queue("T", 0, 2, 2)
+    err = group.health.error
+    assert err is not None and err.corrupt and "consume_queue" in err.path
+    group.wait_repaired(1)
+    rows = group.store.read_queue("T", 0, 0, 10)
+    assert [(r.queue_offset, r.raft_index) for r in rows] == [
+        (0, 1), (1, 1), (2, 2), (3, 2), (4, 3), (5, 3),
+    ]  # fmt: skip
+    bodies = [m.message.body for m in MessageReader("b", group.log.read).read(rows)]
+    assert bodies == [b"m0-\x00", b"m0-\x01", b"m1-\x00", b"m1-\x01", b"m2-\x00", b"m2-\x01"]
+    assert group.store.committed_offset("g", "T", 0) == 3
+    group.log.append([produce("T", 0, 1)])  # dispatch goes on after the rebuild
+    assert group.dispatcher.wait_dispatched(5, 10)
+    assert group.store.queue_bounds("T", 0) == (0, 7)
+
+
+def test_a_row_the_dispatcher_finds_bad_does_not_stop_dispatch(group: Group) -> None:
+    group.overwrite("queues", b"T\0\0\0\0\0", b"\xff")  # the queue's head, read by dispatch
+    group.log.append([produce("T", 0, 1)])
+    group.wait_repaired(1)
+    assert group.dispatcher.wait_dispatched(5, 10)
+    assert group.dispatcher.failure is None
+    assert group.store.queue_bounds("T", 0) == (0, 7)
+
+
+def _part(first: int, positions: list[int]) -> RawPart:
+    return RawPart(1, 0, first, 0, b"", positions, [0] * len(positions))
+
+
+def test_an_answer_is_checked_against_the_request() -> None:
+    check_served("T", 0, 5, 9, [], [_part(4, [1, 2]), _part(7, [0, 1])])  # offsets 5, 6, 7, 8
+    for parts in (
+        [_part(0, [4])],  # below the offset asked for
+        [_part(4, [2, 1])],  # out of order
+        [_part(5, [0]), _part(5, [0])],  # the same offset twice
+        [_part(8, [1])],  # at or past the next offset it claims
+    ):
+        with pytest.raises(StoreError):
+            check_served("T", 0, 5, 9, [], parts)
