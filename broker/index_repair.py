@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from raftmq.broker.errors import CorruptRowError, DispatcherStoppedError, StoreError
+from raftmq.broker.store import ScrubAt
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ log = logging.getLogger("broker.index_repair")
 
 WHERE = "index store"
 CATCH_UP_WAIT_S = 0.5  # between checks of the rebuild's progress (and of stop())
+SCRUB_TICK_S = 0.1  # the index scrub reads scrub_rows_per_s / 10 rows this often
 
 
 def record_of(exc: CorruptRowError) -> CorruptRecord:
@@ -43,6 +45,8 @@ class IndexRepair:
         dispatcher: DispatcherThread,
         transactions: TxnApplier | None,
         health: StorageHealth,
+        *,
+        scrub_rows_per_s: int = 0,
     ) -> None:
         self._node_id = node_id
         self._store = store
@@ -53,11 +57,22 @@ class IndexRepair:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rebuilds = 0
+        # The index scrub: every row of every table re-read and checked, pass after pass, at
+        # most scrub_rows_per_s (0: off), so a bad row nobody reads is found too.
+        self._scrub_rows_per_tick = (
+            max(1, int(scrub_rows_per_s * SCRUB_TICK_S)) if scrub_rows_per_s > 0 else 0
+        )
+        self._scrub_at: ScrubAt | None = None
+        self.scrubbed_rows = 0
+        self.scrub_passes = 0
         store.report_corrupt_to(self._on_corrupt)
 
     @property
     def rebuilding(self) -> bool:
-        return self._wanted.is_set() or any(r.where == WHERE for r in self._health.corrupt_records)
+        health = self._health
+        return self._wanted.is_set() or (
+            health.has_corrupt and any(r.where == WHERE for r in health.corrupt_records)
+        )
 
     def report(self, exc: StoreError) -> None:
         """A row that passed its checksum but disagrees with the log or the request (a pull's
@@ -84,11 +99,27 @@ class IndexRepair:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wanted.wait()
+            if not self._wanted.wait(SCRUB_TICK_S if self._scrub_rows_per_tick else None):
+                self._scrub()
+                continue
             if self._stop.is_set():
                 return
             self._wanted.clear()
             self._rebuild()
+            self._scrub_at = None  # a rebuilt store: the next pass starts over
+
+    def _scrub(self) -> None:
+        try:
+            at, n = self._store.scrub_step(self._scrub_at, self._scrub_rows_per_tick)
+        except CorruptRowError:
+            return  # reported by the check itself: the rebuild comes next
+        except Exception:  # never stop the repair thread; the next tick tries again
+            log.exception("broker.index_scrub_failed node=%s", self._node_id)
+            return
+        self.scrubbed_rows += n
+        if at is None:
+            self.scrub_passes += 1
+        self._scrub_at = at
 
     def _rebuild(self) -> None:
         reached = self._dispatcher.dispatched_index

@@ -131,7 +131,12 @@ class BrokerNode:
         )
         # A row failing its checksum: reported, and the store rebuilt from the log (issue 25).
         self.index_repair = IndexRepair(
-            self.me.node_id, store, self.dispatcher, self.transactions, self.health
+            self.me.node_id,
+            store,
+            self.dispatcher,
+            self.transactions,
+            self.health,
+            scrub_rows_per_s=settings.index_scrub_rows_per_s,
         )
         self.reader = MessageReader(self.group, rlog.read)
         self._ready_term = 0  # the leader term whose readiness latch is open (0: none)

@@ -218,6 +218,12 @@ class PullProcessor:
         node, settings, store = self._node, self._settings, self._store
         validate_group(group)
         node.require_readable(allow_follower_read)
+        if node.index_repair.rebuilding:  # its index is behind its log until the rebuild ends
+            raise BrokerUnavailableError(
+                f"node {node.me.node_id} is rebuilding its index store (a corrupt row was "
+                "found); retry: the leader or another replica serves this pull",
+                details={"node_id": node.me.node_id},
+            )
         if queue_id < 0:
             raise InvalidArgumentError(f"queue id {queue_id} is negative")
         self._topics.readable_topic(topic, queue_id)

@@ -91,6 +91,14 @@ class RawPart:
 
 
 @dataclass(frozen=True, slots=True)
+class ScrubAt:
+    """Where an index scrub goes on: after `key` of table number `table` (None: its start)."""
+
+    table: int
+    key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class KeyHit:
     queue_id: int
     queue_offset: int
@@ -326,6 +334,30 @@ class MessageStore:
             self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
             self._topics, self._batches, r.bases, *r.lifecycle, *r.unbased, self._meta,
         )  # fmt: skip
+
+    def scrub_step(self, at: ScrubAt | None, max_rows: int) -> tuple[ScrubAt | None, int]:
+        """Read and check up to max_rows rows from `at` (None: the first table's start), in
+        table then key order, in one read transaction. Returns where to go on (None: the pass
+        is over) and how many rows were checked; a bad row raises CorruptRowError (reported)."""
+        tables = self._all_tables()
+        table, after = (0, None) if at is None else (at.table, at.key)
+        checked = 0
+        with self._env.begin() as txn:
+            while table < len(tables) and checked < max_rows:
+                with txn.cursor(db=tables[table]) as cur:
+                    found = cur.set_range(after) if after is not None else cur.first()
+                    if found and after is not None and cur.key() == after:
+                        found = cur.next()
+                    while found and checked < max_rows:
+                        after = cur.key()
+                        if tables[table] is not self._meta or after != _META_FORMAT:
+                            cur.value()  # the check: a bad row raises here
+                        checked += 1
+                        found = cur.next()
+                if found:
+                    break
+                table, after = table + 1, None
+        return (ScrubAt(table, after) if table < len(tables) else None), checked
 
     def report_corrupt_to(self, listener: CorruptListener) -> None:
         """Call `listener` with every row that fails its check, before its reader fails."""

@@ -27,12 +27,14 @@ FAST = DispatcherSettings(max_batch_entries=4, max_batch_bytes=1 << 20, poll_tim
 class Group:
     """One node's store, dispatcher and repair over an in-process committed log."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, scrub_rows_per_s: int = 0) -> None:
         self.log = InProcessLog()
         self.store = MessageStore(path, map_size_bytes=64 << 20)
         self.health = StorageHealth("n1")
         self.dispatcher = DispatcherThread(self.log, self.store, settings=FAST, health=self.health)
-        self.repair = IndexRepair("n1", self.store, self.dispatcher, None, self.health)
+        self.repair = IndexRepair(
+            "n1", self.store, self.dispatcher, None, self.health, scrub_rows_per_s=scrub_rows_per_s
+        )
         self.dispatcher.start()
         self.repair.start()
 
@@ -58,9 +60,9 @@ class Group:
             time.sleep(0.02)
 
 
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[Group]:
-    g = Group(tmp_path / "store")
+@pytest.fixture(params=[0], ids=["no scrub"])
+def group(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Group]:
+    g = Group(tmp_path / "store", request.param)
     for i in range(3):
         g.log.append([produce("T", 0, 2, body=b"m%d-" % i)])
     g.log.append([commit("g", "T", 0, 3)])
@@ -96,6 +98,26 @@ def test_a_row_the_dispatcher_finds_bad_does_not_stop_dispatch(group: Group) -> 
     assert group.dispatcher.wait_dispatched(5, 10)
     assert group.dispatcher.failure is None
     assert group.store.queue_bounds("T", 0) == (0, 7)
+
+
+@pytest.mark.parametrize("group", [0, 1_000], ids=["no scrub", "scrub"], indirect=True)
+def test_a_bad_row_nobody_reads_is_found_by_the_scrub(group: Group) -> None:
+    """The time index's row is read by no pull; only the scrub finds it (without the scrub,
+    shown by the "no scrub" case, the report never comes)."""
+    group.overwrite("time_index", struct.pack(">Q", 1_000), b"\x01")
+    deadline = time.monotonic() + 1.0
+    while group.health.error is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if group.repair._scrub_rows_per_tick == 0:
+        assert group.health.error is None and group.repair.scrubbed_rows == 0
+        return
+    group.wait_repaired(1)
+    assert group.store.offset_for_timestamp("T", 0, 1_000) == 0
+    deadline = time.monotonic() + 5.0
+    while group.repair.scrub_passes == 0:  # then whole passes over the rebuilt store
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert group.repair.scrubbed_rows > 0 and group.health.error is None
 
 
 def _part(first: int, positions: list[int]) -> RawPart:
