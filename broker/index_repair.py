@@ -26,6 +26,9 @@ log = logging.getLogger("broker.index_repair")
 WHERE = "index store"
 CATCH_UP_WAIT_S = 0.5  # between checks of the rebuild's progress (and of stop())
 SCRUB_TICK_S = 0.1  # the index scrub reads scrub_rows_per_s / 10 rows this often
+# A pass over a small store takes a few ticks; the next one starts this much later, so that an
+# idle node's scrub costs nothing (a bad row waits at most this long plus a pass to be found).
+SCRUB_PASS_GAP_S = 5.0
 
 
 def record_of(exc: CorruptRowError) -> CorruptRecord:
@@ -63,6 +66,7 @@ class IndexRepair:
             max(1, int(scrub_rows_per_s * SCRUB_TICK_S)) if scrub_rows_per_s > 0 else 0
         )
         self._scrub_at: ScrubAt | None = None
+        self._next_pass_s = 0.0  # monotonic: when the next pass may start
         self.scrubbed_rows = 0
         self.scrub_passes = 0
         store.report_corrupt_to(self._on_corrupt)
@@ -109,6 +113,8 @@ class IndexRepair:
             self._scrub_at = None  # a rebuilt store: the next pass starts over
 
     def _scrub(self) -> None:
+        if self._scrub_at is None and time.monotonic() < self._next_pass_s:
+            return
         try:
             at, n = self._store.scrub_step(self._scrub_at, self._scrub_rows_per_tick)
         except CorruptRowError:
@@ -119,6 +125,7 @@ class IndexRepair:
         self.scrubbed_rows += n
         if at is None:
             self.scrub_passes += 1
+            self._next_pass_s = time.monotonic() + SCRUB_PASS_GAP_S
         self._scrub_at = at
 
     def _rebuild(self) -> None:
