@@ -609,7 +609,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             make_certs(spec)
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
         storage = (
-            StorageFaults(runner, group, TOPIC, spec.namesrv_addresses, rec, console, opts.seed)
+            StorageFaults(runner, group, TOPIC, spec.namesrv_addresses, console, opts.seed)
             if any(f.kind in STORAGE_FAULTS for f in schedule.faults)
             else None
         )

@@ -26,7 +26,6 @@ from raftmq.chaos.corruption import (
     sealed_segments,
     store_dir,
 )
-from raftmq.chaos.history import Recorder
 from raftmq.client.admin import Admin
 from raftmq.common import tls
 from raftmq.common.auth_client import client_signer, signed
@@ -90,7 +89,6 @@ class StorageFaults:
         group: str,
         topic: str,
         namesrv: str,
-        recorder: Recorder,
         console: Console,
         seed: int,
     ) -> None:
@@ -98,7 +96,6 @@ class StorageFaults:
         self.group = group
         self.topic = topic
         self.namesrv = namesrv
-        self.rec = recorder
         self.console = console
         self.rng = random.Random(seed ^ 0xC0FFEE)
         self.watches: list[Watch] = []
@@ -125,10 +122,6 @@ class StorageFaults:
         w = Watch(kind, target, flip, time.monotonic())
         self.watches.append(w)
         self.console.log(f"[yellow]corrupted[/] {target}: {flip.what} ({flip.path})")
-        self.rec.record(
-            "nemesis", "info", "nemesis",
-            {"fault": kind, "targets": [target], "phase": "flip", **flip.to_json()},
-        )  # fmt: skip
         t = threading.Thread(target=self._watch, args=(w, p), daemon=True)
         t.start()
         self._threads.append(t)

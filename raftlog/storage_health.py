@@ -133,13 +133,16 @@ class StorageHealth:
         log.error(
             "storage.corrupt_record node=%s where=%s path=%s offset=%d index=%s reason=%s: "
             "the record is never served; this node reports it in its status, does not lead and "
-            "fetches it again from a peer",
+            "%s",
             self.node_id,
             rec.where,
             rec.path,
             rec.offset,
             rec.index if rec.index is not None else "unknown",
             rec.reason.replace(" ", "_"),
+            "rebuilds its index store from the log"
+            if rec.where == "index store"
+            else "fetches it again from a peer",
         )
 
     def repaired(self, path: str, offset: int) -> None:
