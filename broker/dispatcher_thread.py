@@ -131,6 +131,11 @@ class DispatcherThread:
         return self._index
 
     @property
+    def committed_index(self) -> int:
+        """The log's commit index: what dispatch follows."""
+        return self._log.committed_index
+
+    @property
     def dispatched_term(self) -> int:
         """Term of the last entry this thread dispatched; 0 before the first."""
         return self._term

@@ -160,9 +160,13 @@ class IndexRepair:
             reached,
         )
         try:
-            while not self._stop.is_set():
-                if self._dispatcher.wait_dispatched(reached, CATCH_UP_WAIT_S):
-                    break
+            # Back where it was, then at the commit index of that moment: until then pulls
+            # are refused (a store behind its log would answer them from an older state).
+            for step in range(2):
+                goal = reached if step == 0 else self._dispatcher.committed_index
+                while not self._stop.is_set():
+                    if self._dispatcher.wait_dispatched(goal, CATCH_UP_WAIT_S):
+                        break
         except DispatcherStoppedError:
             return  # the node is going away, or dispatch failed (it logged why)
         if self._stop.is_set() or self._wanted.is_set():

@@ -24,6 +24,7 @@ from raftmq.broker.pull_plan import (
     OutOfRange,
     WaitForMessage,
     keep_polling_after_empty_scan,
+    past_end_may_be_unindexed,
     pull_plan,
 )
 from raftmq.broker.retention import deleted_by_retention
@@ -254,6 +255,16 @@ class PullProcessor:
                 closing = yield WaitDispatched(step.index, step.wait_ms)
                 continue
             if isinstance(step, OutOfRange):
+                behind = past_end_may_be_unindexed(
+                    offset, high, node.dispatcher.dispatched_index, node.rlog.committed_index
+                )
+                if behind:  # still indexing after its wait: it cannot tell, so it must not
+                    # say "out of range" (a consumer told so resets and re-reads the queue)
+                    raise BrokerUnavailableError(
+                        f"node {node.me.node_id} is still indexing committed entries that may "
+                        f"hold {topic}/{queue_id} offset {offset}; retry",
+                        details={"node_id": node.me.node_id},
+                    )
                 if deleted_by_retention(offset, low, store.cut_index):
                     raise DeletedByRetentionError.for_offset(topic, queue_id, offset, low, high)
                 raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)

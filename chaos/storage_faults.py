@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -57,7 +58,7 @@ class Watch:
     kind: str
     target: str
     flip: Flip
-    flipped_at: float  # monotonic
+    flipped_wall: float  # time.time(): the node's log lines carry wall-clock times
     reported_s: float | None = None
     repaired_s: float | None = None
     errors: list[str] = field(default_factory=list)  # the storage_error texts seen
@@ -119,10 +120,11 @@ class StorageFaults:
                     store_dir(p.data_dir), self.topic, self.rng, well_formed=kind == "forge-row"
                 )
             )
-        w = Watch(kind, target, flip, time.monotonic())
+        log_from = _size(p.data_dir / "process.log")
+        w = Watch(kind, target, flip, time.time())
         self.watches.append(w)
         self.console.log(f"[yellow]corrupted[/] {target}: {flip.what} ({flip.path})")
-        t = threading.Thread(target=self._watch, args=(w, p), daemon=True)
+        t = threading.Thread(target=self._watch, args=(w, p, log_from), daemon=True)
         t.start()
         self._threads.append(t)
 
@@ -164,19 +166,36 @@ class StorageFaults:
                 except grpc.RpcError:
                     time.sleep(0.2)  # a leader change under the filler: the next send retries
 
-    def _watch(self, w: Watch, p: ProcessSpec) -> None:
+    def _watch(self, w: Watch, p: ProcessSpec, log_from: int) -> None:
+        """Reported: the node's `storage.corrupt_record` line (a repair from a peer can take
+        milliseconds, faster than any status poll) or its status; repaired: its
+        `storage.record_repaired` line after that. Times are seconds after the flip."""
         address = f"{p.host}:{p.ports[0]}"
+        log = p.data_dir / "process.log"
         while not self._stop.wait(WATCH_EVERY_S):
-            st = broker_status(p.name, p.group, address)
-            if st.role == "-":
-                continue  # not answering (restarting): neither reported nor repaired
-            now = time.monotonic() - w.flipped_at
-            if st.storage_error and w.reported_s is None:
-                w.reported_s = now
-                w.errors.append(st.storage_error)
-            elif not st.storage_error and w.reported_s is not None:
-                w.repaired_s = now
+            lines, log_from = _new_lines(log, log_from)
+            for line in lines:
+                if "storage.corrupt_record" in line and w.reported_s is None:
+                    w.reported_s = _log_time(line) - w.flipped_wall
+                    w.errors.append(line.split(" ", 4)[-1][:300])
+                elif "storage.record_repaired" in line and w.reported_s is not None:
+                    w.repaired_s = _log_time(line) - w.flipped_wall
+            if w.repaired_s is not None:
                 return
+            st = broker_status(p.name, p.group, address)
+            if st.storage_error and w.reported_s is None:
+                w.reported_s = time.time() - w.flipped_wall
+                w.errors.append(st.storage_error)
+
+    def final_errors(self) -> list[str]:
+        """Each corrupted node's storage_error at the end: it must be empty (repaired)."""
+        out = []
+        for name in sorted({w.target for w in self.watches}):
+            p = self._process(name)
+            st = broker_status(p.name, p.group, f"{p.host}:{p.ports[0]}")
+            if st.storage_error:
+                out.append(f"{name} still reports {st.storage_error[:200]}")
+        return out
 
     def close(self) -> None:
         self._stop.set()
@@ -184,7 +203,7 @@ class StorageFaults:
             t.join(timeout=5)
 
     def problems(self) -> list[str]:
-        return [p for w in self.watches if (p := w.problem()) is not None]
+        return [p for w in self.watches if (p := w.problem()) is not None] + self.final_errors()
 
     def compare_replicas(self, queues: int) -> list[str]:
         """Every (queue, offset) of the topic read from each node of the group (follower
@@ -207,6 +226,31 @@ class StorageFaults:
                 problems.append(f"replicas differ at {self.topic}/{slot[0]} offset {slot[1]}")
         self.compared = {n: len(seen[n]) for n in names}
         return problems[:20]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """Whole lines appended to `path` since `offset`, and the offset after them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].decode("utf-8", "replace").splitlines(), offset + end
+
+
+def _log_time(line: str) -> float:
+    """The wall-clock time of a process log line ("2026-11-27 14:39:19,129 ...")."""
+    stamp, _, ms = line[:23].partition(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms or 0) / 1000
 
 
 def _read_all(address: str, topic: str, queues: int) -> dict[tuple[int, int], bytes]:
