@@ -18,6 +18,7 @@ import lmdb
 from raftmq.raftlog.journal.segments import IDX_RE, POS, POS_BYTES, segment_name
 
 _U64 = struct.Struct(">Q")
+_BATCH = struct.Struct(">QI")  # a ConsumeQueue row's value starts with its raft index and slot
 CQ_TABLE = b"consume_queue"
 
 
@@ -78,8 +79,8 @@ def flip_sealed_record(journal: Path, rng: random.Random) -> Flip:
 
 def flip_index_row(store: Path, topic: str, rng: random.Random, *, well_formed: bool) -> Flip:
     """Change a ConsumeQueue row of `topic` from the middle of its fullest queue, in place in
-    the lmdb file. Well-formed: its raft index becomes the previous row's (another batch of the
-    same queue, the issue's silent wrong data). Malformed: one byte of its columns flipped."""
+    the lmdb file. Well-formed: its raft index and slot become another row's (another batch of
+    the same queue, the issue's silent wrong data). Malformed: one byte of its columns flipped."""
     env = lmdb.open(str(store), readonly=True, max_dbs=64, lock=True)
     try:
         with env.begin() as txn:
@@ -114,15 +115,22 @@ def flip_index_row(store: Path, topic: str, rng: random.Random, *, well_formed: 
         raise NothingToCorrupt(f"{path}: row {key!r} not found as one run of bytes")
     offset = _U64.unpack_from(key, len(key) - 8)[0]
     if well_formed:
-        other = rows[i - 1][1][:8]
+        # The (raft index, slot) of the nearest row naming another batch: two batches of one
+        # queue can share an entry, so the previous row's index alone may be this one's.
+        here = value[:12]
+        other = next(
+            (v[:12] for _, v in [*reversed(rows[:i]), *rows[i + 1 :]] if v[:12] != here), None
+        )
+        if other is None:
+            raise NothingToCorrupt(f"{store}: every row of the queue names one batch")
         for at in found:
             _write(path, at, other)
         what = (
-            f"row of offset {offset}: raft index {_U64.unpack(value[:8])[0]} -> "
-            f"{_U64.unpack(other)[0]} (another batch of the queue), {len(found)} copies"
+            f"row of offset {offset}: (raft index, slot) {_BATCH.unpack(here)} -> "
+            f"{_BATCH.unpack(other)} (another batch of the queue), {len(found)} copies"
         )
         return Flip(path, found[0], what)
-    byte = rng.randrange(8, len(value) - 4)  # past the raft index, before the checksum
+    byte = rng.randrange(12, len(value) - 4)  # past the raft index and slot, before the seal
     for at in found:
         _write(path, at + byte, bytes([value[byte] ^ 0x10]))
     return Flip(

@@ -34,6 +34,23 @@ def test_a_flipped_sealed_record_fails_its_crc(tmp_path: Path) -> None:
         assert j.get(index + 1).command == bytes([index + 1]) * (51 + index)
 
 
+def test_a_forged_row_names_another_batch_even_of_the_same_entry(tmp_path: Path) -> None:
+    """Two batches of one queue in one entry (slots 0 and 1): the forged row takes the other
+    batch's (index, slot), never its own (a first version copied the previous row's index
+    only, changed nothing, and its chaos run said "never reported")."""
+    with MessageStore(tmp_path, map_size_bytes=32 << 20) as s:
+        for i in range(1, 4):
+            pair = tuple(CQBatch("T", 1, 4 * i + 2 * k, i, k, 5, (9, 19), (4, 4), (7, 7))
+                         for k in range(2))  # fmt: skip
+            s.apply(DispatchOutput(i, 1, cq_batches=pair))
+    for seed in range(8):
+        flip = flip_index_row(tmp_path, "T", random.Random(seed), well_formed=True)
+        before, after = (
+            flip.what.split(": (raft index, slot) ")[1].split(" (another")[0].split(" -> ")
+        )
+        assert before != after
+
+
 @pytest.mark.parametrize("well_formed", [False, True])
 def test_a_changed_row_fails_its_check(tmp_path: Path, well_formed: bool) -> None:
     with MessageStore(tmp_path, map_size_bytes=32 << 20) as s:
@@ -41,8 +58,8 @@ def test_a_changed_row_fails_its_check(tmp_path: Path, well_formed: bool) -> Non
         s.apply([DispatchOutput(b.raft_index, 1, cq_batches=(b,)) for b in batches])
     flip = flip_index_row(tmp_path, "T", random.Random(3), well_formed=well_formed)
     offset = int(flip.what.split("offset ")[1].split(":")[0])
-    if well_formed:  # the previous row's batch: raft index one less
-        assert f"raft index {offset // 2} -> {offset // 2 - 1}" in flip.what
+    if well_formed:  # the previous row's batch: raft index one less, same slot
+        assert f"{(offset // 2, 0)} -> {(offset // 2 - 1, 0)}" in flip.what
     with MessageStore(tmp_path, map_size_bytes=32 << 20) as s:
         with pytest.raises(CorruptRowError, match="consume_queue"):
             s.read_queue("T", 1, offset, 2)
