@@ -42,6 +42,7 @@ from raftmq.common.errors import (
 from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import Message, StoredMessage, validate_group
+from raftmq.raftlog.record import Role
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
@@ -255,14 +256,17 @@ class PullProcessor:
                 closing = yield WaitDispatched(step.index, step.wait_ms)
                 continue
             if isinstance(step, OutOfRange):
+                # Past its end, a node still indexing after its wait, or a new leader that has
+                # not applied an entry of its term (its commit index may be older than its
+                # predecessor's), cannot tell: it must not say "out of range" (a consumer told
+                # so resets its position and re-reads the queue).
                 behind = past_end_may_be_unindexed(
                     offset, high, node.dispatcher.dispatched_index, node.rlog.committed_index
-                )
-                if behind:  # still indexing after its wait: it cannot tell, so it must not
-                    # say "out of range" (a consumer told so resets and re-reads the queue)
+                ) or (offset > high and _new_leader_not_ready(node))
+                if behind:
                     raise BrokerUnavailableError(
-                        f"node {node.me.node_id} is still indexing committed entries that may "
-                        f"hold {topic}/{queue_id} offset {offset}; retry",
+                        f"node {node.me.node_id} has not indexed every committed entry that "
+                        f"may hold {topic}/{queue_id} offset {offset} yet; retry",
                         details={"node_id": node.me.node_id},
                     )
                 if deleted_by_retention(offset, low, store.cut_index):
@@ -327,6 +331,13 @@ class PullProcessor:
             "(the leader or another replica serves it)",
             details={"node_id": node.me.node_id},
         )
+
+
+def _new_leader_not_ready(node: BrokerNode) -> bool:
+    """A leader that has not dispatched an entry of its own term yet (what the leader gate
+    waits for): the entries of earlier terms it has not learnt are committed are not indexed."""
+    st = node.rlog.status()
+    return st.role is Role.LEADER and node.dispatcher.dispatched_term < st.term
 
 
 def check_served(
