@@ -106,7 +106,7 @@ def test_a_position_outside_its_batch_is_refused(
         list(named_messages(raws, "broker-a", batches[0].queue_id))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(answers(), st.data())
 def test_offsets_outside_the_request_or_out_of_order_are_refused(
     answer: tuple[list[ProduceBatch], list[broker_pb2.RawBatch]], data: st.DataObject
