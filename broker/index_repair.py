@@ -25,6 +25,7 @@ log = logging.getLogger("broker.index_repair")
 
 WHERE = "index store"
 CATCH_UP_WAIT_S = 0.5  # between checks of the rebuild's progress (and of stop())
+REBUILD_RETRY_S = 30.0  # after a rebuild that could not start (a bad base): one line per try
 SCRUB_TICK_S = 0.1  # the index scrub reads scrub_rows_per_s / 10 rows this often
 # A pass over a small store takes a few ticks; the next one starts this much later, so that an
 # idle node's scrub costs nothing (a bad row waits at most this long plus a pass to be found).
@@ -152,6 +153,7 @@ class IndexRepair:
                 self._node_id,
                 str(failed[0]).replace(" ", "_"),
             )
+            self._stop.wait(REBUILD_RETRY_S)  # the same bad row is found again meanwhile
             return
         log.warning(
             "broker.index_rebuild_started node=%s from_index=%d to_index=%d",

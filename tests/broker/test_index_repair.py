@@ -166,3 +166,36 @@ def test_a_rebuild_after_a_retention_cut_starts_from_its_base(tmp_path: Path) ->
         assert [r() for r in reads] == before
     finally:
         g.close()
+
+
+def test_a_bad_base_cannot_be_rebuilt_on_and_stays_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The base the cut stands on is itself bad: nothing is rebuilt (nothing changes), the
+    report stays, pulls stay refused, one line says what to do, and close() does not wait."""
+    from raftmq.broker.retention import Reason, RetentionRecord, encode_record
+
+    g = Group(tmp_path / "store")
+    try:
+        for k in range(3):
+            g.log.append([produce("T", 0, 3, ts_ms=1_000 + k)])
+        mark = g.log.append([encode_record(RetentionRecord(0, Reason.MARK, 7))]).index
+        g.log.append([produce("T", 0, 2, ts_ms=2_000)])
+        cut = g.log.append([encode_record(RetentionRecord(mark + 1, Reason.TIME, 7))]).index
+        assert g.dispatcher.wait_dispatched(cut, 10) and g.store.cut_index == mark + 1
+        g.overwrite("retention_bases", struct.pack(">Q", mark), b"XXXX")
+        g.overwrite("consume_queue", struct.pack(">Q", 9), struct.pack(">Q", 1))
+        with pytest.raises(CorruptRowError):
+            g.store.read_queue("T", 0, 9, 1)
+        deadline = time.monotonic() + 10
+        while "broker.index_rebuild_failed" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert "retention_bases" in caplog.text and "delete its store directory" in caplog.text
+        assert g.repair.rebuilds == 0 and g.repair.rebuilding
+        assert g.health.error is not None and g.health.error.corrupt
+        assert g.store.queue_bounds("T", 0) == (9, 11)  # nothing was emptied
+    finally:
+        started = time.monotonic()
+        g.close()
+        assert time.monotonic() - started < 5  # not the 30 s wait before the next try
