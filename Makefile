@@ -64,7 +64,7 @@ chaos: deps
 	$(BIN)/python -m raftmq.ops.cli chaos cleanup
 	$(BIN)/python -m raftmq.ops.cli chaos suite --set ci --seed $${SEED:-1} --out chaos-results
 
-# The full list (23 scenarios, ~15 min; `raftmq chaos list` shows them).
+# The full list (29 scenarios, ~19 min; `raftmq chaos list` shows them).
 chaos-full: deps
 	$(BIN)/python -m raftmq.ops.cli chaos cleanup
 	$(BIN)/python -m raftmq.ops.cli chaos suite --set full --seed $${SEED:-1} --out chaos-results

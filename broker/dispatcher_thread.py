@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from raftmq.broker.errors import DispatcherStoppedError, StoreWriteError
+from raftmq.broker.errors import CorruptRowError, DispatcherStoppedError, StoreWriteError
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
@@ -24,6 +24,7 @@ from raftmq.raftlog.storage_health import StorageHealth
 log = logging.getLogger("broker.dispatcher")
 
 MIB = 1 << 20
+CORRUPT_ROW_WAIT_S = 0.1  # a step that read a corrupt row waits this long for the rebuild
 
 
 class CommittedLog(Protocol):
@@ -130,6 +131,11 @@ class DispatcherThread:
         return self._index
 
     @property
+    def committed_index(self) -> int:
+        """The log's commit index: what dispatch follows."""
+        return self._log.committed_index
+
+    @property
     def dispatched_term(self) -> int:
         """Term of the last entry this thread dispatched; 0 before the first."""
         return self._term
@@ -211,14 +217,24 @@ class DispatcherThread:
             self._dispatch(entries)
         except StoreWriteError as exc:
             backoff_s = self.health.failed("index store", exc.path, exc.cause, now)
-            txns = self._dispatcher.transactions
-            if txns is not None:  # it applied these entries in memory: back to the store's state
-                txns.reload(self._store.transaction_values())
+            self._reload_transactions()
             if self._on_stall is not None:
                 self._on_stall(exc)
             self._stopping.wait(backoff_s)  # then the same entries again: nothing was stored
             return
+        except CorruptRowError:
+            # A row dispatch read failed its check (already reported: broker/index_repair.py
+            # rebuilds the store between two steps). Nothing was stored; wait, then go on from
+            # wherever the rebuild left the store, rather than stop the node's dispatch.
+            self._reload_transactions()
+            self._stopping.wait(CORRUPT_ROW_WAIT_S)
+            return
         self.health.succeeded("index store", now)
+
+    def _reload_transactions(self) -> None:
+        txns = self._dispatcher.transactions
+        if txns is not None:  # it applied entries in memory: back to the store's state
+            txns.reload(self._store.transaction_values())
 
     def _dispatch(self, entries: list[Entry]) -> None:
         pending = PendingState(self._store)

@@ -41,3 +41,18 @@ class StoreWriteError(StoreError):
 
 class DispatcherStoppedError(BrokerError):
     """The dispatcher thread is not running (stopped, or stopped itself after a failure)."""
+
+
+class CorruptRowError(StoreError):
+    """A row of the index store failed its checksum when read: its key or value changed on disk
+    after it was written. It is never served; the node reports it (storage_error)."""
+
+    def __init__(self, path: str, table: str, key: str, reason: str) -> None:
+        super().__init__(
+            f"index store {path}: row {key!r} of table {table} is corrupt ({reason}); it was "
+            "not served"
+        )
+        self.path = path
+        self.table = table
+        self.key = key
+        self.reason = reason

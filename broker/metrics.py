@@ -206,6 +206,21 @@ class NodeCollector(Collector):
         for name, doc, value in (
             ("raftmq_scrub_bytes", "Journal bytes the scrubber re-read and checked", scrubbed),
             ("raftmq_scrub_passes", "Scrubber passes over the sealed journal segments", passes),
+            (
+                "raftmq_index_scrub_rows",
+                "Index store rows the index scrub re-read and checked",
+                node.index_repair.scrubbed_rows,
+            ),
+            (
+                "raftmq_index_scrub_passes",
+                "Index scrub passes over every index store table",
+                node.index_repair.scrub_passes,
+            ),
+            (
+                "raftmq_index_rebuilds",
+                "Index store rebuilds from the log after a corrupt row",
+                node.index_repair.rebuilds,
+            ),
         ):  # counters since start: the exposition adds _total
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)

@@ -25,6 +25,7 @@ from raftmq.broker.delivery_loop import DeliveryLoop
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.index_repair import IndexRepair
 from raftmq.broker.locks import LockProcessor
 from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.offset_resets import ResetBook
@@ -128,6 +129,15 @@ class BrokerNode:
             health=self.health,
             on_stall=self._on_dispatch_stall,
         )
+        # A row failing its checksum: reported, and the store rebuilt from the log (issue 25).
+        self.index_repair = IndexRepair(
+            self.me.node_id,
+            store,
+            self.dispatcher,
+            self.transactions,
+            self.health,
+            scrub_rows_per_s=settings.index_scrub_rows_per_s,
+        )
         self.reader = MessageReader(self.group, rlog.read)
         self._ready_term = 0  # the leader term whose readiness latch is open (0: none)
         self.leader_gate_waits = 0  # times a write found the latch closed (once per term, ideally)
@@ -169,6 +179,7 @@ class BrokerNode:
 
     def start(self) -> None:
         self.dispatcher.start()
+        self.index_repair.start()
         self.delivery.start()
         self.stats.start()
         if self.retention is not None:
@@ -184,6 +195,7 @@ class BrokerNode:
         if self.retention is not None:
             self.retention.stop()
         self.rlog.close(transfer_leadership=True)
+        self.index_repair.close()
         self.dispatcher.stop()
         self.store.close()
 

@@ -10,28 +10,31 @@ server with futures the dispatcher completes (no thread held), the same decision
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from raftmq.broker.errors import DispatcherStoppedError, StoreError
+from raftmq.broker.errors import CorruptRowError, DispatcherStoppedError, StoreError
 from raftmq.broker.pull_plan import (
     CatchUp,
     NoNewMessage,
     OutOfRange,
     WaitForMessage,
     keep_polling_after_empty_scan,
+    past_end_may_be_unindexed,
     pull_plan,
 )
 from raftmq.broker.retention import deleted_by_retention
 from raftmq.broker.rows import CQRow
 from raftmq.broker.store import RawPart
 from raftmq.broker.topics import TopicProcessor
+from raftmq.broker.transaction import MOVED_TOPIC
 from raftmq.common.errors import (
+    BrokerUnavailableError,
     DeletedByRetentionError,
-    InternalError,
     InvalidArgumentError,
     InvalidFilterError,
     OffsetOutOfRangeError,
@@ -39,10 +42,12 @@ from raftmq.common.errors import (
 from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
 from raftmq.common.filter.tag import parse_tag_expression
 from raftmq.common.message import Message, StoredMessage, validate_group
+from raftmq.raftlog.record import Role
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
 
+log = logging.getLogger("broker.pull")
 SCAN_ROWS_PER_PULL = 16_000  # rows a filtered pull may skip before answering NO_MATCHED_MSG
 
 
@@ -215,6 +220,12 @@ class PullProcessor:
         node, settings, store = self._node, self._settings, self._store
         validate_group(group)
         node.require_readable(allow_follower_read)
+        if node.index_repair.rebuilding:  # its index is behind its log until the rebuild ends
+            raise BrokerUnavailableError(
+                f"node {node.me.node_id} is rebuilding its index store (a corrupt row was "
+                "found); retry: the leader or another replica serves this pull",
+                details={"node_id": node.me.node_id},
+            )
         if queue_id < 0:
             raise InvalidArgumentError(f"queue id {queue_id} is negative")
         self._topics.readable_topic(topic, queue_id)
@@ -245,6 +256,19 @@ class PullProcessor:
                 closing = yield WaitDispatched(step.index, step.wait_ms)
                 continue
             if isinstance(step, OutOfRange):
+                # Past its end, a node still indexing after its wait, or a new leader that has
+                # not applied an entry of its term (its commit index may be older than its
+                # predecessor's), cannot tell: it must not say "out of range" (a consumer told
+                # so resets its position and re-reads the queue).
+                behind = past_end_may_be_unindexed(
+                    offset, high, node.dispatcher.dispatched_index, node.rlog.committed_index
+                ) or (offset > high and _new_leader_not_ready(node))
+                if behind:
+                    raise BrokerUnavailableError(
+                        f"node {node.me.node_id} has not indexed every committed entry that "
+                        f"may hold {topic}/{queue_id} offset {offset} yet; retry",
+                        details={"node_id": node.me.node_id},
+                    )
                 if deleted_by_retention(offset, low, store.cut_index):
                     raise DeletedByRetentionError.for_offset(topic, queue_id, offset, low, high)
                 raise OffsetOutOfRangeError.for_offset(topic, queue_id, offset, low, high)
@@ -257,38 +281,93 @@ class PullProcessor:
                 closing = yield held
                 offset = max(offset, held.checked[0])  # rows seen going by, all unwanted
                 continue
-            scan = store.scan_queue(
-                topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL
-            )
-            if raw:
-                keep = _sql_keep(sql_filter) if sql_filter is not None else None
-                try:
+            try:
+                scan = store.scan_queue(
+                    topic, queue_id, offset, max_count, hashes, max_scan_rows=SCAN_ROWS_PER_PULL
+                )
+                if raw:
+                    keep = _sql_keep(sql_filter) if sql_filter is not None else None
                     parts, cut_at = node.reader.raw_parts(scan.rows, max_bytes, keep)
-                except StoreError as exc:
-                    raise self._cannot_serve(topic, queue_id, exc) from exc
-                next_offset = scan.next_offset if cut_at is None else cut_at
-                if parts:
-                    return PullResult(PullStatus.FOUND, [], next_offset, low, high, parts)
-            else:
-                rows, next_offset = _cut_by_bytes(scan.rows, max_bytes, scan.next_offset)
-                try:
-                    messages = node.reader.read(rows) if rows else []
-                except StoreError as exc:
-                    raise self._cannot_serve(topic, queue_id, exc) from exc
-                if sql_filter is not None:
-                    messages = [
-                        m
-                        for m in messages
-                        if sql_filter.matches(m.message.properties, m.message.tags)
-                    ]
-                if messages:
-                    return PullResult(PullStatus.FOUND, messages, next_offset, low, high)
+                    next_offset = scan.next_offset if cut_at is None else cut_at
+                    messages = []
+                else:
+                    rows, next_offset = _cut_by_bytes(scan.rows, max_bytes, scan.next_offset)
+                    parts, messages = [], node.reader.read(rows) if rows else []
+                check_served(topic, queue_id, offset, next_offset, messages, parts)
+            except StoreError as exc:
+                raise self._cannot_serve(topic, queue_id, offset, exc) from exc
+            if parts:
+                return PullResult(PullStatus.FOUND, [], next_offset, low, high, parts)
+            if sql_filter is not None:
+                messages = [
+                    m for m in messages if sql_filter.matches(m.message.properties, m.message.tags)
+                ]
+            if messages:
+                return PullResult(PullStatus.FOUND, messages, next_offset, low, high)
             offset = next_offset
             if not keep_polling_after_empty_scan(offset, high, _monotonic_ms(), deadline_ms):
                 return PullResult(PullStatus.NO_MATCHED_MSG, [], offset, low, high)
 
-    def _cannot_serve(self, topic: str, queue_id: int, exc: StoreError) -> InternalError:
-        return InternalError(f"node {self._node.me.node_id} cannot serve {topic}/{queue_id}: {exc}")
+    def _cannot_serve(
+        self, topic: str, queue_id: int, offset: int, exc: StoreError
+    ) -> BrokerUnavailableError:
+        """What a pull gets instead of data its index or log does not vouch for: a retryable
+        error (another replica serves it). The node reports it (storage_error) and rebuilds
+        its index from the log (broker/index_repair.py)."""
+        node = self._node
+        log.error(
+            "broker.pull_not_served node=%s topic=%s queue=%d offset=%d error=%s",
+            node.me.node_id,
+            topic,
+            queue_id,
+            offset,
+            str(exc).replace(" ", "_"),
+        )
+        if not isinstance(exc, CorruptRowError):  # (a bad row reported itself when read)
+            node.index_repair.report(exc)
+        return BrokerUnavailableError(
+            f"node {node.me.node_id} did not serve {topic}/{queue_id} from offset {offset}: "
+            f"{exc}; it reports this in its status and rebuilds its index from the log; retry "
+            "(the leader or another replica serves it)",
+            details={"node_id": node.me.node_id},
+        )
+
+
+def _new_leader_not_ready(node: BrokerNode) -> bool:
+    """A leader that has not dispatched an entry of its own term yet (what the leader gate
+    waits for): the entries of earlier terms it has not learnt are committed are not indexed."""
+    st = node.rlog.status()
+    return st.role is Role.LEADER and node.dispatcher.dispatched_term < st.term
+
+
+def check_served(
+    topic: str,
+    queue_id: int,
+    offset: int,
+    next_offset: int,
+    messages: list[StoredMessage],
+    parts: list[RawPart],
+) -> None:
+    """The last check before an answer leaves the node: every message is of the queue asked
+    for, at an offset from `offset` on, in order, below `next_offset`. A row that passed its
+    checksum but names what was not asked for is a StoreError, not data."""
+    got: list[tuple[str | None, int, int]] = [
+        (m.topic, m.queue_id, m.queue_offset) for m in messages
+    ]
+    for p in parts:
+        got += [(None, queue_id, p.first_offset + position) for position in p.positions]
+    last = offset - 1
+    for msg_topic, msg_queue, at in got:
+        if (
+            (msg_topic is not None and topic not in (msg_topic, MOVED_TOPIC))
+            or msg_queue != queue_id
+            or not last < at < next_offset
+        ):
+            raise StoreError(
+                f"the answer to {topic}/{queue_id} from offset {offset} (next {next_offset}) "
+                f"holds {msg_topic or topic}/{msg_queue} offset {at} after {last}"
+            )
+        last = at
 
 
 def _sql_keep(sql_filter: Filter) -> Callable[[Message], bool]:

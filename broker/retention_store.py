@@ -100,7 +100,7 @@ def cut_index(txn: Any, t: Tables) -> int:
 
 def base_indexes(txn: Any, t: Tables) -> list[int]:
     with txn.cursor(db=t.bases) as cur:
-        return [int(_U64.unpack(k)[0]) for k in cur.iternext(keys=True, values=False)]
+        return [int(_U64.unpack(k)[0]) for k in cur.iterkeys()]
 
 
 def encode_base(txn: Any, t: Tables, base_index: int, base_term: int) -> bytes:

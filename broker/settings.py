@@ -153,6 +153,13 @@ class BrokerSettings(FairShareSettings):
         doc="sealed journal segments re-read and checked in the background at this rate, so "
         "a corrupt record nobody reads is found (storage_error); 0 = off",
     )
+    index_scrub_rows_per_s: int = setting(
+        default=20_000,
+        unit="rows/s",
+        doc="index store rows (one per stored batch in the ConsumeQueue) re-read and checked in "
+        "the background at this rate, so a corrupt row nobody reads is found, reported and "
+        "rebuilt from the log; 0 = off",
+    )
     election_timeout_min_ms: int = setting(
         default=config_default("election_timeout_min_ms", int),
         unit="ms",

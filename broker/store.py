@@ -17,6 +17,7 @@ from typing import Any
 import lmdb
 
 from raftmq.broker import cq_rows, retention_store
+from raftmq.broker.checked_tables import CheckedEnv, CorruptListener, Table, seal
 from raftmq.broker.dispatch import DispatchOutput
 from raftmq.broker.errors import (
     DispatchGapError,
@@ -38,10 +39,15 @@ from raftmq.raftlog.record import Entry
 
 GIB = 1 << 30
 # 2: ConsumeQueue rows per batch (broker/cq_rows.py). 3: their evenly stepped columns stored as
-# first + step (flags in the count's high byte). A format-2 store is read as it is and marked 3
-# on opening, so that an older build, which would take the flags for a count, refuses it.
-FORMAT_VERSION = b"3"
-_UPGRADES_IN_PLACE = (b"2",)
+# first + step (flags in the count's high byte); format-2 rows read as they are. 4: every value
+# sealed with its checksum (broker/checked_tables.py). A format-2 or -3 store is sealed in place
+# on opening (_seal_in_place), then marked 4, so that an older build refuses it.
+FORMAT_VERSION = b"4"
+_UPGRADES_IN_PLACE = (b"2", b"3")
+_META_SEALING = b"sealing"  # while sealing in place: the table and key sealed last (unsealed)
+# The format while sealing in place: no build reads it but this one, which resumes the sealing.
+_FORMAT_SEALING = b"4-sealing"
+SEAL_ROWS_PER_TXN = 10_000  # an upgrade's transactions stay small whatever the store's size
 
 # Big-endian everywhere in keys, so lmdb's byte order is numeric order and a range scan reads
 # a queue (or a queue's time index) in order.
@@ -82,6 +88,14 @@ class RawPart:
     chunk: bytes
     positions: list[int]
     byte_offsets: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubAt:
+    """Where an index scrub goes on: after `key` of table number `table` (None: its start)."""
+
+    table: int
+    key: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +197,44 @@ def _decode_topic(name: bytes, value: bytes) -> TopicConfig:
     )
 
 
+def _seal_in_place(raw_env: Any, tables: Sequence[Table]) -> None:
+    """Seal every value of a format-2 or -3 store, SEAL_ROWS_PER_TXN rows a transaction, in
+    table then key order. Each transaction records the last row it sealed, so an upgrade cut
+    short by a crash resumes after it; the last one marks the store FORMAT_VERSION. The format
+    key and that mark stay unsealed (they say how to read the rest)."""
+    meta = tables[-1]
+    unsealed = (_META_FORMAT, _META_SEALING)
+    with raw_env.begin(write=True) as txn:
+        mark = txn.get(_META_SEALING, db=meta.handle)
+        txn.put(_META_FORMAT, _FORMAT_SEALING, db=meta.handle)  # half sealed: no older build
+    at_table, _, after = bytes(mark).partition(b"\0") if mark is not None else (b"", b"", b"")
+    names = [t.name.encode() for t in tables]
+    start = names.index(at_table) if at_table in names else 0
+    for i, table in enumerate(tables[start:], start):
+        resume = after if i == start and mark is not None else None
+        while True:
+            with raw_env.begin(write=True) as txn, txn.cursor(db=table.handle) as cur:
+                found = cur.set_range(resume) if resume is not None else cur.first()
+                if found and resume is not None and cur.key() == resume:
+                    found = cur.next()
+                rows: list[tuple[bytes, bytes]] = []
+                while found and len(rows) < SEAL_ROWS_PER_TXN:
+                    rows.append((bytes(cur.key()), bytes(cur.value())))
+                    found = cur.next()
+                for key, value in rows:
+                    if table is not meta or key not in unsealed:
+                        txn.put(key, seal(table, key, value), db=table.handle)
+                done = not found
+                if done and table is meta:
+                    txn.delete(_META_SEALING, db=meta.handle)
+                    txn.put(_META_FORMAT, FORMAT_VERSION, db=meta.handle)
+                elif rows:
+                    resume = rows[-1][0]
+                    txn.put(_META_SEALING, table.name.encode() + b"\0" + resume, db=meta.handle)
+            if done:
+                break
+
+
 PRODUCER_CACHE_ROWS = 4096  # (producer, topic, queue) rows kept decoded, least recent out
 HEAD_CACHE_ROWS = 65_536  # queue heads kept decoded; emptied when it grows past this
 
@@ -196,7 +248,7 @@ class MessageStore:
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._env = lmdb.open(
+        raw_env = lmdb.open(
             str(self.path),
             map_size=map_size_bytes,
             max_dbs=32,  # room for the lifecycle's tables
@@ -205,7 +257,11 @@ class MessageStore:
             metasync=False,
             readahead=False,  # rows are read by key; readahead wastes page cache on big stores
         )
-        db = self._env.open_db
+        self._env = CheckedEnv(raw_env, str(self.path))
+
+        def db(name: bytes) -> Table:
+            return Table.open(raw_env, name.decode("ascii"))
+
         self._cq = db(b"consume_queue")
         self._queues = db(b"queues")
         self._keys = db(b"key_index")
@@ -235,15 +291,21 @@ class MessageStore:
             (self._schedule, self._sched_refs),
         )  # fmt: skip
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
-        with self._env.begin(write=True) as txn:
-            fmt = txn.get(_META_FORMAT, db=self._meta)
-            if fmt is None or fmt in _UPGRADES_IN_PLACE:
-                txn.put(_META_FORMAT, FORMAT_VERSION, db=self._meta)
-            elif fmt != FORMAT_VERSION:
-                raise StoreError(
-                    f"store at {self.path} has format {fmt!r}; this build reads "
-                    f"{FORMAT_VERSION!r}: delete it and let the dispatcher rebuild it from the log"
-                )
+        # The format key is the one value left unsealed: it says how to read the others.
+        with raw_env.begin() as raw_txn:
+            fmt = raw_txn.get(_META_FORMAT, db=self._meta.handle)
+        if fmt in _UPGRADES_IN_PLACE or fmt == _FORMAT_SEALING:
+            _seal_in_place(raw_env, self._all_tables())
+        elif fmt is None:
+            with raw_env.begin(write=True) as new_txn:
+                new_txn.put(_META_FORMAT, FORMAT_VERSION, db=self._meta.handle)
+        elif fmt != FORMAT_VERSION:
+            raw_env.close()
+            raise StoreError(
+                f"store at {self.path} has format {fmt!r}; this build reads "
+                f"{FORMAT_VERSION!r}: delete it and let the dispatcher rebuild it from the log"
+            )
+        with self._env.begin() as txn:
             raw = txn.get(_META_INDEX, db=self._meta)
         self._dispatched_index = _U64.unpack(raw)[0] if raw is not None else 0
         # The producer table's recent rows as written (issue 14): the dispatcher reads one per
@@ -264,6 +326,42 @@ class MessageStore:
         # W1). Only apply() and install_base write the table; both update this mirror after
         # their transaction commits. As bounded as the table itself.
         self._topic_cache: dict[str, TopicConfig] = {t.name: t for t in self.topics()}
+
+    def _all_tables(self) -> tuple[Table, ...]:
+        """Every table, meta last (sealing in place ends with it)."""
+        r = self._retention
+        return (
+            self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
+            self._topics, self._batches, r.bases, *r.lifecycle, *r.unbased, self._meta,
+        )  # fmt: skip
+
+    def scrub_step(self, at: ScrubAt | None, max_rows: int) -> tuple[ScrubAt | None, int]:
+        """Read and check up to max_rows rows from `at` (None: the first table's start), in
+        table then key order, in one read transaction. Returns where to go on (None: the pass
+        is over) and how many rows were checked; a bad row raises CorruptRowError (reported)."""
+        tables = self._all_tables()
+        table, after = (0, None) if at is None else (at.table, at.key)
+        checked = 0
+        with self._env.begin() as txn:
+            while table < len(tables) and checked < max_rows:
+                with txn.cursor(db=tables[table]) as cur:
+                    found = cur.set_range(after) if after is not None else cur.first()
+                    if found and after is not None and cur.key() == after:
+                        found = cur.next()
+                    while found and checked < max_rows:
+                        after = cur.key()
+                        if tables[table] is not self._meta or after != _META_FORMAT:
+                            cur.value()  # the check: a bad row raises here
+                        checked += 1
+                        found = cur.next()
+                if found:
+                    break
+                table, after = table + 1, None
+        return (ScrubAt(table, after) if table < len(tables) else None), checked
+
+    def report_corrupt_to(self, listener: CorruptListener) -> None:
+        """Call `listener` with every row that fails its check, before its reader fails."""
+        self._env.on_corrupt = listener
 
     def close(self) -> None:
         self._env.close()
@@ -412,6 +510,32 @@ class MessageStore:
         self._dispatched_index = index
         self._topic_cache = {t.name: t for t in self.topics()}
         return index
+
+    def rebuild(self) -> tuple[int, int]:
+        """Empty every table but for the base the current retention cut stands on (none before
+        the first cut), so that dispatch derives the rest from the log again; returns the
+        (index, term) dispatch resumes after. The dispatcher must be paused. A bad cut or base
+        row raises CorruptRowError and changes nothing: no local rebuild can then be trusted."""
+        with self._env.begin() as txn:
+            cut = retention_store.cut_index(txn, self._retention)
+            blob = txn.get(_U64.pack(cut - 1), db=self._retention.bases) if cut > 0 else None
+        if cut > 0 and blob is None:
+            raise StoreError(f"store at {self.path}: no base at the cut ({cut - 1}) to rebuild on")
+        term = retention_store.decode_base(blob).term if blob is not None else 0
+        self._producer_cache.clear()
+        self._head_cache.clear()
+        with self._env.begin(write=True) as txn:
+            for table in self._all_tables():
+                txn.drop(table, delete=False)
+            txn.raw.put(_META_FORMAT, FORMAT_VERSION, db=self._meta.handle)
+            if blob is not None:
+                index = retention_store.install(txn, self._retention, blob, _META_INDEX)
+            else:
+                index = 0
+                txn.put(_META_INDEX, _U64.pack(0), db=self._meta)
+        self._dispatched_index = index
+        self._topic_cache = {t.name: t for t in self.topics()}
+        return index, term
 
     def trim_step(self, max_rows: int) -> int:
         """Delete up to max_rows index rows below the retention cut; 0 when none is left."""
@@ -861,7 +985,7 @@ class MessageReader:
                 # The row and the log must agree; if not, the store is wrong and nothing is
                 # served. (A v2 row keeps the record's size, a v1 row the body's.)
                 size = row.body_bytes if v2 else len(msg.body)
-                if header.queue_id != row.queue_id or size != row.body_bytes:
+                if size != row.body_bytes:
                     raise StoreError(f"{row} does not match the message in the log")
                 out.append(
                     StoredMessage(
@@ -972,6 +1096,8 @@ class MessageReader:
         if row.topic not in (header.topic, MOVED_TOPIC):
             # (A half message moved after max checks is indexed under MOVED_TOPIC in place.)
             raise StoreError(f"{row} points at a batch for topic {header.topic!r}")
+        if header.queue_id != row.queue_id:
+            raise StoreError(f"{row} points at a batch for queue {header.queue_id}")
         return chunk, header
 
 

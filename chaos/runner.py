@@ -37,12 +37,14 @@ from raftmq.chaos.scenarios import (
     FOLLOWER,
     GROUP,
     LEADER,
+    STORAGE_FAULTS,
     FaultSpec,
     Kind,
     Scenario,
     Schedule,
     by_name,
 )
+from raftmq.chaos.storage_faults import StorageFaultError, StorageFaults
 from raftmq.chaos.workload import CONSUMER_GROUP
 from raftmq.client.admin import Admin
 from raftmq.common import tls
@@ -107,8 +109,10 @@ class Nemesis:
         pick: Callable[[list[str]], str],
         console: Console,
         disks: TmpfsDisks | None = None,
+        storage: StorageFaults | None = None,
     ) -> None:
         self.net = net
+        self.storage = storage  # the storage fault step (storage fault scenarios only)
         self.disks = disks  # the group nodes' small data disks (full-disk scenarios only)
         self.runner = runner
         self.group = group
@@ -218,6 +222,10 @@ class Nemesis:
             elif f.kind is Kind.DELAY:
                 self.net.delay(t, f.delay_ms, f.jitter_ms)
                 self._delayed.add(t)
+            elif f.kind in STORAGE_FAULTS:
+                if self.storage is None:
+                    raise RunError(f"{f.name} needs the storage fault step")
+                self.storage.inject(f.kind.value, t, self.leader())
             elif f.kind is Kind.DISK_FULL:
                 if self.disks is None or t not in self.disks.data_dirs:
                     raise RunError(f"{t} has no small data disk to fill")
@@ -586,6 +594,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     names = [p.name for p in spec.processes()]
     client_history = paths.client_history
     security: dict[str, bool] | None = None  # the probes of a secure scenario
+    storage_problems: list[str] = []  # storage faults unreported, unrepaired, replicas differing
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
@@ -599,7 +608,12 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         if scenario.secure:  # after with_hosts: the certificates name the namespace IPs
             make_certs(spec)
         runner = ClusterRunner(spec, wrap=lambda p: net.wrap(p.name))
-        nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks)
+        storage = (
+            StorageFaults(runner, group, TOPIC, spec.namesrv_addresses, console, opts.seed)
+            if any(f.kind in STORAGE_FAULTS for f in schedule.faults)
+            else None
+        )
+        nemesis = Nemesis(net, runner, group, rec, rng_pick.choice, console, disks, storage)
         workload: subprocess.Popen[str] | None = None
         stack = contextlib.ExitStack()  # the harness's signing environment of a secure run
         try:
@@ -656,7 +670,14 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             if not line.startswith("drained"):
                 raise RunError(f"the workload did not drain (said {line.strip()!r})")
             workload.wait(timeout=30)
+            if storage is not None:  # every replica serves the same message at every offset
+                storage.close()
+                storage_problems = storage.problems() + storage.compare_replicas(queues=4)
+        except StorageFaultError as exc:
+            raise RunError(f"the storage fault could not be made: {exc}") from exc
         finally:
+            if storage is not None:
+                storage.close()
             if workload is not None and workload.poll() is None:
                 workload.kill()
                 workload.wait(timeout=10)
@@ -689,6 +710,9 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         passed = False
         bad = ", ".join(k for k, ok in security.items() if not ok)
         verdict = verdict.replace("PASS", "FAIL", 1) + f"; security probe failed: not {bad}"
+    if storage_problems:
+        passed = False
+        verdict = verdict.replace("PASS", "FAIL", 1) + "; " + "; ".join(storage_problems[:5])
     leadership_problem = (
         check_leadership(before, after) if before is not None and after is not None else None
     )
@@ -706,6 +730,17 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "wall_s": round(time.monotonic() - t_setup, 1),
         **({"leadership": {"before": before, "after": after}} if before is not None else {}),
         **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
+        **(
+            {
+                "storage_faults": {
+                    "faults": [w.to_json() for w in storage.watches],
+                    "replica_slots": storage.compared,
+                    "problems": storage_problems,
+                }
+            }
+            if storage is not None
+            else {}
+        ),
         **(
             {"security": {"mutual_tls": True, "auth": True, **security}}
             if security is not None

@@ -24,6 +24,14 @@ class Kind(enum.Enum):
     DELAY = "delay"  # every packet the target sends is held `delay_ms` (+- jitter_ms)
     LOSS = "loss"  # `loss_pct` % of the target's packets dropped, both ways
     DISK_FULL = "disk-full"  # the target's data disk (a small tmpfs) filled; heal: freed
+    # Storage faults (issue 25, chaos/storage_faults.py): one byte of the target's files changed
+    # while it runs; nothing to heal (the node must find, report and repair it by itself).
+    CORRUPT_SEGMENT = "corrupt-segment"  # a record in the middle of a sealed journal segment
+    CORRUPT_ROW = "corrupt-row"  # a ConsumeQueue row's byte (malformed)
+    FORGE_ROW = "forge-row"  # a ConsumeQueue row pointing at another batch (well-formed)
+
+
+STORAGE_FAULTS = (Kind.CORRUPT_SEGMENT, Kind.CORRUPT_ROW, Kind.FORGE_ROW)
 
 
 # Role selectors, resolved by the runner when the fault starts.
@@ -166,6 +174,9 @@ def _random_mix(rng: random.Random, produce_s: float) -> tuple[FaultSpec, ...]:
     return tuple(out)
 
 
+# Storage fault scenarios: 1 MiB journal segments, so that filler sends seal one in seconds.
+STORAGE_SETTINGS = {"broker": {"segment_bytes": 1 << 20}}
+
 # Lifecycle scenarios' cluster settings: check-backs and retries scaled down so that many of
 # them happen inside one ~17 s fault window.
 TXN_SETTINGS = {"broker": {"transaction_timeout_ms": 2_000, "transaction_check_interval_ms": 1_000}}
@@ -240,6 +251,25 @@ SCENARIOS: tuple[Scenario, ...] = (
              "namespace IPs) and auth (the workload signs as a user allowed its topic and group "
              "only); plaintext, certificate-less and unsigned calls refused",
              False, _single(Kind.KILL, LEADER), secure=True),
+    Scenario("leader-corrupt-segment",
+             "flip a byte of a record in the middle of a sealed journal segment of the leader "
+             "under load: reported within seconds, repaired from a peer, never served",
+             False, _single(Kind.CORRUPT_SEGMENT, LEADER), settings=STORAGE_SETTINGS),
+    Scenario("follower-corrupt-segment",
+             "the same on a follower: its scrubber finds it, a peer's copy repairs it",
+             False, _single(Kind.CORRUPT_SEGMENT, FOLLOWER), settings=STORAGE_SETTINGS),
+    Scenario("leader-corrupt-row",
+             "flip a byte of a ConsumeQueue row in the leader's index store under load: the "
+             "index scrub finds it, the leader hands off and rebuilds its index from the log",
+             False, _single(Kind.CORRUPT_ROW, LEADER), settings=STORAGE_SETTINGS),
+    Scenario("follower-corrupt-row", "the same on a follower: no failover, rebuilt in place",
+             False, _single(Kind.CORRUPT_ROW, FOLLOWER), settings=STORAGE_SETTINGS),
+    Scenario("leader-forged-row",
+             "rewrite a ConsumeQueue row of the leader to point at another batch of its queue "
+             "(well-formed: the issue's silent wrong data): caught by its checksum, never served",
+             False, _single(Kind.FORGE_ROW, LEADER), settings=STORAGE_SETTINGS),
+    Scenario("follower-forged-row", "the same on a follower", False,
+             _single(Kind.FORGE_ROW, FOLLOWER), settings=STORAGE_SETTINGS),
     Scenario("random-mix", "seeded random kills, crashes, pauses and partitions (Jepsen-style)",
              False, _random_mix, default_duration_s=90.0),
 )  # fmt: skip

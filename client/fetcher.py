@@ -300,9 +300,14 @@ class QueueFetcher:
             return None
         assert resp is not None
         try:
-            stored = decode_batches(resp.batches, self.queue.broker_group, self.queue.queue_id)
+            stored = decode_batches(
+                resp.batches,
+                self.queue.broker_group,
+                self.queue.queue_id,
+                offsets=(offset, resp.next_offset),
+            )
             messages = [ReceivedMessage.from_stored(m) for m in stored]
-        except Exception as exc:  # a batch that does not decode: never skip it silently
+        except Exception as exc:  # a batch that does not decode or match: never skip it silently
             log.error("consumer.fetch_failed queue=%s offset=%d error=%s", self.queue, offset, exc)
             self._backoff(None)
             return None

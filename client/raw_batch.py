@@ -20,11 +20,16 @@ def named_messages(
     broker_group: str,
     queue_id: int,
     topic: str | None = None,
+    *,
+    offsets: tuple[int, int] | None = None,
 ) -> Iterator[tuple[broker_pb2.RawBatch, int, str, Message]]:
     """(raw batch, position, message id, message) for each message the answer names, in
     queue-offset order (the queue offset is the batch's first_offset + position). Each batch
-    is checked against the answer (queue, and topic if given) before any of it is decoded."""
+    is checked against the request and the answer (queue, topic if given, and with `offsets`
+    = (offset asked for, next offset answered) every queue offset in order inside them)
+    before any of it is decoded: a broker's wrong row is a MalformedBatchError, never data."""
     strings: dict[bytes, str] = {}  # tags and hosts repeat: decode each once per answer
+    last = offsets[0] - 1 if offsets is not None else -1
     for b in batches:
         chunk = b.chunk
         header = produce_chunk.read_header(chunk)
@@ -47,6 +52,15 @@ def named_messages(
                 )
         if positions != sorted(positions):
             raise MalformedBatchError(f"batch {b.raft_index}/{b.slot}: positions out of order")
+        if offsets is not None:
+            for position in positions:
+                at = b.first_offset + position
+                if not last < at < offsets[1]:
+                    raise MalformedBatchError(
+                        f"batch {b.raft_index}/{b.slot} holds offset {at} of queue {queue_id} "
+                        f"after {last}, in an answer from {offsets[0]} to {offsets[1]}"
+                    )
+                last = at
         messages = produce_chunk.messages_at(
             chunk, header, positions, b.byte_offsets, strings, verify=True
         )
@@ -55,9 +69,13 @@ def named_messages(
 
 
 def decode_batches(
-    batches: Iterable[broker_pb2.RawBatch], broker_group: str, queue_id: int
+    batches: Iterable[broker_pb2.RawBatch],
+    broker_group: str,
+    queue_id: int,
+    *,
+    offsets: tuple[int, int] | None = None,
 ) -> list[StoredMessage]:
-    """The messages of a pull answer, in queue-offset order."""
+    """The messages of a pull answer, in queue-offset order (`offsets`: see named_messages)."""
     return [
         StoredMessage(
             msg,
@@ -70,5 +88,7 @@ def decode_batches(
             b.slot,
             position,
         )
-        for b, position, msg_id, msg in named_messages(batches, broker_group, queue_id)
+        for b, position, msg_id, msg in named_messages(
+            batches, broker_group, queue_id, offsets=offsets
+        )
     ]

@@ -159,7 +159,9 @@ class BrokerIO:
                 self.routes.invalidate(q.topic)
             raise
         assert isinstance(resp, broker_pb2.PullMessageResponse)
-        stored = decode_batches(resp.batches, q.broker_group, q.queue_id)
+        stored = decode_batches(
+            resp.batches, q.broker_group, q.queue_id, offsets=(offset, resp.next_offset)
+        )
         return Pulled(
             resp.status,
             [ReceivedMessage.from_stored(m) for m in stored],

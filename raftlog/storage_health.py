@@ -54,6 +54,11 @@ class CorruptRecord:
     reason: str
 
     def describe(self) -> str:
+        if self.where == "index store":  # the path names the table and key; the log rebuilds it
+            return (
+                f"{self.reason}; never served, the index store is being rebuilt from the log (if "
+                "this stays: stop this node, delete its store directory and start it again)"
+            )
         at = f"offset {self.offset}" + (f" (index {self.index})" if self.index is not None else "")
         return (
             f"{at}: {self.reason}; never served, being fetched again from a peer (if this "
@@ -128,13 +133,16 @@ class StorageHealth:
         log.error(
             "storage.corrupt_record node=%s where=%s path=%s offset=%d index=%s reason=%s: "
             "the record is never served; this node reports it in its status, does not lead and "
-            "fetches it again from a peer",
+            "%s",
             self.node_id,
             rec.where,
             rec.path,
             rec.offset,
             rec.index if rec.index is not None else "unknown",
             rec.reason.replace(" ", "_"),
+            "rebuilds its index store from the log"
+            if rec.where == "index store"
+            else "fetches it again from a peer",
         )
 
     def repaired(self, path: str, offset: int) -> None:

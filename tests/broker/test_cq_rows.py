@@ -247,19 +247,14 @@ def test_the_index_of_a_backlog_of_equal_messages_stays_under_a_byte_a_message()
         assert rows[0].chunk_offset_bytes == 40 + 126 * 1000
 
 
-def test_a_format_2_store_is_read_and_marked_3_an_unknown_one_refused(tmp_path: Path) -> None:
-    """Rows of a format-2 store read as they are (no flags); once this build may write stepped
-    columns the store says format 3, which an older build (format 2 only) refuses instead of
-    taking the flags for a count."""
+def test_a_format_2_store_is_read_and_marked_4_an_unknown_one_refused(tmp_path: Path) -> None:
+    """Rows of a format-2 store read as they are (no flags) once sealed in place; the store then
+    says format 4, which an older build refuses instead of taking the flags for a count or the
+    checksums for columns."""
     import lmdb
 
     from raftmq.broker.errors import StoreError
-
-    def set_format(value: bytes) -> None:
-        env = lmdb.open(str(tmp_path), max_dbs=64, subdir=True)
-        with env.begin(write=True) as txn:
-            txn.put(b"format", value, db=env.open_db(b"meta", txn=txn))
-        env.close()
+    from tests.broker.test_checked_rows import as_written_by_format
 
     with MessageStore(tmp_path, map_size_bytes=32 << 20) as s:
         s.apply(
@@ -267,16 +262,17 @@ def test_a_format_2_store_is_read_and_marked_3_an_unknown_one_refused(tmp_path: 
                 1, 1, cq_batches=(CQBatch(TOPIC, 0, 0, 1, 0, 5, (9, 19), (4, 4), (7, 8)),)
             )
         )
-    set_format(b"2")
+    as_written_by_format(tmp_path, b"2")
     with MessageStore(tmp_path, map_size_bytes=32 << 20) as s:
         assert [(r.chunk_offset_bytes, r.tag_hash) for r in s.read_queue(TOPIC, 0, 0, 10)] == [
             (9, 7),
             (19, 8),
         ]
-    env = lmdb.open(str(tmp_path), max_dbs=64, subdir=True, readonly=True)
-    with env.begin() as txn:
-        assert txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False)) == b"3"
+    env = lmdb.open(str(tmp_path), max_dbs=64, subdir=True)
+    with env.begin(write=True) as txn:
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        assert txn.get(b"format", db=meta) == b"4"
+        txn.put(b"format", b"1", db=meta)
     env.close()
-    set_format(b"1")
     with pytest.raises(StoreError, match="has format"):
         MessageStore(tmp_path, map_size_bytes=32 << 20)

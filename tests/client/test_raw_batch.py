@@ -104,3 +104,30 @@ def test_a_position_outside_its_batch_is_refused(
     bad.positions[-1] = count + shift if shift >= 0 else shift
     with pytest.raises(MalformedBatchError):
         list(named_messages(raws, "broker-a", batches[0].queue_id))
+
+
+@settings(max_examples=30, deadline=None)
+@given(answers(), st.data())
+def test_offsets_outside_the_request_or_out_of_order_are_refused(
+    answer: tuple[list[ProduceBatch], list[broker_pb2.RawBatch]], data: st.DataObject
+) -> None:
+    """Issue 25: what the client asked for (from `offset`) and the answer says (up to
+    next_offset) bound every offset, in order; a broker serving another batch's rows there (a
+    wrong index row) is caught here too, whatever its own checks did."""
+    batches, raws = answer
+    queue = batches[0].queue_id
+    offsets = [r.first_offset + p for r in raws for p in r.positions]
+    asked, after = offsets[0], offsets[-1] + 1
+    assert len(decode_batches(raws, "broker-a", queue, offsets=(asked, after))) == len(offsets)
+    bad = data.draw(
+        st.sampled_from(["above the request", "past next offset", "repeated batch"]), label="bad"
+    )
+    if bad == "above the request":
+        window = (asked + 1, after)
+    elif bad == "past next offset":
+        window = (asked, after - 1)
+    else:
+        raws = [*raws, raws[-1]]
+        window = (asked, after)
+    with pytest.raises(MalformedBatchError):
+        decode_batches(raws, "broker-a", queue, offsets=window)
