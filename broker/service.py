@@ -384,6 +384,9 @@ def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2
     st = node.status()
     storage = node.health.error
     leader = node.leader()
+    ret = node.retention
+    nxt = ret.next_cut if ret is not None and st.role is Role.LEADER else None
+    at_risk = ret.at_risk if ret is not None and nxt is not None else ()
     topics = []
     for cfg in node.topics()[:MAX_STATUS_TOPICS]:
         queues = []
@@ -410,7 +413,13 @@ def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2
         first_index=st.first_index,
         retention_cut_index=node.store.cut_index,
         disk_pressure=node.disk_pressure or "",
-        journal_bytes=node.retention.journal_bytes() if node.retention is not None else 0,
+        journal_bytes=ret.journal_bytes() if ret is not None else 0,
+        next_cut_index=nxt.cut_index if nxt is not None else 0,
+        next_cut_due_ms=nxt.due_ms if nxt is not None else 0,
+        next_cut_losses=[
+            broker_pb2.GroupLag(consumer_group=x.group, topic=x.topic, lag=x.messages)
+            for x in at_risk
+        ],
         disk_used_ratio=disk_used_ratio(node),
         group_lags=group_lags(node) if include_lags and st.role is Role.LEADER else [],
     )

@@ -25,6 +25,7 @@ from raftmq.broker.errors import (
     StoreWriteError,
 )
 from raftmq.broker.queue_lock import Lease
+from raftmq.broker.retention import GroupLoss, QueueCut
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
@@ -393,6 +394,11 @@ class MessageStore:
                 if more:
                     floors.append(_U64.unpack_from(cur.key())[0])
         return min(floors, default=None)
+
+    def preview_cut(self, cut: int) -> tuple[list[QueueCut], list[GroupLoss]] | None:
+        """What a cut at `cut` would move and who would lose what (read-only; None: no base)."""
+        with self._env.begin() as txn:
+            return retention_store.preview_cut(txn, self._retention, cut)
 
     def base_indexes(self) -> list[int]:
         with self._env.begin() as txn:

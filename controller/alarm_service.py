@@ -5,9 +5,10 @@ logs each firing and resolved event and POSTs it as JSON to `alarm_webhook_url`.
 Measured: no_leader from the controller's own record and the brokers' role reports (the leader
 it records has not reported within `balance_alive_ms`, or there is none); the rest from one
 GetBrokerStatus(include_lags) per broker node (1 s deadline, in parallel): each node's disk use,
-each follower's distance to its leader's commit index, each (group, topic)'s lag and each
-group's DLQ size on the leaders. A kind whose inputs are incomplete this round (a leader did not
-answer) is not measured, so its alarms neither fire nor resolve on partial data.
+each follower's distance to its leader's commit index, each (group, topic)'s lag, each group's
+DLQ size and what the next retention cut deletes unconsumed, on the leaders. A kind whose inputs
+are incomplete this round (a leader did not answer) is not measured, so its alarms neither fire
+nor resolve on partial data.
 
 Each firing and resolution goes through the controller's Raft log before it is logged and
 posted: a new controller leader starts from the replicated firing alarms (no second firing of
@@ -49,7 +50,14 @@ WEBHOOK_TIMEOUT_S = 3.0
 WEBHOOK_ATTEMPTS = 3
 DLQ_PREFIX = "%DLQ%"
 BROKER_KINDS = frozenset(
-    {Kind.GROUP_LAG, Kind.DLQ_GROWTH, Kind.DISK_USED, Kind.FOLLOWER_BEHIND, Kind.STORAGE_ERROR}
+    {
+        Kind.GROUP_LAG,
+        Kind.DLQ_GROWTH,
+        Kind.DISK_USED,
+        Kind.FOLLOWER_BEHIND,
+        Kind.STORAGE_ERROR,
+        Kind.RETENTION_LOSS,
+    }
 )
 
 
@@ -245,6 +253,7 @@ class AlarmService:
         behind: dict[str, float | None] = {}
         lag: dict[str, float | None] = {}
         dlq: dict[str, float | None] = {}
+        loss: dict[str, float | None] = {}
         complete = True  # every group's leader answered
         by_group: dict[str, list[tuple[str, broker_pb2.BrokerStatus | None]]] = {}
         for (group, node_id, _), st in zip(calls, statuses, strict=True):
@@ -269,6 +278,9 @@ class AlarmService:
             for gl in leader.group_lags:
                 key = f"{gl.consumer_group}/{gl.topic}"
                 lag[key] = (lag.get(key) or 0.0) + gl.lag
+            for gl in leader.next_cut_losses:
+                key = f"{gl.consumer_group}/{gl.topic}"
+                loss[key] = (loss.get(key) or 0.0) + gl.lag
             for t in leader.topics:
                 if t.topic.startswith(DLQ_PREFIX):
                     name = t.topic.removeprefix(DLQ_PREFIX)
@@ -284,6 +296,8 @@ class AlarmService:
             out[Kind.GROUP_LAG] = lag
         if complete and Kind.DLQ_GROWTH in kinds:
             out[Kind.DLQ_GROWTH] = dlq
+        if complete and Kind.RETENTION_LOSS in kinds:
+            out[Kind.RETENTION_LOSS] = loss
         return out
 
     def _status(self, address: str) -> broker_pb2.BrokerStatus | None:

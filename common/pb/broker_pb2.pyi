@@ -415,7 +415,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes", "disk_used_ratio", "group_lags")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes", "next_cut_index", "next_cut_due_ms", "next_cut_losses", "disk_used_ratio", "group_lags")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +442,9 @@ class BrokerStatus(_message.Message):
     RETENTION_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
     DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_LOSSES_FIELD_NUMBER: _ClassVar[int]
     DISK_USED_RATIO_FIELD_NUMBER: _ClassVar[int]
     GROUP_LAGS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
@@ -463,9 +466,12 @@ class BrokerStatus(_message.Message):
     retention_cut_index: int
     disk_pressure: str
     journal_bytes: int
+    next_cut_index: int
+    next_cut_due_ms: int
+    next_cut_losses: _containers.RepeatedCompositeFieldContainer[GroupLag]
     disk_used_ratio: float
     group_lags: _containers.RepeatedCompositeFieldContainer[GroupLag]
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ..., disk_used_ratio: _Optional[float] = ..., group_lags: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ...) -> None: ...
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ..., next_cut_index: _Optional[int] = ..., next_cut_due_ms: _Optional[int] = ..., next_cut_losses: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ..., disk_used_ratio: _Optional[float] = ..., group_lags: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ...) -> None: ...
 
 class GroupLag(_message.Message):
     __slots__ = ("consumer_group", "topic", "lag")

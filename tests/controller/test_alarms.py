@@ -126,10 +126,12 @@ def test_rules_parse_and_bad_rules_say_what_to_write() -> None:
     rules = parse_rules(
         "group_lag > 1000 for 1m; dlq_growth > 0 within 5m; no_leader for 30s;"
         " disk_used > 0.9 for 1m; follower_behind > 10000 for 30s; storage_error for 10s;"
+        " retention_loss > 0"
     )
     assert [r.kind for r in rules] == list(Kind)
-    assert rules[-1].name == "storage_error for 10s" and rules[-1].holds(1.0)
-    assert not rules[-1].holds(0.0)
+    assert rules[-2].name == "storage_error for 10s" and rules[-2].holds(1.0)
+    assert not rules[-2].holds(0.0)
+    assert rules[-1] == Rule(Kind.RETENTION_LOSS) and rules[-1].name == "retention_loss > 0"
     assert rules[0] == Rule(Kind.GROUP_LAG, 1000.0, 60_000)
     assert rules[1].within_ms == 300_000 and rules[2].threshold == 0.0
     assert [r.name for r in rules][:3] == [
