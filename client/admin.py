@@ -63,6 +63,23 @@ log = logging.getLogger("raftmq.admin")
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
+MAX_RANGE_MESSAGES = 10_000  # per messages_in_queue call
+READER_GROUP = "raftmq-admin-reader"  # the group an admin read pulls as (it commits nothing)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterResend:
+    msg_id: str  # the dead letter
+    outcome: str  # "resent", "skipped" (resent before), "would resend" (a dry run)
+    new_msg_id: str  # the copy sent now (resent) or before (skipped); "" for a dry run
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRange:
+    queue: QueueRef
+    min_offset: int  # the queue's bounds when read: below min, deleted by retention
+    max_offset: int
+    messages: list[ReceivedMessage]
 
 
 def check_queue_count(topic: str, queues: object) -> int:
@@ -708,6 +725,67 @@ class Admin:
             while len(out) < expect and time.monotonic() < deadline:
                 out.extend(reader.poll(200, max_messages=expect - len(out)))
         return out
+
+    @checked
+    def resend_dead_letters(
+        self, group: str, *, max_count: int = 100, dry_run: bool = False, force: bool = False
+    ) -> list[DeadLetterResend]:
+        """`raftmq dlq resend --group`: each of the group's dead letters (at most max_count,
+        oldest first per queue) back to its original topic, once: one resent before is skipped
+        (named with its first resend) unless `force`. `dry_run` decides the same and sends
+        nothing. A failure stops the run; its message says how many went before it (a second run
+        skips those, as resent before)."""
+        out: list[DeadLetterResend] = []
+        for m in self.dead_letters(group, max_count=max_count):
+            earlier = [] if force else self._resends_of(m.msg_id)
+            if earlier:
+                out.append(DeadLetterResend(m.msg_id, "skipped", earlier[0].new_msg_id))
+            elif dry_run:
+                out.append(DeadLetterResend(m.msg_id, "would resend", ""))
+            else:
+                try:
+                    sent = self.resend_dead_letter(m.msg_id, force=True)  # checked just above
+                except RaftMQError as exc:
+                    done = sum(1 for x in out if x.outcome == "resent")
+                    exc.details["resent_before_the_failure"] = str(done)
+                    exc.message += (
+                        f" (dead letter {m.msg_id}; {done} resent before it, each once: run "
+                        "the same command again to go on)"
+                    )
+                    raise
+                out.append(DeadLetterResend(m.msg_id, "resent", sent.msg_id))
+        return out
+
+    @checked
+    def messages_in_queue(
+        self, queue: QueueRef, begin: int, end: int | None = None, *, timeout_ms: int = 10_000
+    ) -> QueueRange:
+        """The messages of one queue at offsets begin..end-1 (mqadmin's queryMsgByOffset and
+        printMsgByQueue, kafka-console-consumer's --partition --offset): `end` None = one
+        message. Read without committing anything; at most MAX_RANGE_MESSAGES. Offsets below
+        the queue's min offset are gone (retention): the range starts at it and says so."""
+        check_offset(begin, "begin")
+        end = begin + 1 if end is None else end
+        if end <= begin:
+            raise InvalidArgumentError(f"the range {begin}..{end} is empty: end must exceed begin")
+        if end - begin > MAX_RANGE_MESSAGES:
+            raise InvalidArgumentError(
+                f"at most {MAX_RANGE_MESSAGES} messages per range; ask for {begin}.."
+                f"{begin + MAX_RANGE_MESSAGES} and go on from there"
+            )
+        low, high = BrokerOffsets(READER_GROUP, self.routes, self._pool).bounds(queue)
+        first, stop = max(begin, low), min(end, high)
+        found: dict[int, ReceivedMessage] = {}
+        if first < stop:
+            with PullConsumer(self.routes.namesrv_addresses, READER_GROUP) as reader:
+                reader.assign([queue])
+                reader.seek(queue, first)
+                deadline = time.monotonic() + timeout_ms / 1000
+                while len(found) < stop - first and time.monotonic() < deadline:
+                    for m in reader.poll(200, max_messages=stop - first - len(found)):
+                        if first <= m.queue_offset < stop:
+                            found[m.queue_offset] = m
+        return QueueRange(queue, low, high, [found[o] for o in sorted(found)])
 
     @checked
     def resend_dead_letter(self, msg_id: str, *, force: bool = False) -> SendResult:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
+from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
 from raftmq.client.admin import Admin
@@ -22,7 +23,7 @@ from raftmq.client.messages import OutgoingMessage, ReceivedMessage
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
 from raftmq.common.errors import InvalidArgumentError, InvalidMessageError
 from raftmq.common.message import Message, MessageLimits, validate_message
-from raftmq.common.pb import common_pb2
+from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
 from raftmq.ops.terminal_text import literal
 
@@ -173,6 +174,26 @@ def broker_status(args: argparse.Namespace) -> int:
     groups = cli_data._groups(args)
     with Admin(cli_data._namesrv(args)) as admin:
         nodes = admin.broker_statuses(groups)
+    if args.json:  # every field of each node's status (the config only with --config)
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": n.broker_group,
+                    "node_id": n.node_id,
+                    "address": n.address,
+                    "error": n.error,
+                    "status": None
+                    if n.status is None
+                    else MessageToDict(
+                        _without_config(n.status, args.config),
+                        preserving_proto_field_name=True,
+                        always_print_fields_with_no_presence=True,
+                    ),
+                }
+                for n in nodes
+            ]
+        )
+        return 0
     table = Table(title="broker nodes")
     for col in (
         "group", "node", "address", "role", "term", "commit", "applied", "dispatched",
@@ -214,6 +235,15 @@ def broker_status(args: argparse.Namespace) -> int:
             conf.add_row(literal(k), *(literal(st.config.get(k, "")) for _, st in shown))
         cli_data.console.print(conf)
     return 0
+
+
+def _without_config(st: broker_pb2.BrokerStatus, config: bool) -> broker_pb2.BrokerStatus:
+    if config:
+        return st
+    out = broker_pb2.BrokerStatus()
+    out.CopyFrom(st)
+    out.ClearField("config")
+    return out
 
 
 # ---- produce from standard input, consume as JSON ----------------------------------------------
@@ -356,6 +386,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = bsub.add_parser("status", help="every node: role, term, indexes, storage (and --config)")
     p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
     p.add_argument("--config", action="store_true", help="also each node's settings")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=broker_status)
 
 
