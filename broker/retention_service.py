@@ -47,9 +47,6 @@ class RetentionService:
         s = node.settings
         self._node = node
         self._rlog = rlog
-        self._policy = RetentionPolicy(s.retention_ms, s.retention_bytes)
-        self._limits = DiskLimits(s.max_store_bytes, s.disk_max_used_ratio)
-        self._interval_s = s.retention_check_interval_ms / 1000
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"retention-{s.node_id}", daemon=True
@@ -71,12 +68,27 @@ class RetentionService:
     def journal_bytes(self) -> int:
         return sum(seg.size_bytes for seg in self._rlog.segments())
 
+    # The settings are read at each use: `raftmq broker config` changes them live
+    # (broker/live_settings.py).
+    @property
+    def _policy(self) -> RetentionPolicy:
+        s = self._node.settings
+        return RetentionPolicy(s.retention_ms, s.retention_bytes)
+
+    @property
+    def _limits(self) -> DiskLimits:
+        s = self._node.settings
+        return DiskLimits(s.max_store_bytes, s.disk_max_used_ratio)
+
+    @property
+    def _interval_s(self) -> float:
+        return self._node.settings.retention_check_interval_ms / 1000
+
     def _run(self) -> None:
         # The disk is checked at least once a second whatever the retention interval: a leader
         # past its threshold must hand off before its disk fills (issue 25).
-        tick_s = min(self._interval_s, DISK_CHECK_S)
         next_step = time.monotonic() + self._interval_s
-        while not self._stop.wait(tick_s):
+        while not self._stop.wait(min(self._interval_s, DISK_CHECK_S)):
             try:
                 if time.monotonic() >= next_step:
                     next_step = time.monotonic() + self._interval_s

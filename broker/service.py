@@ -7,13 +7,14 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Iterable
 
 import grpc
 
-from raftmq.broker import requests
+from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.time_query import Cursor
@@ -29,6 +30,7 @@ ROLE_TO_PB = {
     Role.CANDIDATE: common_pb2.CANDIDATE,
 }
 DEADLINE_MARGIN_S = 0.2  # answer a long poll this long before the caller's deadline
+log = logging.getLogger("broker.service")
 MAX_STATUS_TOPICS = 1000  # GetBrokerStatus lists at most this many topics
 
 
@@ -272,6 +274,22 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.GetBrokerStatusRequest, context: grpc.ServicerContext
     ) -> broker_pb2.BrokerStatus:
         return broker_status(self.node, include_lags=request.include_lags)
+
+    @rpc_errors
+    def UpdateBrokerConfig(
+        self, request: broker_pb2.UpdateBrokerConfigRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.UpdateBrokerConfigResponse:
+        before = self.node.settings
+        p = live_settings.plan(before, dict(request.settings))
+        if not request.dry_run and not p.refused:
+            self.node.settings = p.settings  # readers of live keys read it at each use
+            live_settings.take_effect(before, p.settings)
+            log.warning(
+                "broker.config_changed node=%s %s: until the node restarts",
+                self.node.me.node_id,
+                " ".join(f"{k}={v}" for k, v in sorted(p.applied.items())),
+            )
+        return broker_pb2.UpdateBrokerConfigResponse(applied=p.applied, refused=p.refused)
 
     @rpc_errors
     def LeadershipTransfer(

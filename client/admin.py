@@ -4,6 +4,7 @@ broker group's leader (found through the NameServers)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -181,6 +182,15 @@ class NodeStatus:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class NodeConfigChange:
+    broker_group: str
+    node_id: str
+    applied: dict[str, str]  # key -> value in force now (empty when anything was refused)
+    refused: dict[str, str]  # key -> why
+    error: str = ""  # the node did not answer
+
+
 class Admin:
     """A context manager; thread-safe."""
 
@@ -258,6 +268,42 @@ class Admin:
                     out.append(NodeStatus(g.broker_group, n.node_id, n.address, None, exc.message))
                     continue
                 out.append(NodeStatus(g.broker_group, n.node_id, n.address, st))
+        return out
+
+    @checked
+    def update_broker_config(
+        self,
+        settings: dict[str, str],
+        broker_groups: Sequence[str] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> list[NodeConfigChange]:
+        """mqadmin's updateBrokerConfig: change settings that take effect without a restart on
+        every node of every (or the named) broker group, all or nothing per node (a refused key
+        names why; nothing changes on that node). Until the node restarts: the cluster
+        description keeps the value for good. A node that does not answer is listed with its
+        error; a denial is raised."""
+        if not settings:
+            raise InvalidArgumentError("no setting to change: give KEY=VALUE")
+        req = broker_pb2.UpdateBrokerConfigRequest(settings=settings, dry_run=dry_run)
+        out = []
+        for g in self._select(broker_groups):
+            for n in g.nodes:
+                call = functools.partial(
+                    self._stub(n.address).UpdateBrokerConfig, req, timeout=RPC_TIMEOUT_S
+                )
+                try:
+                    resp = self._rpc(call)
+                except (PermissionDeniedError, UnauthenticatedError):
+                    raise
+                except RaftMQError as exc:
+                    out.append(NodeConfigChange(g.broker_group, n.node_id, {}, {}, exc.message))
+                    continue
+                out.append(
+                    NodeConfigChange(
+                        g.broker_group, n.node_id, dict(resp.applied), dict(resp.refused)
+                    )
+                )
         return out
 
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerStub:

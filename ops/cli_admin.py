@@ -237,6 +237,54 @@ def broker_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def broker_config(args: argparse.Namespace) -> int:
+    """Change settings live on every node of --groups (all by default): a table of what each
+    node now runs with, or why it refused (then it changed nothing; exit 1)."""
+    changes: dict[str, str] = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
+        changes[key.strip()] = value.strip()
+    with Admin(cli_data._namesrv(args)) as admin:
+        nodes = admin.update_broker_config(changes, cli_data._groups(args), dry_run=args.dry_run)
+    refused = any(n.refused or n.error for n in nodes)
+    if args.json:
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": n.broker_group,
+                    "node_id": n.node_id,
+                    "applied": n.applied,
+                    "refused": n.refused,
+                    "error": n.error,
+                }
+                for n in nodes
+            ]
+        )
+        return 1 if refused else 0
+    verb = "would change" if args.dry_run else "changed"
+    table = Table(title=f"broker settings: {verb} until each node restarts")
+    for col in ("node", "key", "value", "refused because"):
+        table.add_column(col, overflow="fold")
+    for n in nodes:
+        node = literal(f"{n.broker_group}/{n.node_id}")
+        if n.error:
+            table.add_row(node, "", "", f"[red]{literal(n.error)}[/]")
+        for k, v in sorted(n.applied.items()):
+            table.add_row(node, literal(k), literal(v), "")
+        for k, why in sorted(n.refused.items()):
+            table.add_row(node, literal(k), literal(changes.get(k, "")), f"[red]{literal(why)}[/]")
+    cli_data.console.print(table)
+    if refused:
+        cli_data.console.print("[red]nothing changed where a key was refused[/]")
+    elif not args.dry_run:
+        cli_data.console.print(
+            "to keep them after a restart, set them in the cluster description too", highlight=False
+        )
+    return 1 if refused else 0
+
+
 def _without_config(st: broker_pb2.BrokerStatus, config: bool) -> broker_pb2.BrokerStatus:
     if config:
         return st
@@ -388,6 +436,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--config", action="store_true", help="also each node's settings")
     p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=broker_status)
+    p = bsub.add_parser(
+        "config",
+        help="change settings that take effect without a restart (KEY=VALUE ...), on every "
+        "node; others are refused with the reason",
+    )
+    p.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="check only; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=broker_config)
 
 
 def add_produce_args(p: argparse.ArgumentParser) -> None:

@@ -159,6 +159,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
                 _registered_method=True)
+        self.UpdateBrokerConfig = channel.unary_unary(
+                '/raftmq.v1.Broker/UpdateBrokerConfig',
+                request_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -331,6 +336,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateBrokerConfig(self, request, context):
+        """`raftmq broker config KEY=VALUE` (mqadmin updateBrokerConfig, issue 26): change this node's
+        settings that take effect without a restart (broker/live_settings.py); all or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -458,6 +471,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.QueryStats,
                     request_deserializer=raftmq_dot_broker__pb2.QueryStatsRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.QueryStatsResponse.SerializeToString,
+            ),
+            'UpdateBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateBrokerConfig,
+                    request_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1135,6 +1153,33 @@ class Broker:
             '/raftmq.v1.Broker/QueryStats',
             raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
             raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/UpdateBrokerConfig',
+            raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+            raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -108,6 +108,10 @@ class BrokerStub:
         _broker_pb2.QueryStatsRequest,
         _broker_pb2.QueryStatsResponse,
     ]
+    UpdateBrokerConfig: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.UpdateBrokerConfigRequest,
+        _broker_pb2.UpdateBrokerConfigResponse,
+    ]
 
 
 class BrokerServicer:
@@ -236,6 +240,11 @@ class BrokerServicer:
         request: _broker_pb2.QueryStatsRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.QueryStatsResponse: ...
+    def UpdateBrokerConfig(
+        self,
+        request: _broker_pb2.UpdateBrokerConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.UpdateBrokerConfigResponse: ...
 
 
 def add_BrokerServicer_to_server(

@@ -120,3 +120,35 @@ def test_read_commands_print_json(
     if dead:
         out, _ = run(cluster, capsys, "dlq", "show", "--id", dead[0].msg_id, "--json")
         assert json.loads(out)["msg_id"] == dead[0].msg_id
+
+
+def test_broker_settings_change_live_on_the_named_groups_or_are_refused_with_why(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def intervals() -> dict[str, str]:
+        out, _ = run(cluster, capsys, "broker", "status", "--config", "--json")
+        return {
+            f"{n['broker_group']}/{n['node_id']}": n["status"]["config"][
+                "retention_check_interval_ms"
+            ]
+            for n in json.loads(out)
+        }
+
+    before = intervals()
+    assert set(before.values()) == {"10000"}, before
+    out, _ = run(cluster, capsys, "broker", "config", "retention_check_interval_ms=7000",
+                 "--groups", "broker-b")  # fmt: skip
+    assert "broker-b/n0" in out and "7000" in out and "broker-a" not in out, out
+    now = intervals()
+    assert {k for k, v in now.items() if v == "7000"} == {f"broker-b/n{i}" for i in range(3)}
+    # A key read at start, and a bad value: refused with the reason, nothing changes.
+    for item, why in (("data_dir=/x", "restart the node"), ("retention_ms=-1", "must be >= 0")):
+        code = cli.main(["--namesrv", cluster.namesrv, "broker", "config",
+                         "retention_check_interval_ms=9000", item, "--json"])  # fmt: skip
+        out, _ = capsys.readouterr()
+        nodes = json.loads(out)
+        assert code == 1 and len(nodes) == 6, out
+        assert all(not n["applied"] and why in str(n["refused"]) for n in nodes), nodes
+    assert intervals() == now
+    run(cluster, capsys, "broker", "config", "retention_check_interval_ms=10000")
+    assert intervals() == before
