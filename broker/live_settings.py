@@ -21,6 +21,7 @@ LIVE = {
     "max_store_bytes": "at the disk guard's next check (within 1 s)",
     "disk_max_used_ratio": "at the disk guard's next check (within 1 s)",
     "log_level": "at once",
+    "accept_sends": "at once for sends; routes at the next registration (heartbeat_interval_ms)",
 }
 MAX_KEYS = 64  # per request
 

@@ -179,6 +179,7 @@ def topic_route(args: argparse.Namespace) -> int:
                     "term": g.term if g else 0,
                     "read_queues": q.read_queue_nums,
                     "write_queues": q.write_queue_nums,
+                    "writable": q.writable,  # false: its topic or its broker takes no sends
                 }
                 for q, g in groups
             ]

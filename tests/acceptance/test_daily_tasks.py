@@ -14,6 +14,7 @@ from raftmq.client.admin import Admin
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
+from raftmq.common.errors import PermissionDeniedError
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
 from tests.acceptance.cluster import create_topic
@@ -152,3 +153,25 @@ def test_broker_settings_change_live_on_the_named_groups_or_are_refused_with_why
     assert intervals() == now
     run(cluster, capsys, "broker", "config", "retention_check_interval_ms=10000")
     assert intervals() == before
+
+
+def test_a_broker_groups_write_permission_is_wiped_and_given_back(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mqadmin's wipeWritePerm: broker-b takes no sends, its routes say so (producers go to
+    broker-a), a send naming its queue is refused saying what to do; then it is given back."""
+
+    def writable() -> dict[str, bool]:
+        out, _ = run(cluster, capsys, "topic", "route", TOPIC, "--json")
+        return {r["broker_group"]: r["writable"] for r in json.loads(out)}
+
+    run(cluster, capsys, "broker", "config", "accept_sends=false", "--groups", "broker-b")
+    try:
+        wait_until(lambda: writable() == {"broker-a": True, "broker-b": False}, 30, "the route")
+        with Producer(cluster.namesrv) as producer:
+            assert {producer.send(TOPIC, b"w").broker_group for _ in range(6)} == {"broker-a"}
+            with pytest.raises(PermissionDeniedError, match="accept_sends=true --groups broker-b"):
+                producer.send(TOPIC, b"w", queue=QueueRef(TOPIC, "broker-b", 0))
+    finally:
+        run(cluster, capsys, "broker", "config", "accept_sends=true", "--groups", "broker-b")
+    wait_until(lambda: all(writable().values()), 30, "broker-b writable again")
