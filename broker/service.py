@@ -31,6 +31,7 @@ ROLE_TO_PB = {
 }
 DEADLINE_MARGIN_S = 0.2  # answer a long poll this long before the caller's deadline
 log = logging.getLogger("broker.service")
+MAX_LISTED_PRODUCERS = 10_000  # rows of one ListProducers answer
 MAX_STATUS_TOPICS = 1000  # GetBrokerStatus lists at most this many topics
 
 
@@ -290,6 +291,26 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
                 " ".join(f"{k}={v}" for k, v in sorted(p.applied.items())),
             )
         return broker_pb2.UpdateBrokerConfigResponse(applied=p.applied, refused=p.refused)
+
+    @rpc_errors
+    def ListProducers(
+        self, request: broker_pb2.ListProducersRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ListProducersResponse:
+        self.node.require_readable(allow_follower_read=False)
+        rows, more = self.node.store.producer_rows(MAX_LISTED_PRODUCERS, request.topic)
+        return broker_pb2.ListProducersResponse(
+            producers=[
+                broker_pb2.ProducerQueue(
+                    producer_id=pid,
+                    topic=topic,
+                    queue_id=queue_id,
+                    last_sequence=st.last_sequence,
+                    last_store_timestamp_ms=st.last_store_timestamp_ms,
+                )
+                for pid, topic, queue_id, st in rows
+            ],
+            truncated=more,
+        )
 
     @rpc_errors
     def LeadershipTransfer(

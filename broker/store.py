@@ -770,6 +770,25 @@ class MessageStore:
                 out[_U32.unpack_from(k, len(prefix))[0]] = _U64.unpack(v)[0]
         return out
 
+    def producer_rows(
+        self, max_rows: int, topic: str = ""
+    ) -> tuple[list[tuple[str, str, int, ProducerState]], bool]:
+        """(producer id, topic, queue id, state) of the producer table in key order, at most
+        `max_rows` (of `topic` only, when given); True when more rows were left."""
+        out: list[tuple[str, str, int, ProducerState]] = []
+        with self._env.begin() as txn, txn.cursor(db=self._producers) as cur:
+            for k, v in cur.iternext():
+                n = _U32.unpack_from(k)[0]
+                pid, rest = k[4 : 4 + n], k[4 + n :]
+                name = rest[:-5].decode("utf-8", "replace")
+                if topic and name != topic:
+                    continue
+                if len(out) >= max_rows:
+                    return out, True
+                state = _decode_producer(v)
+                out.append((pid.decode("utf-8", "replace"), name, _U32.unpack(rest[-4:])[0], state))
+        return out, False
+
     def all_committed_offsets(self, max_rows: int) -> list[tuple[str, str, int, int]]:
         """(group, topic, queue id, offset) of every committed offset, in key order, at most
         `max_rows` (metrics and the admin's group list read this; the bound keeps a scrape

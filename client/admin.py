@@ -183,6 +183,16 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerQueue:
+    broker_group: str
+    producer_id: str
+    topic: str
+    queue_id: int
+    last_sequence: int
+    last_store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfigChange:
     broker_group: str
     node_id: str
@@ -303,6 +313,40 @@ class Admin:
                     NodeConfigChange(
                         g.broker_group, n.node_id, dict(resp.applied), dict(resp.refused)
                     )
+                )
+        return out
+
+    @checked
+    def producers(self, topic: str = "") -> list[ProducerQueue]:
+        """mqadmin's producerConnection: the idempotent producers that wrote to each broker
+        group (of `topic`, or of every topic), from the replicated producer table its leader
+        holds: which queues, their last sequence, when their last batch was stored. A producer
+        made with idempotent=False keeps no row. Raises if a group's answer was cut short."""
+        if topic:
+            validate_topic(topic, allow_system=True)
+        out = []
+        for g in self._select(None):
+            resp = self._on_leader(
+                g,
+                lambda s: s.ListProducers(
+                    broker_pb2.ListProducersRequest(topic=topic), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            out += [
+                ProducerQueue(
+                    g.broker_group,
+                    p.producer_id,
+                    p.topic,
+                    p.queue_id,
+                    p.last_sequence,
+                    p.last_store_timestamp_ms,
+                )
+                for p in resp.producers
+            ]
+            if resp.truncated:
+                raise InvalidArgumentError(
+                    f"broker group {g.broker_group} holds more producer rows than one answer; "
+                    "name a topic (--topic) to list fewer"
                 )
         return out
 

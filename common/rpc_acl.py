@@ -161,6 +161,7 @@ RULES: dict[str, Rule] = {
     _v1("Broker", "ResendDeadLetter"): _cluster(Action.UPDATE),  # the id does not name a group
     _v1("Broker", "LeadershipTransfer"): _super,
     _v1("Broker", "UpdateBrokerConfig"): _super,
+    _v1("Broker", "ListProducers"): _cluster(Action.LIST),
     # Transactions
     _v1("BrokerTransaction", "SendHalfMessage"): _topic(Action.PUB),
     _v1("BrokerTransaction", "EndTransaction"): _txn_group,

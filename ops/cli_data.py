@@ -830,6 +830,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     cli_queue.register(msub)
 
-    from raftmq.ops import cli_dlq  # here: it imports this module's helpers
+    from raftmq.ops import cli_dlq, cli_producer  # here: they import this module's helpers
 
     cli_dlq.register(subparsers)
+    cli_producer.register(subparsers)

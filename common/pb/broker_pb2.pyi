@@ -32,6 +32,34 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class ListProducersRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class ProducerQueue(_message.Message):
+    __slots__ = ("producer_id", "topic", "queue_id", "last_sequence", "last_store_timestamp_ms")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: str
+    topic: str
+    queue_id: int
+    last_sequence: int
+    last_store_timestamp_ms: int
+    def __init__(self, producer_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_store_timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ListProducersResponse(_message.Message):
+    __slots__ = ("producers", "truncated")
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerQueue]
+    truncated: bool
+    def __init__(self, producers: _Optional[_Iterable[_Union[ProducerQueue, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class UpdateBrokerConfigRequest(_message.Message):
     __slots__ = ("settings", "dry_run")
     class SettingsEntry(_message.Message):

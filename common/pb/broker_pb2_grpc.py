@@ -164,6 +164,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
                 _registered_method=True)
+        self.ListProducers = channel.unary_unary(
+                '/raftmq.v1.Broker/ListProducers',
+                request_serializer=raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ListProducersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -344,6 +349,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProducers(self, request, context):
+        """`raftmq producer list` (mqadmin producerConnection, issue 26): the idempotent producers
+        that wrote to this broker group, from the replicated producer table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -476,6 +489,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UpdateBrokerConfig,
                     request_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.SerializeToString,
+            ),
+            'ListProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProducers,
+                    request_deserializer=raftmq_dot_broker__pb2.ListProducersRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ListProducersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1180,6 +1198,33 @@ class Broker:
             '/raftmq.v1.Broker/UpdateBrokerConfig',
             raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
             raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ListProducers',
+            raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ListProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -112,6 +112,10 @@ class BrokerStub:
         _broker_pb2.UpdateBrokerConfigRequest,
         _broker_pb2.UpdateBrokerConfigResponse,
     ]
+    ListProducers: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ListProducersRequest,
+        _broker_pb2.ListProducersResponse,
+    ]
 
 
 class BrokerServicer:
@@ -245,6 +249,11 @@ class BrokerServicer:
         request: _broker_pb2.UpdateBrokerConfigRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.UpdateBrokerConfigResponse: ...
+    def ListProducers(
+        self,
+        request: _broker_pb2.ListProducersRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ListProducersResponse: ...
 
 
 def add_BrokerServicer_to_server(

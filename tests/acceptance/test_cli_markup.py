@@ -156,6 +156,7 @@ def test_every_printing_command_shows_user_content_as_written(
         ("stats", "topic", TOPIC),
         ("stats", "group", READERS),
         ("broker", "status", "--config"),
+        ("producer", "list", "--topic", TOPIC),
     ):
         out = run(cluster, capsys, *argv)
         assert TOPIC in out or "broker" in out, (argv, out)

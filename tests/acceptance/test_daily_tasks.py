@@ -175,3 +175,19 @@ def test_a_broker_groups_write_permission_is_wiped_and_given_back(
     finally:
         run(cluster, capsys, "broker", "config", "accept_sends=true", "--groups", "broker-b")
     wait_until(lambda: all(writable().values()), 30, "broker-b writable again")
+
+
+def test_producers_are_listed_with_their_queues_and_last_write(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Producer(cluster.namesrv, producer_id="daily-p1") as producer:
+        for i in range(3):
+            producer.send(TOPIC, b"p%d" % i, queue=QueueRef(TOPIC, "broker-b", 0))
+    out, _ = run(cluster, capsys, "producer", "list", "--topic", TOPIC, "--json")
+    rows = [r for r in json.loads(out) if r["producer_id"] == "daily-p1"]
+    assert [(r["broker_group"], r["queue_id"], r["last_sequence"]) for r in rows] == [
+        ("broker-b", 0, 2)
+    ], rows
+    assert {r["topic"] for r in json.loads(out)} == {TOPIC}
+    out, _ = run(cluster, capsys, "producer", "list")
+    assert "daily-p1" in out and "broker-b" in out, out
