@@ -58,6 +58,7 @@ from raftmq.common.message import validate_group, validate_producer_id, validate
 from raftmq.common.record_batch import (
     CommitOffset,
     Deliver,
+    GroupDelete,
     Kind,
     MalformedBatchError,
     PopAck,
@@ -119,6 +120,9 @@ class DispatchOutput:
     time_rows: tuple[TimeRow, ...] = ()
     queue_heads: tuple[QueueHead, ...] = ()  # final head of each queue the entry appended to
     offset_rows: tuple[OffsetRow, ...] = ()
+    # Consumer groups deleted (GroupDelete): their offsets, leases and POP state go, after this
+    # entry's offset rows (a delete is its own entry: the service proposes it alone).
+    deleted_groups: tuple[str, ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
     txn_rows: tuple[TxnRow, ...] = ()  # transactions touched (broker/txn_apply.py)
@@ -222,6 +226,7 @@ class _EntryWork:
         self.time_rows: list[TimeRow] = []
         self.heads: dict[tuple[str, int], QueueHead] = {}
         self.offset_rows: list[OffsetRow] = []
+        self.deleted_groups: list[str] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
         self.txn_rows: dict[str, TxnRow] = {}
@@ -388,6 +393,10 @@ class Dispatcher:
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
+                elif isinstance(record, GroupDelete):
+                    validate_group(record.group)  # committed: the same check on every replica
+                    work.deleted_groups.append(record.group)
+                    work.outcomes.append(Applied(slot, Kind.GROUP_DELETE))
                 elif isinstance(record, Deliver):
                     counts = delivery.apply_deliver(work, record)
                     work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
@@ -407,6 +416,7 @@ class Dispatcher:
             time_rows=tuple(work.time_rows),
             queue_heads=tuple(work.heads.values()),
             offset_rows=tuple(work.offset_rows),
+            deleted_groups=tuple(work.deleted_groups),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
             txn_rows=tuple(work.txn_rows.values()),

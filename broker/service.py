@@ -17,9 +17,13 @@ import grpc
 from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.rows import Rejected
 from raftmq.broker.time_query import Cursor
+from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.record_batch import GroupDelete
 from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
@@ -313,6 +317,12 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         )
 
     @rpc_errors
+    def DeleteConsumerGroup(
+        self, request: broker_pb2.DeleteConsumerGroupRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.DeleteConsumerGroupResponse:
+        return delete_group(self.node, request.consumer_group, force=request.force)
+
+    @rpc_errors
     def LeadershipTransfer(
         self, request: broker_pb2.LeadershipTransferRequest, context: grpc.ServicerContext
     ) -> broker_pb2.LeadershipTransferResponse:
@@ -362,6 +372,32 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+
+
+def delete_group(
+    node: BrokerNode, group: str, *, force: bool
+) -> broker_pb2.DeleteConsumerGroupResponse:
+    """The group's offsets, leases and POP state go on every replica (a GroupDelete record),
+    refused while members heartbeat here unless forced: they would commit again at once."""
+    validate_group(group)
+    node.require_leader()
+    with node.consumers_lock:
+        members = sorted(node.consumers.snapshot(requests.monotonic_ms()).get(group, {}))
+    if members and not force:
+        raise InvalidArgumentError(
+            f"consumer group {group!r} has {len(members)} members online on {node.group} "
+            f"({', '.join(members[:3])}{', ...' if len(members) > 3 else ''}): stop them first, "
+            "or delete with --force (they commit again and bring the group back)",
+            details={"members_online": str(len(members))},
+        )
+    n = node.store.group_offset_count(group)
+    if n:
+        outcome = node.replicate(
+            [record_batch.encode(GroupDelete(group))], node.settings.send_timeout_ms / 1000
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"deleting group {group!r} refused: {outcome.reason}")
+    return broker_pb2.DeleteConsumerGroupResponse(deleted_offsets=n, members_online=members)
 
 
 def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:

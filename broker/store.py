@@ -476,6 +476,13 @@ class MessageStore:
             )
         for o in out.offset_rows:
             put(_offset_key(o.group, o.topic, o.queue_id), pack_u64(o.offset), db=self._offsets)
+        for group in out.deleted_groups:
+            prefix = group.encode("utf-8") + b"\0"  # group\0topic\0queue: this group only
+            for db in (self._offsets, self._locks, self._pops):
+                with txn.cursor(db=db) as cur:
+                    more = cur.set_range(prefix)
+                    while more and bytes(cur.key()).startswith(prefix):
+                        more = cur.delete()
         for p in out.producer_rows:
             put(
                 _producer_key(p.producer_id, p.topic, p.queue_id),
@@ -749,6 +756,17 @@ class MessageStore:
         with self._env.begin() as txn:
             raw = txn.get(_offset_key(group, topic, queue_id), db=self._offsets)
         return _U64.unpack(raw)[0] if raw is not None else None
+
+    def group_offset_count(self, group: str, limit: int = 1_000_000) -> int:
+        """How many committed offsets `group` has here (at most `limit` counted)."""
+        prefix = group.encode("utf-8") + b"\0"
+        n = 0
+        with self._env.begin() as txn, txn.cursor(db=self._offsets) as cur:
+            more = cur.set_range(prefix)
+            while more and n < limit and bytes(cur.key()).startswith(prefix):
+                n += 1
+                more = cur.next()
+        return n
 
     def committed_offsets_of(
         self, group: str, queues: Sequence[tuple[str, int]]

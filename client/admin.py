@@ -317,6 +317,26 @@ class Admin:
         return out
 
     @checked
+    def delete_group(self, group: str, *, force: bool = False) -> dict[str, int]:
+        """mqadmin's deleteSubGroup --removeOffset, kafka-consumer-groups --delete: the group's
+        committed offsets (and orderly leases, POP state) go on every broker group; per broker
+        group, how many offsets it had. Refused (InvalidArgumentError naming the members) where
+        members are online, unless `force`: they would commit again and bring it back. Broker
+        groups before a refusal keep the deletion (each answer is its own log entry)."""
+        validate_group(group)
+        out: dict[str, int] = {}
+        for g in self._select(None):
+            resp = self._on_leader(
+                g,
+                lambda s: s.DeleteConsumerGroup(
+                    broker_pb2.DeleteConsumerGroupRequest(consumer_group=group, force=force),
+                    timeout=RPC_TIMEOUT_S,
+                ),
+            )
+            out[g.broker_group] = resp.deleted_offsets
+        return out
+
+    @checked
     def producers(self, topic: str = "") -> list[ProducerQueue]:
         """mqadmin's producerConnection: the idempotent producers that wrote to each broker
         group (of `topic`, or of every topic), from the replicated producer table its leader

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
     COMMIT_OFFSET = 2
     RESET_OFFSETS = 3
     TOPIC_CONFIG = 4
+    GROUP_DELETE = 5  # a consumer group's committed offsets, leases and POP state go (issue 26)
     DELIVER = 10  # scheduled messages fall due: ConsumeQueue rows of their real topic (issue 16)
     # Transactions (broker/txn_records.py encodes them): an end, a check sent, a move.
     TXN_END = 20
@@ -96,6 +97,14 @@ class CommitOffset:
     topic: str
     queue_id: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDelete:
+    """`raftmq group delete`: every committed offset, queue lease and POP state of the group
+    on this broker group goes (mqadmin deleteSubGroup --removeOffset)."""
+
+    group: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +202,7 @@ BrokerRecord = (
     ProduceBatch
     | CommitOffset
     | ResetOffsets
+    | GroupDelete
     | TopicConfigChange
     | Deliver
     | QueueLockChange
@@ -263,6 +273,8 @@ def encode(record: BrokerRecord) -> bytes:
                     _QUEUE_OFFSET.pack(record.queue_id, record.offset),
                 )
             )
+        if isinstance(record, GroupDelete):
+            return _HEAD.pack(Kind.GROUP_DELETE, VERSION) + _short(record.group)
         if isinstance(record, ResetOffsets):
             parts = [
                 _HEAD.pack(Kind.RESET_OFFSETS, VERSION),
@@ -481,6 +493,11 @@ def decode(data: Bytes) -> BrokerRecord:
             queue_id, offset = r.unpack(_QUEUE_OFFSET)
             r.end()
             return CommitOffset(group, topic, queue_id, offset)
+        if kind == Kind.GROUP_DELETE:
+            r = _Reader(data, _HEAD.size)
+            group = r.short()
+            r.end()
+            return GroupDelete(group)
         if kind == Kind.RESET_OFFSETS:
             r = _Reader(data, _HEAD.size)
             group, topic = r.short(), r.short()

@@ -389,10 +389,38 @@ def print_json(m: ReceivedMessage) -> None:
 # ---- parser ------------------------------------------------------------------------------------
 
 
+def group_delete(args: argparse.Namespace) -> int:
+    with Admin(cli_data._namesrv(args)) as admin:
+        per_group = admin.delete_group(args.group, force=args.force)
+    total = sum(per_group.values())
+    if not total:
+        raise InvalidArgumentError(
+            f"consumer group {args.group!r} has no committed offset on any broker group "
+            "(`raftmq group list` shows the groups)"
+        )
+    where = ", ".join(f"{literal(g)}: {n}" for g, n in sorted(per_group.items()) if n)
+    cli_data.console.print(
+        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets "
+        f"({where})",
+        highlight=False,
+    )
+    return 0
+
+
 def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = gsub.add_parser("list", help="consumer groups with their members and connections")
     p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=group_list)
+    p = gsub.add_parser(
+        "delete",
+        help="delete a consumer group's committed offsets on every broker group (refused "
+        "while members are online, unless --force)",
+    )
+    p.add_argument("group")
+    p.add_argument(
+        "--force", action="store_true", help="although members are online (they may bring it back)"
+    )
+    p.set_defaults(func=group_delete)
     p = gsub.add_parser(
         "reset",
         help="reset a group's offsets (earliest, latest, offset, shift, time): --dry-run "

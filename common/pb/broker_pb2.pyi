@@ -32,6 +32,22 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class DeleteConsumerGroupRequest(_message.Message):
+    __slots__ = ("consumer_group", "force")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    force: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteConsumerGroupResponse(_message.Message):
+    __slots__ = ("deleted_offsets", "members_online")
+    DELETED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_ONLINE_FIELD_NUMBER: _ClassVar[int]
+    deleted_offsets: int
+    members_online: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListProducersRequest(_message.Message):
     __slots__ = ("topic",)
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -169,6 +169,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.ListProducersResponse.FromString,
                 _registered_method=True)
+        self.DeleteConsumerGroup = channel.unary_unary(
+                '/raftmq.v1.Broker/DeleteConsumerGroup',
+                request_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -357,6 +362,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteConsumerGroup(self, request, context):
+        """`raftmq group delete` (mqadmin deleteSubGroup --removeOffset, kafka-consumer-groups
+        --delete, issue 26): the group's committed offsets, leases and POP state go, through the
+        log; refused while members are online here unless forced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -494,6 +508,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListProducers,
                     request_deserializer=raftmq_dot_broker__pb2.ListProducersRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.ListProducersResponse.SerializeToString,
+            ),
+            'DeleteConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConsumerGroup,
+                    request_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1225,6 +1244,33 @@ class Broker:
             '/raftmq.v1.Broker/ListProducers',
             raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
             raftmq_dot_broker__pb2.ListProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/DeleteConsumerGroup',
+            raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+            raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -116,6 +116,10 @@ class BrokerStub:
         _broker_pb2.ListProducersRequest,
         _broker_pb2.ListProducersResponse,
     ]
+    DeleteConsumerGroup: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.DeleteConsumerGroupRequest,
+        _broker_pb2.DeleteConsumerGroupResponse,
+    ]
 
 
 class BrokerServicer:
@@ -254,6 +258,11 @@ class BrokerServicer:
         request: _broker_pb2.ListProducersRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.ListProducersResponse: ...
+    def DeleteConsumerGroup(
+        self,
+        request: _broker_pb2.DeleteConsumerGroupRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.DeleteConsumerGroupResponse: ...
 
 
 def add_BrokerServicer_to_server(

@@ -191,3 +191,35 @@ def test_producers_are_listed_with_their_queues_and_last_write(
     assert {r["topic"] for r in json.loads(out)} == {TOPIC}
     out, _ = run(cluster, capsys, "producer", "list")
     assert "daily-p1" in out and "broker-b" in out, out
+
+
+def test_a_group_is_deleted_when_no_member_is_online(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = "daily-del"
+
+    def listed() -> bool:
+        out, _ = run(cluster, capsys, "group", "list", "--json")
+        return group in out
+
+    run(cluster, capsys, "consume", TOPIC, "--group", group, "--from-beginning", "--max", "3",
+        "--timeout", "60")  # fmt: skip
+    assert listed()
+
+    def refused() -> str:
+        code = cli.main(["--namesrv", cluster.namesrv, "group", "delete", group])
+        _, err = capsys.readouterr()
+        return err if code == 1 and "members online" in err else ""
+
+    with PushConsumer(
+        cluster.namesrv, group, TOPIC, lambda m: ConsumeResult.SUCCESS,
+        heartbeat_interval_ms=500, rebalance_interval_ms=1_000,
+    ):  # fmt: skip
+        err = wait_until(refused, 30, "a refusal naming the online member")
+        assert "--force" in str(err) and listed()
+    out, _ = run(cluster, capsys, "group", "delete", group)
+    assert f"deleted consumer group {group}: " in out and "committed offsets" in out, out
+    assert not listed()
+    code = cli.main(["--namesrv", cluster.namesrv, "group", "delete", group])
+    _, err = capsys.readouterr()
+    assert code == 1 and "no committed offset" in err, err
