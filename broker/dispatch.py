@@ -65,6 +65,7 @@ from raftmq.common.record_batch import (
     PopReceive,
     ProduceBatch,
     ProducerSequence,
+    PurgeQueues,
     QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
@@ -123,6 +124,9 @@ class DispatchOutput:
     # Consumer groups deleted (GroupDelete): their offsets, leases and POP state go, after this
     # entry's offset rows (a delete is its own entry: the service proposes it alone).
     deleted_groups: tuple[str, ...] = ()
+    # (topic, queue id, offset): the queue's min offset moves up to it (PurgeQueues), after
+    # this entry's queue heads, never past the queue's end.
+    purges: tuple[tuple[str, int, int], ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
     txn_rows: tuple[TxnRow, ...] = ()  # transactions touched (broker/txn_apply.py)
@@ -227,6 +231,7 @@ class _EntryWork:
         self.heads: dict[tuple[str, int], QueueHead] = {}
         self.offset_rows: list[OffsetRow] = []
         self.deleted_groups: list[str] = []
+        self.purges: list[tuple[str, int, int]] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
         self.txn_rows: dict[str, TxnRow] = {}
@@ -393,6 +398,10 @@ class Dispatcher:
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
+                elif isinstance(record, PurgeQueues):
+                    validate_topic(record.topic, allow_system=True)
+                    work.purges += [(record.topic, q, o) for q, o in sorted(record.offsets.items())]
+                    work.outcomes.append(Applied(slot, Kind.PURGE, f"{len(record.offsets)} queues"))
                 elif isinstance(record, GroupDelete):
                     validate_group(record.group)  # committed: the same check on every replica
                     work.deleted_groups.append(record.group)
@@ -417,6 +426,7 @@ class Dispatcher:
             queue_heads=tuple(work.heads.values()),
             offset_rows=tuple(work.offset_rows),
             deleted_groups=tuple(work.deleted_groups),
+            purges=tuple(work.purges),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
             txn_rows=tuple(work.txn_rows.values()),

@@ -23,7 +23,7 @@ from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
-from raftmq.common.record_batch import GroupDelete
+from raftmq.common.record_batch import GroupDelete, PurgeQueues
 from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
@@ -323,6 +323,12 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return delete_group(self.node, request.consumer_group, force=request.force)
 
     @rpc_errors
+    def PurgeTopic(
+        self, request: broker_pb2.PurgeTopicRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.PurgeTopicResponse:
+        return purge_topic(self.node, request)
+
+    @rpc_errors
     def LeadershipTransfer(
         self, request: broker_pb2.LeadershipTransferRequest, context: grpc.ServicerContext
     ) -> broker_pb2.LeadershipTransferResponse:
@@ -372,6 +378,49 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+
+
+def purge_topic(
+    node: BrokerNode, request: broker_pb2.PurgeTopicRequest
+) -> broker_pb2.PurgeTopicResponse:
+    """Every queue of the topic here: its min offset moves up to the offset asked for (or the
+    first stored at or after the time), one PurgeQueues record for all the queues that move."""
+    topic = request.topic
+    node.require_leader()
+    cfg = node.topic_admin.readable_topic(topic, -1)
+    which = request.WhichOneof("before")
+    if which is None:
+        raise InvalidArgumentError("purge needs an offset or a time (--before-offset, --before)")
+    value = request.offset if which == "offset" else request.timestamp_ms
+    if value < 0:
+        raise InvalidArgumentError(f"purge before {which} {value}: it must be >= 0")
+    rows = []
+    moves: dict[int, int] = {}
+    for q in range(cfg.read_queue_nums):
+        low, high = node.store.queue_bounds(topic, q)
+        target = value if which == "offset" else node.store.offset_for_timestamp(topic, q, value)
+        new = min(max(low, target), high)
+        rows.append(
+            broker_pb2.QueuePurge(
+                queue_id=q, old_min_offset=low, new_min_offset=new, max_offset=high
+            )
+        )
+        if new > low:
+            moves[q] = new
+    if moves and not request.dry_run:
+        outcome = node.replicate(
+            [record_batch.encode(PurgeQueues(topic, moves))], node.settings.send_timeout_ms / 1000
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"purging topic {topic!r} refused: {outcome.reason}")
+        log.warning(
+            "broker.topic_purged node=%s topic=%s queues=%d messages=%d",
+            node.me.node_id,
+            topic,
+            len(moves),
+            sum(r.new_min_offset - r.old_min_offset for r in rows),
+        )
+    return broker_pb2.PurgeTopicResponse(queues=rows)
 
 
 def delete_group(

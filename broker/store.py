@@ -462,6 +462,13 @@ class MessageStore:
             min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
             value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
             put(key, value, db=self._queues)
+        for topic, queue_id, offset in out.purges:
+            key = _queue_prefix(topic, queue_id)
+            old = txn.get(key, db=self._queues)
+            if old is None:
+                continue  # no message was ever stored there
+            nxt, low, time_ms = _QUEUE_VALUE.unpack(old)
+            put(key, _QUEUE_VALUE.pack(nxt, min(max(low, offset), nxt), time_ms), db=self._queues)
         for k in out.key_rows():
             put(
                 _key_prefix(k.topic, k.key) + _U32.pack(k.queue_id) + pack_u64(k.queue_offset),

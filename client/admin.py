@@ -183,6 +183,14 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuePurge:
+    queue: QueueRef
+    old_min_offset: int
+    new_min_offset: int  # equal to old: nothing before the point was still stored
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerQueue:
     broker_group: str
     producer_id: str
@@ -314,6 +322,44 @@ class Admin:
                         g.broker_group, n.node_id, dict(resp.applied), dict(resp.refused)
                     )
                 )
+        return out
+
+    @checked
+    def purge_topic(
+        self,
+        topic: str,
+        *,
+        before_offset: int | None = None,
+        before_ms: int | None = None,
+        dry_run: bool = False,
+    ) -> list[QueuePurge]:
+        """kafka-delete-records: every queue of `topic` on every broker group loses its messages
+        before `before_offset` (each queue) or stored before `before_ms`; its min offset moves
+        up through the group's Raft log, so every reader and every replica agrees. A consumer
+        behind the new min offset goes on from it. The journal's bytes go with retention."""
+        validate_topic(topic)
+        if (before_offset is None) == (before_ms is None):
+            raise InvalidArgumentError("give before_offset or before_ms, one of them")
+        req = broker_pb2.PurgeTopicRequest(topic=topic, dry_run=dry_run)
+        if before_offset is not None:
+            req.offset = before_offset
+        else:
+            assert before_ms is not None
+            req.timestamp_ms = before_ms
+        out = []
+        for g in self._select(None):
+            if not any(q.broker_group == g.broker_group for q in self.route(topic).queues):
+                continue
+            resp = self._on_leader(g, lambda s: s.PurgeTopic(req, timeout=RPC_TIMEOUT_S))
+            out += [
+                QueuePurge(
+                    QueueRef(topic, g.broker_group, q.queue_id),
+                    q.old_min_offset,
+                    q.new_min_offset,
+                    q.max_offset,
+                )
+                for q in resp.queues
+            ]
         return out
 
     @checked

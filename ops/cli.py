@@ -34,7 +34,7 @@ ENTRY_POINT_GROUP = "raftmq.cli"
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
 # Options whose value may be a relative time such as -10m, which argparse would take for a flag
 # (`message list --from -10m`, `stats topic T --since -1h`, `group reset --to-time -2h`).
-RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until"})
+RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until", "--before"})
 _RELATIVE_TIME = re.compile(r"-\d+[smhd]")
 
 log = logging.getLogger("raftmq.cli")

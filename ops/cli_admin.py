@@ -389,6 +389,49 @@ def print_json(m: ReceivedMessage) -> None:
 # ---- parser ------------------------------------------------------------------------------------
 
 
+def topic_purge(args: argparse.Namespace) -> int:
+    """Every queue's messages before an offset or a time, gone: per queue the old and new min
+    offset (a table or --json); --dry-run changes nothing."""
+    before_ms = cli_data.parse_time_ms(args.before) if args.before else None
+    with Admin(cli_data._namesrv(args)) as admin:
+        queues = admin.purge_topic(
+            args.topic, before_offset=args.before_offset, before_ms=before_ms, dry_run=args.dry_run
+        )
+    gone = sum(q.new_min_offset - q.old_min_offset for q in queues)
+    if args.json:
+        cli_data.print_json(
+            {
+                "topic": args.topic,
+                "dry_run": args.dry_run,
+                "messages": gone,
+                "queues": [
+                    {
+                        "broker_group": q.queue.broker_group,
+                        "queue_id": q.queue.queue_id,
+                        "old_min_offset": q.old_min_offset,
+                        "new_min_offset": q.new_min_offset,
+                        "max_offset": q.max_offset,
+                    }
+                    for q in queues
+                ],
+            }
+        )
+        return 0
+    verb = "would purge" if args.dry_run else "purged"
+    table = Table(title=f"topic {literal(args.topic)}: {verb} {gone} messages")
+    for col in ("queue", "min offset before", "min offset now", "max offset"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for q in queues:
+        table.add_row(
+            literal(f"{q.queue.broker_group}#{q.queue.queue_id}"),
+            str(q.old_min_offset),
+            str(q.new_min_offset),
+            str(q.max_offset),
+        )
+    cli_data.console.print(table)
+    return 0
+
+
 def group_delete(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         per_group = admin.delete_group(args.group, force=args.force)
@@ -450,6 +493,20 @@ def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def register_topic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = tsub.add_parser(
+        "purge",
+        help="delete a topic's messages before an offset or a time, in every queue "
+        "(kafka-delete-records)",
+    )
+    p.add_argument("topic")
+    before = p.add_mutually_exclusive_group(required=True)
+    before.add_argument("--before-offset", type=int, default=None, help="in every queue")
+    before.add_argument(
+        "--before", default="", help="stored before: ms since the epoch, an ISO time or -1h"
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=topic_purge)
     p = tsub.add_parser("status", help="min and max offset and last store time per queue")
     p.add_argument("topic")
     p.add_argument("--json", action="store_true", help="one JSON document instead of a table")

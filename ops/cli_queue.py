@@ -60,7 +60,7 @@ def message_range(args: argparse.Namespace) -> int:
     if not found:
         raise MessageNotFoundError(
             f"no message at offsets {begin}..{end - 1} of {where}: it holds offsets {low}.."
-            f"{high - 1}" + (" (the ones before were deleted by retention)" if low else ""),
+            f"{high - 1}" + (" (those before were deleted: retention or a purge)" if low else ""),
             details={"min_offset": str(low), "max_offset": str(high)},
         )
     summary = (
@@ -68,7 +68,7 @@ def message_range(args: argparse.Namespace) -> int:
         f"{found[-1].queue_offset}; the queue holds {low}..{high - 1}"
     )
     if begin < low:
-        summary += f"; offsets {begin}..{low - 1} were deleted by retention"
+        summary += f"; offsets {begin}..{low - 1} were deleted (retention or a purge)"
     if args.json:
         for m in found:
             cli_admin.print_json(m)

@@ -32,6 +32,36 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class PurgeTopicRequest(_message.Message):
+    __slots__ = ("topic", "offset", "timestamp_ms", "dry_run")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    offset: int
+    timestamp_ms: int
+    dry_run: bool
+    def __init__(self, topic: _Optional[str] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class QueuePurge(_message.Message):
+    __slots__ = ("queue_id", "old_min_offset", "new_min_offset", "max_offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEW_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    old_min_offset: int
+    new_min_offset: int
+    max_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., old_min_offset: _Optional[int] = ..., new_min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class PurgeTopicResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueuePurge]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueuePurge, _Mapping]]] = ...) -> None: ...
+
 class DeleteConsumerGroupRequest(_message.Message):
     __slots__ = ("consumer_group", "force")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]

@@ -174,6 +174,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
                 _registered_method=True)
+        self.PurgeTopic = channel.unary_unary(
+                '/raftmq.v1.Broker/PurgeTopic',
+                request_serializer=raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -371,6 +376,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PurgeTopic(self, request, context):
+        """`raftmq topic purge` (kafka-delete-records, issue 26): the topic's queues' min offsets move
+        up through the log; the messages before are gone for every reader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -513,6 +526,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteConsumerGroup,
                     request_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.SerializeToString,
+            ),
+            'PurgeTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeTopic,
+                    request_deserializer=raftmq_dot_broker__pb2.PurgeTopicRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.PurgeTopicResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1271,6 +1289,33 @@ class Broker:
             '/raftmq.v1.Broker/DeleteConsumerGroup',
             raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
             raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/PurgeTopic',
+            raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
+            raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -120,6 +120,10 @@ class BrokerStub:
         _broker_pb2.DeleteConsumerGroupRequest,
         _broker_pb2.DeleteConsumerGroupResponse,
     ]
+    PurgeTopic: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.PurgeTopicRequest,
+        _broker_pb2.PurgeTopicResponse,
+    ]
 
 
 class BrokerServicer:
@@ -263,6 +267,11 @@ class BrokerServicer:
         request: _broker_pb2.DeleteConsumerGroupRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.DeleteConsumerGroupResponse: ...
+    def PurgeTopic(
+        self,
+        request: _broker_pb2.PurgeTopicRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.PurgeTopicResponse: ...
 
 
 def add_BrokerServicer_to_server(

@@ -223,3 +223,31 @@ def test_a_group_is_deleted_when_no_member_is_online(
     code = cli.main(["--namesrv", cluster.namesrv, "group", "delete", group])
     _, err = capsys.readouterr()
     assert code == 1 and "no committed offset" in err, err
+
+
+def test_a_topic_is_purged_before_an_offset_then_before_a_time(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "daily-purge"
+    create_topic(cluster, topic, queues=1)
+    queue = QueueRef(topic, "broker-a", 0)
+    with Producer(cluster.namesrv) as producer:
+        for i in range(10):
+            producer.send(topic, b"x%d" % i, queue=queue)
+
+    def bounds() -> tuple[int, int]:
+        with Admin(cluster.namesrv) as admin:
+            q = next(q for q in admin.topic_status(topic) if q.queue == queue)
+            return q.min_offset, q.max_offset
+
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before-offset", "4", "--dry-run")
+    assert "would purge 4 messages" in out and bounds() == (0, 10), out
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before-offset", "4", "--json")
+    doc = json.loads(out)
+    assert doc["messages"] == 4 and bounds() == (4, 10), doc
+    out, _ = run(cluster, capsys, "message", "range", "--topic", topic, "--queue", "broker-a#0",
+                 "--from-offset", "2", "--to-offset", "6")  # fmt: skip
+    assert "offsets 2..3 were deleted" in out and "at offsets 4..5" in out, out
+    # Before a time: everything stored so far.
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before", "-0s")
+    assert "purged 6 messages" in out and bounds() == (10, 10), out
