@@ -715,7 +715,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     cli_admin.register(subparsers)
     cli_stats.register(subparsers)
-    topic = subparsers.add_parser("topic", help="create, list, route, delete topics")
+    topic = subparsers.add_parser("topic", help="create, update, list, route, purge, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")
     p.add_argument("topic")
@@ -782,7 +782,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=consume)
 
     group = subparsers.add_parser(
-        "group", help="consumer group lag and offset resets; broker group leader elections"
+        "group", help="consumer group lag, offset resets, deletion; broker group leader elections"
     )
     gsub = group.add_subparsers(dest="group_command", required=True)
     p = gsub.add_parser("lag", help="committed offset, max offset and lag per queue")
