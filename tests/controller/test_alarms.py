@@ -168,3 +168,28 @@ def test_alarm_changes_replicate_through_the_controller_state() -> None:
     assert state.firing == {}
     with pytest.raises(CommandError, match="firing or resolved"):
         decode(b'{"op":"alarm","status":"maybe","rule":"r","subject":"s","since_ms":1,"value":0}')
+
+
+def test_retention_loss_is_observed_from_the_leaders_only_when_every_leader_answered() -> None:
+    """The leaders' next_cut_losses become retention_loss values per group/topic (summed over
+    broker groups); a group whose leader did not answer leaves the kind unmeasured."""
+    from raftmq.common.pb import broker_pb2, common_pb2
+    from raftmq.controller.alarm_service import observe
+
+    def leader(*losses: tuple[str, str, int]) -> broker_pb2.BrokerStatus:
+        return broker_pb2.BrokerStatus(
+            role=common_pb2.LEADER,
+            term=2,
+            next_cut_losses=[broker_pb2.GroupLag(consumer_group=g, topic=t, lag=n)
+                             for g, t, n in losses],
+        )  # fmt: skip
+
+    follower = broker_pb2.BrokerStatus(role=common_pb2.FOLLOWER, term=2)
+    nodes = [("a", "n0"), ("a", "n1"), ("b", "n0")]
+    got = observe(
+        {Kind.RETENTION_LOSS},
+        nodes,
+        [leader(("g", "t", 4), ("h", "t", 1)), follower, leader(("g", "t", 3))],
+    )
+    assert got == {Kind.RETENTION_LOSS: {"g/t": 7.0, "h/t": 1.0}}
+    assert observe({Kind.RETENTION_LOSS}, nodes, [leader(("g", "t", 4)), follower, None]) == {}
