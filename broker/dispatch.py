@@ -58,12 +58,14 @@ from raftmq.common.message import validate_group, validate_producer_id, validate
 from raftmq.common.record_batch import (
     CommitOffset,
     Deliver,
+    GroupDelete,
     Kind,
     MalformedBatchError,
     PopAck,
     PopReceive,
     ProduceBatch,
     ProducerSequence,
+    PurgeQueues,
     QueueLockChange,
     ResetOffsets,
     TopicConfigChange,
@@ -119,6 +121,12 @@ class DispatchOutput:
     time_rows: tuple[TimeRow, ...] = ()
     queue_heads: tuple[QueueHead, ...] = ()  # final head of each queue the entry appended to
     offset_rows: tuple[OffsetRow, ...] = ()
+    # Consumer groups deleted (GroupDelete): their offsets, leases and POP state go, after this
+    # entry's offset rows (a delete is its own entry: the service proposes it alone).
+    deleted_groups: tuple[str, ...] = ()
+    # (topic, queue id, offset): the queue's min offset moves up to it (PurgeQueues), after
+    # this entry's queue heads, never past the queue's end.
+    purges: tuple[tuple[str, int, int], ...] = ()
     producer_rows: tuple[ProducerRow, ...] = ()  # final state of each producer key touched
     topic_rows: tuple[TopicRow, ...] = ()
     txn_rows: tuple[TxnRow, ...] = ()  # transactions touched (broker/txn_apply.py)
@@ -222,6 +230,8 @@ class _EntryWork:
         self.time_rows: list[TimeRow] = []
         self.heads: dict[tuple[str, int], QueueHead] = {}
         self.offset_rows: list[OffsetRow] = []
+        self.deleted_groups: list[str] = []
+        self.purges: list[tuple[str, int, int]] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
         self.txn_rows: dict[str, TxnRow] = {}
@@ -388,6 +398,14 @@ class Dispatcher:
                     self._commit(work, slot, record)
                 elif isinstance(record, ResetOffsets):
                     self._reset(work, slot, record)
+                elif isinstance(record, PurgeQueues):
+                    validate_topic(record.topic, allow_system=True)
+                    work.purges += [(record.topic, q, o) for q, o in sorted(record.offsets.items())]
+                    work.outcomes.append(Applied(slot, Kind.PURGE, f"{len(record.offsets)} queues"))
+                elif isinstance(record, GroupDelete):
+                    validate_group(record.group)  # committed: the same check on every replica
+                    work.deleted_groups.append(record.group)
+                    work.outcomes.append(Applied(slot, Kind.GROUP_DELETE))
                 elif isinstance(record, Deliver):
                     counts = delivery.apply_deliver(work, record)
                     work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
@@ -407,6 +425,8 @@ class Dispatcher:
             time_rows=tuple(work.time_rows),
             queue_heads=tuple(work.heads.values()),
             offset_rows=tuple(work.offset_rows),
+            deleted_groups=tuple(work.deleted_groups),
+            purges=tuple(work.purges),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),
             txn_rows=tuple(work.txn_rows.values()),

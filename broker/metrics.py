@@ -237,6 +237,7 @@ class NodeCollector(Collector):
                     [member.node_id if member else raft_address], max(0, st.last_index - match)
                 )
         yield lag
+        yield from self._retention(st.role is Role.LEADER)
         yield from self._storage()
         yield from self._consumers(st.role is Role.LEADER)
 
@@ -245,6 +246,26 @@ class NodeCollector(Collector):
             return self._metrics.held_pulls()
         except Exception:
             return 0
+
+    def _retention(self, leader: bool) -> Iterator[Metric]:
+        """Leader only: what the next retention cut deletes before each group consumed it
+        (the warning before the deletion; broker/retention_service.py computes it)."""
+        ret = self._node.retention
+        risk = GaugeMetricFamily(
+            "raftmq_retention_next_cut_unconsumed_messages",
+            "Leader only: messages of a group not consumed yet that the next retention cut deletes",
+            labels=["consumer_group", "topic"],
+        )
+        due = GaugeMetricFamily(
+            "raftmq_retention_next_cut_due_seconds",
+            "Leader only: seconds until the next retention cut may be proposed (0: due now)",
+        )
+        if leader and ret is not None and ret.next_cut is not None:
+            for x in ret.at_risk:
+                risk.add_metric([x.group, x.topic], x.messages)
+            due.add_metric([], max(0, ret.next_cut.due_ms - time.time_ns() // 1_000_000) / 1000)
+        yield risk
+        yield due
 
     def _storage(self) -> Iterator[Metric]:
         node = self._node

@@ -47,6 +47,7 @@ from raftmq.common.stored_batch import BatchHeader
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
+    from raftmq.broker.settings import BrokerSettings
 
 log = logging.getLogger("broker.produce")
 
@@ -178,6 +179,7 @@ class SendProcessor:
             producer = ProducerSequence(producer_id, first_sequence, strict)
         self._node.require_leader()
         self._node.check_disk_pressure()
+        check_accepts_sends(self._node.settings, self._node.group)
         cfg = self._topics.topic_for_write(topic)
         if not cfg.writable:
             raise PermissionDeniedError.for_topic(topic, "write", str(cfg.perm))
@@ -230,6 +232,7 @@ class SendProcessor:
         _check_sizes(batch, header, limits.max_message_bytes)
         self._node.require_leader()
         self._node.check_disk_pressure()
+        check_accepts_sends(self._node.settings, self._node.group)
         cfg = self._topics.topic_for_write(topic)
         if not cfg.writable:
             raise PermissionDeniedError.for_topic(topic, "write", str(cfg.perm))
@@ -323,6 +326,18 @@ class SendProcessor:
                 for i in range(count)
             ]
         raise InternalError(f"unexpected outcome {outcome!r} for a produce batch")
+
+
+def check_accepts_sends(settings: BrokerSettings, group: str) -> None:
+    """mqadmin's wipeWritePerm: a broker group whose write permission was taken refuses sends
+    (routes already steer producers elsewhere; this answers one holding an old route)."""
+    if not settings.accept_sends:
+        raise PermissionDeniedError(
+            f"broker group {group} does not accept sends (accept_sends=false); send to another "
+            f"group, or give it back with `raftmq broker config accept_sends=true --groups "
+            f"{group}`",
+            details={"broker_group": group, "operation": "write"},
+        )
 
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:

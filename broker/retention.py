@@ -77,18 +77,32 @@ class Proposal:
     wanted_first_index: int  # where the policy would cut if a base stood right before it
 
 
+QUIET_MARK_MAX_MS = 60_000  # a quiet journal gets its mark at most this long after its last write
+
+
+def quiet_mark_ms(policy: RetentionPolicy) -> int:
+    """How long the active segment must be quiet before the leader marks it (a base after its
+    last message, so time retention can later cut through it); 0: never (no time limit)."""
+    return min(policy.retention_ms // 2, QUIET_MARK_MAX_MS) if policy.retention_ms > 0 else 0
+
+
 def wanted_first_index(
     segments: Sequence[SegmentInfo], policy: RetentionPolicy, now_ms: int
 ) -> tuple[int, Reason]:
     """The first index the policy keeps: the first segment not expired by age and not needed to
-    bring the journal under its size limit. The active segment is always kept."""
+    bring the journal under its size limit. The active segment is kept unless it is older than
+    retention_ms itself (a quiet journal: no write rolled it): its mtime is its last write, so
+    every entry in it is older too. Its file stays until it rolls; the cut makes its messages
+    unreadable and trims their index rows on every replica."""
     total = sum(s.size_bytes for s in segments)
     keep_from = segments[0].first_index if segments else 1
     reason = Reason.MARK
     for seg in segments:
-        if seg.active:
-            break
         old = policy.retention_ms > 0 and seg.mtime_ms < now_ms - policy.retention_ms
+        if seg.active:
+            if old:
+                keep_from, reason = seg.last_index + 1, Reason.TIME
+            break
         big = policy.retention_bytes > 0 and total > policy.retention_bytes
         if not (old or big):
             break
@@ -120,12 +134,56 @@ def decide(
     known = sorted(bases)
     fits = [b for b in known if cut_index <= b and b + 1 <= wanted]
     new_cut = fits[-1] + 1 if fits and fits[-1] + 1 > cut_index else 0
-    active_first = segments[-1].first_index
-    need_mark = not known or known[-1] < active_first - 1
+    active = segments[-1]
+    # A base before every segment boundary; and, once the active segment has gone quiet, one
+    # after its last entry, or time retention could never cut through a quiet journal.
+    quiet = quiet_mark_ms(policy)
+    need_mark = (
+        not known
+        or known[-1] < active.first_index - 1
+        or (quiet > 0 and active.mtime_ms <= now_ms - quiet and known[-1] < active.last_index)
+    )
     if new_cut:
         return Proposal(RetentionRecord(new_cut, reason, now_ms), wanted)
     if need_mark:
         return Proposal(RetentionRecord(0, Reason.MARK, now_ms), wanted)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class NextCut:
+    cut_index: int
+    due_ms: int  # when the policy lets the leader propose it (now or later)
+
+
+NEXT_CUT_SEGMENTS = 4  # segments looked ahead at most (each look is one decide())
+
+
+def next_cut(
+    segments: Sequence[SegmentInfo],
+    bases: Iterable[int],
+    cut_index: int,
+    dispatched_index: int,
+    policy: RetentionPolicy,
+    now_ms: int,
+    floor_index: int | None = None,
+) -> NextCut | None:
+    """The cut the leader will propose next, and when: decide() now, else decide() as of the
+    moment the oldest segments still above the cut age out. What retention warns about before
+    it deletes. None: no cut in sight (no limit, or no base to stand on yet). The size limit is
+    only seen once passed (when a journal will grow past it is not known)."""
+    known = list(bases)
+    p = decide(segments, known, cut_index, dispatched_index, policy, now_ms, floor_index)
+    if p is not None and p.record.cut_index:
+        return NextCut(p.record.cut_index, now_ms)
+    if policy.retention_ms <= 0:
+        return None
+    ahead = [s for s in segments if s.last_index >= cut_index][:NEXT_CUT_SEGMENTS]
+    for seg in ahead:
+        due = max(now_ms, seg.mtime_ms + policy.retention_ms + 1)
+        p = decide(segments, known, cut_index, dispatched_index, policy, due, floor_index)
+        if p is not None and p.record.cut_index:
+            return NextCut(p.record.cut_index, due)
     return None
 
 

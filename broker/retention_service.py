@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING
 
 from raftmq.broker.retention import (
     DiskLimits,
+    GroupLoss,
+    NextCut,
     RetentionPolicy,
     decide,
     disk_pressure,
     encode_record,
+    next_cut,
 )
 from raftmq.broker.retention_store import decode_base
 from raftmq.common.errors import RaftMQError
@@ -44,14 +47,15 @@ class RetentionService:
         s = node.settings
         self._node = node
         self._rlog = rlog
-        self._policy = RetentionPolicy(s.retention_ms, s.retention_bytes)
-        self._limits = DiskLimits(s.max_store_bytes, s.disk_max_used_ratio)
-        self._interval_s = s.retention_check_interval_ms / 1000
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"retention-{s.node_id}", daemon=True
         )
         self.deleted_segments = 0  # segment files deleted by this node (status, tests)
+        # The leader's look ahead (status, metrics, the controller's retention_loss alarm):
+        # the next cut and what each group would lose by it. Replaced whole, read unlocked.
+        self.next_cut: NextCut | None = None
+        self.at_risk: tuple[GroupLoss, ...] = ()
 
     def start(self) -> None:
         self._thread.start()
@@ -64,12 +68,27 @@ class RetentionService:
     def journal_bytes(self) -> int:
         return sum(seg.size_bytes for seg in self._rlog.segments())
 
+    # The settings are read at each use: `raftmq broker config` changes them live
+    # (broker/live_settings.py).
+    @property
+    def _policy(self) -> RetentionPolicy:
+        s = self._node.settings
+        return RetentionPolicy(s.retention_ms, s.retention_bytes)
+
+    @property
+    def _limits(self) -> DiskLimits:
+        s = self._node.settings
+        return DiskLimits(s.max_store_bytes, s.disk_max_used_ratio)
+
+    @property
+    def _interval_s(self) -> float:
+        return self._node.settings.retention_check_interval_ms / 1000
+
     def _run(self) -> None:
         # The disk is checked at least once a second whatever the retention interval: a leader
         # past its threshold must hand off before its disk fills (issue 25).
-        tick_s = min(self._interval_s, DISK_CHECK_S)
         next_step = time.monotonic() + self._interval_s
-        while not self._stop.wait(tick_s):
+        while not self._stop.wait(min(self._interval_s, DISK_CHECK_S)):
             try:
                 if time.monotonic() >= next_step:
                     next_step = time.monotonic() + self._interval_s
@@ -87,6 +106,9 @@ class RetentionService:
         self._trim_index()
         if self._node.leader_gate_open():
             self._propose(now_ms)
+            self._look_ahead(now_ms)
+        else:
+            self.next_cut, self.at_risk = None, ()
 
     # ---- the parts -----------------------------------------------------------------------------
 
@@ -192,6 +214,8 @@ class RetentionService:
         if proposal is None:
             return
         rec = proposal.record
+        if rec.cut_index and not self._worth_it(rec.cut_index):
+            return
         try:
             node.replicate([encode_record(rec)], node.settings.send_timeout_ms / 1000)
         except RaftMQError as exc:  # lost leadership, a full disk: the next check tries again
@@ -205,6 +229,48 @@ class RetentionService:
                 rec.reason.name.lower(),
                 proposal.wanted_first_index,
             )
+
+    def _worth_it(self, cut: int) -> bool:
+        """A cut that moves no queue's min offset and frees no segment is not proposed: a quiet
+        journal whose messages are already cut would otherwise get a cut (a log entry, a base)
+        every retention_ms for ever."""
+        segments = self._rlog.segments()
+        if segments and self._node.store.cut_index < segments[-1].first_index:
+            return True  # sealed segments above the cut: this cut lets them go
+        preview = self._node.store.preview_cut(cut)
+        return preview is not None and bool(preview[0])
+
+    def _look_ahead(self, now_ms: int) -> None:
+        """Warn before deleting: the next cut, and the groups whose unconsumed messages it
+        takes (one log line when a group/topic starts being at risk)."""
+        node = self._node
+        bases = node.store.base_indexes()
+        nxt = next_cut(
+            self._rlog.segments(),
+            bases,
+            node.store.cut_index,
+            node.dispatcher.dispatched_index,
+            self._policy,
+            now_ms,
+            node.store.retention_floor(max(bases, default=0)),
+        )
+        preview = node.store.preview_cut(nxt.cut_index) if nxt is not None else None
+        at_risk = tuple(preview[1]) if preview is not None else ()
+        before = {(x.group, x.topic) for x in self.at_risk}
+        for x in at_risk:
+            if (x.group, x.topic) not in before and nxt is not None:
+                log.warning(
+                    "broker.retention_will_delete_unconsumed node=%s group=%s topic=%s "
+                    "messages=%d cut=%d in_s=%d: the next retention cut deletes them unless the "
+                    "group consumes them first",
+                    node.me.node_id,
+                    x.group,
+                    x.topic,
+                    x.messages,
+                    nxt.cut_index,
+                    (nxt.due_ms - now_ms) // 1000,
+                )
+        self.next_cut, self.at_risk = nxt, at_risk
 
 
 class BrokerSnapshots:

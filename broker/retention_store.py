@@ -197,12 +197,7 @@ def apply_record(
         elif (base := decode_base(blob)).unbased_rows:
             refused = f"the base at {rec.cut_index - 1} was taken with scheduled messages"
         else:
-            sections = base.sections
-            now: dict[tuple[str, int], tuple[int, int]] = {}
-            for key, value in txn.cursor(db=t.queues):
-                nxt, low, _ = _QUEUE_VALUE.unpack(value)
-                now[_split_queue_key(key)] = (int(low), int(nxt))
-            cuts = new_min_offsets(now, _heads(sections[3]))
+            cuts = new_min_offsets(_bounds(txn, t), _heads(base.sections[3]))
             for c in cuts:
                 key = _queue_key(c.topic, c.queue_id)
                 nxt, _, time_ms = _QUEUE_VALUE.unpack(txn.get(key, db=t.queues))
@@ -216,6 +211,26 @@ def apply_record(
         if b not in keep:
             txn.delete(_U64.pack(b), db=t.bases)
     return CutApplied(raft_index, rec, new_cut, tuple(cuts), tuple(loss), refused)
+
+
+def preview_cut(txn: Any, t: Tables, cut: int) -> tuple[list[QueueCut], list[GroupLoss]] | None:
+    """What a cut at `cut` would do now, read-only: the queues whose min offset it moves and
+    what each group would lose (retention's warning before it deletes). None: no base at
+    cut - 1 on this replica (no such cut can stand)."""
+    blob = txn.get(_U64.pack(cut - 1), db=t.bases)
+    if blob is None:
+        return None
+    cuts = new_min_offsets(_bounds(txn, t), _heads(decode_base(blob).sections[3]))
+    return cuts, losses(_committed(txn, t), cuts)
+
+
+def _bounds(txn: Any, t: Tables) -> dict[tuple[str, int], tuple[int, int]]:
+    """(min offset, next offset) of every queue now."""
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for key, value in txn.cursor(db=t.queues):
+        nxt, low, _ = _QUEUE_VALUE.unpack(value)
+        out[_split_queue_key(key)] = (int(low), int(nxt))
+    return out
 
 
 def _committed(txn: Any, t: Tables) -> list[tuple[str, str, int, int]]:

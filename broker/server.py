@@ -9,10 +9,11 @@ when data_listen is "off"). SIGTERM or SIGINT: hand leadership off, unregister, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
+from raftmq.common.topic_config import Permission, TopicConfig
 from raftmq.raftlog.record import Role, RoleChange
 
 _log = logging.getLogger("broker")
@@ -143,7 +145,7 @@ class BrokerServer:
             raft_address=self.node.me.raft_address,
             role=ROLE_TO_PB.get(st.role, common_pb2.ROLE_UNSPECIFIED),
             term=st.term,
-            topics=[topic_to_pb(t) for t in self.node.topics()],
+            topics=registered_topics(self.node.topics(), self.node.settings.accept_sends),
             data_address=self.data_address,
         )
 
@@ -223,6 +225,16 @@ class BrokerServer:
 
 SECTION = SettingsSection(BrokerSettings, settings_mod.ENV_PREFIX)
 DESCRIPTION = "raftmq broker node: one member of a Raft-replicated broker group."
+
+
+def registered_topics(
+    topics: Iterable[TopicConfig], accept_sends: bool
+) -> list[common_pb2.TopicConfig]:
+    """The topic table as the NameServers are told it: read-only everywhere while this node
+    does not accept sends (mqadmin's wipeWritePerm), so routes steer producers elsewhere."""
+    if not accept_sends:
+        topics = [dataclasses.replace(t, perm=t.perm & ~Permission.WRITE) for t in topics]
+    return [topic_to_pb(t) for t in topics]
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Path | None, dict[str, object]]:

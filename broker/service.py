@@ -7,18 +7,23 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Iterable
 
 import grpc
 
-from raftmq.broker import requests
+from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.rows import Rejected
 from raftmq.broker.time_query import Cursor
+from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.record_batch import GroupDelete, PurgeQueues
 from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
@@ -29,6 +34,8 @@ ROLE_TO_PB = {
     Role.CANDIDATE: common_pb2.CANDIDATE,
 }
 DEADLINE_MARGIN_S = 0.2  # answer a long poll this long before the caller's deadline
+log = logging.getLogger("broker.service")
+MAX_LISTED_PRODUCERS = 10_000  # rows of one ListProducers answer
 MAX_STATUS_TOPICS = 1000  # GetBrokerStatus lists at most this many topics
 
 
@@ -274,6 +281,54 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return broker_status(self.node, include_lags=request.include_lags)
 
     @rpc_errors
+    def UpdateBrokerConfig(
+        self, request: broker_pb2.UpdateBrokerConfigRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.UpdateBrokerConfigResponse:
+        before = self.node.settings
+        p = live_settings.plan(before, dict(request.settings))
+        if not request.dry_run and not p.refused:
+            self.node.settings = p.settings  # readers of live keys read it at each use
+            live_settings.take_effect(before, p.settings)
+            log.warning(
+                "broker.config_changed node=%s %s: until the node restarts",
+                self.node.me.node_id,
+                " ".join(f"{k}={v}" for k, v in sorted(p.applied.items())),
+            )
+        return broker_pb2.UpdateBrokerConfigResponse(applied=p.applied, refused=p.refused)
+
+    @rpc_errors
+    def ListProducers(
+        self, request: broker_pb2.ListProducersRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ListProducersResponse:
+        self.node.require_readable(allow_follower_read=False)
+        rows, more = self.node.store.producer_rows(MAX_LISTED_PRODUCERS, request.topic)
+        return broker_pb2.ListProducersResponse(
+            producers=[
+                broker_pb2.ProducerQueue(
+                    producer_id=pid,
+                    topic=topic,
+                    queue_id=queue_id,
+                    last_sequence=st.last_sequence,
+                    last_store_timestamp_ms=st.last_store_timestamp_ms,
+                )
+                for pid, topic, queue_id, st in rows
+            ],
+            truncated=more,
+        )
+
+    @rpc_errors
+    def DeleteConsumerGroup(
+        self, request: broker_pb2.DeleteConsumerGroupRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.DeleteConsumerGroupResponse:
+        return delete_group(self.node, request.consumer_group, force=request.force)
+
+    @rpc_errors
+    def PurgeTopic(
+        self, request: broker_pb2.PurgeTopicRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.PurgeTopicResponse:
+        return purge_topic(self.node, request)
+
+    @rpc_errors
     def LeadershipTransfer(
         self, request: broker_pb2.LeadershipTransferRequest, context: grpc.ServicerContext
     ) -> broker_pb2.LeadershipTransferResponse:
@@ -323,6 +378,75 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+
+
+def purge_topic(
+    node: BrokerNode, request: broker_pb2.PurgeTopicRequest
+) -> broker_pb2.PurgeTopicResponse:
+    """Every queue of the topic here: its min offset moves up to the offset asked for (or the
+    first stored at or after the time), one PurgeQueues record for all the queues that move."""
+    topic = request.topic
+    node.require_leader()
+    cfg = node.topic_admin.readable_topic(topic, -1)
+    which = request.WhichOneof("before")
+    if which is None:
+        raise InvalidArgumentError("purge needs an offset or a time (--before-offset, --before)")
+    value = request.offset if which == "offset" else request.timestamp_ms
+    if value < 0:
+        raise InvalidArgumentError(f"purge before {which} {value}: it must be >= 0")
+    rows = []
+    moves: dict[int, int] = {}
+    for q in range(cfg.read_queue_nums):
+        low, high = node.store.queue_bounds(topic, q)
+        target = value if which == "offset" else node.store.offset_for_timestamp(topic, q, value)
+        new = min(max(low, target), high)
+        rows.append(
+            broker_pb2.QueuePurge(
+                queue_id=q, old_min_offset=low, new_min_offset=new, max_offset=high
+            )
+        )
+        if new > low:
+            moves[q] = new
+    if moves and not request.dry_run:
+        outcome = node.replicate(
+            [record_batch.encode(PurgeQueues(topic, moves))], node.settings.send_timeout_ms / 1000
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"purging topic {topic!r} refused: {outcome.reason}")
+        log.warning(
+            "broker.topic_purged node=%s topic=%s queues=%d messages=%d",
+            node.me.node_id,
+            topic,
+            len(moves),
+            sum(r.new_min_offset - r.old_min_offset for r in rows),
+        )
+    return broker_pb2.PurgeTopicResponse(queues=rows)
+
+
+def delete_group(
+    node: BrokerNode, group: str, *, force: bool
+) -> broker_pb2.DeleteConsumerGroupResponse:
+    """The group's offsets, leases and POP state go on every replica (a GroupDelete record),
+    refused while members heartbeat here unless forced: they would commit again at once."""
+    validate_group(group)
+    node.require_leader()
+    with node.consumers_lock:
+        members = sorted(node.consumers.snapshot(requests.monotonic_ms()).get(group, {}))
+    if members and not force:
+        raise InvalidArgumentError(
+            f"consumer group {group!r} has {len(members)} members online on {node.group} "
+            f"({', '.join(members[:3])}{', ...' if len(members) > 3 else ''}): stop them first, "
+            "or delete with --force (they commit again and bring the group back)",
+            details={"members_online": str(len(members))},
+        )
+    n = node.store.group_offset_count(group)
+    if n:
+        outcome = node.replicate(
+            [record_batch.encode(GroupDelete(group))], node.settings.send_timeout_ms / 1000
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"deleting group {group!r} refused: {outcome.reason}")
+    return broker_pb2.DeleteConsumerGroupResponse(deleted_offsets=n, members_online=members)
 
 
 def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
@@ -384,6 +508,9 @@ def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2
     st = node.status()
     storage = node.health.error
     leader = node.leader()
+    ret = node.retention
+    nxt = ret.next_cut if ret is not None and st.role is Role.LEADER else None
+    at_risk = ret.at_risk if ret is not None and nxt is not None else ()
     topics = []
     for cfg in node.topics()[:MAX_STATUS_TOPICS]:
         queues = []
@@ -410,7 +537,13 @@ def broker_status(node: BrokerNode, *, include_lags: bool = False) -> broker_pb2
         first_index=st.first_index,
         retention_cut_index=node.store.cut_index,
         disk_pressure=node.disk_pressure or "",
-        journal_bytes=node.retention.journal_bytes() if node.retention is not None else 0,
+        journal_bytes=ret.journal_bytes() if ret is not None else 0,
+        next_cut_index=nxt.cut_index if nxt is not None else 0,
+        next_cut_due_ms=nxt.due_ms if nxt is not None else 0,
+        next_cut_losses=[
+            broker_pb2.GroupLag(consumer_group=x.group, topic=x.topic, lag=x.messages)
+            for x in at_risk
+        ],
         disk_used_ratio=disk_used_ratio(node),
         group_lags=group_lags(node) if include_lags and st.role is Role.LEADER else [],
     )

@@ -103,6 +103,13 @@ class BrokerSettings(FairShareSettings):
     auto_create_topic: bool = setting(
         default=True, unit="", doc="a send to an unknown topic creates it (RocketMQ: true)"
     )
+    accept_sends: bool = setting(
+        default=True,
+        unit="",
+        doc="false: this node refuses sends and registers every topic read-only, so producers "
+        "use the other broker groups (mqadmin's wipeWritePerm; live: `raftmq broker config "
+        "accept_sends=false --groups G`)",
+    )
     default_queue_nums: int = setting(
         default=8, unit="queues", doc="read and write queues of an auto-created topic"
     )

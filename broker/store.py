@@ -26,6 +26,7 @@ from raftmq.broker.errors import (
     StoreWriteError,
 )
 from raftmq.broker.queue_lock import Lease
+from raftmq.broker.retention import GroupLoss, QueueCut
 from raftmq.broker.rows import BatchOrigin, CQRow, ProducerState, QueueHead
 from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
@@ -492,6 +493,11 @@ class MessageStore:
                     floors.append(_U64.unpack_from(cur.key())[0])
         return min(floors, default=None)
 
+    def preview_cut(self, cut: int) -> tuple[list[QueueCut], list[GroupLoss]] | None:
+        """What a cut at `cut` would move and who would lose what (read-only; None: no base)."""
+        with self._env.begin() as txn:
+            return retention_store.preview_cut(txn, self._retention, cut)
+
     def base_indexes(self) -> list[int]:
         with self._env.begin() as txn:
             return retention_store.base_indexes(txn, self._retention)
@@ -580,6 +586,13 @@ class MessageStore:
             min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
             value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
             put(key, value, db=self._queues)
+        for topic, queue_id, offset in out.purges:
+            key = _queue_prefix(topic, queue_id)
+            old = txn.get(key, db=self._queues)
+            if old is None:
+                continue  # no message was ever stored there
+            nxt, low, time_ms = _QUEUE_VALUE.unpack(old)
+            put(key, _QUEUE_VALUE.pack(nxt, min(max(low, offset), nxt), time_ms), db=self._queues)
         for k in out.key_rows():
             put(
                 _key_prefix(k.topic, k.key) + _U32.pack(k.queue_id) + pack_u64(k.queue_offset),
@@ -594,6 +607,13 @@ class MessageStore:
             )
         for o in out.offset_rows:
             put(_offset_key(o.group, o.topic, o.queue_id), pack_u64(o.offset), db=self._offsets)
+        for group in out.deleted_groups:
+            prefix = group.encode("utf-8") + b"\0"  # group\0topic\0queue: this group only
+            for db in (self._offsets, self._locks, self._pops):
+                with txn.cursor(db=db) as cur:
+                    more = cur.set_range(prefix)
+                    while more and bytes(cur.key()).startswith(prefix):
+                        more = cur.delete()
         for p in out.producer_rows:
             put(
                 _producer_key(p.producer_id, p.topic, p.queue_id),
@@ -868,6 +888,17 @@ class MessageStore:
             raw = txn.get(_offset_key(group, topic, queue_id), db=self._offsets)
         return _U64.unpack(raw)[0] if raw is not None else None
 
+    def group_offset_count(self, group: str, limit: int = 1_000_000) -> int:
+        """How many committed offsets `group` has here (at most `limit` counted)."""
+        prefix = group.encode("utf-8") + b"\0"
+        n = 0
+        with self._env.begin() as txn, txn.cursor(db=self._offsets) as cur:
+            more = cur.set_range(prefix)
+            while more and n < limit and bytes(cur.key()).startswith(prefix):
+                n += 1
+                more = cur.next()
+        return n
+
     def committed_offsets_of(
         self, group: str, queues: Sequence[tuple[str, int]]
     ) -> list[int | None]:
@@ -887,6 +918,25 @@ class MessageStore:
                     break
                 out[_U32.unpack_from(k, len(prefix))[0]] = _U64.unpack(v)[0]
         return out
+
+    def producer_rows(
+        self, max_rows: int, topic: str = ""
+    ) -> tuple[list[tuple[str, str, int, ProducerState]], bool]:
+        """(producer id, topic, queue id, state) of the producer table in key order, at most
+        `max_rows` (of `topic` only, when given); True when more rows were left."""
+        out: list[tuple[str, str, int, ProducerState]] = []
+        with self._env.begin() as txn, txn.cursor(db=self._producers) as cur:
+            for k, v in cur.iternext():
+                n = _U32.unpack_from(k)[0]
+                pid, rest = k[4 : 4 + n], k[4 + n :]
+                name = rest[:-5].decode("utf-8", "replace")
+                if topic and name != topic:
+                    continue
+                if len(out) >= max_rows:
+                    return out, True
+                state = _decode_producer(v)
+                out.append((pid.decode("utf-8", "replace"), name, _U32.unpack(rest[-4:])[0], state))
+        return out, False
 
     def all_committed_offsets(self, max_rows: int) -> list[tuple[str, str, int, int]]:
         """(group, topic, queue id, offset) of every committed offset, in key order, at most

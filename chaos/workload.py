@@ -26,6 +26,7 @@ from raftmq.client.messages import SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.common.errors import OutcomeUnknownError, RaftMQError
+from raftmq.common.log_text import configure_logging
 
 log = logging.getLogger("raftmq.chaos.workload")
 CONSUMER_GROUP = "chaos-checker"  # a secure run's user may consume in this group only
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy", default="", help="proxy mode: the raftmq-proxy's host:port")
     args = ap.parse_args(argv)
     level = os.environ.get("CHAOS_CLIENT_LOG", "WARNING").upper()  # DEBUG to trace sends
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(level)
     settings = WorkloadSettings(
         args.namesrv,
         args.topic,

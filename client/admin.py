@@ -4,6 +4,7 @@ broker group's leader (found through the NameServers)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -63,6 +64,23 @@ log = logging.getLogger("raftmq.admin")
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
+MAX_RANGE_MESSAGES = 10_000  # per messages_in_queue call
+READER_GROUP = "raftmq-admin-reader"  # the group an admin read pulls as (it commits nothing)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterResend:
+    msg_id: str  # the dead letter
+    outcome: str  # "resent", "skipped" (resent before), "would resend" (a dry run)
+    new_msg_id: str  # the copy sent now (resent) or before (skipped); "" for a dry run
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRange:
+    queue: QueueRef
+    min_offset: int  # the queue's bounds when read: below min, deleted by retention
+    max_offset: int
+    messages: list[ReceivedMessage]
 
 
 def check_queue_count(topic: str, queues: object) -> int:
@@ -164,6 +182,33 @@ class NodeStatus:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class QueuePurge:
+    queue: QueueRef
+    old_min_offset: int
+    new_min_offset: int  # equal to old: nothing before the point was still stored
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerQueue:
+    broker_group: str
+    producer_id: str
+    topic: str
+    queue_id: int
+    last_sequence: int
+    last_store_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfigChange:
+    broker_group: str
+    node_id: str
+    applied: dict[str, str]  # key -> value in force now (empty when anything was refused)
+    refused: dict[str, str]  # key -> why
+    error: str = ""  # the node did not answer
+
+
 class Admin:
     """A context manager; thread-safe."""
 
@@ -241,6 +286,134 @@ class Admin:
                     out.append(NodeStatus(g.broker_group, n.node_id, n.address, None, exc.message))
                     continue
                 out.append(NodeStatus(g.broker_group, n.node_id, n.address, st))
+        return out
+
+    @checked
+    def update_broker_config(
+        self,
+        settings: dict[str, str],
+        broker_groups: Sequence[str] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> list[NodeConfigChange]:
+        """mqadmin's updateBrokerConfig: change settings that take effect without a restart on
+        every node of every (or the named) broker group, all or nothing per node (a refused key
+        names why; nothing changes on that node). Until the node restarts: the cluster
+        description keeps the value for good. A node that does not answer is listed with its
+        error; a denial is raised."""
+        if not settings:
+            raise InvalidArgumentError("no setting to change: give KEY=VALUE")
+        req = broker_pb2.UpdateBrokerConfigRequest(settings=settings, dry_run=dry_run)
+        out = []
+        for g in self._select(broker_groups):
+            for n in g.nodes:
+                call = functools.partial(
+                    self._stub(n.address).UpdateBrokerConfig, req, timeout=RPC_TIMEOUT_S
+                )
+                try:
+                    resp = self._rpc(call)
+                except (PermissionDeniedError, UnauthenticatedError):
+                    raise
+                except RaftMQError as exc:
+                    out.append(NodeConfigChange(g.broker_group, n.node_id, {}, {}, exc.message))
+                    continue
+                out.append(
+                    NodeConfigChange(
+                        g.broker_group, n.node_id, dict(resp.applied), dict(resp.refused)
+                    )
+                )
+        return out
+
+    @checked
+    def purge_topic(
+        self,
+        topic: str,
+        *,
+        before_offset: int | None = None,
+        before_ms: int | None = None,
+        dry_run: bool = False,
+    ) -> list[QueuePurge]:
+        """kafka-delete-records: every queue of `topic` on every broker group loses its messages
+        before `before_offset` (each queue) or stored before `before_ms`; its min offset moves
+        up through the group's Raft log, so every reader and every replica agrees. A consumer
+        behind the new min offset goes on from it. The journal's bytes go with retention."""
+        validate_topic(topic)
+        if (before_offset is None) == (before_ms is None):
+            raise InvalidArgumentError("give before_offset or before_ms, one of them")
+        req = broker_pb2.PurgeTopicRequest(topic=topic, dry_run=dry_run)
+        if before_offset is not None:
+            req.offset = before_offset
+        else:
+            assert before_ms is not None
+            req.timestamp_ms = before_ms
+        out = []
+        for g in self._select(None):
+            if not any(q.broker_group == g.broker_group for q in self.route(topic).queues):
+                continue
+            resp = self._on_leader(g, lambda s: s.PurgeTopic(req, timeout=RPC_TIMEOUT_S))
+            out += [
+                QueuePurge(
+                    QueueRef(topic, g.broker_group, q.queue_id),
+                    q.old_min_offset,
+                    q.new_min_offset,
+                    q.max_offset,
+                )
+                for q in resp.queues
+            ]
+        return out
+
+    @checked
+    def delete_group(self, group: str, *, force: bool = False) -> dict[str, int]:
+        """mqadmin's deleteSubGroup --removeOffset, kafka-consumer-groups --delete: the group's
+        committed offsets (and orderly leases, POP state) go on every broker group; per broker
+        group, how many offsets it had. Refused (InvalidArgumentError naming the members) where
+        members are online, unless `force`: they would commit again and bring it back. Broker
+        groups before a refusal keep the deletion (each answer is its own log entry)."""
+        validate_group(group)
+        out: dict[str, int] = {}
+        for g in self._select(None):
+            resp = self._on_leader(
+                g,
+                lambda s: s.DeleteConsumerGroup(
+                    broker_pb2.DeleteConsumerGroupRequest(consumer_group=group, force=force),
+                    timeout=RPC_TIMEOUT_S,
+                ),
+            )
+            out[g.broker_group] = resp.deleted_offsets
+        return out
+
+    @checked
+    def producers(self, topic: str = "") -> list[ProducerQueue]:
+        """mqadmin's producerConnection: the idempotent producers that wrote to each broker
+        group (of `topic`, or of every topic), from the replicated producer table its leader
+        holds: which queues, their last sequence, when their last batch was stored. A producer
+        made with idempotent=False keeps no row. Raises if a group's answer was cut short."""
+        if topic:
+            validate_topic(topic, allow_system=True)
+        out = []
+        for g in self._select(None):
+            resp = self._on_leader(
+                g,
+                lambda s: s.ListProducers(
+                    broker_pb2.ListProducersRequest(topic=topic), timeout=RPC_TIMEOUT_S
+                ),
+            )
+            out += [
+                ProducerQueue(
+                    g.broker_group,
+                    p.producer_id,
+                    p.topic,
+                    p.queue_id,
+                    p.last_sequence,
+                    p.last_store_timestamp_ms,
+                )
+                for p in resp.producers
+            ]
+            if resp.truncated:
+                raise InvalidArgumentError(
+                    f"broker group {g.broker_group} holds more producer rows than one answer; "
+                    "name a topic (--topic) to list fewer"
+                )
         return out
 
     def _stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
@@ -708,6 +881,67 @@ class Admin:
             while len(out) < expect and time.monotonic() < deadline:
                 out.extend(reader.poll(200, max_messages=expect - len(out)))
         return out
+
+    @checked
+    def resend_dead_letters(
+        self, group: str, *, max_count: int = 100, dry_run: bool = False, force: bool = False
+    ) -> list[DeadLetterResend]:
+        """`raftmq dlq resend --group`: each of the group's dead letters (at most max_count,
+        oldest first per queue) back to its original topic, once: one resent before is skipped
+        (named with its first resend) unless `force`. `dry_run` decides the same and sends
+        nothing. A failure stops the run; its message says how many went before it (a second run
+        skips those, as resent before)."""
+        out: list[DeadLetterResend] = []
+        for m in self.dead_letters(group, max_count=max_count):
+            earlier = [] if force else self._resends_of(m.msg_id)
+            if earlier:
+                out.append(DeadLetterResend(m.msg_id, "skipped", earlier[0].new_msg_id))
+            elif dry_run:
+                out.append(DeadLetterResend(m.msg_id, "would resend", ""))
+            else:
+                try:
+                    sent = self.resend_dead_letter(m.msg_id, force=True)  # checked just above
+                except RaftMQError as exc:
+                    done = sum(1 for x in out if x.outcome == "resent")
+                    exc.details["resent_before_the_failure"] = str(done)
+                    exc.message += (
+                        f" (dead letter {m.msg_id}; {done} resent before it, each once: run "
+                        "the same command again to go on)"
+                    )
+                    raise
+                out.append(DeadLetterResend(m.msg_id, "resent", sent.msg_id))
+        return out
+
+    @checked
+    def messages_in_queue(
+        self, queue: QueueRef, begin: int, end: int | None = None, *, timeout_ms: int = 10_000
+    ) -> QueueRange:
+        """The messages of one queue at offsets begin..end-1 (mqadmin's queryMsgByOffset and
+        printMsgByQueue, kafka-console-consumer's --partition --offset): `end` None = one
+        message. Read without committing anything; at most MAX_RANGE_MESSAGES. Offsets below
+        the queue's min offset are gone (retention): the range starts at it and says so."""
+        check_offset(begin, "begin")
+        end = begin + 1 if end is None else end
+        if end <= begin:
+            raise InvalidArgumentError(f"the range {begin}..{end} is empty: end must exceed begin")
+        if end - begin > MAX_RANGE_MESSAGES:
+            raise InvalidArgumentError(
+                f"at most {MAX_RANGE_MESSAGES} messages per range; ask for {begin}.."
+                f"{begin + MAX_RANGE_MESSAGES} and go on from there"
+            )
+        low, high = BrokerOffsets(READER_GROUP, self.routes, self._pool).bounds(queue)
+        first, stop = max(begin, low), min(end, high)
+        found: dict[int, ReceivedMessage] = {}
+        if first < stop:
+            with PullConsumer(self.routes.namesrv_addresses, READER_GROUP) as reader:
+                reader.assign([queue])
+                reader.seek(queue, first)
+                deadline = time.monotonic() + timeout_ms / 1000
+                while len(found) < stop - first and time.monotonic() < deadline:
+                    for m in reader.poll(200, max_messages=stop - first - len(found)):
+                        if first <= m.queue_offset < stop:
+                            found[m.queue_offset] = m
+        return QueueRange(queue, low, high, [found[o] for o in sorted(found)])
 
     @checked
     def resend_dead_letter(self, msg_id: str, *, force: bool = False) -> SendResult:

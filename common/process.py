@@ -19,9 +19,9 @@ from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from raftmq.common import tls
+from raftmq.common.log_text import configure_logging
 from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -99,7 +99,7 @@ def run_role(
     except SettingsError as exc:
         print(f"{role}: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    configure_logging(settings.log_level.upper())
     stop = threading.Event()
     install_stop_handlers(stop, logging.getLogger(role), role)
     return serve(settings, stop)

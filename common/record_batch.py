@@ -27,6 +27,8 @@ class Kind(enum.IntEnum):
     COMMIT_OFFSET = 2
     RESET_OFFSETS = 3
     TOPIC_CONFIG = 4
+    GROUP_DELETE = 5  # a consumer group's committed offsets, leases and POP state go (issue 26)
+    PURGE = 6  # a topic's queues' min offsets move up: the messages before are gone (issue 26)
     DELIVER = 10  # scheduled messages fall due: ConsumeQueue rows of their real topic (issue 16)
     # Transactions (broker/txn_records.py encodes them): an end, a check sent, a move.
     TXN_END = 20
@@ -96,6 +98,23 @@ class CommitOffset:
     topic: str
     queue_id: int
     offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDelete:
+    """`raftmq group delete`: every committed offset, queue lease and POP state of the group
+    on this broker group goes (mqadmin deleteSubGroup --removeOffset)."""
+
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeQueues:
+    """`raftmq topic purge`: each named queue's min offset moves up to its offset (never past
+    the queue's end, never down), as kafka-delete-records moves a log start offset."""
+
+    topic: str
+    offsets: dict[int, int]  # queue id -> new min offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +212,8 @@ BrokerRecord = (
     ProduceBatch
     | CommitOffset
     | ResetOffsets
+    | GroupDelete
+    | PurgeQueues
     | TopicConfigChange
     | Deliver
     | QueueLockChange
@@ -247,6 +268,21 @@ _U64_MAX = (1 << 64) - 1
 # ---- encoding ----------------------------------------------------------------------------------
 
 
+def _queue_offsets(data: bytes, r: _Reader, what: str) -> dict[int, int]:
+    """A count, then (queue id, offset) pairs to the end, queue ids strictly increasing."""
+    (count,) = r.unpack(_U32)
+    if count * _QUEUE_OFFSET.size != len(data) - r.pos:
+        raise MalformedBatchError(f"{what} declares {count} queues that do not fit")
+    offsets: dict[int, int] = {}
+    last = -1
+    for queue_id, offset in _QUEUE_OFFSET.iter_unpack(data[r.pos :]):
+        if queue_id <= last:
+            raise MalformedBatchError(f"{what} queue ids are not strictly increasing")
+        offsets[queue_id] = offset
+        last = queue_id
+    return offsets
+
+
 def encode(record: BrokerRecord) -> bytes:
     """Bytes of one chunk. Raises ValueError for values the format cannot carry (the caller's
     fault: validate messages first)."""
@@ -263,6 +299,15 @@ def encode(record: BrokerRecord) -> bytes:
                     _QUEUE_OFFSET.pack(record.queue_id, record.offset),
                 )
             )
+        if isinstance(record, PurgeQueues):
+            parts = [_HEAD.pack(Kind.PURGE, VERSION), _short(record.topic)]
+            parts.append(_U32.pack(len(record.offsets)))
+            for queue_id in sorted(record.offsets):  # canonical: one encoding per value
+                _check_offset(queue_id, record.offsets[queue_id])
+                parts.append(_QUEUE_OFFSET.pack(queue_id, record.offsets[queue_id]))
+            return b"".join(parts)
+        if isinstance(record, GroupDelete):
+            return _HEAD.pack(Kind.GROUP_DELETE, VERSION) + _short(record.group)
         if isinstance(record, ResetOffsets):
             parts = [
                 _HEAD.pack(Kind.RESET_OFFSETS, VERSION),
@@ -481,20 +526,19 @@ def decode(data: Bytes) -> BrokerRecord:
             queue_id, offset = r.unpack(_QUEUE_OFFSET)
             r.end()
             return CommitOffset(group, topic, queue_id, offset)
+        if kind == Kind.PURGE:
+            r = _Reader(data, _HEAD.size)
+            topic = r.short()
+            return PurgeQueues(topic, _queue_offsets(data, r, "purge"))
+        if kind == Kind.GROUP_DELETE:
+            r = _Reader(data, _HEAD.size)
+            group = r.short()
+            r.end()
+            return GroupDelete(group)
         if kind == Kind.RESET_OFFSETS:
             r = _Reader(data, _HEAD.size)
             group, topic = r.short(), r.short()
-            (count,) = r.unpack(_U32)
-            if count * _QUEUE_OFFSET.size != len(data) - r.pos:
-                raise MalformedBatchError(f"offset reset declares {count} queues that do not fit")
-            offsets: dict[int, int] = {}
-            last = -1
-            for queue_id, offset in _QUEUE_OFFSET.iter_unpack(data[r.pos :]):
-                if queue_id <= last:
-                    raise MalformedBatchError("offset reset queue ids are not strictly increasing")
-                offsets[queue_id] = offset
-                last = queue_id
-            return ResetOffsets(group, topic, offsets)
+            return ResetOffsets(group, topic, _queue_offsets(data, r, "offset reset"))
         if kind == Kind.TOPIC_CONFIG:
             r = _Reader(data, 3)
             if len(data) < 3 or data[2] not in TopicOp._value2member_map_:

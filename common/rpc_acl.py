@@ -160,6 +160,10 @@ RULES: dict[str, Rule] = {
     _v1("Broker", "QueryStats"): _stats,
     _v1("Broker", "ResendDeadLetter"): _cluster(Action.UPDATE),  # the id does not name a group
     _v1("Broker", "LeadershipTransfer"): _super,
+    _v1("Broker", "UpdateBrokerConfig"): _super,
+    _v1("Broker", "ListProducers"): _cluster(Action.LIST),
+    _v1("Broker", "DeleteConsumerGroup"): _group(Action.DELETE),
+    _v1("Broker", "PurgeTopic"): _topic(Action.DELETE),
     # Transactions
     _v1("BrokerTransaction", "SendHalfMessage"): _topic(Action.PUB),
     _v1("BrokerTransaction", "EndTransaction"): _txn_group,

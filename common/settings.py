@@ -198,6 +198,24 @@ def load_settings(
         raise SettingsError(f"invalid {role} settings: {exc}") from exc
 
 
+def changed(settings: S, updates: Mapping[str, str]) -> S:
+    """`settings` with `updates` (key -> value as text, as a flag takes it) converted and
+    checked by the class's own rules, as load_settings would; SettingsError names the key."""
+    cls = type(settings)
+    fields = {f.name: f for f in _fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, object] = {}
+    for key, raw in updates.items():
+        if key not in fields:
+            raise SettingsError(f"unknown {cls.__name__} setting {key!r}")
+        unit = fields[key].metadata["unit"]
+        values[key] = _convert(hints[key], raw, f"{cls.__name__} setting {key!r}", unit)
+    try:
+        return cast(S, dataclasses.replace(cast(Any, settings), **values))
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"invalid {cls.__name__} settings: {exc}") from exc
+
+
 def _read_section(file: Path, section: str) -> Mapping[str, object]:
     try:
         with open(file, "rb") as f:

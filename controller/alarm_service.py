@@ -5,9 +5,10 @@ logs each firing and resolved event and POSTs it as JSON to `alarm_webhook_url`.
 Measured: no_leader from the controller's own record and the brokers' role reports (the leader
 it records has not reported within `balance_alive_ms`, or there is none); the rest from one
 GetBrokerStatus(include_lags) per broker node (1 s deadline, in parallel): each node's disk use,
-each follower's distance to its leader's commit index, each (group, topic)'s lag and each
-group's DLQ size on the leaders. A kind whose inputs are incomplete this round (a leader did not
-answer) is not measured, so its alarms neither fire nor resolve on partial data.
+each follower's distance to its leader's commit index, each (group, topic)'s lag, each group's
+DLQ size and what the next retention cut deletes unconsumed, on the leaders. A kind whose inputs
+are incomplete this round (a leader did not answer) is not measured, so its alarms neither fire
+nor resolve on partial data.
 
 Each firing and resolution goes through the controller's Raft log before it is logged and
 posted: a new controller leader starts from the replicated firing alarms (no second firing of
@@ -49,7 +50,14 @@ WEBHOOK_TIMEOUT_S = 3.0
 WEBHOOK_ATTEMPTS = 3
 DLQ_PREFIX = "%DLQ%"
 BROKER_KINDS = frozenset(
-    {Kind.GROUP_LAG, Kind.DLQ_GROWTH, Kind.DISK_USED, Kind.FOLLOWER_BEHIND, Kind.STORAGE_ERROR}
+    {
+        Kind.GROUP_LAG,
+        Kind.DLQ_GROWTH,
+        Kind.DISK_USED,
+        Kind.FOLLOWER_BEHIND,
+        Kind.STORAGE_ERROR,
+        Kind.RETENTION_LOSS,
+    }
 )
 
 
@@ -240,51 +248,7 @@ class AlarmService:
             for node_id, address in sorted(g.members.items())
         ]
         statuses = list(self._pool.map(lambda c: self._status(c[2]), calls))
-        disk: dict[str, float | None] = {}
-        storage: dict[str, float | None] = {}
-        behind: dict[str, float | None] = {}
-        lag: dict[str, float | None] = {}
-        dlq: dict[str, float | None] = {}
-        complete = True  # every group's leader answered
-        by_group: dict[str, list[tuple[str, broker_pb2.BrokerStatus | None]]] = {}
-        for (group, node_id, _), st in zip(calls, statuses, strict=True):
-            by_group.setdefault(group, []).append((node_id, st))
-            disk[f"{group}/{node_id}"] = st.disk_used_ratio if st is not None else None
-            storage[f"{group}/{node_id}"] = None if st is None else float(bool(st.storage_error))
-        for group, nodes in by_group.items():
-            leaders = [st for _, st in nodes if st is not None and st.role == common_pb2.LEADER]
-            if not leaders:
-                complete = False
-                for node_id, _ in nodes:
-                    behind[f"{group}/{node_id}"] = None
-                continue
-            leader = max(leaders, key=lambda st: st.term)
-            for node_id, st in nodes:
-                if st is None:
-                    behind[f"{group}/{node_id}"] = None
-                elif st is not leader:
-                    behind[f"{group}/{node_id}"] = float(
-                        max(0, leader.commit_index - st.applied_index)
-                    )
-            for gl in leader.group_lags:
-                key = f"{gl.consumer_group}/{gl.topic}"
-                lag[key] = (lag.get(key) or 0.0) + gl.lag
-            for t in leader.topics:
-                if t.topic.startswith(DLQ_PREFIX):
-                    name = t.topic.removeprefix(DLQ_PREFIX)
-                    dlq[name] = (dlq.get(name) or 0.0) + sum(q.max_offset for q in t.queues)
-        out: dict[Kind, dict[str, float | None]] = {}
-        if Kind.DISK_USED in kinds:
-            out[Kind.DISK_USED] = disk
-        if Kind.FOLLOWER_BEHIND in kinds:
-            out[Kind.FOLLOWER_BEHIND] = behind
-        if Kind.STORAGE_ERROR in kinds:
-            out[Kind.STORAGE_ERROR] = storage
-        if complete and Kind.GROUP_LAG in kinds:
-            out[Kind.GROUP_LAG] = lag
-        if complete and Kind.DLQ_GROWTH in kinds:
-            out[Kind.DLQ_GROWTH] = dlq
-        return out
+        return observe(kinds, [(g, n) for g, n, _ in calls], statuses)
 
     def _status(self, address: str) -> broker_pb2.BrokerStatus | None:
         with self._channels_lock:
@@ -304,6 +268,66 @@ class AlarmService:
     def snapshot(self) -> tuple[list[Active], list[Event]]:
         with self.lock:
             return list(self.book.active()), list(self.book.events)
+
+
+def observe(
+    kinds: set[Kind],
+    nodes: list[tuple[str, str]],
+    statuses: list[broker_pb2.BrokerStatus | None],
+) -> dict[Kind, dict[str, float | None]]:
+    """The broker kinds' values from one round's answers, values in and out: `nodes` are
+    (broker group, node id), `statuses` their answers in the same order (None: no answer).
+    Per node None where the node (or, for follower_behind, its leader) did not answer; the
+    leaders' kinds (group_lag, dlq_growth, retention_loss) only when every group's leader did."""
+    disk: dict[str, float | None] = {}
+    storage: dict[str, float | None] = {}
+    behind: dict[str, float | None] = {}
+    lag: dict[str, float | None] = {}
+    dlq: dict[str, float | None] = {}
+    loss: dict[str, float | None] = {}
+    complete = True  # every group's leader answered
+    by_group: dict[str, list[tuple[str, broker_pb2.BrokerStatus | None]]] = {}
+    for (group, node_id), st in zip(nodes, statuses, strict=True):
+        by_group.setdefault(group, []).append((node_id, st))
+        disk[f"{group}/{node_id}"] = st.disk_used_ratio if st is not None else None
+        storage[f"{group}/{node_id}"] = None if st is None else float(bool(st.storage_error))
+    for group, members in by_group.items():
+        leaders = [st for _, st in members if st is not None and st.role == common_pb2.LEADER]
+        if not leaders:
+            complete = False
+            for node_id, _ in members:
+                behind[f"{group}/{node_id}"] = None
+            continue
+        leader = max(leaders, key=lambda st: st.term)
+        for node_id, st in members:
+            if st is None:
+                behind[f"{group}/{node_id}"] = None
+            elif st is not leader:
+                behind[f"{group}/{node_id}"] = float(max(0, leader.commit_index - st.applied_index))
+        for gl in leader.group_lags:
+            key = f"{gl.consumer_group}/{gl.topic}"
+            lag[key] = (lag.get(key) or 0.0) + gl.lag
+        for gl in leader.next_cut_losses:
+            key = f"{gl.consumer_group}/{gl.topic}"
+            loss[key] = (loss.get(key) or 0.0) + gl.lag
+        for t in leader.topics:
+            if t.topic.startswith(DLQ_PREFIX):
+                name = t.topic.removeprefix(DLQ_PREFIX)
+                dlq[name] = (dlq.get(name) or 0.0) + sum(q.max_offset for q in t.queues)
+    out: dict[Kind, dict[str, float | None]] = {}
+    if Kind.DISK_USED in kinds:
+        out[Kind.DISK_USED] = disk
+    if Kind.FOLLOWER_BEHIND in kinds:
+        out[Kind.FOLLOWER_BEHIND] = behind
+    if Kind.STORAGE_ERROR in kinds:
+        out[Kind.STORAGE_ERROR] = storage
+    if complete and Kind.GROUP_LAG in kinds:
+        out[Kind.GROUP_LAG] = lag
+    if complete and Kind.DLQ_GROWTH in kinds:
+        out[Kind.DLQ_GROWTH] = dlq
+    if complete and Kind.RETENTION_LOSS in kinds:
+        out[Kind.RETENTION_LOSS] = loss
+    return out
 
 
 def _alive(seen: Seen | None, now_ms: int, alive_ms: int) -> bool:

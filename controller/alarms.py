@@ -10,7 +10,7 @@ FIRING and one RESOLVED event, however often the condition is observed (deduplic
 
 Rule syntax, `;`-separated: `KIND > THRESHOLD for DURATION [within DURATION]`, e.g.
   group_lag > 1000 for 1m; dlq_growth > 0 within 5m; no_leader for 30s;
-  disk_used > 0.9 for 1m; follower_behind > 10000 for 30s
+  disk_used > 0.9 for 1m; follower_behind > 10000 for 30s; retention_loss > 0
 A rule may be limited to one subject with `[subject]`: `group_lag[orders] > 100 for 10s`.
 """
 
@@ -35,6 +35,8 @@ class Kind(enum.Enum):
     DISK_USED = "disk_used"  # subject "broker group/node": used fraction of its disk (0..1)
     FOLLOWER_BEHIND = "follower_behind"  # subject "broker group/node": entries behind the leader
     STORAGE_ERROR = "storage_error"  # subject "broker group/node": 1 while writes fail or data rots
+    # subject "group/topic": messages not consumed yet that the next retention cut deletes
+    RETENTION_LOSS = "retention_loss"
 
 
 DEFAULT_THRESHOLD = {Kind.NO_LEADER: 0.0, Kind.STORAGE_ERROR: 0.0}  # these need no "> N"

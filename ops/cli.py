@@ -25,15 +25,16 @@ from raftmq.common.auth import (
     load_credentials,
 )
 from raftmq.common.errors import RaftMQError
+from raftmq.common.log_text import configure_logging, printable
 from raftmq.common.settings import SettingsError
 from raftmq.ops.cluster_spec import SpecError
-from raftmq.ops.terminal_text import literal, make_console, printable
+from raftmq.ops.terminal_text import literal, make_console
 
 ENTRY_POINT_GROUP = "raftmq.cli"
 DEFAULT_NAMESRV = "127.0.0.1:9876,127.0.0.1:9877"
 # Options whose value may be a relative time such as -10m, which argparse would take for a flag
 # (`message list --from -10m`, `stats topic T --since -1h`, `group reset --to-time -2h`).
-RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until"})
+RELATIVE_TIME_OPTIONS = frozenset({"--to-time", "--from", "--to", "--since", "--until", "--before"})
 _RELATIVE_TIME = re.compile(r"-\d+[smhd]")
 
 log = logging.getLogger("raftmq.cli")
@@ -136,10 +137,7 @@ def join_relative_times(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    configure_logging(logging.INFO if args.verbose else logging.WARNING)
     try:
         given = {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key}
         if any(given.values()):

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
+from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
 from raftmq.client.admin import Admin
@@ -22,7 +23,7 @@ from raftmq.client.messages import OutgoingMessage, ReceivedMessage
 from raftmq.client.offset_reset import QueueReset, ResetTarget, ResetTo
 from raftmq.common.errors import InvalidArgumentError, InvalidMessageError
 from raftmq.common.message import Message, MessageLimits, validate_message
-from raftmq.common.pb import common_pb2
+from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.ops import cli_data  # the console, --namesrv and time parsing
 from raftmq.ops.terminal_text import literal
 
@@ -173,6 +174,26 @@ def broker_status(args: argparse.Namespace) -> int:
     groups = cli_data._groups(args)
     with Admin(cli_data._namesrv(args)) as admin:
         nodes = admin.broker_statuses(groups)
+    if args.json:  # every field of each node's status (the config only with --config)
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": n.broker_group,
+                    "node_id": n.node_id,
+                    "address": n.address,
+                    "error": n.error,
+                    "status": None
+                    if n.status is None
+                    else MessageToDict(
+                        _without_config(n.status, args.config),
+                        preserving_proto_field_name=True,
+                        always_print_fields_with_no_presence=True,
+                    ),
+                }
+                for n in nodes
+            ]
+        )
+        return 0
     table = Table(title="broker nodes")
     for col in (
         "group", "node", "address", "role", "term", "commit", "applied", "dispatched",
@@ -214,6 +235,63 @@ def broker_status(args: argparse.Namespace) -> int:
             conf.add_row(literal(k), *(literal(st.config.get(k, "")) for _, st in shown))
         cli_data.console.print(conf)
     return 0
+
+
+def broker_config(args: argparse.Namespace) -> int:
+    """Change settings live on every node of --groups (all by default): a table of what each
+    node now runs with, or why it refused (then it changed nothing; exit 1)."""
+    changes: dict[str, str] = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
+        changes[key.strip()] = value.strip()
+    with Admin(cli_data._namesrv(args)) as admin:
+        nodes = admin.update_broker_config(changes, cli_data._groups(args), dry_run=args.dry_run)
+    refused = any(n.refused or n.error for n in nodes)
+    if args.json:
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": n.broker_group,
+                    "node_id": n.node_id,
+                    "applied": n.applied,
+                    "refused": n.refused,
+                    "error": n.error,
+                }
+                for n in nodes
+            ]
+        )
+        return 1 if refused else 0
+    verb = "would change" if args.dry_run else "changed"
+    table = Table(title=f"broker settings: {verb} until each node restarts")
+    for col in ("node", "key", "value", "refused because"):
+        table.add_column(col, overflow="fold")
+    for n in nodes:
+        node = literal(f"{n.broker_group}/{n.node_id}")
+        if n.error:
+            table.add_row(node, "", "", f"[red]{literal(n.error)}[/]")
+        for k, v in sorted(n.applied.items()):
+            table.add_row(node, literal(k), literal(v), "")
+        for k, why in sorted(n.refused.items()):
+            table.add_row(node, literal(k), literal(changes.get(k, "")), f"[red]{literal(why)}[/]")
+    cli_data.console.print(table)
+    if refused:
+        cli_data.console.print("[red]nothing changed where a key was refused[/]")
+    elif not args.dry_run:
+        cli_data.console.print(
+            "to keep them after a restart, set them in the cluster description too", highlight=False
+        )
+    return 1 if refused else 0
+
+
+def _without_config(st: broker_pb2.BrokerStatus, config: bool) -> broker_pb2.BrokerStatus:
+    if config:
+        return st
+    out = broker_pb2.BrokerStatus()
+    out.CopyFrom(st)
+    out.ClearField("config")
+    return out
 
 
 # ---- produce from standard input, consume as JSON ----------------------------------------------
@@ -311,10 +389,81 @@ def print_json(m: ReceivedMessage) -> None:
 # ---- parser ------------------------------------------------------------------------------------
 
 
+def topic_purge(args: argparse.Namespace) -> int:
+    """Every queue's messages before an offset or a time, gone: per queue the old and new min
+    offset (a table or --json); --dry-run changes nothing."""
+    before_ms = cli_data.parse_time_ms(args.before) if args.before else None
+    with Admin(cli_data._namesrv(args)) as admin:
+        queues = admin.purge_topic(
+            args.topic, before_offset=args.before_offset, before_ms=before_ms, dry_run=args.dry_run
+        )
+    gone = sum(q.new_min_offset - q.old_min_offset for q in queues)
+    if args.json:
+        cli_data.print_json(
+            {
+                "topic": args.topic,
+                "dry_run": args.dry_run,
+                "messages": gone,
+                "queues": [
+                    {
+                        "broker_group": q.queue.broker_group,
+                        "queue_id": q.queue.queue_id,
+                        "old_min_offset": q.old_min_offset,
+                        "new_min_offset": q.new_min_offset,
+                        "max_offset": q.max_offset,
+                    }
+                    for q in queues
+                ],
+            }
+        )
+        return 0
+    verb = "would purge" if args.dry_run else "purged"
+    table = Table(title=f"topic {literal(args.topic)}: {verb} {gone} messages")
+    for col in ("queue", "min offset before", "min offset now", "max offset"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for q in queues:
+        table.add_row(
+            literal(f"{q.queue.broker_group}#{q.queue.queue_id}"),
+            str(q.old_min_offset),
+            str(q.new_min_offset),
+            str(q.max_offset),
+        )
+    cli_data.console.print(table)
+    return 0
+
+
+def group_delete(args: argparse.Namespace) -> int:
+    with Admin(cli_data._namesrv(args)) as admin:
+        per_group = admin.delete_group(args.group, force=args.force)
+    total = sum(per_group.values())
+    if not total:
+        raise InvalidArgumentError(
+            f"consumer group {args.group!r} has no committed offset on any broker group "
+            "(`raftmq group list` shows the groups)"
+        )
+    where = ", ".join(f"{literal(g)}: {n}" for g, n in sorted(per_group.items()) if n)
+    cli_data.console.print(
+        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets "
+        f"({where})",
+        highlight=False,
+    )
+    return 0
+
+
 def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = gsub.add_parser("list", help="consumer groups with their members and connections")
     p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=group_list)
+    p = gsub.add_parser(
+        "delete",
+        help="delete a consumer group's committed offsets on every broker group (refused "
+        "while members are online, unless --force)",
+    )
+    p.add_argument("group")
+    p.add_argument(
+        "--force", action="store_true", help="although members are online (they may bring it back)"
+    )
+    p.set_defaults(func=group_delete)
     p = gsub.add_parser(
         "reset",
         help="reset a group's offsets (earliest, latest, offset, shift, time): --dry-run "
@@ -344,6 +493,20 @@ def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def register_topic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = tsub.add_parser(
+        "purge",
+        help="delete a topic's messages before an offset or a time, in every queue "
+        "(kafka-delete-records)",
+    )
+    p.add_argument("topic")
+    before = p.add_mutually_exclusive_group(required=True)
+    before.add_argument("--before-offset", type=int, default=None, help="in every queue")
+    before.add_argument(
+        "--before", default="", help="stored before: ms since the epoch, an ISO time or -1h"
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=topic_purge)
     p = tsub.add_parser("status", help="min and max offset and last store time per queue")
     p.add_argument("topic")
     p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
@@ -356,7 +519,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = bsub.add_parser("status", help="every node: role, term, indexes, storage (and --config)")
     p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
     p.add_argument("--config", action="store_true", help="also each node's settings")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=broker_status)
+    p = bsub.add_parser(
+        "config",
+        help="change settings that take effect without a restart (KEY=VALUE ...), on every "
+        "node; others are refused with the reason",
+    )
+    p.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="check only; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=broker_config)
 
 
 def add_produce_args(p: argparse.ArgumentParser) -> None:

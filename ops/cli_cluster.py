@@ -5,10 +5,13 @@ running cluster's state, or print its docker-compose file."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import re
 import shlex
+import sys
 import threading
 import time
 from pathlib import Path
@@ -456,6 +459,9 @@ def status(args: argparse.Namespace) -> int:
     if not rows:
         console.print("[yellow]no broker node is registered with the NameServers[/]")
         return 1
+    if args.json:
+        sys.stdout.write(json.dumps([dataclasses.asdict(r) for r in rows]) + "\n")
+        return 0
     console.print(status_table(rows, title=f"raftmq cluster (NameServers {literal(args.namesrv)})"))
     return 0
 
@@ -530,6 +536,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser(
         "status", help="roles, terms, leaders and commit indexes of a running cluster"
     )
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=status)
     p = sub.add_parser(
         "certs", help="make a development CA and TLS certificates for a description's processes"

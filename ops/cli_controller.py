@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
+import sys
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from rich.table import Table
 
 from raftmq.common import tls
@@ -24,6 +27,7 @@ DEFAULT_CONTROLLERS = "127.0.0.1:9881,127.0.0.1:9882,127.0.0.1:9883"
 def status(args: argparse.Namespace) -> int:
     addresses = parse_address_list(args.controllers, "--controllers (controller addresses)")
     rows = []
+    answers: list[dict[str, object]] = []
     groups: list[controller_pb2.GroupRecord] = []
     for a in addresses:
         try:
@@ -32,15 +36,25 @@ def status(args: argparse.Namespace) -> int:
                     controller_pb2.GetControllerStatusRequest(), timeout=3
                 )
         except grpc.RpcError as exc:
-            why = literal(from_rpc_error(exc).message[:60])
-            rows.append((literal(a), "[red]down[/]", "", "", why))
+            error = from_rpc_error(exc).message
+            answers.append({"address": a, "error": error})
+            rows.append((literal(a), "[red]down[/]", "", "", literal(error[:60])))
             continue
         role = common_pb2.Role.Name(st.role) if st.role else "-"
+        answers.append(
+            {"address": a, "role": role, "node_id": st.node_id, "term": st.term,
+             "applied_index": st.applied_index}
+        )  # fmt: skip
         rows.append((literal(a), role, literal(st.node_id), str(st.term), str(st.applied_index)))
         if st.role == common_pb2.LEADER or not groups:
             groups = list(st.groups)
     if all(r[1] == "[red]down[/]" for r in rows):
         raise BrokerUnavailableError(f"no controller answered at {', '.join(addresses)}")
+    if args.json:  # the answers as they came (a down controller: its error)
+        sys.stdout.write(json.dumps({"controllers": answers, "groups": [
+            MessageToDict(g, preserving_proto_field_name=True) for g in groups
+        ]}) + "\n")  # fmt: skip
+        return 0
     t = Table(title="controllers")
     for col in ("address", "role", "node", "term", "applied"):
         t.add_column(col)
@@ -76,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("RAFTMQ_CONTROLLERS", DEFAULT_CONTROLLERS),
         help="controller addresses as host:port, separated by ',' or ';' (env RAFTMQ_CONTROLLERS)",
     )
+    p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=status)
     from raftmq.ops import cli_alerts  # it imports this module (console, default addresses)
 

@@ -6,6 +6,7 @@ top-level parser) and returns an exit code; typed errors are printed by client/c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib
 import itertools
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -166,6 +168,23 @@ def topic_list(args: argparse.Namespace) -> int:
 def topic_route(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         route = admin.route(args.topic)
+    if args.json:
+        groups = [(q, route.group(q.broker_group)) for q in route.queues]
+        print_json(
+            [
+                {
+                    "broker_group": q.broker_group,
+                    "leader_address": g.leader_address if g else "",
+                    "addresses": list(g.addresses) if g else [],
+                    "term": g.term if g else 0,
+                    "read_queues": q.read_queue_nums,
+                    "write_queues": q.write_queue_nums,
+                    "writable": q.writable,  # false: its topic or its broker takes no sends
+                }
+                for q, g in groups
+            ]
+        )
+        return 0
     table = Table(title=f"route of {literal(args.topic)}")
     for col in ("broker group", "leader", "nodes", "term", "read queues", "write queues"):
         table.add_column(col)
@@ -352,13 +371,24 @@ def consume(args: argparse.Namespace) -> int:
     show = cli_admin.print_json if args.json else None
     if args.sql and args.tags != "*":
         raise InvalidArgumentError("give --tags or --sql, not both (a subscription has one filter)")
-    with PullConsumer(
-        _namesrv(args),
-        args.group,
-        start_from=start,
-        tag_expression=args.tags if not args.sql else "*",
-        sql_expression=args.sql,
-    ) as c:
+    err = make_console(stderr=True)
+    # --quiet prints no message: a live count and rate on standard error instead.
+    live = Progress(
+        TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
+        disable=not args.quiet,
+    )  # fmt: skip
+    meter = RateMeter(time.monotonic())
+    with (
+        PullConsumer(
+            _namesrv(args),
+            args.group,
+            start_from=start,
+            tag_expression=args.tags if not args.sql else "*",
+            sql_expression=args.sql,
+        ) as c,
+        live,
+    ):
+        task = live.add_task("waiting for messages")
         c.subscribe(args.topic)
         try:
             while args.max == 0 or got < args.max:
@@ -371,16 +401,59 @@ def consume(args: argparse.Namespace) -> int:
                     else:
                         _print_message(m, args.quiet)
                 got += len(batch)
+                meter.add(time.monotonic(), len(batch))
+                live.update(task, description=f"{got} messages, {meter.recent:.0f} msg/s")
                 if batch:
                     c.commit()
         except KeyboardInterrupt:
             pass
         c.commit()
     # With --json standard output holds only the messages (for jq and pipes).
-    (make_console(stderr=True) if args.json else console).print(
-        f"[green]{got} messages[/] consumed by group {literal(args.group)}"
+    (err if args.json else console).print(
+        f"[green]{got} messages[/] consumed by group {literal(args.group)} in "
+        f"{meter.elapsed_s:.1f} s ({meter.average:.0f} msg/s)",
+        highlight=False,
     )
     return 0
+
+
+@dataclass
+class RateMeter:
+    """Messages per second for `consume`: on average since the first message, and over the
+    last RATE_WINDOW_S (what the live line shows). Time passed in."""
+
+    started: float
+    first: float | None = None
+    last: float = 0.0
+    count: int = 0
+    window: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, now: float, n: int) -> None:
+        self.last = now
+        if n == 0:
+            return
+        if self.first is None:
+            self.first = now
+        self.count += n
+        self.window.append((now, n))
+        while self.window and self.window[0][0] < now - RATE_WINDOW_S:
+            self.window.pop(0)
+
+    @property
+    def elapsed_s(self) -> float:
+        return max(0.0, self.last - self.started)
+
+    @property
+    def average(self) -> float:
+        span = self.last - self.first if self.first is not None else 0.0
+        return self.count / span if span > 0 else float(self.count)
+
+    @property
+    def recent(self) -> float:
+        return sum(n for _, n in self.window) / RATE_WINDOW_S
+
+
+RATE_WINDOW_S = 5.0
 
 
 def _print_message(m: ReceivedMessage, quiet: bool) -> None:
@@ -538,11 +611,17 @@ def message_list(args: argparse.Namespace) -> int:
     end_ms = parse_time_ms(args.to_time) if args.to_time else time.time_ns() // 1_000_000
     token = args.page_token
     shown = 0
-    with Admin(_namesrv(args)) as admin:
+    # --all may walk many pages: a count on standard error meanwhile (the total is not known).
+    with (
+        Admin(_namesrv(args)) as admin,
+        listing_progress(make_console(stderr=True), args.all) as bar,
+    ):
+        task = bar.add_task(f"listing {literal(args.topic)}", total=None)
         while True:
             page = admin.messages_by_time(
                 args.topic, begin_ms, end_ms, page_size=args.page_size, page_token=token
             )
+            bar.update(task, advance=len(page.messages))
             if args.json:  # one JSON object per message, as `consume --json` prints them
                 from raftmq.ops import cli_admin
 
@@ -582,6 +661,9 @@ def message_trace(args: argparse.Namespace) -> int:
     with Admin(_namesrv(args)) as admin:
         trace = admin.message_trace(args.id)
     steps = trace.steps()
+    if args.json:
+        print_json({"msg_id": trace.msg_id, "steps": [dataclasses.asdict(s) for s in steps]})
+        return 0
     table = Table(title=f"trace of {literal(trace.msg_id)}")
     for col in ("time", "step", "msg id", "where", "who", "status", "cost ms", "detail"):
         table.add_column(col)
@@ -598,6 +680,20 @@ def message_trace(args: argparse.Namespace) -> int:
         )
     console.print(table)
     return 0
+
+
+def listing_progress(where: Console, shown: bool) -> Progress:
+    """A long listing's progress bar, on `where` (standard error, so standard output holds only
+    the listing), gone when it ends; `shown` False: a bar that prints nothing (short listings)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=where,
+        transient=True,
+        disable=not shown,
+    )
 
 
 def _progress() -> Progress:
@@ -619,7 +715,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     cli_admin.register(subparsers)
     cli_stats.register(subparsers)
-    topic = subparsers.add_parser("topic", help="create, list, route, delete topics")
+    topic = subparsers.add_parser("topic", help="create, update, list, route, purge, delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True)
     p = tsub.add_parser("create", help="create a topic on every (or the named) broker group")
     p.add_argument("topic")
@@ -652,6 +748,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=topic_list)
     p = tsub.add_parser("route", help="a topic's route: groups, leaders, queues")
     p.add_argument("topic")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=topic_route)
     p = tsub.add_parser("delete", help="delete a topic from every group")
     p.add_argument("topic")
@@ -685,7 +782,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=consume)
 
     group = subparsers.add_parser(
-        "group", help="consumer group lag and offset resets; broker group leader elections"
+        "group", help="consumer group lag, offset resets, deletion; broker group leader elections"
     )
     gsub = group.add_subparsers(dest="group_command", required=True)
     p = gsub.add_parser("lag", help="committed offset, max offset and lag per queue")
@@ -713,6 +810,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the path of a message sent or consumed with trace=True (send, store, consume)",
     )
     p.add_argument("--id", required=True, help="the message id a send returned")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     p.set_defaults(func=message_trace)
     p = msub.add_parser("list", help="a topic's messages stored within a time range, paged")
     p.add_argument("--topic", required=True)
@@ -728,7 +826,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--all", action="store_true", help="print every page, not only the first")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
     p.set_defaults(func=message_list)
+    from raftmq.ops import cli_queue  # here: it imports this module's helpers
 
-    from raftmq.ops import cli_dlq  # here: it imports this module's helpers
+    cli_queue.register(msub)
+
+    from raftmq.ops import cli_dlq, cli_producer  # here: they import this module's helpers
 
     cli_dlq.register(subparsers)
+    cli_producer.register(subparsers)

@@ -10,17 +10,13 @@ import re
 
 from rich.console import Console
 
+from raftmq.common.log_text import printable
+
 
 def make_console(*, stderr: bool = False) -> Console:
     """A console of the CLI: emoji codes off, since `:name:` in a body would become a picture
     (rich reads them outside markup too)."""
     return Console(stderr=stderr, emoji=False)
-
-
-def printable(text: str) -> str:
-    """`text` with every unprintable character (newlines, NEL, ESC from a body, an argument or a
-    peer) written as its Python escape, so a line stays one line and cannot drive the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def decoded(value: str | bytes, limit: int | None = None) -> str:

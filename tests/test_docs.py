@@ -49,14 +49,42 @@ def test_no_doc_names_a_path_of_the_machine_it_was_written_on() -> None:
     assert not found, "absolute machine paths in the docs:\n" + "\n".join(found)
 
 
+OPERATIONS = ROOT / "docs" / "operations.md"
+# A row of docs/operations.md's table: ... | `raftmq COMMAND` | tests/...py |
+_OPS_ROW = re.compile(r"^\|.*\| `raftmq ([^`]+)` \| (tests/[\w/]+\.py) \|$")
+
+
 def _table_commands() -> list[str]:
-    """The `raftmq ...` commands in the first column of the README's tables."""
+    """The `raftmq ...` commands in the first column of the README's tables, and in the
+    raftmq column of docs/operations.md's."""
     out = []
     for line in (ROOT / "README.md").read_text().splitlines():
         m = re.match(r"^\| `raftmq ([^`]+)` \|", line)
         if m:
             out.append(m.group(1).replace("\\|", "|"))
+    out += [command for command, _ in _operations_rows()]
     return out
+
+
+def _operations_rows() -> list[tuple[str, str]]:
+    rows = []
+    for line in OPERATIONS.read_text().splitlines():
+        m = _OPS_ROW.match(line)
+        if m:
+            rows.append((m.group(1).replace("\\|", "|"), m.group(2)))
+    return rows
+
+
+def test_every_operations_row_names_a_test_that_runs_its_command() -> None:
+    """docs/operations.md: each task's command is in the test its row names (the subcommand's
+    words as the test passes them to the CLI), and the table is not empty."""
+    rows = _operations_rows()
+    assert len(rows) >= 30, rows
+    for command, test in rows:
+        words = [w for w in command.split() if not w.startswith(("[", "-")) and w.islower()][:2]
+        text = (ROOT / test).read_text()
+        wanted = ", ".join(f'"{w}"' for w in words) if words else '"--version"'
+        assert wanted in text, f"`raftmq {command}`: {test} never runs {wanted}"
 
 
 @pytest.mark.parametrize("command", _table_commands())

@@ -32,6 +32,117 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class PurgeTopicRequest(_message.Message):
+    __slots__ = ("topic", "offset", "timestamp_ms", "dry_run")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    offset: int
+    timestamp_ms: int
+    dry_run: bool
+    def __init__(self, topic: _Optional[str] = ..., offset: _Optional[int] = ..., timestamp_ms: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class QueuePurge(_message.Message):
+    __slots__ = ("queue_id", "old_min_offset", "new_min_offset", "max_offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OLD_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEW_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    old_min_offset: int
+    new_min_offset: int
+    max_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., old_min_offset: _Optional[int] = ..., new_min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class PurgeTopicResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[QueuePurge]
+    def __init__(self, queues: _Optional[_Iterable[_Union[QueuePurge, _Mapping]]] = ...) -> None: ...
+
+class DeleteConsumerGroupRequest(_message.Message):
+    __slots__ = ("consumer_group", "force")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    force: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteConsumerGroupResponse(_message.Message):
+    __slots__ = ("deleted_offsets", "members_online")
+    DELETED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_ONLINE_FIELD_NUMBER: _ClassVar[int]
+    deleted_offsets: int
+    members_online: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListProducersRequest(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    def __init__(self, topic: _Optional[str] = ...) -> None: ...
+
+class ProducerQueue(_message.Message):
+    __slots__ = ("producer_id", "topic", "queue_id", "last_sequence", "last_store_timestamp_ms")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_STORE_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: str
+    topic: str
+    queue_id: int
+    last_sequence: int
+    last_store_timestamp_ms: int
+    def __init__(self, producer_id: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_store_timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class ListProducersResponse(_message.Message):
+    __slots__ = ("producers", "truncated")
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerQueue]
+    truncated: bool
+    def __init__(self, producers: _Optional[_Iterable[_Union[ProducerQueue, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class UpdateBrokerConfigRequest(_message.Message):
+    __slots__ = ("settings", "dry_run")
+    class SettingsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    settings: _containers.ScalarMap[str, str]
+    dry_run: bool
+    def __init__(self, settings: _Optional[_Mapping[str, str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class UpdateBrokerConfigResponse(_message.Message):
+    __slots__ = ("applied", "refused")
+    class AppliedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RefusedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    applied: _containers.ScalarMap[str, str]
+    refused: _containers.ScalarMap[str, str]
+    def __init__(self, applied: _Optional[_Mapping[str, str]] = ..., refused: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class LockQueuesRequest(_message.Message):
     __slots__ = ("consumer_group", "client_id", "topic", "queue_ids")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -415,7 +526,7 @@ class TopicStats(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[QueueStats, _Mapping]]] = ...) -> None: ...
 
 class BrokerStatus(_message.Message):
-    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes", "disk_used_ratio", "group_lags")
+    __slots__ = ("cluster", "broker_group", "node_id", "address", "role", "term", "leader_node_id", "leader_address", "commit_index", "applied_index", "dispatch_index", "topics", "storage_error", "disk_full", "config", "first_index", "retention_cut_index", "disk_pressure", "journal_bytes", "next_cut_index", "next_cut_due_ms", "next_cut_losses", "disk_used_ratio", "group_lags")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +553,9 @@ class BrokerStatus(_message.Message):
     RETENTION_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
     DISK_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_DUE_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CUT_LOSSES_FIELD_NUMBER: _ClassVar[int]
     DISK_USED_RATIO_FIELD_NUMBER: _ClassVar[int]
     GROUP_LAGS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
@@ -463,9 +577,12 @@ class BrokerStatus(_message.Message):
     retention_cut_index: int
     disk_pressure: str
     journal_bytes: int
+    next_cut_index: int
+    next_cut_due_ms: int
+    next_cut_losses: _containers.RepeatedCompositeFieldContainer[GroupLag]
     disk_used_ratio: float
     group_lags: _containers.RepeatedCompositeFieldContainer[GroupLag]
-    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ..., disk_used_ratio: _Optional[float] = ..., group_lags: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ...) -> None: ...
+    def __init__(self, cluster: _Optional[str] = ..., broker_group: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., role: _Optional[_Union[_common_pb2.Role, str]] = ..., term: _Optional[int] = ..., leader_node_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., dispatch_index: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicStats, _Mapping]]] = ..., storage_error: _Optional[str] = ..., disk_full: _Optional[bool] = ..., config: _Optional[_Mapping[str, str]] = ..., first_index: _Optional[int] = ..., retention_cut_index: _Optional[int] = ..., disk_pressure: _Optional[str] = ..., journal_bytes: _Optional[int] = ..., next_cut_index: _Optional[int] = ..., next_cut_due_ms: _Optional[int] = ..., next_cut_losses: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ..., disk_used_ratio: _Optional[float] = ..., group_lags: _Optional[_Iterable[_Union[GroupLag, _Mapping]]] = ...) -> None: ...
 
 class GroupLag(_message.Message):
     __slots__ = ("consumer_group", "topic", "lag")

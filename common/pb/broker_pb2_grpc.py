@@ -159,6 +159,26 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
                 _registered_method=True)
+        self.UpdateBrokerConfig = channel.unary_unary(
+                '/raftmq.v1.Broker/UpdateBrokerConfig',
+                request_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+                _registered_method=True)
+        self.ListProducers = channel.unary_unary(
+                '/raftmq.v1.Broker/ListProducers',
+                request_serializer=raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ListProducersResponse.FromString,
+                _registered_method=True)
+        self.DeleteConsumerGroup = channel.unary_unary(
+                '/raftmq.v1.Broker/DeleteConsumerGroup',
+                request_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.PurgeTopic = channel.unary_unary(
+                '/raftmq.v1.Broker/PurgeTopic',
+                request_serializer=raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -331,6 +351,39 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateBrokerConfig(self, request, context):
+        """`raftmq broker config KEY=VALUE` (mqadmin updateBrokerConfig, issue 26): change this node's
+        settings that take effect without a restart (broker/live_settings.py); all or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProducers(self, request, context):
+        """`raftmq producer list` (mqadmin producerConnection, issue 26): the idempotent producers
+        that wrote to this broker group, from the replicated producer table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConsumerGroup(self, request, context):
+        """`raftmq group delete` (mqadmin deleteSubGroup --removeOffset, kafka-consumer-groups
+        --delete, issue 26): the group's committed offsets, leases and POP state go, through the
+        log; refused while members are online here unless forced.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeTopic(self, request, context):
+        """`raftmq topic purge` (kafka-delete-records, issue 26): the topic's queues' min offsets move
+        up through the log; the messages before are gone for every reader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -458,6 +511,26 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.QueryStats,
                     request_deserializer=raftmq_dot_broker__pb2.QueryStatsRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.QueryStatsResponse.SerializeToString,
+            ),
+            'UpdateBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateBrokerConfig,
+                    request_deserializer=raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.SerializeToString,
+            ),
+            'ListProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProducers,
+                    request_deserializer=raftmq_dot_broker__pb2.ListProducersRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ListProducersResponse.SerializeToString,
+            ),
+            'DeleteConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConsumerGroup,
+                    request_deserializer=raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.SerializeToString,
+            ),
+            'PurgeTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeTopic,
+                    request_deserializer=raftmq_dot_broker__pb2.PurgeTopicRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.PurgeTopicResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1135,6 +1208,114 @@ class Broker:
             '/raftmq.v1.Broker/QueryStats',
             raftmq_dot_broker__pb2.QueryStatsRequest.SerializeToString,
             raftmq_dot_broker__pb2.QueryStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/UpdateBrokerConfig',
+            raftmq_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+            raftmq_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/ListProducers',
+            raftmq_dot_broker__pb2.ListProducersRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ListProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/DeleteConsumerGroup',
+            raftmq_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+            raftmq_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/PurgeTopic',
+            raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
+            raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -108,6 +108,22 @@ class BrokerStub:
         _broker_pb2.QueryStatsRequest,
         _broker_pb2.QueryStatsResponse,
     ]
+    UpdateBrokerConfig: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.UpdateBrokerConfigRequest,
+        _broker_pb2.UpdateBrokerConfigResponse,
+    ]
+    ListProducers: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.ListProducersRequest,
+        _broker_pb2.ListProducersResponse,
+    ]
+    DeleteConsumerGroup: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.DeleteConsumerGroupRequest,
+        _broker_pb2.DeleteConsumerGroupResponse,
+    ]
+    PurgeTopic: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.PurgeTopicRequest,
+        _broker_pb2.PurgeTopicResponse,
+    ]
 
 
 class BrokerServicer:
@@ -236,6 +252,26 @@ class BrokerServicer:
         request: _broker_pb2.QueryStatsRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.QueryStatsResponse: ...
+    def UpdateBrokerConfig(
+        self,
+        request: _broker_pb2.UpdateBrokerConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.UpdateBrokerConfigResponse: ...
+    def ListProducers(
+        self,
+        request: _broker_pb2.ListProducersRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ListProducersResponse: ...
+    def DeleteConsumerGroup(
+        self,
+        request: _broker_pb2.DeleteConsumerGroupRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.DeleteConsumerGroupResponse: ...
+    def PurgeTopic(
+        self,
+        request: _broker_pb2.PurgeTopicRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.PurgeTopicResponse: ...
 
 
 def add_BrokerServicer_to_server(

@@ -1,7 +1,8 @@
 """User content is never read as markup (issue 26): bodies, keys, tags and properties full of rich
 markup (`[/]`, `[bold red]`, `[link=...]`, `[word]`), emoji codes, control characters and invalid
 UTF-8 go through every `raftmq` command that prints them, against the acceptance cluster; each
-must exit 0 and print the content as written, control characters as escapes."""
+must exit 0 and print the content as written, control characters as escapes (`message range`
+and `dlq resend --group` too)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,10 @@ def test_every_printing_command_shows_user_content_as_written(
     for sent, shown in zip(data.sent, SHOWN, strict=True):
         out = run(cluster, capsys, "message", "get", "--id", sent.msg_id)
         assert_literal(out, sent.msg_id, TAG, ",".join(KEYS), shown)
+        queue = f"{sent.broker_group}#{sent.queue_id}"
+        out = run(cluster, capsys, "message", "range", "--topic", TOPIC, "--queue", queue,
+                  "--from-offset", str(sent.queue_offset))  # fmt: skip
+        assert_literal(out, sent.msg_id, TAG, ",".join(KEYS), shown)
     out = run(cluster, capsys, "message", "get", "--key", KEYS[0], "--topic", TOPIC)
     assert_literal(out, *SHOWN)
     out = run(cluster, capsys, "message", "list", "--topic", TOPIC, "--from", "0", "--all")
@@ -128,6 +133,8 @@ def test_every_printing_command_shows_user_content_as_written(
     out = run(cluster, capsys, "dlq", "list", "--group", DLQ_GROUP)
     assert_literal(out, *SHOWN, TOPIC)
     dead = data.dead_letter.msg_id
+    out = run(cluster, capsys, "dlq", "resend", "--group", DLQ_GROUP, "--dry-run")
+    assert_literal(out, f"dead letters of group {DLQ_GROUP}", dead, "nothing was sent")
     out = run(cluster, capsys, "dlq", "show", "--id", dead)
     assert_literal(out, SHOWN[0], TAG, ",".join(KEYS), PROPERTY[1])
     out = run(cluster, capsys, "dlq", "resend", "--id", dead)
@@ -149,6 +156,7 @@ def test_every_printing_command_shows_user_content_as_written(
         ("stats", "topic", TOPIC),
         ("stats", "group", READERS),
         ("broker", "status", "--config"),
+        ("producer", "list", "--topic", TOPIC),
     ):
         out = run(cluster, capsys, *argv)
         assert TOPIC in out or "broker" in out, (argv, out)

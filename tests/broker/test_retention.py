@@ -313,3 +313,61 @@ def read_all(st: State, i: int, low: int, high: int, *, follower_read: bool = Fa
         out += [m.message.body for m in r.messages]
         offset = r.next_offset
     return out
+
+
+QUIET = "quiet"
+SLOW = "slowpoke"
+
+
+def test_a_quiet_topic_is_warned_about_then_trimmed(state: State) -> None:
+    """Retention warns before it deletes, and trims a topic that went quiet without any write
+    rolling its segment (issue 26): 6 messages, a group that consumed 2 of them, then silence."""
+    st = state
+    leader = st.leader()
+    for i in range(6):
+        call(
+            st.stub(leader).SendMessage,
+            broker_pb2.SendMessageRequest(
+                topic=QUIET, queue_id=0, messages=[common_pb2.Message(body=b"q%d" % i)]
+            ),
+            timeout=15,
+        )
+    call(
+        st.stub(leader).CommitOffset,
+        broker_pb2.CommitOffsetRequest(
+            consumer_group=SLOW, offsets=[broker_pb2.QueueOffset(topic=QUIET, queue_id=0, offset=2)]
+        ),
+        timeout=10,
+    )
+    active = seg_files(st, leader)[-1]
+
+    # The warning: the leader names the group, the topic and the 4 messages the next cut takes.
+    def warned() -> broker_pb2.BrokerStatus | None:
+        s = st.status(leader)
+        risk = [(g.consumer_group, g.lag) for g in s.next_cut_losses if g.topic == QUIET]
+        return s if risk == [(SLOW, 4)] else None
+
+    s = wait_until(warned, 30, "the warning before the cut", interval_s=0.1)
+    assert isinstance(s, broker_pb2.BrokerStatus) and s.next_cut_index > s.retention_cut_index
+
+    # Then the cut, with no write after the group's commit: every message of the topic goes.
+    def quiet_bounds() -> tuple[int, int]:
+        r = call(
+            st.stub(leader).GetQueueBounds,
+            broker_pb2.GetQueueBoundsRequest(topic=QUIET, queue_id=0),
+            timeout=5,
+        )
+        assert isinstance(r, broker_pb2.GetQueueBoundsResponse)
+        return r.min_offset, r.max_offset
+
+    wait_until(lambda: quiet_bounds() == (6, 6), 30, "the quiet topic trimmed", interval_s=0.2)
+    assert seg_files(st, leader)[-1] == active  # no write rolled the segment
+    assert not [g for g in st.status(leader).next_cut_losses if g.topic == QUIET]
+    # The warning came first, then the deletion it announced (the leader's own log, in order).
+    _, procs = st.cluster.groups[GROUP]
+    lines = procs[leader].log.read_text(errors="replace").splitlines()
+    warn = [k for k, x in enumerate(lines) if "retention_will_delete_unconsumed" in x and SLOW in x]
+    gone = [k for k, x in enumerate(lines) if "retention_deleted_unconsumed" in x and SLOW in x]
+    assert warn and gone and warn[0] < gone[0], (warn, gone)
+    assert f"topic={QUIET} messages=4" in lines[warn[0]]
+    assert f"lost_messages=4 queues=1 topics={QUIET}:4" in lines[gone[0]]

@@ -16,7 +16,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.retention import (
     MAX_BASES,
+    QUIET_MARK_MAX_MS,
     DiskLimits,
+    NextCut,
+    Proposal,
     QueueCut,
     Reason,
     RetentionPolicy,
@@ -29,6 +32,8 @@ from raftmq.broker.retention import (
     encode_record,
     losses,
     new_min_offsets,
+    next_cut,
+    quiet_mark_ms,
     wanted_first_index,
 )
 from raftmq.broker.store import MessageStore
@@ -66,8 +71,11 @@ def test_wanted_first_index_by_time_and_size() -> None:
     assert wanted_first_index(s, RetentionPolicy(2000, 0), NOW) == (200, Reason.TIME)
     assert wanted_first_index(s, RetentionPolicy(0, 2500), NOW) == (200, Reason.SIZE)
     assert wanted_first_index(s, RetentionPolicy(0, 0), NOW) == (1, Reason.MARK)
-    # the active segment stays however old it is
-    assert wanted_first_index(s, RetentionPolicy(1, 0), NOW + 10**6)[0] == 300
+    # the active segment stays while it is younger than the retention, and under a size limit
+    assert wanted_first_index(s, RetentionPolicy(500, 0), NOW)[0] == 300
+    assert wanted_first_index(s, RetentionPolicy(0, 1), NOW + 10**6)[0] == 300
+    # a quiet journal: the active segment older than the retention goes too (its file stays)
+    assert wanted_first_index(s, RetentionPolicy(1, 0), NOW + 10**6) == (311, Reason.TIME)
 
 
 def test_decide_cuts_right_after_the_newest_base_the_policy_allows() -> None:
@@ -114,8 +122,7 @@ def test_decide_never_cuts_what_it_must_keep(
     c = p.record.cut_index
     assert c - 1 in bases and c > cut  # right after a base, forward only
     assert c <= dispatched + 1  # indexed here
-    assert c <= s[-1].first_index  # the active segment's entries are kept
-    for seg in s:  # every entry below the cut is in a segment the policy expired
+    for seg in s:  # every entry below the cut is in a segment the policy expired (active too)
         if seg.first_index < c:
             assert retention_ms > 0 and seg.mtime_ms < NOW - retention_ms
 
@@ -125,6 +132,42 @@ def test_a_floor_holds_the_cut_back() -> None:
     p = decide(s, [50, 150, 250], 0, 299, RetentionPolicy(2000, 0), NOW, floor_index=120)
     assert p is not None and p.record.cut_index == 51
     assert decide(s, [150, 250], 0, 299, RetentionPolicy(2000, 0), NOW, floor_index=120) is None
+
+
+def test_a_quiet_journal_is_marked_then_cut_through_its_active_segment() -> None:
+    policy = RetentionPolicy(4000, 0)
+    assert quiet_mark_ms(policy) == 2000 and quiet_mark_ms(RetentionPolicy(0, 10)) == 0
+    assert quiet_mark_ms(RetentionPolicy(10**9, 0)) == QUIET_MARK_MAX_MS
+    # Messages 1..40 after the base at 20, written 1 s ago: not quiet yet, nothing to do.
+    s = segs((1, 40, 1000))
+    assert decide(s, [20], 0, 40, policy, NOW) is None
+    # Quiet for 2 s: a mark (a base after the last message, at 41)
+    p = decide(segs((1, 40, 2000)), [20], 0, 40, policy, NOW)
+    assert p is not None and p.record == RetentionRecord(0, Reason.MARK, NOW)
+    # the mark wrote to the active segment (its mtime is now); 4 s later: cut through it all
+    s = segs((1, 41, 4001))
+    assert decide(s, [20, 41], 0, 41, policy, NOW) == Proposal(
+        RetentionRecord(42, Reason.TIME, NOW), 42
+    )
+    # the look ahead saw it coming from the mark on, with its due time
+    assert next_cut(segs((1, 41, 0)), [20, 41], 0, 41, policy, NOW) == NextCut(42, NOW + 4001)
+    # a size limit alone never cuts the active segment
+    assert decide(s, [20, 41], 0, 41, RetentionPolicy(0, 1), NOW) is None
+
+
+def test_next_cut_looks_ahead_to_the_oldest_segment_above_the_cut() -> None:
+    policy = RetentionPolicy(2000, 0)
+    s = segs((1, 99, 1500), (100, 199, 500), (200, 299, 0))
+    # due when segment 1 ages out, at the newest base it allows
+    assert next_cut(s, [50, 99, 150, 250], 0, 299, policy, NOW) == NextCut(100, NOW + 501)
+    # a cut the leader would propose now is due now
+    old = segs((1, 99, 2500), (100, 199, 500), (200, 299, 0))
+    assert next_cut(old, [50, 99, 150, 250], 0, 299, policy, NOW) == NextCut(100, NOW)
+    # past the cut already: the next segment
+    assert next_cut(s, [50, 99, 150, 199, 250], 100, 299, policy, NOW) == NextCut(200, NOW + 1501)
+    # no base to stand on, or no limit: nothing in sight
+    assert next_cut(s, [], 0, 299, policy, NOW) is None
+    assert next_cut(s, [50, 99], 0, 299, RetentionPolicy(0, 0), NOW) is None
 
 
 def test_bases_to_keep_is_bounded_and_keeps_the_cut_base() -> None:
@@ -195,7 +238,11 @@ def test_a_cut_is_the_same_on_every_replica_and_a_base_installs(tmp_path: Path) 
             refused = n.entry(retention(mark + 5))  # no base there: refused, nothing cut
             assert n.store.cut_index == 0 and n.store.cuts_applied[0].refused
             assert refused.raft_index in n.store.base_indexes()
+            assert n.store.preview_cut(mark + 5) is None  # no base there
+            preview = n.store.preview_cut(mark + 1)  # the warning: what the cut will do
             n.entry(retention(mark + 1))
+            done = n.store.cuts_applied[0]
+            assert preview == (list(done.queues), list(done.losses)) and done.losses
         for n in (a, b):
             assert n.store.cut_index == mark + 1
             assert n.store.queue_bounds("t", 0) == (20, 23)  # the base's next offsets

@@ -126,10 +126,12 @@ def test_rules_parse_and_bad_rules_say_what_to_write() -> None:
     rules = parse_rules(
         "group_lag > 1000 for 1m; dlq_growth > 0 within 5m; no_leader for 30s;"
         " disk_used > 0.9 for 1m; follower_behind > 10000 for 30s; storage_error for 10s;"
+        " retention_loss > 0"
     )
     assert [r.kind for r in rules] == list(Kind)
-    assert rules[-1].name == "storage_error for 10s" and rules[-1].holds(1.0)
-    assert not rules[-1].holds(0.0)
+    assert rules[-2].name == "storage_error for 10s" and rules[-2].holds(1.0)
+    assert not rules[-2].holds(0.0)
+    assert rules[-1] == Rule(Kind.RETENTION_LOSS) and rules[-1].name == "retention_loss > 0"
     assert rules[0] == Rule(Kind.GROUP_LAG, 1000.0, 60_000)
     assert rules[1].within_ms == 300_000 and rules[2].threshold == 0.0
     assert [r.name for r in rules][:3] == [
@@ -166,3 +168,28 @@ def test_alarm_changes_replicate_through_the_controller_state() -> None:
     assert state.firing == {}
     with pytest.raises(CommandError, match="firing or resolved"):
         decode(b'{"op":"alarm","status":"maybe","rule":"r","subject":"s","since_ms":1,"value":0}')
+
+
+def test_retention_loss_is_observed_from_the_leaders_only_when_every_leader_answered() -> None:
+    """The leaders' next_cut_losses become retention_loss values per group/topic (summed over
+    broker groups); a group whose leader did not answer leaves the kind unmeasured."""
+    from raftmq.common.pb import broker_pb2, common_pb2
+    from raftmq.controller.alarm_service import observe
+
+    def leader(*losses: tuple[str, str, int]) -> broker_pb2.BrokerStatus:
+        return broker_pb2.BrokerStatus(
+            role=common_pb2.LEADER,
+            term=2,
+            next_cut_losses=[broker_pb2.GroupLag(consumer_group=g, topic=t, lag=n)
+                             for g, t, n in losses],
+        )  # fmt: skip
+
+    follower = broker_pb2.BrokerStatus(role=common_pb2.FOLLOWER, term=2)
+    nodes = [("a", "n0"), ("a", "n1"), ("b", "n0")]
+    got = observe(
+        {Kind.RETENTION_LOSS},
+        nodes,
+        [leader(("g", "t", 4), ("h", "t", 1)), follower, leader(("g", "t", 3))],
+    )
+    assert got == {Kind.RETENTION_LOSS: {"g/t": 7.0, "h/t": 1.0}}
+    assert observe({Kind.RETENTION_LOSS}, nodes, [leader(("g", "t", 4)), follower, None]) == {}

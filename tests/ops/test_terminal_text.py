@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.client.queue_shrink import stranded
+from raftmq.common.log_text import printable
 from raftmq.common.types import QueueRef
-from raftmq.ops.terminal_text import decoded, literal, make_console, printable
+from raftmq.ops.terminal_text import decoded, literal, make_console
 
 MARKUP_BITS = ["[", "]", "/", "\\", "bold", "red", "link=x", ":", "smile", "\x1b", "\n", "é", "[/]"]
 TEXT = st.lists(st.sampled_from(MARKUP_BITS) | st.text(max_size=3), max_size=12).map("".join)

@@ -1,0 +1,253 @@
+"""mqadmin's and Kafka tools' daily tasks (issue 26; the table in docs/operations.md), each
+run through `raftmq` against the acceptance cluster (one for the package): a queue read by
+offset and a range of it, `consume --quiet` with its rate, a group's dead letters resent in
+bulk (a dry run, then once each), and `--json` on the read commands that lacked it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from raftmq.client.admin import Admin
+from raftmq.client.consumer_push import ConsumeResult, PushConsumer
+from raftmq.client.offsets import StartFrom
+from raftmq.client.producer import Producer, SendResult
+from raftmq.common.errors import PermissionDeniedError
+from raftmq.common.types import QueueRef
+from raftmq.ops import cli, cli_data
+from tests.acceptance.cluster import create_topic
+from tests.harness.procs import Cluster, wait_until
+
+TOPIC, DLQ_GROUP = "daily", "daily-dlq"
+SENT = 12  # to broker-a#0, in order: body b"m<offset>"
+
+
+@pytest.fixture(scope="module")
+def sent(cluster: Cluster) -> list[SendResult]:
+    create_topic(cluster, TOPIC, queues=1)
+    queue = QueueRef(TOPIC, "broker-a", 0)
+    with Producer(cluster.namesrv) as producer:
+        return [producer.send(TOPIC, b"m%d" % i, queue=queue) for i in range(SENT)]
+
+
+@pytest.fixture(autouse=True)
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_data.console, "width", 1000)  # no table cell folds
+
+
+def run(cluster: Cluster, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[str, str]:
+    code = cli.main(["--namesrv", cluster.namesrv, *argv])
+    out, err = capsys.readouterr()
+    assert code == 0, f"{argv}: exit {code}: {err}"
+    return out, err
+
+
+def test_a_queue_read_by_offset_and_by_range(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert [s.queue_offset for s in sent] == list(range(SENT))
+    out, _ = run(cluster, capsys, "message", "range", "--topic", TOPIC, "--queue", "broker-a#0",
+                 "--from-offset", "3")  # fmt: skip
+    assert sent[3].msg_id in out and "'m3'" not in out and "m3" in out
+    assert "1 messages of daily broker-a#0 at offsets 3..3; the queue holds 0..11" in out, out
+    assert sent[4].msg_id not in out
+    out, err = run(cluster, capsys, "message", "range", "--topic", TOPIC, "--queue", "broker-a#0",
+                   "--from-offset", "2", "--to-offset", "7", "--json")  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["queue_offset"], r["body"]) for r in rows] == [(o, f"m{o}") for o in range(2, 7)]
+    assert "5 messages" in err
+    # Past the end: exit 1, naming what the queue holds.
+    code = cli.main(["--namesrv", cluster.namesrv, "message", "range", "--topic", TOPIC,
+                     "--queue", "broker-a#0", "--from-offset", "50"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 1 and "it holds offsets 0..11" in err, err
+    code = cli.main(["--namesrv", cluster.namesrv, "message", "range", "--topic", TOPIC,
+                     "--queue", "broker-a", "--from-offset", "0"])  # fmt: skip
+    _, err = capsys.readouterr()
+    assert code == 1 and "BROKER_GROUP#QUEUE_ID" in err, err
+
+
+def test_consume_quiet_prints_the_count_and_rate(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = run(cluster, capsys, "consume", TOPIC, "--group", "daily-quiet", "--from-beginning",
+                 "--quiet", "--max", str(SENT), "--timeout", "60")  # fmt: skip
+    assert "m0" not in out and sent[0].msg_id not in out  # no message printed
+    summary = re.search(
+        rf"{SENT} messages consumed by group daily-quiet in [0-9.]+ s \((\d+) msg/s\)", out
+    )
+    assert summary is not None and int(summary.group(1)) > 0, out
+
+
+def test_a_groups_dead_letters_resent_in_bulk_once(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Admin(cluster.namesrv) as admin:
+        with PushConsumer(
+            cluster.namesrv, DLQ_GROUP, TOPIC, lambda m: ConsumeResult.RECONSUME_LATER,
+            start_from=StartFrom.EARLIEST, max_reconsume_times=0, commit_interval_ms=100,
+            rebalance_interval_ms=1_000, heartbeat_interval_ms=1_000,
+        ):  # fmt: skip
+            wait_until(lambda: len(admin.dead_letters(DLQ_GROUP)) == SENT, 60, "dead letters")
+        before = sum(q.max_offset for q in admin.topic_status(TOPIC))
+    out, _ = run(cluster, capsys, "dlq", "resend", "--group", DLQ_GROUP, "--dry-run")
+    assert f"{SENT} would resend, 0 skipped" in out and "nothing was sent" in out, out
+    with Admin(cluster.namesrv) as admin:
+        assert sum(q.max_offset for q in admin.topic_status(TOPIC)) == before
+    out, _ = run(cluster, capsys, "dlq", "resend", "--group", DLQ_GROUP, "--max", "5")
+    assert "5 resent, 0 skipped" in out, out
+    out, _ = run(cluster, capsys, "dlq", "resend", "--group", DLQ_GROUP, "--json")
+    doc = json.loads(out)
+    assert doc["counts"] == {"resent": SENT - 5, "would resend": 0, "skipped": 5}, doc
+    with Admin(cluster.namesrv) as admin:
+        assert sum(q.max_offset for q in admin.topic_status(TOPIC)) == before + SENT
+
+
+def test_read_commands_print_json(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = run(cluster, capsys, "topic", "route", TOPIC, "--json")
+    assert sorted(r["broker_group"] for r in json.loads(out)) == ["broker-a", "broker-b"]
+    out, _ = run(cluster, capsys, "broker", "status", "--json")
+    nodes = json.loads(out)
+    assert len(nodes) == 6 and all(n["status"]["broker_group"] == n["broker_group"] for n in nodes)
+    assert not any(n["status"].get("config") for n in nodes)  # only with --config
+    out, _ = run(cluster, capsys, "cluster", "status", "--json")
+    assert sorted({r["group"] for r in json.loads(out)}) == ["broker-a", "broker-b"]
+    with Admin(cluster.namesrv) as admin:
+        dead = admin.dead_letters(DLQ_GROUP, max_count=1)
+    if dead:
+        out, _ = run(cluster, capsys, "dlq", "show", "--id", dead[0].msg_id, "--json")
+        assert json.loads(out)["msg_id"] == dead[0].msg_id
+
+
+def test_broker_settings_change_live_on_the_named_groups_or_are_refused_with_why(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def intervals() -> dict[str, str]:
+        out, _ = run(cluster, capsys, "broker", "status", "--config", "--json")
+        return {
+            f"{n['broker_group']}/{n['node_id']}": n["status"]["config"][
+                "retention_check_interval_ms"
+            ]
+            for n in json.loads(out)
+        }
+
+    before = intervals()
+    assert set(before.values()) == {"10000"}, before
+    out, _ = run(cluster, capsys, "broker", "config", "retention_check_interval_ms=7000",
+                 "--groups", "broker-b")  # fmt: skip
+    assert "broker-b/n0" in out and "7000" in out and "broker-a" not in out, out
+    now = intervals()
+    assert {k for k, v in now.items() if v == "7000"} == {f"broker-b/n{i}" for i in range(3)}
+    # A key read at start, and a bad value: refused with the reason, nothing changes.
+    for item, why in (("data_dir=/x", "restart the node"), ("retention_ms=-1", "must be >= 0")):
+        code = cli.main(["--namesrv", cluster.namesrv, "broker", "config",
+                         "retention_check_interval_ms=9000", item, "--json"])  # fmt: skip
+        out, _ = capsys.readouterr()
+        nodes = json.loads(out)
+        assert code == 1 and len(nodes) == 6, out
+        assert all(not n["applied"] and why in str(n["refused"]) for n in nodes), nodes
+    assert intervals() == now
+    run(cluster, capsys, "broker", "config", "retention_check_interval_ms=10000")
+    assert intervals() == before
+
+
+def test_a_broker_groups_write_permission_is_wiped_and_given_back(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mqadmin's wipeWritePerm: broker-b takes no sends, its routes say so (producers go to
+    broker-a), a send naming its queue is refused saying what to do; then it is given back."""
+
+    def writable() -> dict[str, bool]:
+        out, _ = run(cluster, capsys, "topic", "route", TOPIC, "--json")
+        return {r["broker_group"]: r["writable"] for r in json.loads(out)}
+
+    run(cluster, capsys, "broker", "config", "accept_sends=false", "--groups", "broker-b")
+    try:
+        wait_until(lambda: writable() == {"broker-a": True, "broker-b": False}, 30, "the route")
+        with Producer(cluster.namesrv) as producer:
+            assert {producer.send(TOPIC, b"w").broker_group for _ in range(6)} == {"broker-a"}
+            with pytest.raises(PermissionDeniedError, match="accept_sends=true --groups broker-b"):
+                producer.send(TOPIC, b"w", queue=QueueRef(TOPIC, "broker-b", 0))
+    finally:
+        run(cluster, capsys, "broker", "config", "accept_sends=true", "--groups", "broker-b")
+    wait_until(lambda: all(writable().values()), 30, "broker-b writable again")
+
+
+def test_producers_are_listed_with_their_queues_and_last_write(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Producer(cluster.namesrv, producer_id="daily-p1") as producer:
+        for i in range(3):
+            producer.send(TOPIC, b"p%d" % i, queue=QueueRef(TOPIC, "broker-b", 0))
+    out, _ = run(cluster, capsys, "producer", "list", "--topic", TOPIC, "--json")
+    rows = [r for r in json.loads(out) if r["producer_id"] == "daily-p1"]
+    assert [(r["broker_group"], r["queue_id"], r["last_sequence"]) for r in rows] == [
+        ("broker-b", 0, 2)
+    ], rows
+    assert {r["topic"] for r in json.loads(out)} == {TOPIC}
+    out, _ = run(cluster, capsys, "producer", "list")
+    assert "daily-p1" in out and "broker-b" in out, out
+
+
+def test_a_group_is_deleted_when_no_member_is_online(
+    cluster: Cluster, sent: list[SendResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    group = "daily-del"
+
+    def listed() -> bool:
+        out, _ = run(cluster, capsys, "group", "list", "--json")
+        return group in out
+
+    run(cluster, capsys, "consume", TOPIC, "--group", group, "--from-beginning", "--max", "3",
+        "--timeout", "60")  # fmt: skip
+    assert listed()
+
+    def refused() -> str:
+        code = cli.main(["--namesrv", cluster.namesrv, "group", "delete", group])
+        _, err = capsys.readouterr()
+        return err if code == 1 and "members online" in err else ""
+
+    with PushConsumer(
+        cluster.namesrv, group, TOPIC, lambda m: ConsumeResult.SUCCESS,
+        heartbeat_interval_ms=500, rebalance_interval_ms=1_000,
+    ):  # fmt: skip
+        err = wait_until(refused, 30, "a refusal naming the online member")
+        assert "--force" in str(err) and listed()
+    out, _ = run(cluster, capsys, "group", "delete", group)
+    assert f"deleted consumer group {group}: " in out and "committed offsets" in out, out
+    assert not listed()
+    code = cli.main(["--namesrv", cluster.namesrv, "group", "delete", group])
+    _, err = capsys.readouterr()
+    assert code == 1 and "no committed offset" in err, err
+
+
+def test_a_topic_is_purged_before_an_offset_then_before_a_time(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = "daily-purge"
+    create_topic(cluster, topic, queues=1)
+    queue = QueueRef(topic, "broker-a", 0)
+    with Producer(cluster.namesrv) as producer:
+        for i in range(10):
+            producer.send(topic, b"x%d" % i, queue=queue)
+
+    def bounds() -> tuple[int, int]:
+        with Admin(cluster.namesrv) as admin:
+            q = next(q for q in admin.topic_status(topic) if q.queue == queue)
+            return q.min_offset, q.max_offset
+
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before-offset", "4", "--dry-run")
+    assert "would purge 4 messages" in out and bounds() == (0, 10), out
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before-offset", "4", "--json")
+    doc = json.loads(out)
+    assert doc["messages"] == 4 and bounds() == (4, 10), doc
+    out, _ = run(cluster, capsys, "message", "range", "--topic", topic, "--queue", "broker-a#0",
+                 "--from-offset", "2", "--to-offset", "6")  # fmt: skip
+    assert "offsets 2..3 were deleted" in out and "at offsets 4..5" in out, out
+    # Before a time: everything stored so far.
+    out, _ = run(cluster, capsys, "topic", "purge", topic, "--before", "-0s")
+    assert "purged 6 messages" in out and bounds() == (10, 10), out
