@@ -46,7 +46,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, object]] = []
-        self.ignored = 0  # the first no_leader bodies belong to the cluster's start (see mark_start)
+        self.ignored = 0  # leading no_leader bodies from the cluster's start (mark_start)
         lock = threading.Lock()
         outer = self
 
