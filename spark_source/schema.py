@@ -94,7 +94,7 @@ def to_record_batch(
 
     for b in batches:
         limit = end_offset - b.first_offset  # positions at or past it are past the end
-        positions = b.positions
+        positions: Sequence[int] = b.positions
         if not positions:
             continue
         if positions[0] >= limit:
