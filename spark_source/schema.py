@@ -56,6 +56,17 @@ SCHEMA = StructType(
     ]
 )
 COLUMNS = tuple(f.name for f in SCHEMA.fields)
+# With includeHeaders=true: the properties again in the shape of Kafka's `headers` column, for
+# code written against Spark's Kafka source.
+HEADERS = StructField(
+    "headers",
+    ArrayType(
+        StructType([StructField("key", StringType(), False), StructField("value", BinaryType())]),
+        False,
+    ),
+    False,
+)
+SCHEMA_WITH_HEADERS = StructType([*SCHEMA.fields, HEADERS])
 MS_TO_US = 1000
 # Spark's timestamps run from 0001-01-01 to 9999-12-31 (UTC). A born time outside them (any
 # int64 a non-SDK client sent) becomes null rather than failing the whole query.
@@ -63,9 +74,18 @@ BORN_MIN_MS, BORN_MAX_MS = -62_135_596_800_000, 253_402_300_799_999
 
 
 @cache
-def arrow_schema() -> pa.Schema:
-    """What Spark checks a returned RecordBatch against (to_arrow_schema of SCHEMA, UTC)."""
-    return to_arrow_schema(SCHEMA, timezone="UTC")
+def arrow_schema(include_headers: bool = False) -> pa.Schema:
+    """What Spark checks a returned RecordBatch against (to_arrow_schema of SCHEMA, or of
+    SCHEMA_WITH_HEADERS, UTC)."""
+    return to_arrow_schema(SCHEMA_WITH_HEADERS if include_headers else SCHEMA, timezone="UTC")
+
+
+def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` with the `headers` column added: each row's properties as a list of (key, value
+    bytes) structs (an Arrow cast of the map column: no object per row)."""
+    schema = arrow_schema(include_headers=True)
+    headers = batch.column(COLUMNS.index("properties")).cast(schema.field("headers").type)
+    return pa.RecordBatch.from_arrays([*batch.columns, headers], schema=schema)
 
 
 def to_record_batch(
