@@ -377,6 +377,32 @@ def main() -> int:
     return 0
 
 
+def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
+    """One Spark task's work without Spark: the first partition of a batch read of `topic` read
+    in this process under cProfile; its rows/s and where the time went (what limits bar 1 apart
+    from Spark's own path, which the synthetic source measures)."""
+    import cProfile
+    import pstats
+
+    from raftmq.spark_source.source import RaftMQBatchReader, read_partition
+
+    reader = RaftMQBatchReader({"nameServer": cluster.namesrv_address, "subscribe": topic})
+    part = reader.partitions()[0]
+    prof = cProfile.Profile()
+    started = time.monotonic()
+    prof.enable()
+    rows = sum(b.num_rows for b in read_partition(reader.opts, part))
+    prof.disable()
+    wall = time.monotonic() - started
+    stats = pstats.Stats(prof)
+    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:8]  # type: ignore[attr-defined]
+    return {
+        "rows": rows,
+        "rows_per_s": round(rows / wall),
+        "top_tottime_s": {f"{k[2]} ({Path(k[0]).name}:{k[1]})": round(v[2], 3) for k, v in top},
+    }
+
+
 def source_cases(
     spark: Any, cluster: Cluster, args: argparse.Namespace, results: list[dict[str, Any]], tmp: Path
 ) -> None:
@@ -406,6 +432,7 @@ def source_cases(
             "target_ratio": 0.8,
         },
     )
+    emit(results, {"case": "source_partition_profile", **profile_partition(cluster, "bench-src")})
     emit(
         results,
         {
