@@ -204,7 +204,7 @@ def damaged_records(draw: st.DrawFn) -> bytes:
 
 
 @given(buf=damaged() | damaged_records(), data=st.data())
-@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=150, deadline=None)
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=100, deadline=None)
 @example(buf=b"", data=None)
 def test_the_extension_fills_columns_as_the_twin(buf: bytes, data: st.DataObject | None) -> None:
     """Identical buffers or the identical error, whatever the damage and positions; the C code
