@@ -90,7 +90,7 @@ def mixed_answers(draw: st.DrawFn) -> tuple[str, int, list[broker_pb2.RawBatch]]
     return batches[0].topic, batches[0].queue_id, out
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(mixed_answers(), st.integers(0, 40), st.sampled_from(["*", "first", "none"]))
 def test_columns_of_v2_batches_equal_the_row_path(
     answer: tuple[str, int, list[broker_pb2.RawBatch]], cut: int, tags: str
