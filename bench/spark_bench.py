@@ -2,9 +2,13 @@
 groups broker-a and broker-b of 3 nodes each, all on 127.0.0.1) and a local[2] SparkSession.
 
 Results (one JSON line each, also written to bench/results/spark.json):
-- source rows/s into Spark's no-op sink, 1 KiB values: batch read and AvailableNow stream;
-- micro-batch latency (triggerExecution p50/p90) with a 500 ms trigger under steady traffic;
-- sink rows/s: a DataFrame of 1 KiB values written with the exactly-once sink.
+- bar 1: source rows/s into Spark's no-op sink, 1 KiB values, batch read of --rows (default
+  1 000 000) over 8 queues, preloaded by the SDK producer (v2 stored batches: the columnar
+  path), beside a synthetic source of ready Arrow batches of the same schema in the same
+  session, at several batch sizes (the ceiling of Spark's Python data source path here);
+- bar 2: the same rows as an AvailableNow stream, and micro-batch latency (triggerExecution
+  p50/p90) with a 500 ms trigger under steady traffic;
+- bar 3: sink rows/s, a DataFrame of 1 KiB values written with the exactly-once sink.
 
 Run: `make bench-spark` or `.venv/bin/python bench/spark_bench.py [--rows 200000]`.
 """
@@ -18,7 +22,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from raftmq.common.pb import broker_pb2, common_pb2  # noqa: E402
+from raftmq.client.producer import Producer  # noqa: E402
+from raftmq.common.types import QueueRef  # noqa: E402
 from tests.spark.support import (  # noqa: E402
     GROUPS,
     SPARK_CONF,
     Cluster,
-    call,
     running_cluster,
     spark_env,
 )
@@ -54,31 +57,110 @@ def pct(values: list[float], p: float) -> float:
 
 
 def preload(cluster: Cluster, topic: str, rows: int, value_bytes: int) -> float:
-    """Send `rows` messages spread over every queue; seconds taken."""
-    leaders = {g: cluster.stub(cluster.leader(g)) for g in GROUPS}
+    """Send `rows` messages spread over every queue with the SDK's producer (v2 stored batches,
+    as applications store them); seconds taken."""
     body = os.urandom(value_bytes)
-    queues = [(g, q) for g in GROUPS for q in range(QUEUES)]
+    queues = [QueueRef(topic, g, q) for g in GROUPS for q in range(QUEUES)]
     per_queue = rows // len(queues)
     started = time.monotonic()
-
-    def fill(g: str, q: int) -> None:
-        left = per_queue
-        while left:
-            n = min(CHUNK, left)
-            req = broker_pb2.SendMessageRequest(
-                topic=topic,
-                queue_id=q,
-                messages=[common_pb2.Message(body=body) for _ in range(n)],
-            )
-            call(leaders[g].SendMessage, req, timeout=60)
-            left -= n
-
-    threads = [threading.Thread(target=fill, args=gq) for gq in queues]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    producer = Producer(cluster.namesrv_address, batch_max_messages=CHUNK, send_timeout_ms=120_000)
+    try:
+        pending = []
+        for start in range(0, per_queue, CHUNK):
+            n = min(CHUNK, per_queue - start)
+            for q in queues:
+                pending.append(producer.send_batch_future(topic, [body] * n, queue=q))
+            if len(pending) >= 64:  # bounded: at most 64 chunks waiting
+                for fut in pending:
+                    fut.result(timeout=180)
+                pending = []
+        for fut in pending:
+            fut.result(timeout=180)
+    finally:
+        producer.close()
     return time.monotonic() - started
+
+
+# ---- the synthetic source: ready Arrow batches, nothing read -------------------------------------
+
+
+def synthetic_source() -> Any:
+    """Format "raftmq_synthetic": `rows` rows of SCHEMA in `partitions` tasks, each yielding one
+    prepared RecordBatch of `batchRows` rows (1 KiB values) again and again: what Spark's Python
+    data source path costs with no source work at all."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from raftmq.spark_source.schema import SCHEMA, arrow_schema
+
+    class Part(InputPartition):  # type: ignore[misc]
+        def __init__(self, rows: int) -> None:
+            self.rows = rows
+
+    class Reader(DataSourceReader):  # type: ignore[misc]
+        def __init__(self, options: dict[str, str]) -> None:
+            self.rows = int(options["rows"])
+            self.parts = int(options.get("partitions", "8"))
+            self.batch_rows = int(options.get("batchrows", "8192"))
+            self.value_bytes = int(options.get("valuebytes", "1024"))
+
+        def partitions(self) -> list[Any]:
+            return [Part(self.rows // self.parts) for _ in range(self.parts)]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+
+            n = self.batch_rows
+            schema = arrow_schema()
+            f = schema.field
+            ts = 1_700_000_000_000_000
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array([None] * n, f(0).type),
+                    pa.array([os.urandom(self.value_bytes)] * n, f(1).type),
+                    pa.array(["bench-src"] * n, f(2).type),
+                    pa.array(["broker-a"] * n, f(3).type),
+                    pa.array([0] * n, f(4).type),
+                    pa.array(range(n), f(5).type),
+                    pa.array([f"broker-a-{i:032X}" for i in range(n)], f(6).type),
+                    pa.array([None] * n, f(7).type),
+                    pa.array([[]] * n, f(8).type),
+                    pa.array([ts] * n, f(9).type),
+                    pa.array([ts] * n, f(10).type),
+                    pa.array([[]] * n, f(11).type),
+                ],
+                schema=schema,
+            )
+            left = partition.rows
+            while left > 0:
+                yield batch if left >= n else batch.slice(0, left)
+                left -= n
+
+    class Synthetic(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "raftmq_synthetic"
+
+        def schema(self) -> Any:
+            return SCHEMA
+
+        def reader(self, schema: Any) -> Any:
+            return Reader(self.options)
+
+    return Synthetic
+
+
+def synthetic_batch(spark: Any, rows: int, batch_rows: int) -> float:
+    started = time.monotonic()
+    (
+        spark.read.format("raftmq_synthetic")
+        .option("rows", str(rows))
+        .option("batchRows", str(batch_rows))
+        .load()
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
+    return rows / (time.monotonic() - started)
 
 
 def session() -> Any:
@@ -156,23 +238,21 @@ def latency(
     deadline = time.monotonic() + 180
     while q.lastProgress is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    leaders = {g: cluster.stub(cluster.leader(g)) for g in GROUPS}
     body = os.urandom(value_bytes)
     per_tick = max(1, rate // 10)
     sent = 0
     started = time.monotonic()
     tick = 0
-    while time.monotonic() - started < seconds:
-        g = GROUPS[tick % len(GROUPS)]
-        req = broker_pb2.SendMessageRequest(
-            topic=topic,
-            queue_id=tick % QUEUES,
-            messages=[common_pb2.Message(body=body) for _ in range(per_tick)],
-        )
-        call(leaders[g].SendMessage, req)
-        sent += per_tick
-        tick += 1
-        time.sleep(max(0.0, started + tick / 10 - time.monotonic()))
+    producer = Producer(cluster.namesrv_address)  # v2 stored batches, as applications send
+    try:
+        while time.monotonic() - started < seconds:
+            q_ref = QueueRef(topic, GROUPS[tick % len(GROUPS)], tick % QUEUES)
+            producer.send_batch(topic, [body] * per_tick, queue=q_ref)
+            sent += per_tick
+            tick += 1
+            time.sleep(max(0.0, started + tick / 10 - time.monotonic()))
+    finally:
+        producer.close()
     time.sleep(2)
     q.stop()
     batches = [p for p in q.recentProgress if p["numInputRows"]]
@@ -220,7 +300,13 @@ def sink(spark: Any, cluster: Cluster, topic: str, rows: int, value_bytes: int) 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rows", type=int, default=200_000, help="rows preloaded for the source")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows preloaded for the source")
+    ap.add_argument(
+        "--synthetic-batch-rows",
+        type=lambda t: [int(x) for x in t.split(",")],
+        default=[1024, 8192, 32768],
+        help="batch sizes of the synthetic source (comma-separated)",
+    )
     ap.add_argument("--value-bytes", type=int, default=1024)
     ap.add_argument("--latency-seconds", type=float, default=30.0)
     ap.add_argument("--latency-rate", type=int, default=2000, help="messages/s during latency")
@@ -291,27 +377,68 @@ def main() -> int:
     return 0
 
 
+def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
+    """One Spark task's work without Spark: the first partition of a batch read of `topic` read
+    in this process under cProfile; its rows/s and where the time went (what limits bar 1 apart
+    from Spark's own path, which the synthetic source measures)."""
+    import cProfile
+    import pstats
+
+    from raftmq.spark_source.source import RaftMQBatchReader, read_partition
+
+    reader = RaftMQBatchReader({"nameServer": cluster.namesrv_address, "subscribe": topic})
+    part = reader.partitions()[0]
+    prof = cProfile.Profile()
+    started = time.monotonic()
+    prof.enable()
+    rows = sum(b.num_rows for b in read_partition(reader.opts, part))
+    prof.disable()
+    wall = time.monotonic() - started
+    stats = pstats.Stats(prof)
+    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:8]  # type: ignore[attr-defined]
+    return {
+        "rows": rows,
+        "rows_per_s": round(rows / wall),
+        "top_tottime_s": {f"{k[2]} ({Path(k[0]).name}:{k[1]})": round(v[2], 3) for k, v in top},
+    }
+
+
 def source_cases(
     spark: Any, cluster: Cluster, args: argparse.Namespace, results: list[dict[str, Any]], tmp: Path
 ) -> None:
-    # Run the same read three times: the first pays for JIT and worker start-up.
-    runs = [source_batch(spark, cluster.namesrv_address, "bench-src", args.rows) for _ in range(3)]
+    spark.dataSource.register(synthetic_source())
+    synthetic_batch(spark, 16_384, 1024)  # worker warm-up of the synthetic format
+    # Interleaved, three of each: the machine's load changes during the run.
+    runs: list[float] = []
+    ceiling: dict[int, list[float]] = {b: [] for b in args.synthetic_batch_rows}
+    for _ in range(3):
+        runs.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows))
+        for b in args.synthetic_batch_rows:
+            ceiling[b].append(synthetic_batch(spark, args.rows, b))
+    best_ceiling = max(max(v) for v in ceiling.values())
     emit(
         results,
         {
             "case": "source_batch_noop",
             "rows": args.rows,
             "value_bytes": args.value_bytes,
-            "rows_per_s": round(max(runs[1:])),
+            "rows_per_s": round(max(runs)),
             "rows_per_s_runs": [round(r) for r in runs],
-            "target_rows_per_s": 50_000,
+            "synthetic_rows_per_s_by_batch_rows": {
+                str(b): [round(r) for r in v] for b, v in ceiling.items()
+            },
+            "ratio_to_synthetic": round(max(runs) / best_ceiling, 2),
+            "target_rows_per_s": 150_000,
+            "target_ratio": 0.8,
         },
     )
+    emit(results, {"case": "source_partition_profile", **profile_partition(cluster, "bench-src")})
     emit(
         results,
         {
             "case": "source_stream_available_now_noop",
             "value_bytes": args.value_bytes,
+            "target_rows_per_s": 100_000,
             **source_stream(spark, cluster.namesrv_address, "bench-src", args.rows, tmp),
         },
     )

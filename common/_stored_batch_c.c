@@ -1333,6 +1333,324 @@ static PyObject *iter_records(PyObject *self, PyObject *args, PyObject *kwargs)
     return (PyObject *)it;
 }
 
+/* ---- columns for Arrow (the Spark source): the twin's `columns` ------------------------------ */
+
+static PyObject *BatchColumnsType; /* the twin's NamedTuple */
+
+/* The queue offset base + p of a message, as the twin's Python int (for error texts). */
+static PyObject *offset_obj(uint64_t base, int64_t p)
+{
+    PyObject *b = PyLong_FromUnsignedLongLong(base), *d = PyLong_FromLongLong(p);
+    PyObject *r = (b && d) ? PyNumber_Add(b, d) : NULL;
+    Py_XDECREF(b);
+    Py_XDECREF(d);
+    return r;
+}
+
+/* 0 when p[0:n] is utf-8 (ASCII in a loop, anything else by Python's own strict decoder, so
+ * both implementations accept the same bytes); else the twin's MalformedBatchError, quoting
+ * the decoder's UnicodeDecodeError. */
+static int utf8_ok(const unsigned char *p, Py_ssize_t n, const char *what)
+{
+    Py_ssize_t i = 0;
+    while (i < n && p[i] < 0x80) i++;
+    if (i == n) return 0;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (s != NULL) {
+        Py_DECREF(s);
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (v != NULL) malformed("invalid utf-8 in a message %s: %S", what, v);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+    return -1;
+}
+
+static int column_error(const char *fmt, uint64_t base, int64_t p)
+{
+    PyObject *o = offset_obj(base, p);
+    if (o != NULL) {
+        malformed(fmt, o);
+        Py_DECREF(o);
+    }
+    return -1;
+}
+
+/* Sizes of the chosen messages' columns, found by the checking pass. */
+typedef struct {
+    int64_t n, body, key, tag, keys, key_bytes, props, names, values;
+} ColumnSizes;
+
+/* The checking pass over one record (the twin's loop body, in its order); adds its sizes. */
+static int check_record(const unsigned char *d, int64_t pos, int64_t end, uint64_t base,
+                        int64_t p, ColumnSizes *z)
+{
+    if (pos + RECORD_HEAD_BYTES > end)
+        return column_error("record of message at queue offset %S is too short", base, p);
+    const unsigned char *h = d + pos;
+    uint32_t body_len = rd32(h), keys_len = rd32(h + 20), props_len = rd32(h + 24);
+    unsigned tag_len = rd16(h + 16), n_keys = rd16(h + 18);
+    int64_t size = RECORD_HEAD_BYTES + (int64_t)body_len + keys_len + props_len +
+                   (tag_len == NO_TAG ? 0 : tag_len);
+    if (pos + size != end) {
+        PyObject *o = offset_obj(base, p);
+        if (o != NULL) {
+            malformed("record of message at queue offset %S: its lengths give %lld bytes, the "
+                      "offsets table %lld",
+                      o, (long long)size, (long long)(end - pos));
+            Py_DECREF(o);
+        }
+        return -1;
+    }
+    int64_t at = pos + RECORD_HEAD_BYTES;
+    if (tag_len != NO_TAG) {
+        if (utf8_ok(d + at, tag_len, "tag") < 0) return -1;
+        z->tag += tag_len;
+        at += tag_len;
+    }
+    int64_t kend = at + keys_len;
+    for (unsigned k = 0; k < n_keys; k++) {
+        if (at + 2 > kend)
+            return column_error(
+                "key length overruns the keys of the message at queue offset %S", base, p);
+        unsigned n = rd16(d + at);
+        at += 2;
+        if (at + n > kend) {
+            PyObject *o = offset_obj(base, p);
+            if (o != NULL) {
+                malformed("key of %u bytes overruns the keys of the message at queue offset %S",
+                          n, o);
+                Py_DECREF(o);
+            }
+            return -1;
+        }
+        if (utf8_ok(d + at, n, "key") < 0) return -1;
+        if (k == 0) z->key += n;
+        z->key_bytes += n;
+        at += n;
+    }
+    if (at != kend) {
+        PyObject *o = offset_obj(base, p);
+        if (o != NULL) {
+            malformed("%lld bytes after the keys of the message at queue offset %S",
+                      (long long)(kend - at), o);
+            Py_DECREF(o);
+        }
+        return -1;
+    }
+    z->keys += n_keys;
+    int64_t pstart = at, pend = at + props_len;
+    while (at < pend) {
+        if (at + 6 > pend)
+            return column_error(
+                "property lengths overrun the message at queue offset %S", base, p);
+        unsigned name_len = rd16(d + at);
+        uint32_t value_len = rd32(d + at + 2);
+        at += 6;
+        int64_t stop = at + name_len + (int64_t)value_len;
+        if (stop > pend)
+            return column_error(
+                "property overruns the properties of the message at queue offset %S", base, p);
+        if (utf8_ok(d + at, name_len, "property name") < 0) return -1;
+        /* a name seen before in this message: walk the earlier (already checked) pairs */
+        for (int64_t q = pstart; q < at - 6;) {
+            unsigned qn = rd16(d + q);
+            uint32_t qv = rd32(d + q + 2);
+            if (qn == name_len && memcmp(d + q + 6, d + at, name_len) == 0) {
+                PyObject *name = PyUnicode_DecodeUTF8((const char *)d + at, name_len, "strict");
+                PyObject *o = offset_obj(base, p);
+                if (name != NULL && o != NULL)
+                    malformed("property %R twice in the message at queue offset %S", name, o);
+                Py_XDECREF(name);
+                Py_XDECREF(o);
+                return -1;
+            }
+            q += 6 + qn + (int64_t)qv;
+        }
+        if (utf8_ok(d + at + name_len, value_len, "property value") < 0) return -1;
+        z->props += 1;
+        z->names += name_len;
+        z->values += value_len;
+        at = stop;
+    }
+    z->body += body_len;
+    return 0;
+}
+
+/* A column being filled: int32 offsets and the bytes, both preallocated to their exact size. */
+typedef struct {
+    PyObject *offsets_obj, *data_obj;
+    int32_t *offsets;
+    unsigned char *data;
+    int64_t items, used;
+} Column;
+
+static int column_new(Column *c, int64_t items, int64_t bytes)
+{
+    c->offsets_obj = PyBytes_FromStringAndSize(NULL, 4 * (items + 1));
+    c->data_obj = PyBytes_FromStringAndSize(NULL, bytes);
+    if (c->offsets_obj == NULL || c->data_obj == NULL) return -1;
+    c->offsets = (int32_t *)PyBytes_AS_STRING(c->offsets_obj);
+    c->data = (unsigned char *)PyBytes_AS_STRING(c->data_obj);
+    c->offsets[0] = 0;
+    c->items = c->used = 0;
+    return 0;
+}
+
+static inline void column_add(Column *c, const unsigned char *p, int64_t n)
+{
+    memcpy(c->data + c->used, p, (size_t)n);
+    c->used += n;
+    c->offsets[++c->items] = (int32_t)c->used;
+}
+
+enum { C_BODY, C_KEY, C_TAG, C_KEYS, C_NAMES, C_VALUES, C_N };
+
+static PyObject *columns(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "positions", "verify", NULL};
+    PyObject *buf, *positions;
+    int verify = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$p:columns", kwlist, &buf, &positions,
+                                     &verify))
+        return NULL;
+    PyObject *data = PyBytes_Check(buf) ? Py_NewRef(buf) : PyBytes_FromObject(buf);
+    if (data == NULL) return NULL;
+    PyObject *header = NULL, *seq = NULL, *out = NULL;
+    PyObject *chosen = NULL, *born = NULL, *key_valid = NULL, *tag_valid = NULL;
+    PyObject *keys_offsets = NULL, *props_offsets = NULL;
+    Column cols[C_N];
+    memset(cols, 0, sizeof cols);
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    int mode = !verify ? CHECK_NONE : (size > STATE_AT && d[STATE_AT] == STATE_PRODUCED) ? 0 : 1;
+    if ((header = parse(d, size, mode, 1)) == NULL) goto done;
+    if ((seq = PySequence_Fast(positions, "positions must be a sequence of ints")) == NULL)
+        goto done;
+    int64_t count = rd32(d + COUNT_AT), tables_at = rd16(d + 34);
+    int64_t records_at = tables_at + 12 * count;
+    const unsigned char *ends = d + tables_at + 8 * count;
+    uint64_t base = rd64(d + STAMP_AT);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    if ((chosen = PyBytes_FromStringAndSize(NULL, 8 * (Py_ssize_t)n)) == NULL) goto done;
+    int64_t *ps = (int64_t *)PyBytes_AS_STRING(chosen);
+    ColumnSizes z = {0};
+    int64_t prev = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int overflow = 0;
+        long long p = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (p == -1 && PyErr_Occurred()) goto done;
+        if (overflow || p < 0 || p >= count) {
+            malformed("position %S is not in a batch of %lld messages", items[i],
+                      (long long)count);
+            goto done;
+        }
+        if (p <= prev) {
+            malformed("positions are not ascending: %lld after %lld", p, (long long)prev);
+            goto done;
+        }
+        prev = p;
+        int64_t pos = records_at + rd32(ends + 4 * p);
+        int64_t end = p + 1 < count ? records_at + rd32(ends + 4 * (p + 1)) : size;
+        if (check_record(d, pos, end, base, p, &z) < 0) goto done;
+        ps[i] = p;
+    }
+    int64_t biggest = z.body;
+    int64_t others[5] = {z.key, z.tag, z.key_bytes, z.names, z.values};
+    for (int i = 0; i < 5; i++) biggest = others[i] > biggest ? others[i] : biggest;
+    if (biggest > INT32_MAX) {
+        malformed("column data of %lld bytes do not fit Arrow's 32-bit offsets",
+                  (long long)biggest);
+        goto done;
+    }
+    int64_t sizes[C_N][2] = {{n, z.body}, {n, z.key}, {n, z.tag}, {z.keys, z.key_bytes},
+                             {z.props, z.names}, {z.props, z.values}};
+    for (int c = 0; c < C_N; c++) {
+        if (column_new(&cols[c], sizes[c][0], sizes[c][1]) < 0) goto done;
+    }
+    Py_ssize_t bitmap = (n + 7) / 8;
+    born = PyBytes_FromStringAndSize(NULL, 8 * n);
+    key_valid = PyBytes_FromStringAndSize(NULL, bitmap);
+    tag_valid = PyBytes_FromStringAndSize(NULL, bitmap);
+    keys_offsets = PyBytes_FromStringAndSize(NULL, 4 * (n + 1));
+    props_offsets = PyBytes_FromStringAndSize(NULL, 4 * (n + 1));
+    if (!born || !key_valid || !tag_valid || !keys_offsets || !props_offsets) goto done;
+    unsigned char *kv = (unsigned char *)PyBytes_AS_STRING(key_valid);
+    unsigned char *tv = (unsigned char *)PyBytes_AS_STRING(tag_valid);
+    int64_t *bm = (int64_t *)PyBytes_AS_STRING(born);
+    int32_t *ko = (int32_t *)PyBytes_AS_STRING(keys_offsets);
+    int32_t *po = (int32_t *)PyBytes_AS_STRING(props_offsets);
+    memset(kv, 0, bitmap);
+    memset(tv, 0, bitmap);
+    ko[0] = po[0] = 0;
+    /* The filling pass: every length was checked above, over the same immutable bytes. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = ps[i];
+        int64_t pos = records_at + rd32(ends + 4 * p);
+        int64_t end = p + 1 < count ? records_at + rd32(ends + 4 * (p + 1)) : size;
+        const unsigned char *h = d + pos;
+        uint32_t body_len = rd32(h), props_len = rd32(h + 24);
+        unsigned tag_len = rd16(h + 16), n_keys = rd16(h + 18);
+        memcpy(&bm[i], h + 8, 8);
+        int64_t at = pos + RECORD_HEAD_BYTES;
+        if (tag_len != NO_TAG) {
+            tv[i >> 3] |= (unsigned char)(1u << (i & 7));
+            column_add(&cols[C_TAG], d + at, tag_len);
+            at += tag_len;
+        } else {
+            column_add(&cols[C_TAG], d, 0);
+        }
+        for (unsigned k = 0; k < n_keys; k++) {
+            unsigned len = rd16(d + at);
+            if (k == 0) {
+                kv[i >> 3] |= (unsigned char)(1u << (i & 7));
+                column_add(&cols[C_KEY], d + at + 2, len);
+            }
+            column_add(&cols[C_KEYS], d + at + 2, len);
+            at += 2 + len;
+        }
+        if (n_keys == 0) column_add(&cols[C_KEY], d, 0);
+        ko[i + 1] = (int32_t)cols[C_KEYS].items;
+        int64_t pend = at + props_len;
+        while (at < pend) {
+            unsigned name_len = rd16(d + at);
+            uint32_t value_len = rd32(d + at + 2);
+            column_add(&cols[C_NAMES], d + at + 6, name_len);
+            column_add(&cols[C_VALUES], d + at + 6 + name_len, value_len);
+            at += 6 + name_len + (int64_t)value_len;
+        }
+        po[i + 1] = (int32_t)cols[C_NAMES].items;
+        column_add(&cols[C_BODY], d + end - body_len, body_len);
+    }
+    out = PyObject_CallFunctionObjArgs(
+        BatchColumnsType, header, chosen, cols[C_BODY].offsets_obj, cols[C_BODY].data_obj,
+        key_valid, cols[C_KEY].offsets_obj, cols[C_KEY].data_obj, tag_valid,
+        cols[C_TAG].offsets_obj, cols[C_TAG].data_obj, keys_offsets, cols[C_KEYS].offsets_obj,
+        cols[C_KEYS].data_obj, props_offsets, cols[C_NAMES].offsets_obj, cols[C_NAMES].data_obj,
+        cols[C_VALUES].offsets_obj, cols[C_VALUES].data_obj, born, NULL);
+done:
+    for (int c = 0; c < C_N; c++) {
+        Py_XDECREF(cols[c].offsets_obj);
+        Py_XDECREF(cols[c].data_obj);
+    }
+    Py_XDECREF(born);
+    Py_XDECREF(key_valid);
+    Py_XDECREF(tag_valid);
+    Py_XDECREF(keys_offsets);
+    Py_XDECREF(props_offsets);
+    Py_XDECREF(chosen);
+    Py_XDECREF(seq);
+    Py_XDECREF(header);
+    Py_DECREF(data);
+    return out;
+}
+
 /* ---- the module ------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1358,6 +1676,8 @@ static PyMethodDef methods[] = {
      "The messages first.. of a whole stored batch."},
     {"iter_records", (PyCFunction)(void (*)(void))iter_records, METH_VARARGS | METH_KEYWORDS,
      "The messages in a slice of records."},
+    {"columns", (PyCFunction)(void (*)(void))columns, METH_VARARGS | METH_KEYWORDS,
+     "Chosen messages of a whole stored batch as Arrow column buffers."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1388,7 +1708,8 @@ PyMODINIT_FUNC PyInit__stored_batch_c(void)
              take(twin, "DEFAULT_LIMITS", &DefaultLimits) || take(twin, "crc32c", &CrcFn) ||
              take(twin, "tag_hash", &TagHashFn) || take(twin, "BatchHeader", &types[0]) ||
              take(twin, "BatchMessage", &types[1]) ||
-             take(twin, "ProducerSequence", &types[2]) || take(twin, "Message", &types[3]);
+             take(twin, "ProducerSequence", &types[2]) || take(twin, "Message", &types[3]) ||
+             take(twin, "BatchColumns", &BatchColumnsType);
     Py_DECREF(twin);
     if (rc) return NULL;
     for (int i = 0; i < 4; i++) {

@@ -1,7 +1,13 @@
 # The compiled twin (common/_stored_batch_c.c): the same signatures as common/_stored_batch_py.py.
 from collections.abc import Iterator, Sequence
 
-from raftmq.common._stored_batch_py import BatchHeader, BatchLimits, BatchMessage, Bytes
+from raftmq.common._stored_batch_py import (
+    BatchColumns,
+    BatchHeader,
+    BatchLimits,
+    BatchMessage,
+    Bytes,
+)
 from raftmq.common.message import Message
 from raftmq.common.record_batch import ProducerSequence
 
@@ -22,3 +28,4 @@ def message_offsets(buf: Bytes, header: BatchHeader | None = None) -> memoryview
 def slice_from(buf: Bytes, k: int, header: BatchHeader | None = None) -> memoryview: ...
 def iter_messages(buf: Bytes, first: int = 0, *, verify: bool = True) -> Iterator[BatchMessage]: ...
 def iter_records(records: Bytes, header: BatchHeader, first: int) -> Iterator[BatchMessage]: ...
+def columns(buf: Bytes, positions: Sequence[int], *, verify: bool = True) -> BatchColumns: ...

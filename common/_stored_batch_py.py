@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -27,12 +28,14 @@ __all__ = [
     "FIXED_HEADER_BYTES",
     "RECORD_HEAD_BYTES",
     "VERSION",
+    "BatchColumns",
     "BatchHeader",
     "BatchLimits",
     "BatchMessage",
     "MalformedBatchError",
     "batch_count",
     "check_batch",
+    "columns",
     "encode_batch",
     "has_keys",
     "iter_messages",
@@ -655,3 +658,200 @@ def iter_records(records: Bytes, header: BatchHeader, first: int) -> Iterator[Ba
         remaining -= 1
     if remaining:
         raise MalformedBatchError(f"the slice ends {remaining} records early")
+
+
+# ---- columns for Arrow (the Spark source) ------------------------------------------------------
+
+
+class BatchColumns(NamedTuple):
+    """Chosen messages of one stored batch as Arrow column buffers, no object per message: what
+    `columns` returns. Offsets are little-endian int32 from 0 (one more than their items), the
+    validity bitmaps Arrow's (bit i of byte i // 8, least significant first, 1 = present),
+    positions and born times int64. Strings are checked utf-8."""
+
+    header: BatchHeader
+    positions: bytes  # each chosen message's position in the batch
+    body_offsets: bytes
+    body_data: bytes
+    key_valid: bytes  # the first key (absent when a message has none)
+    key_offsets: bytes
+    key_data: bytes
+    tag_valid: bytes  # absent: no tag
+    tag_offsets: bytes
+    tag_data: bytes
+    keys_offsets: bytes  # message i's keys are key strings keys_offsets[i] .. [i + 1]
+    keys_item_offsets: bytes
+    keys_data: bytes
+    props_offsets: bytes  # message i's properties are pairs props_offsets[i] .. [i + 1]
+    prop_name_offsets: bytes
+    prop_name_data: bytes
+    prop_value_offsets: bytes
+    prop_value_data: bytes
+    born_ms: bytes
+
+
+_I32_MAX = (1 << 31) - 1
+
+
+class _Column:
+    """One string or binary column being filled: int32 offsets and the bytes."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self) -> None:
+        self.offsets = array("i", [0])
+        self.data = bytearray()
+
+    def add(self, raw: Bytes) -> None:
+        self.data += raw
+        # An overflow here is caught after the walk, where both implementations check sizes.
+        self.offsets.append(len(self.data) & _I32_MAX)
+
+    def done(self) -> tuple[bytes, bytes]:
+        if not _LITTLE:
+            self.offsets.byteswap()
+        return self.offsets.tobytes(), bytes(self.data)
+
+
+def _bitmap(bits: list[bool]) -> bytes:
+    out = bytearray((len(bits) + 7) // 8)
+    for i, bit in enumerate(bits):
+        if bit:
+            out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def columns(buf: Bytes, positions: Sequence[int], *, verify: bool = True) -> BatchColumns:
+    """The messages at `positions` (strictly ascending) of a whole stored batch as column
+    buffers (BatchColumns). Checks what iter_messages and the message fields check, message by
+    message in position order: the position, the record's lengths against the offsets table,
+    the tag, each key and each property (structure, utf-8, no name twice); and that no column
+    outgrows Arrow's 32-bit offsets. `verify` checks the CRCs first."""
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    if not verify:
+        header = _parse(data, stamped=None)
+    elif len(data) > _STATE_AT and data[_STATE_AT] == STATE_PRODUCED:
+        header = _parse(data, stamped=False)
+    else:
+        header = verify_stamped(data)
+    count, records_at, base = header.count, header.records_at, header.base_offset
+    mv = memoryview(data)
+    ends = _u32s(mv[header.tables_at + 8 * count : records_at]).tolist()
+    ends.append(header.total_bytes - records_at)
+    chosen = array("q")
+    born = array("q")
+    body, key, tag = _Column(), _Column(), _Column()
+    keys_items, names, values = _Column(), _Column(), _Column()
+    key_bits: list[bool] = []
+    tag_bits: list[bool] = []
+    keys_offsets = array("i", [0])
+    props_offsets = array("i", [0])
+    prev = -1
+    for p in positions:
+        if not 0 <= p < count:
+            raise MalformedBatchError(f"position {p} is not in a batch of {count} messages")
+        if p <= prev:
+            raise MalformedBatchError(f"positions are not ascending: {p} after {prev}")
+        prev = p
+        pos, end, offset = records_at + ends[p], records_at + ends[p + 1], base + p
+        if pos + RECORD_HEAD_BYTES > end:
+            raise MalformedBatchError(f"record of message at queue offset {offset} is too short")
+        body_len, _, born_ms, tag_len, n_keys, keys_len, props_len = _unpack_record(data, pos)
+        size = RECORD_HEAD_BYTES + body_len + keys_len + props_len
+        size += 0 if tag_len == NO_TAG else tag_len
+        if pos + size != end:
+            raise MalformedBatchError(
+                f"record of message at queue offset {offset}: its lengths give {size} bytes, "
+                f"the offsets table {end - pos}"
+            )
+        at = pos + RECORD_HEAD_BYTES
+        if tag_len == NO_TAG:
+            tag_bits.append(False)
+            tag.add(b"")
+        else:
+            raw = data[at : at + tag_len]
+            _utf8(raw, "tag")
+            tag_bits.append(True)
+            tag.add(raw)
+            at += tag_len
+        at = _column_keys(data, at, at + keys_len, n_keys, offset, keys_items)
+        first_key = n_keys > 0
+        key_bits.append(first_key)
+        if first_key:
+            first = keys_items.offsets[-n_keys - 1]
+            key.add(keys_items.data[first : keys_items.offsets[-n_keys]])
+        else:
+            key.add(b"")
+        keys_offsets.append(len(keys_items.offsets) - 1)
+        _column_props(data, at, at + props_len, offset, names, values)
+        props_offsets.append(len(names.offsets) - 1)
+        body.add(data[end - body_len : end])
+        born.append(born_ms)
+        chosen.append(p)
+    biggest = max(len(c.data) for c in (body, key, tag, keys_items, names, values))
+    if biggest > _I32_MAX:
+        raise MalformedBatchError(
+            f"column data of {biggest} bytes do not fit Arrow's 32-bit offsets"
+        )
+    if not _LITTLE:
+        for a in (chosen, born, keys_offsets, props_offsets):
+            a.byteswap()
+    return BatchColumns(
+        header, chosen.tobytes(), *body.done(), _bitmap(key_bits), *key.done(),
+        _bitmap(tag_bits), *tag.done(), keys_offsets.tobytes(), *keys_items.done(),
+        props_offsets.tobytes(), *names.done(), *values.done(), born.tobytes(),
+    )  # fmt: skip
+
+
+def _column_keys(data: bytes, at: int, end: int, n_keys: int, offset: int, out: _Column) -> int:
+    """Adds a record's keys to `out`; where its properties start."""
+    for _ in range(n_keys):
+        if at + 2 > end:
+            raise MalformedBatchError(
+                f"key length overruns the keys of the message at queue offset {offset}"
+            )
+        (n,) = _U16.unpack_from(data, at)
+        at += 2
+        if at + n > end:
+            raise MalformedBatchError(
+                f"key of {n} bytes overruns the keys of the message at queue offset {offset}"
+            )
+        raw = data[at : at + n]
+        _utf8(raw, "key")
+        out.add(raw)
+        at += n
+    if at != end:
+        raise MalformedBatchError(
+            f"{end - at} bytes after the keys of the message at queue offset {offset}"
+        )
+    return at
+
+
+def _column_props(
+    data: bytes, at: int, end: int, offset: int, names: _Column, values: _Column
+) -> None:
+    seen: set[bytes] = set()
+    while at < end:
+        if at + 6 > end:
+            raise MalformedBatchError(
+                f"property lengths overrun the message at queue offset {offset}"
+            )
+        name_len, value_len = _PROP.unpack_from(data, at)
+        at += 6
+        stop = at + name_len + value_len
+        if stop > end:
+            raise MalformedBatchError(
+                f"property overruns the properties of the message at queue offset {offset}"
+            )
+        name = data[at : at + name_len]
+        text = _utf8(name, "property name")
+        if name in seen:
+            raise MalformedBatchError(
+                f"property {text!r} twice in the message at queue offset {offset}"
+            )
+        seen.add(name)
+        value = data[at + name_len : stop]
+        _utf8(value, "property value")
+        names.add(name)
+        values.add(value)
+        at = stop

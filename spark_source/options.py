@@ -41,6 +41,8 @@ FAIL_ON_DATA_LOSS = "failOnDataLoss"
 SUB_EXPRESSION = "subExpression"
 POLL_TIMEOUT_MS = "pollTimeoutMs"
 PULL_BATCH_SIZE = "pullBatchSize"
+MIN_PARTITIONS = "minPartitions"
+INCLUDE_HEADERS = "includeHeaders"
 TOPIC = "topic"
 SEND_TIMEOUT_MS = "sendTimeoutMs"
 # Batch writes: the same id on a re-run of the same job stores nothing twice (sink.py).
@@ -67,6 +69,8 @@ SOURCE_OPTIONS = (
     SUB_EXPRESSION,
     POLL_TIMEOUT_MS,
     PULL_BATCH_SIZE,
+    MIN_PARTITIONS,
+    INCLUDE_HEADERS,
 )
 SINK_OPTIONS = (NAMESERVER, TOPIC, SEND_TIMEOUT_MS, WRITE_ID, FAILPOINT_AFTER_WRITE_BATCH)
 # Options Spark itself adds to a writer's map; not ours to judge.
@@ -77,6 +81,7 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_PULL_BATCH_SIZE = 1024  # the broker answers at most this many messages per pull anyway
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 MAX_PULL_BATCH_SIZE = 65_536
+MAX_MIN_PARTITIONS = 100_000  # Spark tasks one query may ask for per batch
 MAX_NAMESERVERS = 16
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
@@ -145,6 +150,8 @@ class SourceOptions:
     tag_expression: str = "*"
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
+    min_partitions: int | None = None
+    include_headers: bool = False  # Kafka's `headers` column, from the properties
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -413,8 +420,15 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         tag_expression=expression,
         poll_timeout_ms=DEFAULT_POLL_TIMEOUT_MS if poll_ms is None else poll_ms,
         pull_batch_size=DEFAULT_PULL_BATCH_SIZE if batch is None else batch,
+        min_partitions=_int(opts, MIN_PARTITIONS, low=1, high=MAX_MIN_PARTITIONS),
+        include_headers=_bool(opts, INCLUDE_HEADERS, False),
         warnings=tuple(warnings),
     )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """includeHeaders alone (the schema depends on it, before the other options are parsed)."""
+    return _bool(_lower(options), INCLUDE_HEADERS, False)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:

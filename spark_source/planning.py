@@ -212,3 +212,30 @@ def check_start(
             f"set {FAIL_ON_DATA_LOSS}=false to go on from the queue's end"
         )
     return bounds.max_offset
+
+
+def split_ranges(
+    ranges: Sequence[QueueRange], *, min_partitions: int | None, max_rows: int
+) -> list[QueueRange]:
+    """Cut ranges into more Spark tasks, so that both cores of a machine (or every executor)
+    read a backlog that sits in few queues:
+    - `min_partitions` (Kafka's minPartitions): when the ranges are fewer, each is cut into
+      round(its share of the rows x min_partitions) pieces (at least 1), as Kafka's source does;
+    - any piece still longer than `max_rows` is cut into equal pieces of at most `max_rows`.
+    Depends on the ranges alone (a replayed batch gets the same tasks); pieces stay in queue
+    and offset order, and together cover each range exactly."""
+    if max_rows < 1:
+        raise ValueError("max_rows must be >= 1")
+    total = sum(r.count for r in ranges)
+    out: list[QueueRange] = []
+    for r in ranges:
+        pieces = 1
+        if min_partitions is not None and len(ranges) < min_partitions and total:
+            # Kafka: math.round(size / total * minPartitions), at least 1 (half rounds up).
+            pieces = max(1, (2 * r.count * min_partitions + total) // (2 * total))
+        pieces = min(r.count, max(pieces, -(-r.count // max_rows)))
+        for i in range(pieces):
+            begin = r.begin + r.count * i // pieces
+            end = r.begin + r.count * (i + 1) // pieces
+            out.append(QueueRange(r.queue, begin, end))
+    return out

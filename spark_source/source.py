@@ -49,6 +49,7 @@ from raftmq.spark_source.options import (
     PositionKind,
     SourceOptions,
     SubscriptionKind,
+    include_headers,
     parse_source_options,
 )
 from raftmq.spark_source.planning import (
@@ -61,9 +62,16 @@ from raftmq.spark_source.planning import (
     plan_end,
     plan_ranges,
     resolve_position,
+    split_ranges,
     time_lookups,
 )
-from raftmq.spark_source.schema import SCHEMA, to_record_batch
+from raftmq.spark_source.schema import (
+    SCHEMA,
+    SCHEMA_WITH_HEADERS,
+    arrow_schema,
+    to_record_batch,
+    with_headers,
+)
 
 _log = logging.getLogger("spark_source")
 
@@ -71,6 +79,13 @@ ROUTE_TTL_MS = 1000
 # Queues of a micro-batch share a Spark task while together they hold at most this many rows:
 # a small batch then runs as one or two tasks instead of one per queue (latency).
 MIN_PARTITION_ROWS = 4096  # an idle 0-second trigger polls constantly; routes change rarely
+# A queue's range longer than this is read by several Spark tasks, so that a backlog in few
+# queues still keeps every core busy (minPartitions asks for more).
+MAX_PARTITION_ROWS = 131_072
+# What one Arrow batch handed to Spark holds at most: pull answers are combined up to this, as
+# Spark pays per batch it is handed (bench/spark_bench.py's synthetic source measures the sizes).
+TARGET_BATCH_ROWS = 8192
+TARGET_BATCH_BYTES = 16 << 20
 
 
 def _now_ms() -> int:
@@ -170,7 +185,16 @@ class ClusterView:
 
     def partitions(self, ranges: Sequence[QueueRange]) -> list[InputPartition]:
         out: list[InputPartition] = []
-        for group in group_ranges(ranges, MIN_PARTITION_ROWS):
+        pieces = split_ranges(
+            ranges, min_partitions=self.opts.min_partitions, max_rows=MAX_PARTITION_ROWS
+        )
+        # minPartitions asks for tasks: small ranges then keep one each instead of sharing.
+        groups = (
+            [(r,) for r in pieces]
+            if self.opts.min_partitions is not None
+            else group_ranges(pieces, MIN_PARTITION_ROWS)
+        )
+        for group in groups:
             slices = []
             for r in group:
                 route = self.known.get(r.queue.topic)
@@ -196,11 +220,31 @@ def check_topics_exist(opts: SourceOptions) -> None:
 
 
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: the partition's rows as Arrow batches, slice after slice."""
+    """Executor side: the partition's rows as Arrow batches, slice after slice, pull answers
+    combined up to TARGET_BATCH_ROWS / TARGET_BATCH_BYTES a batch."""
     if not isinstance(partition, SlicesPartition):
         raise TypeError(f"not a raftmq partition: {partition!r}")
+    pending: list[pa.RecordBatch] = []
+    rows = size = 0
     for part in partition.slices:
-        yield from read_slice(opts, part)
+        for batch in read_slice(opts, part):
+            pending.append(batch)
+            rows += batch.num_rows
+            size += batch.nbytes
+            if rows >= TARGET_BATCH_ROWS or size >= TARGET_BATCH_BYTES:
+                yield _handed(opts, pending)
+                pending, rows, size = [], 0, 0
+    if pending:
+        yield _handed(opts, pending)
+
+
+def _handed(opts: SourceOptions, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch for Spark from pull answers' batches (of arrow_schema())."""
+    if len(batches) == 1:
+        out = batches[0]
+    else:
+        out = pa.Table.from_batches(batches, arrow_schema()).combine_chunks().to_batches()[0]
+    return with_headers(out) if opts.include_headers else out
 
 
 def read_slice(opts: SourceOptions, part: QueueSlice) -> Iterator[pa.RecordBatch]:
@@ -372,7 +416,7 @@ class RaftMQDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return SCHEMA_WITH_HEADERS if include_headers(self.options) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return RaftMQBatchReader(self.options)

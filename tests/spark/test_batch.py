@@ -144,6 +144,32 @@ def test_timestamps(spark: Any, cluster: Cluster, loaded: Any) -> None:
     assert _bodies(mixed) == sorted(expected)
 
 
+def test_pattern_ending_by_timestamp_and_data_loss(
+    spark: Any, cluster: Cluster, loaded: Any
+) -> None:
+    """subscribePattern with endingOffsetsByTimestamp; a start past a queue's end (a recreated
+    topic) fails with failOnDataLoss=true and goes on from the end with false."""
+    cut = loaded["cut_ms"]
+    df = _read(
+        spark,
+        cluster,
+        subscribePattern="spark-bat[c]h",
+        endingOffsetsByTimestamp=json.dumps({TOPIC: {"broker-b": {"1": cut}}}),
+    )
+    expected = [
+        f"{g}-{q}-{i}" for g in ("broker-a", "broker-b") for q in range(4) for i in range(10)
+    ]
+    # b1 ends at the cut (its rows 5..9 were stored after it); other queues end at latest
+    assert _bodies(df) == sorted(
+        b for b in expected if not b.startswith("broker-b-1-") or int(b[-1]) < 5
+    )
+    past = json.dumps({TOPIC: {"broker-a": {"3": 1000}}})
+    with pytest.raises(Exception, match="the query is at offset 1000 but the queue ends at 10"):
+        _read(spark, cluster, subscribe=TOPIC, startingOffsets=past).collect()
+    kept = _read(spark, cluster, subscribe=TOPIC, startingOffsets=past, failOnDataLoss="false")
+    assert _bodies(kept) == sorted(b for b in expected if not b.startswith("broker-a-3-"))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

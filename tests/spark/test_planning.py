@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftmq.client.queue_selector import PublishQueues
@@ -32,6 +32,7 @@ from raftmq.spark_source.planning import (
     plan_ranges,
     proportional,
     resolve_position,
+    split_ranges,
     time_lookups,
 )
 from raftmq.spark_source.sink_plan import (
@@ -288,6 +289,41 @@ def test_small_ranges_share_tasks_in_queue_order(counts: list[int], min_rows: in
     for g in groups:
         assert len(g) == 1 or sum(r.count for r in g) <= min_rows
     assert group_ranges(ranges, min_rows) == groups  # a replay plans the same tasks
+
+
+@given(
+    st.lists(st.integers(1, 5000), max_size=12),  # plan_ranges gives no empty range
+    st.none() | st.integers(1, 40),
+    st.integers(100, 3000),
+)
+@settings(deadline=None)
+def test_split_ranges_cover_each_range_in_order(
+    counts: list[int], min_partitions: int | None, max_rows: int
+) -> None:
+    ranges = [QueueRange(q("t", "broker-a", i), 10 * i, 10 * i + n) for i, n in enumerate(counts)]
+    pieces = split_ranges(ranges, min_partitions=min_partitions, max_rows=max_rows)
+    for r in ranges:  # each range exactly covered by consecutive non-empty pieces
+        mine = [p for p in pieces if p.queue == r.queue]
+        assert [p.begin for p in mine] == [r.begin] + [p.end for p in mine[:-1]]
+        assert mine[-1].end == r.end and all(p.count > 0 for p in mine)
+        assert all(p.count <= max_rows for p in mine)
+    assert pieces == sorted(pieces, key=lambda p: (p.queue, p.begin))
+    mp = min_partitions
+    if mp is not None and sum(counts) >= mp and len(ranges) < mp:
+        # each range gets round(its share x mp) pieces: at most half a piece short per range
+        assert 2 * len(pieces) >= 2 * mp - len(ranges)
+    assert split_ranges(ranges, min_partitions=min_partitions, max_rows=max_rows) == pieces
+
+
+def test_split_ranges_as_kafka_min_partitions() -> None:
+    a, b = QueueRange(q("t", "g", 0), 0, 300), QueueRange(q("t", "g", 1), 0, 100)
+    # 4 partitions over 300 + 100 rows: 3 pieces of queue 0, 1 of queue 1 (Kafka's rounding)
+    got = split_ranges([a, b], min_partitions=4, max_rows=10_000)
+    assert [(p.queue.queue_id, p.begin, p.end) for p in got] == [
+        (0, 0, 100), (0, 100, 200), (0, 200, 300), (1, 0, 100),
+    ]  # fmt: skip
+    assert split_ranges([a, b], min_partitions=2, max_rows=10_000) == [a, b]  # enough already
+    assert len(split_ranges([a], min_partitions=None, max_rows=64)) == 5  # 300 rows, 64 a task
 
 
 def test_min_offsets_per_trigger_waits_until_the_delay() -> None:
