@@ -14,6 +14,7 @@ from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
 from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
+from raftmq.common.quota import Flow, QuotaTable, parse_user_rates
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
@@ -74,6 +75,27 @@ class BrokerSettings(FairShareSettings):
         default=2048,
         unit="connections",
         doc="framed data path, auth on: connections one access key may hold; 0 = no cap",
+    )
+    quota_produce_bytes_per_s: int = setting(
+        default=0,
+        unit="bytes/s",
+        doc="framed data path: each user's produce quota (auth off: all clients are one user); "
+        "over it answers are held, not refused, and say for how long; 0 = none",
+    )
+    quota_consume_bytes_per_s: int = setting(
+        default=0,
+        unit="bytes/s",
+        doc="framed data path: each user's consume (pull answer) quota, as the produce one",
+    )
+    quota_produce_by_user: str = setting(
+        default="",
+        unit="",
+        doc="produce quotas of named users over the default, 'alice=1048576,bob=0' (0 = none)",
+    )
+    quota_consume_by_user: str = setting(
+        default="",
+        unit="",
+        doc="consume quotas of named users over the default, as quota_produce_by_user",
     )
     data_hello_timeout_ms: int = setting(
         default=5_000, unit="ms", doc="framed data path: a connection that sends no HELLO is closed"
@@ -300,6 +322,9 @@ class BrokerSettings(FairShareSettings):
                 "data_max_connections_per_address and data_max_connections_per_user must be >= 0"
                 " (0 = no cap)"
             )
+        self.quota_tables()  # issue 27: a malformed quota names its setting here
+        if self.quota_produce_bytes_per_s < 0 or self.quota_consume_bytes_per_s < 0:
+            raise ValueError("quota_produce/consume_bytes_per_s must be >= 0 (0 = no quota)")
         if self.stats_retention_ms < 0:
             raise ValueError("stats_retention_ms must be >= 0 (0 = reports off)")
         if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:
@@ -328,6 +353,19 @@ class BrokerSettings(FairShareSettings):
 
     def delay_policy(self) -> DelayPolicy:
         return DelayPolicy.from_text(self.delay_levels, max_delay_ms=self.max_delay_ms)
+
+    def quota_tables(self) -> dict[Flow, QuotaTable]:
+        """The byte quotas of the framed data path per flow (issue 27)."""
+        return {
+            Flow.PRODUCE: QuotaTable(
+                self.quota_produce_bytes_per_s,
+                parse_user_rates(self.quota_produce_by_user, "quota_produce_by_user"),
+            ),
+            Flow.CONSUME: QuotaTable(
+                self.quota_consume_bytes_per_s,
+                parse_user_rates(self.quota_consume_by_user, "quota_consume_by_user"),
+            ),
+        }
 
     @property
     def member_list(self) -> tuple[Member, ...]:

@@ -62,6 +62,8 @@ ADMIN = Credentials("ops-admin", "ops-admin-secret")
 ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
 DAVE = Credentials("dave", "dave-secret")  # the official RocketMQ 5 client's user
+ERIN = Credentials("erin", "erin-secret")  # a consumer with a consume quota
+QUOTA = 200_000  # bytes per second: alice's produce quota and erin's consume quota (issue 27)
 DRIVER = Path(__file__).parents[1] / "proxy" / "official_client.py"
 ROOT = Path(__file__).parents[2]
 
@@ -78,6 +80,7 @@ def secure_spec(ports: list[int], data: Path) -> str:
         f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n"
         f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\n"
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
+        f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='erin={QUOTA}'\n"
         "[settings.namesrv]\nbroker_expiry_ms=10000\nscan_interval_ms=500\n"
         "[security.auth]\nenabled=true\n"
         f"admin_access_key='{ADMIN.access_key}'\nadmin_secret_key='{ADMIN.secret_key}'\n"
@@ -117,7 +120,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         e = Env(runner)
         with e.admin() as admin:
             wait_until(lambda: any(g.leader_address for g in admin.groups()), 60, "a leader")
-            for t in ("orders-eu", "payments", "orders-push"):
+            for t in ("orders-eu", "payments", "orders-push", "orders-quota"):
                 admin.create_topic(t, queues=2)
             admin.acl.create_user("alice", ALICE.secret_key)
             admin.acl.set_policy("alice", parse_entries(["Topic:orders*=Pub"]))
@@ -127,6 +130,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             admin.acl.set_policy(
                 "dave", parse_entries(["Topic:orders*=Pub,Sub", "Group:billing=Sub"])
             )
+            admin.acl.create_user("erin", ERIN.secret_key)
+            admin.acl.set_policy("erin", parse_entries(["Topic:orders*=Sub", "Group:quota=Sub"]))
         # every node learns the users within its refresh interval
         wait_until(lambda: _can_route(e, ALICE, "orders-eu"), 30, "the ACL on the NameServer")
         yield e
@@ -607,3 +612,75 @@ def test_a_push_consumer_denied_its_group_fails_at_start(env: Env) -> None:
     assert err.reason == "no_allow" and err.details["resource"] == "Group:other", err.details
     assert err.grant == "raftmq acl policy add bob Group:other=Sub"
     consumer.close()  # nothing to stop: it never started
+
+
+def _send_all(creds: Credentials, env: Env, body: bytes, n: int) -> tuple[float, int]:
+    """n sends one at a time as `creds`: (seconds taken, ms the brokers said they held)."""
+    with Producer(env.namesrv, credentials=creds, send_timeout_ms=20_000) as p:
+        wait_until(lambda: p.send("orders-quota", b"warm"), 30, "a route to orders-quota")
+        t0 = time.monotonic()
+        for _ in range(n):
+            p.send("orders-quota", body)
+        return time.monotonic() - t0, p.throttle_ms
+
+
+def test_a_user_over_its_produce_quota_is_slowed_to_it_and_another_is_not(env: Env) -> None:
+    """alice (200 KB/s) and dave (no quota) each send 600 KB one at a time: alice's sends are
+    held (the bucket holds one second, so all but her last send's 380 KB wait: 1.9 s at least)
+    and say so; dave's are not held at all. Every send succeeds: a quota delays, never refuses."""
+    body = b"q" * 20_000
+    n = 30
+    alice_s, alice_held = _send_all(ALICE, env, body, n)
+    _dave_s, dave_held = _send_all(DAVE, env, body, n)
+    owed_s = ((n - 1) * len(body) - QUOTA) / QUOTA
+    assert alice_s >= owed_s - 0.05, (alice_s, owed_s)  # asyncio's timers: ~1 ms early each
+    # told: the held time is part of what the sends took (the rest: storing them)
+    assert 0 < alice_held <= alice_s * 1000, (alice_held, alice_s)
+    assert dave_held == 0, dave_held
+
+
+def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: Env) -> None:
+    """erin (200 KB/s to consume) and dave (none) each read the same 600 KB from the start,
+    5 messages (100 KB) a pull on each of the topic's 2 queues."""
+    topic, body, per_pull = "orders-quota-c", b"c" * 20_000, 5
+    with env.admin() as admin:
+        admin.create_topic(topic, queues=2)
+    with Producer(env.namesrv, credentials=DAVE, send_timeout_ms=20_000) as p:
+        wait_until(lambda: p.send(topic, b"warm"), 30, f"a route to {topic}")
+        for _ in range(30):
+            p.send(topic, body)
+
+    def read_all(creds: Credentials, group: str) -> tuple[float, int, int]:
+        with PullConsumer(
+            env.namesrv,
+            group,
+            credentials=creds,
+            start_from=StartFrom.EARLIEST,
+            max_messages_per_pull=per_pull,
+        ) as c:
+            queues = wait_until(lambda: c.queues_of(topic), 30, f"{topic}'s queues")
+            assert isinstance(queues, list)
+            with env.admin() as admin:
+                ends = {s.queue: s.max_offset for s in admin.topic_status(topic)}
+            t0 = time.monotonic()
+            c.assign(queues)  # its fetchers start pulling here
+            got = 0
+            while any(c.position(q) < end for q, end in ends.items()):
+                assert time.monotonic() - t0 < 60, "not all read in 60 s"
+                got += sum(len(m.body) for m in c.poll(timeout_ms=500))
+            return time.monotonic() - t0, got, c.throttle_ms
+
+    erin_s, erin_bytes, erin_held = read_all(ERIN, "quota")
+    _dave_s, dave_bytes, dave_held = read_all(DAVE, "billing")
+    assert erin_bytes == dave_bytes >= 30 * len(body)
+    # what may be read at once: the burst and one pull per queue served as the debt clears
+    at_once = QUOTA + len(ends_of(env, topic)) * per_pull * len(body)
+    owed_s = (erin_bytes - at_once) / QUOTA
+    assert erin_s >= owed_s - 0.05, (erin_s, owed_s)
+    assert erin_held > 0  # told (summed over queues pulled at once: may pass the time taken)
+    assert dave_held == 0, dave_held
+
+
+def ends_of(env: Env, topic: str) -> list[int]:
+    with env.admin() as admin:
+        return [s.max_offset for s in admin.topic_status(topic)]
