@@ -62,8 +62,8 @@ ADMIN = Credentials("ops-admin", "ops-admin-secret")
 ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
 DAVE = Credentials("dave", "dave-secret")  # the official RocketMQ 5 client's user
-ERIN = Credentials("erin", "erin-secret")  # a consumer with a consume quota
-QUOTA = 200_000  # bytes per second: alice's produce quota and erin's consume quota (issue 27)
+QUINN = Credentials("quinn", "quinn-secret")  # a consumer with a consume quota
+QUOTA = 200_000  # bytes per second: alice's produce quota and quinn's consume quota (issue 27)
 DRIVER = Path(__file__).parents[1] / "proxy" / "official_client.py"
 ROOT = Path(__file__).parents[2]
 
@@ -80,7 +80,7 @@ def secure_spec(ports: list[int], data: Path) -> str:
         f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n"
         f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\n"
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
-        f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='erin={QUOTA}'\n"
+        f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='quinn={QUOTA}'\n"
         "[settings.namesrv]\nbroker_expiry_ms=10000\nscan_interval_ms=500\n"
         "[security.auth]\nenabled=true\n"
         f"admin_access_key='{ADMIN.access_key}'\nadmin_secret_key='{ADMIN.secret_key}'\n"
@@ -130,8 +130,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             admin.acl.set_policy(
                 "dave", parse_entries(["Topic:orders*=Pub,Sub", "Group:billing=Sub"])
             )
-            admin.acl.create_user("erin", ERIN.secret_key)
-            admin.acl.set_policy("erin", parse_entries(["Topic:orders*=Sub", "Group:quota=Sub"]))
+            admin.acl.create_user("quinn", QUINN.secret_key)
+            admin.acl.set_policy("quinn", parse_entries(["Topic:orders*=Sub", "Group:quota=Sub"]))
         # every node learns the users within its refresh interval
         wait_until(lambda: _can_route(e, ALICE, "orders-eu"), 30, "the ACL on the NameServer")
         yield e
@@ -640,7 +640,7 @@ def test_a_user_over_its_produce_quota_is_slowed_to_it_and_another_is_not(env: E
 
 
 def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: Env) -> None:
-    """erin (200 KB/s to consume) and dave (none) each read the same 600 KB from the start,
+    """quinn (200 KB/s to consume) and dave (none) each read the same 600 KB from the start,
     5 messages (100 KB) a pull on each of the topic's 2 queues."""
     topic, body, per_pull = "orders-quota-c", b"c" * 20_000, 5
     with env.admin() as admin:
@@ -670,14 +670,14 @@ def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: E
                 got += sum(len(m.body) for m in c.poll(timeout_ms=500))
             return time.monotonic() - t0, got, c.throttle_ms
 
-    erin_s, erin_bytes, erin_held = read_all(ERIN, "quota")
+    quinn_s, quinn_bytes, quinn_held = read_all(QUINN, "quota")
     _dave_s, dave_bytes, dave_held = read_all(DAVE, "billing")
-    assert erin_bytes == dave_bytes >= 30 * len(body)
+    assert quinn_bytes == dave_bytes >= 30 * len(body)
     # what may be read at once: the burst and one pull per queue served as the debt clears
     at_once = QUOTA + len(ends_of(env, topic)) * per_pull * len(body)
-    owed_s = (erin_bytes - at_once) / QUOTA
-    assert erin_s >= owed_s - 0.05, (erin_s, owed_s)
-    assert erin_held > 0  # told (summed over queues pulled at once: may pass the time taken)
+    owed_s = (quinn_bytes - at_once) / QUOTA
+    assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
+    assert quinn_held > 0  # told (summed over queues pulled at once: may pass the time taken)
     assert dave_held == 0, dave_held
 
 
