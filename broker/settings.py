@@ -12,9 +12,9 @@ from pathlib import Path
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
-from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.quota import Flow, QuotaTable, parse_user_rates
+from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
@@ -29,7 +29,7 @@ MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a
 
 
 @settings_class
-class BrokerSettings(FairShareSettings):
+class BrokerSettings(ScrapeSettings):
     cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
     broker_group: str = setting(
         default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
@@ -285,7 +285,7 @@ class BrokerSettings(FairShareSettings):
     )
 
     def __post_init__(self) -> None:
-        check_fair_share_settings(self)  # issue 27
+        check_scrape_settings(self)  # issue 27
         check_auth_settings(self, self.controller_addresses)  # issue 19
         members = parse_members(self.members)
         if self.node_id not in {m.node_id for m in members}:
