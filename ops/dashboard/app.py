@@ -5,8 +5,12 @@ raftmq error into a page that says what went wrong (never a traceback).
 Read-only unless `allow_actions`: then create topic, reset offsets and resend a dead letter are
 offered as forms. Every action takes two POSTs: the first shows what will happen (for a reset,
 the plan of `Admin.plan_offset_reset`, the CLI's --dry-run) and a Confirm button; only the second,
-carrying confirm=yes, changes anything. Each POST must carry this process's random token, so a
-page of another site cannot post to the dashboard.
+carrying confirm=yes, changes anything. Each POST must carry a CSRF token (this process's random
+token; with a login, one bound to the user's sign-in), so a page of another site cannot post.
+
+With `login` (issue 27, on when the cluster has authentication): every page but /login and
+/healthz asks a signed-in user (ops/dashboard/login.py: the cluster's ACL users; a super user is
+an admin, any other user reads only), and only an admin's POST acts.
 
 Other pages plug in with `register_page` (the per-minute reports and the alerts of issue 18 will:
 they add a nav entry and a handler, nothing here changes): a module named in PLUGIN_MODULES
@@ -15,21 +19,26 @@ per-minute counts as inline SVG (no script)."""
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import importlib
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import grpc
 
 from raftmq.client.admin import Admin
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
+from raftmq.common.acl import Acl, User
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
 from raftmq.ops.dashboard.html import Cell, Raw, esc, fmt_ms, form, link, page, span, table
+from raftmq.ops.dashboard.login import COOKIE, Role, Session, Sessions, authenticate
 
 log = logging.getLogger("raftmq.dashboard")
 
@@ -45,6 +54,7 @@ class Request:
     method: str  # GET or POST
     path: str
     query: Mapping[str, str] = field(default_factory=dict)  # the URL's, or the POSTed form
+    cookies: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +62,25 @@ class Response:
     status: int
     body: str
     content_type: str = "text/html; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()  # Set-Cookie, Location
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    """Sign-in against the cluster's users: `acl()` fetches them (the controllers' snapshot),
+    `admin` is the description's admin user (not in the ACL); `secure` marks the cookie for
+    HTTPS only."""
+
+    acl: Callable[[], Acl]
+    admin: User | None = None
+    sessions: Sessions = field(default_factory=Sessions)
+    secure: bool = False
+
+
+# The CSRF token of the request a worker thread is answering (set by Dashboard.handle): the
+# forms the pages build carry it without every page passing the request down.
+_csrf: contextvars.ContextVar[str] = contextvars.ContextVar("dashboard_csrf", default="")
+_role: contextvars.ContextVar[Role | None] = contextvars.ContextVar("dashboard_role", default=None)
 
 
 class HttpError(Exception):
@@ -131,23 +160,39 @@ class Dashboard:
         allow_actions: bool = False,
         namesrv: str = "",
         token: str | None = None,
+        login: Login | None = None,
     ) -> None:
         self.admin = admin
         self.allow_actions = allow_actions
         self.namesrv = namesrv
         self.token = token or secrets.token_urlsafe(24)
+        self.login = login
         self.plugins = load_plugins()
 
     def nav(self) -> list[tuple[str, str]]:
         return [(p.path, p.title) for p in _PAGES.values() if p.in_nav]
 
     def handle(self, req: Request) -> Response:
+        if req.path in ("/login", "/logout") and self.login is not None:
+            return self._sign_in(req) if req.path == "/login" else self._sign_out()
+        session = None
+        if self.login is not None:
+            session = self.login.sessions.check(req.cookies.get(COOKIE), _now_ms())
+            if session is None:
+                if req.method == "GET":
+                    return _redirect(f"/login?next={quote(req.path)}")
+                return self._error_page(401, "Sign in", "sign in first: your session ended", "")
+            _csrf.set(self.login.sessions.csrf(session))
+            _role.set(session.role)
+        else:
+            _csrf.set(self.token)
+            _role.set(None)
         spec = _PAGES.get(req.path)
         if spec is None:
             return self._error_page(404, "Not found", f"no page {req.path}", req.path)
         try:
             if req.method == "POST":
-                self._check_post(req)
+                self._check_post(req, session)
             elif req.method != "GET":
                 raise HttpError(405, f"{req.method} is not served; use GET")
             body = spec.handler(self, req)
@@ -161,19 +206,83 @@ class Dashboard:
             return self._error_page(
                 500, spec.title, f"internal error: {type(exc).__name__}: {exc}", req.path
             )
-        return Response(200, page(spec.title, self.nav(), req.path, body))
+        return Response(200, page(spec.title, self.nav(), req.path, body, _who(session)))
 
-    def _check_post(self, req: Request) -> None:
+    @property
+    def can_act(self) -> bool:
+        """Offer the action forms on the page being built: actions allowed, and (with a
+        login) the user is an admin."""
+        if not self.allow_actions:
+            return False
+        return self.login is None or _role.get() is Role.ADMIN
+
+    def _check_post(self, req: Request, session: Session | None) -> None:
         if not self.allow_actions:
             raise HttpError(
                 403, "this dashboard is read-only; start it with --allow-actions to change things"
             )
-        if not hmac.compare_digest(req.query.get("token", ""), self.token):
+        if session is not None and session.role is not Role.ADMIN:
+            raise HttpError(
+                403,
+                f"{session.user} may only read here: actions are for admins (super users; "
+                f"`raftmq acl user update {session.user} --type Super` makes one)",
+            )
+        if not hmac.compare_digest(req.query.get("token", "").encode(), _csrf.get().encode()):
             raise HttpError(403, "the form is stale or from elsewhere: reload the page")
 
     def _error_page(self, status: int, title: str, message: str, path: str) -> Response:
         body = [Raw(f'<div class="error" id="error">{esc(message)}</div>')]
         return Response(status, page(title, self.nav(), path, body))
+
+    # -- sign-in (issue 27)
+
+    def _sign_in(self, req: Request) -> Response:
+        login = self.login
+        assert login is not None
+        target = req.query.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"  # only our own pages: never a redirect to another site
+        message = ""
+        if req.method == "POST":
+            key, secret = req.query.get("access_key", ""), req.query.get("secret_key", "")
+            try:
+                role = authenticate(login.acl(), login.admin, key, secret)
+            except RaftMQError as exc:
+                return self._login_page(503, target, f"cannot read the users: {exc.message}")
+            if role is not None:
+                cookie = login.sessions.issue(key, role, _now_ms())
+                attrs = (
+                    f"Path=/; HttpOnly; SameSite=Strict; Max-Age={login.sessions.ttl_ms // 1000}"
+                )
+                if login.secure:
+                    attrs += "; Secure"
+                log.info("dashboard.sign_in user=%s role=%s", key, role.value)
+                return _redirect(target, (("Set-Cookie", f"{COOKIE}={cookie}; {attrs}"),))
+            log.info("dashboard.sign_in_refused user=%s", key[:64])
+            message = "the access key or the secret key is wrong"
+        return self._login_page(401 if message else 200, target, message)
+
+    def _login_page(self, status: int, target: str, message: str) -> Response:
+        body: list[Cell] = []
+        if message:
+            body.append(Raw(f'<div class="error" id="error">{esc(message)}</div>'))
+        body.append(
+            Raw(
+                '<form class="box" method="post" action="/login" id="login">'
+                f'<input type="hidden" name="next" value="{esc(target)}">'
+                '<label>access key <input name="access_key" autocomplete="username"></label>'
+                '<label>secret key <input name="secret_key" type="password" '
+                'autocomplete="current-password"></label>'
+                '<button type="submit">Sign in</button></form>'
+                '<p class="muted">A user of the cluster (`raftmq acl user create`): a super user '
+                "may act, any other user may read.</p>"
+            )
+        )
+        return Response(status, page("Sign in", [], "/login", body))
+
+    def _sign_out(self) -> Response:
+        gone = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+        return _redirect("/login", (("Set-Cookie", gone),))
 
     def action_form(
         self,
@@ -188,14 +297,14 @@ class Dashboard:
             fields,
             method="post",
             button=button,
-            hidden={"token": self.token, **(hidden or {})},
+            hidden={"token": _csrf.get(), **(hidden or {})},
             form_id=form_id,
         )
 
     def confirm_form(self, action: str, values: Mapping[str, str], what: str) -> Raw:
         """The second step of an action: what will happen, and a Confirm button re-posting the
         same values with confirm=yes."""
-        hidden = {"token": self.token, **values, "confirm": "yes"}
+        hidden = {"token": _csrf.get(), **values, "confirm": "yes"}
         return Raw(
             f'<div class="notice" id="confirm-box">{esc(what)}'
             + str(
@@ -211,6 +320,18 @@ class Dashboard:
             )
             + f'<a href="{esc(action)}">cancel</a></div>'
         )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _redirect(location: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(303, "", "text/plain; charset=utf-8", (("Location", location), *headers))
+
+
+def _who(session: Session | None) -> str:
+    return "" if session is None else f"{session.user} ({session.role.value})"
 
 
 # ---- cluster -----------------------------------------------------------------------------------
@@ -278,7 +399,7 @@ def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
 def topics_page(d: Dashboard, req: Request) -> list[Cell]:
     topics = d.admin.list_topics()
     out: list[Cell] = []
-    if d.allow_actions:
+    if d.can_act:
         out.append(
             d.action_form(
                 "/actions/create-topic",
@@ -386,7 +507,7 @@ def group_page(d: Dashboard, req: Request) -> list[Cell]:
             table_id="lag",
         ),
     ]
-    if d.allow_actions:
+    if d.can_act:
         out.append(Raw("<h2>Reset offsets</h2>"))
         out.append(
             d.action_form(
@@ -485,12 +606,6 @@ def messages_page(d: Dashboard, req: Request) -> list[Cell]:
     return out
 
 
-def _now_ms() -> int:
-    import time
-
-    return time.time_ns() // 1_000_000
-
-
 def message_page(d: Dashboard, req: Request) -> list[Cell]:
     m = d.admin.message_by_id(_arg(req, "id"))
     fields: list[tuple[str, Cell]] = [
@@ -552,7 +667,7 @@ def dlq_page(d: Dashboard, req: Request) -> list[Cell]:
     rows = []
     for m in letters:
         resend: Cell = ""
-        if d.allow_actions:
+        if d.can_act:
             resend = d.action_form("/actions/resend", [], "Resend…", hidden={"id": m.msg_id})
         rows.append(
             (

@@ -74,7 +74,7 @@ class DashboardServer:
         if self._slots.locked():
             return _send(Response(503, "the dashboard is busy; retry in a moment\n"))
         async with self._slots:
-            page = Request(request.method, request.path, params)
+            page = Request(request.method, request.path, params, dict(request.cookies))
             loop = asyncio.get_running_loop()
             resp = await loop.run_in_executor(self._pool, self.dashboard.handle, page)
         log.info("dashboard.request method=%s path=%s status=%d", request.method, request.path,
@@ -83,7 +83,7 @@ class DashboardServer:
 
 
 def _send(resp: Response) -> web.Response:
-    return web.Response(
+    out = web.Response(
         status=resp.status,
         body=resp.body.encode(),
         headers={
@@ -94,3 +94,6 @@ def _send(resp: Response) -> web.Response:
             "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'",
         },
     )
+    for name, value in resp.headers:  # Location, Set-Cookie (sign-in)
+        out.headers.add(name, value)
+    return out

@@ -684,3 +684,96 @@ def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: E
 def ends_of(env: Env, topic: str) -> list[int]:
     with env.admin() as admin:
         return [s.max_offset for s in admin.topic_status(topic)]
+
+
+class _Browser:
+    """A cookie-keeping HTTP client (urllib): what a browser does with the dashboard's forms."""
+
+    def __init__(self, base: str) -> None:
+        import http.cookiejar
+        import urllib.request
+
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def go(self, path: str, form: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """(status, final path, body) after redirects."""
+        import urllib.error
+        import urllib.parse
+
+        data = urllib.parse.urlencode(form).encode() if form is not None else None
+        try:
+            with self.opener.open(self.base + path, data=data, timeout=30) as r:
+                return r.status, urllib.parse.urlparse(r.url).path, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, urllib.parse.urlparse(exc.url).path, exc.read().decode()
+
+
+def _token(page: str) -> str:
+    import re
+
+    m = re.search(r'name="token" value="([^"]+)"', page)
+    assert m, page[-1500:]
+    return m.group(1)
+
+
+def test_the_dashboard_asks_a_sign_in_and_only_an_admin_acts(env: Env) -> None:
+    """Issue 27: with auth on, every page asks a user of the cluster; alice (a normal user)
+    reads but is shown no action and her POST is refused; the admin (super user) acts, and
+    only with the CSRF token of its own sign-in; a tampered cookie is signed out."""
+    from raftmq.common.acl import User, UserType
+    from raftmq.ops.dashboard.app import Dashboard, Login
+    from raftmq.ops.dashboard.server import DashboardServer
+
+    with env.admin() as admin:
+        login = Login(admin.acl.snapshot, User(ADMIN.access_key, ADMIN.secret_key, UserType.SUPER))
+        server = DashboardServer(
+            Dashboard(admin, allow_actions=True, namesrv=env.namesrv, login=login),
+            "127.0.0.1",
+            0,
+        )
+        base = f"http://{server.start()}"
+        try:
+            anon = _Browser(base)
+            status, where, _ = anon.go("/topics")
+            assert (status, where) == (200, "/login")  # redirected to sign in
+            assert anon.go("/healthz")[0] == 200  # the probe needs no user
+            status, _, page = anon.go("/login", {"access_key": "alice", "secret_key": "no"})
+            assert status == 401 and "wrong" in page
+
+            alice = _Browser(base)
+            status, where, page = alice.go(
+                "/login", {"access_key": "alice", "secret_key": ALICE.secret_key, "next": "/topics"}
+            )
+            assert (status, where) == (200, "/topics") and "alice (read-only)" in page
+            assert "orders-eu" in page and 'id="create-topic"' not in page  # no action offered
+            status, _, page = alice.go(
+                "/actions/create-topic", {"topic": "by-alice", "queues": "1", "token": "x"}
+            )
+            assert status == 403 and "may only read" in page, page
+
+            ops = _Browser(base)
+            status, where, page = ops.go(
+                "/login",
+                {"access_key": ADMIN.access_key, "secret_key": ADMIN.secret_key, "next": "/topics"},
+            )
+            assert status == 200 and 'id="create-topic"' in page
+            token = _token(page)
+            form = {"topic": "by-admin", "queues": "1"}
+            assert ops.go("/actions/create-topic", {**form, "token": "forged"})[0] == 403
+            # another sign-in's token (alice's session cannot see the admin's forms) is refused
+            other = _Browser(base)
+            other.go(
+                "/login",
+                {"access_key": ADMIN.access_key, "secret_key": ADMIN.secret_key, "next": "/topics"},
+            )
+            _, _, other_page = other.go("/topics")
+            assert ops.go("/actions/create-topic", {**form, "token": _token(other_page)})[0] == 403
+            status, _, page = ops.go("/actions/create-topic", {**form, "token": token})
+            assert status == 200 and 'id="confirm"' in page  # the first step: what will happen
+            for cookie in ops.jar:
+                cookie.value = cookie.value[:-1] + ("0" if cookie.value[-1] != "0" else "1")
+            assert ops.go("/topics")[1] == "/login"  # tampered: signed out
+        finally:
+            server.stop()
