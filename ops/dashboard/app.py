@@ -25,18 +25,21 @@ import importlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import grpc
 
-from raftmq.client.admin import Admin
+from raftmq.client.admin import Admin, ConsumerMemberInfo
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
+from raftmq.client.rebalance import AllocationStrategy, allocate_all
 from raftmq.common.acl import Acl, User
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
+from raftmq.common.retry import reconsume_times
+from raftmq.common.types import QueueRef
 from raftmq.ops.dashboard.html import Cell, Raw, esc, fmt_ms, form, link, page, span, table
 from raftmq.ops.dashboard.login import COOKIE, Role, Session, Sessions, authenticate
 
@@ -484,28 +487,46 @@ def groups_page(d: Dashboard, req: Request) -> list[Cell]:
     ]
 
 
+def queue_holders(queues: list[QueueRef], members: list[str]) -> dict[QueueRef, str]:
+    """Which member consumes each queue under the SDK's default allocation (AVERAGELY, as
+    RocketMQ's): the rebalance is the clients' own computation, so the dashboard repeats it
+    from the members the brokers know (a group configured otherwise is told so on the page)."""
+    owners = allocate_all(AllocationStrategy.AVERAGELY, queues, members)
+    return {q: member for member, qs in owners.items() for q in qs}
+
+
 def group_page(d: Dashboard, req: Request) -> list[Cell]:
     group, topic = _arg(req, "name"), _arg(req, "topic")
     lags = d.admin.group_lag(group, topic)
     total = sum(q.lag for q in lags)
+    members = next((g.members for g in d.admin.consumer_groups() if g.group == group), ())
+    online = [m.client_id for m in members if topic in m.topics]
+    holders = queue_holders([q.queue for q in lags], online)
     out: list[Cell] = [
         Raw(f"<h2>Group {esc(group)} on {esc(topic)}</h2>"),
         table(
-            ("queue", "committed", "min offset", "max offset", "lag"),
+            ("queue", "broker offset", "consumer offset", "min offset", "lag", "held by"),
             (
                 (
                     str(q.queue),
+                    q.max_offset,
                     "-" if q.committed is None else q.committed,
                     q.min_offset,
-                    q.max_offset,
                     q.lag,
+                    holders.get(q.queue) or span("muted", "nobody online"),
                 )
                 for q in lags
             ),
             numeric=(1, 2, 3, 4),
-            total=("total", "", "", "", Raw(f'<span id="total-lag">{total}</span>')),
+            total=("total", "", "", "", Raw(f'<span id="total-lag">{total}</span>'), ""),
             table_id="lag",
         ),
+        Raw(
+            '<p class="muted">held by: the allocation of the default strategy (AVERAGELY) over '
+            "the members online; a group set to another strategy splits the queues its way.</p>"
+        ),
+        Raw("<h2>Members</h2>"),
+        _members_table(group, members, "members"),
     ]
     if d.can_act:
         out.append(Raw("<h2>Reset offsets</h2>"))
@@ -518,6 +539,49 @@ def group_page(d: Dashboard, req: Request) -> list[Cell]:
                 form_id="reset-offsets",
             )
         )
+    return out
+
+
+def _members_table(group: str, members: Sequence[ConsumerMemberInfo], table_id: str) -> Raw:
+    return table(
+        ("group", "client", "subscriptions", "connected to broker groups"),
+        (
+            (
+                link("/group", group, name=group, topic=shown[0]) if shown else group,
+                m.client_id,
+                ", ".join(m.topics),
+                ", ".join(m.broker_groups),
+            )
+            for m in members
+            for shown in ([t for t in m.topics if not t.startswith("%")],)  # not %RETRY%
+        ),
+        table_id=table_id,
+    )
+
+
+def connections_page(d: Dashboard, req: Request) -> list[Cell]:
+    """Every consumer client the brokers hear from now (heartbeats): its group, what it
+    subscribes to and which broker groups it is connected to."""
+    groups = d.admin.consumer_groups()
+    clients = [(g.group, m) for g in groups for m in g.members]
+    out: list[Cell] = [Raw(f"<h2>{len(clients)} consumer clients online</h2>")]
+    rows = [(g, m.client_id, ", ".join(m.topics), ", ".join(m.broker_groups)) for g, m in clients]
+    out.append(
+        table(("group", "client", "subscriptions", "broker groups"), rows, table_id="connections")
+    )
+    subs: dict[tuple[str, str], int] = {}
+    for g, m in clients:
+        for t in m.topics:
+            subs[(t, g)] = subs.get((t, g), 0) + 1
+    out.append(Raw("<h2>Subscriptions</h2>"))
+    out.append(
+        table(
+            ("topic", "group", "clients"),
+            ((link("/group", t, name=g, topic=t), g, n) for (t, g), n in sorted(subs.items())),
+            numeric=(2,),
+            table_id="subscriptions",
+        )
+    )
     return out
 
 
@@ -674,7 +738,9 @@ def dlq_page(d: Dashboard, req: Request) -> list[Cell]:
                 link("/message", m.msg_id, id=m.msg_id),
                 m.properties.get("DLQ_ORIGIN_TOPIC", ""),
                 m.properties.get("DLQ_ORIGIN_MESSAGE_ID", ""),
-                m.reconsume_times,
+                # the failures the dead letter carries (its RECONSUME_TIME), as `raftmq dlq list`
+                # shows them; the stored field counts this copy's deliveries: 0 (issue 27)
+                reconsume_times(m.properties),
                 fmt_ms(m.store_timestamp_ms),
                 _body_text(m.body, LIST_BODY_CHARS),
                 resend,
@@ -811,6 +877,7 @@ register_page("/topics", "Topics", topics_page)
 register_page("/topic", "Topic", topic_page, in_nav=False)
 register_page("/groups", "Consumer groups", groups_page)
 register_page("/group", "Consumer group", group_page, in_nav=False)
+register_page("/connections", "Connections", connections_page)
 register_page("/messages", "Messages", messages_page)
 register_page("/message", "Message", message_page, in_nav=False)
 register_page("/trace", "Trace", trace_page, in_nav=False)

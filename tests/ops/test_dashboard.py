@@ -96,6 +96,19 @@ def test_reset_targets_from_the_form() -> None:
             parse_reset_target(bad)
 
 
+def test_queue_holders_split_as_the_sdk_does() -> None:
+    """Issue 27: the group page's holder per queue is the SDK's own AVERAGELY allocation."""
+    from raftmq.client.rebalance import AllocationStrategy, allocate
+
+    queues = [QueueRef("t", g, i) for g in ("a", "b") for i in range(3)]
+    members = ["c2", "c1", "c3", "c4"]
+    held = app.queue_holders(queues, members)
+    for m in members:
+        mine = allocate(AllocationStrategy.AVERAGELY, queues, members, m)
+        assert sorted(q for q, h in held.items() if h == m) == mine
+    assert set(held) == set(queues) and app.queue_holders(queues, []) == {}
+
+
 def test_routing_without_a_cluster() -> None:
     """Unknown pages are 404, a POST to a read-only dashboard is 403 and a POST with a wrong
     token to an actions dashboard too; none of them reaches a NameServer."""
@@ -370,7 +383,34 @@ def test_every_page_shows_what_admin_says(
     shown = int(browser.find_element(By.ID, "total-lag").text)
     browser.save_screenshot(str(shots / "group.png"))
     assert shown == lag == cli_lag_total(cluster, capsys)
-    assert [r[1] for r in cells(browser, "lag")[:2]] == ["2", "2"]
+    rows = cells(browser, "lag")[:2]
+    assert [r[1:3] for r in rows] == [["6", "2"], ["6", "2"]], rows  # broker, consumer offset
+    assert [r[5] for r in rows] == ["nobody online"] * 2, rows
+
+    # issue 27: a live member holds the queues (group detail), and the connections view lists it
+    with PushConsumer(
+        cluster.namesrv,
+        "dash-live",
+        TOPIC,
+        lambda m: ConsumeResult.SUCCESS,
+        heartbeat_interval_ms=500,
+        rebalance_interval_ms=500,
+    ) as live:
+        wait_until(
+            lambda: any(g.group == "dash-live" and g.members for g in admin.consumer_groups()),
+            30,
+            "the live member's heartbeat",
+        )
+        [member] = next(g.members for g in admin.consumer_groups() if g.group == "dash-live")
+        visit(browser, f"{url}/group?name=dash-live&topic={TOPIC}", shots, "group-detail")
+        assert [r[5] for r in cells(browser, "lag")[:2]] == [member.client_id] * 2
+        [row] = cells(browser, "members")
+        assert row[1] == member.client_id and TOPIC in row[2].split(", ") and row[3] == GROUP
+        visit(browser, f"{url}/connections", shots, "connections")
+        [conn] = [r for r in cells(browser, "connections") if r[0] == "dash-live"]
+        assert conn[1] == member.client_id and TOPIC in conn[2].split(", "), conn
+        assert [TOPIC, "dash-live", "1"] in cells(browser, "subscriptions")
+        del live
 
     first = data.orders[0]
     visit(browser, f"{url}/messages", shots, "messages")
@@ -395,6 +435,8 @@ def test_every_page_shows_what_admin_says(
     visit(browser, f"{url}/dlq?group={DLQ_GROUP}", shots, "dead-letters")
     [dead] = cells(browser, "dead-letters")
     assert dead[0] == data.dead_letter.msg_id and dead[1:3] == [POISON, data.poison.msg_id], dead
+    # the failures counted (issue 27: the page showed 0, the stored field of the DLQ copy)
+    assert dead[3] == data.dead_letter.properties["RECONSUME_TIME"] != "0", dead
     assert not browser.find_elements(By.TAG_NAME, "form") or not browser.find_elements(
         By.CSS_SELECTOR, "form[method=post]"
     ), "a read-only dashboard offers no action"
