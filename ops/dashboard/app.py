@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import hmac
 import importlib
+import json
 import logging
 import secrets
 import time
@@ -35,6 +36,7 @@ from raftmq.client.admin import Admin, ConsumerMemberInfo
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.rebalance import AllocationStrategy, allocate_all
+from raftmq.client.stats_report import parse_duration_ms
 from raftmq.common.acl import Acl, User
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
@@ -48,6 +50,7 @@ log = logging.getLogger("raftmq.dashboard")
 BODY_PREVIEW_BYTES = 4096  # a body is shown up to this much; the rest is counted, not sent
 LIST_BODY_CHARS = 80
 MAX_QUERY_MESSAGES = 200  # one lookup by key or time shows at most this many
+CHART_REFRESH_S = 5  # the charts fetch their figures again this often (the stats flush every 5 s)
 MAX_LAG_LOOKUPS = 64  # (group, topic) lags computed for one groups page; the rest: follow a link
 ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
 
@@ -190,6 +193,8 @@ class Dashboard:
         else:
             _csrf.set(self.token)
             _role.set(None)
+        if req.path == "/api/tps" and req.method == "GET":
+            return self._tps_json(req)
         spec = _PAGES.get(req.path)
         if spec is None:
             return self._error_page(404, "Not found", f"no page {req.path}", req.path)
@@ -236,6 +241,26 @@ class Dashboard:
     def _error_page(self, status: int, title: str, message: str, path: str) -> Response:
         body = [Raw(f'<div class="error" id="error">{esc(message)}</div>')]
         return Response(status, page(title, self.nav(), path, body))
+
+    # -- the charts' data (issue 27): what static/charts.js draws and refreshes
+
+    def _tps_json(self, req: Request) -> Response:
+        """Messages per second produced to `topic`, per minute of the last `since` (15m): the
+        figures of `raftmq stats topic`, as {labels, series: [{label, data}], unit}."""
+        try:
+            topic = _arg(req, "topic")
+            since = parse_duration_ms(req.query.get("since", "") or "15m")
+            report = self.admin.topic_stats(topic, since)
+        except RaftMQError as exc:
+            body = json.dumps({"error": f"{exc.code}: {exc.message}"})
+            return Response(http_status(exc), body, "application/json")
+        labels = [fmt_ms(m)[11:16] for m in report.minute_starts()]  # HH:MM
+        series = [
+            {"label": s.group or f"{s.topic} (produced)", "data": [c / 60 for c in s.counts]}
+            for s in report.series
+        ]
+        body = json.dumps({"labels": labels, "series": series, "unit": "messages/s"})
+        return Response(200, body, "application/json")
 
     # -- sign-in (issue 27)
 
@@ -449,7 +474,20 @@ def topic_page(d: Dashboard, req: Request) -> list[Cell]:
             table_id="queues",
         ),
         link("/messages", "find messages of this topic by time", topic=name, since="-1h"),
+        Raw("<h2>Messages per second, last 15 minutes</h2>"),
+        tps_chart(f"/api/tps?topic={quote(name)}&since=15m"),
     ]
+
+
+def tps_chart(src: str, refresh_s: int = CHART_REFRESH_S) -> Raw:
+    """A chart drawn by the vendored Chart.js (static/) from `src`'s JSON, fetched again every
+    `refresh_s`: the pages allow no inline script, so the drawing is static/charts.js's."""
+    return Raw(
+        f'<canvas id="tps" width="900" height="260" data-chart-src="{esc(src)}" '
+        f'data-refresh-s="{refresh_s}"></canvas>'
+        '<script src="/static/chart.umd.min.js"></script>'
+        '<script src="/static/charts.js"></script>'
+    )
 
 
 # ---- consumer groups ---------------------------------------------------------------------------
