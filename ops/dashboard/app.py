@@ -37,7 +37,7 @@ from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.rebalance import AllocationStrategy, allocate_all
 from raftmq.client.stats_report import parse_duration_ms
-from raftmq.common.acl import Acl, User
+from raftmq.common.acl import Acl, User, parse_entries
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
 from raftmq.common.pb import common_pb2
 from raftmq.common.retry import reconsume_times
@@ -830,6 +830,72 @@ def create_topic_action(d: Dashboard, req: Request) -> list[Cell]:
     ]
 
 
+# ---- users and policies (issue 27): the ACL the sign-in is checked against -------------------
+
+
+def acl_page(d: Dashboard, req: Request) -> list[Cell]:
+    if d.login is None:
+        return [
+            span(
+                "muted",
+                "authentication is off: the cluster has no users or policies "
+                "([security.auth] in the cluster description turns it on)",
+            )
+        ]
+    acl = d.login.acl()
+    rows = []
+    for name, user in sorted(acl.users.items()):
+        entries = acl.policies.get(name, ())
+        rows.append(
+            (
+                name,
+                "admin (super user)" if user.type.value == "Super" else "read-only",
+                "; ".join(f"{e.decision.value} {e.spec}" for e in entries)
+                or span("muted", "no policy: every request denied"),
+            )
+        )
+    out: list[Cell] = [
+        Raw(f"<h2>{len(rows)} users (ACL version {acl.version})</h2>"),
+        table(("user", "dashboard role", "policy"), rows, table_id="acl-users"),
+    ]
+    if d.can_act:
+        out.append(Raw("<h2>Grant</h2>"))
+        out.append(
+            d.action_form(
+                "/actions/acl-grant",
+                [("user", "user", ""), ("entry", "RESOURCE=ACTIONS, e.g. Topic:orders*=Pub", "")],
+                "Grant…",
+                form_id="acl-grant",
+            )
+        )
+    return out
+
+
+def acl_grant_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq acl policy add USER ENTRY` from the dashboard: an Allow added to the user's policy,
+    the rest kept (a read, then a write: see AclAdmin.add_to_policy)."""
+    _needs_post(d, req)
+    user, entry = _arg(req, "user"), _arg(req, "entry")
+    entries = parse_entries([entry])
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/acl-grant",
+                {"user": user, "entry": entry},
+                f"Allow {entries[0].spec} to {user} (its other entries are kept)?",
+            )
+        ]
+    version, written = d.admin.acl.add_to_policy(user, add=entries)
+    policy = "; ".join(f"{e.decision.value} {e.spec}" for e in written)
+    return [
+        Raw(
+            f'<div class="notice" id="done">{esc(user)}: {esc(policy)} '
+            f"(ACL version {version}; every node has it within its refresh interval)</div>"
+        ),
+        link("/acl", "users and policies"),
+    ]
+
+
 def parse_reset_target(text: str) -> ResetTarget:
     """The form's `to`: earliest, latest, offset:N, shift:N or time:T (T as the CLI takes it)."""
     from raftmq.ops.cli_data import parse_time_ms
@@ -923,3 +989,5 @@ register_page("/dlq", "Dead letters", dlq_page)
 register_page("/actions/create-topic", "Create topic", create_topic_action, in_nav=False)
 register_page("/actions/reset-offsets", "Reset offsets", reset_offsets_action, in_nav=False)
 register_page("/actions/resend", "Resend dead letter", resend_action, in_nav=False)
+register_page("/acl", "Users", acl_page)
+register_page("/actions/acl-grant", "Grant", acl_grant_action, in_nav=False)

@@ -772,6 +772,20 @@ def test_the_dashboard_asks_a_sign_in_and_only_an_admin_acts(env: Env) -> None:
             assert ops.go("/actions/create-topic", {**form, "token": _token(other_page)})[0] == 403
             status, _, page = ops.go("/actions/create-topic", {**form, "token": token})
             assert status == 200 and 'id="confirm"' in page  # the first step: what will happen
+
+            # the ACL screen: users, their dashboard role and policy; a grant, confirmed first
+            status, _, page = ops.go("/acl")
+            assert status == 200 and "Allow Topic:orders*=Pub" in page and "read-only" in page
+            grant = {"user": "alice", "entry": "Topic:granted-here=Pub", "token": token}
+            status, _, page = ops.go("/actions/acl-grant", grant)
+            assert status == 200 and 'id="confirm"' in page
+            status, _, page = ops.go("/actions/acl-grant", {**grant, "confirm": "yes"})
+            assert status == 200 and 'id="done"' in page, page[-800:]
+            entries = {e.spec for e in admin.acl.policies()["alice"]}
+            assert {"Topic:orders*=Pub", "Topic:granted-here=Pub"} <= entries, entries
+            added = parse_entries(["Topic:granted-here=Pub"])
+            admin.acl.add_to_policy("alice", remove=added)  # as it was, for the other tests
+            assert alice.go("/actions/acl-grant", grant)[0] == 403  # alice only reads
             for cookie in ops.jar:
                 cookie.value = cookie.value[:-1] + ("0" if cookie.value[-1] != "0" else "1")
             assert ops.go("/topics")[1] == "/login"  # tampered: signed out
