@@ -79,6 +79,7 @@ run: deps
 # docs/screens/ (the test writes them to a temporary folder otherwise).
 dashboard-screens: deps
 	RAFTMQ_DASHBOARD_SHOTS=docs/screens $(BIN)/pytest -q tests/ops/test_dashboard.py
+	RAFTMQ_DASHBOARD_SHOTS=docs/screens $(BIN)/pytest -q tests/ops/test_security_cluster.py -k browser
 
 bench: bench-raftlog bench-failover bench-spark
 

@@ -57,8 +57,12 @@ from raftmq.ops.compose import compose_yaml
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import wait_until
 from tests.harness.readme import readme_blocks, substitute
+from tests.ops import test_dashboard
 
 ADMIN = Credentials("ops-admin", "ops-admin-secret")
+# the dashboard tests' fixtures, reused: headless chromium and where its screenshots go
+browser = test_dashboard.browser
+shots = test_dashboard.shots
 ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
 DAVE = Credentials("dave", "dave-secret")  # the official RocketMQ 5 client's user
@@ -789,5 +793,42 @@ def test_the_dashboard_asks_a_sign_in_and_only_an_admin_acts(env: Env) -> None:
             for cookie in ops.jar:
                 cookie.value = cookie.value[:-1] + ("0" if cookie.value[-1] != "0" else "1")
             assert ops.go("/topics")[1] == "/login"  # tampered: signed out
+        finally:
+            server.stop()
+
+
+def test_the_sign_in_and_users_pages_in_a_browser(env: Env, browser: Any, shots: Path) -> None:
+    """Issue 27, in headless chromium: the sign-in page, then the users page as the admin
+    (screenshots with data beside the other pages' when RAFTMQ_DASHBOARD_SHOTS is set)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from raftmq.common.acl import User, UserType
+    from raftmq.ops.dashboard.app import Dashboard, Login
+    from raftmq.ops.dashboard.server import DashboardServer
+
+    with env.admin() as admin:
+        login = Login(admin.acl.snapshot, User(ADMIN.access_key, ADMIN.secret_key, UserType.SUPER))
+        server = DashboardServer(
+            Dashboard(admin, allow_actions=True, namesrv=env.namesrv, login=login), "127.0.0.1", 0
+        )
+        base = f"http://{server.start()}"
+        try:
+            browser.delete_all_cookies()
+            browser.get(f"{base}/acl")
+            form = WebDriverWait(browser, 30).until(
+                ec.presence_of_element_located((By.ID, "login"))
+            )
+            browser.save_screenshot(str(shots / "login.png"))
+            form.find_element(By.NAME, "access_key").send_keys(ADMIN.access_key)
+            form.find_element(By.NAME, "secret_key").send_keys(ADMIN.secret_key)
+            form.find_element(By.TAG_NAME, "button").click()
+            WebDriverWait(browser, 30).until(ec.presence_of_element_located((By.ID, "acl-users")))
+            assert browser.find_element(By.ID, "who").text.startswith("ops-admin (admin)")
+            rows = browser.find_elements(By.CSS_SELECTOR, "#acl-users tbody tr")
+            users = {r.find_elements(By.TAG_NAME, "td")[0].text for r in rows}
+            assert {"alice", "bob", "dave"} <= users, users
+            browser.save_screenshot(str(shots / "acl.png"))
         finally:
             server.stop()
