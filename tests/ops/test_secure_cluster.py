@@ -193,12 +193,14 @@ PY_DRIVER = ROOT / "tests" / "proxy" / "official_client.py"
 NODE_DIR = ROOT / "tests" / "proxy" / "nodejs"
 
 
-def _official(spec: ClusterSpec, argv: list[str], cwd: Path, creds: Credentials) -> dict[str, Any]:
+def _official(
+    spec: ClusterSpec, argv: list[str], cwd: Path, creds: Credentials, home: Path
+) -> dict[str, Any]:
     """Run an official client's driver against the proxy over server-only TLS, as `creds`."""
     assert spec.tls is not None
     env = {
         **os.environ,
-        "HOME": str(cwd),  # the Node.js client logs under $HOME/logs
+        "HOME": str(home),  # both clients write their logs under $HOME/logs
         "RMQ5_TLS": "1",
         "RMQ5_ACCESS_KEY": creds.access_key,
         "RMQ5_SECRET_KEY": creds.secret_key,
@@ -246,7 +248,7 @@ def test_official_clients_produce_and_consume_over_server_only_tls_with_aksk(
         )
         argv = [node, str(NODE_DIR / "driver.js"), "steps", endpoint, json.dumps(args)]
         cwd = NODE_DIR
-    sent, got = _official(spec, argv, cwd, ALICE)["results"]
+    sent, got = _official(spec, argv, cwd, ALICE, tmp_path)["results"]
     assert len(sent["sent"]) == 5, sent
     assert sorted(m["body"] for m in got["got"]) == bodies, got
     # a wrong secret: the proxy refuses the signature (the client reports the failure)
@@ -254,4 +256,4 @@ def test_official_clients_produce_and_consume_over_server_only_tls_with_aksk(
     one = {"topic": f"orders-rmq5-{client}", "messages": [{"body": "refused"}]}
     argv_bad = [*argv[:2], "produce", endpoint, json.dumps(one)]
     with pytest.raises(AssertionError, match="exit"):
-        _official(spec, argv_bad, cwd, bad)
+        _official(spec, argv_bad, cwd, bad, tmp_path)
