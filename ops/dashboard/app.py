@@ -476,6 +476,58 @@ def topic_page(d: Dashboard, req: Request) -> list[Cell]:
         link("/messages", "find messages of this topic by time", topic=name, since="-1h"),
         Raw("<h2>Messages per second, last 15 minutes</h2>"),
         tps_chart(f"/api/tps?topic={quote(name)}&since=15m"),
+        *_topic_config_form(d, name),
+    ]
+
+
+def _topic_config_form(d: Dashboard, name: str) -> list[Cell]:
+    """The topic's configuration, editable by an admin (`raftmq topic update`)."""
+    from raftmq.ops.cli_data import PERMS  # the CLI's names of the permissions
+
+    per_group = d.admin.list_topics().get(name, [])
+    if not per_group or not d.can_act:
+        return []
+    _, cfg = per_group[0]
+    perm = next((k for k, v in PERMS.items() if v == cfg.perm), "rw")
+    return [
+        Raw("<h2>Configuration</h2>"),
+        d.action_form(
+            "/actions/update-topic",
+            [
+                ("queues", "queues per group", str(cfg.read_queue_nums)),
+                ("perm", "permission: rw, r, w or none", perm),
+                ("ordered", "ordered: yes or no", "yes" if cfg.ordered else "no"),
+            ],
+            "Update topic…",
+            hidden={"topic": name},
+            form_id="update-topic",
+        ),
+    ]
+
+
+def update_topic_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq topic update` from the topic page: queues, permission, ordered; fewer queues
+    than now is refused while they hold unconsumed messages (Admin.update_topic says which)."""
+    from raftmq.ops.cli_data import PERMS
+
+    _needs_post(d, req)
+    topic, queues, perm = _arg(req, "topic"), _int_arg(req, "queues"), _arg(req, "perm")
+    ordered = _arg(req, "ordered").lower()
+    if perm not in PERMS:
+        raise InvalidArgumentError(f"permission {perm!r}: give one of {', '.join(PERMS)}")
+    if ordered not in ("yes", "no"):
+        raise InvalidArgumentError(f"ordered {ordered!r}: give yes or no")
+    values = {"topic": topic, "queues": str(queues), "perm": perm, "ordered": ordered}
+    what = f"{queues} queues, permission {perm}, {'ordered' if ordered == 'yes' else 'not ordered'}"
+    if not _confirmed(req):
+        return [d.confirm_form("/actions/update-topic", values, f"Set {topic} to {what}?")]
+    done = d.admin.update_topic(topic, queues=queues, perm=PERMS[perm], ordered=ordered == "yes")
+    return [
+        Raw(
+            f'<div class="notice" id="done">{esc(topic)}: {esc(what)} on '
+            f"{esc(', '.join(done))}</div>"
+        ),
+        link("/topic", f"topic {topic}", name=topic),
     ]
 
 
@@ -989,5 +1041,6 @@ register_page("/dlq", "Dead letters", dlq_page)
 register_page("/actions/create-topic", "Create topic", create_topic_action, in_nav=False)
 register_page("/actions/reset-offsets", "Reset offsets", reset_offsets_action, in_nav=False)
 register_page("/actions/resend", "Resend dead letter", resend_action, in_nav=False)
+register_page("/actions/update-topic", "Update topic", update_topic_action, in_nav=False)
 register_page("/acl", "Users", acl_page)
 register_page("/actions/acl-grant", "Grant", acl_grant_action, in_nav=False)

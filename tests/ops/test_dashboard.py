@@ -33,6 +33,7 @@ from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_cluster, cli_data
 from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
@@ -494,6 +495,14 @@ def test_actions_ask_for_confirmation_first(
     click(browser, "#confirm button", "done")
     assert "created dash-created" in browser.find_element(By.ID, "done").text
     assert admin.list_topics()["dash-created"][0][1].read_queue_nums == 3
+
+    # issue 27: the topic's configuration edited from its page, confirmed first
+    visit(browser, f"{url}/topic?name=dash-created", shots, "actions-topic-config")
+    submit("update-topic", "confirm-box", queues="4", perm="r", ordered="yes")
+    assert admin.list_topics()["dash-created"][0][1].read_queue_nums == 3, "not before"
+    click(browser, "#confirm button", "done")
+    [(_, cfg)] = admin.list_topics()["dash-created"]
+    assert (cfg.read_queue_nums, cfg.perm, cfg.ordered) == (4, common_pb2.PERM_READ_ONLY, True)
 
     before = {q.queue.queue_id: q.committed for q in admin.group_lag(READERS, TOPIC)}
     visit(browser, f"{url}/group?name={READERS}&topic={TOPIC}", shots, "actions-group")
