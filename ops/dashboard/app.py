@@ -39,6 +39,7 @@ from raftmq.client.rebalance import AllocationStrategy, allocate_all
 from raftmq.client.stats_report import parse_duration_ms
 from raftmq.common.acl import Acl, User, parse_entries
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
+from raftmq.common.message import is_system_topic
 from raftmq.common.pb import common_pb2
 from raftmq.common.retry import reconsume_times
 from raftmq.common.types import QueueRef
@@ -51,6 +52,8 @@ BODY_PREVIEW_BYTES = 4096  # a body is shown up to this much; the rest is counte
 LIST_BODY_CHARS = 80
 MAX_QUERY_MESSAGES = 200  # one lookup by key or time shows at most this many
 CHART_REFRESH_S = 5  # the charts fetch their figures again this often (the stats flush every 5 s)
+CLUSTER_CHART_REFRESH_S = 10  # the cluster's chart asks every node per topic: less often
+MAX_CHART_TOPICS = 8  # topics drawn on the cluster page (a lookup per topic and node each time)
 MAX_LAG_LOOKUPS = 64  # (group, topic) lags computed for one groups page; the rest: follow a link
 ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
 
@@ -248,16 +251,22 @@ class Dashboard:
         """Messages per second produced to `topic`, per minute of the last `since` (15m): the
         figures of `raftmq stats topic`, as {labels, series: [{label, data}], unit}."""
         try:
-            topic = _arg(req, "topic")
             since = parse_duration_ms(req.query.get("since", "") or "15m")
-            report = self.admin.topic_stats(topic, since)
+            if req.query.get("topic"):
+                topics = [_arg(req, "topic")]
+            else:  # the cluster page: the first topics by name (each asks every node)
+                topics = [t for t in self.admin.list_topics() if not is_system_topic(t)]
+                topics = sorted(topics)[:MAX_CHART_TOPICS]
+            reports = [self.admin.topic_stats(t, since) for t in topics]
         except RaftMQError as exc:
             body = json.dumps({"error": f"{exc.code}: {exc.message}"})
             return Response(http_status(exc), body, "application/json")
-        labels = [fmt_ms(m)[11:16] for m in report.minute_starts()]  # HH:MM
+        starts = reports[0].minute_starts() if reports else []
+        labels = [fmt_ms(m)[11:16] for m in starts]  # HH:MM
         series = [
-            {"label": s.group or f"{s.topic} (produced)", "data": [c / 60 for c in s.counts]}
-            for s in report.series
+            {"label": f"{t} (produced)", "data": [sum(c) / 60 for c in zip(*counts, strict=True)]}
+            for t, r in zip(topics, reports, strict=True)
+            if (counts := [s.counts for s in r.series])
         ]
         body = json.dumps({"labels": labels, "series": series, "unit": "messages/s"})
         return Response(200, body, "application/json")
@@ -416,6 +425,10 @@ def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
             table_id="broker-nodes",
         )
     )
+    out.append(
+        Raw(f"<h2>Messages per second, last 15 minutes (first {MAX_CHART_TOPICS} topics)</h2>")
+    )
+    out.append(tps_chart("/api/tps?since=15m", CLUSTER_CHART_REFRESH_S))
     if d.namesrv:
         out.append(Raw(f'<p class="muted">NameServers: {esc(d.namesrv)}</p>'))
     return out

@@ -363,6 +363,14 @@ def test_every_page_shows_what_admin_says(
     assert row[1] == GROUP and row[2] == g.leader_node_id and row[4] == str(g.term), row
     nodes = cells(browser, "broker-nodes")
     assert len(nodes) == 3 and sum(r[3] == "leader" for r in nodes) == 1, nodes
+    # issue 27: the cluster page's chart, one line per topic (the first 8 by name)
+    per_topic = """const c = Chart.getChart(document.getElementById('tps'));
+        if (!c) return null;
+        return Object.fromEntries(c.data.datasets.map(
+            d => [d.label, Math.round(d.data.reduce((x, y) => x + y, 0) * 60)]));"""
+    wait_until(lambda: browser.execute_script(per_topic), 30, "the cluster chart")
+    assert browser.execute_script(per_topic)[f"{TOPIC} (produced)"] == 12
+    browser.save_screenshot(str(shots / "cluster.png"))
     if os.environ.get("RAFTMQ_UPDATE_DOCS_IMG"):
         shutil.copy(shots / "cluster.png", REPO / "docs" / "img" / "dashboard.png")
 
