@@ -15,7 +15,7 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.installed-$(shell cat $(NODE_DIR)/packag
 # pure-Python twin and tests/common/test_stored_batch.py says so).
 DEBS := gcc libc6-dev python3-dev procps iproute2 openjdk-17-jre-headless docker-compose nftables iptables chromium chromium-driver
 
-.PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs node-deps
+.PHONY: test test-slow lint types unit chaos chaos-full run bench bench-raftlog bench-failover bench-spark clean deps debs node-deps dashboard-screens
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -74,6 +74,12 @@ test-slow: deps
 
 run: deps
 	$(BIN)/python -m raftmq.ops.cli cluster up
+
+# The dashboard's browser test (headless chromium) with its screenshot of every page written to
+# docs/screens/ (the test writes them to a temporary folder otherwise).
+dashboard-screens: deps
+	RAFTMQ_DASHBOARD_SHOTS=docs/screens $(BIN)/pytest -q tests/ops/test_dashboard.py
+	RAFTMQ_DASHBOARD_SHOTS=docs/screens $(BIN)/pytest -q tests/ops/test_security_cluster.py -k browser
 
 bench: bench-raftlog bench-failover bench-spark
 

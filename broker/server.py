@@ -35,7 +35,6 @@ from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.call_shares import CallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
-from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
@@ -187,7 +186,7 @@ class BrokerServer:
             node.metrics.registry,
             lambda: readiness(node),
             "broker",
-            HttpLimits(max_connections_per_address=self.settings.http_max_connections_per_address),
+            self.settings,
         )
         self.metrics_address = self.metrics.address if self.metrics is not None else ""
         self._server.start()

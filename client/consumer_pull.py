@@ -131,6 +131,12 @@ class PullConsumer:
             self._fetchers[q] = f
             f.start()
 
+    @property
+    def throttle_ms(self) -> int:
+        """How long brokers have held this consumer's pulls for its user's consume quota
+        (issue 27), in total over the queues it holds now."""
+        return sum(f.throttle_ms for f in list(self._fetchers.values()))
+
     def assignment(self) -> list[QueueRef]:
         return sorted(self._fetchers)
 

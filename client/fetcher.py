@@ -143,6 +143,7 @@ class QueueFetcher:
         self._lock = threading.Lock()  # guards offset, epoch, paused
         self._step_lock = threading.Lock()  # one step of this fetcher at a time
         self._stopped = False
+        self.throttle_ms = 0  # ms brokers held our pulls for this user's consume quota (issue 27)
         self._paused = False
         self._failures = 0
         self._follower_until = 0.0  # after a follower served, keep reading there until then
@@ -255,6 +256,7 @@ class QueueFetcher:
             return
         resp = fut.result()
         assert isinstance(resp, broker_pb2.PullMessageResponse)
+        self.throttle_ms += resp.throttle_ms
         self._step(resp, None, offset, epoch, use_follower)
 
     def _step(

@@ -26,10 +26,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from raftmq.common import tls
 from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
 from raftmq.common.http_shell import HttpLimits, HttpServer
 from raftmq.common.pb import common_pb2
+from raftmq.common.scrape_access import ScrapeAccess, ScrapeSettings, scrape_ssl
 
 _log = logging.getLogger("metrics")
 
@@ -248,20 +248,24 @@ class MetricsServer:
         ready: Readiness,
         name: str,
         limits: HttpLimits | None = None,
+        *,
+        access: ScrapeAccess | None = None,
+        tls_mode: str = "",
     ) -> None:
         self.registry = registry
         self._ready = ready
         self._name = name
         self._limits = limits
+        self._access = access or ScrapeAccess()
+        self._tls_mode = tls_mode  # scrape_access.TLS_MODES: this port's TLS (issue 27)
         self._http: HttpServer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self.address = ""
 
     def start(self, host: str, port: int) -> str:
+        ctx = scrape_ssl(self._tls_mode)
         self._pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix=f"metrics-{self._name}")
-        self._http = HttpServer(
-            self._serve, f"metrics-{self._name}", self._limits, tls.server_ssl()
-        )
+        self._http = HttpServer(self._serve, f"metrics-{self._name}", self._limits, ctx)
         try:
             self.address = self._http.start(host, port)
         except BaseException:
@@ -272,6 +276,13 @@ class MetricsServer:
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
+        if not self._access.allows(request.path, request.headers.get("Authorization")):
+            return web.Response(
+                status=401,
+                text="unauthorized: this port asks the credentials of metrics_basic_auth_user "
+                "or metrics_bearer_token (Prometheus: basic_auth or authorization)\n",
+                headers={"WWW-Authenticate": self._access.challenge},
+            )
         if request.path == "/metrics":
             try:
                 body = await loop.run_in_executor(self._pool, generate_latest, self.registry)
@@ -308,14 +319,23 @@ def start_metrics(
     registry: CollectorRegistry,
     ready: Readiness,
     name: str,
-    limits: HttpLimits | None = None,
+    settings: ScrapeSettings | None = None,
 ) -> MetricsServer | None:
-    """A started MetricsServer on `listen` (a metrics_listen value), or None when off. Raises
-    OSError naming the address when it cannot bind."""
+    """A started MetricsServer on `listen` (a metrics_listen value), or None when off, with the
+    role's share per client host, TLS and scrape credentials. Raises OSError naming the address
+    when it cannot bind."""
     bind = metrics_bind(listen)
     if bind is None:
         return None
-    server = MetricsServer(registry, ready, name, limits)
+    s = settings or ScrapeSettings()
+    server = MetricsServer(
+        registry,
+        ready,
+        name,
+        HttpLimits(max_connections_per_address=s.http_max_connections_per_address),
+        access=ScrapeAccess.from_settings(s),
+        tls_mode=s.metrics_tls,
+    )
     try:
         server.start(*bind)
     except OSError as exc:

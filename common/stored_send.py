@@ -8,7 +8,8 @@ Answer:   `<HHIq` version 1, group length, batch count, term; the group (utf-8);
           32-byte record `<HBBIqQII` (error code, duplicate, reserved, count, first offset, raft
           index, slot, first position); then, per failed batch in order, a u32 length and its
           ErrorDetail protobuf (the one error table's code, message and details: failures are
-          rare, their text is not fixed-size).
+          rare, their text is not fixed-size); then, only when the broker held the answer for
+          the user's produce quota (issue 27), a u32 of how long in ms.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class StoredSendAnswer:
     broker_group: str
     term: int
     results: list[BatchAnswer]
+    throttle_ms: int = 0  # how long the broker held the answer (the user's produce quota)
 
 
 def encode_request(batches: Sequence[bytes | bytearray | memoryview], timeout_ms: int) -> bytes:
@@ -106,7 +108,10 @@ def decode_request(payload: memoryview, max_batches: int) -> tuple[int, list[mem
 
 
 def encode_answer(
-    broker_group: str, term: int, results: Sequence[BatchAnswer | RaftMQError]
+    broker_group: str,
+    term: int,
+    results: Sequence[BatchAnswer | RaftMQError],
+    throttle_ms: int = 0,
 ) -> bytes:
     group = broker_group.encode("utf-8")
     parts = [_ANSWER.pack(VERSION, len(group), len(results), term), group]
@@ -133,6 +138,8 @@ def encode_answer(
                 )
             )
     parts.extend(errors)
+    if throttle_ms > 0:  # absent when not held: unthrottled answers stay as they were
+        parts.append(_LEN.pack(min(throttle_ms, _U32_MAX)))
     return b"".join(parts)
 
 
@@ -159,10 +166,14 @@ def decode_answer(raw: bytes) -> StoredSendAnswer:
                 error = common_pb2.ErrorDetail.FromString(raw[at : at + size])
                 at += size
             results.append(BatchAnswer(count, first, index, slot, position, bool(dup), error))
+        throttle_ms = 0
+        if len(raw) - at == _LEN.size:
+            (throttle_ms,) = _LEN.unpack_from(raw, at)
+            at += _LEN.size
         if at != len(raw):
             raise MalformedBatchError(f"SEND_STORED answer: {len(raw) - at} bytes after it")
     except MalformedBatchError:
         raise
     except (struct.error, UnicodeDecodeError, DecodeError) as exc:
         raise MalformedBatchError(f"SEND_STORED answer is malformed: {exc}") from exc
-    return StoredSendAnswer(group, term, results)
+    return StoredSendAnswer(group, term, results, throttle_ms)

@@ -29,7 +29,6 @@ from raftmq.common.errors import (
 )
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
-from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import start_metrics
 from raftmq.common.pb import common_pb2, controller_pb2, controller_pb2_grpc
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
@@ -263,7 +262,7 @@ def serve(settings: ControllerSettings, stop: threading.Event) -> int:
             metrics.registry,
             lambda: readiness(node),
             "controller",
-            HttpLimits(max_connections_per_address=settings.http_max_connections_per_address),
+            settings,
         )
     except OSError as exc:
         _log.error("controller.listen_failed error=%s", exc)

@@ -9,8 +9,8 @@ from pathlib import Path
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
+from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, parse_address_list, parse_members
 from raftmq.controller.alarms import RuleError, parse_rules
@@ -22,7 +22,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @settings_class
-class ControllerSettings(FairShareSettings):
+class ControllerSettings(ScrapeSettings):
     node_id: str = setting(default="c0", unit="", doc="this controller's id")
     listen: str = setting(default="127.0.0.1:9881", unit="host:port", doc="gRPC address")
     raft_address: str = setting(
@@ -87,7 +87,7 @@ class ControllerSettings(FairShareSettings):
     )
 
     def __post_init__(self) -> None:
-        check_fair_share_settings(self)  # issue 27
+        check_scrape_settings(self)  # issue 27
         check_auth_settings(self, "self")  # issue 19: its own replicated state
         check_metrics_listen(self.metrics_listen)
         peers = self.peer_list

@@ -23,7 +23,6 @@ from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.call_shares import CallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.grpc_service import add_servicer
-from raftmq.common.http_shell import HttpLimits
 from raftmq.common.metrics_http import MetricsServer, start_metrics
 from raftmq.common.pb import controller_pb2, namesrv_pb2
 from raftmq.common.process import SettingsSection, parse_role_args, run_role
@@ -112,9 +111,7 @@ class NameServer:
                 self.metrics.registry,
                 self._ready,
                 "namesrv",
-                HttpLimits(
-                    max_connections_per_address=self.settings.http_max_connections_per_address
-                ),
+                self.settings,
             )
         except OSError:
             self._server.stop(0)

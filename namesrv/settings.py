@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.auth import check_auth_settings
-from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.metrics_http import check_metrics_listen
+from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
 from raftmq.common.settings import load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_NAMESRV_"
@@ -20,7 +20,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @settings_class
-class NameServerSettings(FairShareSettings):
+class NameServerSettings(ScrapeSettings):
     listen: str = setting(
         default="127.0.0.1:9876",
         unit="host:port",
@@ -66,7 +66,7 @@ class NameServerSettings(FairShareSettings):
 
     def __post_init__(self) -> None:
         # issue 19: an embedded controller holds the users and policies itself
-        check_fair_share_settings(self)  # issue 27
+        check_scrape_settings(self)  # issue 27
         check_auth_settings(
             self, "self" if self.enable_controller else self.acl_controller_addresses
         )

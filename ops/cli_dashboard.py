@@ -1,16 +1,21 @@
 """`raftmq dashboard`: serve the web dashboard (ops/dashboard) until Ctrl-C. The address comes
 from --listen, else from the `[dashboard]` table of the cluster description given with --spec
-(whose NameServers it then uses too), else 127.0.0.1:8080. Read-only unless --allow-actions."""
+(whose NameServers it then uses too), else 127.0.0.1:8080. Read-only unless --allow-actions.
+With the description's [security.auth] on, every page asks a sign-in (issue 27): the cluster's
+users, an admin (super user) may act, others read."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 from raftmq.common import tls
+from raftmq.common.acl import User
+from raftmq.common.auth import ENV_ADMIN_ACCESS_KEY, ENV_ADMIN_SECRET_KEY
 from raftmq.common.types import parse_address
 from raftmq.ops import cli_data
 from raftmq.ops.cluster_spec import ClusterSpec, load
@@ -21,7 +26,7 @@ DEFAULT_LISTEN = "127.0.0.1:8080"
 def dashboard(args: argparse.Namespace) -> int:
     from raftmq.client.admin import Admin
     from raftmq.common.http_shell import HttpLimits
-    from raftmq.ops.dashboard.app import Dashboard
+    from raftmq.ops.dashboard.app import Dashboard, Login
     from raftmq.ops.dashboard.server import (
         MAX_CONNECTIONS,
         MAX_CONNECTIONS_PER_ADDRESS,
@@ -31,15 +36,22 @@ def dashboard(args: argparse.Namespace) -> int:
     namesrv = cli_data._namesrv(args)
     listen = args.listen
     served = tls.process_tls()  # --tls-*/RAFTMQ_TLS_*: the client certificate serves too
+    controllers = ""
+    admin_user = None
     if args.spec:
         spec = load(Path(args.spec))
         namesrv = spec.namesrv_addresses
         listen = listen or (str(spec.dashboard) if spec.dashboard else "")
         served = _spec_dashboard_tls(spec) or served
+        admin_user = _spec_admin(spec)
+        controllers = spec.controller_addresses if admin_user is not None else ""
     host, _, port = parse_address(listen or DEFAULT_LISTEN, "--listen").rpartition(":")
-    with Admin(namesrv) as admin:
+    with Admin(namesrv, controllers=controllers) as admin:
+        login = None
+        if admin_user is not None:
+            login = Login(admin.acl.snapshot, admin_user, secure=served is not None)
         server = DashboardServer(
-            Dashboard(admin, allow_actions=args.allow_actions, namesrv=namesrv),
+            Dashboard(admin, allow_actions=args.allow_actions, namesrv=namesrv, login=login),
             host.strip("[]"),
             int(port),
             limits=HttpLimits(
@@ -52,6 +64,8 @@ def dashboard(args: argparse.Namespace) -> int:
         )
         server.start()
         mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
+        if login is not None:
+            mode += "; sign in as a user of the cluster (admins act, others read)"
         cli_data.console.print(
             f"dashboard: {tls.scheme(served)}://{server.address}/ ({mode}); "
             f"NameServers {namesrv}; Ctrl-C stops",
@@ -87,6 +101,19 @@ def _spec_dashboard_tls(spec: ClusterSpec) -> tls.Tls | None:
         },
         environ={},
     )
+
+
+def _spec_admin(spec: ClusterSpec) -> User | None:
+    """With [security.auth] on: the description's admin (a super user not in the ACL), whose
+    keys this process also signs its own calls with; None when auth is off (no sign-in then)."""
+    from raftmq.common.acl import UserType
+    from raftmq.ops.cli_acl import prepare_cluster_auth
+
+    if prepare_cluster_auth(spec) is not None:  # the open cluster's warning: auth is off
+        return None
+    ak = str(spec.auth.get("auth_admin_access_key") or os.environ.get(ENV_ADMIN_ACCESS_KEY, ""))
+    sk = str(spec.auth.get("auth_admin_secret_key") or os.environ.get(ENV_ADMIN_SECRET_KEY, ""))
+    return User(ak, sk, UserType.SUPER) if ak and sk else None
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -77,6 +77,9 @@ class TlsSpec:
     dir: Path
     ca: Path
     require_client_cert: bool = False
+    # the proxy's client port (issue 27): None = as require_client_cert; False = server-only
+    # TLS, so the official RocketMQ 5 clients (no client certificate) connect with AK/SK
+    proxy_require_client_cert: bool | None = None
 
     def cert(self, name: str) -> Path:
         return self.dir / f"{name}.crt"
@@ -88,13 +91,17 @@ class TlsSpec:
     def raft_key(self) -> Path:
         return self.dir / "raft.key"
 
-    def flags(self, name: str) -> tuple[str, ...]:
-        """A process's --tls-* flags (common/tls.py's TlsSettings)."""
+    def flags(self, name: str, role: str = "") -> tuple[str, ...]:
+        """A process's --tls-* flags (common/tls.py's TlsSettings); TLS server-only or mutual
+        is chosen per port, and the proxy's one port may differ from the cluster's."""
         out = (
             "--tls-ca", str(self.ca), "--tls-cert", str(self.cert(name)),
             "--tls-key", str(self.key(name)), "--tls-raft-key", str(self.raft_key),
         )  # fmt: skip
-        return (*out, "--tls-require-client-cert") if self.require_client_cert else out
+        mutual = self.require_client_cert
+        if role == "proxy" and self.proxy_require_client_cert is not None:
+            mutual = self.proxy_require_client_cert
+        return (*out, "--tls-require-client-cert") if mutual else out
 
     def files(self, names: Sequence[str]) -> list[Path]:
         return [self.ca, self.raft_key, *(f(n) for n in names for f in (self.cert, self.key))]
@@ -398,7 +405,9 @@ class ClusterSpec:
         return [self._with_tls(self._with_metrics(p)) for p in out]
 
     def _with_tls(self, p: ProcessSpec) -> ProcessSpec:
-        return p if self.tls is None else replace(p, argv=(*p.argv, *self.tls.flags(p.name)))
+        if self.tls is None:
+            return p
+        return replace(p, argv=(*p.argv, *self.tls.flags(p.name, p.role)))
 
     def tls_names(self) -> list[str]:
         """Who gets a certificate: every process, the dashboard and the SDK/CLI's `client`."""
@@ -581,7 +590,7 @@ def _dashboard(table: object, source: str) -> Endpoint | None:
     )
 
 
-_TLS_KEYS = ("enabled", "dir", "ca", "require_client_cert")
+_TLS_KEYS = ("enabled", "dir", "ca", "require_client_cert", "proxy_require_client_cert")
 
 
 def _security_tls(security: object, source: str) -> TlsSpec | None:
@@ -606,14 +615,15 @@ def _security_tls(security: object, source: str) -> TlsSpec | None:
             f"{source}: unknown [security.tls] key(s) {', '.join(unknown)}; known: "
             + ", ".join(_TLS_KEYS)
         )
-    for key in ("enabled", "require_client_cert"):
+    for key in ("enabled", "require_client_cert", "proxy_require_client_cert"):
         if not isinstance(t.get(key, False), bool):
             raise SpecError(f"{source}: security.tls.{key} must be true or false")
     if not t.get("enabled", False):
         return None
     d = Path(_str(t, "dir", "security.tls", "certs"))
     ca = Path(_str(t, "ca", "security.tls", str(d / "ca.crt")))
-    return TlsSpec(d, ca, bool(t.get("require_client_cert", False)))
+    proxy = t.get("proxy_require_client_cert")
+    return TlsSpec(d, ca, bool(t.get("require_client_cert", False)), proxy)
 
 
 def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:

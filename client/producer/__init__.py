@@ -387,6 +387,12 @@ class Producer:
         """Wait until every buffered message has an outcome; False on timeout."""
         return self._sender.flush(timeout_s)
 
+    @property
+    def throttle_ms(self) -> int:
+        """How long brokers have held this producer's answers for its user's produce quota
+        (issue 27), in total: the quota slows sends by itself; this says by how much."""
+        return self._sender.throttle_ms
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Send what is buffered (waiting up to timeout_s for outcomes), then release it all."""
         if self._sender.closed:

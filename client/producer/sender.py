@@ -158,6 +158,9 @@ class Sender:
         self.frames_sent = 0
         self.batches_sent = 0
         self.messages_sent = 0
+        # ms the brokers held our answers for this user's produce quota (issue 27): the quota
+        # slows the producer by itself (answers come later); this says by how much
+        self.throttle_ms = 0
         self.closed = False
 
     # ---- what the Producer's queue choice shares ------------------------------------------------
@@ -455,6 +458,7 @@ class Sender:
                 self._finish(req, unknown)
             return
         group = answer.broker_group
+        self.throttle_ms += answer.throttle_ms
         for req, r in zip(reqs, answer.results, strict=True):
             if r.error is not None:
                 self._frame_failed(req, error_from_detail(r.error))
@@ -504,6 +508,7 @@ class Sender:
             return
         resp = fut.result()
         assert isinstance(resp, broker_pb2.SendBatchesResponse)
+        self.throttle_ms += resp.throttle_ms
         if len(resp.results) != len(reqs):
             err = OutcomeUnknownError(
                 f"broker answered {len(resp.results)} results for {len(reqs)} batches"
@@ -582,6 +587,7 @@ class Sender:
         if exc is None:
             resp = fut.result()
             assert isinstance(resp, broker_pb2.SendMessageResponse)
+            self.throttle_ms += resp.throttle_ms
             self._answered(req, resp)
             return
         self._frame_failed(req, exc)

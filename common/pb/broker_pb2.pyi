@@ -212,14 +212,16 @@ class BatchResult(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., count: _Optional[int] = ..., raft_index: _Optional[int] = ..., slot: _Optional[int] = ..., first_position: _Optional[int] = ..., duplicate: _Optional[bool] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
 
 class SendBatchesResponse(_message.Message):
-    __slots__ = ("results", "broker_group", "term")
+    __slots__ = ("results", "broker_group", "term", "throttle_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[BatchResult]
     broker_group: str
     term: int
-    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[BatchResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class SendResult(_message.Message):
     __slots__ = ("msg_id", "queue_id", "queue_offset", "duplicate")
@@ -234,14 +236,16 @@ class SendResult(_message.Message):
     def __init__(self, msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SendMessageResponse(_message.Message):
-    __slots__ = ("results", "broker_group", "term")
+    __slots__ = ("results", "broker_group", "term", "throttle_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SendResult]
     broker_group: str
     term: int
-    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
     __slots__ = ("consumer_group", "topic", "queue_id", "offset", "max_count", "filter_type", "filter_expression", "max_wait_ms", "allow_follower_read", "max_bytes", "raw_batches")
@@ -270,7 +274,7 @@ class PullMessageRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_count: _Optional[int] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., filter_expression: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., allow_follower_read: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., raw_batches: _Optional[bool] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
-    __slots__ = ("status", "messages", "next_offset", "min_offset", "max_offset", "node_id", "batches")
+    __slots__ = ("status", "messages", "next_offset", "min_offset", "max_offset", "node_id", "batches", "throttle_ms")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +282,7 @@ class PullMessageResponse(_message.Message):
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     status: PullStatus
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]
     next_offset: int
@@ -285,7 +290,8 @@ class PullMessageResponse(_message.Message):
     max_offset: int
     node_id: str
     batches: _containers.RepeatedCompositeFieldContainer[RawBatch]
-    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., node_id: _Optional[str] = ..., batches: _Optional[_Iterable[_Union[RawBatch, _Mapping]]] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, status: _Optional[_Union[PullStatus, str]] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.StoredMessage, _Mapping]]] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., node_id: _Optional[str] = ..., batches: _Optional[_Iterable[_Union[RawBatch, _Mapping]]] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class RawBatch(_message.Message):
     __slots__ = ("raft_index", "slot", "first_offset", "store_timestamp_ms", "chunk", "positions", "byte_offsets")

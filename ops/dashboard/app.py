@@ -5,8 +5,12 @@ raftmq error into a page that says what went wrong (never a traceback).
 Read-only unless `allow_actions`: then create topic, reset offsets and resend a dead letter are
 offered as forms. Every action takes two POSTs: the first shows what will happen (for a reset,
 the plan of `Admin.plan_offset_reset`, the CLI's --dry-run) and a Confirm button; only the second,
-carrying confirm=yes, changes anything. Each POST must carry this process's random token, so a
-page of another site cannot post to the dashboard.
+carrying confirm=yes, changes anything. Each POST must carry a CSRF token (this process's random
+token; with a login, one bound to the user's sign-in), so a page of another site cannot post.
+
+With `login` (issue 27, on when the cluster has authentication): every page but /login and
+/healthz asks a signed-in user (ops/dashboard/login.py: the cluster's ACL users; a super user is
+an admin, any other user reads only), and only an admin's POST acts.
 
 Other pages plug in with `register_page` (the per-minute reports and the alerts of issue 18 will:
 they add a nav entry and a handler, nothing here changes): a module named in PLUGIN_MODULES
@@ -15,27 +19,41 @@ per-minute counts as inline SVG (no script)."""
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import importlib
+import json
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import grpc
 
-from raftmq.client.admin import Admin
+from raftmq.client.admin import Admin, ConsumerMemberInfo
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import ResetTarget, ResetTo
+from raftmq.client.rebalance import AllocationStrategy, allocate_all
+from raftmq.client.stats_report import parse_duration_ms
+from raftmq.common.acl import Acl, User, parse_entries
 from raftmq.common.errors import Fault, InvalidArgumentError, RaftMQError, row_for
+from raftmq.common.message import is_system_topic
 from raftmq.common.pb import common_pb2
+from raftmq.common.retry import reconsume_times
+from raftmq.common.types import QueueRef
 from raftmq.ops.dashboard.html import Cell, Raw, esc, fmt_ms, form, link, page, span, table
+from raftmq.ops.dashboard.login import COOKIE, Role, Session, Sessions, authenticate
 
 log = logging.getLogger("raftmq.dashboard")
 
 BODY_PREVIEW_BYTES = 4096  # a body is shown up to this much; the rest is counted, not sent
 LIST_BODY_CHARS = 80
 MAX_QUERY_MESSAGES = 200  # one lookup by key or time shows at most this many
+CHART_REFRESH_S = 5  # the charts fetch their figures again this often (the stats flush every 5 s)
+CLUSTER_CHART_REFRESH_S = 10  # the cluster's chart asks every node per topic: less often
+MAX_CHART_TOPICS = 8  # topics drawn on the cluster page (a lookup per topic and node each time)
 MAX_LAG_LOOKUPS = 64  # (group, topic) lags computed for one groups page; the rest: follow a link
 ROLE_NAMES = {common_pb2.LEADER: "leader", common_pb2.FOLLOWER: "follower"}
 
@@ -45,6 +63,7 @@ class Request:
     method: str  # GET or POST
     path: str
     query: Mapping[str, str] = field(default_factory=dict)  # the URL's, or the POSTed form
+    cookies: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +71,25 @@ class Response:
     status: int
     body: str
     content_type: str = "text/html; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()  # Set-Cookie, Location
+
+
+@dataclass(frozen=True, slots=True)
+class Login:
+    """Sign-in against the cluster's users: `acl()` fetches them (the controllers' snapshot),
+    `admin` is the description's admin user (not in the ACL); `secure` marks the cookie for
+    HTTPS only."""
+
+    acl: Callable[[], Acl]
+    admin: User | None = None
+    sessions: Sessions = field(default_factory=Sessions)
+    secure: bool = False
+
+
+# The CSRF token of the request a worker thread is answering (set by Dashboard.handle): the
+# forms the pages build carry it without every page passing the request down.
+_csrf: contextvars.ContextVar[str] = contextvars.ContextVar("dashboard_csrf", default="")
+_role: contextvars.ContextVar[Role | None] = contextvars.ContextVar("dashboard_role", default=None)
 
 
 class HttpError(Exception):
@@ -131,23 +169,41 @@ class Dashboard:
         allow_actions: bool = False,
         namesrv: str = "",
         token: str | None = None,
+        login: Login | None = None,
     ) -> None:
         self.admin = admin
         self.allow_actions = allow_actions
         self.namesrv = namesrv
         self.token = token or secrets.token_urlsafe(24)
+        self.login = login
         self.plugins = load_plugins()
 
     def nav(self) -> list[tuple[str, str]]:
         return [(p.path, p.title) for p in _PAGES.values() if p.in_nav]
 
     def handle(self, req: Request) -> Response:
+        if req.path in ("/login", "/logout") and self.login is not None:
+            return self._sign_in(req) if req.path == "/login" else self._sign_out()
+        session = None
+        if self.login is not None:
+            session = self.login.sessions.check(req.cookies.get(COOKIE), _now_ms())
+            if session is None:
+                if req.method == "GET":
+                    return _redirect(f"/login?next={quote(req.path)}")
+                return self._error_page(401, "Sign in", "sign in first: your session ended", "")
+            _csrf.set(self.login.sessions.csrf(session))
+            _role.set(session.role)
+        else:
+            _csrf.set(self.token)
+            _role.set(None)
+        if req.path == "/api/tps" and req.method == "GET":
+            return self._tps_json(req)
         spec = _PAGES.get(req.path)
         if spec is None:
             return self._error_page(404, "Not found", f"no page {req.path}", req.path)
         try:
             if req.method == "POST":
-                self._check_post(req)
+                self._check_post(req, session)
             elif req.method != "GET":
                 raise HttpError(405, f"{req.method} is not served; use GET")
             body = spec.handler(self, req)
@@ -161,19 +217,109 @@ class Dashboard:
             return self._error_page(
                 500, spec.title, f"internal error: {type(exc).__name__}: {exc}", req.path
             )
-        return Response(200, page(spec.title, self.nav(), req.path, body))
+        return Response(200, page(spec.title, self.nav(), req.path, body, _who(session)))
 
-    def _check_post(self, req: Request) -> None:
+    @property
+    def can_act(self) -> bool:
+        """Offer the action forms on the page being built: actions allowed, and (with a
+        login) the user is an admin."""
+        if not self.allow_actions:
+            return False
+        return self.login is None or _role.get() is Role.ADMIN
+
+    def _check_post(self, req: Request, session: Session | None) -> None:
         if not self.allow_actions:
             raise HttpError(
                 403, "this dashboard is read-only; start it with --allow-actions to change things"
             )
-        if not hmac.compare_digest(req.query.get("token", ""), self.token):
+        if session is not None and session.role is not Role.ADMIN:
+            raise HttpError(
+                403,
+                f"{session.user} may only read here: actions are for admins (super users; "
+                f"`raftmq acl user update {session.user} --type Super` makes one)",
+            )
+        if not hmac.compare_digest(req.query.get("token", "").encode(), _csrf.get().encode()):
             raise HttpError(403, "the form is stale or from elsewhere: reload the page")
 
     def _error_page(self, status: int, title: str, message: str, path: str) -> Response:
         body = [Raw(f'<div class="error" id="error">{esc(message)}</div>')]
         return Response(status, page(title, self.nav(), path, body))
+
+    # -- the charts' data (issue 27): what static/charts.js draws and refreshes
+
+    def _tps_json(self, req: Request) -> Response:
+        """Messages per second produced to `topic`, per minute of the last `since` (15m): the
+        figures of `raftmq stats topic`, as {labels, series: [{label, data}], unit}."""
+        try:
+            since = parse_duration_ms(req.query.get("since", "") or "15m")
+            if req.query.get("topic"):
+                topics = [_arg(req, "topic")]
+            else:  # the cluster page: the first topics by name (each asks every node)
+                topics = [t for t in self.admin.list_topics() if not is_system_topic(t)]
+                topics = sorted(topics)[:MAX_CHART_TOPICS]
+            reports = [self.admin.topic_stats(t, since) for t in topics]
+        except RaftMQError as exc:
+            body = json.dumps({"error": f"{exc.code}: {exc.message}"})
+            return Response(http_status(exc), body, "application/json")
+        starts = reports[0].minute_starts() if reports else []
+        labels = [fmt_ms(m)[11:16] for m in starts]  # HH:MM
+        series = [
+            {"label": f"{t} (produced)", "data": [sum(c) / 60 for c in zip(*counts, strict=True)]}
+            for t, r in zip(topics, reports, strict=True)
+            if (counts := [s.counts for s in r.series])
+        ]
+        body = json.dumps({"labels": labels, "series": series, "unit": "messages/s"})
+        return Response(200, body, "application/json")
+
+    # -- sign-in (issue 27)
+
+    def _sign_in(self, req: Request) -> Response:
+        login = self.login
+        assert login is not None
+        target = req.query.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/"  # only our own pages: never a redirect to another site
+        message = ""
+        if req.method == "POST":
+            key, secret = req.query.get("access_key", ""), req.query.get("secret_key", "")
+            try:
+                role = authenticate(login.acl(), login.admin, key, secret)
+            except RaftMQError as exc:
+                return self._login_page(503, target, f"cannot read the users: {exc.message}")
+            if role is not None:
+                cookie = login.sessions.issue(key, role, _now_ms())
+                attrs = (
+                    f"Path=/; HttpOnly; SameSite=Strict; Max-Age={login.sessions.ttl_ms // 1000}"
+                )
+                if login.secure:
+                    attrs += "; Secure"
+                log.info("dashboard.sign_in user=%s role=%s", key, role.value)
+                return _redirect(target, (("Set-Cookie", f"{COOKIE}={cookie}; {attrs}"),))
+            log.info("dashboard.sign_in_refused user=%s", key[:64])
+            message = "the access key or the secret key is wrong"
+        return self._login_page(401 if message else 200, target, message)
+
+    def _login_page(self, status: int, target: str, message: str) -> Response:
+        body: list[Cell] = []
+        if message:
+            body.append(Raw(f'<div class="error" id="error">{esc(message)}</div>'))
+        body.append(
+            Raw(
+                '<form class="box" method="post" action="/login" id="login">'
+                f'<input type="hidden" name="next" value="{esc(target)}">'
+                '<label>access key <input name="access_key" autocomplete="username"></label>'
+                '<label>secret key <input name="secret_key" type="password" '
+                'autocomplete="current-password"></label>'
+                '<button type="submit">Sign in</button></form>'
+                '<p class="muted">A user of the cluster (`raftmq acl user create`): a super user '
+                "may act, any other user may read.</p>"
+            )
+        )
+        return Response(status, page("Sign in", [], "/login", body))
+
+    def _sign_out(self) -> Response:
+        gone = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"
+        return _redirect("/login", (("Set-Cookie", gone),))
 
     def action_form(
         self,
@@ -188,14 +334,14 @@ class Dashboard:
             fields,
             method="post",
             button=button,
-            hidden={"token": self.token, **(hidden or {})},
+            hidden={"token": _csrf.get(), **(hidden or {})},
             form_id=form_id,
         )
 
     def confirm_form(self, action: str, values: Mapping[str, str], what: str) -> Raw:
         """The second step of an action: what will happen, and a Confirm button re-posting the
         same values with confirm=yes."""
-        hidden = {"token": self.token, **values, "confirm": "yes"}
+        hidden = {"token": _csrf.get(), **values, "confirm": "yes"}
         return Raw(
             f'<div class="notice" id="confirm-box">{esc(what)}'
             + str(
@@ -211,6 +357,18 @@ class Dashboard:
             )
             + f'<a href="{esc(action)}">cancel</a></div>'
         )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _redirect(location: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(303, "", "text/plain; charset=utf-8", (("Location", location), *headers))
+
+
+def _who(session: Session | None) -> str:
+    return "" if session is None else f"{session.user} ({session.role.value})"
 
 
 # ---- cluster -----------------------------------------------------------------------------------
@@ -267,6 +425,10 @@ def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
             table_id="broker-nodes",
         )
     )
+    out.append(
+        Raw(f"<h2>Messages per second, last 15 minutes (first {MAX_CHART_TOPICS} topics)</h2>")
+    )
+    out.append(tps_chart("/api/tps?since=15m", CLUSTER_CHART_REFRESH_S))
     if d.namesrv:
         out.append(Raw(f'<p class="muted">NameServers: {esc(d.namesrv)}</p>'))
     return out
@@ -278,7 +440,7 @@ def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
 def topics_page(d: Dashboard, req: Request) -> list[Cell]:
     topics = d.admin.list_topics()
     out: list[Cell] = []
-    if d.allow_actions:
+    if d.can_act:
         out.append(
             d.action_form(
                 "/actions/create-topic",
@@ -325,7 +487,72 @@ def topic_page(d: Dashboard, req: Request) -> list[Cell]:
             table_id="queues",
         ),
         link("/messages", "find messages of this topic by time", topic=name, since="-1h"),
+        Raw("<h2>Messages per second, last 15 minutes</h2>"),
+        tps_chart(f"/api/tps?topic={quote(name)}&since=15m"),
+        *_topic_config_form(d, name),
     ]
+
+
+def _topic_config_form(d: Dashboard, name: str) -> list[Cell]:
+    """The topic's configuration, editable by an admin (`raftmq topic update`)."""
+    from raftmq.ops.cli_data import PERMS  # the CLI's names of the permissions
+
+    per_group = d.admin.list_topics().get(name, [])
+    if not per_group or not d.can_act:
+        return []
+    _, cfg = per_group[0]
+    perm = next((k for k, v in PERMS.items() if v == cfg.perm), "rw")
+    return [
+        Raw("<h2>Configuration</h2>"),
+        d.action_form(
+            "/actions/update-topic",
+            [
+                ("queues", "queues per group", str(cfg.read_queue_nums)),
+                ("perm", "permission: rw, r, w or none", perm),
+                ("ordered", "ordered: yes or no", "yes" if cfg.ordered else "no"),
+            ],
+            "Update topic…",
+            hidden={"topic": name},
+            form_id="update-topic",
+        ),
+    ]
+
+
+def update_topic_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq topic update` from the topic page: queues, permission, ordered; fewer queues
+    than now is refused while they hold unconsumed messages (Admin.update_topic says which)."""
+    from raftmq.ops.cli_data import PERMS
+
+    _needs_post(d, req)
+    topic, queues, perm = _arg(req, "topic"), _int_arg(req, "queues"), _arg(req, "perm")
+    ordered = _arg(req, "ordered").lower()
+    if perm not in PERMS:
+        raise InvalidArgumentError(f"permission {perm!r}: give one of {', '.join(PERMS)}")
+    if ordered not in ("yes", "no"):
+        raise InvalidArgumentError(f"ordered {ordered!r}: give yes or no")
+    values = {"topic": topic, "queues": str(queues), "perm": perm, "ordered": ordered}
+    what = f"{queues} queues, permission {perm}, {'ordered' if ordered == 'yes' else 'not ordered'}"
+    if not _confirmed(req):
+        return [d.confirm_form("/actions/update-topic", values, f"Set {topic} to {what}?")]
+    done = d.admin.update_topic(topic, queues=queues, perm=PERMS[perm], ordered=ordered == "yes")
+    return [
+        Raw(
+            f'<div class="notice" id="done">{esc(topic)}: {esc(what)} on '
+            f"{esc(', '.join(done))}</div>"
+        ),
+        link("/topic", f"topic {topic}", name=topic),
+    ]
+
+
+def tps_chart(src: str, refresh_s: int = CHART_REFRESH_S) -> Raw:
+    """A chart drawn by the vendored Chart.js (static/) from `src`'s JSON, fetched again every
+    `refresh_s`: the pages allow no inline script, so the drawing is static/charts.js's."""
+    return Raw(
+        f'<canvas id="tps" width="900" height="260" data-chart-src="{esc(src)}" '
+        f'data-refresh-s="{refresh_s}"></canvas>'
+        '<script src="/static/chart.umd.min.js"></script>'
+        '<script src="/static/charts.js"></script>'
+    )
 
 
 # ---- consumer groups ---------------------------------------------------------------------------
@@ -363,30 +590,48 @@ def groups_page(d: Dashboard, req: Request) -> list[Cell]:
     ]
 
 
+def queue_holders(queues: list[QueueRef], members: list[str]) -> dict[QueueRef, str]:
+    """Which member consumes each queue under the SDK's default allocation (AVERAGELY, as
+    RocketMQ's): the rebalance is the clients' own computation, so the dashboard repeats it
+    from the members the brokers know (a group configured otherwise is told so on the page)."""
+    owners = allocate_all(AllocationStrategy.AVERAGELY, queues, members)
+    return {q: member for member, qs in owners.items() for q in qs}
+
+
 def group_page(d: Dashboard, req: Request) -> list[Cell]:
     group, topic = _arg(req, "name"), _arg(req, "topic")
     lags = d.admin.group_lag(group, topic)
     total = sum(q.lag for q in lags)
+    members = next((g.members for g in d.admin.consumer_groups() if g.group == group), ())
+    online = [m.client_id for m in members if topic in m.topics]
+    holders = queue_holders([q.queue for q in lags], online)
     out: list[Cell] = [
         Raw(f"<h2>Group {esc(group)} on {esc(topic)}</h2>"),
         table(
-            ("queue", "committed", "min offset", "max offset", "lag"),
+            ("queue", "broker offset", "consumer offset", "min offset", "lag", "held by"),
             (
                 (
                     str(q.queue),
+                    q.max_offset,
                     "-" if q.committed is None else q.committed,
                     q.min_offset,
-                    q.max_offset,
                     q.lag,
+                    holders.get(q.queue) or span("muted", "nobody online"),
                 )
                 for q in lags
             ),
             numeric=(1, 2, 3, 4),
-            total=("total", "", "", "", Raw(f'<span id="total-lag">{total}</span>')),
+            total=("total", "", "", "", Raw(f'<span id="total-lag">{total}</span>'), ""),
             table_id="lag",
         ),
+        Raw(
+            '<p class="muted">held by: the allocation of the default strategy (AVERAGELY) over '
+            "the members online; a group set to another strategy splits the queues its way.</p>"
+        ),
+        Raw("<h2>Members</h2>"),
+        _members_table(group, members, "members"),
     ]
-    if d.allow_actions:
+    if d.can_act:
         out.append(Raw("<h2>Reset offsets</h2>"))
         out.append(
             d.action_form(
@@ -397,6 +642,49 @@ def group_page(d: Dashboard, req: Request) -> list[Cell]:
                 form_id="reset-offsets",
             )
         )
+    return out
+
+
+def _members_table(group: str, members: Sequence[ConsumerMemberInfo], table_id: str) -> Raw:
+    return table(
+        ("group", "client", "subscriptions", "connected to broker groups"),
+        (
+            (
+                link("/group", group, name=group, topic=shown[0]) if shown else group,
+                m.client_id,
+                ", ".join(m.topics),
+                ", ".join(m.broker_groups),
+            )
+            for m in members
+            for shown in ([t for t in m.topics if not t.startswith("%")],)  # not %RETRY%
+        ),
+        table_id=table_id,
+    )
+
+
+def connections_page(d: Dashboard, req: Request) -> list[Cell]:
+    """Every consumer client the brokers hear from now (heartbeats): its group, what it
+    subscribes to and which broker groups it is connected to."""
+    groups = d.admin.consumer_groups()
+    clients = [(g.group, m) for g in groups for m in g.members]
+    out: list[Cell] = [Raw(f"<h2>{len(clients)} consumer clients online</h2>")]
+    rows = [(g, m.client_id, ", ".join(m.topics), ", ".join(m.broker_groups)) for g, m in clients]
+    out.append(
+        table(("group", "client", "subscriptions", "broker groups"), rows, table_id="connections")
+    )
+    subs: dict[tuple[str, str], int] = {}
+    for g, m in clients:
+        for t in m.topics:
+            subs[(t, g)] = subs.get((t, g), 0) + 1
+    out.append(Raw("<h2>Subscriptions</h2>"))
+    out.append(
+        table(
+            ("topic", "group", "clients"),
+            ((link("/group", t, name=g, topic=t), g, n) for (t, g), n in sorted(subs.items())),
+            numeric=(2,),
+            table_id="subscriptions",
+        )
+    )
     return out
 
 
@@ -485,12 +773,6 @@ def messages_page(d: Dashboard, req: Request) -> list[Cell]:
     return out
 
 
-def _now_ms() -> int:
-    import time
-
-    return time.time_ns() // 1_000_000
-
-
 def message_page(d: Dashboard, req: Request) -> list[Cell]:
     m = d.admin.message_by_id(_arg(req, "id"))
     fields: list[tuple[str, Cell]] = [
@@ -552,14 +834,16 @@ def dlq_page(d: Dashboard, req: Request) -> list[Cell]:
     rows = []
     for m in letters:
         resend: Cell = ""
-        if d.allow_actions:
+        if d.can_act:
             resend = d.action_form("/actions/resend", [], "Resend…", hidden={"id": m.msg_id})
         rows.append(
             (
                 link("/message", m.msg_id, id=m.msg_id),
                 m.properties.get("DLQ_ORIGIN_TOPIC", ""),
                 m.properties.get("DLQ_ORIGIN_MESSAGE_ID", ""),
-                m.reconsume_times,
+                # the failures the dead letter carries (its RECONSUME_TIME), as `raftmq dlq list`
+                # shows them; the stored field counts this copy's deliveries: 0 (issue 27)
+                reconsume_times(m.properties),
                 fmt_ms(m.store_timestamp_ms),
                 _body_text(m.body, LIST_BODY_CHARS),
                 resend,
@@ -608,6 +892,72 @@ def create_topic_action(d: Dashboard, req: Request) -> list[Cell]:
     return [
         Raw(f'<div class="notice" id="done">created {esc(topic)} on {esc(", ".join(done))}</div>'),
         link("/topic", f"topic {topic}", name=topic),
+    ]
+
+
+# ---- users and policies (issue 27): the ACL the sign-in is checked against -------------------
+
+
+def acl_page(d: Dashboard, req: Request) -> list[Cell]:
+    if d.login is None:
+        return [
+            span(
+                "muted",
+                "authentication is off: the cluster has no users or policies "
+                "([security.auth] in the cluster description turns it on)",
+            )
+        ]
+    acl = d.login.acl()
+    rows = []
+    for name, user in sorted(acl.users.items()):
+        entries = acl.policies.get(name, ())
+        rows.append(
+            (
+                name,
+                "admin (super user)" if user.type.value == "Super" else "read-only",
+                "; ".join(f"{e.decision.value} {e.spec}" for e in entries)
+                or span("muted", "no policy: every request denied"),
+            )
+        )
+    out: list[Cell] = [
+        Raw(f"<h2>{len(rows)} users (ACL version {acl.version})</h2>"),
+        table(("user", "dashboard role", "policy"), rows, table_id="acl-users"),
+    ]
+    if d.can_act:
+        out.append(Raw("<h2>Grant</h2>"))
+        out.append(
+            d.action_form(
+                "/actions/acl-grant",
+                [("user", "user", ""), ("entry", "RESOURCE=ACTIONS, e.g. Topic:orders*=Pub", "")],
+                "Grant…",
+                form_id="acl-grant",
+            )
+        )
+    return out
+
+
+def acl_grant_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq acl policy add USER ENTRY` from the dashboard: an Allow added to the user's policy,
+    the rest kept (a read, then a write: see AclAdmin.add_to_policy)."""
+    _needs_post(d, req)
+    user, entry = _arg(req, "user"), _arg(req, "entry")
+    entries = parse_entries([entry])
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/acl-grant",
+                {"user": user, "entry": entry},
+                f"Allow {entries[0].spec} to {user} (its other entries are kept)?",
+            )
+        ]
+    version, written = d.admin.acl.add_to_policy(user, add=entries)
+    policy = "; ".join(f"{e.decision.value} {e.spec}" for e in written)
+    return [
+        Raw(
+            f'<div class="notice" id="done">{esc(user)}: {esc(policy)} '
+            f"(ACL version {version}; every node has it within its refresh interval)</div>"
+        ),
+        link("/acl", "users and policies"),
     ]
 
 
@@ -696,6 +1046,7 @@ register_page("/topics", "Topics", topics_page)
 register_page("/topic", "Topic", topic_page, in_nav=False)
 register_page("/groups", "Consumer groups", groups_page)
 register_page("/group", "Consumer group", group_page, in_nav=False)
+register_page("/connections", "Connections", connections_page)
 register_page("/messages", "Messages", messages_page)
 register_page("/message", "Message", message_page, in_nav=False)
 register_page("/trace", "Trace", trace_page, in_nav=False)
@@ -703,3 +1054,6 @@ register_page("/dlq", "Dead letters", dlq_page)
 register_page("/actions/create-topic", "Create topic", create_topic_action, in_nav=False)
 register_page("/actions/reset-offsets", "Reset offsets", reset_offsets_action, in_nav=False)
 register_page("/actions/resend", "Resend dead letter", resend_action, in_nav=False)
+register_page("/actions/update-topic", "Update topic", update_topic_action, in_nav=False)
+register_page("/acl", "Users", acl_page)
+register_page("/actions/acl-grant", "Grant", acl_grant_action, in_nav=False)

@@ -15,6 +15,7 @@ body{font-family:system-ui,sans-serif;margin:0;color:#1d2330;background:#f5f6f8}
 header{background:#1d2b45;color:#fff;padding:.6em 1.2em;display:flex;gap:1.4em;align-items:center}
 header a{color:#cfe0ff;text-decoration:none}header a.on{color:#fff;font-weight:600}
 header .brand{font-weight:700;color:#fff}main{padding:1em 1.4em}
+header .who{margin-left:auto;color:#cfe0ff}
 h1{font-size:1.3em;margin:.2em 0 .6em}h2{font-size:1.05em;margin:1.2em 0 .4em}
 table{border-collapse:collapse;background:#fff;margin:.3em 0 1em;font-size:.9em}
 th,td{border:1px solid #d9dde5;padding:.3em .6em;text-align:left;vertical-align:top}
@@ -126,11 +127,21 @@ def fmt_ms(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="milliseconds")
 
 
-def page(title: str, nav: Sequence[tuple[str, str]], current: str, body: Iterable[Cell]) -> str:
-    """A whole document: the navigation bar (path, title) and the body parts in order."""
+def page(
+    title: str,
+    nav: Sequence[tuple[str, str]],
+    current: str,
+    body: Iterable[Cell],
+    who: str = "",
+) -> str:
+    """A whole document: the navigation bar (path, title), who is signed in (with a sign-out
+    link), and the body parts in order."""
     links = "".join(
         f'<a href="{esc(p)}"{" class=on" if p == current else ""}>{esc(t)}</a>' for p, t in nav
     )
+    if who:
+        links += f'<span class="who" id="who">{esc(who)} <a href="/logout">sign out</a></span>'
+
     content = "".join(esc(b) for b in body)
     return (
         "<!doctype html><html><head><meta charset=utf-8>"

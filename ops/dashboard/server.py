@@ -7,9 +7,11 @@ the pool and its short queue get 503. /healthz is answered on the loop, whatever
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl as ssl_lib
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from aiohttp import web
 
@@ -57,6 +59,8 @@ class DashboardServer:
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/healthz":
             return _send(Response(200, "ok\n", "text/plain; charset=utf-8"))
+        if request.path.startswith("/static/"):
+            return _static(request.path.removeprefix("/static/"))
         if request.method not in ("GET", "POST"):
             return _send(Response(405, "only GET and POST\n", "text/plain; charset=utf-8"))
         params = dict(request.rel_url.query)
@@ -74,7 +78,7 @@ class DashboardServer:
         if self._slots.locked():
             return _send(Response(503, "the dashboard is busy; retry in a moment\n"))
         async with self._slots:
-            page = Request(request.method, request.path, params)
+            page = Request(request.method, request.path, params, dict(request.cookies))
             loop = asyncio.get_running_loop()
             resp = await loop.run_in_executor(self._pool, self.dashboard.handle, page)
         log.info("dashboard.request method=%s path=%s status=%d", request.method, request.path,
@@ -82,8 +86,32 @@ class DashboardServer:
         return _send(resp)
 
 
-def _send(resp: Response) -> web.Response:
+STATIC = Path(__file__).with_name("static")
+# Only these files, by name (never a path from the URL): the vendored Chart.js and our script.
+STATIC_FILES = {"chart.umd.min.js": "text/javascript", "charts.js": "text/javascript"}
+
+
+@functools.cache
+def _static_body(name: str) -> bytes:
+    return (STATIC / name).read_bytes()
+
+
+def _static(name: str) -> web.Response:
+    kind = STATIC_FILES.get(name)
+    if kind is None:
+        return _send(Response(404, "not found\n", "text/plain; charset=utf-8"))
     return web.Response(
+        body=_static_body(name),
+        headers={
+            "Content-Type": f"{kind}; charset=utf-8",
+            "Cache-Control": "max-age=3600",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+def _send(resp: Response) -> web.Response:
+    out = web.Response(
         status=resp.status,
         body=resp.body.encode(),
         headers={
@@ -94,3 +122,6 @@ def _send(resp: Response) -> web.Response:
             "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'",
         },
     )
+    for name, value in resp.headers:  # Location, Set-Cookie (sign-in)
+        out.headers.add(name, value)
+    return out

@@ -385,3 +385,42 @@ def test_a_filtered_held_pull_goes_on_past_the_rows_it_saw_go_by(
         call(client, DataMethod.SEND_MESSAGE, busy)
     answer = broker_pb2.PullMessageResponse.FromString(held.result(5))
     assert (answer.status, answer.next_offset) == (broker_pb2.NO_NEW_MSG, 6)
+
+
+def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset(
+    tmp_path: Path,
+) -> None:
+    """Issue 27: with a consume quota of 1 KB/s (anonymous user, auth off), the first pull
+    reads 4 KB and leaves its user owing ~3 s; the next pull (a 300 ms long poll) is held its
+    whole wait and answered with nothing read, at the same offset, saying how long it was held;
+    the user's bytes and held time are on /metrics."""
+    from prometheus_client import generate_latest
+
+    node = make_node(tmp_path, MemoryLog(ME_RAFT), quota_consume_bytes_per_s=1_000)
+    server = DataServer(node, node.settings)
+    host, _, port = server.start("127.0.0.1", 0).rpartition(":")
+    io = LoopThread("test-client")
+    client = FrameClient(host, int(port), loop=io.loop)
+    try:
+        for _ in range(4):
+            call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"x" * 1_000))
+        first = broker_pb2.PullMessageResponse.FromString(
+            call(client, DataMethod.PULL_MESSAGE, pull_req("T", 0, 0, 300))
+        )
+        assert len(first.messages) == 4 and first.throttle_ms == 0  # the burst: not held
+        t0 = time.monotonic()
+        held = broker_pb2.PullMessageResponse.FromString(
+            call(client, DataMethod.PULL_MESSAGE, pull_req("T", 0, 0, 300))
+        )
+        assert time.monotonic() - t0 >= 0.29
+        assert held.status == broker_pb2.NO_MATCHED_MSG and not held.messages
+        assert (held.next_offset, held.max_offset, held.throttle_ms) == (0, 4, 300)
+        text = generate_latest(node.metrics.registry).decode()
+        assert 'raftmq_quota_throttled_answers_total{flow="consume",user=""} 1.0' in text, text
+        assert 'raftmq_quota_throttle_seconds_total{flow="consume",user=""} 0.3' in text
+        assert 'raftmq_quota_bytes_total{flow="produce",user=""}' in text  # counted, no quota
+    finally:
+        io.run(client.close())
+        io.stop()
+        server.stop(1.0)
+        node.close()

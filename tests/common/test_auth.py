@@ -54,6 +54,12 @@ def test_the_official_clients_form() -> None:
     req = parse_authorization(md["authorization"], when)
     acl = Acl(1, {"alice": ALICE})
     assert verify(req, acl, ADMIN, NOW_MS) == "alice"
+    # rocketmq-client-nodejs (and the Java client) sign in upper-case hex (issue 27)
+    node = f"MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature={sig.upper()}"
+    assert verify(parse_authorization(node, when), acl, ADMIN, NOW_MS) == "alice"
+    odd = parse_authorization(node.replace(sig.upper(), "é" * 40), when)
+    with pytest.raises(UnauthenticatedError, match="does not match"):
+        verify(odd, acl, ADMIN, NOW_MS)  # not a TypeError from compare_digest
 
 
 def test_bad_signatures_unknown_keys_and_replays_are_refused() -> None:

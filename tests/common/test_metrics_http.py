@@ -141,3 +141,108 @@ def test_a_slow_or_greedy_client_keeps_no_more_than_its_share() -> None:
         for s in held:
             s.close()
         server.stop()
+
+
+def test_scrape_credentials_as_prometheus_sends_them() -> None:
+    """Issue 27: basic auth or a bearer token per metrics port (Prometheus' basic_auth and
+    authorization); /healthz stays open for liveness probes; a 401 says what to give."""
+    import base64
+
+    from raftmq.common.scrape_access import ScrapeSettings
+
+    def opener(header: str | None) -> urllib.request.OpenerDirector:
+        o = urllib.request.build_opener()
+        o.addheaders = [("Authorization", header)] if header else []
+        return o
+
+    def fetch(address: str, path: str, header: str | None) -> int:
+        try:
+            with opener(header).open(f"http://{address}{path}", timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            assert exc.code != 401 or exc.headers["WWW-Authenticate"], exc.headers
+            return exc.code
+
+    basic = ScrapeSettings(metrics_basic_auth_user="prom", metrics_basic_auth_password="pw")
+    bearer = ScrapeSettings(metrics_bearer_token="tok-123")
+    good_basic = "Basic " + base64.b64encode(b"prom:pw").decode()
+    cases = [
+        (basic, good_basic, ["Basic " + base64.b64encode(b"prom:no").decode(), "Bearer pw"]),
+        (bearer, "Bearer tok-123", ["Bearer tok-12", "Basic dG9rLTEyMw==", "tok-123", "Bearer é"]),
+    ]
+    for settings, good, bads in cases:
+        server = start_metrics(
+            "127.0.0.1:0", CollectorRegistry(), lambda: (True, ""), "t", settings
+        )
+        assert server is not None
+        try:
+            a = server.address
+            assert fetch(a, "/metrics", good) == 200 and fetch(a, "/readyz", good) == 200
+            assert fetch(a, "/healthz", None) == 200
+            for bad in [None, *bads]:
+                assert fetch(a, "/metrics", bad) == 401, bad
+                assert fetch(a, "/readyz", bad) == 401, bad
+        finally:
+            server.stop()
+    for wrong, what in (
+        ({"metrics_basic_auth_user": "prom"}, "go together"),
+        ({"metrics_tls": "tls"}, "metrics_tls"),
+        ({"metrics_bearer_token": "t", "metrics_basic_auth_user": "u",
+          "metrics_basic_auth_password": "p"}, "not both"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=what):
+            ScrapeSettings(**wrong)  # type: ignore[arg-type]
+
+
+def test_metrics_tls_is_chosen_per_port(tmp_path: object) -> None:
+    """Issue 27: the process has TLS (here: mutual); its metrics port may be server-only (a
+    Prometheus without a client certificate scrapes it), mutual, or off."""
+    import ssl
+    from pathlib import Path
+
+    from raftmq.common import tls
+    from raftmq.common.scrape_access import ScrapeSettings
+    from raftmq.common.settings import SettingsError
+    from raftmq.ops.certs import CertRequest, write_certs
+
+    d = Path(str(tmp_path)) / "certs"
+    write_certs(d, [CertRequest("broker", ("127.0.0.1",)), CertRequest("client", ())])
+
+    def scrape(address: str, ctx: ssl.SSLContext | None) -> int | str:
+        scheme = "https" if ctx is not None else "http"
+        try:
+            with urllib.request.urlopen(
+                f"{scheme}://{address}/metrics", timeout=5, context=ctx
+            ) as r:
+                return int(r.status)
+        except (urllib.error.URLError, ConnectionError, ssl.SSLError) as exc:
+            return type(exc).__name__
+
+    ca_only = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    with_cert = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    with_cert.load_cert_chain(d / "client.crt", d / "client.key")
+    tls.install(
+        tls.load({"ca": str(d / "ca.crt"), "cert": str(d / "broker.crt"),
+                  "key": str(d / "broker.key"), "require_client_cert": True}, environ={})
+    )  # fmt: skip
+    try:
+        seen = {}
+        for mode in ("", "server-only", "mutual", "off"):
+            s = ScrapeSettings(metrics_tls=mode)
+            server = start_metrics("127.0.0.1:0", CollectorRegistry(), lambda: (True, ""), "t", s)
+            assert server is not None
+            try:
+                a = server.address
+                plain = scrape(a, None)
+                seen[mode] = (scrape(a, ca_only), scrape(a, with_cert), plain)
+            finally:
+                server.stop()
+        assert seen["server-only"][:2] == (200, 200) and seen["server-only"][2] != 200
+        assert seen["mutual"][0] != 200 and seen["mutual"][1] == 200
+        assert seen[""] == seen["mutual"]  # as the process: mutual
+        assert seen["off"][2] == 200 and seen["off"][0] != 200
+    finally:
+        tls.uninstall()
+    with pytest.raises(SettingsError, match="needs the process's TLS"):
+        start_metrics("127.0.0.1:0", CollectorRegistry(), lambda: (True, ""), "t",
+                      ScrapeSettings(metrics_tls="mutual"))  # fmt: skip

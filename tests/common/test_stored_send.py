@@ -34,17 +34,25 @@ def test_requests_round_trip(batches: list[bytes], timeout_ms: int) -> None:
     assert got_timeout == timeout_ms and [bytes(v) for v in views] == batches
 
 
-@given(st.lists(answers | st.sampled_from(["nl", "ooo"]), max_size=8), st.integers(0, 99))
+@given(
+    st.lists(answers | st.sampled_from(["nl", "ooo"]), max_size=8),
+    st.integers(0, 99),
+    st.integers(0, 1 << 31),
+)
 def test_answers_round_trip_with_errors_in_place(
-    results: list[BatchAnswer | str], term: int
+    results: list[BatchAnswer | str], term: int, throttle_ms: int
 ) -> None:
     errors = {
         "nl": NotLeaderError("not the leader", leader_hint="h:1"),
         "ooo": OutOfOrderSequenceError("later", details={"expected_sequence": "7"}),
     }
     sent = [errors[r] if isinstance(r, str) else r for r in results]
-    got = stored_send.decode_answer(stored_send.encode_answer("broker-é", term, sent))
+    raw = stored_send.encode_answer("broker-é", term, sent, throttle_ms)
+    got = stored_send.decode_answer(raw)
     assert (got.broker_group, got.term, len(got.results)) == ("broker-é", term, len(results))
+    assert got.throttle_ms == throttle_ms  # issue 27: the held time, told only when held
+    if not throttle_ms:
+        assert raw == stored_send.encode_answer("broker-é", term, sent)
     for want, have in zip(sent, got.results, strict=True):
         if isinstance(want, BatchAnswer):
             assert have == want

@@ -33,6 +33,7 @@ from raftmq.client.offset_reset import ResetTarget, ResetTo
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_cluster, cli_data
 from raftmq.ops.cluster_spec import Endpoint, SpecError, load, parse
@@ -94,6 +95,19 @@ def test_reset_targets_from_the_form() -> None:
     for bad in ("", "offset:", "offset:x", "latest:3", "time:", "sideways"):
         with pytest.raises(InvalidArgumentError, match="earliest, latest"):
             parse_reset_target(bad)
+
+
+def test_queue_holders_split_as_the_sdk_does() -> None:
+    """Issue 27: the group page's holder per queue is the SDK's own AVERAGELY allocation."""
+    from raftmq.client.rebalance import AllocationStrategy, allocate
+
+    queues = [QueueRef("t", g, i) for g in ("a", "b") for i in range(3)]
+    members = ["c2", "c1", "c3", "c4"]
+    held = app.queue_holders(queues, members)
+    for m in members:
+        mine = allocate(AllocationStrategy.AVERAGELY, queues, members, m)
+        assert sorted(q for q, h in held.items() if h == m) == mine
+    assert set(held) == set(queues) and app.queue_holders(queues, []) == {}
 
 
 def test_routing_without_a_cluster() -> None:
@@ -349,6 +363,14 @@ def test_every_page_shows_what_admin_says(
     assert row[1] == GROUP and row[2] == g.leader_node_id and row[4] == str(g.term), row
     nodes = cells(browser, "broker-nodes")
     assert len(nodes) == 3 and sum(r[3] == "leader" for r in nodes) == 1, nodes
+    # issue 27: the cluster page's chart, one line per topic (the first 8 by name)
+    per_topic = """const c = Chart.getChart(document.getElementById('tps'));
+        if (!c) return null;
+        return Object.fromEntries(c.data.datasets.map(
+            d => [d.label, Math.round(d.data.reduce((x, y) => x + y, 0) * 60)]));"""
+    wait_until(lambda: browser.execute_script(per_topic), 30, "the cluster chart")
+    assert browser.execute_script(per_topic)[f"{TOPIC} (produced)"] == 12
+    browser.save_screenshot(str(shots / "cluster.png"))
     if os.environ.get("RAFTMQ_UPDATE_DOCS_IMG"):
         shutil.copy(shots / "cluster.png", REPO / "docs" / "img" / "dashboard.png")
 
@@ -359,6 +381,13 @@ def test_every_page_shows_what_admin_says(
     click(browser, f"a[href='/topic?name={TOPIC}']", "queues")
     queues = cells(browser, "queues")
     assert queues[-1][4] == "12" and [r[3] for r in queues[:2]] == ["6", "6"], queues
+    # issue 27: the TPS chart (the vendored Chart.js) draws the 12 sends and refreshes itself
+    drawn = """const c = Chart.getChart(document.getElementById('tps'));
+        if (!c) return null;
+        const total = c.data.datasets.reduce((a, d) => a + d.data.reduce((x, y) => x + y, 0), 0);
+        return [Math.round(total * 60), Number(c.canvas.dataset.refreshed)];"""
+    wait_until(lambda: (browser.execute_script(drawn) or [0, 0])[1] >= 2, 30, "two refreshes")
+    assert browser.execute_script(drawn)[0] == 12
     browser.save_screenshot(str(shots / "topic.png"))
 
     lag = sum(q.lag for q in admin.group_lag(READERS, TOPIC))
@@ -370,7 +399,34 @@ def test_every_page_shows_what_admin_says(
     shown = int(browser.find_element(By.ID, "total-lag").text)
     browser.save_screenshot(str(shots / "group.png"))
     assert shown == lag == cli_lag_total(cluster, capsys)
-    assert [r[1] for r in cells(browser, "lag")[:2]] == ["2", "2"]
+    rows = cells(browser, "lag")[:2]
+    assert [r[1:3] for r in rows] == [["6", "2"], ["6", "2"]], rows  # broker, consumer offset
+    assert [r[5] for r in rows] == ["nobody online"] * 2, rows
+
+    # issue 27: a live member holds the queues (group detail), and the connections view lists it
+    with PushConsumer(
+        cluster.namesrv,
+        "dash-live",
+        TOPIC,
+        lambda m: ConsumeResult.SUCCESS,
+        heartbeat_interval_ms=500,
+        rebalance_interval_ms=500,
+    ) as live:
+        wait_until(
+            lambda: any(g.group == "dash-live" and g.members for g in admin.consumer_groups()),
+            30,
+            "the live member's heartbeat",
+        )
+        [member] = next(g.members for g in admin.consumer_groups() if g.group == "dash-live")
+        visit(browser, f"{url}/group?name=dash-live&topic={TOPIC}", shots, "group-detail")
+        assert [r[5] for r in cells(browser, "lag")[:2]] == [member.client_id] * 2
+        [row] = cells(browser, "members")
+        assert row[1] == member.client_id and TOPIC in row[2].split(", ") and row[3] == GROUP
+        visit(browser, f"{url}/connections", shots, "connections")
+        [conn] = [r for r in cells(browser, "connections") if r[0] == "dash-live"]
+        assert conn[1] == member.client_id and TOPIC in conn[2].split(", "), conn
+        assert [TOPIC, "dash-live", "1"] in cells(browser, "subscriptions")
+        del live
 
     first = data.orders[0]
     visit(browser, f"{url}/messages", shots, "messages")
@@ -395,6 +451,8 @@ def test_every_page_shows_what_admin_says(
     visit(browser, f"{url}/dlq?group={DLQ_GROUP}", shots, "dead-letters")
     [dead] = cells(browser, "dead-letters")
     assert dead[0] == data.dead_letter.msg_id and dead[1:3] == [POISON, data.poison.msg_id], dead
+    # the failures counted (issue 27: the page showed 0, the stored field of the DLQ copy)
+    assert dead[3] == data.dead_letter.properties["RECONSUME_TIME"] != "0", dead
     assert not browser.find_elements(By.TAG_NAME, "form") or not browser.find_elements(
         By.CSS_SELECTOR, "form[method=post]"
     ), "a read-only dashboard offers no action"
@@ -445,6 +503,14 @@ def test_actions_ask_for_confirmation_first(
     click(browser, "#confirm button", "done")
     assert "created dash-created" in browser.find_element(By.ID, "done").text
     assert admin.list_topics()["dash-created"][0][1].read_queue_nums == 3
+
+    # issue 27: the topic's configuration edited from its page, confirmed first
+    visit(browser, f"{url}/topic?name=dash-created", shots, "actions-topic-config")
+    submit("update-topic", "confirm-box", queues="4", perm="r", ordered="yes")
+    assert admin.list_topics()["dash-created"][0][1].read_queue_nums == 3, "not before"
+    click(browser, "#confirm button", "done")
+    [(_, cfg)] = admin.list_topics()["dash-created"]
+    assert (cfg.read_queue_nums, cfg.perm, cfg.ordered) == (4, common_pb2.PERM_READ_ONLY, True)
 
     before = {q.queue.queue_id: q.committed for q in admin.group_lag(READERS, TOPIC)}
     visit(browser, f"{url}/group?name={READERS}&topic={TOPIC}", shots, "actions-group")

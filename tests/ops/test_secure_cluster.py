@@ -7,9 +7,15 @@ credentials is refused before any signature is looked at."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,14 +44,16 @@ def make_spec(tmp: Path) -> ClusterSpec:
     extra = (
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
         f"[security.tls]\nenabled=true\ndir='{certs}'\nrequire_client_cert=true\n"
+        # the proxy's port: server-only TLS, for the official RocketMQ 5 clients (issue 27)
+        "proxy_require_client_cert=false\n"
         "[security.auth]\nenabled=true\n"
         f"admin_access_key='{ADMIN.access_key}'\nadmin_secret_key='{ADMIN.secret_key}'\n"
         "refresh_ms=300\n"
     )
-    # one NameServer, one group of three (gRPC + Raft), one controller (gRPC + Raft)
+    # one NameServer, one group of three (gRPC + Raft), one controller (gRPC + Raft), a proxy
     text = local_description(
-        free_ports(1 + 3 * 2 + 2), tmp / "data", name="Secure", namesrvs=1, controllers=1,
-        extra=extra,
+        free_ports(1 + 3 * 2 + 2 + 1), tmp / "data", name="Secure", namesrvs=1, controllers=1,
+        proxies=1, extra=extra,
     )  # fmt: skip
     spec = parse(text)
     write_certs(certs, [CertRequest(n, ("127.0.0.1",)) for n in spec.tls_names()], days=2)
@@ -82,11 +90,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterSpec]:
             **tls_args(spec),
         ) as admin:
             wait_until(lambda: _has_leader(admin), 90, "a leader over TLS, signed")
-            for t in ("orders-eu", "payments"):
+            for t in ("orders-eu", "payments", "orders-rmq5-python", "orders-rmq5-nodejs"):
                 admin.create_topic(t, queues=2)
             admin.acl.create_user("alice", ALICE.secret_key)
             admin.acl.set_policy(
-                "alice", parse_entries(["Topic:orders*=Pub,Sub", "Group:billing=Sub"])
+                "alice",
+                parse_entries(["Topic:orders*=Pub,Sub", "Group:billing=Sub", "Group:rmq5*=Sub"]),
             )
             admin.acl.create_user("bob", BOB.secret_key)
             admin.acl.set_policy("bob", parse_entries(["Topic:orders*=Pub"]))
@@ -177,3 +186,74 @@ def test_plaintext_client_with_valid_credentials_is_refused(cluster: ClusterSpec
     assert time.monotonic() - start < 30
     assert not isinstance(err.value, AccessDeniedError)
     assert "tls" in err.value.message.lower(), err.value.message
+
+
+ROOT = Path(__file__).parents[2]
+PY_DRIVER = ROOT / "tests" / "proxy" / "official_client.py"
+NODE_DIR = ROOT / "tests" / "proxy" / "nodejs"
+
+
+def _official(
+    spec: ClusterSpec, argv: list[str], cwd: Path, creds: Credentials, home: Path
+) -> dict[str, Any]:
+    """Run an official client's driver against the proxy over server-only TLS, as `creds`."""
+    assert spec.tls is not None
+    env = {
+        **os.environ,
+        "HOME": str(home),  # both clients write their logs under $HOME/logs
+        "RMQ5_TLS": "1",
+        "RMQ5_ACCESS_KEY": creds.access_key,
+        "RMQ5_SECRET_KEY": creds.secret_key,
+        # both clients' gRPC trust the CA named here (they have no CA setting of their own)
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(spec.tls.ca),
+    }
+    out = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, f"exit {out.returncode}: {out.stdout[-2000:]} {out.stderr[-3000:]}"
+    got: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    return got
+
+
+def _produce_consume(client: str, group: str) -> dict[str, Any]:
+    bodies = [f"{client}-{i}" for i in range(5)]
+    topic = f"orders-rmq5-{client}"
+    produce = {"topic": topic, "messages": [{"body": b} for b in bodies]}
+    consume = {"topic": topic, "group": group, "count": 5, "timeout_s": 60}
+    return {"steps": [["produce", produce], ["consume", consume]], "_bodies": bodies}
+
+
+@pytest.mark.parametrize("client", ["python", "nodejs"])
+def test_official_clients_produce_and_consume_over_server_only_tls_with_aksk(
+    cluster: ClusterSpec, client: str, tmp_path: Path
+) -> None:
+    """Issue 27: the brokers and NameServers demand client certificates (mutual TLS) while the
+    proxy's port is server-only TLS, so the official RocketMQ 5 clients (no certificate)
+    connect; they are authenticated by their AK/SK signature instead. Each produces 5 messages
+    and consumes them back in a group of its own; with a wrong secret nothing goes through."""
+    spec = cluster
+    wait_until(lambda: _send_ok(spec, ALICE, "orders-eu"), 60, "alice's policy on every node")
+    endpoint = str(spec.proxies[0])
+    args = _produce_consume(client, f"rmq5-{client}")
+    bodies = args.pop("_bodies")
+    if client == "python":
+        argv = [sys.executable, str(PY_DRIVER), "steps", endpoint, json.dumps(args)]
+        cwd = ROOT
+    else:
+        node = shutil.which("node")
+        # `make deps` installs both (scripts/ensure_node.sh): a missing one is a broken setup
+        assert node and (NODE_DIR / "node_modules" / "rocketmq-client-nodejs").is_dir(), (
+            "the official Node.js client is missing: run `make deps`"
+        )
+        argv = [node, str(NODE_DIR / "driver.js"), "steps", endpoint, json.dumps(args)]
+        cwd = NODE_DIR
+    sent, got = _official(spec, argv, cwd, ALICE, tmp_path)["results"]
+    assert len(sent["sent"]) == 5, sent
+    assert sorted(m["body"] for m in got["got"]) == bodies, got
+    # a wrong secret: the proxy refuses the signature (the client reports the failure)
+    bad = Credentials(ALICE.access_key, "not-the-secret")
+    one = {"topic": f"orders-rmq5-{client}", "messages": [{"body": "refused"}]}
+    argv_bad = [*argv[:2], "produce", endpoint, json.dumps(one)]
+    with pytest.raises(AssertionError, match="exit"):
+        _official(spec, argv_bad, cwd, bad, tmp_path)

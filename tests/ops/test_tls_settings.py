@@ -80,6 +80,7 @@ def test_tls_section_off_or_absent_is_open(tmp_path: Path) -> None:
         ("[security.tls]\nenabled=true\ncert_dir='x'\n", "unknown [security.tls] key(s) cert_dir"),
         ("[security.tls]\nenabled='yes'\n", "security.tls.enabled must be true or false"),
         ("[security.tls]\nenabled=true\nrequire_client_cert=1\n", "require_client_cert"),
+        ("[security.tls]\nenabled=true\nproxy_require_client_cert='no'\n", "proxy_require"),
         ("[security.other]\nx=1\n", "unknown [security] table(s) other"),
         ("security = 3\n", "[security] must be a table"),
     ],
@@ -203,6 +204,34 @@ def test_cluster_certs_command(tmp_path: Path) -> None:
     again = certs_cmd()
     assert again.returncode == 2 and "--force" in again.stderr and "Traceback" not in again.stderr
     assert certs_cmd("--force").returncode == 0
+
+
+def test_the_proxy_port_may_be_server_only_under_mutual_tls(tmp_path: Path) -> None:
+    """Issue 27: TLS server-only or mutual per port; the proxy's (the official RocketMQ 5
+    clients have no certificate) may differ from the cluster's, in compose too."""
+    from raftmq.ops.compose import compose_yaml
+
+    def mutual_by_role(table: str) -> dict[str, set[bool]]:
+        text = local_description(
+            free_ports(8), tmp_path / "data", namesrvs=1, controllers=0, proxies=1,
+            extra=f"[security.tls]\nenabled=true\ndir='certs'\n{table}", metrics=False,
+        )  # fmt: skip
+        spec = parse(text)
+        out: dict[str, set[bool]] = {}
+        for p in spec.processes():
+            out.setdefault(p.role, set()).add("--tls-require-client-cert" in p.argv)
+        compose = compose_yaml(spec)
+        proxy = compose.split("  proxy-0:\n", 1)[1].split("\n  ", 4)
+        command = next(line for line in proxy if line.startswith("  command:"))
+        assert ("--tls-require-client-cert" in command) == out["proxy"].pop(), command
+        out["proxy"] = {"--tls-require-client-cert" in command}
+        return out
+
+    split = mutual_by_role("require_client_cert=true\nproxy_require_client_cert=false\n")
+    assert split == {"namesrv": {True}, "broker": {True}, "proxy": {False}}
+    assert mutual_by_role("require_client_cert=true\n")["proxy"] == {True}  # default: as all
+    only_proxy = mutual_by_role("proxy_require_client_cert=true\n")
+    assert only_proxy == {"namesrv": {False}, "broker": {False}, "proxy": {True}}
 
 
 def test_compose_mounts_the_certificates_and_points_every_process_at_them(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ the black box the issue asks for: nothing of raftmq is imported here.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -28,9 +29,14 @@ from rocketmq import (
     TransactionResolution,
 )
 
+# A secure cluster (issue 27): TLS to the proxy (trusting the CA named by gRPC's
+# GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) and the user's AK/SK, from the environment, for every scenario.
+_TLS = os.environ.get("RMQ5_TLS") == "1"
+_AK, _SK = os.environ.get("RMQ5_ACCESS_KEY", ""), os.environ.get("RMQ5_SECRET_KEY", "")
+
 
 def _config(endpoint: str, ak: str = "", sk: str = "") -> ClientConfiguration:
-    return ClientConfiguration(endpoint, Credentials(ak, sk), request_timeout=10)
+    return ClientConfiguration(endpoint, Credentials(ak or _AK, sk or _SK), request_timeout=10)
 
 
 def _view(m: Any) -> dict[str, Any]:
@@ -49,7 +55,7 @@ def _view(m: Any) -> dict[str, Any]:
 
 def produce(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     """args: topic, messages [{body, tag?, keys?, properties?, group?}]"""
-    p = Producer(_config(endpoint), (args["topic"],))
+    p = Producer(_config(endpoint), (args["topic"],), tls_enable=_TLS)
     p.startup()
     sent = []
     try:
@@ -106,6 +112,7 @@ def _consumer(endpoint: str, args: dict[str, Any]) -> SimpleConsumer:
         args["group"],
         {args["topic"]: expr},
         await_duration=args.get("await_s", 2),
+        tls_enable=_TLS,
     )
     c.startup()
     return c

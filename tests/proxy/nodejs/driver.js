@@ -26,8 +26,22 @@ const logger = {
   close: () => {},
 };
 
+// A secure cluster (issue 27): TLS to the proxy (grpc-js trusts the CA named by
+// GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) and the user's AK/SK, from the environment.
+function security() {
+  const out = {};
+  if (process.env.RMQ5_TLS === '1') out.sslEnabled = true;
+  if (process.env.RMQ5_ACCESS_KEY) {
+    out.sessionCredentials = {
+      accessKey: process.env.RMQ5_ACCESS_KEY,
+      accessSecret: process.env.RMQ5_SECRET_KEY || '',
+    };
+  }
+  return out;
+}
+
 function options(endpoint, extra) {
-  return { endpoints: endpoint, namespace: '', requestTimeout: 10000, logger, ...extra };
+  return { endpoints: endpoint, namespace: '', requestTimeout: 10000, logger, ...security(), ...extra };
 }
 
 function view(m) {
