@@ -94,7 +94,13 @@ def serving_topic(r: ClusterRunner, topic: str, queues: int) -> str:
         # The NameServers learn the leader from its report a moment after the node knows it.
         wait_until(lambda: all(g.leader_address for g in admin.groups()), 30, "the leader routed")
         admin.create_topic(topic, queues=queues)
-        wait_until(lambda: len(admin.route(topic).write_queues()) == queues, 20, "route")
+    # On every NameServer: a producer may ask either (one that had not heard of the topic yet
+    # answered NoRouteError on a loaded machine).
+    for one in ns.split(","):
+        with Admin(one) as admin:
+            wait_until(
+                lambda: len(admin.route(topic).write_queues()) == queues, 20, f"route at {one}"
+            )
     return ns
 
 
