@@ -109,7 +109,7 @@ class SendOptions:
 
 
 _R = TypeVar("_R")
-_PLAIN = SendOptions()  # a body without tag, keys or properties
+PLAIN_SEND = SendOptions()  # a body without tag, keys or properties
 
 
 class Producer:
@@ -379,7 +379,7 @@ class Producer:
             if isinstance(m, OutgoingMessage):
                 msg = self._message(topic, m.body, SendOptions(m.tags, m.keys, m.properties))
             else:
-                msg = self._message(topic, m, _PLAIN)
+                msg = self._message(topic, m, PLAIN_SEND)
             pendings.append(Pending(msg, out, len(msg.body), False))
         self._sender.enqueue(self._choose_queue(topic, placement), pendings)
 

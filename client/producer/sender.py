@@ -153,6 +153,9 @@ class Sender:
         # Called with each settled request's messages (every future done), on whichever thread
         # settled it (often the data pool's loop: it must not block). Message trace sets it.
         self.on_settled: Callable[[str, Sequence[Pending]], None] | None = None
+        # Called after each settled request freed buffer room (any thread, never blocking): the
+        # asyncio face's send() awaits room with it instead of blocking its loop.
+        self.on_room: Callable[[], None] | None = None
         self._frames_out: dict[str, int] = {}  # data address -> frames in flight (loop thread)
         # figures for benchmarks and tests: SEND_BATCHES frames, the batches and messages in them
         self.frames_sent = 0
@@ -184,7 +187,10 @@ class Sender:
     def enqueue(self, target: QueueRef, items: Sequence[Pending]) -> None:
         """Buffer `items` for `target`, waiting up to max_block_s for room (then QueueFull)."""
         size = sum(it.size for it in items)
-        deadline = time.monotonic() + self.config.max_block_s
+        # On the loop that delivers the answers (the asyncio face) waiting would only block
+        # them: full is QueueFull at once there, and AsyncProducer.send awaits room instead.
+        wait_s = 0.0 if self._data.on_loop_thread() else self.config.max_block_s
+        deadline = time.monotonic() + wait_s
         with self._lock:
             while not self._acc.has_room(len(items), size):
                 left = deadline - time.monotonic()
@@ -750,6 +756,9 @@ class Sender:
             else:
                 nxt = self._acc.abandon(req.batch, monotonic_ms())
             self._lock.notify_all()
+        room = self.on_room
+        if room is not None:
+            room()
         return nxt
 
     def _finish(self, req: Request, err: RaftMQError | None) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,7 @@ from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
 from raftmq.common import stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.errors import InvalidArgumentError, QueueFullError
 from raftmq.common.message import Message
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
 from raftmq.common.record_batch import ProducerSequence
@@ -398,6 +400,51 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     out = env.pull(env.leader, 0, before, raw=True)
     assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
+
+
+def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
+    """AsyncProducer on the caller's own loop (issue 24): SEND_STORED frames written and
+    answered there, no I/O thread of the producer's, every future completed on the loop without
+    a wake-up from a thread; a full buffer is QueueFullError at once for send_future (waiting
+    would block the loop that empties it) and awaited by send(); one loop per producer."""
+    queue = QueueRef(TOPIC, GROUP, 6)
+    before = env.max_offset(6)
+
+    async def run() -> tuple[list[SendResult], AsyncProducer]:
+        kw = {"max_buffered_messages": 8, "max_block_ms": 4000}
+        async with AsyncProducer(env.cluster.namesrv, **kw) as p:
+            first = [p.send_future(TOPIC, b"f%d" % i, queue=queue) for i in range(8)]
+            # Nothing can be answered before this loop runs again: the buffer is full now,
+            # and waiting max_block_ms on this thread could not make room.
+            t0 = time.monotonic()
+            with pytest.raises(QueueFullError):
+                p.send_future(TOPIC, b"over", queue=queue)
+            assert time.monotonic() - t0 < 2.0
+            sends = (p.send(TOPIC, b"s%d" % i, queue=queue) for i in range(40))
+            rest = await asyncio.gather(*sends)
+            waker = p._waker
+            assert waker is not None and waker.direct == 48 and waker.wakeups == 0
+            assert p.producer._data._loop_thread is None
+            assert p.producer._sender.frames_sent >= 6  # 48 messages in buffers of 8 at most
+            return [*(await asyncio.gather(*first)), *rest], p
+
+    results, producer = asyncio.run(run())
+    assert sorted(r.queue_offset for r in results) == list(range(before, before + 48))
+    out = env.pull(env.leader, 6, before, raw=True)
+    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert not [t for t in threading.enumerate() if t.name == "raftmq-producer-data"]
+
+    async def on(p: AsyncProducer) -> SendResult:
+        return await p.send(TOPIC, b"other loop", queue=queue)
+
+    p2 = AsyncProducer(env.cluster.namesrv)
+    try:
+        asyncio.run(on(p2))
+        with pytest.raises(InvalidArgumentError, match="another event loop"):
+            asyncio.run(on(p2))
+    finally:
+        p2.producer.close()
+    assert producer.producer._sender.closed
 
 
 @given(st.data())

@@ -342,10 +342,13 @@ def test_asyncio_face_over_frames(cluster: Cluster, proxies: dict[str, FrameBrok
             p.producer.routes._override_data_addresses(overrides(proxies))
             results = await asyncio.gather(*(p.send(name, b"x%d" % i) for i in range(200)))
             assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
-            # the results of one answer complete their futures with one wake-up of this loop
+            # The producer runs on this loop: no I/O thread of its own, the frames' answers
+            # arrive here and complete every future at once, with no wake-up from a thread.
             waker = p._waker
             assert waker is not None and waker.completions == 200
-            assert waker.wakeups < 100, waker.wakeups
+            assert waker.direct == 200 and waker.wakeups == 0, (waker.direct, waker.wakeups)
+            assert p.producer._data._loop_thread is None
+            assert not [t for t in threading.enumerate() if t.name == "raftmq-producer-data"]
         got: list[bytes] = []
         async with AsyncPullConsumer(cluster.namesrv, "g-aio", start_from=StartFrom.EARLIEST) as c:
             c.consumer.routes._override_data_addresses(overrides(proxies))
