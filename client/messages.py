@@ -1,6 +1,6 @@
 """The SDK's message values: what a producer sends, what a send returns, what a consumer gets.
 
-Plain frozen values; conversion from wire and stored forms lives here and nowhere else.
+Plain read-only values; conversion from wire and stored forms lives here and nowhere else.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from raftmq.common.message import StoredMessage, check_message_types
+from raftmq.common.message import POSITION_HEX, StoredMessage, check_message_types
 from raftmq.common.pb import common_pb2
 
 
@@ -25,17 +25,100 @@ class OutgoingMessage:
         check_message_types(self.tags, self.keys, self.properties)
 
 
-@dataclass(frozen=True, slots=True)
 class SendResult:
     """Where a message was stored. `duplicate`: an idempotent retry found it already stored (the
-    offset and id are the original's; msg_id is "" if the broker no longer remembers them)."""
+    offset and id are the original's; msg_id is "" if the broker no longer remembers them).
 
-    msg_id: str
-    topic: str
-    broker_group: str
-    queue_id: int
-    queue_offset: int
-    duplicate: bool = False
+    A read-only value. The sender makes one per message from its batch's fixed-size answer
+    record, so it is a slotted class, not a frozen dataclass (whose `__init__` costs several
+    times more), and its id is derived on first access: with `id_position` >= 0, `msg_id` is
+    the batch's id prefix plus that position in hex (common.message.encode_msg_id's form)."""
+
+    __slots__ = (
+        "_broker_group",
+        "_duplicate",
+        "_full",
+        "_id",
+        "_offset",
+        "_position",
+        "_queue_id",
+        "_topic",
+    )
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        broker_group: str,
+        queue_id: int,
+        queue_offset: int,
+        duplicate: bool = False,
+        *,
+        id_position: int = -1,
+    ) -> None:
+        self._id = msg_id
+        self._position = id_position
+        self._full: str | None = None
+        self._topic = topic
+        self._broker_group = broker_group
+        self._queue_id = queue_id
+        self._offset = queue_offset
+        self._duplicate = duplicate
+
+    @property
+    def msg_id(self) -> str:
+        if self._position < 0:
+            return self._id
+        # Derived from fields never written again, so two threads reading at once agree.
+        full = self._full
+        if full is None:
+            full = self._full = self._id + format(self._position, POSITION_HEX)
+        return full
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def broker_group(self) -> str:
+        return self._broker_group
+
+    @property
+    def queue_id(self) -> int:
+        return self._queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self._offset
+
+    @property
+    def duplicate(self) -> bool:
+        return self._duplicate
+
+    def _key(self) -> tuple[str, str, str, int, int, bool]:
+        return (
+            self.msg_id,
+            self._topic,
+            self._broker_group,
+            self._queue_id,
+            self._offset,
+            self._duplicate,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SendResult):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"SendResult(msg_id={self.msg_id!r}, topic={self._topic!r}, "
+            f"broker_group={self._broker_group!r}, queue_id={self._queue_id}, "
+            f"queue_offset={self._offset}, duplicate={self._duplicate})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

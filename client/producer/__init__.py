@@ -65,6 +65,7 @@ __all__ = ["Producer", "QueueSelector", "SendCallback", "SendOptions"]
 log = logging.getLogger("raftmq.producer")
 
 MIB = 1 << 20
+MAX_CHECKED_TOPICS = 4096  # topic names remembered as valid (cleared whole when full)
 SendCallback = Callable[[SendResult | None, RaftMQError | None], None]
 # RocketMQ's MessageQueueSelector: given the topic's writable queues (sorted), the one to use.
 QueueSelector = Callable[[Sequence[QueueRef]], QueueRef]
@@ -221,7 +222,10 @@ class Producer:
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
         self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
         self._sticky_lock = threading.Lock()  # guards _sticky
-        self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
+        # topic -> (queue, sends left, the publish queues it was chosen from)
+        self._sticky: dict[str, tuple[QueueRef, int, PublishQueues]] = {}
+        # Topic names already checked by validate_topic (asked once per message), bounded.
+        self._topics_ok: set[str] = set()
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
         self._limits = MessageLimits(max_message_bytes=self._max_message_bytes)
@@ -520,7 +524,11 @@ class Producer:
         return msg
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
-        validate_topic(topic, allow_system=self._allow_system)
+        if topic not in self._topics_ok:
+            validate_topic(topic, allow_system=self._allow_system)
+            if len(self._topics_ok) >= MAX_CHECKED_TOPICS:
+                self._topics_ok.clear()
+            self._topics_ok.add(topic)
         sharding_key, queue_selector, queue = (
             options.sharding_key,
             options.queue_selector,
@@ -559,17 +567,18 @@ class Producer:
         now = monotonic_ms()
         with self._sticky_lock:
             current = self._sticky.get(topic)
-            if (
-                current is not None
-                and current[0] in queues.queues
-                and self._sender.is_available(current[0].broker_group, now)
-            ):
-                q, left = current
-                if left > 1:
-                    self._sticky[topic] = (q, left - 1)
+            if current is not None:
+                q, left, chosen_from = current
+                # The same route object: its queues cannot have changed (no list search).
+                if (
+                    left > 1
+                    and (chosen_from is queues or q in queues.queues)
+                    and self._sender.is_available(q.broker_group, now)
+                ):
+                    self._sticky[topic] = (q, left - 1, queues)
                     return q
             chosen = self._sender.select(queues, now)
-            self._sticky[topic] = (chosen, self._sticky_messages)
+            self._sticky[topic] = (chosen, self._sticky_messages, queues)
             return chosen
 
     def _first_send_queue(self, topic: str) -> QueueRef:
