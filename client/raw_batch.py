@@ -9,10 +9,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from raftmq.client.messages import ReceivedMessage
 from raftmq.common import produce_chunk
 from raftmq.common.message import POSITION_HEX, Message, StoredMessage, msg_id_prefix
 from raftmq.common.pb import broker_pb2
 from raftmq.common.record_batch import MalformedBatchError
+from raftmq.common.stored_batch import BatchHeader
+
+
+def _named_positions(
+    b: broker_pb2.RawBatch, header: produce_chunk.ChunkHeader, queue_id: int, topic: str | None
+) -> list[int]:
+    """The positions the answer names in batch `b`, checked against its header (queue, and
+    topic if given) before any of it is decoded."""
+    if header.queue_id != queue_id or (topic is not None and header.topic != topic):
+        raise MalformedBatchError(
+            f"batch {b.raft_index}/{b.slot} is for {header.topic}/{header.queue_id}, "
+            f"not {topic or header.topic}/{queue_id}"
+        )
+    if len(b.positions) != len(b.byte_offsets):
+        raise MalformedBatchError(
+            f"batch {b.raft_index}/{b.slot}: {len(b.positions)} positions but "
+            f"{len(b.byte_offsets)} byte offsets"
+        )
+    positions = list(b.positions)
+    for position in positions:
+        if not 0 <= position < header.count:
+            raise MalformedBatchError(
+                f"batch {b.raft_index}/{b.slot} has no position {position} ({header.count})"
+            )
+    if positions != sorted(positions):
+        raise MalformedBatchError(f"batch {b.raft_index}/{b.slot}: positions out of order")
+    return positions
 
 
 def named_messages(
@@ -28,30 +56,57 @@ def named_messages(
     for b in batches:
         chunk = b.chunk
         header = produce_chunk.read_header(chunk)
-        if header.queue_id != queue_id or (topic is not None and header.topic != topic):
-            raise MalformedBatchError(
-                f"batch {b.raft_index}/{b.slot} is for {header.topic}/{header.queue_id}, "
-                f"not {topic or header.topic}/{queue_id}"
-            )
-        if len(b.positions) != len(b.byte_offsets):
-            raise MalformedBatchError(
-                f"batch {b.raft_index}/{b.slot}: {len(b.positions)} positions but "
-                f"{len(b.byte_offsets)} byte offsets"
-            )
+        positions = _named_positions(b, header, queue_id, topic)
         id_prefix = msg_id_prefix(broker_group, b.raft_index, b.slot)
-        positions = list(b.positions)
-        for position in positions:
-            if not 0 <= position < header.count:
-                raise MalformedBatchError(
-                    f"batch {b.raft_index}/{b.slot} has no position {position} ({header.count})"
-                )
-        if positions != sorted(positions):
-            raise MalformedBatchError(f"batch {b.raft_index}/{b.slot}: positions out of order")
         messages = produce_chunk.messages_at(
             chunk, header, positions, b.byte_offsets, strings, verify=True
         )
         for position, msg in zip(positions, messages, strict=True):
             yield b, position, id_prefix + format(position, POSITION_HEX), msg
+
+
+def received_messages(
+    batches: Iterable[broker_pb2.RawBatch], broker_group: str, queue_id: int
+) -> list[ReceivedMessage]:
+    """The messages of a pull answer as a consumer gets them, in queue-offset order. A v2
+    batch's CRCs and named record heads are checked here, and each message decodes its fields
+    only when they are read (ReceivedMessage.lazy); a v1 batch is decoded here."""
+    out: list[ReceivedMessage] = []
+    strings: dict[bytes, str] = {}
+    for b in batches:
+        chunk = b.chunk
+        header = produce_chunk.read_header(chunk)
+        positions = _named_positions(b, header, queue_id, None)
+        id_prefix = msg_id_prefix(broker_group, b.raft_index, b.slot)
+        first, store_ms = b.first_offset, b.store_timestamp_ms
+        if isinstance(header, BatchHeader):
+            records = produce_chunk.records_at(chunk, header, positions, verify=True)
+            for position, record in zip(positions, records, strict=True):
+                out.append(
+                    ReceivedMessage.lazy(
+                        record, broker_group, first + position, store_ms, id_prefix, position
+                    )
+                )
+            continue
+        messages = produce_chunk.messages_at(chunk, header, positions, b.byte_offsets, strings)
+        for position, m in zip(positions, messages, strict=True):
+            out.append(
+                ReceivedMessage(
+                    m.topic,
+                    m.body,
+                    m.tags,
+                    m.keys,
+                    m.properties,
+                    broker_group,
+                    queue_id,
+                    first + position,
+                    id_prefix + format(position, POSITION_HEX),
+                    store_ms,
+                    m.born_timestamp_ms,
+                    m.born_host,
+                )
+            )
+    return out
 
 
 def decode_batches(
