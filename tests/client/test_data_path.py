@@ -22,6 +22,7 @@ from raftmq.client.data_pool import DataPool, may_have_stored
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
+from raftmq.client.producer.transaction import LocalTransactionState, TransactionProducer
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -328,6 +329,18 @@ def test_a_node_without_a_data_address_is_unavailable_not_a_grpc_fallback(
             p.send(name, b"never", queue=q)
         assert type(info.value) is BrokerUnavailableError  # surely not stored
         assert p._data._loop_thread is None  # the frame loop never started
+    assert queue_max(cluster, q) == before
+    # A consumer's offsets and a transactional half travel on frames too (no gRPC fallback).
+    no_data = pytest.raises(BrokerUnavailableError, match="--data-listen")
+    with PullConsumer(cluster.namesrv, "g-no-data") as c, no_data:
+        c.committed(q)
+    commit = lambda _: LocalTransactionState.COMMIT  # noqa: E731
+    txn = TransactionProducer(
+        cluster.namesrv, "txn-no-data", lambda _: LocalTransactionState.UNKNOWN,
+        send_timeout_ms=800, request_timeout_ms=300,
+    )  # fmt: skip
+    with txn, pytest.raises(BrokerUnavailableError, match="--data-listen"):
+        txn.send_in_transaction(name, b"never", commit, queue=q)
     assert queue_max(cluster, q) == before
 
 
