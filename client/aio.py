@@ -31,10 +31,11 @@ class AsyncProducer:
     arguments are Producer's; a failure raises the same typed errors (OutcomeUnknownError only
     when the message may be stored).
 
-    It runs on the caller's own event loop (the loop of its first send; one loop per producer):
-    frames are written and answers read there, and results complete their futures there, with
-    no thread in between. Only retries, linger deadlines and route look-ups of failures use the
-    producer's timer thread. Close it (`async with`) before its loop ends."""
+    It runs on the caller's own event loop (the loop it is made in, else that of its first
+    send; one loop per producer, so make it inside the loop that uses it): frames are written
+    and answers read there, and results complete their futures there, with no thread between.
+    Only retries, linger deadlines and route look-ups of failures use the producer's timer
+    thread. Close it (`async with`) before its loop ends."""
 
     def __init__(self, namesrv_addresses: str | Sequence[str], **kwargs: Any) -> None:
         self.producer = Producer(namesrv_addresses, **kwargs)
@@ -42,11 +43,18 @@ class AsyncProducer:
         self._waker: LoopWaker | None = None
         self._room = asyncio.Event()
         self._room_waiters = 0  # send() calls waiting for buffer room
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # made outside any loop: bound by the first send
+        if loop is not None:
+            # Made inside its loop (the usual case): bound now, so that even the threaded API
+            # of `self.producer`, if used first (a preload), runs on that loop.
+            self._bind(loop)
 
-    def _bind(self) -> LoopWaker:
-        """The waker of the running loop; the first call moves the producer's connections
-        onto it (InvalidArgumentError from a second loop)."""
-        loop = asyncio.get_running_loop()
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> LoopWaker:
+        """The waker of `loop`, the running one; the first call moves the producer's
+        connections onto it (InvalidArgumentError from a second loop)."""
         waker = self._waker
         if waker is not None and self._loop is loop:
             return waker
@@ -126,7 +134,7 @@ class AsyncProducer:
         waker = self._waker
         loop = asyncio.get_running_loop()
         if waker is None or self._loop is not loop:
-            waker = self._bind()
+            waker = self._bind(loop)
         out: asyncio.Future[SendResult] = loop.create_future()
         if (
             tags is None
@@ -154,7 +162,7 @@ class AsyncProducer:
     ) -> asyncio.Future[list[SendResult]]:
         """Producer.send_batch_future on this loop: one asyncio future for the whole batch (a
         list of results in order)."""
-        waker = self._bind()
+        waker = self._bind(asyncio.get_running_loop())
         out: asyncio.Future[list[SendResult]] = waker.loop.create_future()
         fut = self.producer.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue

@@ -128,7 +128,8 @@ class DataPool:
                 return
             if self._own_loop is not None or self._loop_thread is not None:
                 raise InvalidArgumentError(
-                    "this client already runs on another event loop: use one client per loop"
+                    "this client already runs on another event loop (or its own I/O thread): "
+                    "use one client per loop, made inside the loop that uses it"
                 )
             self._own_loop = loop
             self._own_thread = threading.get_ident()
