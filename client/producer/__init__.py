@@ -534,7 +534,8 @@ class Producer:
             options.queue_selector,
             options.queue,
         )
-        if sum(x is not None for x in (sharding_key, queue_selector, queue)) > 1:
+        chosen_by = (sharding_key is not None) + (queue_selector is not None) + (queue is not None)
+        if chosen_by > 1:
             raise InvalidArgumentError("give at most one of sharding_key, queue_selector, queue")
         if queue is not None:
             if queue.topic != topic:
