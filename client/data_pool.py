@@ -135,8 +135,9 @@ class DataPool:
             self._own_thread = threading.get_ident()
 
     def on_loop_thread(self) -> bool:
-        if self._own_loop is not None:
-            return threading.get_ident() == self._own_thread
+        own = self._own_loop
+        if own is not None:  # the caller's loop: this thread while it runs that loop
+            return threading.get_ident() == self._own_thread and own.is_running()
         lt = self._loop_thread
         return lt is not None and threading.current_thread() is lt._thread
 

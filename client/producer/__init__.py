@@ -261,6 +261,7 @@ class Producer:
         `deliver_at_ms` (at this time, ms since the epoch; up to the broker's horizon, 7 days by
         default). A delayed message's result has queue_offset -1: it gets its offset when due.
         A bad delay raises InvalidDelayError before anything is sent."""
+        self._refuse_blocking("send()")
         spec = self._delay(delay_level, delay_ms, deliver_at_ms)
         options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue, spec)
         return self._wait(self._send(topic, body, options))
@@ -319,6 +320,7 @@ class Producer:
         queue: QueueRef | None = None,
     ) -> list[SendResult]:
         """Store `messages` together in one queue, in order (RocketMQ's batch send)."""
+        self._refuse_blocking("send_batch()")
         fut = self.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -389,6 +391,7 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every buffered message has an outcome; False on timeout."""
+        self._refuse_blocking("flush()")
         return self._sender.flush(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -442,6 +445,16 @@ class Producer:
                 fn(fut)
 
         return hop
+
+    def _refuse_blocking(self, call: str) -> None:
+        """A blocking call on the loop that delivers the answers (an AsyncProducer's, or a
+        done-callback on the I/O thread) could only wait out its timeout: refused at once."""
+        if self._data.on_loop_thread():
+            raise InvalidArgumentError(
+                f"{call} would block the event loop that delivers its answer; on that loop "
+                "use send_async() or the AsyncProducer's awaitables (await send(), flush(), "
+                "close())"
+            )
 
     def _wait(self, fut: Future[_R]) -> _R:
         # Bounded: the request's own deadline settles it long before this one.

@@ -416,6 +416,15 @@ def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
             # The threaded API of a producer made in this loop, used first (a preload from a
             # worker thread), runs on this loop too.
             pre = await asyncio.to_thread(p.producer.send, TOPIC, b"pre", queue=queue)
+            # A blocking call on this loop could only wait out its timeout: refused at once,
+            # nothing buffered (the offsets below count 49).
+            for blocking in (
+                lambda: p.producer.send(TOPIC, b"blocks", queue=queue),
+                lambda: p.producer.send_batch(TOPIC, [b"blocks"], queue=queue),
+                p.producer.flush,
+            ):
+                with pytest.raises(InvalidArgumentError, match="would block the event loop"):
+                    blocking()
             first = [p.send_future(TOPIC, b"f%d" % i, queue=queue) for i in range(8)]
             # Nothing can be answered before this loop runs again: the buffer is full now,
             # and waiting max_block_ms on this thread could not make room.
