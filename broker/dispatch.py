@@ -429,8 +429,11 @@ class Dispatcher:
         if self.transactions is not None and self.transactions.is_half(header):
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
             batch, chunk_offsets = _decode_batch(chunk)
+            at, body_bytes = (
+                (chunk_offsets[0], len(batch.messages[0].body)) if batch.messages else (0, 0)
+            )
             work.outcomes.append(
-                self.transactions.apply_half(work, raft_index, slot, batch, chunk_offsets)
+                self.transactions.apply_half(work, raft_index, slot, batch, at, body_bytes)
             )
             return
         verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
@@ -486,11 +489,6 @@ class Dispatcher:
         header = stored_batch.read_header(chunk)
         topic, queue_id, count = header.topic, header.queue_id, header.count
         validate_topic(topic, allow_system=True)
-        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
-        if isinstance(verdict, _Refused):
-            work.outcomes.append(verdict.outcome)
-            return
-        prev, gap = verdict
         offsets = stored_batch.message_offsets(chunk, header).tolist()
         ends = offsets[1:]
         ends.append(header.total_bytes - header.records_at)
@@ -498,6 +496,20 @@ class Dispatcher:
         # pull's byte budget counts and the reader checks against (broker/store.py).
         sizes = tuple(map(operator.sub, ends, offsets))
         at = tuple(map(operator.add, offsets, repeat(header.records_at)))
+        txns = self.transactions
+        if txns is not None and txns.is_half(header):  # the broker's own write (one message)
+            # Stored, invisible: no ConsumeQueue row until a commit adds one.
+            messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
+            batch = ProduceBatch(
+                topic, queue_id, header.store_timestamp_ms, messages, header.producer
+            )
+            work.outcomes.append(txns.apply_half(work, raft_index, slot, batch, at[0], sizes[0]))
+            return
+        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
+        if isinstance(verdict, _Refused):
+            work.outcomes.append(verdict.outcome)
+            return
+        prev, gap = verdict
         keys: tuple[tuple[str, ...], ...] = ()
         if stored_batch.has_keys(chunk):  # per message, for the key index only
             keys = tuple(

@@ -196,11 +196,14 @@ class SendProcessor:
         now_ms = _now_ms()
         if scheduled:  # InvalidDelayError (the caller's) before anything is replicated
             messages = delivery.stamp_due(messages, now_ms, self._node.delay_policy)
-        batch = ProduceBatch(topic, queue_id, now_ms, tuple(messages), producer, scheduled)
-        try:
-            payload = record_batch.encode(batch)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+            # v1 still: the v2 header has no mark yet for "enters the schedule" (design.md).
+            batch = ProduceBatch(topic, queue_id, now_ms, tuple(messages), producer, scheduled)
+            try:
+                payload = record_batch.encode(batch)
+            except ValueError as exc:
+                raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+        else:
+            payload = encode_stored(topic, queue_id, messages, producer, now_ms)
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
         return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
@@ -323,6 +326,28 @@ class SendProcessor:
                 for i in range(count)
             ]
         raise InternalError(f"unexpected outcome {outcome!r} for a produce batch")
+
+
+def encode_stored(
+    topic: str,
+    queue_id: int,
+    messages: Sequence[Message],
+    producer: ProducerSequence | None,
+    now_ms: int,
+) -> bytes:
+    """The broker's own write of checked messages (a send it encodes itself: older producers'
+    SEND_BATCHES and SEND_MESSAGE, send-backs, half messages) as a v2 stored batch stamped as
+    the SEND_STORED path stamps one, so the servers write one format (issue 24). The batch
+    carries one born host: the first one a message names."""
+    born_host = next((m.born_host for m in messages if m.born_host), "")
+    try:
+        payload = bytearray(
+            stored_batch.encode_batch(topic, queue_id, messages, producer, born_host)
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+    stored_batch.stamp(payload, 0, now_ms)  # the base offset stays the dispatcher's (slot 0)
+    return bytes(payload)
 
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:

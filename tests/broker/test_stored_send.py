@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raftmq.broker.txn_records import HALF_PRODUCER_ID
 from raftmq.client.admin import Admin
 from raftmq.client.aio import AsyncProducer
 from raftmq.client.consumer_pull import PullConsumer
@@ -27,12 +28,13 @@ from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
-from raftmq.common import stored_batch, stored_send
+from raftmq.common import record_batch, stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
+from raftmq.common.delay import PROPERTY_DELAY_MS
 from raftmq.common.errors import InvalidArgumentError, QueueFullError
-from raftmq.common.message import Message
-from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
-from raftmq.common.record_batch import ProducerSequence
+from raftmq.common.message import DLQ_TOPIC_PREFIX, Message
+from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2, transaction_pb2
+from raftmq.common.record_batch import Kind, ProduceBatch, ProducerSequence
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
 from raftmq.raftlog import entry_codec
@@ -311,22 +313,33 @@ def _journal_chunks(node_dir: Path) -> dict[tuple[int, int], bytes]:
 def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     env: Env,
 ) -> None:
-    """v1 batches (SEND_BATCHES, today's delayed path and older producers: the same record
-    bytes every earlier version wrote) and v2 batches in one queue; every node's journal holds
-    identical chunks; the group restarted on its journals still pulls both formats."""
-    v1 = broker_pb2.SendBatchesRequest(
+    """A v1 batch (a delayed send: the one write still v1, the same record bytes every earlier
+    version wrote) and v2 batches in one queue; the broker's own writes (an older producer's
+    SEND_BATCHES, a half message, a dead letter) are v2 too (issue 24); every node's journal
+    holds identical chunks; the group restarted on its journals still pulls both formats."""
+    delayed = broker_pb2.SendBatchesRequest(
         batches=[
             broker_pb2.SendMessageRequest(
                 topic=TOPIC,
                 queue_id=6,
-                messages=[common_pb2.Message(body=b"v1-0", tags="t", keys=["k1"])],
+                messages=[
+                    common_pb2.Message(
+                        body=b"v1-0", tags="t", keys=["k1"], properties={PROPERTY_DELAY_MS: "1"}
+                    )
+                ],
             )
         ]
     )
     out = broker_pb2.SendBatchesResponse.FromString(
-        env.call(env.leader, DataMethod.SEND_BATCHES, v1.SerializeToString())
+        env.call(env.leader, DataMethod.SEND_BATCHES, delayed.SerializeToString())
     )
     assert not out.results[0].HasField("error")
+    for node in env.clients:  # delivered from the schedule at once, on every node
+        wait_until(
+            lambda n=node: env.pull(n, 6, 0, raw=False, follower=True).next_offset == 1,
+            30,
+            f"{node} delivered the delayed message",
+        )
     [r] = env.send(batch(6, b"v2-1", b"v2-2")).results
     assert r.error is None and r.first_offset == 1
     for node in env.clients:  # every node indexed both
@@ -335,6 +348,7 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
             30,
             f"{node} indexed queue 6",
         )
+    dead_letter_of = _broker_writes(env)
 
     cluster = env.cluster
     _close(env)
@@ -349,6 +363,7 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     assert len(v2_chunks[0]) >= 8  # every v2 batch of this module
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
+    _only_delayed_sends_are_v1(chunks[0], dead_letter_of)
 
     for p in procs:
         p.start("broker.started")
@@ -373,6 +388,67 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     ]
     plain = env.pull(env.leader, 6, 0, raw=False)
     assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
+
+
+def _broker_writes(env: Env) -> str:
+    """The writes the broker encodes itself, none delayed: an older producer's SEND_BATCHES
+    (queue 5), a transactional half message and its commit (queue 4), and a consumer's
+    send-back of the first as a dead letter. Returns the dead letter's topic."""
+    at4, at5 = env.max_offset(4), env.max_offset(5)  # earlier tests of the module wrote there
+    old_sdk = broker_pb2.SendBatchesRequest(
+        batches=[
+            broker_pb2.SendMessageRequest(
+                topic=TOPIC, queue_id=5, messages=[common_pb2.Message(body=b"old-sdk", tags="t")]
+            )
+        ]
+    )
+    out = broker_pb2.SendBatchesResponse.FromString(
+        env.call(env.leader, DataMethod.SEND_BATCHES, old_sdk.SerializeToString())
+    )
+    assert not out.results[0].HasField("error")
+    half = transaction_pb2.SendHalfMessageRequest(
+        topic=TOPIC,
+        queue_id=4,
+        message=common_pb2.Message(body=b"half", keys=["hk"]),
+        producer_group="pg",
+        client_id="c1",
+        transaction_id="txn-v2",
+    )
+    env.call(env.leader, DataMethod.SEND_HALF_MESSAGE, half.SerializeToString())
+    end = transaction_pb2.EndTransactionRequest(
+        transaction_id="txn-v2", producer_group="pg", resolution=transaction_pb2.COMMIT
+    )
+    env.call(env.leader, DataMethod.END_TRANSACTION, end.SerializeToString())
+    committed = env.pull(env.leader, 4, at4, raw=True)
+    assert [m.message.body for m in decode_batches(committed.batches, GROUP, 4)] == [b"half"]
+    [stored] = env.pull(env.leader, 5, at5, raw=False).messages
+    group = "cg-v2"
+    with Admin(env.cluster.namesrv) as admin:
+        leader = next(g.leader_address for g in admin.groups() if g.broker_group == GROUP)
+        stub = admin._stub(leader)
+        req = broker_pb2.ConsumerSendBackRequest(
+            consumer_group=group, msg_id=stored.msg_id, max_reconsume_times=0
+        )
+        back = admin._rpc(lambda: stub.ConsumerSendBack(req, timeout=10))
+    assert back.dead_letter
+    return DLQ_TOPIC_PREFIX + group
+
+
+def _only_delayed_sends_are_v1(chunks: dict[tuple[int, int], bytes], dead_letter: str) -> None:
+    """Every produce chunk in a journal is a v2 stored batch but delayed sends' (issue 24)."""
+    v2: list[stored_batch.BatchHeader] = []
+    for chunk in chunks.values():
+        if chunk[0] != Kind.PRODUCE:
+            continue
+        if chunk[1] == stored_batch.VERSION:
+            v2.append(stored_batch.verify_stamped(chunk))
+            continue
+        record = record_batch.decode(chunk)
+        assert isinstance(record, ProduceBatch) and record.scheduled, record
+    assert {(h.topic, h.queue_id) for h in v2} >= {(TOPIC, 5), (TOPIC, 4)}
+    assert any(h.topic == dead_letter for h in v2)
+    [half] = [h for h in v2 if h.producer and h.producer.producer_id == HALF_PRODUCER_ID]
+    assert (half.topic, half.queue_id, half.count) == (TOPIC, 4, 1)
 
 
 def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
