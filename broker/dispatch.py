@@ -456,7 +456,9 @@ class Dispatcher:
             keys = tuple(tuple(k for k in dict.fromkeys(ks) if k) for ks in scan.keys)
         if header.scheduled:
             batch, chunk_offsets = _decode_batch(chunk)
-            delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes, keys)
+            delivery.schedule_batch(
+                work, raft_index, slot, batch, chunk_offsets, scan.body_sizes, tag_hashes, keys
+            )
             self._record_producer(
                 work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
                 SCHEDULED_OFFSET, raft_index, slot,
@@ -516,6 +518,20 @@ class Dispatcher:
                 tuple(k for k in dict.fromkeys(m.keys) if k)
                 for m in stored_batch.iter_messages(chunk, verify=False)
             )
+        tag_hashes = tuple(stored_batch.tag_hashes(chunk, header).tolist())
+        if stored_batch.is_scheduled(chunk):  # a delayed send (the broker's own write)
+            # Each message's due time is in its record (TIMER_OUT_MS): read per message.
+            messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
+            batch = ProduceBatch(
+                topic, queue_id, header.store_timestamp_ms, messages, header.producer, True
+            )
+            delivery.schedule_batch(work, raft_index, slot, batch, at, sizes, tag_hashes, keys)
+            self._record_producer(
+                work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
+                SCHEDULED_OFFSET, raft_index, slot,
+            )  # fmt: skip
+            work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
+            return
         first = work.append_rows(
             topic,
             queue_id,
@@ -524,7 +540,7 @@ class Dispatcher:
             header.store_timestamp_ms,
             at,
             sizes,
-            tuple(stored_batch.tag_hashes(chunk, header).tolist()),
+            tag_hashes,
             keys,
         )
         self._record_producer(

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raftmq.broker.delivery import PROPERTY_TIMER_OUT_MS
 from raftmq.broker.txn_records import HALF_PRODUCER_ID
 from raftmq.client.admin import Admin
 from raftmq.client.aio import AsyncProducer
@@ -28,13 +29,13 @@ from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
-from raftmq.common import record_batch, stored_batch, stored_send
+from raftmq.common import stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
 from raftmq.common.delay import PROPERTY_DELAY_MS
 from raftmq.common.errors import InvalidArgumentError, QueueFullError
 from raftmq.common.message import DLQ_TOPIC_PREFIX, Message
 from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2, transaction_pb2
-from raftmq.common.record_batch import Kind, ProduceBatch, ProducerSequence
+from raftmq.common.record_batch import Kind, ProducerSequence
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
 from raftmq.raftlog import entry_codec
@@ -242,11 +243,14 @@ def _corruptions() -> list[object]:
     struct.pack_into("<I", table, 12, crc32c.crc32c(memoryview(table)[32:]))
     stamped = bytearray(good)  # a client may not stamp: only the leader decides store time
     stored_batch.stamp(stamped, 0, 1)
+    scheduled = bytearray(good)  # nor mark a delayed send: its due times are the leader's
+    stored_batch.mark_scheduled(scheduled)
     cases = [
         ("body CRC", bytes(crc_flip)),
         ("total length", bytes(length)),
         ("offsets", bytes(table)),
         ("stamped", bytes(stamped)),
+        ("scheduled", bytes(scheduled)),
         ("truncated", good[:40]),
     ]
     return [pytest.param(what, bad, id=what) for what, bad in cases]
@@ -310,13 +314,13 @@ def _journal_chunks(node_dir: Path) -> dict[tuple[int, int], bytes]:
     return out
 
 
-def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
-    env: Env,
-) -> None:
-    """A v1 batch (a delayed send: the one write still v1, the same record bytes every earlier
-    version wrote) and v2 batches in one queue; the broker's own writes (an older producer's
-    SEND_BATCHES, a half message, a dead letter) are v2 too (issue 24); every node's journal
-    holds identical chunks; the group restarted on its journals still pulls both formats."""
+def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> None:
+    """The broker's own writes (issue 24: a delayed send, an older producer's SEND_BATCHES, a
+    half message, a dead letter) are v2 stored batches like the producer's; every node's
+    journal holds identical chunks, none of them v1; the group restarted on its journals pulls
+    a delayed message delivered from its v2 batch. (v1 chunks, which stores written before
+    issue 24 hold, are read by the same readers: tests/broker/test_store.py and
+    test_dispatch_v2.py on real lmdb stores.)"""
     delayed = broker_pb2.SendBatchesRequest(
         batches=[
             broker_pb2.SendMessageRequest(
@@ -324,7 +328,10 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
                 queue_id=6,
                 messages=[
                     common_pb2.Message(
-                        body=b"v1-0", tags="t", keys=["k1"], properties={PROPERTY_DELAY_MS: "1"}
+                        body=b"delayed-0",
+                        tags="t",
+                        keys=["k1"],
+                        properties={PROPERTY_DELAY_MS: "1"},
                     )
                 ],
             )
@@ -363,7 +370,7 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     assert len(v2_chunks[0]) >= 8  # every v2 batch of this module
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
-    _only_delayed_sends_are_v1(chunks[0], dead_letter_of)
+    _every_produce_chunk_is_v2(chunks[0], dead_letter_of)
 
     for p in procs:
         p.start("broker.started")
@@ -379,15 +386,17 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
 
     out_raw = wait_until(both, 60, "a pull after the restart")
     assert isinstance(out_raw, broker_pb2.PullMessageResponse)
-    assert [b.chunk[1] for b in out_raw.batches] == [1, stored_batch.VERSION]
+    assert [b.chunk[1] for b in out_raw.batches] == [stored_batch.VERSION] * 2
+    assert stored_batch.is_scheduled(out_raw.batches[0].chunk)
     got = decode_batches(out_raw.batches, GROUP, 6)
     assert [(m.message.body, m.queue_offset) for m in got] == [
-        (b"v1-0", 0),
+        (b"delayed-0", 0),
         (b"v2-1", 1),
         (b"v2-2", 2),
     ]
+    assert got[0].message.keys == ("k1",) and PROPERTY_TIMER_OUT_MS in got[0].message.properties
     plain = env.pull(env.leader, 6, 0, raw=False)
-    assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
+    assert [m.message.body for m in plain.messages] == [b"delayed-0", b"v2-1", b"v2-2"]
 
 
 def _broker_writes(env: Env) -> str:
@@ -434,17 +443,14 @@ def _broker_writes(env: Env) -> str:
     return DLQ_TOPIC_PREFIX + group
 
 
-def _only_delayed_sends_are_v1(chunks: dict[tuple[int, int], bytes], dead_letter: str) -> None:
-    """Every produce chunk in a journal is a v2 stored batch but delayed sends' (issue 24)."""
-    v2: list[stored_batch.BatchHeader] = []
-    for chunk in chunks.values():
-        if chunk[0] != Kind.PRODUCE:
-            continue
-        if chunk[1] == stored_batch.VERSION:
-            v2.append(stored_batch.verify_stamped(chunk))
-            continue
-        record = record_batch.decode(chunk)
-        assert isinstance(record, ProduceBatch) and record.scheduled, record
+def _every_produce_chunk_is_v2(chunks: dict[tuple[int, int], bytes], dead_letter: str) -> None:
+    """Every produce chunk in a journal is a v2 stored batch (issue 24): the delayed send's
+    flagged scheduled, the half message marked with the broker's producer id."""
+    produce = [c for c in chunks.values() if c[0] == Kind.PRODUCE]
+    assert [c for c in produce if c[1] != stored_batch.VERSION] == []
+    v2 = [stored_batch.verify_stamped(c) for c in produce]
+    scheduled = [h for c, h in zip(produce, v2, strict=True) if stored_batch.is_scheduled(c)]
+    assert [(h.topic, h.queue_id, h.count) for h in scheduled] == [(TOPIC, 6, 1)]
     assert {(h.topic, h.queue_id) for h in v2} >= {(TOPIC, 5), (TOPIC, 4)}
     assert any(h.topic == dead_letter for h in v2)
     [half] = [h for h in v2 if h.producer and h.producer.producer_id == HALF_PRODUCER_ID]
