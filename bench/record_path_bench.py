@@ -2,8 +2,9 @@
 (A) the SEND_BATCHES path: the SDK's protobuf per message and frame, the leader's parse,
 protobuf -> Message, validation and v1 encode, the dispatcher's v1 scan; (B) the SEND_STORED
 path: one encode_batch per queue batch and the binary frame, the leader's check_batch and stamp,
-the dispatcher's reads of the v2 header and tables. No I/O, no Raft: the CPU each side's Python
-spends on the record. Relative figures only (shared machine: noisy).
+the dispatcher's reads of the v2 header and tables; and the consumer's decode of a pull of those
+batches, eager (A) or lazy (B). No I/O, no Raft: the CPU each side's Python spends on the
+record. Relative figures only (shared machine: noisy).
 
 Run: `.venv/bin/python bench/record_path_bench.py [--batches 8 --per-batch 8 --body 1024]`
 """
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from itertools import repeat
 
 from raftmq.broker.convert import message_from_pb
+from raftmq.client.messages import ReceivedMessage
+from raftmq.client.raw_batch import decode_batches, received_messages
 from raftmq.common import record_batch, stored_batch, stored_send
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import Message as Msg
@@ -123,10 +126,35 @@ def main() -> None:
             tuple(map(operator.add, offs, repeat(h.records_at)))
             tuple(stored_batch.tag_hashes(c, h).tolist())
 
+    # The consumer's decode of a pull answer of the v2 batches, reading each body: eager
+    # (every field into a Message, a StoredMessage and a ReceivedMessage) against lazy
+    # (received_messages: one ReceivedMessage per record, fields decoded when read).
+    raws = [
+        broker_pb2.RawBatch(
+            raft_index=1 + i,
+            first_offset=i * per,
+            chunk=c,
+            positions=range(per),
+            byte_offsets=[0] * per,
+        )
+        for i, c in enumerate(chunks_b)
+    ]
+
+    def eager_pull() -> None:
+        for q, r in enumerate(raws):
+            for m in decode_batches([r], "broker-a", q):
+                _ = ReceivedMessage.from_stored(m).body
+
+    def lazy_pull() -> None:
+        for q, r in enumerate(raws):
+            for m in received_messages([r], "broker-a", q):
+                _ = m.body
+
     for name, a, b in (
         ("client_encode", a_client, b_client),
         ("leader_ingest", a_leader, b_leader),
         ("dispatcher_index", a_dispatch, b_dispatch),
+        ("consumer_decode_eager_vs_lazy", eager_pull, lazy_pull),
     ):
         ua, ub = best_us(a, args.repeats) / n, best_us(b, args.repeats) / n
         line = {"part": name, "v1_us_per_msg": round(ua, 3), "v2_us_per_msg": round(ub, 3)}

@@ -111,12 +111,14 @@ def schedule_batch(
     slot: int,
     batch: ProduceBatch,
     chunk_offsets: Sequence[int],
+    sizes: Sequence[int],
     tag_hashes: Sequence[int],
     keys: Sequence[tuple[str, ...]] = (),
 ) -> None:
     """A delayed batch committed: each message enters the schedule at its due time, with its
     keys (`keys[i]`: message i's, deduplicated; () when no message has keys) for delivery to
-    index under the real topic."""
+    index under the real topic. `sizes`: what its ConsumeQueue row will keep, as any row of
+    the chunk's format (the body's size in v1, the record's in v2)."""
     ts = batch.store_timestamp_ms
     for i, m in enumerate(batch.messages):
         key = schedule_key(due_of(m, ts), raft_index, slot, i)
@@ -127,7 +129,7 @@ def schedule_batch(
             batch.topic,
             batch.queue_id,
             chunk_offsets[i],
-            len(m.body),
+            sizes[i],
             tag_hashes[i],
             keys[i] if keys else (),
         )

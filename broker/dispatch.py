@@ -449,8 +449,11 @@ class Dispatcher:
         if self.transactions is not None and self.transactions.is_half(header):
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
             batch, chunk_offsets = _decode_batch(chunk)
+            at, body_bytes = (
+                (chunk_offsets[0], len(batch.messages[0].body)) if batch.messages else (0, 0)
+            )
             work.outcomes.append(
-                self.transactions.apply_half(work, raft_index, slot, batch, chunk_offsets)
+                self.transactions.apply_half(work, raft_index, slot, batch, at, body_bytes)
             )
             return
         verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
@@ -473,7 +476,9 @@ class Dispatcher:
             keys = tuple(tuple(k for k in dict.fromkeys(ks) if k) for ks in scan.keys)
         if header.scheduled:
             batch, chunk_offsets = _decode_batch(chunk)
-            delivery.schedule_batch(work, raft_index, slot, batch, chunk_offsets, tag_hashes, keys)
+            delivery.schedule_batch(
+                work, raft_index, slot, batch, chunk_offsets, scan.body_sizes, tag_hashes, keys
+            )
             self._record_producer(
                 work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
                 SCHEDULED_OFFSET, raft_index, slot,
@@ -506,11 +511,6 @@ class Dispatcher:
         header = stored_batch.read_header(chunk)
         topic, queue_id, count = header.topic, header.queue_id, header.count
         validate_topic(topic, allow_system=True)
-        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
-        if isinstance(verdict, _Refused):
-            work.outcomes.append(verdict.outcome)
-            return
-        prev, gap = verdict
         offsets = stored_batch.message_offsets(chunk, header).tolist()
         ends = offsets[1:]
         ends.append(header.total_bytes - header.records_at)
@@ -518,12 +518,40 @@ class Dispatcher:
         # pull's byte budget counts and the reader checks against (broker/store.py).
         sizes = tuple(map(operator.sub, ends, offsets))
         at = tuple(map(operator.add, offsets, repeat(header.records_at)))
+        txns = self.transactions
+        if txns is not None and txns.is_half(header):  # the broker's own write (one message)
+            # Stored, invisible: no ConsumeQueue row until a commit adds one.
+            messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
+            batch = ProduceBatch(
+                topic, queue_id, header.store_timestamp_ms, messages, header.producer
+            )
+            work.outcomes.append(txns.apply_half(work, raft_index, slot, batch, at[0], sizes[0]))
+            return
+        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
+        if isinstance(verdict, _Refused):
+            work.outcomes.append(verdict.outcome)
+            return
+        prev, gap = verdict
         keys: tuple[tuple[str, ...], ...] = ()
         if stored_batch.has_keys(chunk):  # per message, for the key index only
             keys = tuple(
                 tuple(k for k in dict.fromkeys(m.keys) if k)
                 for m in stored_batch.iter_messages(chunk, verify=False)
             )
+        tag_hashes = tuple(stored_batch.tag_hashes(chunk, header).tolist())
+        if stored_batch.is_scheduled(chunk):  # a delayed send (the broker's own write)
+            # Each message's due time is in its record (TIMER_OUT_MS): read per message.
+            messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
+            batch = ProduceBatch(
+                topic, queue_id, header.store_timestamp_ms, messages, header.producer, True
+            )
+            delivery.schedule_batch(work, raft_index, slot, batch, at, sizes, tag_hashes, keys)
+            self._record_producer(
+                work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
+                SCHEDULED_OFFSET, raft_index, slot,
+            )  # fmt: skip
+            work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
+            return
         first = work.append_rows(
             topic,
             queue_id,
@@ -532,7 +560,7 @@ class Dispatcher:
             header.store_timestamp_ms,
             at,
             sizes,
-            tuple(stored_batch.tag_hashes(chunk, header).tolist()),
+            tag_hashes,
             keys,
         )
         self._record_producer(

@@ -26,7 +26,7 @@ from raftmq.broker.rows import (
     Scheduled,
 )
 from raftmq.broker.topics import TopicProcessor
-from raftmq.common import record_batch, stored_batch
+from raftmq.common import stored_batch
 from raftmq.common.errors import (
     InternalError,
     InvalidArgumentError,
@@ -42,7 +42,7 @@ from raftmq.common.message import (
     validate_producer_id,
     validate_topic,
 )
-from raftmq.common.record_batch import ProduceBatch, ProducerSequence
+from raftmq.common.record_batch import ProducerSequence
 from raftmq.common.stored_batch import BatchHeader
 
 if TYPE_CHECKING:
@@ -198,11 +198,7 @@ class SendProcessor:
         now_ms = _now_ms()
         if scheduled:  # InvalidDelayError (the caller's) before anything is replicated
             messages = delivery.stamp_due(messages, now_ms, self._node.delay_policy)
-        batch = ProduceBatch(topic, queue_id, now_ms, tuple(messages), producer, scheduled)
-        try:
-            payload = record_batch.encode(batch)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+        payload = encode_stored(topic, queue_id, messages, producer, now_ms, scheduled=scheduled)
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
         return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
@@ -229,6 +225,11 @@ class SendProcessor:
         producer = header.producer
         if producer is not None:
             validate_producer_id(producer.producer_id)
+        if stored_batch.is_scheduled(batch):  # its due times would be the client's
+            raise InvalidArgumentError(
+                "a stored batch was refused: it is flagged scheduled, which only the broker "
+                "writes; send delayed messages through SEND_BATCHES (the SDK's delay arguments)"
+            )
         _check_sizes(batch, header, limits.max_message_bytes)
         self._node.require_leader()
         self._node.check_disk_pressure()
@@ -338,6 +339,33 @@ def check_accepts_sends(settings: BrokerSettings, group: str) -> None:
             f"{group}`",
             details={"broker_group": group, "operation": "write"},
         )
+
+
+def encode_stored(
+    topic: str,
+    queue_id: int,
+    messages: Sequence[Message],
+    producer: ProducerSequence | None,
+    now_ms: int,
+    *,
+    scheduled: bool = False,
+) -> bytes:
+    """The broker's own write of checked messages (a send it encodes itself: older producers'
+    SEND_BATCHES and SEND_MESSAGE, delayed sends, send-backs, half messages) as a v2 stored
+    batch stamped as the SEND_STORED path stamps one, so the servers write one format (issue
+    24). The batch carries one born host: the first one a message names. `scheduled`: a
+    delayed send, whose records carry the due times the leader stamped (delivery.stamp_due)."""
+    born_host = next((m.born_host for m in messages if m.born_host), "")
+    try:
+        payload = bytearray(
+            stored_batch.encode_batch(topic, queue_id, messages, producer, born_host)
+        )
+    except ValueError as exc:
+        raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
+    if scheduled:
+        stored_batch.mark_scheduled(payload)
+    stored_batch.stamp(payload, 0, now_ms)  # the base offset stays the dispatcher's (slot 0)
+    return bytes(payload)
 
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from raftmq.broker.convert import message_from_pb, stored_to_pb
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.produce import encode_stored
 from raftmq.broker.rows import Appended, Applied, ChunkOutcome, Duplicate, Rejected
 from raftmq.broker.transaction import (
     CheckAction,
@@ -43,7 +44,6 @@ from raftmq.broker.txn_records import (
     TxnMoved,
     encode_txn,
 )
-from raftmq.common import record_batch
 from raftmq.common.errors import (
     InternalError,
     InvalidArgumentError,
@@ -53,7 +53,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.message import Message, encode_msg_id, validate_group, validate_topic
 from raftmq.common.pb import transaction_pb2
-from raftmq.common.record_batch import ProduceBatch, ProducerSequence
+from raftmq.common.record_batch import ProducerSequence
 
 log = logging.getLogger("broker.transactions")
 
@@ -241,18 +241,15 @@ class TransactionShell:
             user.born_timestamp_ms,
             user.born_host,
         )
-        try:
-            payload = record_batch.encode(
-                ProduceBatch(
-                    req.topic,
-                    prepared.queue_id,
-                    _now_ms(),
-                    (half,),
-                    ProducerSequence(HALF_PRODUCER_ID, 0),
-                )
-            )
-        except ValueError as exc:
-            raise InvalidArgumentError(f"cannot encode the half message: {exc}") from exc
+        # A v2 stored batch as any send; the mark producer id (no client may send one) is
+        # what the dispatcher tells a half by.
+        payload = encode_stored(
+            req.topic,
+            prepared.queue_id,
+            (half,),
+            ProducerSequence(HALF_PRODUCER_ID, 0),
+            _now_ms(),
+        )
         return PreparedHalf(payload, prepared.queue_id, prepared.timeout_s)
 
     def half_answer(

@@ -52,6 +52,7 @@ from raftmq.broker.txn_records import (
 )
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.record_batch import Kind, MalformedBatchError, ProduceBatch, ProduceHeader
+from raftmq.common.stored_batch import BatchHeader
 from raftmq.common.topic_config import Permission, TopicConfig
 
 MAX_TXN_ID_BYTES = 128
@@ -124,7 +125,7 @@ class TxnApplier:
     # ---- the dispatcher's calls (the dispatcher thread, in log order) ---------------------------
 
     @staticmethod
-    def is_half(batch: ProduceBatch | ProduceHeader) -> bool:
+    def is_half(batch: ProduceBatch | ProduceHeader | BatchHeader) -> bool:
         """A half message: its batch carries the HALF_PRODUCER_ID mark, which only the broker's
         SendHalfMessage writes (the header tells: the dispatcher asks before decoding)."""
         return batch.producer is not None and batch.producer.producer_id == HALF_PRODUCER_ID
@@ -135,8 +136,13 @@ class TxnApplier:
         raft_index: int,
         slot: int,
         batch: ProduceBatch,
-        chunk_offsets: tuple[int, ...],
+        chunk_offset: int,
+        stored_bytes: int,
     ) -> ChunkOutcome:
+        """A half message committed: stored, invisible until its end. `chunk_offset` and
+        `stored_bytes` are what its ConsumeQueue row will keep: where its record starts in the
+        chunk and, as for any row of the chunk's format, its body's size (v1) or its record's
+        (v2)."""
         if len(batch.messages) != 1:
             return Rejected(slot, f"a half message batch of {len(batch.messages)} messages")
         msg = batch.messages[0]
@@ -163,9 +169,7 @@ class TxnApplier:
             ref = MessageRef(raft_index, slot, 0, sys.intern(batch.topic), batch.queue_id)
             self.book.apply_half(txn_id, group, client, ref, batch.store_timestamp_ms, immunity_ms)
             keys = tuple(k for k in dict.fromkeys(msg.keys) if k)
-            self._places[txn_id] = HalfPlace(
-                chunk_offsets[0], len(msg.body), tag_hash(msg.tags), keys
-            )
+            self._places[txn_id] = HalfPlace(chunk_offset, stored_bytes, tag_hash(msg.tags), keys)
             self._persist(work, txn_id)
             self._forget(work)
         return Appended(slot, batch.topic, batch.queue_id, StoredRange(-1, 1, raft_index, slot))

@@ -1,5 +1,6 @@
 """The SDK's asyncio face: `await producer.send(...)` and `async for msg in consumer`, over the
-same core as the threaded API (its DataPool loop, routes, accumulator and retry policy).
+same core as the threaded API (routes, accumulator, sender and retry policy); the producer's
+connections run on the caller's own loop.
 
 A thin layer: no coroutine here blocks its event loop (sends await the sender's future, polls
 wait on a wake-up the fetchers raise), and nothing here has its own retry or outcome rules.
@@ -8,14 +9,17 @@ wait on a wake-up the fetchers raise), and nothing here has its own retry or out
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
-from raftmq.client.producer import Producer, QueueSelector, SendOptions
+from raftmq.client.producer import PLAIN_SEND, Producer, QueueSelector, SendOptions
 from raftmq.client.producer.outcome import LoopSlot
+from raftmq.common.errors import QueueFullError
 from raftmq.common.types import QueueRef
 from raftmq.common.wakeups import LoopWaker
 
@@ -25,11 +29,50 @@ __all__ = ["AsyncProducer", "AsyncPullConsumer"]
 class AsyncProducer:
     """`async with AsyncProducer(namesrv) as p: result = await p.send(topic, body)`. The
     arguments are Producer's; a failure raises the same typed errors (OutcomeUnknownError only
-    when the message may be stored)."""
+    when the message may be stored).
+
+    It runs on the caller's own event loop (the loop it is made in, else that of its first
+    send; one loop per producer, so make it inside the loop that uses it): frames are written
+    and answers read there, and results complete their futures there, with no thread between.
+    Only retries, linger deadlines and route look-ups of failures use the producer's timer
+    thread. Close it (`async with`) before its loop ends."""
 
     def __init__(self, namesrv_addresses: str | Sequence[str], **kwargs: Any) -> None:
         self.producer = Producer(namesrv_addresses, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waker: LoopWaker | None = None
+        self._room = asyncio.Event()
+        self._room_waiters = 0  # send() calls waiting for buffer room
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # made outside any loop: bound by the first send
+        if loop is not None:
+            # Made inside its loop (the usual case): bound now, so that even the threaded API
+            # of `self.producer`, if used first (a preload), runs on that loop.
+            self._bind(loop)
+
+    def _bind(self, loop: asyncio.AbstractEventLoop) -> LoopWaker:
+        """The waker of `loop`, the running one; the first call moves the producer's
+        connections onto it (InvalidArgumentError from a second loop)."""
+        waker = self._waker
+        if waker is not None and self._loop is loop:
+            return waker
+        self.producer._data.use_loop(loop)
+        self._loop, self._waker = loop, LoopWaker(loop)
+        self.producer._sender.on_room = self._room_freed
+        return self._waker
+
+    def _room_freed(self) -> None:
+        """The sender freed buffer room (any thread): wake the send() calls waiting for it."""
+        loop = self._loop
+        if not self._room_waiters or loop is None:
+            return
+        if self.producer._data.on_loop_thread():
+            self._room.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(self._room.set)
 
     async def send(
         self,
@@ -43,16 +86,35 @@ class AsyncProducer:
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
     ) -> SendResult:
-        return await self.send_future(
-            topic,
-            body,
-            tags=tags,
-            keys=keys,
-            properties=properties,
-            sharding_key=sharding_key,
-            queue_selector=queue_selector,
-            queue=queue,
-        )
+        """Send and await the result. A full buffer is awaited (up to max_block_ms, then
+        QueueFullError), never blocking the loop: the loop is what empties it."""
+        deadline: float | None = None
+        while True:
+            self._room.clear()  # before trying: room freed after the try sets it again
+            self._room_waiters += 1
+            try:
+                fut = self.send_future(
+                    topic,
+                    body,
+                    tags=tags,
+                    keys=keys,
+                    properties=properties,
+                    sharding_key=sharding_key,
+                    queue_selector=queue_selector,
+                    queue=queue,
+                )
+                break
+            except QueueFullError:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.producer._max_block_s
+                if now >= deadline:
+                    raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), deadline - now)
+            finally:
+                self._room_waiters -= 1
+        return await fut
 
     def send_future(
         self,
@@ -67,17 +129,25 @@ class AsyncProducer:
         queue: QueueRef | None = None,
     ) -> asyncio.Future[SendResult]:
         """`send` without a coroutine: an asyncio future of the result, for a caller that keeps
-        many sends in flight (aiokafka's `send()` returns one too). Results of one answer from
-        the broker complete their futures with one wake-up of the loop, not one per message
-        (`asyncio.wrap_future` costs a self-pipe write per future)."""
-        loop = asyncio.get_running_loop()
+        many sends in flight (aiokafka's `send()` returns one too). Never blocks the loop: a
+        full buffer is QueueFullError at once (`send` awaits room instead)."""
         waker = self._waker
-        if waker is None or waker.loop is not loop:
-            waker = self._waker = LoopWaker(loop)
+        loop = asyncio.get_running_loop()
+        if waker is None or self._loop is not loop:
+            waker = self._bind(loop)
         out: asyncio.Future[SendResult] = loop.create_future()
-        # May wait up to max_block_ms for buffer room, like Kafka's send(): only when the
-        # producer is saturated. The outcome goes straight to `out` (no Future per message).
-        options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        if (
+            tags is None
+            and keys == ()
+            and properties is None
+            and sharding_key is None
+            and queue_selector is None
+            and queue is None
+        ):
+            options = PLAIN_SEND  # a plain body: no options object to build and check
+        else:
+            options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        # The outcome goes straight to `out`, on this loop (no Future per message).
         self.producer._send_into(topic, body, options, LoopSlot(waker, out))
         return out
 
@@ -91,12 +161,9 @@ class AsyncProducer:
         queue: QueueRef | None = None,
     ) -> asyncio.Future[list[SendResult]]:
         """Producer.send_batch_future on this loop: one asyncio future for the whole batch (a
-        list of results in order), completed with one wake-up of the loop."""
-        loop = asyncio.get_running_loop()
-        waker = self._waker
-        if waker is None or waker.loop is not loop:
-            waker = self._waker = LoopWaker(loop)
-        out: asyncio.Future[list[SendResult]] = loop.create_future()
+        list of results in order)."""
+        waker = self._bind(asyncio.get_running_loop())
+        out: asyncio.Future[list[SendResult]] = waker.loop.create_future()
         fut = self.producer.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -112,6 +179,7 @@ class AsyncProducer:
         return out
 
     async def flush(self, timeout_s: float | None = None) -> bool:
+        # A worker thread waits; this loop stays free to read the answers that end the wait.
         return await asyncio.to_thread(self.producer.flush, timeout_s)
 
     async def close(self) -> None:

@@ -19,7 +19,6 @@ Membership, heartbeats, routes, fetchers and offsets are PushConsumer's.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import threading
@@ -412,7 +411,7 @@ class OrderlyPushConsumer(PushConsumer):
         pq = oq.pq
         with self._lock:
             attempts = pq.attempts()
-        delivered = dataclasses.replace(m, reconsume_times=attempts) if attempts else m
+        delivered = m.replace(reconsume_times=attempts) if attempts else m
         ok = False
         try:
             ok = self._listener(delivered) is not ConsumeResult.RECONSUME_LATER

@@ -285,21 +285,16 @@ class PushConsumer:
         except RaftMQError as exc:
             log.warning("consumer.heartbeat_no_route error=%s", exc.message)
             return
-        # Every node at once over frames (where offered), then the gRPC ones in turn; a dead node
-        # is skipped: the others carry the membership.
+        # Every node at once over frames; a dead node, or one without a data address (the
+        # consumer cannot pull there either), is skipped: the others carry the membership.
         framed = []
         answers: list[broker_pb2.HeartbeatResponse] = []
         for a in nodes:
             data_address = self.routes.data_address(a)
             if data_address:
                 framed.append(self._data.submit(data_address, DataMethod.HEARTBEAT, req, 2.0))
-                continue
-            try:
-                answers.append(self._pool.broker(a).Heartbeat(req, timeout=2))
-            except grpc.RpcError as exc:
-                denied = from_rpc_error(exc)
-                if starting and isinstance(denied, AccessDeniedError):
-                    raise denied from None
+            else:
+                log.debug("consumer.heartbeat_skipped node=%s: no data address", a)
         for fut in framed:
             try:
                 answer = fut.result(timeout=2 + 1)

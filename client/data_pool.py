@@ -1,5 +1,6 @@
-"""One framed data-path connection pool per SDK client: a LoopThread (uvloop when installed) and
-one multiplexed FrameClient per node's data address, bounded, least recently used closed first.
+"""One framed data-path connection pool per SDK client: a LoopThread (uvloop when installed), or
+the caller's own running loop (`use_loop`, the asyncio face), and one multiplexed FrameClient per
+node's data address, bounded, least recently used closed first.
 
 Calls are non-blocking: `submit` returns a Future of the parsed response that completes on the
 pool's loop thread, so its done-callbacks must never block (no route look-ups, no waiting on
@@ -93,6 +94,10 @@ class DataPool:
         self._lock = threading.Lock()
         self._clients: collections.OrderedDict[str, FrameClient] = collections.OrderedDict()
         self._loop_thread: LoopThread | None = None
+        # The caller's loop (use_loop) and the thread that runs it: then no LoopThread starts.
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._own_thread = 0
+        self._closing: asyncio.Task[None] | None = None
         self._closed = False
         self.evictions = 0
 
@@ -108,11 +113,31 @@ class DataPool:
     def _loop_locked(self) -> asyncio.AbstractEventLoop:
         if self._closed:
             raise BrokerUnavailableError("the client was closed")
+        if self._own_loop is not None:
+            return self._own_loop
         if self._loop_thread is None:
             self._loop_thread = LoopThread(self._name)
         return self._loop_thread.loop
 
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run every connection on `loop`, the running loop of the calling thread (the asyncio
+        face: sends and answers never cross a thread). Once, before the first call; the pool
+        then never starts a LoopThread, and its loop must outlive it (close the pool first)."""
+        with self._lock:
+            if self._own_loop is loop:
+                return
+            if self._own_loop is not None or self._loop_thread is not None:
+                raise InvalidArgumentError(
+                    "this client already runs on another event loop (or its own I/O thread): "
+                    "use one client per loop, made inside the loop that uses it"
+                )
+            self._own_loop = loop
+            self._own_thread = threading.get_ident()
+
     def on_loop_thread(self) -> bool:
+        own = self._own_loop
+        if own is not None:  # the caller's loop: this thread while it runs that loop
+            return threading.get_ident() == self._own_thread and own.is_running()
         lt = self._loop_thread
         return lt is not None and threading.current_thread() is lt._thread
 
@@ -218,13 +243,25 @@ class DataPool:
             clients = list(self._clients.values())
             self._clients.clear()
             lt, self._loop_thread = self._loop_thread, None
+            own = self._own_loop
+
+        async def close_all() -> None:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+        if own is not None:  # the caller's loop: close the clients on it, never stop it
+            if not clients or own.is_closed():
+                return
+            if self.on_loop_thread():  # the task is kept: a loop holds only weak references
+                self._closing = own.create_task(close_all())
+                return
+            try:
+                asyncio.run_coroutine_threadsafe(close_all(), own).result(CLOSE_TIMEOUT_S)
+            except (FutureTimeout, RuntimeError) as exc:
+                log.warning("data_pool.close_slow error=%s", exc)
+            return
         if lt is None:
             return
         if clients and not self.on_loop_thread():
-
-            async def close_all() -> None:
-                await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
-
             try:
                 lt.run(close_all(), CLOSE_TIMEOUT_S)
             except (FutureTimeout, RuntimeError) as exc:

@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 
 from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import ReceivedMessage
-from raftmq.client.raw_batch import decode_batches
+from raftmq.client.raw_batch import received_messages
 from raftmq.client.routes import RouteCache
 from raftmq.client.scheduler import Scheduler
 from raftmq.common.data_api import DataMethod
@@ -302,13 +302,16 @@ class QueueFetcher:
             return None
         assert resp is not None
         try:
-            stored = decode_batches(
+            # v2 batches: checked here (the offsets against the request and the answer too),
+            # each message's fields decoded only when read
+            messages = received_messages(
                 resp.batches,
                 self.queue.broker_group,
                 self.queue.queue_id,
                 offsets=(offset, resp.next_offset),
             )
-            messages = [ReceivedMessage.from_stored(m) for m in stored]
+            if not self._tags.is_all:  # hash collisions; a tag that does not decode fails here
+                messages = [m for m in messages if self._tags.matches(m.tags)]
         except Exception as exc:  # a batch that does not decode or match: never skip it silently
             log.error("consumer.fetch_failed queue=%s offset=%d error=%s", self.queue, offset, exc)
             self._backoff(None)
@@ -332,8 +335,6 @@ class QueueFetcher:
             # paying a failed leader pull for every answer.
             self._follower_until = time.monotonic() + FOLLOWER_STICK_S
         self._failures = 0
-        if not self._tags.is_all:
-            messages = [m for m in messages if self._tags.matches(m.tags)]  # hash collisions
         with self._lock:
             if self._epoch != epoch:
                 return 0.0  # seeked meanwhile

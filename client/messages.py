@@ -1,6 +1,6 @@
 """The SDK's message values: what a producer sends, what a send returns, what a consumer gets.
 
-Plain frozen values; conversion from wire and stored forms lives here and nowhere else.
+Plain read-only values; conversion from wire and stored forms lives here and nowhere else.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from raftmq.common.message import StoredMessage, check_message_types
+from raftmq.common import stored_batch
+from raftmq.common.message import POSITION_HEX, StoredMessage, check_message_types
 from raftmq.common.pb import common_pb2
 
 
@@ -25,36 +26,332 @@ class OutgoingMessage:
         check_message_types(self.tags, self.keys, self.properties)
 
 
-@dataclass(frozen=True, slots=True)
 class SendResult:
     """Where a message was stored. `duplicate`: an idempotent retry found it already stored (the
-    offset and id are the original's; msg_id is "" if the broker no longer remembers them)."""
+    offset and id are the original's; msg_id is "" if the broker no longer remembers them).
 
-    msg_id: str
-    topic: str
-    broker_group: str
-    queue_id: int
-    queue_offset: int
-    duplicate: bool = False
+    A read-only value. The sender makes one per message from its batch's fixed-size answer
+    record, so it is a slotted class, not a frozen dataclass (whose `__init__` costs several
+    times more), and its id is derived on first access: with `id_position` >= 0, `msg_id` is
+    the batch's id prefix plus that position in hex (common.message.encode_msg_id's form)."""
+
+    __slots__ = (
+        "_broker_group",
+        "_duplicate",
+        "_full",
+        "_id",
+        "_offset",
+        "_position",
+        "_queue_id",
+        "_topic",
+    )
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str,
+        broker_group: str,
+        queue_id: int,
+        queue_offset: int,
+        duplicate: bool = False,
+        *,
+        id_position: int = -1,
+    ) -> None:
+        self._id = msg_id
+        self._position = id_position
+        self._full: str | None = None
+        self._topic = topic
+        self._broker_group = broker_group
+        self._queue_id = queue_id
+        self._offset = queue_offset
+        self._duplicate = duplicate
+
+    @property
+    def msg_id(self) -> str:
+        if self._position < 0:
+            return self._id
+        # Derived from fields never written again, so two threads reading at once agree.
+        full = self._full
+        if full is None:
+            full = self._full = self._id + format(self._position, POSITION_HEX)
+        return full
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def broker_group(self) -> str:
+        return self._broker_group
+
+    @property
+    def queue_id(self) -> int:
+        return self._queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self._offset
+
+    @property
+    def duplicate(self) -> bool:
+        return self._duplicate
+
+    def _key(self) -> tuple[str, str, str, int, int, bool]:
+        return (
+            self.msg_id,
+            self._topic,
+            self._broker_group,
+            self._queue_id,
+            self._offset,
+            self._duplicate,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SendResult):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"SendResult(msg_id={self.msg_id!r}, topic={self._topic!r}, "
+            f"broker_group={self._broker_group!r}, queue_id={self._queue_id}, "
+            f"queue_offset={self._offset}, duplicate={self._duplicate})"
+        )
 
 
-@dataclass(frozen=True, slots=True)
+# ReceivedMessage's fields of a pulled v2 record not decoded yet (bits of `_unread`)
+_BODY, _TAGS, _KEYS, _PROPS = 1, 2, 4, 8
+_FIELD_NAMES = (
+    "topic",
+    "body",
+    "tags",
+    "keys",
+    "properties",
+    "broker_group",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "store_timestamp_ms",
+    "born_timestamp_ms",
+    "born_host",
+    "reconsume_times",
+)
+
+
 class ReceivedMessage:
-    """A message as a consumer receives it."""
+    """A message as a consumer receives it. A read-only value.
 
-    topic: str
-    body: bytes
-    tags: str | None
-    keys: tuple[str, ...]
-    properties: Mapping[str, str]
-    broker_group: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    store_timestamp_ms: int
-    born_timestamp_ms: int
-    born_host: str
-    reconsume_times: int = 0
+    A message pulled in a v2 stored batch is made from its record (`lazy`): the batch's CRCs
+    and the record's head were checked when it was pulled, and its body, tags, keys and
+    properties are decoded the first time each is read (issue 24), so a consumer that reads
+    only bodies never decodes the rest. A field a hostile producer wrote badly (text that is
+    not UTF-8) raises MalformedBatchError when read, for that message alone."""
+
+    __slots__ = (
+        "_body",
+        "_born_host",
+        "_born_ms",
+        "_full",
+        "_group",
+        "_id",
+        "_keys",
+        "_offset",
+        "_position",
+        "_props",
+        "_queue_id",
+        "_reconsume",
+        "_src",
+        "_store_ms",
+        "_tags",
+        "_topic",
+        "_unread",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None,
+        keys: tuple[str, ...],
+        properties: Mapping[str, str],
+        broker_group: str,
+        queue_id: int,
+        queue_offset: int,
+        msg_id: str,
+        store_timestamp_ms: int,
+        born_timestamp_ms: int,
+        born_host: str,
+        reconsume_times: int = 0,
+    ) -> None:
+        self._topic = topic
+        self._body = body
+        self._tags = tags
+        self._keys = keys
+        self._props = properties
+        self._group = broker_group
+        self._queue_id = queue_id
+        self._offset = queue_offset
+        self._id = msg_id
+        self._position = -1
+        self._full: str | None = None
+        self._store_ms = store_timestamp_ms
+        self._born_ms = born_timestamp_ms
+        self._born_host = born_host
+        self._reconsume = reconsume_times
+        self._src: stored_batch.BatchMessage | None = None
+        self._unread = 0
+
+    @classmethod
+    def lazy(
+        cls,
+        record: stored_batch.BatchMessage,
+        broker_group: str,
+        queue_offset: int,
+        store_timestamp_ms: int,
+        id_prefix: str,
+        position: int,
+    ) -> ReceivedMessage:
+        """The message of a checked v2 record: its fields decoded when read, its id (`id_prefix`
+        + `position` in hex) made when read."""
+        m = cls.__new__(cls)
+        m._src = record
+        m._unread = _BODY | _TAGS | _KEYS | _PROPS
+        m._body, m._tags, m._keys, m._props = b"", None, (), {}
+        m._topic = record.topic
+        m._group = broker_group
+        m._queue_id = record.queue_id
+        m._offset = queue_offset
+        m._id, m._position, m._full = id_prefix, position, None
+        m._store_ms = store_timestamp_ms
+        m._born_ms = record.born_timestamp_ms
+        m._born_host = record.born_host
+        m._reconsume = 0
+        return m
+
+    # Each lazy field is decoded once and kept; two threads reading it at once both decode the
+    # same bytes and store equal values (a bit set again only costs a second decode).
+
+    @property
+    def body(self) -> bytes:
+        if self._unread & _BODY:
+            assert self._src is not None
+            self._body = self._src.body
+            self._unread &= ~_BODY
+        return self._body
+
+    @property
+    def tags(self) -> str | None:
+        if self._unread & _TAGS:
+            assert self._src is not None
+            self._tags = self._src.tags
+            self._unread &= ~_TAGS
+        return self._tags
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        if self._unread & _KEYS:
+            assert self._src is not None
+            self._keys = self._src.keys
+            self._unread &= ~_KEYS
+        return self._keys
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        if self._unread & _PROPS:
+            assert self._src is not None
+            self._props = self._src.properties
+            self._unread &= ~_PROPS
+        return self._props
+
+    @property
+    def msg_id(self) -> str:
+        if self._position < 0:
+            return self._id
+        full = self._full
+        if full is None:
+            full = self._full = self._id + format(self._position, POSITION_HEX)
+        return full
+
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    @property
+    def broker_group(self) -> str:
+        return self._group
+
+    @property
+    def queue_id(self) -> int:
+        return self._queue_id
+
+    @property
+    def queue_offset(self) -> int:
+        return self._offset
+
+    @property
+    def store_timestamp_ms(self) -> int:
+        return self._store_ms
+
+    @property
+    def born_timestamp_ms(self) -> int:
+        return self._born_ms
+
+    @property
+    def born_host(self) -> str:
+        return self._born_host
+
+    @property
+    def reconsume_times(self) -> int:
+        return self._reconsume
+
+    def replace(
+        self, *, topic: str | None = None, reconsume_times: int | None = None
+    ) -> ReceivedMessage:
+        """A copy with another topic or count of earlier deliveries (what a listener of a
+        retried message sees); still lazy where this one is."""
+        m = ReceivedMessage.__new__(ReceivedMessage)
+        for name in ReceivedMessage.__slots__:
+            setattr(m, name, getattr(self, name))
+        if topic is not None:
+            m._topic = topic
+        if reconsume_times is not None:
+            m._reconsume = reconsume_times
+        return m
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self._topic,
+            self.body,
+            self.tags,
+            self.keys,
+            self.properties,
+            self._group,
+            self._queue_id,
+            self._offset,
+            self.msg_id,
+            self._store_ms,
+            self._born_ms,
+            self._born_host,
+            self._reconsume,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceivedMessage):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # a value with a dict in it, as before
+
+    def __reduce__(self) -> tuple[type[ReceivedMessage], tuple[object, ...]]:
+        # pickled decoded (a record view holds the whole pulled batch and may not pickle)
+        return (ReceivedMessage, self._fields())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n}={v!r}" for n, v in zip(_FIELD_NAMES, self._fields(), strict=True))
+        return f"ReceivedMessage({inner})"
 
     @classmethod
     def from_stored(cls, sm: StoredMessage) -> ReceivedMessage:

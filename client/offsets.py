@@ -1,6 +1,6 @@
 """Where a consumer starts and where its committed offsets live: the broker group (clustering,
 replicated state) or a local file (broadcasting). Shared by PullConsumer and PushConsumer.
-Broker calls go over the framed data path where the leader offers one, gRPC otherwise."""
+A consumer's broker calls go over the framed data path only; Admin's over gRPC."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import Message
 
-from raftmq.client.data_pool import DataPool
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import RaftMQError, from_rpc_error
@@ -40,19 +40,23 @@ class BrokerOffsets:
         self.group = group
         self._routes = routes
         self._pool = pool
-        self._data = data  # None: gRPC only
+        self._data = data  # None: gRPC (the admin plane); else frames only
 
     def _call(self, q: QueueRef, method: DataMethod, fn_name: str, req: Message) -> object:
-        """`req` to the group's leader (frames where offered), up to 3 tries on retryable
-        errors; each call is idempotent (reads, and commits of absolute offsets)."""
+        """`req` to the group's leader, up to 3 tries on retryable errors; each call is
+        idempotent (reads, and commits of absolute offsets). With a DataPool (consumers) over
+        frames only, a leader without a data address being unavailable; without one (Admin,
+        the Spark driver: the admin plane) over gRPC."""
         last: RaftMQError | None = None
         for attempt in range(3):
             try:
                 address = self._routes.leader(q.topic, q.broker_group, refresh=attempt > 0)
-                data_address = self._routes.data_address(address) if self._data else ""
-                if data_address and self._data is not None:
+                if self._data is not None:  # a consumer: frames only (its one data transport)
+                    data_address = self._routes.data_address(address)
+                    if not data_address:
+                        raise no_data_address(address)
                     return self._data.call(data_address, method, req, RPC_TIMEOUT_S)
-                fn = getattr(self._pool.broker(address), fn_name)
+                fn = getattr(self._pool.broker(address), fn_name)  # Admin, Spark's driver
                 return fn(req, timeout=RPC_TIMEOUT_S)
             except grpc.RpcError as exc:
                 last = from_rpc_error(exc)

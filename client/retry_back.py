@@ -8,7 +8,6 @@ message is never lost or skipped."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -35,7 +34,7 @@ def listener_view(m: ReceivedMessage) -> ReceivedMessage:
     times = reconsume_times(m.properties)
     if original is None and times == m.reconsume_times:
         return m
-    return dataclasses.replace(m, topic=original or m.topic, reconsume_times=times)
+    return m.replace(topic=original or m.topic, reconsume_times=times)
 
 
 class SendBack:

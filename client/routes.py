@@ -263,8 +263,9 @@ class RouteCache:
         """The topic's route; fetched when absent, stale, or `refresh`. Raises NoRouteError when
         no NameServer knows the topic, BrokerUnavailableError when none answers."""
         now = self._clock()
-        with self._lock:
-            cached = self._routes.get(topic)
+        # No lock to read (asked once per message): one get of the C OrderedDict is atomic
+        # under the GIL; the lock orders the writers (insert, move, evict) below.
+        cached = self._routes.get(topic)
         if cached is not None and not refresh and now - cached.fetched_ms < self._refresh_ms:
             return cached
         try:

@@ -25,7 +25,9 @@
 #define STRICT_SEQUENCE 0x0002
 /* Some message carries keys: the dispatcher walks the records for the key index only then. */
 #define HAS_KEYS 0x0004
-#define KNOWN_FLAGS (HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS)
+/* A delayed send's batch (the broker's own write, _stored_batch_py.mark_scheduled). */
+#define SCHEDULED 0x0008
+#define KNOWN_FLAGS (HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS | SCHEDULED)
 #define NO_TAG 0xFFFF
 #define U16_MAX 0xFFFFu
 #define U32_MAX 0xFFFFFFFFu

@@ -38,8 +38,10 @@ __all__ = [
     "columns",
     "encode_batch",
     "has_keys",
+    "is_scheduled",
     "iter_messages",
     "iter_records",
+    "mark_scheduled",
     "message_offsets",
     "read_header",
     "slice_from",
@@ -60,7 +62,10 @@ HAS_PRODUCER = 0x0001
 STRICT_SEQUENCE = 0x0002
 # Some message carries keys: the dispatcher walks the records for the key index only then.
 HAS_KEYS = 0x0004
-_KNOWN_FLAGS = HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS
+# A delayed send: the messages enter the schedule at their due time (TIMER_OUT_MS, stamped into
+# each record by the leader), not their queue. Only the broker writes it (mark_scheduled).
+SCHEDULED = 0x0008
+_KNOWN_FLAGS = HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS | SCHEDULED
 _FLAGS_AT = 32
 
 # kind, version, state, reserved, total length, stamp CRC, body CRC, base offset, store ms,
@@ -430,6 +435,25 @@ def has_keys(buf: Bytes) -> bool:
     if len(buf) < FIXED_HEADER_BYTES:
         raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
     return bool(_U16.unpack_from(buf, _FLAGS_AT)[0] & HAS_KEYS)
+
+
+def is_scheduled(buf: Bytes) -> bool:
+    """Whether the batch is a delayed send's (the schedule, not the queue, takes its messages).
+    O(1); a batch already checked or verified."""
+    if len(buf) < FIXED_HEADER_BYTES:
+        raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
+    return bool(_U16.unpack_from(buf, _FLAGS_AT)[0] & SCHEDULED)
+
+
+def mark_scheduled(buf: bytearray) -> None:
+    """Flags an unstamped batch as a delayed send's and rewrites its body CRC: the broker's
+    own write (its leader stamped the due times into the records); O(bytes), delayed sends
+    only. The same bytes whichever codec encoded the batch."""
+    if len(buf) < FIXED_HEADER_BYTES or buf[_STATE_AT] != STATE_PRODUCED:
+        raise ValueError("mark_scheduled() takes an unstamped batch")
+    flags = _U16.unpack_from(buf, _FLAGS_AT)[0] | SCHEDULED
+    _U16.pack_into(buf, _FLAGS_AT, flags)
+    _U32.pack_into(buf, _BODY_CRC_AT, crc32c(memoryview(buf)[_BODY_AT:]))
 
 
 def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:

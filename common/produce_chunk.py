@@ -20,7 +20,7 @@ from raftmq.common.record_batch import (
 )
 from raftmq.common.stored_batch import BatchHeader
 
-__all__ = ["ChunkHeader", "is_stored_v2", "messages_at", "read_header"]
+__all__ = ["ChunkHeader", "is_stored_v2", "messages_at", "read_header", "records_at"]
 
 ChunkHeader = ProduceHeader | BatchHeader
 _V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))
@@ -55,11 +55,18 @@ def messages_at(
         return []
     if isinstance(header, ProduceHeader):
         return [decode_message_at(chunk, header, at, strings) for at in byte_offsets]
+    return [r.message() for r in records_at(chunk, header, positions, verify=verify)]
+
+
+def records_at(
+    chunk: bytes, header: BatchHeader, positions: Sequence[int], *, verify: bool = False
+) -> list[stored_batch.BatchMessage]:
+    """The records at `positions` (ascending) of a v2 batch, as BatchMessage objects whose
+    fields decode when read (the record heads are checked here); `verify`: the CRCs first."""
+    if not positions:
+        return []
     lo, hi = positions[0], positions[-1]
     if not 0 <= lo <= hi < header.count:
         raise MalformedBatchError(f"positions {lo}..{hi} are not in a batch of {header.count}")
     walked = list(islice(stored_batch.iter_messages(chunk, lo, verify=verify), hi - lo + 1))
-    out: list[Message] = []
-    for position in positions:
-        out.append(walked[position - lo].message())
-    return out
+    return [walked[position - lo] for position in positions]

@@ -18,6 +18,7 @@ Layout (docs/design.md, "Stored batch format v2"):
 | 16          | 8    | base queue offset  | u64, stamped by the leader; 0 until then          |
 | 24          | 8    | store timestamp ms | i64, stamped by the leader; 0 until then          |
 | 32          | 2    | flags              | 0x1: producer id + base sequence present          |
+|             |      |                    | 0x2 strict sequence, 0x4 has keys, 0x8 scheduled  |
 | 34          | 2    | header length H    | 64 + strings, rounded up to 8: where tables start |
 | 36          | 4    | queue id           | u32                                               |
 | 40          | 4    | message count n    | u32, >= 1                                         |
@@ -68,6 +69,8 @@ from raftmq.common._stored_batch_py import (
     BatchMessage,
     MalformedBatchError,
     has_keys,
+    is_scheduled,
+    mark_scheduled,
 )
 
 __all__ = [
@@ -88,8 +91,10 @@ __all__ = [
     "encode_batch",
     "has_keys",
     "implementations",
+    "is_scheduled",
     "iter_messages",
     "iter_records",
+    "mark_scheduled",
     "message_offsets",
     "read_header",
     "slice_from",

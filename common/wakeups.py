@@ -24,8 +24,17 @@ class LoopWaker:
         )
         self._lock = threading.Lock()
         self._scheduled = False
+        # The loop's thread (known when made on it, else learnt at the first drain): a post
+        # from it completes the future at once (the asyncio face's answers arrive there).
+        self._loop_thread = threading.get_ident() if _running_here(loop) else 0
         self.wakeups = 0  # call_soon_threadsafe calls made (a metric; tests check coalescing)
-        self.completions = 0  # futures posted
+        self.posted = 0  # futures posted from other threads
+        self.direct = 0  # futures completed at once on the loop's own thread
+
+    @property
+    def completions(self) -> int:
+        """Futures completed through this waker, both ways."""
+        return self.posted + self.direct
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -38,9 +47,17 @@ class LoopWaker:
         self._post(fut, None, exc)
 
     def _post(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
+        if threading.get_ident() == self._loop_thread:
+            self.direct += 1  # only the loop's thread writes it
+            if not fut.done():
+                if exc is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(value)
+            return
         self._ready.append((fut, value, exc))
         with self._lock:
-            self.completions += 1
+            self.posted += 1
             if self._scheduled:
                 return  # the scheduled drain takes this one too
             self._scheduled = True
@@ -52,6 +69,7 @@ class LoopWaker:
                 self._scheduled = False
 
     def _drain(self) -> None:
+        self._loop_thread = threading.get_ident()
         with self._lock:
             self._scheduled = False
         ready = self._ready
@@ -63,3 +81,10 @@ class LoopWaker:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
+
+
+def _running_here(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from raftmq.client.data_pool import DataPool
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.raw_batch import decode_batches
@@ -27,7 +27,6 @@ from raftmq.common.errors import (
     BrokerUnavailableError,
     NotLeaderError,
     RaftMQError,
-    from_rpc_error,
 )
 from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.types import QueueRef
@@ -145,15 +144,10 @@ class BrokerIO:
         try:
             address = await self._blocking(lambda: self.routes.leader(q.topic, q.broker_group))
             data_address = self.routes.data_address(address)
-            if data_address:
-                fut = self.data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
-                resp = await asyncio.wrap_future(fut)
-            else:
-                stub = self.pool.broker(address)
-                resp = await self._blocking(lambda: stub.PullMessage(req, timeout=timeout_s))
-        except grpc.RpcError as exc:
-            self.routes.invalidate(q.topic)
-            raise from_rpc_error(exc) from None
+            if not data_address:  # frames only, as the SDK's consumers (issue 24)
+                raise no_data_address(address)
+            fut = self.data.submit(data_address, DataMethod.PULL_MESSAGE, req, timeout_s)
+            resp = await asyncio.wrap_future(fut)
         except RaftMQError as exc:
             if isinstance(exc, NotLeaderError) or exc.retryable:
                 self.routes.invalidate(q.topic)

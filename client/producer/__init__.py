@@ -65,6 +65,7 @@ __all__ = ["Producer", "QueueSelector", "SendCallback", "SendOptions"]
 log = logging.getLogger("raftmq.producer")
 
 MIB = 1 << 20
+MAX_CHECKED_TOPICS = 4096  # topic names remembered as valid (cleared whole when full)
 SendCallback = Callable[[SendResult | None, RaftMQError | None], None]
 # RocketMQ's MessageQueueSelector: given the topic's writable queues (sorted), the one to use.
 QueueSelector = Callable[[Sequence[QueueRef]], QueueRef]
@@ -109,7 +110,7 @@ class SendOptions:
 
 
 _R = TypeVar("_R")
-_PLAIN = SendOptions()  # a body without tag, keys or properties
+PLAIN_SEND = SendOptions()  # a body without tag, keys or properties
 
 
 class Producer:
@@ -221,7 +222,10 @@ class Producer:
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
         self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
         self._sticky_lock = threading.Lock()  # guards _sticky
-        self._sticky: dict[str, tuple[QueueRef, int]] = {}  # topic -> (queue, sends left)
+        # topic -> (queue, sends left, the publish queues it was chosen from)
+        self._sticky: dict[str, tuple[QueueRef, int, PublishQueues]] = {}
+        # Topic names already checked by validate_topic (asked once per message), bounded.
+        self._topics_ok: set[str] = set()
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
         self._limits = MessageLimits(max_message_bytes=self._max_message_bytes)
@@ -257,6 +261,7 @@ class Producer:
         `deliver_at_ms` (at this time, ms since the epoch; up to the broker's horizon, 7 days by
         default). A delayed message's result has queue_offset -1: it gets its offset when due.
         A bad delay raises InvalidDelayError before anything is sent."""
+        self._refuse_blocking("send()")
         spec = self._delay(delay_level, delay_ms, deliver_at_ms)
         options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue, spec)
         return self._wait(self._send(topic, body, options))
@@ -315,6 +320,7 @@ class Producer:
         queue: QueueRef | None = None,
     ) -> list[SendResult]:
         """Store `messages` together in one queue, in order (RocketMQ's batch send)."""
+        self._refuse_blocking("send_batch()")
         fut = self.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -379,12 +385,13 @@ class Producer:
             if isinstance(m, OutgoingMessage):
                 msg = self._message(topic, m.body, SendOptions(m.tags, m.keys, m.properties))
             else:
-                msg = self._message(topic, m, _PLAIN)
+                msg = self._message(topic, m, PLAIN_SEND)
             pendings.append(Pending(msg, out, len(msg.body), False))
         self._sender.enqueue(self._choose_queue(topic, placement), pendings)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every buffered message has an outcome; False on timeout."""
+        self._refuse_blocking("flush()")
         return self._sender.flush(timeout_s)
 
     @property
@@ -444,6 +451,16 @@ class Producer:
                 fn(fut)
 
         return hop
+
+    def _refuse_blocking(self, call: str) -> None:
+        """A blocking call on the loop that delivers the answers (an AsyncProducer's, or a
+        done-callback on the I/O thread) could only wait out its timeout: refused at once."""
+        if self._data.on_loop_thread():
+            raise InvalidArgumentError(
+                f"{call} would block the event loop that delivers its answer; on that loop "
+                "use send_async() or the AsyncProducer's awaitables (await send(), flush(), "
+                "close())"
+            )
 
     def _wait(self, fut: Future[_R]) -> _R:
         # Bounded: the request's own deadline settles it long before this one.
@@ -526,13 +543,18 @@ class Producer:
         return msg
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
-        validate_topic(topic, allow_system=self._allow_system)
+        if topic not in self._topics_ok:
+            validate_topic(topic, allow_system=self._allow_system)
+            if len(self._topics_ok) >= MAX_CHECKED_TOPICS:
+                self._topics_ok.clear()
+            self._topics_ok.add(topic)
         sharding_key, queue_selector, queue = (
             options.sharding_key,
             options.queue_selector,
             options.queue,
         )
-        if sum(x is not None for x in (sharding_key, queue_selector, queue)) > 1:
+        chosen_by = (sharding_key is not None) + (queue_selector is not None) + (queue is not None)
+        if chosen_by > 1:
             raise InvalidArgumentError("give at most one of sharding_key, queue_selector, queue")
         if queue is not None:
             if queue.topic != topic:
@@ -565,17 +587,18 @@ class Producer:
         now = monotonic_ms()
         with self._sticky_lock:
             current = self._sticky.get(topic)
-            if (
-                current is not None
-                and current[0] in queues.queues
-                and self._sender.is_available(current[0].broker_group, now)
-            ):
-                q, left = current
-                if left > 1:
-                    self._sticky[topic] = (q, left - 1)
+            if current is not None:
+                q, left, chosen_from = current
+                # The same route object: its queues cannot have changed (no list search).
+                if (
+                    left > 1
+                    and (chosen_from is queues or q in queues.queues)
+                    and self._sender.is_available(q.broker_group, now)
+                ):
+                    self._sticky[topic] = (q, left - 1, queues)
                     return q
             chosen = self._sender.select(queues, now)
-            self._sticky[topic] = (chosen, self._sticky_messages)
+            self._sticky[topic] = (chosen, self._sticky_messages, queues)
             return chosen
 
     def _first_send_queue(self, topic: str) -> QueueRef:

@@ -59,7 +59,7 @@ from raftmq.common.errors import (
     UnsupportedError,
 )
 from raftmq.common.frame import error_from_detail
-from raftmq.common.message import POSITION_HEX, Message, msg_id_prefix
+from raftmq.common.message import Message, msg_id_prefix
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
 from raftmq.common.stored_send import BatchAnswer
@@ -153,6 +153,9 @@ class Sender:
         # Called with each settled request's messages (every future done), on whichever thread
         # settled it (often the data pool's loop: it must not block). Message trace sets it.
         self.on_settled: Callable[[str, Sequence[Pending]], None] | None = None
+        # Called after each settled request freed buffer room (any thread, never blocking): the
+        # asyncio face's send() awaits room with it instead of blocking its loop.
+        self.on_room: Callable[[], None] | None = None
         self._frames_out: dict[str, int] = {}  # data address -> frames in flight (loop thread)
         # figures for benchmarks and tests: SEND_BATCHES frames, the batches and messages in them
         self.frames_sent = 0
@@ -171,8 +174,8 @@ class Sender:
 
     def is_available(self, broker_group: str, now_ms: int) -> bool:
         """False while `broker_group` is avoided after a slow or failed send."""
-        with self._lock:
-            return self._faults.is_available(broker_group, now_ms)
+        # No lock: the table is copy-on-write, swapped whole (asked once per message).
+        return self._faults.is_available(broker_group, now_ms)
 
     def select(self, queues: PublishQueues, now_ms: int) -> QueueRef:
         """The next queue round robin, avoiding groups that just failed."""
@@ -186,10 +189,15 @@ class Sender:
 
     def enqueue(self, target: QueueRef, items: Sequence[Pending]) -> None:
         """Buffer `items` for `target`, waiting up to max_block_s for room (then QueueFull)."""
-        size = sum(it.size for it in items)
-        deadline = time.monotonic() + self.config.max_block_s
+        size = items[0].size if len(items) == 1 else sum(it.size for it in items)
+        now = time.monotonic()
+        deadline = now + self.config.max_block_s
         with self._lock:
             while not self._acc.has_room(len(items), size):
+                # On the loop that delivers the answers (the asyncio face) waiting would only
+                # block them: full is QueueFull at once there; AsyncProducer.send awaits room.
+                if self._data.on_loop_thread():
+                    deadline = 0.0
                 left = deadline - time.monotonic()
                 if left <= 0 or self.closed:
                     raise QueueFullError(
@@ -200,7 +208,8 @@ class Sender:
                         "raise them"
                     )
                 self._lock.wait(left)
-            due = time.monotonic() + self.config.send_timeout_s
+                now = time.monotonic()  # the send timeout counts from entering the buffer
+            due = now + self.config.send_timeout_s
             for it in items:
                 it.deadline = due
             appended = self._acc.append(target, [(it, it.size) for it in items], monotonic_ms())
@@ -547,18 +556,20 @@ class Sender:
         else:
             # first_offset -1 with a place in the log: stored, its queue offsets not known yet
             # (a delayed message gets them when it falls due)
+            # Each result derives its id from the prefix when it is read (most never are).
             prefix = msg_id_prefix(group, r.raft_index, r.slot)
-            pos, offset = r.first_position, r.first_offset
+            pos, offset, dup = r.first_position, r.first_offset, r.duplicate
             for i, it in enumerate(items):
                 if not it.future.done():
                     it.future.set_result(
                         SendResult(
-                            prefix + format(pos + i, POSITION_HEX),
+                            prefix,
                             topic,
                             group,
                             queue_id,
                             offset + i if offset >= 0 else -1,
-                            r.duplicate,
+                            dup,
+                            id_position=pos + i,
                         )
                     )
         self._finish(req, None)
@@ -756,6 +767,9 @@ class Sender:
             else:
                 nxt = self._acc.abandon(req.batch, monotonic_ms())
             self._lock.notify_all()
+        room = self.on_room
+        if room is not None:
+            room()
         return nxt
 
     def _finish(self, req: Request, err: RaftMQError | None) -> None:

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf.message import Message
 
 from raftmq.client.coalescer import Coalescer
-from raftmq.client.data_pool import BLOCKING_MARGIN_S, DataPool
+from raftmq.client.data_pool import BLOCKING_MARGIN_S, DataPool, no_data_address
 from raftmq.client.messages import ReceivedMessage, to_pb
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
@@ -219,6 +219,7 @@ class TransactionProducer:
         self._host = socket.gethostname()
         self._lock = threading.Lock()
         self._leaders: dict[str, str] = {}  # broker group -> leader gRPC address
+        # gRPC stubs for the check-back long poll only; halves and ends go over frames
         self._stubs: dict[str, transaction_pb2_grpc.BrokerTransactionStub] = {}
         self._rr = itertools.count()
         self._closed = threading.Event()
@@ -272,13 +273,9 @@ class TransactionProducer:
         )
         resp = self._batched(group, self._halves, req)
         if resp is None:
-            resp = self._on_leader(
-                group,
-                DataMethod.SEND_HALF_MESSAGE,
-                req,
-                lambda stub: stub.SendHalfMessage(req, timeout=self._request_s),
-                self._send_s,
-            )
+            alone = self._on_leader(group, DataMethod.SEND_HALF_MESSAGE, req, self._send_s)
+            assert isinstance(alone, transaction_pb2.SendHalfMessageResponse)  # PAYLOADS' type
+            resp = alone
         half = HalfMessage(txn_id, resp.msg_id, topic, group, resp.queue_id, bytes(body))
         try:
             state = local_transaction(half)
@@ -334,13 +331,8 @@ class TransactionProducer:
 
     def _end_alone(self, broker_group: str, req: transaction_pb2.EndTransactionRequest) -> str:
         """One end as a single call, retried across leader changes within end_timeout_ms."""
-        resp = self._on_leader(
-            broker_group,
-            DataMethod.END_TRANSACTION,
-            req,
-            lambda stub: stub.EndTransaction(req, timeout=self._request_s),
-            self._end_s,
-        )
+        resp = self._on_leader(broker_group, DataMethod.END_TRANSACTION, req, self._end_s)
+        assert isinstance(resp, transaction_pb2.EndTransactionResponse)  # PAYLOADS' type
         return resp.state
 
     def _end_later(self, group: str, txn_id: str, state: LocalTransactionState) -> Future[str]:
@@ -460,6 +452,7 @@ class TransactionProducer:
         return address
 
     def _stub(self, address: str) -> transaction_pb2_grpc.BrokerTransactionStub:
+        """The gRPC stub of `address`, for the check-back long poll (no framed method)."""
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
@@ -540,11 +533,11 @@ class TransactionProducer:
         group: str,
         method: DataMethod,
         request: Message,
-        call: Callable[[transaction_pb2_grpc.BrokerTransactionStub], T],
         budget_s: float,
-    ) -> T:
-        """`request` on the group's leader, over its framed data path where it offers one (else
-        `call` over gRPC), retried across leader changes within budget_s."""
+    ) -> Message:
+        """`request` on the group's leader over its framed data path (the SDK's one data
+        transport; a leader without one is unavailable), retried across leader changes within
+        budget_s; the method's response (PAYLOADS)."""
         deadline = time.monotonic() + budget_s
         refresh = False
         backoff = RETRY_BACKOFF_S
@@ -553,12 +546,9 @@ class TransactionProducer:
             try:
                 address = self._leader(group, refresh)
                 data_address = self.routes.data_address(address)
-                if not data_address:
-                    return call(self._stub(address))
-                out = self._data.call(data_address, method, request, self._request_s)
-                return out  # type: ignore[return-value]  # PAYLOADS: the method's response
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
+                if not data_address:  # retried after a route refresh, like a dead leader
+                    raise no_data_address(address)
+                return self._data.call(data_address, method, request, self._request_s)
             except RaftMQError as exc:
                 err = exc
             if not _retryable(err) or time.monotonic() + backoff > deadline:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from raftmq.broker.delivery import PROPERTY_TIMER_OUT_MS
+from raftmq.broker.txn_records import HALF_PRODUCER_ID
 from raftmq.client.admin import Admin
 from raftmq.client.aio import AsyncProducer
 from raftmq.client.consumer_pull import PullConsumer
@@ -27,10 +31,11 @@ from raftmq.client.producer import Producer
 from raftmq.client.raw_batch import decode_batches
 from raftmq.common import stored_batch, stored_send
 from raftmq.common.data_api import DataMethod
-from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.message import Message
-from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2
-from raftmq.common.record_batch import ProducerSequence
+from raftmq.common.delay import PROPERTY_DELAY_MS
+from raftmq.common.errors import InvalidArgumentError, QueueFullError
+from raftmq.common.message import DLQ_TOPIC_PREFIX, Message
+from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2, transaction_pb2
+from raftmq.common.record_batch import Kind, ProducerSequence
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
 from raftmq.raftlog import entry_codec
@@ -238,11 +243,14 @@ def _corruptions() -> list[object]:
     struct.pack_into("<I", table, 12, crc32c.crc32c(memoryview(table)[32:]))
     stamped = bytearray(good)  # a client may not stamp: only the leader decides store time
     stored_batch.stamp(stamped, 0, 1)
+    scheduled = bytearray(good)  # nor mark a delayed send: its due times are the leader's
+    stored_batch.mark_scheduled(scheduled)
     cases = [
         ("body CRC", bytes(crc_flip)),
         ("total length", bytes(length)),
         ("offsets", bytes(table)),
         ("stamped", bytes(stamped)),
+        ("scheduled", bytes(scheduled)),
         ("truncated", good[:40]),
     ]
     return [pytest.param(what, bad, id=what) for what, bad in cases]
@@ -306,25 +314,39 @@ def _journal_chunks(node_dir: Path) -> dict[tuple[int, int], bytes]:
     return out
 
 
-def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
-    env: Env,
-) -> None:
-    """v1 batches (SEND_BATCHES, today's delayed path and older producers: the same record
-    bytes every earlier version wrote) and v2 batches in one queue; every node's journal holds
-    identical chunks; the group restarted on its journals still pulls both formats."""
-    v1 = broker_pb2.SendBatchesRequest(
+def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> None:
+    """The broker's own writes (issue 24: a delayed send, an older producer's SEND_BATCHES, a
+    half message, a dead letter) are v2 stored batches like the producer's; every node's
+    journal holds identical chunks, none of them v1; the group restarted on its journals pulls
+    a delayed message delivered from its v2 batch. (v1 chunks, which stores written before
+    issue 24 hold, are read by the same readers: tests/broker/test_store.py and
+    test_dispatch_v2.py on real lmdb stores.)"""
+    delayed = broker_pb2.SendBatchesRequest(
         batches=[
             broker_pb2.SendMessageRequest(
                 topic=TOPIC,
                 queue_id=6,
-                messages=[common_pb2.Message(body=b"v1-0", tags="t", keys=["k1"])],
+                messages=[
+                    common_pb2.Message(
+                        body=b"delayed-0",
+                        tags="t",
+                        keys=["k1"],
+                        properties={PROPERTY_DELAY_MS: "1"},
+                    )
+                ],
             )
         ]
     )
     out = broker_pb2.SendBatchesResponse.FromString(
-        env.call(env.leader, DataMethod.SEND_BATCHES, v1.SerializeToString())
+        env.call(env.leader, DataMethod.SEND_BATCHES, delayed.SerializeToString())
     )
     assert not out.results[0].HasField("error")
+    for node in env.clients:  # delivered from the schedule at once, on every node
+        wait_until(
+            lambda n=node: env.pull(n, 6, 0, raw=False, follower=True).next_offset == 1,
+            30,
+            f"{node} delivered the delayed message",
+        )
     [r] = env.send(batch(6, b"v2-1", b"v2-2")).results
     assert r.error is None and r.first_offset == 1
     for node in env.clients:  # every node indexed both
@@ -333,6 +355,7 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
             30,
             f"{node} indexed queue 6",
         )
+    dead_letter_of = _broker_writes(env)
 
     cluster = env.cluster
     _close(env)
@@ -347,6 +370,7 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
     assert len(v2_chunks[0]) >= 8  # every v2 batch of this module
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
+    _every_produce_chunk_is_v2(chunks[0], dead_letter_of)
 
     for p in procs:
         p.start("broker.started")
@@ -362,15 +386,75 @@ def test_journals_hold_the_same_bytes_and_v1_batches_still_pull_after_a_restart(
 
     out_raw = wait_until(both, 60, "a pull after the restart")
     assert isinstance(out_raw, broker_pb2.PullMessageResponse)
-    assert [b.chunk[1] for b in out_raw.batches] == [1, stored_batch.VERSION]
+    assert [b.chunk[1] for b in out_raw.batches] == [stored_batch.VERSION] * 2
+    assert stored_batch.is_scheduled(out_raw.batches[0].chunk)
     got = decode_batches(out_raw.batches, GROUP, 6)
     assert [(m.message.body, m.queue_offset) for m in got] == [
-        (b"v1-0", 0),
+        (b"delayed-0", 0),
         (b"v2-1", 1),
         (b"v2-2", 2),
     ]
+    assert got[0].message.keys == ("k1",) and PROPERTY_TIMER_OUT_MS in got[0].message.properties
     plain = env.pull(env.leader, 6, 0, raw=False)
-    assert [m.message.body for m in plain.messages] == [b"v1-0", b"v2-1", b"v2-2"]
+    assert [m.message.body for m in plain.messages] == [b"delayed-0", b"v2-1", b"v2-2"]
+
+
+def _broker_writes(env: Env) -> str:
+    """The writes the broker encodes itself, none delayed: an older producer's SEND_BATCHES
+    (queue 5), a transactional half message and its commit (queue 4), and a consumer's
+    send-back of the first as a dead letter. Returns the dead letter's topic."""
+    at4, at5 = env.max_offset(4), env.max_offset(5)  # earlier tests of the module wrote there
+    old_sdk = broker_pb2.SendBatchesRequest(
+        batches=[
+            broker_pb2.SendMessageRequest(
+                topic=TOPIC, queue_id=5, messages=[common_pb2.Message(body=b"old-sdk", tags="t")]
+            )
+        ]
+    )
+    out = broker_pb2.SendBatchesResponse.FromString(
+        env.call(env.leader, DataMethod.SEND_BATCHES, old_sdk.SerializeToString())
+    )
+    assert not out.results[0].HasField("error")
+    half = transaction_pb2.SendHalfMessageRequest(
+        topic=TOPIC,
+        queue_id=4,
+        message=common_pb2.Message(body=b"half", keys=["hk"]),
+        producer_group="pg",
+        client_id="c1",
+        transaction_id="txn-v2",
+    )
+    env.call(env.leader, DataMethod.SEND_HALF_MESSAGE, half.SerializeToString())
+    end = transaction_pb2.EndTransactionRequest(
+        transaction_id="txn-v2", producer_group="pg", resolution=transaction_pb2.COMMIT
+    )
+    env.call(env.leader, DataMethod.END_TRANSACTION, end.SerializeToString())
+    committed = env.pull(env.leader, 4, at4, raw=True)
+    assert [m.message.body for m in decode_batches(committed.batches, GROUP, 4)] == [b"half"]
+    [stored] = env.pull(env.leader, 5, at5, raw=False).messages
+    group = "cg-v2"
+    with Admin(env.cluster.namesrv) as admin:
+        leader = next(g.leader_address for g in admin.groups() if g.broker_group == GROUP)
+        stub = admin._stub(leader)
+        req = broker_pb2.ConsumerSendBackRequest(
+            consumer_group=group, msg_id=stored.msg_id, max_reconsume_times=0
+        )
+        back = admin._rpc(lambda: stub.ConsumerSendBack(req, timeout=10))
+    assert back.dead_letter
+    return DLQ_TOPIC_PREFIX + group
+
+
+def _every_produce_chunk_is_v2(chunks: dict[tuple[int, int], bytes], dead_letter: str) -> None:
+    """Every produce chunk in a journal is a v2 stored batch (issue 24): the delayed send's
+    flagged scheduled, the half message marked with the broker's producer id."""
+    produce = [c for c in chunks.values() if c[0] == Kind.PRODUCE]
+    assert [c for c in produce if c[1] != stored_batch.VERSION] == []
+    v2 = [stored_batch.verify_stamped(c) for c in produce]
+    scheduled = [h for c, h in zip(produce, v2, strict=True) if stored_batch.is_scheduled(c)]
+    assert [(h.topic, h.queue_id, h.count) for h in scheduled] == [(TOPIC, 6, 1)]
+    assert {(h.topic, h.queue_id) for h in v2} >= {(TOPIC, 5), (TOPIC, 4)}
+    assert any(h.topic == dead_letter for h in v2)
+    [half] = [h for h in v2 if h.producer and h.producer.producer_id == HALF_PRODUCER_ID]
+    assert (half.topic, half.queue_id, half.count) == (TOPIC, 4, 1)
 
 
 def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
@@ -398,6 +482,63 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     out = env.pull(env.leader, 0, before, raw=True)
     assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
+
+
+def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
+    """AsyncProducer on the caller's own loop (issue 24): SEND_STORED frames written and
+    answered there, no I/O thread of the producer's, every future completed on the loop without
+    a wake-up from a thread; a full buffer is QueueFullError at once for send_future (waiting
+    would block the loop that empties it) and awaited by send(); one loop per producer."""
+    queue = QueueRef(TOPIC, GROUP, 6)
+    before = env.max_offset(6)
+
+    async def run() -> tuple[list[SendResult], AsyncProducer]:
+        kw = {"max_buffered_messages": 8, "max_block_ms": 4000}
+        async with AsyncProducer(env.cluster.namesrv, **kw) as p:
+            # The threaded API of a producer made in this loop, used first (a preload from a
+            # worker thread), runs on this loop too.
+            pre = await asyncio.to_thread(p.producer.send, TOPIC, b"pre", queue=queue)
+            # A blocking call on this loop could only wait out its timeout: refused at once,
+            # nothing buffered (the offsets below count 49).
+            for blocking in (
+                lambda: p.producer.send(TOPIC, b"blocks", queue=queue),
+                lambda: p.producer.send_batch(TOPIC, [b"blocks"], queue=queue),
+                p.producer.flush,
+            ):
+                with pytest.raises(InvalidArgumentError, match="would block the event loop"):
+                    blocking()
+            first = [p.send_future(TOPIC, b"f%d" % i, queue=queue) for i in range(8)]
+            # Nothing can be answered before this loop runs again: the buffer is full now,
+            # and waiting max_block_ms on this thread could not make room.
+            t0 = time.monotonic()
+            with pytest.raises(QueueFullError):
+                p.send_future(TOPIC, b"over", queue=queue)
+            assert time.monotonic() - t0 < 2.0
+            sends = (p.send(TOPIC, b"s%d" % i, queue=queue) for i in range(40))
+            rest = await asyncio.gather(*sends)
+            waker = p._waker
+            assert waker is not None and waker.direct == 48 and waker.wakeups == 0
+            assert p.producer._sender.frames_sent >= 7  # 49 messages in buffers of 8 at most
+            assert p.producer._data._loop_thread is None
+            return [pre, *(await asyncio.gather(*first)), *rest], p
+
+    results, producer = asyncio.run(run())
+    assert sorted(r.queue_offset for r in results) == list(range(before, before + 49))
+    out = env.pull(env.leader, 6, before, raw=True)
+    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert not [t for t in threading.enumerate() if t.name == "raftmq-producer-data"]
+
+    async def on(p: AsyncProducer) -> SendResult:
+        return await p.send(TOPIC, b"other loop", queue=queue)
+
+    p2 = AsyncProducer(env.cluster.namesrv)
+    try:
+        asyncio.run(on(p2))
+        with pytest.raises(InvalidArgumentError, match="another event loop"):
+            asyncio.run(on(p2))
+    finally:
+        p2.producer.close()
+    assert producer.producer._sender.closed
 
 
 @given(st.data())

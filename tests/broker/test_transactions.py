@@ -163,19 +163,6 @@ def test_commit_and_rollback_and_bad_ends(cluster: Cluster) -> None:
     assert not checker.seen  # every transaction ended before its timeout: never checked
 
 
-def test_over_grpc_where_no_data_path_is_offered(cluster: Cluster) -> None:
-    t = topic(cluster, "txn-grpc")
-    layout, _ = cluster.groups[GROUP]
-    with producer(cluster, "pg-grpc", Answers()) as p:
-        p.routes._override_data_addresses({layout.address(i): "" for i in range(3)})
-        ok = p.send_in_transaction(t, b"via-grpc", answer(COMMIT))
-        no = p.send_in_transaction(t, b"dropped", answer(ROLLBACK))
-        assert ok.end_error() is None and no.end_error() is None
-        with pytest.raises(TransactionConflictError):
-            p.end_transaction(GROUP, no.transaction_id, COMMIT)
-    assert drain(cluster, t, 1) == [b"via-grpc"]
-
-
 def test_concurrent_transactions_share_requests_each_answered_apart(cluster: Cluster) -> None:
     """Half sends and ends made by threads while one is in flight go together (SEND_HALF_MESSAGES
     / END_TRANSACTIONS); in a batch, a refused item fails alone and the others take effect."""

@@ -22,6 +22,7 @@ from raftmq.client.data_pool import DataPool, may_have_stored
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
+from raftmq.client.producer.transaction import LocalTransactionState, TransactionProducer
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -329,6 +330,18 @@ def test_a_node_without_a_data_address_is_unavailable_not_a_grpc_fallback(
         assert type(info.value) is BrokerUnavailableError  # surely not stored
         assert p._data._loop_thread is None  # the frame loop never started
     assert queue_max(cluster, q) == before
+    # A consumer's offsets and a transactional half travel on frames too (no gRPC fallback).
+    no_data = pytest.raises(BrokerUnavailableError, match="--data-listen")
+    with PullConsumer(cluster.namesrv, "g-no-data") as c, no_data:
+        c.committed(q)
+    commit = lambda _: LocalTransactionState.COMMIT  # noqa: E731
+    txn = TransactionProducer(
+        cluster.namesrv, "txn-no-data", lambda _: LocalTransactionState.UNKNOWN,
+        send_timeout_ms=800, request_timeout_ms=300,
+    )  # fmt: skip
+    with txn, pytest.raises(BrokerUnavailableError, match="--data-listen"):
+        txn.send_in_transaction(name, b"never", commit, queue=q)
+    assert queue_max(cluster, q) == before
 
 
 # ---- the asyncio face ---------------------------------------------------------------------
@@ -342,10 +355,13 @@ def test_asyncio_face_over_frames(cluster: Cluster, proxies: dict[str, FrameBrok
             p.producer.routes._override_data_addresses(overrides(proxies))
             results = await asyncio.gather(*(p.send(name, b"x%d" % i) for i in range(200)))
             assert len({(r.queue_id, r.queue_offset) for r in results}) == 200
-            # the results of one answer complete their futures with one wake-up of this loop
+            # The producer runs on this loop: no I/O thread of its own, the frames' answers
+            # arrive here and complete every future at once, with no wake-up from a thread.
             waker = p._waker
             assert waker is not None and waker.completions == 200
-            assert waker.wakeups < 100, waker.wakeups
+            assert waker.direct == 200 and waker.wakeups == 0, (waker.direct, waker.wakeups)
+            assert p.producer._data._loop_thread is None
+            assert not [t for t in threading.enumerate() if t.name == "raftmq-producer-data"]
         got: list[bytes] = []
         async with AsyncPullConsumer(cluster.namesrv, "g-aio", start_from=StartFrom.EARLIEST) as c:
             c.consumer.routes._override_data_addresses(overrides(proxies))

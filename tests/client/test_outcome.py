@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from raftmq.client.messages import SendResult
 from raftmq.client.producer.outcome import BatchOutcome
 from raftmq.common.errors import NotLeaderError
+from raftmq.common.message import encode_msg_id, msg_id_prefix
 
 
 def result(i: int) -> SendResult:
@@ -45,3 +46,25 @@ def test_the_first_error_fails_the_batch_after_every_outcome() -> None:
 
 def test_an_empty_batch_is_done_at_once() -> None:
     assert BatchOutcome(0).future.result(0) == []
+
+
+@given(
+    st.integers(1, 2**62),
+    st.integers(0, 4095),
+    st.integers(0, 2**32 - 1),
+    st.integers(-1, 2**40),
+    st.booleans(),
+)
+def test_a_derived_send_result_is_the_result_with_its_id_written_out(
+    raft_index: int, slot: int, position: int, offset: int, duplicate: bool
+) -> None:
+    """The sender's lazy SendResult (id prefix + position, derived when read) equals, hashes
+    and prints as the one made with the broker's full id, and stays read-only."""
+    full = encode_msg_id("broker-a", raft_index, slot, position)
+    prefix = msg_id_prefix("broker-a", raft_index, slot)
+    lazy = SendResult(prefix, "t", "broker-a", 3, offset, duplicate, id_position=position)
+    eager = SendResult(full, "t", "broker-a", 3, offset, duplicate)
+    assert lazy == eager and hash(lazy) == hash(eager) and repr(lazy) == repr(eager)
+    assert lazy.msg_id == full and lazy.msg_id == full  # twice: the cached id is the same
+    with pytest.raises(AttributeError):
+        lazy.queue_offset = 0  # type: ignore[misc]

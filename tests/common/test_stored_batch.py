@@ -475,6 +475,29 @@ def test_stamping_rules(sb: ModuleType) -> None:
         sb.iter_messages(buf, -1)
 
 
+def test_a_batch_marked_scheduled_is_read_by_both_implementations(sb: ModuleType) -> None:
+    """The broker's delayed sends (issue 24): stored_batch.mark_scheduled sets flag 0x8 and
+    rewrites the body CRC of a batch either codec encoded; both read the flag as known."""
+    raw = small_batch(sb)
+    assert not stored_batch.is_scheduled(raw)
+    buf = bytearray(raw)
+    stored_batch.mark_scheduled(buf)
+    assert stored_batch.is_scheduled(buf)
+    assert buf[32:34] == struct.pack("<H", struct.unpack_from("<H", raw, 32)[0] | 0x8)
+    assert buf[:12] == raw[:12] and buf[16:32] == raw[16:32] and buf[34:] == raw[34:]  # flags, CRC
+    assert sb.check_batch(buf).count == sb.check_batch(raw).count
+    sb.stamp(buf, 0, 5)
+    assert sb.verify_stamped(buf).store_timestamp_ms == 5
+    assert [m.body for m in sb.iter_messages(buf)] == [m.body for m in sb.iter_messages(raw)]
+    with pytest.raises(ValueError, match="unstamped"):
+        stored_batch.mark_scheduled(buf)
+    unknown = bytearray(raw)  # a flag past 0x8 stays unknown
+    struct.pack_into("<H", unknown, 32, struct.unpack_from("<H", raw, 32)[0] | 0x10)
+    struct.pack_into("<I", unknown, 12, crc32c(memoryview(unknown)[32:]))
+    with pytest.raises(MalformedBatchError, match="unknown flags"):
+        sb.check_batch(unknown)
+
+
 def test_lazy_objects_decode_on_access(sb: ModuleType) -> None:
     raw = small_batch(sb)
     m = next(sb.iter_messages(raw))
