@@ -127,7 +127,7 @@ def test_the_readme_shows_what_this_test_runs() -> None:
     }
     assert {"topic create", "produce", "consume"} <= shown, shown
     for b in every:  # every block is run here, in tests/spark, or marked as not run
-        assert b.lang in ("python", "sh", "toml", "javascript"), (
+        assert b.lang in ("python", "sh", "toml", "javascript", "yaml"), (
             f"{b.name}: no rule for this language"
         )
         if b.lang == "toml":  # cluster description settings: parsed, keys checked, as shown
@@ -149,6 +149,8 @@ def test_the_readme_shows_what_this_test_runs() -> None:
             "acl",
         )
         assert b.lang != "javascript" or b.tag == "rmq5node", f"{b.name}: no rule for this block"
+        # yaml: another tool's configuration (Prometheus' scrape config), shown, never run
+        assert b.lang != "yaml" or b.tag == "skip", f"{b.name}: a yaml block must say skip"
         assert b.tag in known, f"{b.name}: unknown readme-test tag {b.tag!r}"
 
 

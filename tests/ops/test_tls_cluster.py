@@ -27,7 +27,7 @@ from raftmq.common.errors import RaftMQError
 from raftmq.ops.certs import CertRequest, write_certs
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import ClusterSpec, local_description, parse
-from tests.harness.procs import ROOT, free_ports
+from tests.harness.procs import ROOT, free_ports, wait_until
 
 N_PORTS = 1 + 3 * 2 + 3  # one NameServer, one group (gRPC + Raft), metrics of each
 
@@ -223,6 +223,9 @@ def test_rotate_node_certificates_one_at_a_time_zero_failed_sends(
     t = threading.Thread(target=produce, daemon=True)
     t.start()
     try:
+        # The producer runs before the rotation starts (on a loaded machine its TLS start could
+        # outlast the whole rotation: 0 sent, nothing rotated under traffic).
+        wait_until(lambda: sent >= 5 or failures, 30, "the producer's first sends")
         for n in nodes:
             cluster.kill(n, sig=15)  # SIGTERM: hands leadership off, as a rolling restart does
             cluster.start(n)
