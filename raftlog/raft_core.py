@@ -13,6 +13,7 @@ import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raftmq.raftlog.election import (
     LogPosition,
@@ -71,12 +72,15 @@ class RaftConfig:
     max_inflight: int = 8  # appends in flight per peer in REPLICATE mode
     max_entries_per_append: int = 64
     snapshot_resend_ticks: int = 20  # a snapshot is large: ask again only after this long
+    max_committed_per_ready: int = 1024  # entries handed to apply in one Ready
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks:
             raise ValueError("heartbeat_ticks must be positive and below election_ticks")
-        if self.max_inflight < 1 or self.max_entries_per_append < 1:
-            raise ValueError("max_inflight and max_entries_per_append must be at least 1")
+        if min(self.max_inflight, self.max_entries_per_append, self.max_committed_per_ready) < 1:
+            raise ValueError(
+                "max_inflight, max_entries_per_append and max_committed_per_ready must be >= 1"
+            )
 
 
 class TransferRefusedError(RaftLogError):
@@ -99,15 +103,47 @@ class PeerProgress:
     snapshot_ticks: int = 0  # SNAPSHOT: ticks since the snapshot left
 
 
-class RaftLog:
-    """The node's log in memory: entries after a base (a snapshot's index and term, or 0/0).
-    Implements replication.LogView. Persisting it is the shell's job (Ready.entries)."""
+class LogStorage(Protocol):
+    """The stable part of a node's log, as the shell wrote it (Ready.entries): the core only
+    reads it, for indexes above its base and below its in-memory tail. The broker's is the
+    segment journal (raft_storage.JournalStorage); the simulator's is its Disk."""
 
-    def __init__(self, base_index: int, base_term: int, entries: Sequence[Entry]) -> None:
+    @property
+    def last_index(self) -> int: ...
+
+    def term(self, index: int) -> int:
+        """The term of a stored entry (IndexError if it is not stored)."""
+        ...
+
+    def slice(self, lo: int, hi: int) -> Sequence[Entry]:
+        """Stored entries with lo <= index < hi, all of them stored."""
+        ...
+
+
+class RaftLog:
+    """The node's log: a base (a snapshot's index and term, or 0/0), the stable entries after it
+    in a LogStorage (read only) and an in-memory tail from `_offset` on (entries not yet
+    confirmed durable by advance(), which then drops them). Without a storage the tail keeps
+    every entry (tests, and a core driven without a disk). Implements replication.LogView."""
+
+    def __init__(
+        self,
+        base_index: int,
+        base_term: int,
+        entries: Sequence[Entry],
+        storage: LogStorage | None = None,
+    ) -> None:
         self.base_index = base_index
         self.base_term = base_term
-        self._entries: list[Entry] = list(entries)
-        for k, e in enumerate(self._entries):
+        self._storage = storage
+        if storage is not None and entries:
+            raise ValueError("entries come from the storage when one is given")
+        # Indexes below _offset (and above the base) are read from the storage.
+        self._offset = (
+            base_index + 1 if storage is None else max(storage.last_index, base_index) + 1
+        )
+        self._tail: list[Entry] = list(entries)
+        for k, e in enumerate(self._tail):
             if e.index != base_index + 1 + k:
                 raise ValueError(f"entry {k} has index {e.index}, expected {base_index + 1 + k}")
 
@@ -117,7 +153,7 @@ class RaftLog:
 
     @property
     def last_index(self) -> int:
-        return self.base_index + len(self._entries)
+        return self._offset - 1 + len(self._tail)
 
     @property
     def last_position(self) -> LogPosition:
@@ -128,11 +164,25 @@ class RaftLog:
             return self.base_term
         if not self.base_index < index <= self.last_index:
             raise IndexError(index)
-        return self._entries[index - self.base_index - 1].term
+        if index >= self._offset:
+            return self._tail[index - self._offset].term
+        assert self._storage is not None  # without one, _offset is base_index + 1
+        return self._storage.term(index)
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
         """Entries with lo <= index < hi (both within the log)."""
-        return self._entries[lo - self.base_index - 1 : hi - self.base_index - 1]
+        lo = max(lo, self.base_index + 1)
+        hi = min(hi, self.last_index + 1)
+        if lo >= hi:
+            return []
+        out: list[Entry] = []
+        if lo < self._offset:
+            assert self._storage is not None
+            out.extend(self._storage.slice(lo, min(hi, self._offset)))
+            lo = self._offset
+        if lo < hi:
+            out.extend(self._tail[lo - self._offset : hi - self._offset])
+        return out
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Add entries starting at most one past the end; anything at or above the first one's
@@ -144,17 +194,34 @@ class RaftLog:
             raise ValueError(
                 f"append at {start} outside ({self.base_index}, {self.last_index + 1}]"
             )
-        del self._entries[start - self.base_index - 1 :]
-        self._entries.extend(entries)
+        if start >= self._offset:
+            del self._tail[start - self._offset :]
+            self._tail.extend(entries)
+        else:  # replaces stable entries: they stay stored but are shadowed until rewritten
+            self._tail = list(entries)
+            self._offset = start
+
+    def stable_to(self, index: int, term: int) -> None:
+        """The shell made entries up to (index, term) durable: with a storage, the tail drops
+        them (it reads them from there). Ignored if the entry was replaced meanwhile."""
+        if self._storage is None or not self._offset <= index <= self.last_index:
+            return
+        if self._tail[index - self._offset].term != term:
+            return
+        del self._tail[: index - self._offset + 1]
+        self._offset = index + 1
 
     def compact(self, index: int) -> None:
         """Drop entries up to `index`, which becomes the base."""
         term = self.term_at(index)
-        del self._entries[: index - self.base_index]
+        if index >= self._offset:
+            del self._tail[: index - self._offset + 1]
+            self._offset = index + 1
         self.base_index, self.base_term = index, term
 
     def reset(self, base_index: int, base_term: int) -> None:
-        self._entries.clear()
+        self._tail.clear()
+        self._offset = base_index + 1
         self.base_index, self.base_term = base_index, base_term
 
 
@@ -175,6 +242,7 @@ class RaftCore:
         hard_state: HardState | None = None,
         snapshot: Snapshot | None = None,
         entries: Sequence[Entry] = (),
+        storage: LogStorage | None = None,
         applied_index: int | None = None,
     ) -> None:
         self.id = node_id
@@ -189,7 +257,7 @@ class RaftCore:
         self.vote = hs.vote
         self.snapshot = snapshot
         base = (snapshot.base_index, snapshot.base_term) if snapshot else (0, 0)
-        self.log = RaftLog(*base, entries)
+        self.log = RaftLog(*base, entries, storage)
         if hs.commit > self.log.last_index:
             raise ValueError(
                 f"hard state commit {hs.commit} is past the durable log's end {self.log.last_index}"
@@ -332,7 +400,9 @@ class RaftCore:
             raise RuntimeError("ready() called again before advance() of the previous Ready")
         hs = self.hard_state()
         entries = tuple(self.log.entries(self._unstable_from, self.log.last_index + 1))
-        committed = tuple(self.log.entries(self.applied + 1, self.commit + 1))
+        # Bounded: after a restart the whole journal may be committed but not yet applied.
+        apply_to = min(self.commit, self.applied + self.config.max_committed_per_ready)
+        committed = tuple(self.log.entries(self.applied + 1, apply_to + 1))
         rd = Ready(
             hard_state=hs if hs != self._durable_hs else None,
             snapshot=self._pending_snapshot,
@@ -345,7 +415,7 @@ class RaftCore:
         self._leader_msgs = []
         self._pending_snapshot = None
         self._unstable_from = self.log.last_index + 1
-        self.applied = self.commit
+        self.applied = apply_to
         self._awaiting_advance = True
         return rd
 
@@ -363,6 +433,7 @@ class RaftCore:
                 self.log.term_at(last.index) == last.term
             ):
                 self.durable_index = max(self.durable_index, last.index)
+                self.log.stable_to(last.index, last.term)
         if self.role is Role.LEADER:
             self._maybe_commit()  # our own persist counts toward commit only now
 
