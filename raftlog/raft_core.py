@@ -84,7 +84,12 @@ class RaftConfig:
 
 
 class TransferRefusedError(RaftLogError):
-    """A leadership transfer cannot start: the reason says what to fix first."""
+    """A leadership transfer cannot start: the reason says what to fix first. cannot_write: the
+    target said it cannot lead (waiting will not help)."""
+
+    def __init__(self, reason: str, *, cannot_write: bool = False) -> None:
+        super().__init__(reason)
+        self.cannot_write = cannot_write
 
 
 @dataclass(slots=True)
@@ -243,6 +248,7 @@ class RaftCore:
         snapshot: Snapshot | None = None,
         entries: Sequence[Entry] = (),
         storage: LogStorage | None = None,
+        base: tuple[int, int] = (0, 0),
         applied_index: int | None = None,
     ) -> None:
         self.id = node_id
@@ -256,7 +262,8 @@ class RaftCore:
         self.term = hs.term
         self.vote = hs.vote
         self.snapshot = snapshot
-        base = (snapshot.base_index, snapshot.base_term) if snapshot else (0, 0)
+        # `base`: where a storage cut by retention starts when no snapshot is kept.
+        base = (snapshot.base_index, snapshot.base_term) if snapshot else base
         self.log = RaftLog(*base, entries, storage)
         if hs.commit > self.log.last_index:
             raise ValueError(
@@ -460,7 +467,9 @@ class RaftCore:
             views = [
                 PeerView(
                     p,
-                    connected=pr.recent_active,
+                    # recent_active is cleared at each check-quorum round: a peer heard
+                    # within an election timeout is connected whatever the round says.
+                    connected=pr.recent_active or pr.heard_ticks < self.config.election_ticks,
                     match_index=pr.match_index,
                     response_age_s=self._ticks_to_s(pr.heard_ticks),
                     can_write=pr.eligible,
@@ -478,7 +487,9 @@ class RaftCore:
         if pr is None:
             raise TransferRefusedError(f"{target} is not a follower of this group")
         if not pr.eligible:
-            raise TransferRefusedError(f"{target} said it cannot lead (storage); repair it first")
+            raise TransferRefusedError(
+                f"{target} said it cannot lead (storage); repair it first", cannot_write=True
+            )
         self.transfer_target = target
         self._transfer_elapsed = 0
         self._maybe_send_timeout_now()
@@ -506,6 +517,14 @@ class RaftCore:
             min_election_timeout_s=self._ticks_to_s(self.config.election_ticks),
         )
         return grant_pre_vote(voter, req)
+
+    def _lost_acknowledged(self, pr: PeerProgress, m: AppendResponse) -> bool:
+        """The follower refused an append at or above what it acknowledged and says its log
+        ends below that: it lost acknowledged entries (ASYNC_FLUSH acks before the fdatasync,
+        so a power cut or a torn tail loses them; or its disk was wiped). Its match goes down
+        and it is probed from where its log ends; commit never goes down. A delayed refusal
+        can look the same: it costs a re-probe, never safety."""
+        return m.rejected_prev >= pr.match_index > 0 and m.next_index <= pr.match_index
 
     def _self_match(self) -> int:
         """What the leader counts for itself: only what the shell reported durable."""
@@ -735,14 +754,18 @@ class RaftCore:
             self._maybe_commit()
             self._maybe_send_timeout_now()
         else:
+            if pr.mode is not PeerMode.SNAPSHOT and self._lost_acknowledged(pr, m):
+                pr.match_index = max(0, m.next_index - 1)
+                self._to_probe(pr, m.next_index)
+                self._send_append(m.sender, pr)
+                return
             if pr.mode is PeerMode.REPLICATE:
                 stale = m.rejected_prev <= pr.match_index
             else:  # a probe answers for the append it sent; a snapshot waits for its own answer
                 stale = pr.mode is PeerMode.SNAPSHOT or m.rejected_prev != pr.next_index - 1
             if stale:
                 return
-            # Resume at the follower's hint, never below what it acknowledged (an ack means
-            # durable here, so the follower cannot have lost it).
+            # Resume at the follower's hint, never below what it acknowledged.
             self._to_probe(pr, max(pr.match_index + 1, min(m.next_index, self.log.last_index + 1)))
         self._send_append(m.sender, pr)
 
