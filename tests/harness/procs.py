@@ -36,6 +36,9 @@ class Proc:
 
     def start(self, ready_prefix: str, timeout_s: float = 60.0) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        impl = os.environ.get("RAFTMQ_RAFT_IMPL")
+        if impl:  # the one switch the test suite runs against both Raft implementations by
+            env["RAFTMQ_BROKER_RAFT_IMPL"] = impl
         env["PYTHONPATH"] = str(ROOT)
         with open(self.log, "a") as err:
             self.popen = subprocess.Popen(
