@@ -39,7 +39,7 @@ from raftmq.raftlog.raft_storage import JournalStorage
 from raftmq.raftlog.record import Committed, Entry, LogStatus, RoleChange
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.scrubber import Scrubber
-from raftmq.raftlog.snapshot import SnapshotStore
+from raftmq.raftlog.snapshot import Snapshot, SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 log = logging.getLogger("raftlog.native_log")
@@ -97,11 +97,19 @@ class NativeLog:
         self._disk_pressure = False
         self._next_handoff_s = 0.0
         self._noop_index: int | None = None
+        self._next_snapshot_try = 0.0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="raft-native", daemon=True)
         self._thread.start()
         storage = JournalStorage(self._journal, MetaStore(cfg.data_dir / "raft.meta"))
-        self._node: RaftNodeShell = self._call(self._build(storage), timeout_s=30)
+        self._node: RaftNodeShell
+        try:
+            self._call(self._build(storage), timeout_s=30)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._journal.close()
+            raise
         self._applied = self._node.applied
         self._scrub_stop = threading.Event()
         self.scrubber: Scrubber | None = None
@@ -123,10 +131,11 @@ class NativeLog:
     def _call(self, coro: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    async def _build(self, storage: JournalStorage) -> RaftNodeShell:
+    async def _build(self, storage: JournalStorage) -> None:
         node = RaftNodeShell(
             self.cfg, storage, self.health, self._on_committed, self._on_role, self._on_tick
         )
+        self._node = node  # before start(): its first tick and role change come back here
         try:
             await node.start()
         except OSError as exc:
@@ -134,7 +143,6 @@ class NativeLog:
                 f"cannot listen on raft address {self.cfg.node_id}: is another process using "
                 "the port?"
             ) from exc
-        return node
 
     def _on_corrupt(self, exc: CorruptJournalError) -> None:
         rec = CorruptRecord("journal", exc.path, exc.offset, exc.index, exc.reason)
@@ -265,8 +273,8 @@ class NativeLog:
             change.term,
             change.leader,
         )
-        core = self._node.core if hasattr(self, "_node") else None
-        if change.role is LogRole.LEADER and core is not None:
+        core = self._node.core
+        if change.role is LogRole.LEADER:
             self._noop_index = core.log.last_index  # _become_leader appended it last
         else:
             self._noop_index = None
@@ -303,6 +311,14 @@ class NativeLog:
                     _fail(fut, OutcomeUnknownError("no commit within commit_timeout_ms"))
         self.health.settle(now)
         core = self._node.core
+        if (
+            core.snapshot is None
+            and core.log.base_index > 0
+            and self._snapshots is not None
+            and now >= self._next_snapshot_try
+        ):
+            self._next_snapshot_try = now + 1.0  # a store read: not every tick
+            self._compact_to(core.log.base_index + 1)
         core.set_eligible(self.health.error is None and not self._disk_pressure)
         if (
             self.health.error is not None
@@ -375,7 +391,9 @@ class NativeLog:
         return self._journal.segments()
 
     def delete_prefix(self, before_index: int) -> Future[int]:
-        """Delete whole segments below before_index (applied entries only), on the loop."""
+        """Delete whole segments below before_index (applied entries only), on the loop. The
+        core is compacted first, to the snapshot the state machine keeps for that cut (a
+        follower behind it gets the snapshot); without one nothing is deleted."""
         if before_index > self._applied + 1:
             raise ValueError(
                 f"delete_prefix({before_index}) beyond the applied index {self._applied}"
@@ -383,22 +401,58 @@ class NativeLog:
 
         async def cut() -> int:
             core = self._node.core
-            upto = min(before_index - 1, core.applied, core.durable_index)
-            if upto > core.log.base_index:
-                store = self._snapshots
-                snap = store.snapshot_for(upto + 1) if store is not None else None
-                if snap is not None and core.log.base_index < snap.base_index <= upto:
-                    core.compact(snap.base_index, snap.state)
-            return self._journal.delete_prefix(core.log.base_index + 1)
+            if before_index - 1 > core.log.base_index and not self._compact_to(before_index):
+                return self._journal.first_index
+            return self._journal.delete_prefix(min(before_index, core.log.base_index + 1))
 
         return asyncio.run_coroutine_threadsafe(cut(), self._loop)
+
+    def _compact_to(self, first_index: int) -> bool:
+        """Loop: move the core's base to the state machine's snapshot for a log starting at
+        first_index (its base index is at least first_index - 1). False if there is none yet
+        or it is past what this node applied and made durable."""
+        core = self._node.core
+        store = self._snapshots
+        snap = store.snapshot_for(first_index) if store is not None else None
+        if snap is None or snap.base_index > min(core.applied, core.durable_index):
+            return False
+        if snap.base_index > core.log.base_index:
+            core.compact(snap.base_index, snap.state)
+        elif core.snapshot is None and snap.base_index == core.log.base_index:
+            core.snapshot = snap
+        return True
 
     _snapshots: SnapshotStore | None = None
 
     def set_snapshot_store(self, store: SnapshotStore | None) -> None:
-        """Where snapshots for followers behind retention come from (installing one on a
-        follower is not wired yet: see docs/design.md)."""
+        """Where snapshots come from (a follower behind retention) and go to (installed)."""
         self._snapshots = store
+        self._loop.call_soon_threadsafe(self._attach_snapshots)
+
+    def _attach_snapshots(self) -> None:
+        node = self._node
+        node.install_snapshot = self._install_snapshot if self._snapshots is not None else None
+        core = node.core
+        if core.snapshot is None and core.log.base_index > 0:
+            # A restart after retention: the journal starts past 1 and the core has no
+            # snapshot to send a follower behind it until it takes the store's.
+            self._compact_to(core.log.base_index + 1)
+
+    def _install_snapshot(self, snap: Snapshot, reset_log: Callable[[], None]) -> None:
+        """Loop, a Ready's snapshot: the state machine installs it (waiting for the dispatcher
+        between two steps), then the journal restarts after it."""
+        store = self._snapshots
+        assert store is not None
+        log.warning(
+            "raft.installing_snapshot node=%s base_index=%d bytes=%d",
+            self.cfg.node_id,
+            snap.base_index,
+            len(snap.state),
+        )
+        store.install_snapshot(snap, reset_log)
+        with self._applied_cond:
+            self._applied = max(self._applied, snap.base_index)
+            self._applied_cond.notify_all()
 
     # ---- leadership and status -----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from raftmq.raftlog.raft_messages import AppendResponse, Entry, Message, Ready
 from raftmq.raftlog.raft_storage import JournalStorage
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.record import RoleChange
+from raftmq.raftlog.snapshot import Snapshot
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("raftlog.raft_node")
@@ -181,6 +182,9 @@ class RaftNodeShell:
         self._next_commit_save = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
+        # Installs a leader's snapshot into the state machine, calling the second argument
+        # (which resets the journal) while nothing reads the log; None: reset the journal only.
+        self.install_snapshot: Callable[[Snapshot, Callable[[], None]], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -303,7 +307,11 @@ class RaftNodeShell:
         call per Ready, while the loop keeps stepping."""
         st = self.storage
         if rd.snapshot is not None:
-            st.install(rd.snapshot)
+            snap = rd.snapshot
+            if self.install_snapshot is None:
+                st.install(snap)
+            else:  # the state machine swaps its state, then has the log reset
+                self.install_snapshot(snap, lambda: st.install(snap))
         st.write(rd.entries)
         durable = self.core.durable_hard_state
         hs = rd.hard_state
