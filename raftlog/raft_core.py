@@ -73,6 +73,13 @@ class RaftConfig:
     max_entries_per_append: int = 64
     snapshot_resend_ticks: int = 20  # a snapshot is large: ask again only after this long
     max_committed_per_ready: int = 1024  # entries handed to apply in one Ready
+    # A leader that heard from no majority for this long steps down; 0 = election_ticks. Longer
+    # rides out a peer restarting (pysyncobj's leaderFallbackTimeout: 1.5 s in the broker).
+    check_quorum: int = 0
+
+    @property
+    def check_quorum_ticks(self) -> int:
+        return self.check_quorum or self.election_ticks
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks:
@@ -650,7 +657,7 @@ class RaftCore:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.config.election_ticks:
                 self.transfer_target = None  # it did not take over: accept proposals again
-        if self._election_elapsed >= self.config.election_ticks:
+        if self._election_elapsed >= self.config.check_quorum_ticks:
             self._election_elapsed = 0
             if not self._check_quorum():
                 self._become_follower(self.term, None)

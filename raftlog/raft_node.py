@@ -37,6 +37,7 @@ ROLE_OF = {
 }
 TICK_MS = 10  # one core tick; election and heartbeat settings are whole numbers of it
 _HELLO_TIMEOUT_S = 5.0
+_FIRST_RETRY_S = 0.02  # the first reconnect attempt's wait
 
 
 def core_config(cfg: RaftLogConfig) -> RaftConfig:
@@ -48,6 +49,7 @@ def core_config(cfg: RaftLogConfig) -> RaftConfig:
         max_inflight=8,
         max_entries_per_append=64,
         max_committed_per_ready=64,  # entries are up to batch_max_bytes each: bound the reads
+        check_quorum=max(0, cfg.leader_fallback_ms // TICK_MS),
     )
 
 
@@ -86,15 +88,20 @@ class PeerLink:
 
     async def _run(self) -> None:
         host, _, port = self.peer.rpartition(":")
-        retry_s = self.node.cfg.reconnect_ms / 1000
+        max_retry_s = self.node.cfg.reconnect_ms / 1000
+        retry_s = _FIRST_RETRY_S
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, int(port)), timeout=retry_s * 4
+                    asyncio.open_connection(host, int(port)), timeout=max_retry_s * 4
                 )
             except (OSError, TimeoutError):
+                # Doubling up to reconnect_ms: a restarting peer is heard again within ~50 ms
+                # of listening, a dead one costs a connect attempt per reconnect_ms.
                 await asyncio.sleep(retry_s)
+                retry_s = min(max_retry_s, retry_s * 2)
                 continue
+            retry_s = _FIRST_RETRY_S
             try:
                 await self._stream(writer)
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
