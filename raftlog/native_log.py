@@ -319,7 +319,10 @@ class NativeLog:
         ):
             self._next_snapshot_try = now + 1.0  # a store read: not every tick
             self._compact_to(core.log.base_index + 1)
-        core.set_eligible(self.health.error is None and not self._disk_pressure)
+        health = self.health
+        core.set_eligible(
+            health.error is None and not health.has_corrupt and not self._disk_pressure
+        )
         if (
             self.health.error is not None
             and core.role is Role.LEADER

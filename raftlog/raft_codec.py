@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 from raftmq.raftlog.election import LogPosition, PreVoteReply, PreVoteRequest
@@ -47,6 +48,27 @@ _PRE_VOTE_RESP = struct.Struct("<QBQ")  # round_id, granted, term
 _TERM = struct.Struct("<Q")
 
 _APPEND_T, _APPEND_RESP_T, _SNAP_T, _VOTE_T, _VOTE_RESP_T, _PRE_T, _PRE_RESP_T, _TNOW_T = range(8)
+_FETCH_T, _COPY_T = 8, 9
+_COPY = struct.Struct("<QQB")  # index, term, found; then the record's bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRecord:
+    """Repair, not Raft: "send me your copy of entry `index`" (ours failed its check)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordCopy:
+    """The answer: a peer's checked copy, or data None when it has no good one."""
+
+    index: int
+    term: int
+    data: bytes | None
+
+
+Frame = Message | FetchRecord | RecordCopy
 
 
 class BadMessageError(ValueError):
@@ -106,8 +128,13 @@ class Sealer:
             ) from exc
 
 
-def encode(m: Message) -> list[bytes]:
+def encode(m: Frame) -> list[bytes]:
     """A message's frame body as buffers (entry data are not copied)."""
+    if isinstance(m, FetchRecord):
+        return [_U8.pack(_FETCH_T), _TERM.pack(m.index)]
+    if isinstance(m, RecordCopy):
+        head = _COPY.pack(m.index, m.term, m.data is not None)
+        return [_U8.pack(_COPY_T), head, m.data or b""]
     if isinstance(m, AppendEntries):
         out = [
             _U8.pack(_APPEND_T),
@@ -138,7 +165,7 @@ def encode(m: Message) -> list[bytes]:
     return [_U8.pack(_TNOW_T), _TERM.pack(m.term)]
 
 
-def decode(body: bytes, sender: str, to: str) -> Message:
+def decode(body: bytes, sender: str, to: str) -> Frame:
     """The message in a frame body from `sender` (named by its connection's hello)."""
     if not body:
         raise BadMessageError("empty frame")
@@ -168,6 +195,12 @@ def decode(body: bytes, sender: str, to: str) -> Message:
         if kind == _TNOW_T:
             (term,) = _TERM.unpack_from(body, 1)
             return TimeoutNow(sender, to, term)
+        if kind == _FETCH_T:
+            (index,) = _TERM.unpack_from(body, 1)
+            return FetchRecord(index)
+        if kind == _COPY_T:
+            index, term, found = _COPY.unpack_from(body, 1)
+            return RecordCopy(index, term, body[1 + _COPY.size :] if found else None)
     except struct.error as exc:
         raise BadMessageError(f"message of kind {kind} is truncated") from exc
     raise BadMessageError(f"unknown message kind {kind}")

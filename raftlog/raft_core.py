@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,7 +26,7 @@ from raftmq.raftlog.election import (
     pre_vote_term,
     transfer_candidates,
 )
-from raftmq.raftlog.errors import NotLeaderError, RaftLogError
+from raftmq.raftlog.errors import CorruptJournalError, NotLeaderError, RaftLogError
 from raftmq.raftlog.raft_messages import (
     AppendEntries,
     AppendResponse,
@@ -309,6 +309,8 @@ class RaftCore:
         self.progress: dict[str, PeerProgress] = {}
         self.transfer_target: str | None = None
         self._transfer_elapsed = 0
+        # The shell's: told when a stored entry a peer needs cannot be read (it logs, repairs).
+        self.on_unreadable: Callable[[str, CorruptJournalError], None] | None = None
 
     # ---- the shell's interface -------------------------------------------------------------
 
@@ -725,7 +727,14 @@ class RaftCore:
                 pr.snapshot_ticks = 0
                 return
             hi = min(self.log.last_index + 1, pr.next_index + self.config.max_entries_per_append)
-            entries = tuple(self.log.entries(pr.next_index, hi))
+            try:
+                entries = tuple(self.log.entries(pr.next_index, hi))
+            except CorruptJournalError as exc:
+                # A stored record failed its check (the storage reported it): only this peer's
+                # replication waits, retried each heartbeat, until the shell repairs it.
+                if self.on_unreadable is not None:
+                    self.on_unreadable(peer, exc)
+                return
             self._send(
                 AppendEntries(
                     self.id, peer, self.term, prev, self.log.term_at(prev), self.commit, entries

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from raftmq.raftlog import raft_codec
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.errors import CorruptJournalError, RaftLogError
 from raftmq.raftlog.raft_core import RaftConfig, RaftCore, Role
 from raftmq.raftlog.raft_messages import AppendResponse, Entry, Message, Ready
 from raftmq.raftlog.raft_storage import JournalStorage
@@ -38,6 +39,9 @@ ROLE_OF = {
 TICK_MS = 10  # one core tick; election and heartbeat settings are whole numbers of it
 _HELLO_TIMEOUT_S = 5.0
 _FIRST_RETRY_S = 0.02  # the first reconnect attempt's wait
+REPAIR_RETRY_S = 1.0  # a corrupt record's copy is asked of every peer this often until repaired
+_MAX_REPAIRS_ASKED = 16  # records asked for per round (the rest wait for the next rounds)
+_MAX_UNREADABLE_LOGGED = 1024  # (peer, index) pairs remembered so each is logged once
 
 
 def core_config(cfg: RaftLogConfig) -> RaftConfig:
@@ -74,7 +78,7 @@ class PeerLink:
         self._connected = False
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"raft-peer-{peer}")
 
-    def send(self, m: Message) -> None:
+    def send(self, m: raft_codec.Frame) -> None:
         if not self._connected:
             return
         body = raft_codec.encode(m)
@@ -177,6 +181,8 @@ class RaftNodeShell:
             applied_index=max(commit, base_index),
         )
         self.applied = self.core.applied
+        self.core.on_unreadable = self._unreadable_for_peer
+        self._unreadable_logged: set[tuple[str, int | None]] = set()
         self.blocked: frozenset[str] = frozenset()
         self._links: dict[str, PeerLink] = {}
         self._server: asyncio.Server | None = None
@@ -187,6 +193,7 @@ class RaftNodeShell:
         self._sync = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
         self._next_flush = 0.0
         self._next_commit_save = 0.0
+        self._next_repair = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
         # Installs a leader's snapshot into the state machine, calling the second argument
@@ -234,6 +241,10 @@ class RaftNodeShell:
         self.core.tick()
         if not self._sync:
             self._maybe_async_flush()
+        if self.health.has_corrupt:
+            self._ask_for_copies()
+        else:
+            self._next_repair = 0.0
         if self._on_tick is not None:
             self._on_tick()
         self.kick()
@@ -252,6 +263,76 @@ class RaftNodeShell:
             )
         else:
             self.health.succeeded("journal sync", now)
+
+    # ---- repair of a corrupt record from a peer's copy -------------------------------------------
+
+    def _unreadable_for_peer(self, peer: str, exc: CorruptJournalError) -> None:
+        """The core could not read an entry `peer` needs: logged once per (peer, index)."""
+        key = (peer, exc.index)
+        if key in self._unreadable_logged:
+            return
+        if len(self._unreadable_logged) >= _MAX_UNREADABLE_LOGGED:
+            self._unreadable_logged.clear()  # bounded: at worst a line is repeated
+        self._unreadable_logged.add(key)
+        log.error(
+            "raft.replication_read_failed node=%s peer=%s index=%s path=%s offset=%d reason=%s "
+            "action=heartbeats_only_for_this_peer",
+            self.id,
+            peer,
+            exc.index,
+            exc.path,
+            exc.offset,
+            exc.reason.replace(" ", "_"),
+        )
+
+    def _ask_for_copies(self) -> None:
+        """Once a second while a record is corrupt (the first round a second after it was
+        found, so the status shows it), ask every peer for its copy."""
+        now = time.monotonic()
+        if self._next_repair == 0.0:
+            self._next_repair = now + REPAIR_RETRY_S
+        if now < self._next_repair:
+            return
+        self._next_repair = now + REPAIR_RETRY_S
+        wanted = sorted(
+            {r.index for r in self.health.corrupt_records if r.where == "journal" and r.index}
+        )[:_MAX_REPAIRS_ASKED]
+        for peer, link in self._links.items():
+            if peer not in self.blocked:
+                for index in wanted:
+                    link.send(raft_codec.FetchRecord(index))
+
+    def _answer_fetch(self, peer: str, index: int) -> None:
+        """A peer's record failed its check: send ours if it reads back clean."""
+        try:
+            rec = self.storage.journal.get(index)
+        except (RaftLogError, IndexError):  # not here (retention, behind) or bad here too
+            copy = raft_codec.RecordCopy(index, 0, None)
+        else:
+            copy = raft_codec.RecordCopy(index, rec.term, rec.command)
+        link = self._links.get(peer)
+        if link is not None and peer not in self.blocked:
+            link.send(copy)
+
+    def _repair(self, peer: str, copy: raft_codec.RecordCopy) -> None:
+        if copy.data is None:
+            return  # that peer has no good copy; another may
+        if not any(r.index == copy.index for r in self.health.corrupt_records):
+            return  # another peer's copy repaired it already
+        try:
+            path, offset = self.storage.journal.rewrite_sealed(copy.index, copy.term, copy.data)
+        except (RaftLogError, IndexError, OSError) as exc:
+            log.debug("raft.repair_failed index=%d peer=%s error=%s", copy.index, peer, exc)
+            return
+        log.warning(
+            "raft.record_repaired node=%s index=%d path=%s offset=%d from_peer=%s",
+            self.id,
+            copy.index,
+            path,
+            offset,
+            peer,
+        )
+        self.health.repaired(path, offset)
 
     def step(self, m: Message) -> None:
         if self._closed or m.sender in self.blocked:
@@ -416,4 +497,10 @@ class RaftNodeShell:
             body = await self._read_frame(reader)
             if opener is not None:
                 body = opener.open(body)
-            self.step(raft_codec.decode(body, sender, self.id))
+            m = raft_codec.decode(body, sender, self.id)
+            if isinstance(m, raft_codec.FetchRecord):
+                self._answer_fetch(sender, m.index)
+            elif isinstance(m, raft_codec.RecordCopy):
+                self._repair(sender, m)
+            else:
+                self.step(m)
