@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--raft-impl",
         choices=["pysyncobj", "native"],
-        default=os.environ.get("RAFTMQ_RAFT_IMPL", "pysyncobj"),
-        help="which Raft runs the node (default: $RAFTMQ_RAFT_IMPL, else pysyncobj)",
+        default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj"),
+        help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else pysyncobj)",
     )
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
