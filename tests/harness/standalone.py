@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj"),
         help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else pysyncobj)",
     )
+    ap.add_argument("--password", default=None, help="the Raft password (seals raft traffic)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_max_bytes=args.batch_max_bytes,
         segment_bytes=args.segment_bytes,
         raft_impl=args.raft_impl,
+        password=args.password,
     )
     rlog: ReplicatedLog | NativeLog = (
         NativeLog(cfg) if cfg.raft_impl == "native" else ReplicatedLog(cfg)
