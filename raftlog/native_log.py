@@ -87,8 +87,10 @@ class NativeLog:
         self._journal.on_corrupt = self._on_corrupt
         self._listeners: list[RoleListener] = [on_role_change] if on_role_change else []
         self._closed = False
-        self._lock = threading.Lock()  # guards _pending_bytes (callers' threads and the loop)
+        self._lock = threading.Lock()  # guards _pending_bytes and _inbox (callers and the loop)
         self._pending: deque[_Submission] = deque()  # loop only
+        self._inbox: deque[_Submission] = deque()  # submitted, not yet taken by the loop
+        self._inbox_woken = False  # a _take_inbox is scheduled
         self._pending_bytes = 0
         self._inflight: dict[int, _InFlight] = {}  # first index of an entry -> its waiters
         self._applied = 0
@@ -98,7 +100,7 @@ class NativeLog:
         self._next_handoff_s = 0.0
         self._noop_index: int | None = None
         self._next_snapshot_try = 0.0
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._thread = threading.Thread(target=self._run_loop, name="raft-native", daemon=True)
         self._thread.start()
         storage = JournalStorage(self._journal, MetaStore(cfg.data_dir / "raft.meta"))
@@ -186,8 +188,14 @@ class NativeLog:
                 else:
                     self._pending_bytes += len(p)
                     batch.append(_Submission(p, fut))
-        if batch:
-            self._loop.call_soon_threadsafe(self._enqueue, batch)
+            wake = bool(batch) and not self._inbox_woken
+            if batch:
+                self._inbox.extend(batch)
+                self._inbox_woken = True
+        if wake:
+            # One loop wake-up for everything submitted until the loop takes the inbox: a
+            # callback per submission starved the loop's ticks (its followers then elected).
+            self._loop.call_soon_threadsafe(self._take_inbox)
         return out
 
     def _may_submit(self) -> bool:
@@ -201,7 +209,10 @@ class NativeLog:
 
     # ---- the loop: group commit and completions ------------------------------------------------
 
-    def _enqueue(self, batch: list[_Submission]) -> None:
+    def _take_inbox(self) -> None:
+        with self._lock:
+            batch, self._inbox = self._inbox, deque()
+            self._inbox_woken = False
         first = not self._pending
         self._pending.extend(batch)
         if first:
@@ -291,7 +302,9 @@ class NativeLog:
 
     def _fail_all(self, inflight_exc: RaftLogError, pending_exc: RaftLogError) -> None:
         inflight, self._inflight = list(self._inflight.values()), {}
-        pending, self._pending = list(self._pending), deque()
+        with self._lock:
+            inbox, self._inbox = list(self._inbox), deque()
+        pending, self._pending = [*self._pending, *inbox], deque()
         for e in inflight:
             self._release_bytes(e.size_bytes)
             for fut in e.futures:
@@ -593,6 +606,16 @@ class NativeLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when installed (the `server` extra, as the data path's), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def _resolve(fut: Future[Committed], value: Committed) -> None:

@@ -193,6 +193,7 @@ class RaftNodeShell:
         self._sync = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
         self._next_flush = 0.0
         self._next_commit_save = 0.0
+        self._flushing = False  # an ASYNC_FLUSH fdatasync is under way in the executor
         self._next_repair = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
@@ -250,18 +251,26 @@ class RaftNodeShell:
         self.kick()
 
     def _maybe_async_flush(self) -> None:
-        """ASYNC_FLUSH: one group fdatasync at most every flush_interval_ms (acks do not wait)."""
+        """ASYNC_FLUSH: one group fdatasync at most every flush_interval_ms (acks do not wait),
+        in the executor, one at a time: an fdatasync on a busy disk takes 100s of ms, and on
+        the loop it held back heartbeats until the followers elected another leader."""
         now = time.monotonic()
-        if now < self._next_flush or not self.storage.journal.dirty or self._busy:
+        if now < self._next_flush or self._flushing or not self.storage.journal.dirty:
             return
         self._next_flush = now + self.cfg.flush_interval_ms / 1000
-        try:
-            self.storage.journal.sync()
-        except OSError as exc:
+        self._flushing = True
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, self.storage.journal.sync).add_done_callback(self._flushed)
+
+    def _flushed(self, done: asyncio.Future[None]) -> None:
+        self._flushing = False
+        now = time.monotonic()
+        exc = done.exception()
+        if isinstance(exc, OSError):
             self._next_flush = now + self.health.failed(
                 "journal sync", str(self.storage.journal.directory), exc, now
             )
-        else:
+        elif exc is None:
             self.health.succeeded("journal sync", now)
 
     # ---- repair of a corrupt record from a peer's copy -------------------------------------------
