@@ -257,8 +257,12 @@ class RaftCore:
         storage: LogStorage | None = None,
         base: tuple[int, int] = (0, 0),
         applied_index: int | None = None,
+        apply_payloads: bool = True,
     ) -> None:
         self.id = node_id
+        # False: Ready.committed carries (index, term) with empty data, for a shell whose state
+        # machine reads the log itself (the broker's dispatcher does).
+        self.apply_payloads = apply_payloads
         self.members = frozenset(members)
         if node_id not in self.members:
             raise ValueError(f"{node_id} is not among the members {sorted(self.members)}")
@@ -418,7 +422,12 @@ class RaftCore:
         entries = tuple(self.log.entries(self._unstable_from, self.log.last_index + 1))
         # Bounded: after a restart the whole journal may be committed but not yet applied.
         apply_to = min(self.commit, self.applied + self.config.max_committed_per_ready)
-        committed = tuple(self.log.entries(self.applied + 1, apply_to + 1))
+        if self.apply_payloads:
+            committed = tuple(self.log.entries(self.applied + 1, apply_to + 1))
+        else:  # positions only: nothing read back from the storage (terms are in memory)
+            committed = tuple(
+                Entry(b"", i, self.log.term_at(i)) for i in range(self.applied + 1, apply_to + 1)
+            )
         rd = Ready(
             hard_state=hs if hs != self._durable_hs else None,
             snapshot=self._pending_snapshot,

@@ -179,6 +179,7 @@ class RaftNodeShell:
             base=(base_index, base_term),
             # Entries up to the stored commit hint are committed: not handed to apply again.
             applied_index=max(commit, base_index),
+            apply_payloads=False,  # NativeLog's readers read the journal; it resolves by position
         )
         self.applied = self.core.applied
         self.core.on_unreadable = self._unreadable_for_peer
@@ -364,8 +365,12 @@ class RaftNodeShell:
         if self._busy or self._closed or not self.core.has_ready():
             self._report_role()
             return
+        try:
+            rd = self.core.ready()
+        except Exception:  # a bug: logged loudly; the node must not wedge with _busy set
+            log.exception("raft.ready_failed node=%s", self.id)
+            return
         self._busy = True
-        rd = self.core.ready()
         self._send(rd.leader_messages)  # promise nothing about our disk: may leave at once
         self._persist_and_finish(rd)
 
