@@ -51,7 +51,9 @@ def core_config(cfg: RaftLogConfig) -> RaftConfig:
         heartbeat_ticks=max(1, cfg.heartbeat_ms // TICK_MS),
         tick_ms=TICK_MS,
         max_inflight=8,
-        max_entries_per_append=64,
+        # Entries are up to batch_max_bytes (1 MiB): 8 appends of 2 stay within the per-peer
+        # queue bound (max_inflight_bytes_per_peer, 16 MiB), so appends are not dropped there.
+        max_entries_per_append=2,
         max_committed_per_ready=64,  # entries are up to batch_max_bytes each: bound the reads
         check_quorum=max(0, cfg.leader_fallback_ms // TICK_MS),
     )
