@@ -384,6 +384,10 @@ class RaftNodeShell:
         except OSError as exc:
             self._persist_failed(rd, exc)
             return
+        except Exception as exc:  # a bug: loud, and retried like a failed write, never wedged
+            log.exception("raft.persist_bug node=%s", self.id)
+            self._persist_failed(rd, OSError(f"persist raised {exc!r}"))
+            return
         if wait is None:
             self._finish(rd)
         else:
