@@ -62,6 +62,7 @@ from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
 from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
 from raftmq.raftlog.storage_health import StorageHealth
 
@@ -578,14 +579,19 @@ class BrokerNode:
 
 
 def build_broker_node(settings: BrokerSettings) -> BrokerNode:
-    """The node of a broker process: its message store and its Raft log (pysyncobj) under
-    settings.data_dir. Call it from the main thread (pysyncobj's tick thread lives as long as
-    its creator)."""
+    """The node of a broker process: its message store and its Raft log (settings.raft_impl:
+    pysyncobj or the native core) under settings.data_dir. Call it from the main thread
+    (pysyncobj's tick thread lives as long as its creator)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = MessageStore(settings.data_dir / "store", map_size_bytes=settings.store_map_size_bytes)
     health = StorageHealth(settings.node_id)
     try:
-        rlog = ReplicatedLog(settings.raft_config(), health=health)
+        cfg = settings.raft_config()
+        rlog: ReplicatedLog | NativeLog = (
+            NativeLog(cfg, health=health)
+            if cfg.raft_impl == "native"
+            else ReplicatedLog(cfg, health=health)
+        )
     except BaseException:
         store.close()
         raise

@@ -29,6 +29,7 @@ from raftmq.broker.retention import (
 from raftmq.broker.retention_store import decode_base
 from raftmq.common.errors import RaftMQError
 from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ DISK_CHECK_S = 1.0  # the disk guard's period at most
 
 
 class RetentionService:
-    def __init__(self, node: BrokerNode, rlog: ReplicatedLog) -> None:
+    def __init__(self, node: BrokerNode, rlog: ReplicatedLog | NativeLog) -> None:
         s = node.settings
         self._node = node
         self._rlog = rlog

@@ -199,6 +199,11 @@ class BrokerSettings(ScrapeSettings):
         unit="ms",
         doc="Raft election timeout, upper bound",
     )
+    raft_impl: str = setting(
+        default=config_default("raft_impl", str),
+        unit="",
+        doc='which Raft runs the group: "pysyncobj" or "native" (raftmq\'s own core, one loop)',
+    )
     raft_password: str = setting(
         default="",
         unit="",
@@ -427,6 +432,7 @@ class BrokerSettings(ScrapeSettings):
                 config_default("connection_timeout_ms", int), self.election_timeout_max_ms
             ),
             password=self.raft_password or tls.raft_password(),
+            raft_impl=self.raft_impl,
         )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 MIB = 1 << 20
+RAFT_IMPLS = ("pysyncobj", "native")
 T = TypeVar("T")
 
 
@@ -50,6 +51,9 @@ class RaftLogConfig:
     connection_timeout_ms: int = 3500
     max_inflight_bytes_per_peer: int = 16 * MIB  # replication bytes queued to one slow follower
     password: str | None = None  # encrypts raft traffic (needs `cryptography`)
+    # Which Raft runs the group: "pysyncobj" (ReplicatedLog) or "native" (NativeLog, raftmq's
+    # own core on one loop). The controller always runs pysyncobj.
+    raft_impl: str = "pysyncobj"
 
     def __post_init__(self) -> None:
         if self.node_id in self.peers:
@@ -68,6 +72,8 @@ class RaftLogConfig:
             raise ValueError("election_timeout_max_ms must exceed election_timeout_min_ms")
         if self.connection_timeout_ms < self.election_timeout_max_ms:
             raise ValueError("connection_timeout_ms must be >= election_timeout_max_ms")
+        if self.raft_impl not in RAFT_IMPLS:
+            raise ValueError(f"raft_impl must be one of {RAFT_IMPLS}, got {self.raft_impl!r}")
         if self.scrub_bytes_per_s < 0:
             raise ValueError("scrub_bytes_per_s must be >= 0 (0 = no scrubbing)")
         if self.flush_interval_ms <= 0 or self.segment_bytes < MIB:

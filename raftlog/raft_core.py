@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from raftmq.raftlog.election import (
     LogPosition,
@@ -25,7 +26,7 @@ from raftmq.raftlog.election import (
     pre_vote_term,
     transfer_candidates,
 )
-from raftmq.raftlog.errors import NotLeaderError, RaftLogError
+from raftmq.raftlog.errors import CorruptJournalError, NotLeaderError, RaftLogError
 from raftmq.raftlog.raft_messages import (
     AppendEntries,
     AppendResponse,
@@ -71,16 +72,31 @@ class RaftConfig:
     max_inflight: int = 8  # appends in flight per peer in REPLICATE mode
     max_entries_per_append: int = 64
     snapshot_resend_ticks: int = 20  # a snapshot is large: ask again only after this long
+    max_committed_per_ready: int = 1024  # entries handed to apply in one Ready
+    # A leader that heard from no majority for this long steps down; 0 = election_ticks. Longer
+    # rides out a peer restarting (pysyncobj's leaderFallbackTimeout: 1.5 s in the broker).
+    check_quorum: int = 0
+
+    @property
+    def check_quorum_ticks(self) -> int:
+        return self.check_quorum or self.election_ticks
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_ticks < self.election_ticks:
             raise ValueError("heartbeat_ticks must be positive and below election_ticks")
-        if self.max_inflight < 1 or self.max_entries_per_append < 1:
-            raise ValueError("max_inflight and max_entries_per_append must be at least 1")
+        if min(self.max_inflight, self.max_entries_per_append, self.max_committed_per_ready) < 1:
+            raise ValueError(
+                "max_inflight, max_entries_per_append and max_committed_per_ready must be >= 1"
+            )
 
 
 class TransferRefusedError(RaftLogError):
-    """A leadership transfer cannot start: the reason says what to fix first."""
+    """A leadership transfer cannot start: the reason says what to fix first. cannot_write: the
+    target said it cannot lead (waiting will not help)."""
+
+    def __init__(self, reason: str, *, cannot_write: bool = False) -> None:
+        super().__init__(reason)
+        self.cannot_write = cannot_write
 
 
 @dataclass(slots=True)
@@ -99,15 +115,47 @@ class PeerProgress:
     snapshot_ticks: int = 0  # SNAPSHOT: ticks since the snapshot left
 
 
-class RaftLog:
-    """The node's log in memory: entries after a base (a snapshot's index and term, or 0/0).
-    Implements replication.LogView. Persisting it is the shell's job (Ready.entries)."""
+class LogStorage(Protocol):
+    """The stable part of a node's log, as the shell wrote it (Ready.entries): the core only
+    reads it, for indexes above its base and below its in-memory tail. The broker's is the
+    segment journal (raft_storage.JournalStorage); the simulator's is its Disk."""
 
-    def __init__(self, base_index: int, base_term: int, entries: Sequence[Entry]) -> None:
+    @property
+    def last_index(self) -> int: ...
+
+    def term(self, index: int) -> int:
+        """The term of a stored entry (IndexError if it is not stored)."""
+        ...
+
+    def slice(self, lo: int, hi: int) -> Sequence[Entry]:
+        """Stored entries with lo <= index < hi, all of them stored."""
+        ...
+
+
+class RaftLog:
+    """The node's log: a base (a snapshot's index and term, or 0/0), the stable entries after it
+    in a LogStorage (read only) and an in-memory tail from `_offset` on (entries not yet
+    confirmed durable by advance(), which then drops them). Without a storage the tail keeps
+    every entry (tests, and a core driven without a disk). Implements replication.LogView."""
+
+    def __init__(
+        self,
+        base_index: int,
+        base_term: int,
+        entries: Sequence[Entry],
+        storage: LogStorage | None = None,
+    ) -> None:
         self.base_index = base_index
         self.base_term = base_term
-        self._entries: list[Entry] = list(entries)
-        for k, e in enumerate(self._entries):
+        self._storage = storage
+        if storage is not None and entries:
+            raise ValueError("entries come from the storage when one is given")
+        # Indexes below _offset (and above the base) are read from the storage.
+        self._offset = (
+            base_index + 1 if storage is None else max(storage.last_index, base_index) + 1
+        )
+        self._tail: list[Entry] = list(entries)
+        for k, e in enumerate(self._tail):
             if e.index != base_index + 1 + k:
                 raise ValueError(f"entry {k} has index {e.index}, expected {base_index + 1 + k}")
 
@@ -117,7 +165,7 @@ class RaftLog:
 
     @property
     def last_index(self) -> int:
-        return self.base_index + len(self._entries)
+        return self._offset - 1 + len(self._tail)
 
     @property
     def last_position(self) -> LogPosition:
@@ -128,11 +176,25 @@ class RaftLog:
             return self.base_term
         if not self.base_index < index <= self.last_index:
             raise IndexError(index)
-        return self._entries[index - self.base_index - 1].term
+        if index >= self._offset:
+            return self._tail[index - self._offset].term
+        assert self._storage is not None  # without one, _offset is base_index + 1
+        return self._storage.term(index)
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
         """Entries with lo <= index < hi (both within the log)."""
-        return self._entries[lo - self.base_index - 1 : hi - self.base_index - 1]
+        lo = max(lo, self.base_index + 1)
+        hi = min(hi, self.last_index + 1)
+        if lo >= hi:
+            return []
+        out: list[Entry] = []
+        if lo < self._offset:
+            assert self._storage is not None
+            out.extend(self._storage.slice(lo, min(hi, self._offset)))
+            lo = self._offset
+        if lo < hi:
+            out.extend(self._tail[lo - self._offset : hi - self._offset])
+        return out
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Add entries starting at most one past the end; anything at or above the first one's
@@ -144,17 +206,34 @@ class RaftLog:
             raise ValueError(
                 f"append at {start} outside ({self.base_index}, {self.last_index + 1}]"
             )
-        del self._entries[start - self.base_index - 1 :]
-        self._entries.extend(entries)
+        if start >= self._offset:
+            del self._tail[start - self._offset :]
+            self._tail.extend(entries)
+        else:  # replaces stable entries: they stay stored but are shadowed until rewritten
+            self._tail = list(entries)
+            self._offset = start
+
+    def stable_to(self, index: int, term: int) -> None:
+        """The shell made entries up to (index, term) durable: with a storage, the tail drops
+        them (it reads them from there). Ignored if the entry was replaced meanwhile."""
+        if self._storage is None or not self._offset <= index <= self.last_index:
+            return
+        if self._tail[index - self._offset].term != term:
+            return
+        del self._tail[: index - self._offset + 1]
+        self._offset = index + 1
 
     def compact(self, index: int) -> None:
         """Drop entries up to `index`, which becomes the base."""
         term = self.term_at(index)
-        del self._entries[: index - self.base_index]
+        if index >= self._offset:
+            del self._tail[: index - self._offset + 1]
+            self._offset = index + 1
         self.base_index, self.base_term = index, term
 
     def reset(self, base_index: int, base_term: int) -> None:
-        self._entries.clear()
+        self._tail.clear()
+        self._offset = base_index + 1
         self.base_index, self.base_term = base_index, base_term
 
 
@@ -175,9 +254,15 @@ class RaftCore:
         hard_state: HardState | None = None,
         snapshot: Snapshot | None = None,
         entries: Sequence[Entry] = (),
+        storage: LogStorage | None = None,
+        base: tuple[int, int] = (0, 0),
         applied_index: int | None = None,
+        apply_payloads: bool = True,
     ) -> None:
         self.id = node_id
+        # False: Ready.committed carries (index, term) with empty data, for a shell whose state
+        # machine reads the log itself (the broker's dispatcher does).
+        self.apply_payloads = apply_payloads
         self.members = frozenset(members)
         if node_id not in self.members:
             raise ValueError(f"{node_id} is not among the members {sorted(self.members)}")
@@ -188,8 +273,9 @@ class RaftCore:
         self.term = hs.term
         self.vote = hs.vote
         self.snapshot = snapshot
-        base = (snapshot.base_index, snapshot.base_term) if snapshot else (0, 0)
-        self.log = RaftLog(*base, entries)
+        # `base`: where a storage cut by retention starts when no snapshot is kept.
+        base = (snapshot.base_index, snapshot.base_term) if snapshot else base
+        self.log = RaftLog(*base, entries, storage)
         if hs.commit > self.log.last_index:
             raise ValueError(
                 f"hard state commit {hs.commit} is past the durable log's end {self.log.last_index}"
@@ -227,6 +313,8 @@ class RaftCore:
         self.progress: dict[str, PeerProgress] = {}
         self.transfer_target: str | None = None
         self._transfer_elapsed = 0
+        # The shell's: told when a stored entry a peer needs cannot be read (it logs, repairs).
+        self.on_unreadable: Callable[[str, CorruptJournalError], None] | None = None
 
     # ---- the shell's interface -------------------------------------------------------------
 
@@ -332,7 +420,14 @@ class RaftCore:
             raise RuntimeError("ready() called again before advance() of the previous Ready")
         hs = self.hard_state()
         entries = tuple(self.log.entries(self._unstable_from, self.log.last_index + 1))
-        committed = tuple(self.log.entries(self.applied + 1, self.commit + 1))
+        # Bounded: after a restart the whole journal may be committed but not yet applied.
+        apply_to = min(self.commit, self.applied + self.config.max_committed_per_ready)
+        if self.apply_payloads:
+            committed = tuple(self.log.entries(self.applied + 1, apply_to + 1))
+        else:  # positions only: nothing read back from the storage (terms are in memory)
+            committed = tuple(
+                Entry(b"", i, self.log.term_at(i)) for i in range(self.applied + 1, apply_to + 1)
+            )
         rd = Ready(
             hard_state=hs if hs != self._durable_hs else None,
             snapshot=self._pending_snapshot,
@@ -345,7 +440,7 @@ class RaftCore:
         self._leader_msgs = []
         self._pending_snapshot = None
         self._unstable_from = self.log.last_index + 1
-        self.applied = self.commit
+        self.applied = apply_to
         self._awaiting_advance = True
         return rd
 
@@ -363,6 +458,7 @@ class RaftCore:
                 self.log.term_at(last.index) == last.term
             ):
                 self.durable_index = max(self.durable_index, last.index)
+                self.log.stable_to(last.index, last.term)
         if self.role is Role.LEADER:
             self._maybe_commit()  # our own persist counts toward commit only now
 
@@ -389,7 +485,9 @@ class RaftCore:
             views = [
                 PeerView(
                     p,
-                    connected=pr.recent_active,
+                    # recent_active is cleared at each check-quorum round: a peer heard
+                    # within an election timeout is connected whatever the round says.
+                    connected=pr.recent_active or pr.heard_ticks < self.config.election_ticks,
                     match_index=pr.match_index,
                     response_age_s=self._ticks_to_s(pr.heard_ticks),
                     can_write=pr.eligible,
@@ -407,7 +505,9 @@ class RaftCore:
         if pr is None:
             raise TransferRefusedError(f"{target} is not a follower of this group")
         if not pr.eligible:
-            raise TransferRefusedError(f"{target} said it cannot lead (storage); repair it first")
+            raise TransferRefusedError(
+                f"{target} said it cannot lead (storage); repair it first", cannot_write=True
+            )
         self.transfer_target = target
         self._transfer_elapsed = 0
         self._maybe_send_timeout_now()
@@ -435,6 +535,14 @@ class RaftCore:
             min_election_timeout_s=self._ticks_to_s(self.config.election_ticks),
         )
         return grant_pre_vote(voter, req)
+
+    def _lost_acknowledged(self, pr: PeerProgress, m: AppendResponse) -> bool:
+        """The follower refused an append at or above what it acknowledged and says its log
+        ends below that: it lost acknowledged entries (ASYNC_FLUSH acks before the fdatasync,
+        so a power cut or a torn tail loses them; or its disk was wiped). Its match goes down
+        and it is probed from where its log ends; commit never goes down. A delayed refusal
+        can look the same: it costs a re-probe, never safety."""
+        return m.rejected_prev >= pr.match_index > 0 and m.next_index <= pr.match_index
 
     def _self_match(self) -> int:
         """What the leader counts for itself: only what the shell reported durable."""
@@ -560,7 +668,7 @@ class RaftCore:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.config.election_ticks:
                 self.transfer_target = None  # it did not take over: accept proposals again
-        if self._election_elapsed >= self.config.election_ticks:
+        if self._election_elapsed >= self.config.check_quorum_ticks:
             self._election_elapsed = 0
             if not self._check_quorum():
                 self._become_follower(self.term, None)
@@ -628,7 +736,14 @@ class RaftCore:
                 pr.snapshot_ticks = 0
                 return
             hi = min(self.log.last_index + 1, pr.next_index + self.config.max_entries_per_append)
-            entries = tuple(self.log.entries(pr.next_index, hi))
+            try:
+                entries = tuple(self.log.entries(pr.next_index, hi))
+            except CorruptJournalError as exc:
+                # A stored record failed its check (the storage reported it): only this peer's
+                # replication waits, retried each heartbeat, until the shell repairs it.
+                if self.on_unreadable is not None:
+                    self.on_unreadable(peer, exc)
+                return
             self._send(
                 AppendEntries(
                     self.id, peer, self.term, prev, self.log.term_at(prev), self.commit, entries
@@ -664,14 +779,18 @@ class RaftCore:
             self._maybe_commit()
             self._maybe_send_timeout_now()
         else:
+            if pr.mode is not PeerMode.SNAPSHOT and self._lost_acknowledged(pr, m):
+                pr.match_index = max(0, m.next_index - 1)
+                self._to_probe(pr, m.next_index)
+                self._send_append(m.sender, pr)
+                return
             if pr.mode is PeerMode.REPLICATE:
                 stale = m.rejected_prev <= pr.match_index
             else:  # a probe answers for the append it sent; a snapshot waits for its own answer
                 stale = pr.mode is PeerMode.SNAPSHOT or m.rejected_prev != pr.next_index - 1
             if stale:
                 return
-            # Resume at the follower's hint, never below what it acknowledged (an ack means
-            # durable here, so the follower cannot have lost it).
+            # Resume at the follower's hint, never below what it acknowledged.
             self._to_probe(pr, max(pr.match_index + 1, min(m.next_index, self.log.last_index + 1)))
         self._send_append(m.sender, pr)
 

@@ -35,7 +35,12 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
     def start(self, ready_prefix: str, timeout_s: float = 60.0) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        # RAFTMQ_BROKER_RAFT_IMPL passes: the one switch that runs the suite on either Raft.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RAFTMQ_") or k == "RAFTMQ_BROKER_RAFT_IMPL"
+        }
         env["PYTHONPATH"] = str(ROOT)
         with open(self.log, "a") as err:
             self.popen = subprocess.Popen(

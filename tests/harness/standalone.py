@@ -26,6 +26,7 @@ from typing import Any
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
 from raftmq.raftlog.errors import RaftLogError
 from raftmq.raftlog.log import ReplicatedLog
+from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.record import Committed
 
 AUTHKEY = b"raftmq-standalone"
@@ -44,7 +45,7 @@ def _cpu_seconds() -> float:
 class Controller:
     """Executes control requests against one ReplicatedLog."""
 
-    def __init__(self, rlog: ReplicatedLog) -> None:
+    def __init__(self, rlog: ReplicatedLog | NativeLog) -> None:
         self.rlog = rlog
 
     def handle(self, req: dict[str, Any]) -> Any:
@@ -200,6 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush", choices=[p.value for p in FlushPolicy], default="ASYNC_FLUSH")
     ap.add_argument("--batch-max-bytes", type=int, default=1 << 20)
     ap.add_argument("--segment-bytes", type=int, default=256 << 20)
+    ap.add_argument(
+        "--raft-impl",
+        choices=["pysyncobj", "native"],
+        default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj"),
+        help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else pysyncobj)",
+    )
+    ap.add_argument("--password", default=None, help="the Raft password (seals raft traffic)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -214,8 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         flush_policy=FlushPolicy(args.flush),
         batch_max_bytes=args.batch_max_bytes,
         segment_bytes=args.segment_bytes,
+        raft_impl=args.raft_impl,
+        password=args.password,
     )
-    rlog = ReplicatedLog(cfg)
+    rlog: ReplicatedLog | NativeLog = (
+        NativeLog(cfg) if cfg.raft_impl == "native" else ReplicatedLog(cfg)
+    )
     stop = threading.Event()
     listener = Listener(("127.0.0.1", args.control_port), authkey=AUTHKEY)
     threading.Thread(target=_serve, args=(listener, Controller(rlog), stop), daemon=True).start()

@@ -111,6 +111,17 @@ class Disk:
             return True  # inside the snapshot (state-machine safety checks its content)
         return e.index <= self.last_index and self.entries[e.index - self.base - 1] == e
 
+    # The core reads its stable entries through these two (raft_core.LogStorage).
+    def term(self, index: int) -> int:
+        if not self.base < index <= self.last_index:
+            raise IndexError(index)
+        return self.entries[index - self.base - 1].term
+
+    def slice(self, lo: int, hi: int) -> list[Entry]:
+        if not self.base < lo <= hi <= self.last_index + 1:
+            raise IndexError((lo, hi))
+        return self.entries[lo - self.base - 1 : hi - self.base - 1]
+
     def write(self, entries: tuple[Entry, ...]) -> None:
         """Overwrite from entries[0].index (the Ready contract)."""
         start = entries[0].index
@@ -405,7 +416,7 @@ class Simulation:
             seed=self.rng.randrange(1 << 32),
             hard_state=d.hard_state,
             snapshot=d.snapshot,
-            entries=list(d.entries),
+            storage=d,
         )
         n.core.set_eligible(n.eligible)
         n.applied = decode_state(d.snapshot.state) if d.snapshot else []

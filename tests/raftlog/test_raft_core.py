@@ -183,6 +183,22 @@ def test_the_leader_counts_itself_only_after_the_shell_reports_its_entries_durab
 # ---- replication -----------------------------------------------------------------------------
 
 
+def test_a_follower_that_lost_acknowledged_entries_is_probed_from_where_its_log_ends() -> None:
+    # ASYNC_FLUSH acknowledges before the fdatasync: a follower's power cut (a torn tail) or a
+    # wiped disk loses entries it acknowledged. Without _lost_acknowledged its refusals look
+    # stale to the leader (at or below the match) and it is never repaired.
+    a = node(hard_state=HardState(term=1), entries=entries(1, 1, 1))
+    elect(a)  # term 2, no-op at index 4
+    ack(a, "b", 5)
+    flush(a)
+    assert a.progress["b"].match_index == 4
+    # b restarts with only entries 1-2 and refuses the heartbeat at its old match.
+    a.step(AppendResponse("b", "a", a.term, False, 3, 4, True))
+    out = sent(flush(a), AppendEntries, "b")
+    assert a.progress["b"].match_index == 2
+    assert out and isinstance(out[-1], AppendEntries) and out[-1].prev_index == 2
+
+
 def test_a_follower_rejects_a_conflicting_term_with_a_hint_past_the_whole_run() -> None:
     b = node("b", hard_state=HardState(term=3), entries=entries(1, 2, 2, 2))
     b.step(AppendEntries("a", "b", 4, 4, 3, 0, ()))

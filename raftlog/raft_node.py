@@ -1,0 +1,526 @@
+"""The native Raft core's node shell on one asyncio loop: ticks are loop timers, peers are framed
+TCP streams (raft_codec), and each Ready is handled exactly as its contract says.
+
+Everything runs on the loop's thread but an fdatasync (one executor call per Ready, SYNC_FLUSH)
+and the meta file's atomic write. It decides nothing Raft (raft_core does) and never blocks the
+loop on a peer: per-peer queues are bounded in bytes and a full one drops (Raft resends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raftmq.raftlog import raft_codec
+from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.raftlog.errors import CorruptJournalError, RaftLogError
+from raftmq.raftlog.raft_core import RaftConfig, RaftCore, Role
+from raftmq.raftlog.raft_messages import AppendResponse, Entry, Message, Ready
+from raftmq.raftlog.raft_storage import JournalStorage
+from raftmq.raftlog.record import Role as LogRole
+from raftmq.raftlog.record import RoleChange
+from raftmq.raftlog.snapshot import Snapshot
+from raftmq.raftlog.storage_health import StorageHealth
+
+log = logging.getLogger("raftlog.raft_node")
+
+ROLE_OF = {
+    Role.FOLLOWER: LogRole.FOLLOWER,
+    Role.PRE_CANDIDATE: LogRole.FOLLOWER,
+    Role.CANDIDATE: LogRole.CANDIDATE,
+    Role.LEADER: LogRole.LEADER,
+}
+TICK_MS = 10  # one core tick; election and heartbeat settings are whole numbers of it
+_HELLO_TIMEOUT_S = 5.0
+_FIRST_RETRY_S = 0.02  # the first reconnect attempt's wait
+REPAIR_RETRY_S = 1.0  # a corrupt record's copy is asked of every peer this often until repaired
+_MAX_REPAIRS_ASKED = 16  # records asked for per round (the rest wait for the next rounds)
+_MAX_UNREADABLE_LOGGED = 1024  # (peer, index) pairs remembered so each is logged once
+
+
+def core_config(cfg: RaftLogConfig) -> RaftConfig:
+    """The core's timing from the node's settings (ms to ticks of TICK_MS)."""
+    return RaftConfig(
+        election_ticks=max(2, cfg.election_timeout_min_ms // TICK_MS),
+        heartbeat_ticks=max(1, cfg.heartbeat_ms // TICK_MS),
+        tick_ms=TICK_MS,
+        max_inflight=8,
+        # Entries are up to batch_max_bytes (1 MiB): 8 appends of 2 stay within the per-peer
+        # queue bound (max_inflight_bytes_per_peer, 16 MiB), so appends are not dropped there.
+        max_entries_per_append=2,
+        max_committed_per_ready=64,  # entries are up to batch_max_bytes each: bound the reads
+        check_quorum=max(0, cfg.leader_fallback_ms // TICK_MS),
+    )
+
+
+@dataclass(slots=True)
+class _Outbox:
+    """Frames waiting for one peer's connection; bounded in bytes."""
+
+    frames: deque[list[bytes]]
+    nbytes: int = 0
+    dropped: int = 0
+
+
+class PeerLink:
+    """This node's outbound stream to one peer: connects (and reconnects), says hello, writes
+    queued frames in order. Messages queued while it is down are dropped: Raft resends."""
+
+    def __init__(self, node: RaftNodeShell, peer: str) -> None:
+        self.node = node
+        self.peer = peer
+        self.out = _Outbox(deque())
+        self._wake = asyncio.Event()
+        self._connected = False
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"raft-peer-{peer}")
+
+    def send(self, m: raft_codec.Frame) -> None:
+        if not self._connected:
+            return
+        body = raft_codec.encode(m)
+        n = sum(len(b) for b in body)
+        if self.out.nbytes + n > self.node.cfg.max_inflight_bytes_per_peer:
+            self.out.dropped += 1  # a slow follower: the core's flow control resends later
+            return
+        self.out.frames.append(body)
+        self.out.nbytes += n
+        self._wake.set()
+
+    async def _run(self) -> None:
+        host, _, port = self.peer.rpartition(":")
+        max_retry_s = self.node.cfg.reconnect_ms / 1000
+        retry_s = _FIRST_RETRY_S
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port)), timeout=max_retry_s * 4
+                )
+            except (OSError, TimeoutError):
+                # Doubling up to reconnect_ms: a restarting peer is heard again within ~50 ms
+                # of listening, a dead one costs a connect attempt per reconnect_ms.
+                await asyncio.sleep(retry_s)
+                retry_s = min(max_retry_s, retry_s * 2)
+                continue
+            retry_s = _FIRST_RETRY_S
+            try:
+                await self._stream(writer)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self._connected = False
+                self.out.frames.clear()
+                self.out.nbytes = 0
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+            del reader
+            await asyncio.sleep(retry_s)
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        nonce = os.urandom(raft_codec.NONCE_BYTES)
+        key = self.node.key
+        hello = raft_codec.encode_hello(self.node.id, key is not None, nonce)
+        writer.write(raft_codec.FRAME_HEADER.pack(len(hello)) + hello)
+        sealer = raft_codec.Sealer(key, nonce) if key is not None else None
+        self._connected = True
+        header = raft_codec.FRAME_HEADER
+        while True:
+            if not self.out.frames:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            while self.out.frames:
+                body = self.out.frames.popleft()
+                self.out.nbytes -= sum(len(b) for b in body)
+                if sealer is not None:
+                    sealed = sealer.seal(b"".join(body))
+                    writer.write(header.pack(len(sealed)) + sealed)
+                else:
+                    writer.writelines([header.pack(sum(len(b) for b in body)), *body])
+            await writer.drain()  # one drain per batch of frames, not per message
+
+
+class RaftNodeShell:
+    """One node: build it on the loop that will run it (await start()), then feed it proposals
+    with propose(); committed entries and role changes come out through the callbacks."""
+
+    def __init__(
+        self,
+        cfg: RaftLogConfig,
+        storage: JournalStorage,
+        health: StorageHealth,
+        on_committed: Callable[[tuple[Entry, ...]], None],
+        on_role: Callable[[RoleChange], None],
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.id = cfg.node_id
+        self.storage = storage
+        self.health = health
+        self.key = raft_codec.derive_key(cfg.password) if cfg.password else None
+        self._on_committed = on_committed
+        self._on_role = on_role
+        self._on_tick = on_tick
+        hs = storage.load_hard_state()
+        base_index, base_term = storage.base()
+        last = storage.last_index
+        commit = min(hs.commit, last)
+        self.core = RaftCore(
+            self.id,
+            cfg.members,
+            core_config(cfg),
+            seed=int.from_bytes(os.urandom(8), "little"),
+            hard_state=type(hs)(hs.term, hs.vote, commit),
+            storage=storage,
+            base=(base_index, base_term),
+            # Entries up to the stored commit hint are committed: not handed to apply again.
+            applied_index=max(commit, base_index),
+            apply_payloads=False,  # NativeLog's readers read the journal; it resolves by position
+        )
+        self.applied = self.core.applied
+        self.core.on_unreadable = self._unreadable_for_peer
+        self._unreadable_logged: set[tuple[str, int | None]] = set()
+        self.blocked: frozenset[str] = frozenset()
+        self._links: dict[str, PeerLink] = {}
+        self._server: asyncio.Server | None = None
+        self._busy = False  # a Ready is being handled (maybe waiting on fdatasync)
+        self._scheduled = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._role_key: tuple[Role, int, str | None] | None = None
+        self._sync = cfg.flush_policy is FlushPolicy.SYNC_FLUSH
+        self._next_flush = 0.0
+        self._next_commit_save = 0.0
+        self._flushing = False  # an ASYNC_FLUSH fdatasync is under way in the executor
+        self._next_repair = 0.0
+        self._closed = False
+        self._inbound: set[asyncio.Task[None]] = set()
+        # Installs a leader's snapshot into the state machine, calling the second argument
+        # (which resets the journal) while nothing reads the log; None: reset the journal only.
+        self.install_snapshot: Callable[[Snapshot, Callable[[], None]], None] | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        host, _, port = self.id.rpartition(":")
+        self._server = await asyncio.start_server(self._accept, host, int(port), reuse_address=True)
+        for p in self.core.peers:
+            self._links[p] = PeerLink(self, p)
+        loop = asyncio.get_running_loop()
+        self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
+        self._report_role()
+        self.kick()
+
+    async def stop(self) -> None:
+        self._closed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        if self._server is not None:
+            self._server.close()
+        for link in self._links.values():
+            link.task.cancel()
+        for t in list(self._inbound):
+            t.cancel()
+        tasks = [link.task for link in self._links.values()] + list(self._inbound)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- inputs --------------------------------------------------------------------------------
+
+    def propose(self, payloads: list[bytes]) -> tuple[int, int]:
+        """On the loop: append entries (NotLeaderError on a follower); the Ready follows."""
+        first, term = self.core.propose(payloads)
+        self.kick()
+        return first, term
+
+    def _tick(self) -> None:
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
+        self.core.tick()
+        if not self._sync:
+            self._maybe_async_flush()
+        if self.health.has_corrupt:
+            self._ask_for_copies()
+        else:
+            self._next_repair = 0.0
+        if self._on_tick is not None:
+            self._on_tick()
+        self.kick()
+
+    def _maybe_async_flush(self) -> None:
+        """ASYNC_FLUSH: one group fdatasync at most every flush_interval_ms (acks do not wait),
+        in the executor, one at a time: an fdatasync on a busy disk takes 100s of ms, and on
+        the loop it held back heartbeats until the followers elected another leader."""
+        now = time.monotonic()
+        if now < self._next_flush or self._flushing or not self.storage.journal.dirty:
+            return
+        self._next_flush = now + self.cfg.flush_interval_ms / 1000
+        self._flushing = True
+        loop = asyncio.get_running_loop()
+        loop.run_in_executor(None, self.storage.journal.sync).add_done_callback(self._flushed)
+
+    def _flushed(self, done: asyncio.Future[None]) -> None:
+        self._flushing = False
+        now = time.monotonic()
+        exc = done.exception()
+        if isinstance(exc, OSError):
+            self._next_flush = now + self.health.failed(
+                "journal sync", str(self.storage.journal.directory), exc, now
+            )
+        elif exc is None:
+            self.health.succeeded("journal sync", now)
+
+    # ---- repair of a corrupt record from a peer's copy -------------------------------------------
+
+    def _unreadable_for_peer(self, peer: str, exc: CorruptJournalError) -> None:
+        """The core could not read an entry `peer` needs: logged once per (peer, index)."""
+        key = (peer, exc.index)
+        if key in self._unreadable_logged:
+            return
+        if len(self._unreadable_logged) >= _MAX_UNREADABLE_LOGGED:
+            self._unreadable_logged.clear()  # bounded: at worst a line is repeated
+        self._unreadable_logged.add(key)
+        log.error(
+            "raft.replication_read_failed node=%s peer=%s index=%s path=%s offset=%d reason=%s "
+            "action=heartbeats_only_for_this_peer",
+            self.id,
+            peer,
+            exc.index,
+            exc.path,
+            exc.offset,
+            exc.reason.replace(" ", "_"),
+        )
+
+    def _ask_for_copies(self) -> None:
+        """Once a second while a record is corrupt (the first round a second after it was
+        found, so the status shows it), ask every peer for its copy."""
+        now = time.monotonic()
+        if self._next_repair == 0.0:
+            self._next_repair = now + REPAIR_RETRY_S
+        if now < self._next_repair:
+            return
+        self._next_repair = now + REPAIR_RETRY_S
+        wanted = sorted(
+            {r.index for r in self.health.corrupt_records if r.where == "journal" and r.index}
+        )[:_MAX_REPAIRS_ASKED]
+        for peer, link in self._links.items():
+            if peer not in self.blocked:
+                for index in wanted:
+                    link.send(raft_codec.FetchRecord(index))
+
+    def _answer_fetch(self, peer: str, index: int) -> None:
+        """A peer's record failed its check: send ours if it reads back clean."""
+        try:
+            rec = self.storage.journal.get(index)
+        except (RaftLogError, IndexError):  # not here (retention, behind) or bad here too
+            copy = raft_codec.RecordCopy(index, 0, None)
+        else:
+            copy = raft_codec.RecordCopy(index, rec.term, rec.command)
+        link = self._links.get(peer)
+        if link is not None and peer not in self.blocked:
+            link.send(copy)
+
+    def _repair(self, peer: str, copy: raft_codec.RecordCopy) -> None:
+        if copy.data is None:
+            return  # that peer has no good copy; another may
+        if not any(r.index == copy.index for r in self.health.corrupt_records):
+            return  # another peer's copy repaired it already
+        try:
+            path, offset = self.storage.journal.rewrite_sealed(copy.index, copy.term, copy.data)
+        except (RaftLogError, IndexError, OSError) as exc:
+            log.debug("raft.repair_failed index=%d peer=%s error=%s", copy.index, peer, exc)
+            return
+        log.warning(
+            "raft.record_repaired node=%s index=%d path=%s offset=%d from_peer=%s",
+            self.id,
+            copy.index,
+            path,
+            offset,
+            peer,
+        )
+        self.health.repaired(path, offset)
+
+    def step(self, m: Message) -> None:
+        if self._closed or m.sender in self.blocked:
+            return
+        self.core.step(m)
+        self.kick()
+
+    # ---- the Ready loop ------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Handle a Ready soon: every input of this loop turn shares it (one batch, not one
+        Ready per message)."""
+        if self._scheduled or self._busy or self._closed:
+            return
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._start_ready)
+
+    def _start_ready(self) -> None:
+        self._scheduled = False
+        if self._busy or self._closed or not self.core.has_ready():
+            self._report_role()
+            return
+        try:
+            rd = self.core.ready()
+        except Exception:  # a bug: logged loudly; the node must not wedge with _busy set
+            log.exception("raft.ready_failed node=%s", self.id)
+            return
+        self._busy = True
+        self._send(rd.leader_messages)  # promise nothing about our disk: may leave at once
+        self._persist_and_finish(rd)
+
+    def _persist_and_finish(self, rd: Ready) -> None:
+        if self._closed:
+            return
+        try:
+            wait = self._persist(rd)
+        except OSError as exc:
+            self._persist_failed(rd, exc)
+            return
+        except Exception as exc:  # a bug: loud, and retried like a failed write, never wedged
+            log.exception("raft.persist_bug node=%s", self.id)
+            self._persist_failed(rd, OSError(f"persist raised {exc!r}"))
+            return
+        if wait is None:
+            self._finish(rd)
+        else:
+            asyncio.get_running_loop().create_task(self._finish_after(rd, wait))
+
+    def _persist_failed(self, rd: Ready, exc: OSError) -> None:
+        """Nothing the Ready promised is durable: its votes and acks do not leave. The same
+        Ready is persisted again after the health's back-off (a write is idempotent: it
+        overwrites from its first index); meanwhile the node says it cannot lead."""
+        now = time.monotonic()
+        retry_s = self.health.failed("raft persist", str(self.storage.journal.directory), exc, now)
+        self.core.set_eligible(False)
+        leader = self.core.leader
+        if leader is not None and leader != self.id:
+            # Tell the leader we cannot lead (its transfers pass us over) without promising
+            # anything: a refusal of prev 0 is stale to it, only its `eligible` is read.
+            c = self.core
+            self._send((AppendResponse(self.id, leader, c.term, False, 1, 0, False),))
+        loop = asyncio.get_running_loop()
+        loop.call_later(max(retry_s, TICK_MS / 1000), self._persist_and_finish, rd)
+
+    def _persist(self, rd: Ready) -> asyncio.Future[None] | None:
+        """Steps 1-3 of the contract. Entries go to the journal now (the page cache); the
+        fdatasync (SYNC_FLUSH) and a new term or vote (an atomic file) go to the executor, one
+        call per Ready, while the loop keeps stepping."""
+        st = self.storage
+        if rd.snapshot is not None:
+            snap = rd.snapshot
+            if self.install_snapshot is None:
+                st.install(snap)
+            else:  # the state machine swaps its state, then has the log reset
+                self.install_snapshot(snap, lambda: st.install(snap))
+        st.write(rd.entries)
+        durable = self.core.durable_hard_state
+        hs = rd.hard_state
+        now = time.monotonic()
+        # A new term or vote is stored before anything leaves; the commit index is only a
+        # restart hint (followers relearn it), stored with it or once a second.
+        meta_due = hs is not None and (
+            (hs.term, hs.vote) != (durable.term, durable.vote) or now >= self._next_commit_save
+        )
+        if meta_due:
+            self._next_commit_save = now + 1.0
+        sync_due = self._sync and bool(rd.entries)
+        if not meta_due and not sync_due:
+            self.health.succeeded("raft persist", now)
+            return None
+
+        def work() -> None:
+            if sync_due:
+                st.journal.sync()
+            if meta_due and hs is not None:
+                st.store_hard_state(hs)
+
+        return asyncio.get_running_loop().run_in_executor(None, work)
+
+    async def _finish_after(self, rd: Ready, wait: asyncio.Future[None]) -> None:
+        try:
+            await wait
+        except OSError as exc:
+            self._persist_failed(rd, exc)
+            return
+        self.health.succeeded("raft persist", time.monotonic())
+        self._finish(rd)
+
+    def _finish(self, rd: Ready) -> None:
+        self._send(rd.messages)
+        if rd.committed:
+            self.applied = rd.committed[-1].index
+            self._on_committed(rd.committed)
+        self.core.advance(rd)
+        self._busy = False
+        self._report_role()
+        self.kick()
+
+    def _send(self, msgs: tuple[Message, ...]) -> None:
+        for m in msgs:
+            if m.to in self.blocked:
+                continue
+            link = self._links.get(m.to)
+            if link is not None:
+                link.send(m)
+
+    def _report_role(self) -> None:
+        c = self.core
+        key = (c.role, c.term, c.leader)
+        if key != self._role_key:
+            self._role_key = key
+            self._on_role(RoleChange(self.id, ROLE_OF[c.role], c.term, c.leader))
+
+    # ---- inbound connections -------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._inbound.add(task)
+        try:
+            await self._receive(reader)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except raft_codec.BadMessageError as exc:
+            log.warning("raft.bad_peer_stream node=%s error=%s", self.id, exc)
+        finally:
+            if task is not None:
+                self._inbound.discard(task)
+            writer.close()
+
+    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readexactly(raft_codec.FRAME_HEADER.size)
+        (n,) = raft_codec.FRAME_HEADER.unpack(head)
+        if n > raft_codec.MAX_FRAME_BYTES:
+            raise raft_codec.BadMessageError(f"frame of {n} bytes is over the limit")
+        return await reader.readexactly(n)
+
+    async def _receive(self, reader: asyncio.StreamReader) -> None:
+        hello = await asyncio.wait_for(self._read_frame(reader), _HELLO_TIMEOUT_S)
+        sender, sealed, nonce = raft_codec.decode_hello(hello)
+        if sender not in self.core.peers:
+            raise raft_codec.BadMessageError(f"{sender!r} is not a member of this group")
+        if sealed != (self.key is not None):
+            raise raft_codec.BadMessageError(
+                f"{sender} {'seals' if sealed else 'does not seal'} its frames and this node "
+                "does not: set the same Raft password on every node"
+            )
+        opener = raft_codec.Sealer(self.key, nonce) if self.key is not None else None
+        while True:
+            body = await self._read_frame(reader)
+            if opener is not None:
+                body = opener.open(body)
+            m = raft_codec.decode(body, sender, self.id)
+            if isinstance(m, raft_codec.FetchRecord):
+                self._answer_fetch(sender, m.index)
+            elif isinstance(m, raft_codec.RecordCopy):
+                self._repair(sender, m)
+            else:
+                self.step(m)
