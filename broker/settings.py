@@ -48,10 +48,10 @@ class BrokerSettings(ScrapeSettings):
     data_listen: str = setting(
         default="",
         unit="host:port",
-        doc='framed data path (send, pull, offsets, heartbeats) bind address; "" = the host of '
-        'this node\'s gRPC address, any free port; "off" = gRPC only (the SDK sends and pulls '
-        "only over this path, so its clients cannot). The bound address is registered as the "
-        "node's data_address",
+        doc="framed data path (send, pull, offsets, heartbeats, transactions, POP) bind address; "
+        '"" = the host of this node\'s gRPC address, any free port; "off" = gRPC only (the SDK '
+        "and the proxy send, pull, commit offsets and end transactions only over this path, so "
+        "their clients cannot). The bound address is registered as the node's data_address",
     )
     metrics_listen: str = setting(
         default="",
