@@ -477,10 +477,19 @@ def test_proxy_restart_keeps_pop_state_and_old_handles(env: Env) -> None:
     # test is about comes after the restart, so the gathering keeps each message's latest
     # delivery (the only handle that still acknowledges) and counts distinct messages.
     latest: dict[str, v2.Message] = {}
+    first_seen: dict[str, float] = {}
     deadline = time.monotonic() + 45  # past one invisible time (20 s) and its redelivery
     while len(latest) < 4 and time.monotonic() < deadline:
         for m in _receive(stub, group, "restart", batch=8):
-            latest[m.system_properties.message_id] = m
+            mid, now = m.system_properties.message_id, time.monotonic()
+            if mid in latest:  # only a redelivery after the invisible time, never a duplicate
+                assert now - first_seen[mid] >= 15, (m.body, now - first_seen[mid])
+                assert (
+                    m.system_properties.delivery_attempt
+                    > latest[mid].system_properties.delivery_attempt
+                ), m
+            first_seen.setdefault(mid, now)
+            latest[mid] = m
     assert sorted(m.body for m in latest.values()) == [b"restart%d" % i for i in range(4)]
     msgs = list(latest.values())
     acked, kept = msgs[:2], msgs[2:]
