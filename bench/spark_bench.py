@@ -92,11 +92,11 @@ def synthetic_source() -> Any:
 
     from raftmq.spark_source.schema import SCHEMA, arrow_schema
 
-    class Part(InputPartition):  # type: ignore[misc]
+    class Part(InputPartition):  # type: ignore[misc]  # pyspark has no type stubs
         def __init__(self, rows: int) -> None:
             self.rows = rows
 
-    class Reader(DataSourceReader):  # type: ignore[misc]
+    class Reader(DataSourceReader):  # type: ignore[misc]  # pyspark has no type stubs
         def __init__(self, options: dict[str, str]) -> None:
             self.rows = int(options["rows"])
             self.parts = int(options.get("partitions", "8"))
@@ -135,7 +135,7 @@ def synthetic_source() -> Any:
                 yield batch if left >= n else batch.slice(0, left)
                 left -= n
 
-    class Synthetic(DataSource):  # type: ignore[misc]
+    class Synthetic(DataSource):  # type: ignore[misc]  # pyspark has no type stubs
         @classmethod
         def name(cls) -> str:
             return "raftmq_synthetic"
@@ -395,7 +395,7 @@ def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
     prof.disable()
     wall = time.monotonic() - started
     stats = pstats.Stats(prof)
-    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:8]  # type: ignore[attr-defined]
+    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:8]  # type: ignore[attr-defined]  # pstats.Stats.stats: not in typeshed
     return {
         "rows": rows,
         "rows_per_s": round(rows / wall),

@@ -181,7 +181,8 @@ def test_a_flipped_byte_in_any_table_is_a_typed_error_naming_it(
         _put_raw(node.path, table, key, flipped)
     with pytest.raises(CorruptRowError) as caught:
         node.reopen()
-        read(node.store)  # type: ignore[operator]
+        if read is not None:  # else the reopen itself must refuse the row
+            read(node.store)
     assert caught.value.table == table
     if read is not None:  # (a store that cannot open has no listener yet)
         assert node.reports and node.reports[0].table == table

@@ -67,4 +67,4 @@ def test_a_derived_send_result_is_the_result_with_its_id_written_out(
     assert lazy == eager and hash(lazy) == hash(eager) and repr(lazy) == repr(eager)
     assert lazy.msg_id == full and lazy.msg_id == full  # twice: the cached id is the same
     with pytest.raises(AttributeError):
-        lazy.queue_offset = 0  # type: ignore[misc]
+        lazy.queue_offset = 0  # type: ignore[misc]  # the write being refused is the point

@@ -191,7 +191,7 @@ def test_scrape_credentials_as_prometheus_sends_them() -> None:
           "metrics_basic_auth_password": "p"}, "not both"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=what):
-            ScrapeSettings(**wrong)  # type: ignore[arg-type]
+            ScrapeSettings(**wrong)  # type: ignore[arg-type]  # wrong on purpose
 
 
 def test_metrics_tls_is_chosen_per_port(tmp_path: object) -> None:

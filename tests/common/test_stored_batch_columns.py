@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -180,9 +181,9 @@ def test_bad_records_are_refused_naming_the_message(sb: ModuleType) -> None:
         sb.columns(bytes(raw), [0], verify=False)
 
 
-def _outcome(fn: object, *args: object, **kwargs: object) -> object:
+def _outcome(fn: Callable[..., object], *args: object, **kwargs: object) -> tuple[object, ...]:
     try:
-        return ("ok", fn(*args, **kwargs))  # type: ignore[operator]
+        return ("ok", fn(*args, **kwargs))
     except Exception as exc:
         return _error(exc)
 
@@ -216,7 +217,7 @@ def test_the_extension_fills_columns_as_the_twin(buf: bytes, data: st.DataObject
     for verify in (True, False):
         want = _outcome(py.columns, buf, positions, verify=verify)
         assert _outcome(c.columns, buf, positions, verify=verify) == want
-        assert want[0] == "ok" or want[1] is MalformedBatchError, want  # type: ignore[index]
+        assert want[0] == "ok" or want[1] is MalformedBatchError, want
 
 
 def test_the_extension_fills_columns_without_leaking() -> None:
