@@ -26,7 +26,29 @@ class OutgoingMessage:
         check_message_types(self.tags, self.keys, self.properties)
 
 
-class SendResult:
+class _DerivedId:
+    """A message id derived on first read: with `_position` >= 0 it is the batch's id prefix
+    `_id` plus that position in hex (common.message.encode_msg_id's form), else `_id` itself.
+    Shared by SendResult and ReceivedMessage, which both get the prefix per batch."""
+
+    __slots__ = ("_full", "_id", "_position")
+
+    _id: str
+    _position: int
+    _full: str | None
+
+    @property
+    def msg_id(self) -> str:
+        if self._position < 0:
+            return self._id
+        # Derived from fields never written again, so two threads reading at once agree.
+        full = self._full
+        if full is None:
+            full = self._full = self._id + format(self._position, POSITION_HEX)
+        return full
+
+
+class SendResult(_DerivedId):
     """Where a message was stored. `duplicate`: an idempotent retry found it already stored (the
     offset and id are the original's; msg_id is "" if the broker no longer remembers them).
 
@@ -38,10 +60,7 @@ class SendResult:
     __slots__ = (
         "_broker_group",
         "_duplicate",
-        "_full",
-        "_id",
         "_offset",
-        "_position",
         "_queue_id",
         "_topic",
     )
@@ -65,16 +84,6 @@ class SendResult:
         self._queue_id = queue_id
         self._offset = queue_offset
         self._duplicate = duplicate
-
-    @property
-    def msg_id(self) -> str:
-        if self._position < 0:
-            return self._id
-        # Derived from fields never written again, so two threads reading at once agree.
-        full = self._full
-        if full is None:
-            full = self._full = self._id + format(self._position, POSITION_HEX)
-        return full
 
     @property
     def topic(self) -> str:
@@ -141,7 +150,7 @@ _FIELD_NAMES = (
 )
 
 
-class ReceivedMessage:
+class ReceivedMessage(_DerivedId):
     """A message as a consumer receives it. A read-only value.
 
     A message pulled in a v2 stored batch is made from its record (`lazy`): the batch's CRCs
@@ -154,12 +163,9 @@ class ReceivedMessage:
         "_body",
         "_born_host",
         "_born_ms",
-        "_full",
         "_group",
-        "_id",
         "_keys",
         "_offset",
-        "_position",
         "_props",
         "_queue_id",
         "_reconsume",
@@ -267,15 +273,6 @@ class ReceivedMessage:
         return self._props
 
     @property
-    def msg_id(self) -> str:
-        if self._position < 0:
-            return self._id
-        full = self._full
-        if full is None:
-            full = self._full = self._id + format(self._position, POSITION_HEX)
-        return full
-
-    @property
     def topic(self) -> str:
         return self._topic
 
@@ -313,7 +310,7 @@ class ReceivedMessage:
         """A copy with another topic or count of earlier deliveries (what a listener of a
         retried message sees); still lazy where this one is."""
         m = ReceivedMessage.__new__(ReceivedMessage)
-        for name in ReceivedMessage.__slots__:
+        for name in _DerivedId.__slots__ + ReceivedMessage.__slots__:
             setattr(m, name, getattr(self, name))
         if topic is not None:
             m._topic = topic
