@@ -109,9 +109,12 @@ class PeerLink:
                 continue
             retry_s = _FIRST_RETRY_S
             try:
-                await self._stream(writer)
+                await self._stream(reader, writer)
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 pass
+            except Exception:  # a bug: loud, and the link reconnects; it must never end
+                log.exception("raft.peer_link_failed node=%s peer=%s", self.node.id, self.peer)
+                retry_s = max_retry_s  # not a tight loop of tracebacks
             finally:
                 self._connected = False
                 self.out.frames.clear()
@@ -119,10 +122,9 @@ class PeerLink:
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
-            del reader
             await asyncio.sleep(retry_s)
 
-    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonce = os.urandom(raft_codec.NONCE_BYTES)
         key = self.node.key
         hello = raft_codec.encode_hello(self.node.id, key is not None, nonce)
@@ -135,6 +137,11 @@ class PeerLink:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if writer.is_closing() or reader.at_eof():
+                # The peer closed (it died or restarted): reconnect rather than write into a
+                # closed transport, which uvloop answers with RuntimeError, not OSError, and
+                # which ended this task for good: a restarted peer never heard this node again.
+                raise ConnectionResetError(f"{self.peer} closed the stream")
             while self.out.frames:
                 body = self.out.frames.popleft()
                 self.out.nbytes -= sum(len(b) for b in body)
