@@ -878,3 +878,46 @@ def check_leadership(before: tuple[str, int], after: tuple[str, int]) -> str | N
     if was != now:
         return f"leader changed: {was} (term {term}) -> {now} (term {new_term})"
     return f"term changed under leader {was}: {term} -> {new_term} (an election was forced)"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What one group node says of itself at the end of a run (its status call)."""
+
+    name: str
+    answered: bool
+    role: str
+    term: int
+    leader: str
+    commit_index: int
+
+
+def check_rejoined(nodes: Sequence[NodeView], target_commit: int) -> str | None:
+    """After the heal every node of the group is back in it: all answer, one leads, all name it
+    at its term, and every commit index reached `target_commit` (the leader's when the check
+    began). A node that restarted and never heard its leader again breaks this while the
+    queue checks still pass (two nodes are a majority). What is wrong, in words, or None."""
+    mute = [n.name for n in nodes if not n.answered]
+    if mute:
+        return f"no status from {', '.join(mute)}"
+    leaders = [n for n in nodes if n.role == "LEADER"]
+    if len(leaders) != 1:
+        return f"{len(leaders)} nodes say they lead: " + ", ".join(
+            f"{n.name} {n.role} term {n.term}" for n in nodes
+        )
+    lead = leaders[0]
+    apart = [n for n in nodes if n.term != lead.term or n.leader != lead.leader]
+    if apart:
+        return (
+            "not following the leader "
+            + f"{lead.name} (term {lead.term}): "
+            + ", ".join(
+                f"{n.name} {n.role} term {n.term} leader {n.leader or 'none'}" for n in apart
+            )
+        )
+    behind = [n for n in nodes if n.commit_index < target_commit]
+    if behind:
+        return f"behind the leader's commit index {target_commit}: " + ", ".join(
+            f"{n.name} at {n.commit_index}" for n in behind
+        )
+    return None

@@ -26,7 +26,13 @@ import grpc
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from raftmq.chaos.checkers import CheckReport, check_all, check_leadership
+from raftmq.chaos.checkers import (
+    CheckReport,
+    NodeView,
+    check_all,
+    check_leadership,
+    check_rejoined,
+)
 from raftmq.chaos.disks import TmpfsDisks
 from raftmq.chaos.history import Recorder, fault_windows, load_jsonl, merge, write_jsonl
 from raftmq.chaos.lifecycle_checks import check_lifecycle
@@ -65,6 +71,7 @@ CLIENT = "client"
 TOPIC = "chaos"
 PROXY_PORT = 8081  # a scenario's raftmq-proxy when the description has none (RocketMQ's port)
 FAILOVER_BOUND_S = 3.0  # service must return this soon after a fault that leaves a majority
+REJOIN_S = 15.0  # after the drain, every group node follows the leader and reaches its commit
 
 
 class RunError(RuntimeError):
@@ -595,6 +602,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     client_history = paths.client_history
     security: dict[str, bool] | None = None  # the probes of a secure scenario
     storage_problems: list[str] = []  # storage faults unreported, unrepaired, replicas differing
+    rejoin_problem: str | None = None  # a node not back in its group after the heal
     rec = Recorder()
     rng_pick = random.Random(opts.seed ^ 0x5EED)
     t_setup = time.monotonic()
@@ -670,6 +678,7 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
             if not line.startswith("drained"):
                 raise RunError(f"the workload did not drain (said {line.strip()!r})")
             workload.wait(timeout=30)
+            rejoin_problem = wait_rejoined(runner, group)
             if storage is not None:  # every replica serves the same message at every offset
                 storage.close()
                 storage_problems = storage.problems() + storage.compare_replicas(queues=4)
@@ -719,6 +728,9 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     if leadership_problem is not None:
         passed = False
         verdict = verdict.replace("PASS", "FAIL", 1) + f"; {leadership_problem}"
+    if rejoin_problem is not None:
+        passed = False
+        verdict = verdict.replace("PASS", "FAIL", 1) + f"; not rejoined: {rejoin_problem}"
     result_path = paths.result
     png_path = paths.picture
     extra = {
@@ -728,6 +740,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
         "passed": passed,
         "ack_before_commit": opts.ack_before_commit,
         "wall_s": round(time.monotonic() - t_setup, 1),
+        "rejoined": rejoin_problem is None,
+        **({"rejoin_problem": rejoin_problem} if rejoin_problem is not None else {}),
         **({"leadership": {"before": before, "after": after}} if before is not None else {}),
         **({"lifecycle": lifecycle.to_json()} if lifecycle is not None else {}),
         **(
@@ -751,6 +765,27 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
     plot(ops, windows, png_path, f"{schedule.scenario} seed={schedule.seed}")
     return RunResult(schedule, report, failover, verdict, passed, result_path, png_path,
                      history_path, extra)  # fmt: skip
+
+
+def wait_rejoined(runner: ClusterRunner, group: str, timeout_s: float = REJOIN_S) -> str | None:
+    """Polls the group's nodes until check_rejoined holds (the target is the leader's commit
+    index when first seen); its last complaint if it still fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    target: int | None = None
+    while True:
+        views = []
+        for p in runner.processes():
+            if p.group == group:
+                st = broker_status(p.name, p.group, f"{p.host}:{p.ports[0]}")
+                views.append(
+                    NodeView(p.name, st.role != "-", st.role, st.term, st.leader, st.commit_index)
+                )
+        if target is None:
+            target = max((v.commit_index for v in views if v.role == "LEADER"), default=None)
+        problem = "no node leads" if target is None else check_rejoined(views, target)
+        if problem is None or time.monotonic() > deadline:
+            return problem
+        time.sleep(0.2)
 
 
 def _create_topic(admin: Admin, group: str, timeout_s: float = 30.0) -> None:

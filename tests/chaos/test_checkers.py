@@ -3,7 +3,7 @@ behaviour they must let through) and on generated ones (Hypothesis)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -11,12 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftmq.chaos.checkers import (
+    NodeView,
     check_all,
     check_availability,
     check_latency,
     check_leadership,
     check_order,
     check_queue,
+    check_rejoined,
     unavailability,
 )
 from raftmq.chaos.history import Op, OpType, Window, fault_windows
@@ -496,3 +498,21 @@ def test_leadership_kept_or_what_changed() -> None:
     assert check_leadership(("n0", 3), ("n0", 3)) is None
     assert check_leadership(("n0", 3), ("n1", 5)) == "leader changed: n0 (term 3) -> n1 (term 5)"
     assert "an election was forced" in (check_leadership(("n0", 3), ("n0", 6)) or "")
+
+
+def test_rejoined_only_when_every_node_follows_the_leader_and_caught_up() -> None:
+    n0 = NodeView("n0", True, "FOLLOWER", 2, "n1", 90)
+    rest = [
+        NodeView("n1", True, "LEADER", 2, "n1", 91),
+        NodeView("n2", True, "FOLLOWER", 2, "n1", 90),
+    ]
+    assert check_rejoined([n0, *rest], 90) is None
+    # What chaos found on native: the restarted old leader stayed at its term, with no leader.
+    stuck = replace(n0, term=1, leader="", commit_index=2)
+    assert "n0 FOLLOWER term 1 leader none" in (check_rejoined([stuck, *rest], 90) or "")
+    behind = replace(n0, commit_index=40)
+    assert check_rejoined([behind, *rest], 90) == "behind the leader's commit index 90: n0 at 40"
+    two = replace(n0, role="LEADER", term=1, leader="n0")
+    assert "2 nodes say they lead" in (check_rejoined([two, *rest], 90) or "")
+    mute = NodeView("n0", False, "-", 0, "", 0)
+    assert check_rejoined([mute, *rest], 90) == "no status from n0"
