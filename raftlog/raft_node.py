@@ -207,6 +207,7 @@ class RaftNodeShell:
         self._next_repair = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
+        self._finishing: asyncio.Task[None] | None = None  # a Ready waiting on its persist
         # Installs a leader's snapshot into the state machine, calling the second argument
         # (which resets the journal) while nothing reads the log; None: reset the journal only.
         self.install_snapshot: Callable[[Snapshot, Callable[[], None]], None] | None = None
@@ -234,6 +235,9 @@ class RaftNodeShell:
         for t in list(self._inbound):
             t.cancel()
         tasks = [link.task for link in self._links.values()] + list(self._inbound)
+        if self._finishing is not None:  # not left pending for the loop's close to complain of
+            self._finishing.cancel()
+            tasks.append(self._finishing)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # ---- inputs --------------------------------------------------------------------------------
@@ -398,7 +402,7 @@ class RaftNodeShell:
         if wait is None:
             self._finish(rd)
         else:
-            asyncio.get_running_loop().create_task(self._finish_after(rd, wait))
+            self._finishing = asyncio.get_running_loop().create_task(self._finish_after(rd, wait))
 
     def _persist_failed(self, rd: Ready, exc: OSError) -> None:
         """Nothing the Ready promised is durable: its votes and acks do not leave. The same
@@ -494,6 +498,10 @@ class RaftNodeShell:
         try:
             await self._receive(reader)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except asyncio.CancelledError:
+            # stop() cancels us. Ending normally: 3.11's start_server callback calls
+            # exception() on a cancelled handler and logs the CancelledError as an error.
             pass
         except raft_codec.BadMessageError as exc:
             log.warning("raft.bad_peer_stream node=%s error=%s", self.id, exc)
