@@ -48,6 +48,8 @@ RoleListener = Callable[[RoleChange], None]
 _T = TypeVar("_T")
 TRANSFER_GRACE_S = 1.0  # a transfer target not answering may be reconnecting: it gets this long
 HANDOFF_RETRY_S = 0.05  # a leader whose disk refuses writes asks a follower again this often
+PRESSURE_HANDOFF_S = 1.0  # a leader past its disk threshold pauses writes this long at most
+PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it and leads
 
 
 @dataclass(slots=True)
@@ -97,7 +99,10 @@ class NativeLog:
         self._applied_cond = threading.Condition()
         self._paused = False  # a leadership transfer is under way: refuse new submissions
         self._disk_pressure = False
+        self._pressure_handoff: threading.Thread | None = None
+        self._next_pressure_try_s = 0.0
         self._next_handoff_s = 0.0
+        self._handing_off = False  # a leader whose disk refuses writes is handing off
         self._noop_index: int | None = None
         self._next_snapshot_try = 0.0
         self._loop = _new_loop()
@@ -336,12 +341,19 @@ class NativeLog:
         core.set_eligible(
             health.error is None and not health.has_corrupt and not self._disk_pressure
         )
-        if (
-            self.health.error is not None
-            and core.role is Role.LEADER
-            and now >= self._next_handoff_s
-        ):
+        self._hand_off_if_pressed(now)
+        error = self.health.error
+        if error is None or core.role is not Role.LEADER:
+            self._handing_off = False
+        elif now >= self._next_handoff_s:
             # A leader whose disk refuses writes hands off to the most caught-up follower.
+            if not self._handing_off:  # one line per episode, not one per retry
+                self._handing_off = True
+                log.warning(
+                    "raft.handing_off_leadership node=%s reason=%s",
+                    self.cfg.node_id,
+                    error.describe().replace(" ", "_"),
+                )
             self._next_handoff_s = now + HANDOFF_RETRY_S
             self._fail_all(
                 OutcomeUnknownError("the leader's disk refused writes; it hands leadership off"),
@@ -487,16 +499,35 @@ class NativeLog:
         self._listeners.append(listener)
 
     def set_disk_pressure(self, on: bool) -> None:
-        """The broker's disk guard: past its threshold this node says it cannot lead and, if it
-        leads, hands off to a follower that can."""
+        """The broker's disk guard (any thread): past its threshold this node says it cannot
+        lead and, while it leads, hands off to a follower that can (the tick sees to it)."""
         self._disk_pressure = on
-        if on and self.is_leader() and self.can_hand_off():
-            threading.Thread(
-                target=self.transfer_leadership,
-                kwargs={"timeout_s": 1.0},
-                name="raft-pressure-handoff",
-                daemon=True,
-            ).start()
+
+    def _hand_off_if_pressed(self, now: float) -> None:
+        """Loop: a leader past its disk threshold transfers leadership to a follower that can
+        take over, in a thread of its own (transfer_leadership waits on this loop), and tries
+        again every PRESSURE_RETRY_S while it stays past it and leads: a leader elected while
+        pressed, or one whose followers could not take over yet, hands off too."""
+        running = self._pressure_handoff
+        if (
+            not self._disk_pressure
+            or self._closed
+            or self.health.error is not None  # the unwritable disk's hand-off is under way
+            or (running is not None and running.is_alive())
+            or now < self._next_pressure_try_s
+            or not self.is_leader()
+            or not self.can_hand_off()
+        ):
+            return
+        self._next_pressure_try_s = now + PRESSURE_RETRY_S
+        log.warning("raft.handing_off_leadership node=%s reason=disk_pressure", self.cfg.node_id)
+        self._pressure_handoff = threading.Thread(
+            target=self.transfer_leadership,
+            kwargs={"timeout_s": PRESSURE_HANDOFF_S},
+            name="raft-pressure-handoff",
+            daemon=True,
+        )
+        self._pressure_handoff.start()
 
     def scrub_progress(self) -> tuple[int, int]:
         sc = self.scrubber

@@ -72,9 +72,11 @@ class PeerLink:
     """This node's outbound stream to one peer: connects (and reconnects), says hello, writes
     queued frames in order. Messages queued while it is down are dropped: Raft resends."""
 
-    def __init__(self, node: RaftNodeShell, peer: str) -> None:
-        self.node = node
+    def __init__(self, node_id: str, peer: str, key: bytes | None, cfg: RaftLogConfig) -> None:
+        self.node_id = node_id
         self.peer = peer
+        self.key = key
+        self.cfg = cfg
         self.out = _Outbox(deque())
         self._wake = asyncio.Event()
         self._connected = False
@@ -85,7 +87,7 @@ class PeerLink:
             return
         body = raft_codec.encode(m)
         n = sum(len(b) for b in body)
-        if self.out.nbytes + n > self.node.cfg.max_inflight_bytes_per_peer:
+        if self.out.nbytes + n > self.cfg.max_inflight_bytes_per_peer:
             self.out.dropped += 1  # a slow follower: the core's flow control resends later
             return
         self.out.frames.append(body)
@@ -94,7 +96,7 @@ class PeerLink:
 
     async def _run(self) -> None:
         host, _, port = self.peer.rpartition(":")
-        max_retry_s = self.node.cfg.reconnect_ms / 1000
+        max_retry_s = self.cfg.reconnect_ms / 1000
         retry_s = _FIRST_RETRY_S
         while True:
             try:
@@ -112,8 +114,10 @@ class PeerLink:
                 await self._stream(reader, writer)
             except (OSError, ConnectionError, asyncio.IncompleteReadError):
                 pass
-            except Exception:  # a bug: loud, and the link reconnects; it must never end
-                log.exception("raft.peer_link_failed node=%s peer=%s", self.node.id, self.peer)
+            except Exception:
+                # A bug, never a reason to stop: a link that ended would cut this node off from
+                # its peer for good (Raft cannot tell it from a network that drops everything).
+                log.exception("raft.peer_link_failed node=%s peer=%s", self.node_id, self.peer)
                 retry_s = max_retry_s  # not a tight loop of tracebacks
             finally:
                 self._connected = False
@@ -126,8 +130,8 @@ class PeerLink:
 
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonce = os.urandom(raft_codec.NONCE_BYTES)
-        key = self.node.key
-        hello = raft_codec.encode_hello(self.node.id, key is not None, nonce)
+        key = self.key
+        hello = raft_codec.encode_hello(self.node_id, key is not None, nonce)
         writer.write(raft_codec.FRAME_HEADER.pack(len(hello)) + hello)
         sealer = raft_codec.Sealer(key, nonce) if key is not None else None
         self._connected = True
@@ -138,19 +142,22 @@ class PeerLink:
                 await self._wake.wait()
                 continue
             if writer.is_closing() or reader.at_eof():
-                # The peer closed (it died or restarted): reconnect rather than write into a
-                # closed transport, which uvloop answers with RuntimeError, not OSError, and
-                # which ended this task for good: a restarted peer never heard this node again.
+                # The peer closed (it died, restarted or reset the connection while we waited):
+                # reconnect rather than write into a closed transport, which uvloop answers
+                # with RuntimeError, not OSError, and which ended this task for good.
                 raise ConnectionResetError(f"{self.peer} closed the stream")
+            chunks: list[bytes] = []
             while self.out.frames:
                 body = self.out.frames.popleft()
                 self.out.nbytes -= sum(len(b) for b in body)
                 if sealer is not None:
                     sealed = sealer.seal(b"".join(body))
-                    writer.write(header.pack(len(sealed)) + sealed)
+                    chunks += (header.pack(len(sealed)), sealed)
                 else:
-                    writer.writelines([header.pack(sum(len(b) for b in body)), *body])
-            await writer.drain()  # one drain per batch of frames, not per message
+                    chunks.append(header.pack(sum(len(b) for b in body)))
+                    chunks += body
+            writer.writelines(chunks)  # one write and one drain per batch of frames
+            await writer.drain()
 
 
 class RaftNodeShell:
@@ -218,7 +225,7 @@ class RaftNodeShell:
         host, _, port = self.id.rpartition(":")
         self._server = await asyncio.start_server(self._accept, host, int(port), reuse_address=True)
         for p in self.core.peers:
-            self._links[p] = PeerLink(self, p)
+            self._links[p] = PeerLink(self.id, p, self.key, self.cfg)
         loop = asyncio.get_running_loop()
         self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
         self._report_role()
