@@ -118,6 +118,12 @@ def pull(node: BrokerNode, topic: str, queue_id: int, offset: int, **kw: Any) ->
     return node.pulls.pull("g", topic, queue_id, offset, 32, **args)
 
 
+def indexed(node: BrokerNode) -> None:
+    """A send is answered at its commit (issue 29) and indexed after: a test that reads the
+    index (bounds, keys, times) waits for it first, as a client of these queries would."""
+    assert node.wait_dispatched(node.rlog.committed_index, 5)
+
+
 # ---- send ---------------------------------------------------------------------------------------
 
 
@@ -179,6 +185,7 @@ def test_an_idempotent_retry_gets_the_original_answer(node: BrokerNode) -> None:
     assert [(o.msg_id, o.queue_offset) for o in again] == originals
     _, nxt = send(node, "Idem", 1, 1, producer=("p1", 2))
     assert nxt[0].queue_offset == 2 and not nxt[0].duplicate
+    indexed(node)
     assert node.store.queue_bounds("Idem", 1) == (0, 3)  # stored once
 
 
@@ -289,6 +296,7 @@ def test_offsets_commit_query_and_reset(node: BrokerNode) -> None:
     middle_ms = time.time_ns() // 1_000_000
     time.sleep(0.005)
     send(node, "O", 0, 3)
+    indexed(node)
     info = node.offsets.queue_info("O", 0)
     assert (info.min_offset, info.max_offset) == (0, 5)
     assert info.min_store_timestamp_ms < middle_ms < info.max_store_timestamp_ms
@@ -300,8 +308,9 @@ def test_offsets_commit_query_and_reset(node: BrokerNode) -> None:
 def test_query_by_id_and_by_key(node: BrokerNode) -> None:
     _, outcomes = send(node, "Q", 1, 2, keys=("order-7",))
     send(node, "Q", 2, 1, keys=("order-8",))
-    found = node.queries.message_by_id(outcomes[1].msg_id)
+    found = node.queries.message_by_id(outcomes[1].msg_id)  # waits for its index
     assert (found.queue_id, found.queue_offset, found.message.body) == (1, 1, b"m1")
+    indexed(node)  # the key index too
     by_key = node.queries.messages_by_key("Q", "order-7", 10, 0, 0)
     assert sorted(m.msg_id for m in by_key) == sorted(o.msg_id for o in outcomes)
     assert node.queries.messages_by_key("Q", "nothing", 10, 0, 0) == []
