@@ -18,12 +18,13 @@ import pytest
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.dispatch import Dispatcher, PendingState
 from raftmq.broker.dispatcher_thread import DispatcherSettings
+from raftmq.broker.errors import DispatcherStoppedError, OffsetDisagreementError
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.produce import SendOutcome
 from raftmq.broker.pull import PullResult, PullStatus
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageStore
-from raftmq.common import record_batch
+from raftmq.common import record_batch, stored_batch
 from raftmq.common.errors import (
     InvalidArgumentError,
     InvalidNameError,
@@ -31,6 +32,7 @@ from raftmq.common.errors import (
     MessageTooLargeError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    RaftMQError,
     TopicNotFoundError,
 )
 from raftmq.common.message import Message, decode_msg_id
@@ -206,6 +208,68 @@ def test_a_follower_answers_not_leader_with_the_leaders_address(
     with pytest.raises(NotLeaderError) as unknown:
         send(node, "F", 0)
     assert unknown.value.leader_hint == ""
+
+
+def test_the_leader_places_offsets_and_answers_at_commit(node: BrokerNode, log: MemoryLog) -> None:
+    """The batch in the log carries the offsets the send was answered with (state 2), and the
+    answer came before the index held it when the index was held back."""
+    _, first = send(node, "A", 1, 2)
+    indexed(node)
+    with _held(node):
+        _, second = send(node, "A", 1, 3)  # answered while dispatch cannot run
+        assert node.store.queue_bounds("A", 1) == (0, 2)
+    assert [o.queue_offset for o in first + second] == [0, 1, 2, 3, 4]
+    entry = log.read(log.committed_index)
+    assert stored_batch.placed_offset(entry.chunks[0]) == 2
+    assert node.leader_offsets.placed_batches >= 2
+    indexed(node)
+    assert node.store.queue_bounds("A", 1) == (0, 5)
+
+
+class _held:
+    """Holds the dispatcher between two steps (its step lock) for the with block."""
+
+    def __init__(self, node: BrokerNode) -> None:
+        self._lock = node.dispatcher._step_lock
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_forged_placed_offset_stops_a_follower_loudly(
+    node: BrokerNode, log: MemoryLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower applies what its leader committed; a batch whose placed offset is not what
+    its own count gives stops its dispatch with a typed error, logged with the topic, the
+    queue, both offsets and the entry, rather than index the queue differently."""
+    log.become_follower(PEER_RAFT, term=2)
+    good = bytearray(
+        stored_batch.encode_batch("F", 0, [msg("F", b"a"), msg("F", b"b")], None, "127.0.0.1:1")
+    )
+    stored_batch.stamp(good, 0, 1_000)
+    stored_batch.place_offset(good, 0)
+    forged = bytearray(stored_batch.encode_batch("F", 0, [msg("F", b"c")], None, "127.0.0.1:1"))
+    stored_batch.stamp(forged, 0, 1_001)
+    stored_batch.place_offset(forged, 7)  # the queue holds 2
+    log.append([bytes(good)])
+    bad = log.append([bytes(forged)])
+    with pytest.raises(DispatcherStoppedError):
+        node.dispatcher.wait_dispatched(bad.index, 5)
+    failure = node.dispatcher.failure
+    assert isinstance(failure, OffsetDisagreementError)
+    assert (failure.topic, failure.queue_id, failure.placed, failure.counted) == ("F", 0, 7, 2)
+    assert failure.raft_index == bad.index
+    # Nothing of the forged entry indexed (the good one may share its aborted transaction).
+    assert node.dispatcher.dispatched_index < bad.index
+    assert node.store.queue_bounds("F", 0)[1] <= 2
+    line = next(r for r in caplog.records if "broker.offset_disagreement" in r.getMessage())
+    assert line.levelname == "CRITICAL"
+    assert f"topic=F queue=0 placed=7 counted=2 index={bad.index}" in line.getMessage()
+    with pytest.raises(RaftMQError):  # reads that need the index get a typed error
+        pull(node, "F", 0, 2, allow_follower_read=True)
 
 
 # ---- pull ---------------------------------------------------------------------------------------
