@@ -113,9 +113,14 @@ class LeaderOffsets:
         ):
             self._leave(index)
             return
-        header = stored_batch.read_header(chunk)
-        if TxnApplier.is_half(header):  # its commit gets the offsets (TXN_END)
+        try:
+            header = stored_batch.read_header(chunk)
+        except stored_batch.MalformedBatchError:  # refused by every dispatcher alike
             self._leave(index)
+            return
+        if TxnApplier.is_half(header):
+            # Stored invisible: no queue row, no producer window (the node's dispatcher always
+            # has its TxnApplier); its commit (TXN_END) gets the offsets, and unsettles.
             return
         topic, queue_id, count, producer = (
             header.topic,

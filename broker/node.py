@@ -140,7 +140,8 @@ class BrokerNode:
             store,
             recent_batches_per_producer=dispatcher.recent_batches_per_producer,
         )
-        rlog.set_stamper(self._place_offsets)
+        if settings.leader_places_offsets:
+            rlog.set_stamper(self._place_offsets)
         # A row failing its checksum: reported, and the store rebuilt from the log (issue 25).
         self.index_repair = IndexRepair(
             self.me.node_id,

@@ -18,6 +18,14 @@ from raftmq.broker.dispatch import Dispatcher, PendingState, placement_disagreem
 from raftmq.broker.errors import OffsetDisagreementError
 from raftmq.broker.leader_offsets import LeaderOffsets
 from raftmq.broker.rows import Appended
+from raftmq.broker.transaction import TxnSettings
+from raftmq.broker.txn_apply import TxnApplier
+from raftmq.broker.txn_records import (
+    HALF_PRODUCER_ID,
+    PROP_PRODUCER_GROUP,
+    PROP_TRAN_MSG,
+    PROP_TRANSACTION_ID,
+)
 from raftmq.common import stored_batch
 from raftmq.common.message import Message
 from raftmq.common.record_batch import ProducerSequence
@@ -109,13 +117,14 @@ class Placing(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(transactions=TxnApplier(TxnSettings()))
         self.state = PendingState(EmptyState())  # the node's index store
         self.book = LeaderOffsets(self.state)
         self.log: list[Entry] = []
         self.placed: dict[tuple[int, int], int] = {}  # (index, slot) -> placed base offset
         self.term = 1
         self.sequences: dict[tuple[str, int], int] = {}  # the producer's next sequence
+        self.halves = 0
 
     def _propose(self, chunks: Sequence[bytes | bytearray]) -> None:
         index = len(self.log) + 1
@@ -160,6 +169,26 @@ class Placing(RuleBasedStateMachine):
         """A v2 batch the leader cannot rewrite in place (bytes): left to the dispatcher."""
         self._propose([bytes(v2("T", queue, 1))])
 
+    @rule(queue=st.integers(0, 1))
+    def half(self, queue: int) -> None:
+        """A transaction's half message: no queue row, no window; the book stays settled."""
+        self.halves += 1
+        props = {PROP_TRAN_MSG: "true", PROP_TRANSACTION_ID: f"tx{self.halves}"}
+        props[PROP_PRODUCER_GROUP] = "pg"
+        message = Message("T", b"h", None, (), props, 0, 1, HOST)
+        buf = bytearray(
+            stored_batch.encode_batch(
+                "T", queue, [message], ProducerSequence(HALF_PRODUCER_ID, 0), HOST
+            )
+        )
+        stored_batch.stamp(buf, 0, 5)
+        caught_up = self.state.dispatched_index == len(self.log)
+        after = v2("T", queue, 1)
+        self._propose([buf, after])
+        assert stored_batch.placed_offset(buf) is None
+        if caught_up:
+            assert stored_batch.placed_offset(after) is not None
+
     @rule()
     def neutral(self) -> None:
         self._propose([commit("g", "T", 0, 1), v2("T", 0, 1)])
@@ -181,5 +210,5 @@ class Placing(RuleBasedStateMachine):
                     assert outcome.stored.first_offset == base
 
 
-Placing.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+Placing.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 test_placing = Placing.TestCase
