@@ -4,8 +4,10 @@ operations live in one processor each, as in RocketMQ's broker/processor: produc
 topics.py, offsets.py, queries.py.
 
 No gRPC here (broker/service.py converts); errors are raftmq.common.errors types, each saying
-whose fault it is. Only the leader writes (invariant 6); a write is answered after its entry is
-committed on a majority and dispatched, so the answer carries the queue offsets every replica has.
+whose fault it is. Only the leader writes (invariant 6); a produce batch whose queue offsets the
+leader placed before replication (broker/leader_offsets.py) is answered once its entry is
+committed on a majority, with those offsets, which every replica's dispatcher checks; any other
+write is answered once committed and dispatched here.
 """
 
 from __future__ import annotations
@@ -301,8 +303,9 @@ class BrokerNode:
         its tables (topic config, producer sequences, offsets) until its dispatcher has applied
         every entry committed in earlier terms, that is, until it has dispatched an entry of its
         own term (its no-op comes after all of them in the log). From then on the latch stays
-        open for the rest of the term, and writes pass without waiting on the dispatcher: each
-        write waits for its own entry's dispatch anyway, so a client reads its own writes."""
+        open for the rest of the term, and writes pass without waiting on the dispatcher (a
+        send answered at its commit is read back by pulls, bounds and id queries, which catch
+        up with the index first)."""
         if self._closed:
             raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
         st = self.rlog.status()
