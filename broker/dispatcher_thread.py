@@ -136,6 +136,12 @@ class DispatcherThread:
     def dispatched_index(self) -> int:
         return self._index
 
+    def progress(self) -> tuple[int, int]:
+        """(dispatched index, store replacements) read together: the leader's offset book
+        trusts the store's rows up to that index only while no install replaced it."""
+        with self._cond:
+            return self._index, self.installs
+
     @property
     def committed_index(self) -> int:
         """The log's commit index: what dispatch follows."""

@@ -90,10 +90,16 @@ class LeaderOffsets:
             # A new term: everything before its first entry must be dispatched here first.
             self._term, self._epoch = term, epoch
             self._unsettle(first_index - 1)
-        for k, chunks in enumerate(entries):
-            index = first_index + k
-            for slot, chunk in enumerate(chunks):
-                self._place_chunk(index, slot, chunk, dispatched_index)
+        try:
+            for k, chunks in enumerate(entries):
+                index = first_index + k
+                for slot, chunk in enumerate(chunks):
+                    self._place_chunk(index, slot, chunk, dispatched_index)
+        except BaseException:
+            # The caller proposes none of these entries: forget what they placed (their
+            # indexes go to later entries, which the book then waits to see dispatched).
+            self._unsettle(first_index + len(entries) - 1)
+            raise
 
     def _place_chunk(
         self, index: int, slot: int, chunk: bytes | bytearray, dispatched_index: int

@@ -26,7 +26,12 @@ from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.delivery_loop import DeliveryLoop
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
-from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.errors import (
+    DispatcherStoppedError,
+    StoreError,
+    StoreFullError,
+    StoreWriteError,
+)
 from raftmq.broker.index_repair import IndexRepair
 from raftmq.broker.leader_offsets import LeaderOffsets
 from raftmq.broker.locks import LockProcessor
@@ -269,7 +274,13 @@ class BrokerNode:
         """The log's stamper (the Raft loop, in log order): the leader's offset book places
         what it can count exactly, knowing how far this node has dispatched."""
         d = self.dispatcher
-        self.leader_offsets.place(term, first_index, d.dispatched_index, d.installs, entries)
+        dispatched, installs = d.progress()
+        self.leader_offsets.place(term, first_index, dispatched, installs, entries)
+        if d.installs != installs:  # the store was replaced while the book read it
+            raise StoreError(
+                f"node {self.me.node_id}'s index store was replaced while offsets were placed; "
+                "nothing was proposed: retry the send"
+            )
 
     # ---- status -------------------------------------------------------------------------------
 
