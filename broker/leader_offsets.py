@@ -22,6 +22,8 @@ from raftmq.broker.dispatch import Refused, next_producer_state, window_verdict
 from raftmq.broker.rows import BatchOrigin, ProducerState, QueueHead
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.common import stored_batch
+from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.message import validate_topic
 from raftmq.common.record_batch import Kind
 
 # Chunks that never move a queue's next offset or a producer's window (the dispatcher's
@@ -138,17 +140,22 @@ class LeaderOffsets:
             self._leave(index)  # bounded: forget once this entry is dispatched, then go on
             return
         prev: ProducerState | None = None
-        if producer is not None:
-            key = (producer.producer_id, topic, queue_id)
-            held = self._windows.get(key, _UNREAD)
-            if held is _UNREAD:
-                held = self._source.producer_state(*key)
-            assert held is None or isinstance(held, ProducerState)
-            verdict = window_verdict(held, slot, topic, queue_id, count, producer)
-            if isinstance(verdict, Refused):  # the dispatcher answers it, as it did
-                self._leave(index)
-                return
-            prev = verdict[0]
+        try:
+            validate_topic(topic, allow_system=True)  # the dispatcher's checks, alike
+            if producer is not None:
+                key = (producer.producer_id, topic, queue_id)
+                held = self._windows.get(key, _UNREAD)
+                if held is _UNREAD:
+                    held = self._source.producer_state(*key)
+                assert held is None or isinstance(held, ProducerState)
+                verdict = window_verdict(held, slot, topic, queue_id, count, producer)
+                if isinstance(verdict, Refused):  # the dispatcher answers it, as it did
+                    self._leave(index)
+                    return
+                prev = verdict[0]
+        except InvalidArgumentError:  # refused by every dispatcher alike
+            self._leave(index)
+            return
         base = self._next.get((topic, queue_id))
         if base is None:
             head = self._source.queue_head(topic, queue_id)
