@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from raftmq.broker.delivery import PROPERTY_TIMER_OUT_MS
 from raftmq.broker.dispatch import Dispatcher, PendingState, placement_disagreement
 from raftmq.broker.errors import OffsetDisagreementError
 from raftmq.broker.leader_offsets import LeaderOffsets
@@ -28,7 +29,8 @@ from raftmq.broker.txn_records import (
 )
 from raftmq.common import stored_batch
 from raftmq.common.message import Message
-from raftmq.common.record_batch import ProducerSequence
+from raftmq.common.record_batch import ProducerSequence, TopicConfigChange, TopicOp, encode
+from raftmq.common.topic_config import TopicConfig
 from raftmq.raftlog.record import Entry
 
 from .support import commit, produce
@@ -110,6 +112,48 @@ def test_place_offset_keeps_the_batch_verifiable_in_both_codecs() -> None:
         buf[20] ^= 1  # a placed offset changed afterwards fails the stamp CRC
         with pytest.raises(stored_batch.MalformedBatchError):
             codec.verify_stamped(bytes(buf))
+
+
+def _scheduled(queue_id: int) -> bytearray:
+    props = {PROPERTY_TIMER_OUT_MS: "9000"}
+    message = Message("T", b"d", None, (), props, 0, 1, HOST)
+    buf = bytearray(stored_batch.encode_batch("T", queue_id, [message], None, HOST))
+    stored_batch.mark_scheduled(buf)
+    stored_batch.stamp(buf, 0, 5)
+    return buf
+
+
+@pytest.mark.parametrize(
+    "between",
+    ["v1 batch", "delayed batch", "window refusal", "immutable batch", "topic change"],
+)
+def test_a_chunk_the_dispatcher_counts_holds_placing_until_it_is_dispatched(between: str) -> None:
+    """Each rule that unsettles the book, on its own: after a chunk whose effect on the queue
+    the dispatcher decides, the next batch is not placed until that chunk is dispatched here,
+    and the dispatcher then agrees with every offset placed before and after."""
+    dispatcher = Dispatcher(transactions=TxnApplier(TxnSettings()))
+    state = PendingState(EmptyState())
+    book = LeaderOffsets(state)
+    p = ProducerSequence("p", 0)
+    chunk: bytes | bytearray = {
+        "v1 batch": produce("T", 0, 2),
+        "delayed batch": _scheduled(0),
+        "window refusal": v2("T", 0, 1, p),  # the same sequence again: a duplicate
+        "immutable batch": bytes(v2("T", 0, 1)),
+        "topic change": encode(TopicConfigChange(TopicOp.UPDATE, TopicConfig("T", 4, 4))),
+    }[between]
+    log = [[v2("T", 0, 2, p)], [chunk], [v2("T", 0, 1)]]
+    for index, chunks in enumerate(log, start=1):
+        book.place(1, index, 0, 0, [chunks])
+    assert stored_batch.placed_offset(log[0][0]) == 0
+    assert stored_batch.placed_offset(log[2][0]) is None  # after the chunk: left
+    for index, chunks in enumerate(log, start=1):
+        state.absorb(dispatcher.apply(Entry(index, 1, tuple(bytes(c) for c in chunks)), state))
+    after = v2("T", 0, 1)
+    book.place(1, len(log) + 1, len(log), 0, [[after]])  # dispatched: placed again
+    head = state.queue_head("T", 0)
+    assert stored_batch.placed_offset(after) == (head.next_offset if head else 0)
+    dispatcher.apply(Entry(len(log) + 1, 1, (bytes(after),)), state)  # agrees
 
 
 class Placing(RuleBasedStateMachine):
