@@ -12,7 +12,7 @@ from typing import Protocol
 
 from raftmq.broker.dispatcher_thread import CommittedLog
 from raftmq.raftlog.errors import RaftLogError
-from raftmq.raftlog.record import Committed, Entry, LogStatus, RoleChange
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, RoleChange, Stamper
 
 
 class CommitLog(CommittedLog, Protocol):
@@ -20,14 +20,19 @@ class CommitLog(CommittedLog, Protocol):
     leadership: submit a chunk and learn where it committed, the role, term and leader, role
     changes, leadership hand-off and close."""
 
-    def submit(self, payload: bytes) -> Future[Committed]: ...
+    def submit(self, payload: Chunk) -> Future[Committed]: ...
 
-    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
         """submit() for each chunk in order, waking the batcher once; a chunk's error (what
         submit would raise) is its entry in the list."""
         ...
 
     def read(self, index: int) -> Entry: ...
+
+    def set_stamper(self, stamper: Stamper | None) -> None:
+        """Run `stamper` on each proposal, in log order (the broker places queue offsets:
+        broker/leader_offsets.py); a log that cannot keep that order ignores it."""
+        ...
 
     def is_leader(self) -> bool: ...
 

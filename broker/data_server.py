@@ -190,10 +190,10 @@ class DataServer:
                 broker_pb2.QueryOffsetRequest, requests.query_offset
             ),
             DataMethod.GET_QUEUE_BOUNDS: self._inline(
-                broker_pb2.GetQueueBoundsRequest, requests.queue_bounds
+                broker_pb2.GetQueueBoundsRequest, requests.queue_bounds, indexed=True
             ),
             DataMethod.SEARCH_OFFSET_BY_TIMESTAMP: self._inline(
-                broker_pb2.SearchOffsetByTimestampRequest, requests.search_offset
+                broker_pb2.SearchOffsetByTimestampRequest, requests.search_offset, indexed=True
             ),
             DataMethod.HEARTBEAT: self._inline(broker_pb2.HeartbeatRequest, requests.heartbeat),
             DataMethod.SEND_BATCHES: self._send_batches,
@@ -211,14 +211,20 @@ class DataServer:
         return {int(m): timed(m.name, h) for m, h in handlers.items()}
 
     def _inline(
-        self, cls: type[_M], fn: Callable[[BrokerNode, _M], Message]
+        self, cls: type[_M], fn: Callable[[BrokerNode, _M], Message], *, indexed: bool = False
     ) -> Callable[[memoryview, RequestContext], Awaitable[bytes]]:
-        """A request answered on the loop: reads of this node's store, the consumer table."""
+        """A request answered on the loop: reads of this node's store, the consumer table.
+        `indexed`: a read of queue bounds or times, which first waits (as a loop future) for
+        the index to hold every committed send (requests.index_catch_up)."""
         node = self.node
 
         async def handle(payload: memoryview, ctx: RequestContext) -> bytes:
             req = parse(cls, payload)
             self._check(ctx, req)
+            if indexed:
+                index = requests.index_catch_up(node)
+                if index is not None:
+                    await self._wait(WaitDispatched(index, requests.INDEX_CATCHUP_MS))
             return fn(node, req).SerializeToString()
 
         handle.__qualname__ = f"DataServer.{fn.__name__}"

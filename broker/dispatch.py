@@ -11,7 +11,7 @@ from itertools import repeat
 from typing import Protocol
 
 from raftmq.broker import delivery
-from raftmq.broker.errors import DispatchGapError
+from raftmq.broker.errors import DispatchGapError, OffsetDisagreementError
 from raftmq.broker.locks import apply_lock_change
 from raftmq.broker.pop_apply import (
     PopAckResult,
@@ -83,7 +83,7 @@ _STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a chunk's kind and v
 
 
 @dataclass(frozen=True, slots=True)
-class _Refused:
+class Refused:
     """A produce batch the producer window refuses, with the outcome to answer."""
 
     outcome: ChunkOutcome
@@ -348,6 +348,10 @@ class Dispatcher:
         self._recent = recent_batches_per_producer
         self.transactions = transactions  # None: half messages are stored as plain messages
 
+    @property
+    def recent_batches_per_producer(self) -> int:
+        return self._recent
+
     def _produce_of(self, chunk: bytes) -> Callable[[_EntryWork, int, int, bytes], None] | None:
         """The hot path's indexer of a produce chunk (issue 14: index columns, no Message object
         per message): v1 from stores written before the v2 stored batch, v2 as the producer sent
@@ -457,7 +461,7 @@ class Dispatcher:
             )
             return
         verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
-        if isinstance(verdict, _Refused):
+        if isinstance(verdict, Refused):
             work.outcomes.append(verdict.outcome)
             return
         prev, gap = verdict
@@ -511,6 +515,7 @@ class Dispatcher:
         header = stored_batch.read_header(chunk)
         topic, queue_id, count = header.topic, header.queue_id, header.count
         validate_topic(topic, allow_system=True)
+        placed = stored_batch.placed_offset(chunk)  # the leader's, checked below (issue 29)
         offsets = stored_batch.message_offsets(chunk, header).tolist()
         ends = offsets[1:]
         ends.append(header.total_bytes - header.records_at)
@@ -521,6 +526,7 @@ class Dispatcher:
         txns = self.transactions
         if txns is not None and txns.is_half(header):  # the broker's own write (one message)
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
+            _check_placed(placed, None, topic, queue_id, raft_index, slot)
             messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
             batch = ProduceBatch(
                 topic, queue_id, header.store_timestamp_ms, messages, header.producer
@@ -528,10 +534,20 @@ class Dispatcher:
             work.outcomes.append(txns.apply_half(work, raft_index, slot, batch, at[0], sizes[0]))
             return
         verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
-        if isinstance(verdict, _Refused):
+        if isinstance(verdict, Refused):
+            _check_placed(placed, None, topic, queue_id, raft_index, slot)
             work.outcomes.append(verdict.outcome)
             return
         prev, gap = verdict
+        scheduled = stored_batch.is_scheduled(chunk)
+        _check_placed(
+            placed,
+            None if scheduled else work.queue_head(topic, queue_id).next_offset,
+            topic,
+            queue_id,
+            raft_index,
+            slot,
+        )
         keys: tuple[tuple[str, ...], ...] = ()
         if stored_batch.has_keys(chunk):  # per message, for the key index only
             keys = tuple(
@@ -539,7 +555,7 @@ class Dispatcher:
                 for m in stored_batch.iter_messages(chunk, verify=False)
             )
         tag_hashes = tuple(stored_batch.tag_hashes(chunk, header).tolist())
-        if stored_batch.is_scheduled(chunk):  # a delayed send (the broker's own write)
+        if scheduled:  # a delayed send (the broker's own write)
             # Each message's due time is in its record (TIMER_OUT_MS): read per message.
             messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
             batch = ProduceBatch(
@@ -579,49 +595,13 @@ class Dispatcher:
         queue_id: int,
         count: int,
         producer: ProducerSequence | None,
-    ) -> _Refused | tuple[ProducerState | None, SequenceGap | None]:
+    ) -> Refused | tuple[ProducerState | None, SequenceGap | None]:
         """An idempotent batch against its producer's window: refused (out of order, a
         duplicate, an overlap), or (the producer's state before it, a gap it leaves)."""
         if producer is None:
             return None, None
-        gap: SequenceGap | None = None
-        validate_producer_id(producer.producer_id)
-        first_seq = producer.first_sequence
-        last_seq = first_seq + count - 1
-        if last_seq > MAX_SEQUENCE:
-            return _Refused(
-                Rejected(slot, f"sequences {first_seq}..{last_seq} exceed {MAX_SEQUENCE}")
-            )
         prev = work.producer_state(producer.producer_id, topic, queue_id)
-        expected = prev.last_sequence + 1 if prev is not None else 0
-        if producer.strict and first_seq > expected:
-            # An earlier batch of this queue is still in flight (retried): storing this one
-            # now would put it before that one, whose retry would then look like a
-            # duplicate and be dropped. Refused unstored; the producer retries it.
-            return _Refused(
-                OutOfOrder(
-                    slot,
-                    f"producer {producer.producer_id!r} sequence {first_seq} arrived before "
-                    f"{expected} on {topic}/{queue_id}; retry it after the earlier batch",
-                    expected,
-                )
-            )
-        if prev is not None:
-            if last_seq <= prev.last_sequence:
-                stored = _find_original(prev, first_seq, count)
-                return _Refused(Duplicate(slot, topic, queue_id, stored))
-            if first_seq <= prev.last_sequence:
-                return _Refused(
-                    Rejected(
-                        slot,
-                        f"producer {producer.producer_id!r} sequences {first_seq}..{last_seq} "
-                        f"overlap the last stored sequence {prev.last_sequence}; "
-                        "retry exactly the batch that was sent before",
-                    )
-                )
-            if first_seq > prev.last_sequence + 1:
-                gap = SequenceGap(prev.last_sequence + 1, first_seq)
-        return prev, gap
+        return window_verdict(prev, slot, topic, queue_id, count, producer)
 
     def _record_producer(
         self,
@@ -639,12 +619,11 @@ class Dispatcher:
         if producer is None:
             return
         origin = BatchOrigin(producer.first_sequence, count, first, raft_index, slot)
-        recent = ((*prev.recent, origin) if prev is not None else (origin,))[-self._recent :]
         work.producers[producer.producer_id, topic, queue_id] = ProducerRow(
             producer.producer_id,
             topic,
             queue_id,
-            ProducerState(producer.first_sequence + count - 1, store_timestamp_ms, recent),
+            next_producer_state(prev, producer, origin, store_timestamp_ms, self._recent),
         )
 
     @staticmethod
@@ -710,6 +689,96 @@ class Dispatcher:
             return
         work.topics[cfg.name] = TopicRow(cfg.name, cfg)
         work.outcomes.append(Applied(slot, Kind.TOPIC_CONFIG, rec.op.name.lower() + "d"))
+
+
+def placement_disagreement(placed: int | None, counted: int | None) -> str | None:
+    """The dispatcher's check of one produce batch on every replica: `placed` is the base
+    offset the leader placed (None: it placed none, the dispatcher assigns), `counted` the
+    offset this replica's own count gives the batch (None: it appends nothing: refused by
+    the producer window, delayed, a half message). Why they disagree, or None."""
+    if placed is None:
+        return None
+    if counted is None:
+        return "the leader placed offsets for a batch this replica does not append"
+    if placed != counted:
+        return f"the leader placed it at {placed}, this replica's count is {counted}"
+    return None
+
+
+def _check_placed(
+    placed: int | None,
+    counted: int | None,
+    topic: str,
+    queue_id: int,
+    raft_index: int,
+    slot: int,
+) -> None:
+    """A placed offset this replica does not count alike stops dispatch (never a divergent
+    index): leader_offsets.placement_disagreement decides."""
+    reason = placement_disagreement(placed, counted)
+    if reason is not None:
+        assert placed is not None
+        raise OffsetDisagreementError(topic, queue_id, placed, counted, raft_index, slot, reason)
+
+
+def window_verdict(
+    prev: ProducerState | None,
+    slot: int,
+    topic: str,
+    queue_id: int,
+    count: int,
+    producer: ProducerSequence,
+) -> Refused | tuple[ProducerState | None, SequenceGap | None]:
+    """An idempotent batch against its producer's window `prev`: refused (out of order, a
+    duplicate, an overlap), or (`prev`, a gap it leaves). The one rule for the dispatcher and
+    the leader that places offsets (broker/leader_offsets.py)."""
+    gap: SequenceGap | None = None
+    validate_producer_id(producer.producer_id)
+    first_seq = producer.first_sequence
+    last_seq = first_seq + count - 1
+    if last_seq > MAX_SEQUENCE:
+        return Refused(Rejected(slot, f"sequences {first_seq}..{last_seq} exceed {MAX_SEQUENCE}"))
+    expected = prev.last_sequence + 1 if prev is not None else 0
+    if producer.strict and first_seq > expected:
+        # An earlier batch of this queue is still in flight (retried): storing this one
+        # now would put it before that one, whose retry would then look like a
+        # duplicate and be dropped. Refused unstored; the producer retries it.
+        return Refused(
+            OutOfOrder(
+                slot,
+                f"producer {producer.producer_id!r} sequence {first_seq} arrived before "
+                f"{expected} on {topic}/{queue_id}; retry it after the earlier batch",
+                expected,
+            )
+        )
+    if prev is not None:
+        if last_seq <= prev.last_sequence:
+            stored = _find_original(prev, first_seq, count)
+            return Refused(Duplicate(slot, topic, queue_id, stored))
+        if first_seq <= prev.last_sequence:
+            return Refused(
+                Rejected(
+                    slot,
+                    f"producer {producer.producer_id!r} sequences {first_seq}..{last_seq} "
+                    f"overlap the last stored sequence {prev.last_sequence}; "
+                    "retry exactly the batch that was sent before",
+                )
+            )
+        if first_seq > prev.last_sequence + 1:
+            gap = SequenceGap(prev.last_sequence + 1, first_seq)
+    return prev, gap
+
+
+def next_producer_state(
+    prev: ProducerState | None,
+    producer: ProducerSequence,
+    origin: BatchOrigin,
+    store_timestamp_ms: int,
+    recent_batches: int,
+) -> ProducerState:
+    """The producer's window once `origin` (an accepted batch) is stored."""
+    recent = ((*prev.recent, origin) if prev is not None else (origin,))[-recent_batches:]
+    return ProducerState(producer.first_sequence + origin.count - 1, store_timestamp_ms, recent)
 
 
 def _decode_batch(chunk: bytes) -> tuple[ProduceBatch, tuple[int, ...]]:

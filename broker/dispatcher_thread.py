@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
-from raftmq.broker.errors import CorruptRowError, DispatcherStoppedError, StoreWriteError
+from raftmq.broker.errors import (
+    CorruptRowError,
+    DispatcherStoppedError,
+    OffsetDisagreementError,
+    StoreWriteError,
+)
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
@@ -86,6 +91,7 @@ class DispatcherThread:
         self._cond = threading.Condition()  # guards _index, _failure; notified on progress
         self._index = store.dispatched_index
         self._term = 0  # term of the last entry dispatched by this thread (0: none yet)
+        self.installs = 0  # store replacements (install): the leader's offset book forgets
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
         self._step_lock = threading.Lock()  # held per loop step: a snapshot install waits for it
@@ -129,6 +135,12 @@ class DispatcherThread:
     @property
     def dispatched_index(self) -> int:
         return self._index
+
+    def progress(self) -> tuple[int, int]:
+        """(dispatched index, store replacements) read together: the leader's offset book
+        trusts the store's rows up to that index only while no install replaced it."""
+        with self._cond:
+            return self._index, self.installs
 
     @property
     def committed_index(self) -> int:
@@ -195,6 +207,25 @@ class DispatcherThread:
             with self._cond:
                 self._failure = exc
                 self._cond.notify_all()
+        except OffsetDisagreementError as exc:
+            log.critical(
+                "broker.offset_disagreement node=%s topic=%s queue=%d placed=%d counted=%s "
+                "index=%d slot=%d: %s; this node's dispatch stopped rather than index its "
+                "queue differently from the leader's (a forged or corrupted entry, or a bug): "
+                "it serves no reads or writes that need its index; keep the journal and "
+                "report it",
+                self._name.removeprefix("dispatch-"),
+                exc.topic,
+                exc.queue_id,
+                exc.placed,
+                "none" if exc.counted is None else exc.counted,
+                exc.raft_index,
+                exc.slot,
+                exc.reason,
+            )
+            with self._cond:
+                self._failure = exc
+                self._cond.notify_all()
         except Exception as exc:
             log.exception("broker.dispatcher_failed index=%d", self._index)
             with self._cond:
@@ -207,6 +238,7 @@ class DispatcherThread:
         with self._step_lock:
             index, term = replace()
             with self._cond:
+                self.installs += 1
                 self._index = index
                 self._term = max(self._term, term)
                 self._cond.notify_all()

@@ -56,3 +56,31 @@ class CorruptRowError(StoreError):
         self.table = table
         self.key = key
         self.reason = reason
+
+
+class OffsetDisagreementError(BrokerError):
+    """A produce batch's base offset, placed by the leader before replication (issue 29), is not
+    what this replica's own count of the queue gives: indexing it would make this node's queue
+    differ from the leader's. The dispatcher stops here rather than write a divergent index."""
+
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        placed: int,
+        counted: int | None,
+        raft_index: int,
+        slot: int,
+        reason: str,
+    ) -> None:
+        super().__init__(
+            f"entry {raft_index} slot {slot}: {topic}/{queue_id} placed at offset {placed} by "
+            f"the leader, counted {'nothing' if counted is None else counted} here: {reason}"
+        )
+        self.topic = topic
+        self.queue_id = queue_id
+        self.placed = placed
+        self.counted = counted
+        self.raft_index = raft_index
+        self.slot = slot
+        self.reason = reason

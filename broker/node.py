@@ -4,8 +4,10 @@ operations live in one processor each, as in RocketMQ's broker/processor: produc
 topics.py, offsets.py, queries.py.
 
 No gRPC here (broker/service.py converts); errors are raftmq.common.errors types, each saying
-whose fault it is. Only the leader writes (invariant 6); a write is answered after its entry is
-committed on a majority and dispatched, so the answer carries the queue offsets every replica has.
+whose fault it is. Only the leader writes (invariant 6); a produce batch whose queue offsets the
+leader placed before replication (broker/leader_offsets.py) is answered once its entry is
+committed on a majority, with those offsets, which every replica's dispatcher checks; any other
+write is answered once committed and dispatched here.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.delivery_loop import DeliveryLoop
 from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
-from raftmq.broker.errors import DispatcherStoppedError, StoreFullError, StoreWriteError
+from raftmq.broker.errors import (
+    DispatcherStoppedError,
+    StoreError,
+    StoreFullError,
+    StoreWriteError,
+)
 from raftmq.broker.index_repair import IndexRepair
+from raftmq.broker.leader_offsets import LeaderOffsets
 from raftmq.broker.locks import LockProcessor
 from raftmq.broker.metrics import BrokerMetrics
 from raftmq.broker.offset_resets import ResetBook
@@ -35,7 +43,7 @@ from raftmq.broker.produce import SendProcessor
 from raftmq.broker.pull import PullProcessor
 from raftmq.broker.queries import QueryProcessor
 from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
-from raftmq.broker.rows import ChunkOutcome
+from raftmq.broker.rows import Appended, ChunkOutcome, StoredRange
 from raftmq.broker.send_back import SendBackProcessor
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.stats import NodeStats
@@ -45,6 +53,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import TxnSettings
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
+from raftmq.common import stored_batch
 from raftmq.common.errors import (
     BrokerUnavailableError,
     DiskPressureError,
@@ -58,12 +67,13 @@ from raftmq.common.errors import (
 )
 from raftmq.common.message import MessageLimits
 from raftmq.common.metrics_http import metrics_bind
+from raftmq.common.record_batch import Kind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
 from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.native_log import NativeLog
-from raftmq.raftlog.record import Committed, LogStatus, Role, RoleChange
+from raftmq.raftlog.record import Chunk, Committed, LogStatus, Role, RoleChange
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
@@ -76,6 +86,7 @@ def _monotonic_ms() -> int:
 LEADER_READY_WAIT_S = (
     2.0  # a new leader indexes earlier terms' entries first; hold writes that long
 )
+_STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a chunk's kind and version bytes
 GATE_RECHECK_S = 0.05  # a write held by the gate rechecks leadership this often
 
 
@@ -120,16 +131,24 @@ class BrokerNode:
             ),
             store.transaction_values(),
         )
+        dispatcher = Dispatcher(transactions=self.transactions)
         self.dispatcher = DispatcherThread(
             rlog,
             store,
-            dispatcher=Dispatcher(transactions=self.transactions),
+            dispatcher=dispatcher,
             settings=dispatcher_settings,
             on_progress=self._on_progress,
             name=f"dispatch-{self.me.node_id}",
             health=self.health,
             on_stall=self._on_dispatch_stall,
         )
+        # Offsets by the leader (issue 29): placed just before proposal, answered at commit.
+        self.leader_offsets = LeaderOffsets(
+            store,
+            recent_batches_per_producer=dispatcher.recent_batches_per_producer,
+        )
+        if settings.leader_places_offsets:
+            rlog.set_stamper(self._place_offsets)
         # A row failing its checksum: reported, and the store rebuilt from the log (issue 25).
         self.index_repair = IndexRepair(
             self.me.node_id,
@@ -249,6 +268,20 @@ class BrokerNode:
                 except Exception:
                     log.exception("broker.topic_listener_failed")
 
+    def _place_offsets(
+        self, term: int, first_index: int, entries: Sequence[Sequence[Chunk]]
+    ) -> None:
+        """The log's stamper (the Raft loop, in log order): the leader's offset book places
+        what it can count exactly, knowing how far this node has dispatched."""
+        d = self.dispatcher
+        dispatched, installs = d.progress()
+        self.leader_offsets.place(term, first_index, dispatched, installs, entries)
+        if d.installs != installs:  # the store was replaced while the book read it
+            raise StoreError(
+                f"node {self.me.node_id}'s index store was replaced while offsets were placed; "
+                "nothing was proposed: retry the send"
+            )
+
     # ---- status -------------------------------------------------------------------------------
 
     def topic(self, name: str) -> TopicConfig | None:
@@ -281,8 +314,9 @@ class BrokerNode:
         its tables (topic config, producer sequences, offsets) until its dispatcher has applied
         every entry committed in earlier terms, that is, until it has dispatched an entry of its
         own term (its no-op comes after all of them in the log). From then on the latch stays
-        open for the rest of the term, and writes pass without waiting on the dispatcher: each
-        write waits for its own entry's dispatch anyway, so a client reads its own writes."""
+        open for the rest of the term, and writes pass without waiting on the dispatcher (a
+        send answered at its commit is read back by pulls, bounds and id queries, which catch
+        up with the index first)."""
         if self._closed:
             raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
         st = self.rlog.status()
@@ -372,13 +406,13 @@ class BrokerNode:
 
     # ---- replication --------------------------------------------------------------------------
 
-    def submit(self, payload: bytes) -> Future[Committed]:
+    def submit(self, payload: Chunk) -> Future[Committed]:
         try:
             return self.rlog.submit(payload)
         except (rl_errors.EntryTooLargeError, rl_errors.LogClosedError) as exc:
             raise self._submit_error(exc) from exc
 
-    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftMQError]:
+    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftMQError]:
         """submit() for each chunk, in order, with one hand-off to the log's batcher: each
         chunk's future, or the error submit() would raise for it."""
         out: list[Future[Committed] | RaftMQError] = []
@@ -446,13 +480,33 @@ class BrokerNode:
                 raise
             raise mapped from exc
 
-    def replicate(self, payloads: Sequence[bytes], timeout_s: float) -> list[ChunkOutcome]:
-        """Submit chunks, wait for their commit and dispatch; the dispatcher's verdict of each."""
+    def _placed_outcome(self, payload: Chunk, c: Committed) -> ChunkOutcome | None:
+        """The answer at commit (issue 29): a produce batch whose base offset the leader
+        placed is Appended there once its entry commits, without waiting for its dispatch
+        (every replica's dispatcher checks the offset and stops on a disagreement). None: the
+        dispatcher decides (offsets left to it, or another chunk)."""
+        if payload[:2] != _STORED_V2:
+            return None
+        base = stored_batch.placed_offset(payload)
+        if base is None:
+            return None
+        if self.dispatcher.failure is not None:  # committed, but this node's index is stuck
+            raise self.dispatcher_down(self.dispatcher.failure)
+        h = stored_batch.read_header(payload)
+        return Appended(c.slot, h.topic, h.queue_id, StoredRange(base, h.count, c.index, c.slot))
+
+    def replicate(self, payloads: Sequence[Chunk], timeout_s: float) -> list[ChunkOutcome]:
+        """Submit chunks, wait for their commit and dispatch; the dispatcher's verdict of each
+        (or, for a batch whose offsets the leader placed, the answer at commit)."""
         deadline = time.monotonic() + timeout_s
         futures = [self.submit(p) for p in payloads]
         committed = [self._await_commit(f, deadline) for f in futures]
         outcomes: list[ChunkOutcome] = []
-        for c in committed:
+        for payload, c in zip(payloads, committed, strict=True):
+            placed = self._placed_outcome(payload, c)
+            if placed is not None:
+                outcomes.append(placed)
+                continue
             try:
                 outcome = self.outcomes.wait(
                     c.index, c.slot, max(0.05, deadline - time.monotonic())
@@ -465,7 +519,7 @@ class BrokerNode:
         return outcomes
 
     async def replicate_async(
-        self, payloads: Sequence[bytes], timeout_s: float, waker: LoopWaker
+        self, payloads: Sequence[Chunk], timeout_s: float, waker: LoopWaker
     ) -> list[ChunkOutcome]:
         """`replicate` without a blocked thread, for handlers on `waker`'s event loop.
 
@@ -477,8 +531,8 @@ class BrokerNode:
         loop = asyncio.get_running_loop()
         commits = [self.submit(p) for p in payloads]
         answers: list[asyncio.Future[ChunkOutcome]] = [loop.create_future() for _ in commits]
-        for commit, answer in zip(commits, answers, strict=True):
-            commit.add_done_callback(functools.partial(self._on_committed, waker, answer))
+        for payload, commit, answer in zip(payloads, commits, answers, strict=True):
+            commit.add_done_callback(functools.partial(self._on_committed, waker, answer, payload))
         try:
             await asyncio.wait(answers, timeout=timeout_s)  # never cancels what it waits on
             outcomes: list[ChunkOutcome] = []
@@ -501,7 +555,7 @@ class BrokerNode:
                     answer.cancel()  # a late completion is dropped by the waker
 
     async def replicate_each_async(
-        self, payloads: Sequence[bytes], timeout_s: float, waker: LoopWaker
+        self, payloads: Sequence[Chunk], timeout_s: float, waker: LoopWaker
     ) -> list[ChunkOutcome | RaftMQError]:
         """`replicate_async` answering each chunk on its own: its outcome or its typed error,
         never raising for one chunk (the fast data path answers each queue batch apart). The
@@ -509,12 +563,12 @@ class BrokerNode:
         loop = asyncio.get_running_loop()
         commits = self.submit_many(payloads)
         answers: list[asyncio.Future[ChunkOutcome] | None] = []
-        for commit in commits:
+        for payload, commit in zip(payloads, commits, strict=True):
             if isinstance(commit, RaftMQError):
                 answers.append(None)
                 continue
             answer: asyncio.Future[ChunkOutcome] = loop.create_future()
-            commit.add_done_callback(functools.partial(self._on_committed, waker, answer))
+            commit.add_done_callback(functools.partial(self._on_committed, waker, answer, payload))
             answers.append(answer)
         waiting = [a for a in answers if a is not None]
         try:
@@ -552,9 +606,14 @@ class BrokerNode:
                     a.cancel()  # a late completion is dropped by the waker
 
     def _on_committed(
-        self, waker: LoopWaker, answer: asyncio.Future[ChunkOutcome], commit: Future[Committed]
+        self,
+        waker: LoopWaker,
+        answer: asyncio.Future[ChunkOutcome],
+        payload: Chunk,
+        commit: Future[Committed],
     ) -> None:
-        """Raft thread (or the caller's, if already done): chain the commit to its outcome."""
+        """Raft thread (or the caller's, if already done): chain the commit to its outcome,
+        which is known now for a batch whose offsets the leader placed."""
         if commit.cancelled():
             waker.set_exception(answer, self._commit_timeout())
             return
@@ -563,6 +622,14 @@ class BrokerNode:
             waker.set_exception(answer, self._commit_failure(exc) or exc)
             return
         c = commit.result()
+        try:
+            placed = self._placed_outcome(payload, c)
+        except RaftMQError as down:
+            waker.set_exception(answer, down)
+            return
+        if placed is not None:
+            waker.set_result(answer, placed)
+            return
 
         def on_outcome(outcome: ChunkOutcome | None, failure: BaseException | None) -> None:
             if failure is not None:

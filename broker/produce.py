@@ -80,7 +80,9 @@ class PreparedSend:
     """A checked send, ready to replicate: the queue chosen, the encoded entry, the wait."""
 
     queue_id: int
-    payload: bytes
+    # A bytearray: the leader's offset book places the base offset into it just before its
+    # entry is proposed (broker/leader_offsets.py), and the answer at commit reads it back.
+    payload: bytearray
     count: int
     timeout_s: float
 
@@ -243,11 +245,12 @@ class SendProcessor:
                 f"write queues on {self._node.group}"
             )
         payload = bytearray(batch)  # the frame's buffer is reused: one copy, C speed
-        # The store time is the leader's; the base offset stays the dispatcher's (slot 0).
+        # The store time now; the base offset is placed in log order, just before the entry is
+        # proposed (broker/leader_offsets.py), or left to the dispatcher (slot 0).
         stored_batch.stamp(payload, 0, _now_ms())
         settings = self._settings
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
-        return PreparedSend(queue_id, bytes(payload), header.count, timeout_s)
+        return PreparedSend(queue_id, payload, header.count, timeout_s)
 
     def stored(self, prepared: PreparedSend, outcome: ChunkOutcome) -> BatchStored:
         """`outcomes` per batch, not per message: the fast data path's answer (issue 14)."""
@@ -349,7 +352,7 @@ def encode_stored(
     now_ms: int,
     *,
     scheduled: bool = False,
-) -> bytes:
+) -> bytearray:
     """The broker's own write of checked messages (a send it encodes itself: older producers'
     SEND_BATCHES and SEND_MESSAGE, delayed sends, send-backs, half messages) as a v2 stored
     batch stamped as the SEND_STORED path stamps one, so the servers write one format (issue
@@ -364,8 +367,8 @@ def encode_stored(
         raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
     if scheduled:
         stored_batch.mark_scheduled(payload)
-    stored_batch.stamp(payload, 0, now_ms)  # the base offset stays the dispatcher's (slot 0)
-    return bytes(payload)
+    stored_batch.stamp(payload, 0, now_ms)  # the base offset: as a SEND_STORED batch's
+    return payload
 
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:

@@ -241,10 +241,12 @@ class PullProcessor:
         deadline_ms = _monotonic_ms(min(deadline, time.monotonic() + wait_s))
         caught_up = closing = False
         while True:
+            # The dispatched index before the bounds: the bounds then hold all it dispatched.
+            dispatched = node.dispatcher.dispatched_index
             low, high = store.queue_bounds(topic, queue_id)
             step = pull_plan(
                 (low, high),
-                node.dispatcher.dispatched_index,
+                dispatched,
                 node.rlog.committed_index,
                 offset,
                 _monotonic_ms(),

@@ -71,6 +71,10 @@ def pull_plan(
         return Read()
     left_ms = deadline_ms - now_ms
     if left_ms <= 0:
+        if not caught_up and dispatched < committed:
+            # A send is answered at its commit, before this node indexes it (issue 29): a pull
+            # at the end right after one catches up once, so a client reads its own writes.
+            return CatchUp(committed, DISPATCH_CATCHUP_MS)
         return NoNewMessage()
     return WaitForMessage(min(left_ms, LONG_POLL_SLICE_MS))
 

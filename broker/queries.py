@@ -18,6 +18,8 @@ from raftmq.common.message import StoredMessage, decode_msg_id
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
 
+ID_CATCHUP_S = 1.0  # a query by id of an entry committed but not indexed here waits this long
+
 
 class QueryProcessor:
     def __init__(self, node: BrokerNode, topics: TopicProcessor) -> None:
@@ -35,7 +37,13 @@ class QueryProcessor:
                 "ask that group",
                 details={"msg_id": msg_id, "broker_group": mid.broker_group},
             )
+        node = self._node
+        dispatched = node.dispatcher.dispatched_index  # before the read: its rows are there
         row = self._store.cq_row_at(mid.raft_index, mid.slot, mid.position)
+        if row is None and dispatched < mid.raft_index <= node.rlog.committed_index:
+            # Answered at its commit, not indexed here yet (issue 29): wait for it, bounded.
+            node.wait_dispatched(mid.raft_index, ID_CATCHUP_S)
+            row = self._store.cq_row_at(mid.raft_index, mid.slot, mid.position)
         if row is None:
             raise MessageNotFoundError.for_id(msg_id)
         return self._read_rows([row])[0]

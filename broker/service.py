@@ -150,13 +150,20 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def GetQueueBounds(
         self, request: broker_pb2.GetQueueBoundsRequest, context: grpc.ServicerContext
     ) -> broker_pb2.GetQueueBoundsResponse:
+        self._index_catch_up()
         return requests.queue_bounds(self.node, request)
 
     @rpc_errors
     def SearchOffsetByTimestamp(
         self, request: broker_pb2.SearchOffsetByTimestampRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SearchOffsetByTimestampResponse:
+        self._index_catch_up()
         return requests.search_offset(self.node, request)
+
+    def _index_catch_up(self) -> None:
+        index = requests.index_catch_up(self.node)
+        if index is not None:  # bounded; a node still behind then answers what it has
+            self.node.wait_dispatched(index, requests.INDEX_CATCHUP_MS / 1000)
 
     @rpc_errors
     def ResetOffsetsToTimestamp(

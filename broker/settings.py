@@ -132,6 +132,13 @@ class BrokerSettings(ScrapeSettings):
         "use the other broker groups (mqadmin's wipeWritePerm; live: `raftmq broker config "
         "accept_sends=false --groups G`)",
     )
+    leader_places_offsets: bool = setting(
+        default=True,
+        unit="",
+        doc="the leader places each produce batch's queue offsets before replication and "
+        "answers the send at its commit (raft_impl native; pysyncobj cannot); false: the "
+        "dispatcher assigns them and a send is answered once indexed",
+    )
     default_queue_nums: int = setting(
         default=8, unit="queues", doc="read and write queues of an auto-created topic"
     )

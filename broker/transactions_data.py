@@ -8,7 +8,7 @@ long poll stays on gRPC: it is one request per producer and broker group every f
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -87,7 +87,10 @@ def transaction_handlers(
         return run()
 
     async def replicated(
-        answers: list[Any], payloads: dict[int, bytes], timeout_s: float, answer: Callable[..., Any]
+        answers: list[Any],
+        payloads: Mapping[int, bytes | bytearray],
+        timeout_s: float,
+        answer: Callable[..., Any],
     ) -> None:
         """Replicate `payloads` (item index -> chunk) with one hand-off and put each item's
         answer, `answer(i, outcome)` or its typed error, in `answers`."""

@@ -93,7 +93,7 @@ class _Client:
 
 @dataclass(frozen=True, slots=True)
 class PreparedHalf:
-    payload: bytes
+    payload: bytearray
     queue_id: int
     timeout_s: float
 

@@ -20,6 +20,7 @@
 #define VERSION 2
 #define STATE_PRODUCED 0
 #define STATE_STAMPED 1
+#define STATE_PLACED 2 /* stamped, and the base offset is the leader's (common/_stored_batch_py.py) */
 #define HAS_PRODUCER 0x0001
 /* The producer's sequence must follow the last stored one (only with HAS_PRODUCER). */
 #define STRICT_SEQUENCE 0x0002
@@ -674,7 +675,7 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
         if (memcmp(mv + STAMP_CRC_AT, zeros, 4) != 0 ||
             memcmp(mv + STAMP_AT, zeros, BODY_AT - STAMP_AT) != 0)
             return malformed("stamp slots of an unstamped batch are not zero");
-    } else if (state == STATE_STAMPED) {
+    } else if (state == STATE_STAMPED || state == STATE_PLACED) {
         if (stamped == 0) return malformed("state: the batch is already stamped");
         if (stamped == 1) {
             if (stamp_crc(mv, &crc) < 0) return NULL;
@@ -753,7 +754,7 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     }
     v[H_QUEUE_ID] = PyLong_FromUnsignedLong(queue_id);
     v[H_COUNT] = PyLong_FromUnsignedLong(count);
-    v[H_STAMPED] = Py_NewRef(state == STATE_STAMPED ? Py_True : Py_False);
+    v[H_STAMPED] = Py_NewRef(state != STATE_PRODUCED ? Py_True : Py_False);
     v[H_BASE_OFFSET] = PyLong_FromUnsignedLongLong(base);
     v[H_STORE_MS] = PyLong_FromLongLong(store_ms);
     v[H_TOTAL_BYTES] = PyLong_FromSsize_t(size);

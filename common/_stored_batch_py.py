@@ -43,6 +43,8 @@ __all__ = [
     "iter_records",
     "mark_scheduled",
     "message_offsets",
+    "place_offset",
+    "placed_offset",
     "read_header",
     "slice_from",
     "stamp",
@@ -56,6 +58,10 @@ KIND_PRODUCE = 1
 VERSION = 2
 STATE_PRODUCED = 0
 STATE_STAMPED = 1
+# Stamped, and the base offset slot holds the leader's queue offset (issue 29): every replica's
+# dispatcher checks it against its own count. State 1 leaves the offset to the dispatcher
+# (stores written before, and what a leader could not place: broker/leader_offsets.py).
+STATE_PLACED = 2
 HAS_PRODUCER = 0x0001
 # The producer's sequence must follow the last stored one (only with HAS_PRODUCER): v1's
 # ProducerSequence.strict, which the dispatcher refuses as OUT_OF_ORDER when it does not.
@@ -80,6 +86,7 @@ _STAMP = struct.Struct("<Qq")  # base offset, store ms at 16
 _STAMP_AT = 16
 _STATE_AT = 2
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 _COUNT_AT = 40
 
 # body length, flag, born ms, tag length, key count, keys length, properties length
@@ -313,7 +320,7 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
             raise MalformedBatchError("state: the batch was never stamped")
         if mv[_STAMP_CRC_AT:_BODY_CRC_AT] != _ZERO_CRC or mv[_STAMP_AT:_BODY_AT] != _ZERO_SLOTS:
             raise MalformedBatchError("stamp slots of an unstamped batch are not zero")
-    elif state == STATE_STAMPED:
+    elif state in (STATE_STAMPED, STATE_PLACED):
         if stamped is False:
             raise MalformedBatchError("state: the batch is already stamped")
         if stamped:
@@ -371,7 +378,7 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
     if table:
         _check_offsets(_u32s(mv[header_len + 8 * count : records_at]).tolist(), area)
     return BatchHeader(
-        topic, queue_id, count, producer, born_host, state == STATE_STAMPED, base, store_ms,
+        topic, queue_id, count, producer, born_host, state != STATE_PRODUCED, base, store_ms,
         size, header_len, records_at,
     )  # fmt: skip
 
@@ -454,6 +461,33 @@ def mark_scheduled(buf: bytearray) -> None:
     flags = _U16.unpack_from(buf, _FLAGS_AT)[0] | SCHEDULED
     _U16.pack_into(buf, _FLAGS_AT, flags)
     _U32.pack_into(buf, _BODY_CRC_AT, crc32c(memoryview(buf)[_BODY_AT:]))
+
+
+def place_offset(buf: bytearray, base_offset: int) -> None:
+    """Writes the leader's base queue offset into a stamped batch (state 1 -> 2) and rewrites
+    the stamp CRC: O(1), in place, the same bytes whichever codec stamped it. The leader calls
+    it just before the batch's entry is proposed, in log order (broker/leader_offsets.py)."""
+    if len(buf) < FIXED_HEADER_BYTES or buf[_STATE_AT] != STATE_STAMPED:
+        raise ValueError("place_offset() takes a stamped batch whose offset is not placed")
+    if not 0 <= base_offset <= _U64_MAX:
+        raise ValueError(f"base offset {base_offset} out of range")
+    _U64.pack_into(buf, _STAMP_AT, base_offset)
+    buf[_STATE_AT] = STATE_PLACED
+    mv = memoryview(buf)
+    _U32.pack_into(
+        buf, _STAMP_CRC_AT, crc32c(mv[_BODY_CRC_AT:_BODY_AT], crc32c(mv[:_STAMP_CRC_AT]))
+    )
+
+
+def placed_offset(buf: Bytes) -> int | None:
+    """The leader's base queue offset of a batch in state 2, which every replica's dispatcher
+    checks against its own count; None in any other state (the dispatcher assigns). O(1)."""
+    if len(buf) < FIXED_HEADER_BYTES:
+        raise MalformedBatchError(f"batch of {len(buf)} bytes is shorter than its header")
+    if buf[_STATE_AT] != STATE_PLACED:
+        return None
+    base: int = _U64.unpack_from(buf, _STAMP_AT)[0]
+    return base
 
 
 def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:

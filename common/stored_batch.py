@@ -10,12 +10,13 @@ Layout (docs/design.md, "Stored batch format v2"):
 |-------------|------|--------------------|---------------------------------------------------|
 | 0           | 1    | kind               | 1 (produce), as v1's Kind.PRODUCE                 |
 | 1           | 1    | version            | 2 (v1 chunks carry 1 here)                        |
-| 2           | 1    | state              | 0 as produced, 1 once stamped by the leader       |
+| 2           | 1    | state              | 0 as produced, 1 once stamped by the leader,      |
+|             |      |                    | 2 once its base offset is placed (place_offset)   |
 | 3           | 1    | reserved           | 0                                                 |
 | 4           | 4    | total length       | u32, bytes of the whole batch                     |
 | 8           | 4    | stamp CRC          | CRC-32C of [0, 8) + [12, 32); 0 until stamped     |
 | 12          | 4    | body CRC           | CRC-32C of [32, total), written by the producer   |
-| 16          | 8    | base queue offset  | u64, stamped by the leader; 0 until then          |
+| 16          | 8    | base queue offset  | u64, the leader's in state 2; 0 before            |
 | 24          | 8    | store timestamp ms | i64, stamped by the leader; 0 until then          |
 | 32          | 2    | flags              | 0x1: producer id + base sequence present          |
 |             |      |                    | 0x2 strict sequence, 0x4 has keys, 0x8 scheduled  |
@@ -62,6 +63,7 @@ from raftmq.common._stored_batch_py import (
     FIXED_HEADER_BYTES,
     NO_TAG,
     RECORD_HEAD_BYTES,
+    STATE_STAMPED,
     VERSION,
     BatchColumns,
     BatchHeader,
@@ -71,6 +73,8 @@ from raftmq.common._stored_batch_py import (
     has_keys,
     is_scheduled,
     mark_scheduled,
+    place_offset,
+    placed_offset,
 )
 
 __all__ = [
@@ -79,6 +83,7 @@ __all__ = [
     "IMPLEMENTATION",
     "NO_TAG",
     "RECORD_HEAD_BYTES",
+    "STATE_STAMPED",
     "VERSION",
     "BatchColumns",
     "BatchHeader",
@@ -96,6 +101,8 @@ __all__ = [
     "iter_records",
     "mark_scheduled",
     "message_offsets",
+    "place_offset",
+    "placed_offset",
     "read_header",
     "slice_from",
     "stamp",

@@ -33,7 +33,7 @@ from raftmq.raftlog.errors import (
 from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
-from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
 from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
@@ -53,7 +53,7 @@ PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it a
 
 @dataclass(slots=True)
 class _Submission:
-    payload: bytes
+    payload: Chunk
     future: Future[Committed]
 
 
@@ -143,7 +143,7 @@ class ReplicatedLog:
 
     # ---- writes ----------------------------------------------------------------------------------
 
-    def submit(self, payload: bytes) -> Future[Committed]:
+    def submit(self, payload: Chunk) -> Future[Committed]:
         """Append `payload` as one chunk of the next entry; the future resolves once the entry is
         committed on a majority (and applied here). Raises EntryTooLargeError at once."""
         limit = self.cfg.max_entry_bytes
@@ -169,7 +169,7 @@ class ReplicatedLog:
             self._lock.notify_all()
         return fut
 
-    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
         """submit() for several chunks, in order, waking the batcher once (a broker request's
         batches then share an entry when they fit). Each gets its future, or the error submit()
         would raise for it (EntryTooLargeError, LogClosedError)."""
@@ -396,6 +396,12 @@ class ReplicatedLog:
                 listener(change)
             except Exception:
                 log.exception("raftlog.role_listener_failed")
+
+    def set_stamper(self, stamper: Stamper | None) -> None:
+        """Not supported on pysyncobj: an entry's index is known only once pysyncobj's tick
+        thread appends it, after our batcher let go of it, so nothing can place queue offsets
+        in log order here. Offsets stay the dispatcher's and sends wait for dispatch."""
+        return
 
     def add_role_listener(self, listener: RoleListener) -> None:
         self._listeners.append(listener)

@@ -22,7 +22,7 @@ from raftmq.raftlog.errors import (
     OutcomeUnknownError,
     RaftLogError,
 )
-from raftmq.raftlog.record import Committed, Entry, LogStatus, Role, RoleChange
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
 
 RoleListener = Callable[[RoleChange], None]
 
@@ -58,12 +58,13 @@ class MemoryLog:
         self._noop_index: int | None = None
         self._closed = False
         self._listeners: list[RoleListener] = []
+        self._stamper: Stamper | None = None
         if leader:
             self.become_leader()
 
     # ---- writes ----------------------------------------------------------------------------------
 
-    def submit(self, payload: bytes) -> Future[Committed]:
+    def submit(self, payload: Chunk) -> Future[Committed]:
         """One chunk in one entry, committed at once (or on release_commits when held)."""
         if len(payload) > self.max_entry_bytes:
             raise EntryTooLargeError(len(payload), self.max_entry_bytes)
@@ -74,10 +75,17 @@ class MemoryLog:
             if self._role is not Role.LEADER:
                 fut.set_exception(NotLeaderError(self.node_id, self._leader))
                 return fut
-            self._append_locked((payload,), self._term, fut)
+            if self._stamper is not None:  # in log order: under the lock that appends
+                self._stamper(self._term, self._last_index_locked() + 1, [[payload]])
+            self._append_locked((bytes(payload),), self._term, fut)
         return fut
 
-    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+    def set_stamper(self, stamper: Stamper | None) -> None:
+        """What runs just before each submission is appended (record.Stamper)."""
+        with self._cond:
+            self._stamper = stamper
+
+    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
         """submit() for each, in order; a chunk's error is its entry in the list."""
         out: list[Future[Committed] | RaftLogError] = []
         for payload in payloads:

@@ -36,7 +36,7 @@ from raftmq.raftlog.raft_core import PeerMode, Role, TransferRefusedError
 from raftmq.raftlog.raft_messages import Entry as RaftEntry
 from raftmq.raftlog.raft_node import TICK_MS, RaftNodeShell
 from raftmq.raftlog.raft_storage import JournalStorage
-from raftmq.raftlog.record import Committed, Entry, LogStatus, RoleChange
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, RoleChange, Stamper
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import Snapshot, SnapshotStore
@@ -54,7 +54,7 @@ PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it a
 
 @dataclass(slots=True)
 class _Submission:
-    payload: bytes
+    payload: Chunk
     future: Future[Committed]
 
 
@@ -104,6 +104,7 @@ class NativeLog:
         self._next_handoff_s = 0.0
         self._handing_off = False  # a leader whose disk refuses writes is handing off
         self._noop_index: int | None = None
+        self._stamper: Stamper | None = None  # the loop's: set through set_stamper
         self._next_snapshot_try = 0.0
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._run_loop, name="raft-native", daemon=True)
@@ -157,14 +158,14 @@ class NativeLog:
 
     # ---- writes (any thread) -------------------------------------------------------------------
 
-    def submit(self, payload: bytes) -> Future[Committed]:
+    def submit(self, payload: Chunk) -> Future[Committed]:
         """One chunk of the next entry; resolves once it is committed (and applied here)."""
         out = self.submit_many([payload])[0]
         if isinstance(out, RaftLogError):
             raise out
         return out
 
-    def submit_many(self, payloads: Sequence[bytes]) -> list[Future[Committed] | RaftLogError]:
+    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
         """submit() for several chunks in order, handed to the loop in one call."""
         if self._closed:
             return [LogClosedError("the replicated log is closed") for _ in payloads]
@@ -202,6 +203,11 @@ class NativeLog:
             # callback per submission starved the loop's ticks (its followers then elected).
             self._loop.call_soon_threadsafe(self._take_inbox)
         return out
+
+    def set_stamper(self, stamper: Stamper | None) -> None:
+        """What runs on the loop just before each proposal (record.Stamper): the broker's
+        placing of queue offsets (broker/leader_offsets.py)."""
+        self._loop.call_soon_threadsafe(setattr, self, "_stamper", stamper)
 
     def _may_submit(self) -> bool:
         core = self._node.core
@@ -241,10 +247,19 @@ class NativeLog:
         try:
             if not self._may_submit():
                 raise NotLeaderError(self.cfg.node_id, self._leader_hint())
+            stamper = self._stamper
+            if stamper is not None:  # the chunks as they will be stored, in log order
+                core = self._node.core
+                stamper(
+                    core.term, core.log.last_index + 1, [[s.payload for s in g] for g in entries]
+                )
             first, term = self._node.propose(
                 [entry_codec.encode_data([s.payload for s in g]) for g in entries]
             )
-        except NotLeaderError as exc:
+        except Exception as exc:  # NotLeaderError, or the stamper's: nothing was proposed
+            if not isinstance(exc, NotLeaderError):
+                log.exception("raft.stamper_failed node=%s", self.cfg.node_id)
+                exc = OutcomeUnknownError(f"the entry was not proposed: {exc!r}")
             for g in entries:
                 self._release(g)
                 for s in g:

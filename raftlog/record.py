@@ -6,6 +6,7 @@ Plain frozen values with no behaviour beyond accessors; nothing here does I/O.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -62,3 +63,13 @@ class LogStatus:
     last_index: int
     match_index: dict[str, int] = field(default_factory=dict)
     pending_bytes: int = 0
+
+
+# A submitted chunk: a bytearray may be rewritten in place by the log's stamper.
+Chunk = bytes | bytearray
+
+# A log's stamper (set_stamper): called with (term, index of the first entry, each entry's
+# chunks) just before a leader proposes those entries, in log order, on the thread that
+# proposes; it may rewrite chunks that are bytearrays in place (the broker places queue offsets
+# into its produce batches) and must not block. What it raises fails those submissions.
+Stamper = Callable[[int, int, Sequence[Sequence[Chunk]]], None]

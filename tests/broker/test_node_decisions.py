@@ -18,12 +18,13 @@ import pytest
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.dispatch import Dispatcher, PendingState
 from raftmq.broker.dispatcher_thread import DispatcherSettings
+from raftmq.broker.errors import DispatcherStoppedError, OffsetDisagreementError
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.produce import SendOutcome
 from raftmq.broker.pull import PullResult, PullStatus
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageStore
-from raftmq.common import record_batch
+from raftmq.common import record_batch, stored_batch
 from raftmq.common.errors import (
     InvalidArgumentError,
     InvalidNameError,
@@ -31,6 +32,7 @@ from raftmq.common.errors import (
     MessageTooLargeError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    RaftMQError,
     TopicNotFoundError,
 )
 from raftmq.common.message import Message, decode_msg_id
@@ -118,6 +120,12 @@ def pull(node: BrokerNode, topic: str, queue_id: int, offset: int, **kw: Any) ->
     return node.pulls.pull("g", topic, queue_id, offset, 32, **args)
 
 
+def indexed(node: BrokerNode) -> None:
+    """A send is answered at its commit (issue 29) and indexed after: a test that reads the
+    index (bounds, keys, times) waits for it first, as a client of these queries would."""
+    assert node.wait_dispatched(node.rlog.committed_index, 5)
+
+
 # ---- send ---------------------------------------------------------------------------------------
 
 
@@ -179,6 +187,7 @@ def test_an_idempotent_retry_gets_the_original_answer(node: BrokerNode) -> None:
     assert [(o.msg_id, o.queue_offset) for o in again] == originals
     _, nxt = send(node, "Idem", 1, 1, producer=("p1", 2))
     assert nxt[0].queue_offset == 2 and not nxt[0].duplicate
+    indexed(node)
     assert node.store.queue_bounds("Idem", 1) == (0, 3)  # stored once
 
 
@@ -199,6 +208,68 @@ def test_a_follower_answers_not_leader_with_the_leaders_address(
     with pytest.raises(NotLeaderError) as unknown:
         send(node, "F", 0)
     assert unknown.value.leader_hint == ""
+
+
+def test_the_leader_places_offsets_and_answers_at_commit(node: BrokerNode, log: MemoryLog) -> None:
+    """The batch in the log carries the offsets the send was answered with (state 2), and the
+    answer came before the index held it when the index was held back."""
+    _, first = send(node, "A", 1, 2)
+    indexed(node)
+    with _held(node):
+        _, second = send(node, "A", 1, 3)  # answered while dispatch cannot run
+        assert node.store.queue_bounds("A", 1) == (0, 2)
+    assert [o.queue_offset for o in first + second] == [0, 1, 2, 3, 4]
+    entry = log.read(log.committed_index)
+    assert stored_batch.placed_offset(entry.chunks[0]) == 2
+    assert node.leader_offsets.placed_batches >= 2
+    indexed(node)
+    assert node.store.queue_bounds("A", 1) == (0, 5)
+
+
+class _held:
+    """Holds the dispatcher between two steps (its step lock) for the with block."""
+
+    def __init__(self, node: BrokerNode) -> None:
+        self._lock = node.dispatcher._step_lock
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_forged_placed_offset_stops_a_follower_loudly(
+    node: BrokerNode, log: MemoryLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower applies what its leader committed; a batch whose placed offset is not what
+    its own count gives stops its dispatch with a typed error, logged with the topic, the
+    queue, both offsets and the entry, rather than index the queue differently."""
+    log.become_follower(PEER_RAFT, term=2)
+    good = bytearray(
+        stored_batch.encode_batch("F", 0, [msg("F", b"a"), msg("F", b"b")], None, "127.0.0.1:1")
+    )
+    stored_batch.stamp(good, 0, 1_000)
+    stored_batch.place_offset(good, 0)
+    forged = bytearray(stored_batch.encode_batch("F", 0, [msg("F", b"c")], None, "127.0.0.1:1"))
+    stored_batch.stamp(forged, 0, 1_001)
+    stored_batch.place_offset(forged, 7)  # the queue holds 2
+    log.append([bytes(good)])
+    bad = log.append([bytes(forged)])
+    with pytest.raises(DispatcherStoppedError):
+        node.dispatcher.wait_dispatched(bad.index, 5)
+    failure = node.dispatcher.failure
+    assert isinstance(failure, OffsetDisagreementError)
+    assert (failure.topic, failure.queue_id, failure.placed, failure.counted) == ("F", 0, 7, 2)
+    assert failure.raft_index == bad.index
+    # Nothing of the forged entry indexed (the good one may share its aborted transaction).
+    assert node.dispatcher.dispatched_index < bad.index
+    assert node.store.queue_bounds("F", 0)[1] <= 2
+    line = next(r for r in caplog.records if "broker.offset_disagreement" in r.getMessage())
+    assert line.levelname == "CRITICAL"
+    assert f"topic=F queue=0 placed=7 counted=2 index={bad.index}" in line.getMessage()
+    with pytest.raises(RaftMQError):  # reads that need the index get a typed error
+        pull(node, "F", 0, 2, allow_follower_read=True)
 
 
 # ---- pull ---------------------------------------------------------------------------------------
@@ -289,6 +360,7 @@ def test_offsets_commit_query_and_reset(node: BrokerNode) -> None:
     middle_ms = time.time_ns() // 1_000_000
     time.sleep(0.005)
     send(node, "O", 0, 3)
+    indexed(node)
     info = node.offsets.queue_info("O", 0)
     assert (info.min_offset, info.max_offset) == (0, 5)
     assert info.min_store_timestamp_ms < middle_ms < info.max_store_timestamp_ms
@@ -300,8 +372,9 @@ def test_offsets_commit_query_and_reset(node: BrokerNode) -> None:
 def test_query_by_id_and_by_key(node: BrokerNode) -> None:
     _, outcomes = send(node, "Q", 1, 2, keys=("order-7",))
     send(node, "Q", 2, 1, keys=("order-8",))
-    found = node.queries.message_by_id(outcomes[1].msg_id)
+    found = node.queries.message_by_id(outcomes[1].msg_id)  # waits for its index
     assert (found.queue_id, found.queue_offset, found.message.body) == (1, 1, b"m1")
+    indexed(node)  # the key index too
     by_key = node.queries.messages_by_key("Q", "order-7", 10, 0, 0)
     assert sorted(m.msg_id for m in by_key) == sorted(o.msg_id for o in outcomes)
     assert node.queries.messages_by_key("Q", "nothing", 10, 0, 0) == []

@@ -8,6 +8,7 @@ nothing; a journal holding v1 batches still opens, and a pull spanning both form
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 import threading
 import time
@@ -371,6 +372,17 @@ def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> 
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
     _every_produce_chunk_is_v2(chunks[0], dead_letter_of)
+    # Offsets by the leader (issue 29): on the native core a producer's batch is stored with
+    # the base offset it was answered with (placed before replication); a delayed one gets its
+    # offsets when due. pysyncobj cannot place in log order and places none.
+    native = os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj") == "native"
+    placed = stored_batch.placed_offset(chunks[0][r.raft_index, r.slot])
+    assert placed == (r.first_offset if native else None)
+    assert all(
+        stored_batch.placed_offset(c) is None
+        for c in v2_chunks[0].values()
+        if stored_batch.is_scheduled(c)
+    )
 
     for p in procs:
         p.start("broker.started")
