@@ -93,6 +93,13 @@ class RaftMQ(Adapter):
                 f", TLS on every port ({'mutual' if self.tls == 'mutual' else 'server'})"
             )
         self.tls_flags: dict[str, list[str]] = {}
+        # --opt raft=native|pysyncobj: the broker group's Raft (`--raft-impl`); "" keeps the
+        # broker's default. The RAFTMQ_ variables are not passed to the servers (_env).
+        self.raft = str(opts.get("raft", ""))
+        if self.raft not in ("", "native", "pysyncobj"):
+            raise AdapterError(f"raftmq: --opt raft must be native or pysyncobj, not {self.raft!r}")
+        if self.raft:
+            self.variant += f", Raft {self.raft}"
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe()
@@ -180,6 +187,7 @@ class RaftMQ(Adapter):
                     "--heartbeat-interval-ms",
                     "1000",
                     *self.tls_flags.get(n, []),
+                    *(["--raft-impl", self.raft] if self.raft else []),
                 ],
                 os.path.join(workdir, f"{n}.log"),
                 env=_env(),
