@@ -7,8 +7,8 @@ Run from the project root, with ../shared/peerbench beside it:
 
     PYTHONPATH=$PWD .venv/bin/python bench/w1_probe.py --scale 0.3 [--raft native] [--spy DIR]
 
-`--spy DIR` samples every process with `py-spy record -r 100 -f raw -t --native` (C frames too:
-uvloop, lmdb) during the measured run (one file per process in DIR) and prints each busy
+`--spy DIR` samples every process with `py-spy record -r 200 -f raw -t --nonblocking` during
+the measured run (one file per process in DIR) and prints each busy
 thread's top frames, by own samples and by samples under a function, on stderr. Each thread's
 CPU is also given net of what it spends idle (measured for 3 s before the run).
 
@@ -48,6 +48,10 @@ from bench.peer_adapter import RaftMQ  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 IDLE_S = 3.0  # seconds of no traffic measured before the run
+# leaves py-spy samples while the thread waits (its idle detection misses these)
+IDLE_LEAVES = frozenset(
+    ("Condition.wait", "Event.wait", "_run_loop", "LoopThread._main", "_worker", "select")
+)
 SPY_S = 6  # seconds sampled, inside the measured run at --scale >= 0.3
 COUNTERS = ("frames_sent", "batches_sent", "messages_sent")  # the sender's; absent before them
 
@@ -55,6 +59,21 @@ COUNTERS = ("frames_sent", "batches_sent", "messages_sent")  # the sender's; abs
 def cpu_s(path: str) -> float:
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def sys_s(path: str) -> float:
+    """The kernel's share (stime) of a thread's CPU seconds."""
+    return int(Path(path).read_text().rsplit(")", 1)[1].split()[12]) / TICK
+
+
+def sys_threads(pid: int) -> dict[str, float]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[tid] = sys_s(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue
+    return out
 
 
 def threads(pid: int) -> dict[str, float]:
@@ -96,7 +115,7 @@ def start_spies(pids: dict[str, int], out: Path, seconds: float) -> list[subproc
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     for name, pid in pids.items():
-        args = ["record", "-r", "100", "-f", "raw", "-t", "--native", "-d", str(int(seconds))]
+        args = ["record", "-r", "200", "-f", "raw", "-t", "--nonblocking", "-d", str(int(seconds))]
         args += ["-p", str(pid), "-o", str(out / f"{name}.raw")]
         procs.append(
             subprocess.Popen([spy, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -113,6 +132,8 @@ def top_frames(raw: Path, names: dict[str, str], top: int = 8) -> list[str]:
     for line in raw.read_text().splitlines():
         stack, _, count_s = line.rpartition(" ")
         frames = stack.split(";")
+        if frames[-1].split(" (")[0] in IDLE_LEAVES:
+            continue  # a thread waiting (or in its event loop's C code): not CPU we can cut
         tid = frames[0].removeprefix("thread (").rstrip(")")
         n = int(count_s)
         total[tid] = total.get(tid, 0) + n
@@ -153,6 +174,7 @@ async def probe(
             idle0 = {n: threads(pid) for n, pid in pids.items()}
             await asyncio.sleep(IDLE_S)
             before = {n: threads(pid) for n, pid in pids.items()}
+            sys_before = {n: sys_threads(pid) for n, pid in pids.items()}
             idle_per_s = {
                 n: {t: (before[n][t] - idle0[n].get(t, before[n][t])) / IDLE_S for t in before[n]}
                 for n in pids
@@ -169,6 +191,7 @@ async def probe(
             for p in spies:
                 await asyncio.to_thread(p.wait)
             after = {n: threads(pid) for n, pid in pids.items()}
+            sys_after = {n: sys_threads(pid) for n, pid in pids.items()}
         finally:
             await adapter.stop_cluster()
     acked = result["acked"]
@@ -187,7 +210,10 @@ async def probe(
         )
         for n in pids
     }
-    print(f"{'process':7} {'thread':32} {'us/msg':>8} {'net of idle':>12}", file=sys.stderr)
+    print(
+        f"{'process':7} {'thread':32} {'us/msg':>8} {'net of idle':>12} {'kernel':>7}",
+        file=sys.stderr,
+    )
     for n in pids:
         rows = sorted(((after[n][t] - before[n].get(t, 0.0), t) for t in after[n]), reverse=True)
         for spent, tid in rows[:7]:
@@ -195,7 +221,8 @@ async def probe(
                 us = spent / acked * 1e6
                 net = (spent - idle_per_s[n].get(tid, 0.0) * wall_s) / acked * 1e6
                 name = names[n].get(tid, tid)
-                print(f"{n:7} {name:32} {us:8.1f} {net:12.1f}", file=sys.stderr)
+                kernel = (sys_after[n].get(tid, 0.0) - sys_before[n].get(tid, 0.0)) / acked * 1e6
+                print(f"{n:7} {name:32} {us:8.1f} {net:12.1f} {kernel:7.1f}", file=sys.stderr)
     if spy is not None:
         for n in pids:
             raw = spy / f"{n}.raw"

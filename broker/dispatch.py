@@ -54,7 +54,13 @@ from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
-from raftmq.common.message import validate_group, validate_producer_id, validate_topic
+from raftmq.common.message import (
+    ValidNames,
+    validate_group,
+    validate_producer_id,
+    validate_system_topic,
+    validate_topic,
+)
 from raftmq.common.record_batch import (
     CommitOffset,
     Deliver,
@@ -347,6 +353,9 @@ class Dispatcher:
             raise ValueError("recent_batches_per_producer must be within 1..64")
         self._recent = recent_batches_per_producer
         self.transactions = transactions  # None: half messages are stored as plain messages
+        # per batch, the same few names: each checked once (issue 24: per batch, not per call)
+        self._topics = ValidNames(validate_system_topic)
+        self._producer_ids = ValidNames(validate_producer_id)
 
     def _produce_of(self, chunk: bytes) -> Callable[[_EntryWork, int, int, bytes], None] | None:
         """The hot path's indexer of a produce chunk (issue 14: index columns, no Message object
@@ -445,7 +454,7 @@ class Dispatcher:
         scan = scan_produce(chunk if isinstance(chunk, bytes) else bytes(chunk))
         header = scan.header
         topic, queue_id, count = header.topic, header.queue_id, header.count
-        validate_topic(topic, allow_system=True)
+        self._topics.check(topic)
         if self.transactions is not None and self.transactions.is_half(header):
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
             batch, chunk_offsets = _decode_batch(chunk)
@@ -510,7 +519,7 @@ class Dispatcher:
         key index). The leader checked it whole (check_batch) before it was replicated."""
         header = stored_batch.read_header(chunk)
         topic, queue_id, count = header.topic, header.queue_id, header.count
-        validate_topic(topic, allow_system=True)
+        self._topics.check(topic)
         offsets = stored_batch.message_offsets(chunk, header).tolist()
         ends = offsets[1:]
         ends.append(header.total_bytes - header.records_at)
@@ -571,8 +580,8 @@ class Dispatcher:
             Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
         )
 
-    @staticmethod
     def _sequences(
+        self,
         work: _EntryWork,
         slot: int,
         topic: str,
@@ -585,7 +594,7 @@ class Dispatcher:
         if producer is None:
             return None, None
         gap: SequenceGap | None = None
-        validate_producer_id(producer.producer_id)
+        self._producer_ids.check(producer.producer_id)
         first_seq = producer.first_sequence
         last_seq = first_seq + count - 1
         if last_seq > MAX_SEQUENCE:

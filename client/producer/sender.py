@@ -212,7 +212,8 @@ class Sender:
             due = now + self.config.send_timeout_s
             for it in items:
                 it.deadline = due
-            appended = self._acc.append(target, [(it, it.size) for it in items], monotonic_ms())
+            # now is time.monotonic() in s, the clock monotonic_ms() reads: one read per call
+            appended = self._acc.append(target, [(it, it.size) for it in items], int(now * 1000))
         if appended.wake_at_ms is not None:
             self._scheduler.call_later(self.config.linger_s, lambda: self._linger_due(target))
         if appended.batch is not None:
