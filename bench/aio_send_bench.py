@@ -29,11 +29,15 @@ GROUP = "broker-a"
 # Run in the client process (PYTHONPATH picks the version): the CPU of this process and its
 # threads per acknowledged message, after a warm-up that opens the connections.
 CLIENT = """
-import asyncio, json, os, resource, sys, threading, time
+import asyncio, cProfile, json, os, pstats, resource, sys, threading, time
 from raftmq.client.aio import AsyncProducer
+from raftmq.common.types import QueueRef
 
 namesrv, topic, n, inflight = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+by_queue, profile = sys.argv[5] == "1", sys.argv[6] == "1"
 body = os.urandom(1024)
+# peerbench's W1 names each send's queue (seq % 8, bench/peer_adapter.py); else sticky
+queues = [QueueRef(topic, "broker-a", q) for q in range(8)] if by_queue else [None]
 
 async def burst(p, count):
     sem = asyncio.Semaphore(inflight)
@@ -45,17 +49,24 @@ async def burst(p, count):
         left[0] -= 1
         if not left[0]:
             done.set()
-    for _ in range(count):
+    for seq in range(count):
         await sem.acquire()
-        p.send_future(topic, body).add_done_callback(one)
+        p.send_future(topic, body, queue=queues[seq % len(queues)]).add_done_callback(one)
     await done.wait()
 
 async def main():
     async with AsyncProducer(namesrv) as p:
         await burst(p, 2000)  # warm-up: routes, connections, the leader gate
+        prof = cProfile.Profile() if profile else None
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        if prof is not None:
+            prof.enable()
         await burst(p, n)
+        if prof is not None:
+            prof.disable()
         r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        if prof is not None:
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(30)
         threads = sorted({t.name for t in threading.enumerate()})
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     print(json.dumps({"cpu_us_per_msg": round(cpu / n * 1e6, 2),
@@ -76,6 +87,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--by-queue", action="store_true", help="name each send's queue (W1's)")
+    parser.add_argument("--profile", action="store_true", help="cProfile each client (stderr)")
     args = parser.parse_args()
     versions = {"base": str(Path(args.base).resolve()), "new": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,10 +105,13 @@ def main() -> None:
                         env["PYTHONPATH"] = path
                         run = subprocess.run(
                             [sys.executable, "-c", CLIENT, cluster.namesrv, TOPIC,
-                             str(args.messages), str(args.inflight)],
+                             str(args.messages), str(args.inflight), str(int(args.by_queue)),
+                             str(int(args.profile))],
                             env=env, cwd=path, capture_output=True, text=True, check=True,
                             timeout=600,
                         )  # fmt: skip
+                        if args.profile:
+                            print(f"--- {name} round {rnd}", run.stderr, sep="\n", file=sys.stderr)
                         rec = json.loads(run.stdout.strip().splitlines()[-1])
                         rec |= {
                             "bench": "aio_send",
@@ -103,6 +119,7 @@ def main() -> None:
                             "round": rnd,
                             "messages": args.messages,
                             "inflight": args.inflight,
+                            "by_queue": args.by_queue,
                             "loadavg_1m": os.getloadavg()[0],
                             "ts": time.strftime("%Y-%m-%dT%H:%M:%S"),
                         }

@@ -1,7 +1,8 @@
 """The dispatch path alone, in one process: committed entries shaped like W1's (each entry a
 frame of `--chunks` idempotent queue batches of `--messages` 1 KiB messages, spread over 8
 queues) through `Dispatcher.apply` and `MessageStore.apply`, as the dispatcher thread runs them
-(`--txn` entries per lmdb transaction). CPU per message, independent of Raft and the network,
+(`--txn` entries per lmdb transaction), v2 stored batches (`--v1`: the format before issue
+24). CPU per message, independent of Raft and the network,
 so two checkouts compare on a shared machine (PYTHONPATH selects the code):
 
     PYTHONPATH=$PWD .venv/bin/python bench/dispatch_bench.py [--profile]
@@ -21,7 +22,7 @@ import time
 
 from raftmq.broker.dispatch import Dispatcher, PendingState
 from raftmq.broker.store import MessageStore
-from raftmq.common import record_batch
+from raftmq.common import record_batch, stored_batch
 from raftmq.common.message import Message
 from raftmq.common.record_batch import ProduceBatch, ProducerSequence
 from raftmq.raftlog.record import Entry
@@ -31,7 +32,13 @@ QUEUES = 8
 
 
 def make_entries(
-    start_index: int, n_entries: int, chunks: int, messages: int, body: int, seqs: dict[int, int]
+    start_index: int,
+    n_entries: int,
+    chunks: int,
+    messages: int,
+    body: int,
+    seqs: dict[int, int],
+    v1: bool = False,
 ) -> list[Entry]:
     payload = b"x" * body
     out = []
@@ -44,10 +51,15 @@ def make_entries(
             msgs = tuple(Message(TOPIC, payload, born_host="127.0.0.1:1") for _ in range(messages))
             first = seqs.get(queue, 0)
             seqs[queue] = first + messages
-            batch = ProduceBatch(
-                TOPIC, queue, 1_700_000_000_000 + i, msgs, ProducerSequence("bench-p", first, True)
-            )
-            parts.append(record_batch.encode(batch))
+            producer = ProducerSequence("bench-p", first, True)
+            if v1:
+                batch = ProduceBatch(TOPIC, queue, 1_700_000_000_000 + i, msgs, producer)
+                parts.append(record_batch.encode(batch))
+                continue
+            # what the servers store since issue 24: the producer's v2 batch, stamped
+            buf = bytearray(stored_batch.encode_batch(TOPIC, queue, msgs, producer, "127.0.0.1:1"))
+            stored_batch.stamp(buf, 0, 1_700_000_000_000 + i)
+            parts.append(bytes(buf))
         out.append(Entry(start_index + i, 1, tuple(parts)))
     return out
 
@@ -60,7 +72,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         seqs: dict[int, int] = {}
         index = 1
         for _ in range(args.rounds):
-            entries = make_entries(index, args.entries, args.chunks, args.messages, args.body, seqs)
+            entries = make_entries(
+                index, args.entries, args.chunks, args.messages, args.body, seqs, args.v1
+            )
             index += len(entries)
             t0 = time.process_time()
             if profiler is not None:
@@ -85,6 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "chunks": args.chunks,
         "messages": args.messages,
         "txn": args.txn,
+        "format": "v1" if args.v1 else "v2",
     }
 
 
@@ -97,6 +112,7 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--txn", type=int, default=2, help="entries per lmdb transaction")
     ap.add_argument("--profile", action="store_true", help="cProfile the dispatch, top 25")
+    ap.add_argument("--v1", action="store_true", help="v1 record batches (stores before v2)")
     print(json.dumps(run(ap.parse_args())), flush=True)
 
 

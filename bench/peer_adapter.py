@@ -1,13 +1,17 @@
 """raftmq in ../shared/peerbench, driven through its SDK as users drive it.
 
-One NameServer and one broker group of three Raft nodes (pysyncobj, ASYNC_FLUSH: group fsync
-every 5 ms), a topic of `partitions` queues; an acknowledgement is the SDK's send result, which
-the leader gives after the majority commit. Message `seq` goes to queue `seq % partitions` (the
-harness's rule); the consumer is a PullConsumer of a fresh group from the earliest offset that
-commits after each batch. Run from the project root (README of peerbench):
+One NameServer and one broker group of three Raft nodes (the broker's default Raft unless `--opt
+raft=`; ASYNC_FLUSH: group fsync every 5 ms), a topic of `partitions` queues; an acknowledgement is
+the SDK's send result, which the leader gives after the majority commit. Message `seq` goes to queue
+`seq % partitions` (the harness's rule); the consumer is a PullConsumer of a fresh group from the
+earliest offset that commits after each batch.
+Run from the project root (README of peerbench):
 
     PYTHONPATH=. ../shared/peerbench/bench.sh run \\
         --peers nats,redis-repl,bench.peer_adapter:RaftMQ --workloads W1,W2,W3,W4 ...
+
+Options (`--opt k=v`): `api=aio|threaded` (the SDK face), `tls=0|1|mutual`, `raft=native|pysyncobj`
+(the group's Raft, passed as `--raft-impl`: this adapter does not pass RAFTMQ_ variables on).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class RaftMQ(Adapter):
     def __init__(self, partitions: int = 8, body_size: int = 1024, **opts: Any) -> None:
         super().__init__(partitions, body_size, **opts)
         self.variant = (
-            f"1 NameServer + one broker group of 3 Raft nodes (pysyncobj), ASYNC_FLUSH, "
+            f"1 NameServer + one broker group of 3 Raft nodes, ASYNC_FLUSH, "
             f"ack after the majority commit, topic of {partitions} queues"
         )
         self.procs: dict[str, Proc] = {}
@@ -93,6 +97,12 @@ class RaftMQ(Adapter):
                 f", TLS on every port ({'mutual' if self.tls == 'mutual' else 'server'})"
             )
         self.tls_flags: dict[str, list[str]] = {}
+        # --opt raft=native|pysyncobj: the broker group's Raft (`--raft-impl`); "" keeps the
+        # broker's default. The RAFTMQ_ variables are not passed to the servers (_env).
+        self.raft = str(opts.get("raft", ""))
+        if self.raft not in ("", "native", "pysyncobj"):
+            raise AdapterError(f"raftmq: --opt raft must be native or pysyncobj, not {self.raft!r}")
+        self.variant += f", Raft {self.raft or 'the broker default'}"
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe()
@@ -180,6 +190,7 @@ class RaftMQ(Adapter):
                     "--heartbeat-interval-ms",
                     "1000",
                     *self.tls_flags.get(n, []),
+                    *(["--raft-impl", self.raft] if self.raft else []),
                 ],
                 os.path.join(workdir, f"{n}.log"),
                 env=_env(),

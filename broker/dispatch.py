@@ -54,7 +54,13 @@ from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
-from raftmq.common.message import validate_group, validate_producer_id, validate_topic
+from raftmq.common.message import (
+    ValidNames,
+    validate_group,
+    validate_producer_id,
+    validate_system_topic,
+    validate_topic,
+)
 from raftmq.common.record_batch import (
     CommitOffset,
     Deliver,
@@ -347,6 +353,8 @@ class Dispatcher:
             raise ValueError("recent_batches_per_producer must be within 1..64")
         self._recent = recent_batches_per_producer
         self.transactions = transactions  # None: half messages are stored as plain messages
+        # per batch, the same few names: each checked once (issue 24: per batch, not per call)
+        self._topics = ValidNames(validate_system_topic)
 
     @property
     def recent_batches_per_producer(self) -> int:
@@ -449,7 +457,7 @@ class Dispatcher:
         scan = scan_produce(chunk if isinstance(chunk, bytes) else bytes(chunk))
         header = scan.header
         topic, queue_id, count = header.topic, header.queue_id, header.count
-        validate_topic(topic, allow_system=True)
+        self._topics.check(topic)
         if self.transactions is not None and self.transactions.is_half(header):
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
             batch, chunk_offsets = _decode_batch(chunk)
@@ -514,7 +522,7 @@ class Dispatcher:
         key index). The leader checked it whole (check_batch) before it was replicated."""
         header = stored_batch.read_header(chunk)
         topic, queue_id, count = header.topic, header.queue_id, header.count
-        validate_topic(topic, allow_system=True)
+        self._topics.check(topic)
         placed = stored_batch.placed_offset(chunk)  # the leader's, checked below (issue 29)
         offsets = stored_batch.message_offsets(chunk, header).tolist()
         ends = offsets[1:]
@@ -587,8 +595,8 @@ class Dispatcher:
             Appended(slot, topic, queue_id, StoredRange(first, count, raft_index, slot, 0), gap)
         )
 
-    @staticmethod
     def _sequences(
+        self,
         work: _EntryWork,
         slot: int,
         topic: str,

@@ -36,10 +36,12 @@ from raftmq.common.errors import (
 )
 from raftmq.common.message import (
     Message,
+    ValidNames,
     encode_msg_id,
     validate_message,
     validate_messages,
     validate_producer_id,
+    validate_system_topic,
     validate_topic,
 )
 from raftmq.common.record_batch import ProducerSequence
@@ -97,6 +99,9 @@ class SendProcessor:
         self._topics = topics
         self._settings = node.settings
         self._queue_rr = itertools.count()
+        # prepare_stored's per-batch name checks, each name once (a memo, bounded)
+        self._valid_topics = ValidNames(validate_system_topic)
+        self._valid_producer_ids = ValidNames(validate_producer_id)
 
     def send(
         self,
@@ -219,14 +224,14 @@ class SendProcessor:
         limits, reserved names) is the producer SDK's check; readers refuse a bad record
         (docs/design.md, "Stored batch format v2"). Delayed and half messages never come here."""
         topic, queue_id, limits = header.topic, header.queue_id, self._node.limits
-        validate_topic(topic, allow_system=True)
+        self._valid_topics.check(topic)
         if len(header.born_host.encode("utf-8")) > limits.max_born_host_bytes:
             raise InvalidArgumentError(
                 f"born host of a batch exceeds {limits.max_born_host_bytes} bytes"
             )
         producer = header.producer
         if producer is not None:
-            validate_producer_id(producer.producer_id)
+            self._valid_producer_ids.check(producer.producer_id)
         if stored_batch.is_scheduled(batch):  # its due times would be the client's
             raise InvalidArgumentError(
                 "a stored batch was refused: it is flagged scheduled, which only the broker "

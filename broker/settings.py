@@ -193,8 +193,9 @@ class BrokerSettings(ScrapeSettings):
         default=20_000,
         unit="rows/s",
         doc="index store rows (one per stored batch in the ConsumeQueue) re-read and checked in "
-        "the background at this rate, so a corrupt row nobody reads is found, reported and "
-        "rebuilt from the log; 0 = off",
+        "the background at this rate, then a rest of 5 s or four times the pass, whichever is "
+        "longer, so a corrupt row nobody reads is found, reported and rebuilt from the log; "
+        "0 = off",
     )
     election_timeout_min_ms: int = setting(
         default=config_default("election_timeout_min_ms", int),

@@ -42,6 +42,7 @@
 /* ---- objects of the twin, set at import ------------------------------------------------------ */
 
 static PyObject *MalformedBatchError;
+static PyObject *UnsupportedBatchError;
 static PyObject *DefaultLimits;
 static PyObject *CrcFn;     /* crc32c.crc32c */
 static PyObject *TagHashFn; /* common.filter.tag.tag_hash */
@@ -86,6 +87,20 @@ static PyObject *malformed(const char *fmt, ...)
     va_end(va);
     if (text != NULL) {
         PyErr_SetObject(MalformedBatchError, text);
+        Py_DECREF(text);
+    }
+    return NULL;
+}
+
+/* A newer format's batch (version or flag unknown here): the twin's UnsupportedBatchError. */
+static PyObject *unsupported(const char *fmt, ...)
+{
+    va_list va;
+    va_start(va, fmt);
+    PyObject *text = PyUnicode_FromFormatV(fmt, va);
+    va_end(va);
+    if (text != NULL) {
+        PyErr_SetObject(UnsupportedBatchError, text);
         Py_DECREF(text);
     }
     return NULL;
@@ -665,6 +680,9 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
 
     if (kind != KIND_PRODUCE)
         return malformed("kind %u is not a produce batch (%d)", kind, KIND_PRODUCE);
+    if (version > VERSION)
+        return unsupported("stored batch version %u is newer than this raftmq reads (%d); "
+                           "upgrade raftmq where the batch is read", version, VERSION);
     if (version != VERSION)
         return malformed("stored batch version %u is not supported (%d)", version, VERSION);
     if ((Py_ssize_t)total != size)
@@ -698,7 +716,10 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     }
     if (reserved0 || reserved1 || reserved2)
         return malformed("reserved header fields are not zero");
-    if (flags & ~(unsigned)KNOWN_FLAGS) return malformed("unknown flags 0x%x", flags);
+    if (flags & ~(unsigned)KNOWN_FLAGS)
+        return unsupported("stored batch flags 0x%x include 0x%x, unknown to this raftmq "
+                           "(it reads 0x%x); upgrade raftmq where the batch is read",
+                           flags, flags & ~(unsigned)KNOWN_FLAGS, (unsigned)KNOWN_FLAGS);
     int has_producer = (flags & HAS_PRODUCER) != 0;
     if (has_producer != (pid_len > 0) || (!has_producer && (base_seq || flags & STRICT_SEQUENCE)))
         return malformed("producer flag, producer id length and base sequence disagree");
@@ -1708,6 +1729,7 @@ PyMODINIT_FUNC PyInit__stored_batch_c(void)
     if (twin == NULL) return NULL;
     PyObject *types[4] = {NULL};
     int rc = take(twin, "MalformedBatchError", &MalformedBatchError) ||
+             take(twin, "UnsupportedBatchError", &UnsupportedBatchError) ||
              take(twin, "DEFAULT_LIMITS", &DefaultLimits) || take(twin, "crc32c", &CrcFn) ||
              take(twin, "tag_hash", &TagHashFn) || take(twin, "BatchHeader", &types[0]) ||
              take(twin, "BatchMessage", &types[1]) ||

@@ -22,7 +22,11 @@ from crc32c import crc32c
 
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import MIB, Message
-from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
+from raftmq.common.record_batch import (
+    MalformedBatchError,
+    ProducerSequence,
+    UnsupportedBatchError,
+)
 
 __all__ = [
     "FIXED_HEADER_BYTES",
@@ -33,6 +37,7 @@ __all__ = [
     "BatchLimits",
     "BatchMessage",
     "MalformedBatchError",
+    "UnsupportedBatchError",
     "batch_count",
     "check_batch",
     "columns",
@@ -311,6 +316,11 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
      reserved2) = _FIXED.unpack_from(mv, 0)  # fmt: skip
     if kind != KIND_PRODUCE:
         raise MalformedBatchError(f"kind {kind} is not a produce batch ({KIND_PRODUCE})")
+    if version > VERSION:
+        raise UnsupportedBatchError(
+            f"stored batch version {version} is newer than this raftmq reads ({VERSION}); "
+            "upgrade raftmq where the batch is read"
+        )
     if version != VERSION:
         raise MalformedBatchError(f"stored batch version {version} is not supported ({VERSION})")
     if total != size:
@@ -340,7 +350,11 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
     if reserved0 or reserved1 or reserved2:
         raise MalformedBatchError("reserved header fields are not zero")
     if flags & ~_KNOWN_FLAGS:
-        raise MalformedBatchError(f"unknown flags {flags:#x}")
+        # a newer writer's flag changes what the bytes mean: refuse rather than misread
+        raise UnsupportedBatchError(
+            f"stored batch flags {flags:#x} include {flags & ~_KNOWN_FLAGS:#x}, unknown to this "
+            f"raftmq (it reads {_KNOWN_FLAGS:#x}); upgrade raftmq where the batch is read"
+        )
     has_producer = bool(flags & HAS_PRODUCER)
     if has_producer != (pid_len > 0) or (
         not has_producer and (base_seq or flags & STRICT_SEQUENCE)

@@ -1,13 +1,14 @@
 """Message value types, RocketMQ's naming and property rules, tag hashes and message ids.
 
-Pure values and checks: nothing here does I/O, reads a clock or keeps state. Validation raises
-typed errors whose text names the rule and the limit, so a client can fix its request.
+Pure values and checks: nothing here does I/O, reads a clock or keeps state of its own
+(`ValidNames` is a memo its owner keeps). Validation raises typed errors whose text names the
+rule and the limit, so a client can fix its request.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from raftmq.common.errors import InvalidMessageError, InvalidMessageIdError, InvalidNameError
@@ -145,6 +146,33 @@ def validate_topic(name: str, *, allow_system: bool = False) -> None:
         raise _bad_name(
             "topic", name, f"topic {name!r} is a system topic; clients cannot use it directly"
         )
+
+
+class ValidNames:
+    """Names that passed one check (a topic or producer id rule), remembered so that a per-batch
+    path checks each name once: the same name always gets the same verdict, and only passes
+    are kept. Bounded: cleared whole when `max_names` are held (names are few and repeat)."""
+
+    __slots__ = ("_check", "_max", "_ok")
+
+    def __init__(self, check: Callable[[str], None], max_names: int = 4096) -> None:
+        self._check = check
+        self._max = max_names
+        self._ok: set[str] = set()
+
+    def check(self, name: str) -> None:
+        """The check's error for a bad name, every time; nothing for a good one."""
+        if name in self._ok:
+            return
+        self._check(name)
+        if len(self._ok) >= self._max:
+            self._ok.clear()
+        self._ok.add(name)
+
+
+def validate_system_topic(name: str) -> None:
+    """validate_topic with system topics allowed: what the broker applies to its log."""
+    validate_topic(name, allow_system=True)
 
 
 def is_system_topic(name: str) -> bool:

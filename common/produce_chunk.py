@@ -32,8 +32,9 @@ def is_stored_v2(chunk: bytes) -> bool:
 
 
 def read_header(chunk: bytes) -> ChunkHeader:
-    """The chunk's header (topic, queue id, count): O(1) but for its strings."""
-    if is_stored_v2(chunk):
+    """The chunk's header (topic, queue id, count): O(1) but for its strings. A produce chunk
+    of a version past 2 goes to the v2 reader, which names it a newer format."""
+    if is_stored_v2(chunk) or (chunk[:1] == _V2[:1] and chunk[1:2] > _V2[1:2]):
         return stored_batch.read_header(chunk)
     return decode_produce_header(chunk)
 

@@ -17,6 +17,11 @@ class MalformedBatchError(ValueError):
     """A record batch whose bytes do not decode: a bug or corruption, never served as data."""
 
 
+class UnsupportedBatchError(MalformedBatchError):
+    """A batch of a newer format than this code reads (a version or a header flag it does not
+    know): refused, never decoded as if it were a format it knows. The text says to upgrade."""
+
+
 VERSION = 1
 
 

@@ -11,6 +11,7 @@ data path where the leader offers one (client/data_pool.py), over gRPC otherwise
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import socket
@@ -53,6 +54,7 @@ from raftmq.common.errors import (
 from raftmq.common.message import (
     Message,
     MessageLimits,
+    ValidNames,
     check_message_types,
     validate_message,
     validate_producer_id,
@@ -179,8 +181,6 @@ class Producer:
         self.idempotent = idempotent
         # The SDK's copy of the delay rules, to fail early; the broker's own are authoritative.
         self._delay_policy = delay_policy or DelayPolicy()
-        # The SDK's own producers (dead letters, traces) write system topics; users cannot.
-        self._allow_system = allow_system_topics
         self._timeout_s = send_timeout_ms / 1000
         self._linger_s = linger_ms / 1000
         self._max_block_s = max_block_ms / 1000
@@ -224,8 +224,11 @@ class Producer:
         self._sticky_lock = threading.Lock()  # guards _sticky
         # topic -> (queue, sends left, the publish queues it was chosen from)
         self._sticky: dict[str, tuple[QueueRef, int, PublishQueues]] = {}
-        # Topic names already checked by validate_topic (asked once per message), bounded.
-        self._topics_ok: set[str] = set()
+        # Topic names already checked by validate_topic (asked once per message), bounded. The
+        # SDK's own producers (dead letters, traces) write system topics; users cannot.
+        self._topics_ok = ValidNames(
+            functools.partial(validate_topic, allow_system=allow_system_topics), MAX_CHECKED_TOPICS
+        )
         self._sticky_messages = sticky_messages
         self._host = socket.gethostname()
         self._limits = MessageLimits(max_message_bytes=self._max_message_bytes)
@@ -519,11 +522,11 @@ class Producer:
             raise InvalidArgumentError(f"a message body must be bytes, not {type(body).__name__}")
         if len(body) > self._max_message_bytes:
             raise MessageTooLargeError.for_size(len(body), self._max_message_bytes)
-        keys = options.keys
+        keys, tags, props = options.keys, options.tags, options.properties
         if isinstance(keys, str):
             raise InvalidArgumentError("keys must be a sequence of strings, not one string")
-        check_message_types(options.tags, keys, options.properties)  # before tuple(keys)
-        tags, props = options.tags, options.properties
+        if tags is not None or keys != () or props is not None:  # a plain body has none to check
+            check_message_types(tags, keys, props)  # before tuple(keys)
         msg = Message(
             topic,
             bytes(body),
@@ -543,11 +546,7 @@ class Producer:
         return msg
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
-        if topic not in self._topics_ok:
-            validate_topic(topic, allow_system=self._allow_system)
-            if len(self._topics_ok) >= MAX_CHECKED_TOPICS:
-                self._topics_ok.clear()
-            self._topics_ok.add(topic)
+        self._topics_ok.check(topic)
         sharding_key, queue_selector, queue = (
             options.sharding_key,
             options.queue_selector,

@@ -189,34 +189,43 @@ class Sender:
 
     def enqueue(self, target: QueueRef, items: Sequence[Pending]) -> None:
         """Buffer `items` for `target`, waiting up to max_block_s for room (then QueueFull)."""
-        size = items[0].size if len(items) == 1 else sum(it.size for it in items)
-        now = time.monotonic()
-        deadline = now + self.config.max_block_s
+        n = len(items)
+        size = items[0].size if n == 1 else sum(it.size for it in items)
         with self._lock:
-            while not self._acc.has_room(len(items), size):
-                # On the loop that delivers the answers (the asyncio face) waiting would only
-                # block them: full is QueueFull at once there; AsyncProducer.send awaits room.
-                if self._data.on_loop_thread():
-                    deadline = 0.0
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed:
-                    raise QueueFullError(
-                        f"{self._acc.buffered_messages} messages "
-                        f"({self._acc.buffered_bytes} bytes) already wait to be sent "
-                        f"(max_buffered_messages={self._acc.max_buffered_messages}, "
-                        f"max_buffered_bytes={self._acc.max_buffered_bytes}); slow down or "
-                        "raise them"
-                    )
-                self._lock.wait(left)
-                now = time.monotonic()  # the send timeout counts from entering the buffer
+            if not self._acc.has_room(n, size):
+                self._wait_for_room(n, size)
+            # the send timeout counts from entering the buffer; time.monotonic() is the clock
+            # monotonic_ms() reads: one read per call
+            now = time.monotonic()
             due = now + self.config.send_timeout_s
             for it in items:
                 it.deadline = due
-            appended = self._acc.append(target, [(it, it.size) for it in items], monotonic_ms())
+            pairs = [(items[0], size)] if n == 1 else [(it, it.size) for it in items]
+            appended = self._acc.append(target, pairs, int(now * 1000))
         if appended.wake_at_ms is not None:
             self._scheduler.call_later(self.config.linger_s, lambda: self._linger_due(target))
         if appended.batch is not None:
             self._issue(self._request(appended.batch))
+
+    def _wait_for_room(self, count: int, size: int) -> None:
+        """Under the lock: wait up to max_block_s until `count` messages of `size` bytes fit,
+        else QueueFullError."""
+        deadline = time.monotonic() + self.config.max_block_s
+        while not self._acc.has_room(count, size):
+            # On the loop that delivers the answers (the asyncio face) waiting would only
+            # block them: full is QueueFull at once there; AsyncProducer.send awaits room.
+            if self._data.on_loop_thread():
+                deadline = 0.0
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                raise QueueFullError(
+                    f"{self._acc.buffered_messages} messages "
+                    f"({self._acc.buffered_bytes} bytes) already wait to be sent "
+                    f"(max_buffered_messages={self._acc.max_buffered_messages}, "
+                    f"max_buffered_bytes={self._acc.max_buffered_bytes}); slow down or "
+                    "raise them"
+                )
+            self._lock.wait(left)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every buffered message has an outcome; False on timeout."""

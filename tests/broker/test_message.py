@@ -11,6 +11,7 @@ from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import (
     Message,
     MessageLimits,
+    ValidNames,
     decode_msg_id,
     dlq_topic,
     encode_msg_id,
@@ -208,3 +209,27 @@ def test_a_batch_is_refused_exactly_when_one_of_its_messages_is(
     except (InvalidMessageError, InvalidNameError):
         refused_all = True
     assert refused_all == refused_one
+
+
+def test_valid_names_checks_each_name_once_and_refuses_a_bad_one_every_time() -> None:
+    """ValidNames (the per-batch name checks of the dispatcher, the leader and the SDK): a good
+    name is checked once, a bad one raises on every call (never remembered), and the memo is
+    bounded: cleared whole when full."""
+    calls: list[str] = []
+
+    def check(name: str) -> None:
+        calls.append(name)
+        validate_topic(name)
+
+    names = ValidNames(check, max_names=2)
+    for _ in range(3):
+        names.check("Orders")
+    assert calls == ["Orders"]
+    for _ in range(2):
+        with pytest.raises(InvalidNameError, match="may only contain"):
+            names.check("bad topic")
+    assert calls == ["Orders", "bad topic", "bad topic"]
+    names.check("A")  # two held: full
+    names.check("B")  # cleared, then B
+    names.check("Orders")
+    assert calls[-3:] == ["A", "B", "Orders"]

@@ -16,10 +16,14 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from raftmq.common import stored_batch
+from raftmq.common import produce_chunk, stored_batch
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import Message
-from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
+from raftmq.common.record_batch import (
+    MalformedBatchError,
+    ProducerSequence,
+    UnsupportedBatchError,
+)
 from raftmq.common.stored_batch import (
     FIXED_HEADER_BYTES,
     NO_TAG,
@@ -494,7 +498,7 @@ def test_a_batch_marked_scheduled_is_read_by_both_implementations(sb: ModuleType
     unknown = bytearray(raw)  # a flag past 0x8 stays unknown
     struct.pack_into("<H", unknown, 32, struct.unpack_from("<H", raw, 32)[0] | 0x10)
     struct.pack_into("<I", unknown, 12, crc32c(memoryview(unknown)[32:]))
-    with pytest.raises(MalformedBatchError, match="unknown flags"):
+    with pytest.raises(UnsupportedBatchError, match="include 0x10, unknown to this raftmq"):
         sb.check_batch(unknown)
 
 
@@ -826,3 +830,53 @@ def test_the_extension_takes_the_twins_keywords() -> None:
 def _iterate_if(fn: object, **kwargs: object) -> object:
     v = fn(**kwargs)  # type: ignore[operator]
     return _iterate(v, 10) if hasattr(v, "__next__") else v
+
+
+# ---- a newer writer's batch: refused with a typed error that says to upgrade -------------------
+
+
+def _with_flags(raw: bytes, extra: int) -> bytearray:
+    buf = bytearray(raw)
+    struct.pack_into("<H", buf, 32, struct.unpack_from("<H", raw, 32)[0] | extra)
+    struct.pack_into("<I", buf, 12, crc32c(memoryview(buf)[32:]))
+    return buf
+
+
+def test_a_flag_this_version_does_not_know_is_refused_as_a_newer_format(sb: ModuleType) -> None:
+    """The mixed-version guard (issue 24): a header flag unknown here changes what the bytes mean
+    (as 0x8, scheduled, did for readers before it), so every reader, the client's too, refuses
+    the batch with UnsupportedBatchError naming the flag and saying to upgrade, never reads it
+    as a batch it knows; unknown versions the same. Every bit past the known ones."""
+    raw = small_batch(sb)
+    for bit in range(4, 16):
+        unstamped = _with_flags(raw, 1 << bit)
+        stamped_buf = bytearray(unstamped)
+        sb.stamp(stamped_buf, 9, 5)  # the stamp reads no flags; every reader below does
+        stamped = bytes(stamped_buf)
+        readers: list[Callable[[bytes], object]] = [
+            sb.verify_stamped,
+            sb.read_header,
+            lambda b: list(sb.iter_messages(b)),
+            produce_chunk.read_header,
+        ]
+        with pytest.raises(UnsupportedBatchError, match="unknown to this raftmq"):
+            sb.check_batch(unstamped)
+        for read in readers:
+            with pytest.raises(UnsupportedBatchError) as caught:
+                read(stamped)
+            assert f"include {1 << bit:#x}, unknown to this raftmq (it reads 0xf)" in str(caught)
+            assert "upgrade raftmq where the batch is read" in str(caught)
+    newer = bytearray(raw)
+    newer[1] = 3
+    for read_newer in (
+        lambda: sb.check_batch(newer),
+        lambda: sb.read_header(newer),
+        lambda: produce_chunk.read_header(bytes(newer)),
+    ):
+        with pytest.raises(UnsupportedBatchError, match=r"version 3 is newer .*upgrade raftmq"):
+            read_newer()
+    older = bytearray(raw)
+    older[1] = 0  # not a newer format: a plain refusal
+    with pytest.raises(MalformedBatchError) as not_newer:
+        sb.check_batch(older)
+    assert not isinstance(not_newer.value, UnsupportedBatchError)
