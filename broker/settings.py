@@ -17,7 +17,7 @@ from raftmq.common.quota import Flow, QuotaTable, parse_user_rates
 from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
-from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
+from raftmq.raftlog.config import FlushPolicy, PeerTls, RaftLogConfig, config_default
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
 MIB = 1 << 20
@@ -414,6 +414,7 @@ class BrokerSettings(ScrapeSettings):
 
     def raft_config(self) -> RaftLogConfig:
         me = self.me
+        peer_ssl = tls.peer_ssl()  # the native core's Raft port is mutual TLS when TLS is on
         return RaftLogConfig(
             node_id=me.raft_address,
             peers=tuple(m.raft_address for m in self.member_list if m.node_id != self.node_id),
@@ -433,6 +434,7 @@ class BrokerSettings(ScrapeSettings):
             ),
             password=self.raft_password or tls.raft_password(),
             raft_impl=self.raft_impl,
+            tls=None if peer_ssl is None else PeerTls(*peer_ssl),
         )
 
 
