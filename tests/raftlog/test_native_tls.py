@@ -110,7 +110,8 @@ def test_raft_between_native_nodes_is_tls_on_the_wire(tmp_path: Path, certs: Pat
         assert sum(len(up) for up, _ in streams) > sent  # the entries did cross the taps
         for up, down in streams:
             assert up[:2] == bytes([TLS_HANDSHAKE, TLS_MAJOR]), up[:16]  # a ClientHello
-            assert down[:2] == bytes([TLS_HANDSHAKE, TLS_MAJOR]), down[:16]  # its answer
+            # Its answer (none yet on a stream caught opening, or one a busy peer dropped).
+            assert down[:2] in (b"", bytes([TLS_HANDSHAKE, TLS_MAJOR])), down[:16]
         in_clear = [i for i, (up, down) in enumerate(streams) if MARKER in up or MARKER in down]
         assert in_clear == []
 
