@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +29,7 @@ from prometheus_client.utils import floatToGoString
 from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
 from raftmq.common.http_shell import HttpLimits, HttpServer
 from raftmq.common.pb import common_pb2
+from raftmq.common.quota import UserUsage
 from raftmq.common.scrape_access import ScrapeAccess, ScrapeSettings, scrape_ssl
 
 _log = logging.getLogger("metrics")
@@ -65,6 +66,31 @@ RPC_LATENCY_BUCKETS_S = (
 def code_name(exc: RaftMQError) -> str:
     """The ErrorCode name of a typed error (the errors metric's `code` label)."""
     return row_for(type(exc)).code
+
+
+def quota_families(usage: Iterable[tuple[str, str, UserUsage]]) -> Iterator[Metric]:
+    """The byte quotas' counters per user and flow (produce, consume) of a server that holds
+    them (a broker's data port, the proxy): bounded by the quota book's max_users (past it:
+    user "_other"). Anonymous (auth off) is user ""."""
+    labels = ["user", "flow"]
+    moved = CounterMetricFamily(
+        "raftmq_quota_bytes", "Bytes a user produced or consumed here", labels=labels
+    )
+    held = CounterMetricFamily(
+        "raftmq_quota_throttle_seconds",
+        "Time this process held a user's answers for its quota",
+        labels=labels,
+    )
+    answers = CounterMetricFamily(
+        "raftmq_quota_throttled_answers", "Answers held for a user's quota", labels=labels
+    )
+    for user, flow, u in usage:
+        moved.add_metric([user, flow], u.bytes)
+        held.add_metric([user, flow], u.throttle_ms / 1000)
+        answers.add_metric([user, flow], u.throttled)
+    yield moved
+    yield held
+    yield answers
 
 
 class HotCounters(Collector):

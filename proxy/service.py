@@ -203,6 +203,16 @@ class MessagingService:
         # issue 27: produce and consume bytes per user, held before serving as on the brokers
         self.quota = QuotaGate(settings.quota_tables())
 
+    # ---- what /metrics reads (proxy/metrics.py), from the scrape's thread ----------------------
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def pop_queue_count(self) -> int:
+        return len(self._pops)
+
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -67,6 +67,7 @@ ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
 DAVE = Credentials("dave", "dave-secret")  # the official RocketMQ 5 client's user
 QUINN = Credentials("quinn", "quinn-secret")  # a consumer with a consume quota
+SCRAPE_TOKEN = "scrape-token-0123"  # the proxy's /metrics asks it (issue 27)
 QUOTA = 200_000  # bytes per second: alice's produce quota and quinn's consume quota (issue 27)
 DRIVER = Path(__file__).parents[1] / "proxy" / "official_client.py"
 ROOT = Path(__file__).parents[2]
@@ -82,10 +83,10 @@ def secure_spec(ports: list[int], data: Path) -> str:
         f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n"
         f"[[controller]]\nid='c0'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
         f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n"
-        f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\n"
+        f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\nmetrics_port={next(it)}\n"
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
         f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='quinn={QUOTA}'\n"
-        "[settings.proxy]\n"
+        f"[settings.proxy]\nmetrics_bearer_token='{SCRAPE_TOKEN}'\n"
         f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='quinn={QUOTA}'\n"
         "[settings.namesrv]\nbroker_expiry_ms=10000\nscan_interval_ms=500\n"
         "[security.auth]\nenabled=true\n"
@@ -119,7 +120,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("secure")
-    spec = parse(secure_spec(free_ports(10), tmp / "data"))
+    spec = parse(secure_spec(free_ports(11), tmp / "data"))
     runner = ClusterRunner(spec)
     try:
         runner.start_all()
@@ -773,6 +774,41 @@ def test_the_proxy_slows_a_user_over_its_consume_quota_on_pop_and_not_another(en
     assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
     assert 0 < quinn_held <= quinn_s * 1000, (quinn_held, quinn_s)
     assert dave_held == 0, dave_held
+
+
+def test_the_proxy_serves_metrics_behind_its_bearer_token_with_quotas_per_user(env: Env) -> None:
+    """The proxy's /metrics has the brokers' access rules (common/scrape_access.py): a bearer
+    token here; /healthz stays open for liveness probes. Its quota counters are per user."""
+    import urllib.error
+    import urllib.request
+
+    [url] = [u for name, u in env.runner.spec.metrics_endpoints() if name == "proxy-0"]
+    _proxy_sends(env, ALICE, b"m" * 1_000, 1)
+
+    def get(path: str, token: str | None) -> tuple[int, str]:
+        req = urllib.request.Request(url.replace("/metrics", path))
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert get("/metrics", None)[0] == 401
+    assert get("/metrics", "not-the-token")[0] == 401
+    assert get("/healthz", None)[0] == 200
+    status, text = get("/metrics", SCRAPE_TOKEN)
+    assert status == 200, text
+    assert "raftmq_proxy_clients" in text and "raftmq_proxy_pop_queues" in text
+    produced = [
+        line
+        for line in text.splitlines()
+        if line.startswith("raftmq_quota_bytes_total{")
+        and 'user="alice"' in line
+        and 'flow="produce"' in line
+    ]
+    assert produced and float(produced[0].rsplit(" ", 1)[1]) >= 1_000, produced
 
 
 def ends_of(env: Env, topic: str) -> list[int]:
