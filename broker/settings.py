@@ -12,8 +12,8 @@ from pathlib import Path
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
-from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.quota_gate import QuotaSettings, check_quota_settings
+from raftmq.common.scrape_access import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
 from raftmq.raftlog.config import FlushPolicy, PeerTls, RaftLogConfig, config_default

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -21,12 +22,11 @@ from raftmq.common import tls
 from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.call_shares import AioCallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
-from raftmq.common.metrics_http import start_metrics
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
-from raftmq.common.settings import address_list
+from raftmq.common.scrape_access import metrics_bind
+from raftmq.common.settings import SettingsError, address_list
 from raftmq.proxy import settings as settings_mod
 from raftmq.proxy.handlers import add_to_server
-from raftmq.proxy.metrics import ProxyMetrics
 from raftmq.proxy.service import MessagingService
 from raftmq.proxy.settings import ProxySettings
 
@@ -88,15 +88,9 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
         security.close()
         return 1
     try:  # issue 27: /metrics with the brokers' TLS and scrape credentials
-        http = start_metrics(
-            settings.metrics_listen,
-            ProxyMetrics(service).registry,
-            lambda: (True, f"proxy serving {settings.advertised}"),
-            "proxy",
-            settings,
-        )
-    except OSError as exc:
-        log.error("proxy.listen_failed %s", exc)
+        http = _start_metrics(settings, service)
+    except (OSError, SettingsError) as exc:
+        log.error("proxy.metrics_failed %s", exc)
         await server.stop(0)
         await service.close()
         security.close()
@@ -125,6 +119,27 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
     security.close()
     log.info("proxy.stopped listen=%s", address)
     return 0
+
+
+def _start_metrics(settings: ProxySettings, service: MessagingService) -> Any:
+    """The proxy's /metrics (None when metrics_listen is off). Imported only then: the proxy
+    runs on the base install, and /metrics needs the server extra (prometheus_client)."""
+    if metrics_bind(settings.metrics_listen) is None:
+        return None
+    try:
+        from raftmq.common.metrics_http import start_metrics
+        from raftmq.proxy.metrics import ProxyMetrics
+    except ImportError as exc:
+        raise SettingsError(
+            f"metrics_listen needs {exc.name}: pip install 'raftmq[server]'"
+        ) from None
+    return start_metrics(
+        settings.metrics_listen,
+        ProxyMetrics(service).registry,
+        lambda: (True, f"proxy serving {settings.advertised}"),
+        "proxy",
+        settings,
+    )
 
 
 def serve(settings: ProxySettings, stop: threading.Event) -> int:

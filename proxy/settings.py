@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.auth import check_auth_settings
-from raftmq.common.metrics_http import check_metrics_listen
 from raftmq.common.quota_gate import QuotaSettings, check_quota_settings
+from raftmq.common.scrape_access import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_PROXY_"
@@ -106,7 +106,7 @@ class ProxySettings(QuotaSettings):
     metrics_listen: str = setting(
         default="",
         unit="host:port",
-        doc='Prometheus /metrics, /healthz and /readyz over HTTP(S), with the metrics_tls and '
+        doc="Prometheus /metrics, /healthz and /readyz over HTTP(S), with the metrics_tls and "
         'metrics_* credentials the brokers have; "" or "off" = none, port 0 = any free port',
     )
     acl_controller_addresses: str = setting(
