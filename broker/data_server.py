@@ -11,9 +11,7 @@ Nothing here decides: errors are the processors' typed RaftMQErrors, mapped by t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +36,8 @@ from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
-from raftmq.common.quota import ByteQuotas, Flow, UserUsage
+from raftmq.common.quota import Flow
+from raftmq.common.quota_gate import QuotaGate
 from raftmq.common.record_batch import MalformedBatchError
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
 
@@ -76,9 +75,8 @@ class DataServer:
         self._closing = False
         self.address = ""
         # issue 27: bytes per user and flow; charged on the loop, read by the metrics scrape
-        self.quotas = ByteQuotas(settings.quota_tables())
-        self._quota_lock = threading.Lock()
-        node.metrics.quota_usage = self.quota_usage
+        self.quota = QuotaGate(settings.quota_tables())
+        node.metrics.quota_usage = self.quota.usage
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -139,41 +137,6 @@ class DataServer:
     @property
     def loop_wakeups(self) -> int:
         return self._waker.wakeups if self._waker is not None else 0
-
-    def quota_usage(self) -> list[tuple[str, str, UserUsage]]:
-        with self._quota_lock:
-            return [
-                (user, flow.value, dataclasses.replace(u))
-                for (user, flow), u in self.quotas.usage.items()
-            ]
-
-    async def _quota_turn(
-        self, flow: Flow, ctx: RequestContext, budget_ms: int
-    ) -> tuple[int, bool]:
-        """Hold a request until its user owes nothing on `flow` (Kafka's way: a delay, never an
-        error), for at most `budget_ms` so that no client's call times out for it: (ms held,
-        whether its turn came). A held request keeps its slot of the connection's in-flight
-        requests, so a client that pipelines is no longer read at data_max_inflight_per_conn."""
-        quotas, user, held = self.quotas, ctx.principal, 0
-        if not quotas.enabled:
-            return 0, True
-        while True:
-            with self._quota_lock:
-                owed = quotas.owed_ms(flow, user, _now_ms())
-            if not owed or held >= budget_ms:
-                break
-            wait = min(owed, budget_ms - held)
-            await asyncio.sleep(wait / 1000)
-            held += wait
-        if held:
-            with self._quota_lock:
-                quotas.note_held(flow, user, held)
-        return held, not owed
-
-    def _charge(self, flow: Flow, ctx: RequestContext, nbytes: int) -> None:
-        """Count what a request served moved for its user (what it owes holds the next one)."""
-        with self._quota_lock:
-            self.quotas.charge(flow, ctx.principal, nbytes, _now_ms())
 
     def _send_budget_ms(self, timeout_ms: int) -> int:
         """A send may be held half its time limit; the rest is for storing it."""
@@ -243,7 +206,7 @@ class DataServer:
         node = self.node
         req = parse(broker_pb2.SendMessageRequest, payload)
         self._check(ctx, req)
-        held, _ = await self._quota_turn(Flow.PRODUCE, ctx, self._send_budget_ms(0))
+        held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, self._send_budget_ms(0))
         term = node.status().term
         if requests.send_needs_thread(node, req):
             prepared = await self._blocking(requests.prepare_send, node, req)
@@ -259,7 +222,7 @@ class DataServer:
             queue_id, outcomes = prepared.queue_id, node.sends.outcomes(prepared, chunk)
         node.metrics.on_send(req.topic, prepared.count, len(payload))
         node.stats.on_send(req.topic, prepared.count)
-        self._charge(Flow.PRODUCE, ctx, len(payload))
+        self.quota.charge(Flow.PRODUCE, ctx.principal, len(payload))
         answer = requests.send_answer(node, queue_id, outcomes, term)
         answer.throttle_ms = held
         return answer.SerializeToString()
@@ -279,7 +242,8 @@ class DataServer:
                 f"{len(req.batches)} batches in one SEND_BATCHES request; the limit is "
                 f"{MAX_BATCHES_PER_REQUEST}"
             )
-        held, _ = await self._quota_turn(Flow.PRODUCE, ctx, self._send_budget_ms(req.timeout_ms))
+        budget = self._send_budget_ms(req.timeout_ms)
+        held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, budget)
         term = node.status().term
         prepared: list[PreparedSend | RaftMQError] = []
         inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
@@ -302,7 +266,7 @@ class DataServer:
                 prepared.append(exc)
         topics = [b.topic for b in req.batches]
         answers = await self._store_all(prepared, topics, req.timeout_ms)
-        self._charge(Flow.PRODUCE, ctx, len(payload))
+        self.quota.charge(Flow.PRODUCE, ctx.principal, len(payload))
         return broker_pb2.SendBatchesResponse(
             results=[requests.batch_result(a) for a in answers],
             broker_group=node.group,
@@ -318,7 +282,8 @@ class DataServer:
         batch is its own answer and stores nothing; a frame that does not parse fails whole."""
         node = self.node
         timeout_ms, batches = stored_send.decode_request(payload, MAX_BATCHES_PER_REQUEST)
-        held, _ = await self._quota_turn(Flow.PRODUCE, ctx, self._send_budget_ms(timeout_ms))
+        budget = self._send_budget_ms(timeout_ms)
+        held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, budget)
         term = node.status().term
         limits = node.sends.batch_limits()
         prepared: list[PreparedSend | RaftMQError] = []
@@ -349,7 +314,7 @@ class DataServer:
                 prepared.append(exc)
             topics.append(topic)
         answers = await self._store_all(prepared, topics, timeout_ms)
-        self._charge(Flow.PRODUCE, ctx, len(payload))
+        self.quota.charge(Flow.PRODUCE, ctx.principal, len(payload))
         return stored_send.encode_answer(
             node.group,
             term,
@@ -420,7 +385,7 @@ class DataServer:
         req = parse(broker_pb2.PullMessageRequest, payload)
         self._check(ctx, req)
         hold_ms = min(max(req.max_wait_ms, 0), self.settings.long_poll_max_ms)
-        held, turn = await self._quota_turn(Flow.CONSUME, ctx, hold_ms)
+        held, turn = await self.quota.turn(Flow.CONSUME, ctx.principal, hold_ms)
         if not turn:  # held as long as a long poll may be: nothing read, pull again from here
             return _held_pull(node, req, held).SerializeToString()
         deadline = time.monotonic() + (self.settings.long_poll_max_ms - held) / 1000
@@ -429,7 +394,7 @@ class DataServer:
         resp = requests.pull_answer(node, result)
         resp.throttle_ms = held
         answer = resp.SerializeToString()
-        self._charge(Flow.CONSUME, ctx, len(answer))
+        self.quota.charge(Flow.CONSUME, ctx.principal, len(answer))
         node.metrics.on_pull(req.consumer_group, req.topic, result.count, len(answer))
         node.stats.on_pull(req.consumer_group, req.topic, result.count)
         return answer
@@ -468,10 +433,6 @@ class DataServer:
             await fut
         finally:
             held.forget(fut, topic, queue_id)
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 def _held_pull(

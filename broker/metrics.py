@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from raftmq.common.errors import RaftMQError
-from raftmq.common.metrics_http import HotCounters, RpcMetrics, code_name
+from raftmq.common.metrics_http import HotCounters, RpcMetrics, code_name, quota_families
 from raftmq.common.quota import UserUsage
 from raftmq.common.transport import Handler, RequestContext
 from raftmq.raftlog.record import Role
@@ -242,31 +242,8 @@ class NodeCollector(Collector):
         yield lag
         yield from self._retention(st.role is Role.LEADER)
         yield from self._storage()
-        yield from self._quotas()
+        yield from quota_families(self._metrics.quota_usage())
         yield from self._consumers(st.role is Role.LEADER)
-
-    def _quotas(self) -> Iterator[Metric]:
-        """Per user and flow (produce, consume) on the framed data path; bounded by the quota
-        book's max_users (past it: user "_other"). Anonymous (auth off) is user ""."""
-        labels = ["user", "flow"]
-        moved = CounterMetricFamily(
-            "raftmq_quota_bytes", "Bytes a user produced or consumed here", labels=labels
-        )
-        held = CounterMetricFamily(
-            "raftmq_quota_throttle_seconds",
-            "Time this node held a user's answers for its quota",
-            labels=labels,
-        )
-        answers = CounterMetricFamily(
-            "raftmq_quota_throttled_answers", "Answers held for a user's quota", labels=labels
-        )
-        for user, flow, usage in self._metrics.quota_usage():
-            moved.add_metric([user, flow], usage.bytes)
-            held.add_metric([user, flow], usage.throttle_ms / 1000)
-            answers.add_metric([user, flow], usage.throttled)
-        yield moved
-        yield held
-        yield answers
 
     def _held(self) -> int:
         try:

@@ -66,8 +66,8 @@ from raftmq.common.errors import (
     RaftMQError,
 )
 from raftmq.common.message import MessageLimits
-from raftmq.common.metrics_http import metrics_bind
 from raftmq.common.record_batch import Kind
+from raftmq.common.scrape_access import metrics_bind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors

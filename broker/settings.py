@@ -12,12 +12,11 @@ from pathlib import Path
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
-from raftmq.common.metrics_http import check_metrics_listen
-from raftmq.common.quota import Flow, QuotaTable, parse_user_rates
-from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
+from raftmq.common.quota_gate import QuotaSettings, check_quota_settings
+from raftmq.common.scrape_access import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 from raftmq.common.types import Member, check_host_port, parse_members
-from raftmq.raftlog.config import FlushPolicy, RaftLogConfig, config_default
+from raftmq.raftlog.config import FlushPolicy, PeerTls, RaftLogConfig, config_default
 
 ENV_PREFIX = "RAFTMQ_BROKER_"
 MIB = 1 << 20
@@ -29,7 +28,7 @@ MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a
 
 
 @settings_class
-class BrokerSettings(ScrapeSettings):
+class BrokerSettings(QuotaSettings):
     cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
     broker_group: str = setting(
         default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
@@ -75,27 +74,6 @@ class BrokerSettings(ScrapeSettings):
         default=2048,
         unit="connections",
         doc="framed data path, auth on: connections one access key may hold; 0 = no cap",
-    )
-    quota_produce_bytes_per_s: int = setting(
-        default=0,
-        unit="bytes/s",
-        doc="framed data path: each user's produce quota (auth off: all clients are one user); "
-        "over it answers are held, not refused, and say for how long; 0 = none",
-    )
-    quota_consume_bytes_per_s: int = setting(
-        default=0,
-        unit="bytes/s",
-        doc="framed data path: each user's consume (pull answer) quota, as the produce one",
-    )
-    quota_produce_by_user: str = setting(
-        default="",
-        unit="",
-        doc="produce quotas of named users over the default, 'alice=1048576,bob=0' (0 = none)",
-    )
-    quota_consume_by_user: str = setting(
-        default="",
-        unit="",
-        doc="consume quotas of named users over the default, as quota_produce_by_user",
     )
     data_hello_timeout_ms: int = setting(
         default=5_000, unit="ms", doc="framed data path: a connection that sends no HELLO is closed"
@@ -312,7 +290,7 @@ class BrokerSettings(ScrapeSettings):
     )
 
     def __post_init__(self) -> None:
-        check_scrape_settings(self)  # issue 27
+        check_quota_settings(self)  # issue 27
         check_auth_settings(self, self.controller_addresses)  # issue 19
         members = parse_members(self.members)
         if self.node_id not in {m.node_id for m in members}:
@@ -349,9 +327,6 @@ class BrokerSettings(ScrapeSettings):
                 "data_max_connections_per_address and data_max_connections_per_user must be >= 0"
                 " (0 = no cap)"
             )
-        self.quota_tables()  # issue 27: a malformed quota names its setting here
-        if self.quota_produce_bytes_per_s < 0 or self.quota_consume_bytes_per_s < 0:
-            raise ValueError("quota_produce/consume_bytes_per_s must be >= 0 (0 = no quota)")
         if self.stats_retention_ms < 0:
             raise ValueError("stats_retention_ms must be >= 0 (0 = reports off)")
         if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:
@@ -381,19 +356,6 @@ class BrokerSettings(ScrapeSettings):
     def delay_policy(self) -> DelayPolicy:
         return DelayPolicy.from_text(self.delay_levels, max_delay_ms=self.max_delay_ms)
 
-    def quota_tables(self) -> dict[Flow, QuotaTable]:
-        """The byte quotas of the framed data path per flow (issue 27)."""
-        return {
-            Flow.PRODUCE: QuotaTable(
-                self.quota_produce_bytes_per_s,
-                parse_user_rates(self.quota_produce_by_user, "quota_produce_by_user"),
-            ),
-            Flow.CONSUME: QuotaTable(
-                self.quota_consume_bytes_per_s,
-                parse_user_rates(self.quota_consume_by_user, "quota_consume_by_user"),
-            ),
-        }
-
     @property
     def member_list(self) -> tuple[Member, ...]:
         return parse_members(self.members)
@@ -422,6 +384,7 @@ class BrokerSettings(ScrapeSettings):
 
     def raft_config(self) -> RaftLogConfig:
         me = self.me
+        peer_ssl = tls.peer_ssl()  # the native core's Raft port is mutual TLS when TLS is on
         return RaftLogConfig(
             node_id=me.raft_address,
             peers=tuple(m.raft_address for m in self.member_list if m.node_id != self.node_id),
@@ -441,6 +404,7 @@ class BrokerSettings(ScrapeSettings):
             ),
             password=self.raft_password or tls.raft_password(),
             raft_impl=self.raft_impl,
+            tls=None if peer_ssl is None else PeerTls(*peer_ssl),
         )
 
 

@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,34 +26,18 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from raftmq.common import tls
 from raftmq.common.errors import ERROR_DETAIL_KEY, RaftMQError, row_for
 from raftmq.common.http_shell import HttpLimits, HttpServer
 from raftmq.common.pb import common_pb2
-from raftmq.common.scrape_access import ScrapeAccess, ScrapeSettings, scrape_ssl
+from raftmq.common.quota import UserUsage
+from raftmq.common.scrape_access import ScrapeAccess, ScrapeSettings, metrics_bind, scrape_ssl
 
 _log = logging.getLogger("metrics")
 
 # (ready, why): why says what is missing when not ready, or what the role is when ready.
 Readiness = Callable[[], tuple[bool, str]]
-METRICS_OFF = "off"
 SCRAPE_THREADS = 2  # scrapes and readiness checks at once; more wait (a scrape takes ms)
-
-
-def check_metrics_listen(value: str, what: str = "metrics_listen") -> None:
-    """'' or 'off' (no endpoint) or host:port, port 0 = any free port."""
-    if value in ("", METRICS_OFF):
-        return
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} {value!r} is not host:port (port 0 = any free port), '' or 'off'")
-
-
-def metrics_bind(value: str) -> tuple[str, int] | None:
-    """(host, port) of a checked metrics_listen value; None when off."""
-    if value in ("", METRICS_OFF):
-        return None
-    host, _, port = value.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 # Seconds: control-plane calls take a few ms; a broker's pull may be held up to 30 s.
@@ -65,6 +49,31 @@ RPC_LATENCY_BUCKETS_S = (
 def code_name(exc: RaftMQError) -> str:
     """The ErrorCode name of a typed error (the errors metric's `code` label)."""
     return row_for(type(exc)).code
+
+
+def quota_families(usage: Iterable[tuple[str, str, UserUsage]]) -> Iterator[Metric]:
+    """The byte quotas' counters per user and flow (produce, consume) of a server that holds
+    them (a broker's data port, the proxy): bounded by the quota book's max_users (past it:
+    user "_other"). Anonymous (auth off) is user ""."""
+    labels = ["user", "flow"]
+    moved = CounterMetricFamily(
+        "raftmq_quota_bytes", "Bytes a user produced or consumed here", labels=labels
+    )
+    held = CounterMetricFamily(
+        "raftmq_quota_throttle_seconds",
+        "Time this process held a user's answers for its quota",
+        labels=labels,
+    )
+    answers = CounterMetricFamily(
+        "raftmq_quota_throttled_answers", "Answers held for a user's quota", labels=labels
+    )
+    for user, flow, u in usage:
+        moved.add_metric([user, flow], u.bytes)
+        held.add_metric([user, flow], u.throttle_ms / 1000)
+        answers.add_metric([user, flow], u.throttled)
+    yield moved
+    yield held
+    yield answers
 
 
 class HotCounters(Collector):
@@ -251,6 +260,7 @@ class MetricsServer:
         *,
         access: ScrapeAccess | None = None,
         tls_mode: str = "",
+        tls_material: tls.Tls | Any | None = tls.PROCESS,
     ) -> None:
         self.registry = registry
         self._ready = ready
@@ -258,12 +268,13 @@ class MetricsServer:
         self._limits = limits
         self._access = access or ScrapeAccess()
         self._tls_mode = tls_mode  # scrape_access.TLS_MODES: this port's TLS (issue 27)
+        self._tls_material = tls_material
         self._http: HttpServer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self.address = ""
 
     def start(self, host: str, port: int) -> str:
-        ctx = scrape_ssl(self._tls_mode)
+        ctx = scrape_ssl(self._tls_mode, self._tls_material)
         self._pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix=f"metrics-{self._name}")
         self._http = HttpServer(self._serve, f"metrics-{self._name}", self._limits, ctx)
         try:
@@ -320,10 +331,11 @@ def start_metrics(
     ready: Readiness,
     name: str,
     settings: ScrapeSettings | None = None,
+    tls_material: tls.Tls | Any | None = tls.PROCESS,
 ) -> MetricsServer | None:
     """A started MetricsServer on `listen` (a metrics_listen value), or None when off, with the
-    role's share per client host, TLS and scrape credentials. Raises OSError naming the address
-    when it cannot bind."""
+    role's share per client host, TLS (the process's material unless `tls_material`) and scrape
+    credentials. Raises OSError naming the address when it cannot bind."""
     bind = metrics_bind(listen)
     if bind is None:
         return None
@@ -335,6 +347,7 @@ def start_metrics(
         HttpLimits(max_connections_per_address=s.http_max_connections_per_address),
         access=ScrapeAccess.from_settings(s),
         tls_mode=s.metrics_tls,
+        tls_material=tls_material,
     )
     try:
         server.start(*bind)

@@ -14,12 +14,14 @@ import dataclasses
 import hmac
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from raftmq.common import tls
 from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
 from raftmq.common.settings import SettingsError, setting, settings_class
 
 TLS_MODES = ("", "off", "server-only", "mutual")
+METRICS_OFF = "off"
 OPEN_PATHS = frozenset({"/healthz"})  # a liveness probe needs no secret (Kubernetes' kubelet)
 
 
@@ -71,6 +73,23 @@ def check_scrape_settings(s: ScrapeSettings) -> None:
         raise ValueError("metrics_basic_auth_user may not contain ':' (HTTP basic auth)")
 
 
+def check_metrics_listen(value: str, what: str = "metrics_listen") -> None:
+    """'' or 'off' (no endpoint) or host:port, port 0 = any free port."""
+    if value in ("", METRICS_OFF):
+        return
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not host:port (port 0 = any free port), '' or 'off'")
+
+
+def metrics_bind(value: str) -> tuple[str, int] | None:
+    """(host, port) of a checked metrics_listen value; None when off."""
+    if value in ("", METRICS_OFF):
+        return None
+    host, _, port = value.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 @dataclass(frozen=True, slots=True)
 class ScrapeAccess:
     """What a scrape must present; both empty = anyone may read."""
@@ -110,10 +129,11 @@ class ScrapeAccess:
         return False
 
 
-def scrape_ssl(mode: str) -> ssl.SSLContext | None:
-    """The metrics port's TLS: the process's material with this port's client-cert choice.
-    SettingsError when TLS is asked of a process that has none."""
-    t = tls.process_tls()
+def scrape_ssl(mode: str, material: tls.Tls | Any | None = tls.PROCESS) -> ssl.SSLContext | None:
+    """The metrics port's TLS: the process's material (or `material`: the dashboard serves its
+    own certificate) with this port's client-cert choice. SettingsError when TLS is asked of a
+    process that has none."""
+    t = tls.resolve(material)
     if mode == "off":
         return None
     if t is None:

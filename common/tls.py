@@ -7,6 +7,7 @@ Never reads a key on the hot path; never falls back to plaintext when TLS was as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import ssl
 import threading
@@ -48,7 +49,8 @@ class TlsSettings:
     raft_key: str = setting(
         default="",
         unit="path",
-        doc="file holding the shared Raft secret (pysyncobj encryption of the Raft port)",
+        doc="file holding the shared Raft secret (encrypts the controllers' pysyncobj Raft "
+        "port; admits peers to the brokers' TLS Raft port)",
     )
 
 
@@ -245,9 +247,21 @@ def client_tls(
         raise InvalidArgumentError(str(exc)) from None
 
 
+def peer_ssl(tls: Tls | Any | None = PROCESS) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+    """(server, client) contexts of a port between the nodes themselves (the native Raft port):
+    mutual whatever require_client_cert says, since every node has a certificate; None when TLS
+    is off."""
+    t = resolve(tls)
+    if t is None:
+        return None
+    mutual = dataclasses.replace(t, require_client_cert=True)
+    return mutual.server_context(), mutual.client_context()
+
+
 def raft_password() -> str | None:
-    """The Raft port's shared secret when TLS is on (pysyncobj's encryption; design.md says
-    why the Raft port is not TLS itself)."""
+    """The Raft ports' shared secret when TLS is on: pysyncobj's encryption of the controllers'
+    port; on the brokers' native port, TLS protects the frames and each peer proves the secret
+    in its hello (design.md, "Raft over TLS")."""
     t = process_tls()
     return None if t is None else t.raft_password
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.metrics_http import check_metrics_listen
-from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
+from raftmq.common.scrape_access import ScrapeSettings, check_metrics_listen, check_scrape_settings
 from raftmq.common.settings import load_settings, setting, settings_class
 from raftmq.common.types import Member, parse_address_list, parse_members
 from raftmq.controller.alarms import RuleError, parse_rules

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.auth import check_auth_settings
-from raftmq.common.metrics_http import check_metrics_listen
-from raftmq.common.scrape_access import ScrapeSettings, check_scrape_settings
+from raftmq.common.scrape_access import ScrapeSettings, check_metrics_listen, check_scrape_settings
 from raftmq.common.settings import load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_NAMESRV_"

@@ -21,6 +21,7 @@ from raftmq.ops import cli_data
 from raftmq.ops.cluster_spec import ClusterSpec, load
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+METRICS_ENV_PREFIX = "RAFTMQ_DASHBOARD_"  # the /metrics credentials (issue 27)
 
 
 def dashboard(args: argparse.Namespace) -> int:
@@ -62,7 +63,14 @@ def dashboard(args: argparse.Namespace) -> int:
             ),
             ssl=None if served is None else served.server_context(),
         )
-        server.start()
+        # The metrics port first: once the dashboard answers, its /metrics does too.
+        metrics = _start_metrics(args, server, served)
+        try:
+            server.start()
+        except BaseException:
+            if metrics is not None:
+                metrics.stop()
+            raise
         mode = "actions allowed (each asks for confirmation)" if args.allow_actions else "read-only"
         if login is not None:
             mode += "; sign in as a user of the cluster (admins act, others read)"
@@ -71,6 +79,11 @@ def dashboard(args: argparse.Namespace) -> int:
             f"NameServers {namesrv}; Ctrl-C stops",
             highlight=False,
         )
+        if metrics is not None:
+            scheme = "http" if args.metrics_tls == "off" else tls.scheme(served)
+            cli_data.console.print(
+                f"dashboard metrics: {scheme}://{metrics.address}/metrics", highlight=False
+            )
         # Installed here, not inherited: a shell starts background jobs with SIGINT ignored,
         # and a supervisor stops with SIGTERM; both end the wait the same way.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -80,8 +93,39 @@ def dashboard(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             cli_data.console.print("dashboard stopped", highlight=False)
         finally:
+            if metrics is not None:
+                metrics.stop()
             server.stop()
     return 0
+
+
+def _start_metrics(args: argparse.Namespace, server: Any, served: tls.Tls | None) -> Any:
+    """The dashboard's /metrics on --metrics-listen (None when not asked): the brokers' rules,
+    its TLS as the dashboard's own certificate (metrics_tls modes), its credentials from
+    RAFTMQ_DASHBOARD_METRICS_BASIC_AUTH_USER/_PASSWORD or _BEARER_TOKEN (never flags: secrets
+    stay off the command line)."""
+    if not args.metrics_listen:
+        return None
+    from raftmq.common.metrics_http import start_metrics
+    from raftmq.common.scrape_access import ScrapeSettings, check_metrics_listen
+    from raftmq.common.settings import SettingsError, load_settings
+    from raftmq.ops.dashboard.metrics import dashboard_registry
+
+    try:
+        check_metrics_listen(args.metrics_listen, "--metrics-listen")
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    settings = load_settings(
+        ScrapeSettings, None, METRICS_ENV_PREFIX, {"metrics_tls": args.metrics_tls or None}
+    )
+    return start_metrics(
+        args.metrics_listen,
+        dashboard_registry(server),
+        lambda: (bool(server.address), f"dashboard serving {server.address or '(starting)'}"),
+        "dashboard",
+        settings,
+        tls_material=served,
+    )
 
 
 def _spec_dashboard_tls(spec: ClusterSpec) -> tls.Tls | None:
@@ -151,5 +195,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=0,
         help="connections one client host may hold (default 32; one held or slow is closed "
         "after 10 s without a whole request)",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        default="",
+        help="serve Prometheus /metrics, /healthz and /readyz on this host:port too (port 0 = "
+        "any free one); credentials from RAFTMQ_DASHBOARD_METRICS_BASIC_AUTH_USER and "
+        "_PASSWORD, or _BEARER_TOKEN",
+    )
+    p.add_argument(
+        "--metrics-tls",
+        default="",
+        choices=("", "off", "server-only", "mutual"),
+        help='TLS of the metrics port: "" = as the dashboard (its certificate under '
+        "[security.tls]), server-only, mutual or off",
     )
     p.set_defaults(func=dashboard)

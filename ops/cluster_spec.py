@@ -717,6 +717,9 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         Endpoint(_str(t, "host", f"proxy[{i}]"), _port(t, "port", f"proxy[{i}]"))
         for i, t in enumerate(raw.get("proxy", []))
     )
+    for i, t in enumerate(raw.get("proxy", [])):
+        if "metrics_port" in t:
+            metrics_ports[f"proxy-{i}"] = _port(t, "metrics_port", f"proxy[{i}]")
     settings = raw.get("settings", {})
     if not isinstance(settings, dict) or not set(settings) <= set(ROLE_SETTINGS):
         raise SpecError(

@@ -17,7 +17,7 @@ from raftmq.common.errors import RaftMQError
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.proxy.codes import ApiError, status_of
-from raftmq.proxy.service import MessagingService
+from raftmq.proxy.service import CALLER, MessagingService
 
 log = logging.getLogger("proxy")
 
@@ -45,10 +45,11 @@ def _bad_request(method: str, raw: bytes, exc: Exception) -> v2.Status:
 def _checked(guard: Guard | None, method: str, request: Message, context: Any) -> None:
     """Issue 19: the official client's `authorization` header and the method's rule, checked
     here, the node that serves the call; a failure is the response's v2 status (UNAUTHORIZED,
-    FORBIDDEN), as RocketMQ's proxy answers."""
+    FORBIDDEN), as RocketMQ's proxy answers. The subject is the call's CALLER (its quotas)."""
     if guard is not None:
         subject = guard.authenticate_metadata(context.invocation_metadata())
         guard.check_path(subject, f"/{SERVICE.full_name}/{method}", request)
+        CALLER.set(subject)
 
 
 def _unary(

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -22,7 +23,8 @@ from raftmq.common.acl_sync import NodeSecurity
 from raftmq.common.call_shares import AioCallShares, per_address_cap
 from raftmq.common.grpc_options import SERVER_LIVENESS
 from raftmq.common.process import SettingsSection, parse_one_section, run_role
-from raftmq.common.settings import address_list
+from raftmq.common.scrape_access import metrics_bind
+from raftmq.common.settings import SettingsError, address_list
 from raftmq.proxy import settings as settings_mod
 from raftmq.proxy.handlers import add_to_server
 from raftmq.proxy.service import MessagingService
@@ -85,24 +87,59 @@ async def _serve(settings: ProxySettings, stop: threading.Event) -> int:
         await service.close()
         security.close()
         return 1
+    try:  # issue 27: /metrics with the brokers' TLS and scrape credentials
+        http = _start_metrics(settings, service)
+    except (OSError, SettingsError) as exc:
+        log.error("proxy.metrics_failed %s", exc)
+        await server.stop(0)
+        await service.close()
+        security.close()
+        return 1
     await server.start()
     service.start()
     address = f"{settings.listen.rpartition(':')[0]}:{port}"
+    metrics = http.address if http is not None else ""
     log.info(
-        "proxy.started listen=%s advertise=%s proxies=%s namesrv=%s",
+        "proxy.started listen=%s advertise=%s proxies=%s namesrv=%s metrics=%s",
         address,
         service.me,
         ",".join(service.proxies),
         settings.namesrv_addresses,
+        metrics or "off",
     )
-    print(f"proxy.started listen={address}", flush=True)
+    print(
+        f"proxy.started listen={address}" + (f" metrics={metrics}" if metrics else ""), flush=True
+    )
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, stop.wait)
     await server.stop(settings.shutdown_grace_ms / 1000)
+    if http is not None:
+        http.stop()
     await service.close()
     security.close()
     log.info("proxy.stopped listen=%s", address)
     return 0
+
+
+def _start_metrics(settings: ProxySettings, service: MessagingService) -> Any:
+    """The proxy's /metrics (None when metrics_listen is off). Imported only then: the proxy
+    runs on the base install, and /metrics needs the server extra (prometheus_client)."""
+    if metrics_bind(settings.metrics_listen) is None:
+        return None
+    try:
+        from raftmq.common.metrics_http import start_metrics
+        from raftmq.proxy.metrics import ProxyMetrics
+    except ImportError as exc:
+        raise SettingsError(
+            f"metrics_listen needs {exc.name}: pip install 'raftmq[server]'"
+        ) from None
+    return start_metrics(
+        settings.metrics_listen,
+        ProxyMetrics(service).registry,
+        lambda: (True, f"proxy serving {settings.advertised}"),
+        "proxy",
+        settings,
+    )
 
 
 def serve(settings: ProxySettings, stop: threading.Event) -> int:

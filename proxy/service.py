@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import logging
 import secrets
 import socket
@@ -43,6 +44,8 @@ from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pop import AckOutcome, Delivery, Plan, QueuePop
+from raftmq.common.quota import ANONYMOUS, Flow
+from raftmq.common.quota_gate import QuotaGate
 from raftmq.common.types import QueueRef
 from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.broker_io import BrokerIO, Pulled
@@ -52,6 +55,14 @@ from raftmq.proxy.settings import ProxySettings
 log = logging.getLogger("proxy")
 
 CLIENT_ID_KEY = "x-mq-client-id"
+# How long a send or receive was held for its user's byte quota (issue 27), in the call's
+# trailing metadata: v2's responses have no field for it (Kafka's throttle_time_ms).
+THROTTLE_KEY = "x-raftmq-throttle-ms"
+# A send may be held half its deadline; without one, half the official clients' default 3 s.
+DEFAULT_SEND_HOLD_MS = 1_500
+# The authenticated caller of the running call (proxy/handlers.py sets it; anonymous with auth
+# off), whose quotas apply: a per-call context, like grpc.aio's own per-call task.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("proxy_caller", default=ANONYMOUS)
 DEFAULT_INVISIBLE_MS = 30_000  # a receive that gives none (a push consumer's auto renew)
 MIN_WAIT_S = 0.05  # a failed held pull is not retried sooner than this
 MAX_HELD_PULL_MS = 5_000
@@ -189,6 +200,18 @@ class MessagingService:
         # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
         # must not send them again (at most the in-flight messages).
         self._dead_lettering: set[tuple[str, str, int, int]] = set()
+        # issue 27: produce and consume bytes per user, held before serving as on the brokers
+        self.quota = QuotaGate(settings.quota_tables())
+
+    # ---- what /metrics reads (proxy/metrics.py), from the scrape's thread ----------------------
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def pop_queue_count(self) -> int:
+        return len(self._pops)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -300,7 +323,11 @@ class MessagingService:
             raise ApiError(v2.BAD_REQUEST, "the request holds no message")
         if len(request.messages) > 1024:
             raise ApiError(v2.BAD_REQUEST, "at most 1024 messages per request")
+        user = CALLER.get()
+        held, _ = await self.quota.turn(Flow.PRODUCE, user, _hold_budget_ms(context, 0))
         entries = await asyncio.gather(*(self._send_one(m) for m in request.messages))
+        self.quota.charge(Flow.PRODUCE, user, request.ByteSize())
+        _tell_throttle(context, held)
         first_bad = next((e.status for e in entries if e.status.code != v2.OK), None)
         return svc.SendMessageResponse(status=first_bad or ok(), entries=entries)
 
@@ -405,7 +432,8 @@ class MessagingService:
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[svc.ReceiveMessageResponse]:
         try:
-            got = await self._receive(request, context)
+            got, held = await self._receive(request, context)
+            _tell_throttle(context, held)
         except Exception as exc:
             if not isinstance(exc, (ApiError, RaftMQError)):
                 log.exception("proxy.receive_failed")
@@ -428,7 +456,8 @@ class MessagingService:
 
     async def _receive(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> list[v2.Message]:
+    ) -> tuple[list[v2.Message], int]:
+        """The messages of one receive (POP) and how long it was held for its user's quota."""
         group = _check_group(request.group)
         topic = convert.check_topic(request.message_queue.topic)
         self._touch(self._client_id(context), 0, group)
@@ -464,11 +493,18 @@ class MessagingService:
                 f"topic {topic!r} has no readable queue served by this proxy ({self.me})",
             )
         fifo = routing.is_ordered(route)
-        deadline = now_ms() + poll_ms
+        # Held before anything is popped, at most its long poll: a receive whose user still
+        # owes then pops nothing (MESSAGE_NOT_FOUND, the client receives again), never fails.
+        user = CALLER.get()
+        held, turn = await self.quota.turn(Flow.CONSUME, user, _hold_budget_ms(context, poll_ms))
+        if not turn:
+            return [], held
+        deadline = now_ms() + max(0, poll_ms - held)
         while True:
             got = await self._pop_once(group, queues, fifo, batch, invisible_ms, flt)
             if got or now_ms() >= deadline or context.done():
-                return got
+                self.quota.charge(Flow.CONSUME, user, sum(m.ByteSize() for m in got))
+                return got, held
             await self._wait(group, queues, fifo, flt, deadline)
 
     def _check_invisible(self, invisible_ms: int) -> None:
@@ -1129,6 +1165,22 @@ class MessagingService:
                 for ms in DEFAULT_DELAY_LEVELS_MS
             )
         return out
+
+
+def _hold_budget_ms(context: grpc.aio.ServicerContext[Any, Any], poll_ms: int) -> int:
+    """How long a call may be held for its user's quota: a receive its long poll (the client
+    waits that long anyway), else half the call's deadline (the rest is for serving it)."""
+    if poll_ms > 0:
+        return poll_ms
+    remaining = context.time_remaining()
+    if remaining is None:
+        return DEFAULT_SEND_HOLD_MS
+    return max(0, int(remaining * 1000) // 2)
+
+
+def _tell_throttle(context: grpc.aio.ServicerContext[Any, Any], held_ms: int) -> None:
+    if held_ms:
+        context.set_trailing_metadata(((THROTTLE_KEY, str(held_ms)),))
 
 
 def _stale(outcome: AckOutcome, handle: receipt.ReceiptHandle) -> str:

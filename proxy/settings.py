@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from raftmq.common.auth import check_auth_settings
-from raftmq.common.fair_share import FairShareSettings, check_fair_share_settings
+from raftmq.common.quota_gate import QuotaSettings, check_quota_settings
+from raftmq.common.scrape_access import check_metrics_listen
 from raftmq.common.settings import address_list, load_settings, setting, settings_class
 
 ENV_PREFIX = "RAFTMQ_PROXY_"
@@ -20,7 +21,7 @@ CONSUME_FROM = ("earliest", "latest")
 
 
 @settings_class
-class ProxySettings(FairShareSettings):
+class ProxySettings(QuotaSettings):
     listen: str = setting(
         default="127.0.0.1:8081",
         unit="host:port",
@@ -102,6 +103,12 @@ class ProxySettings(FairShareSettings):
         default=2_000, unit="ms", doc="on SIGTERM or SIGINT, in-flight calls get this long"
     )
     log_level: str = setting(default="INFO", unit="", doc="DEBUG, INFO, WARNING or ERROR")
+    metrics_listen: str = setting(
+        default="",
+        unit="host:port",
+        doc="Prometheus /metrics, /healthz and /readyz over HTTP(S), with the metrics_tls and "
+        'metrics_* credentials the brokers have; "" or "off" = none, port 0 = any free port',
+    )
     acl_controller_addresses: str = setting(
         default="",
         unit="host:port,...",
@@ -109,7 +116,8 @@ class ProxySettings(FairShareSettings):
     )
 
     def __post_init__(self) -> None:
-        check_fair_share_settings(self)  # issue 27
+        check_quota_settings(self)  # issue 27
+        check_metrics_listen(self.metrics_listen)
         check_auth_settings(self, self.acl_controller_addresses)  # issue 19
         for key in ("listen", "advertise"):
             value = getattr(self, key)

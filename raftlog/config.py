@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +22,23 @@ class FlushPolicy(enum.Enum):
 
     ASYNC_FLUSH = "ASYNC_FLUSH"  # group fsync at most every flush_interval_ms (tick thread)
     SYNC_FLUSH = "SYNC_FLUSH"  # an entry is fsynced on a node before that node counts toward commit
+
+
+@dataclass(frozen=True, slots=True)
+class PeerTls:
+    """The Raft port's TLS (native core): mutual, both ends present a certificate of the cluster's
+    CA. Made by the embedding role from its TLS settings; raftlog only uses the contexts."""
+
+    server: ssl.SSLContext  # must ask for a client certificate (CERT_REQUIRED)
+    client: ssl.SSLContext  # checks the peer's certificate and host name
+
+    def __post_init__(self) -> None:
+        if self.server.verify_mode != ssl.CERT_REQUIRED:
+            raise ValueError(
+                "the Raft port's TLS is mutual: its server context needs CERT_REQUIRED"
+            )
+        if self.client.verify_mode != ssl.CERT_REQUIRED or not self.client.check_hostname:
+            raise ValueError("the Raft port's client context must check the peer's certificate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +72,17 @@ class RaftLogConfig:
     # Which Raft runs the group: "pysyncobj" (ReplicatedLog) or "native" (NativeLog, raftmq's
     # own core on one loop). The controller always runs pysyncobj.
     raft_impl: str = "pysyncobj"
+    # Native core only: TLS between the nodes (None = plain TCP, sealed by `password` if set),
+    # and the address it listens on when that differs from node_id (a NAT, a relay in a test).
+    tls: PeerTls | None = None
+    listen: str = ""
 
     def __post_init__(self) -> None:
         if self.node_id in self.peers:
             raise ValueError(f"peers must not contain this node ({self.node_id})")
         if len(set(self.peers)) != len(self.peers):
             raise ValueError(f"duplicate peers in {self.peers}")
-        for addr in (self.node_id, *self.peers):
+        for addr in (self.node_id, *self.peers, *((self.listen,) if self.listen else ())):
             host, sep, port = addr.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"raft address {addr!r} is not host:port")

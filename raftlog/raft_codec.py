@@ -1,5 +1,6 @@
 """The native Raft shell's wire format: raft_messages values to plain binary frames and back, plus
-the per-connection sealing (AES-GCM under a key derived from the Raft password).
+the per-connection protection by the Raft password: AES-GCM sealing of each frame without TLS, a
+proof in the hello under TLS.
 
 Sans-I/O: bytes in, values out; never unpickles, never trusts a length it has not checked. The
 sender and receiver ids are not on the wire: the connection's hello names the sender.
@@ -8,6 +9,7 @@ sender and receiver ids are not on the wire: the connection's hello names the se
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -36,7 +38,7 @@ NONCE_BYTES: Final = 16
 _KEY_SALT: Final = b"raftmq-native-raft-v1"
 
 _U8 = struct.Struct("<B")
-_HELLO = struct.Struct("<4sHB16s")  # magic, version, sealed, nonce; then the sender id
+_HELLO = struct.Struct("<4sHB16s")  # magic, version, mode, nonce; then a proof, the sender id
 _APPEND = struct.Struct("<QQQQI")  # term, prev_index, prev_term, commit, count
 _ENTRY = struct.Struct("<QI")  # term, data length (indexes follow prev_index)
 _APPEND_RESP = struct.Struct("<QBQQB")  # term, success, next_index, rejected_prev, eligible
@@ -81,22 +83,66 @@ def derive_key(password: str) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", password.encode(), _KEY_SALT, 100_000)
 
 
-def encode_hello(sender: str, sealed: bool, nonce: bytes) -> bytes:
-    return _HELLO.pack(HELLO_MAGIC, HELLO_VERSION, int(sealed), nonce) + sender.encode()
+def looks_like_tls(first: bytes) -> bool:
+    """Whether a connection's first byte opens a TLS handshake record (content type 22). Our
+    hello frame opens with its length's low byte, 22 only for a 255-byte sender id, which no
+    host:port is: so the two are told apart before either side reads a frame."""
+    return first[:1] == b"\x16"
 
 
-def decode_hello(body: bytes) -> tuple[str, bool, bytes]:
-    """(sender id, sealed, nonce) of a hello frame's body."""
+# How a connection protects its frames, the hello's mode byte:
+PLAIN: Final = 0  # no password, no TLS
+SEALED: Final = 1  # each frame AES-GCM sealed under the password (no TLS)
+PROVED: Final = 2  # TLS carries the frames; the hello proves the password (HMAC), frames plain
+MODES: Final = (PLAIN, SEALED, PROVED)
+PROOF_BYTES: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    sender: str
+    mode: int
+    nonce: bytes
+    proof: bytes = b""  # PROVED only: hello_proof(key, nonce, sender)
+
+
+def hello_mode(key: bytes | None, tls: bool) -> int:
+    if key is None:
+        return PLAIN
+    return PROVED if tls else SEALED
+
+
+def hello_proof(key: bytes, nonce: bytes, sender: str) -> bytes:
+    """The password's proof in a hello under TLS: a fresh nonce per connection, and only the
+    receiving node reads it (TLS), so it cannot be lifted off the wire and replayed."""
+    return hmac.new(key, b"raftmq-raft-hello|" + nonce + sender.encode(), "sha256").digest()
+
+
+def encode_hello(sender: str, mode: int, nonce: bytes, proof: bytes = b"") -> bytes:
+    if (mode == PROVED) != (len(proof) == PROOF_BYTES):
+        raise ValueError("a PROVED hello carries a proof of PROOF_BYTES, the others none")
+    return _HELLO.pack(HELLO_MAGIC, HELLO_VERSION, mode, nonce) + proof + sender.encode()
+
+
+def decode_hello(body: bytes) -> Hello:
     if len(body) < _HELLO.size:
         raise BadMessageError("hello too short: not a raftmq native Raft peer")
-    magic, version, sealed, nonce = _HELLO.unpack_from(body)
+    magic, version, mode, nonce = _HELLO.unpack_from(body)
     if magic != HELLO_MAGIC or version != HELLO_VERSION:
         raise BadMessageError(f"not a raftmq native Raft peer (magic {magic!r}, v{version})")
+    if mode not in MODES:
+        raise BadMessageError(f"hello of unknown mode {mode}")
+    pos = _HELLO.size
+    proof = b""
+    if mode == PROVED:
+        proof, pos = body[pos : pos + PROOF_BYTES], pos + PROOF_BYTES
+        if len(proof) != PROOF_BYTES:
+            raise BadMessageError("hello's proof is truncated")
     try:
-        sender = body[_HELLO.size :].decode()
+        sender = body[pos:].decode()
     except UnicodeDecodeError as exc:
         raise BadMessageError("hello sender id is not text") from exc
-    return sender, bool(sealed), nonce
+    return Hello(sender, mode, nonce, proof)
 
 
 class Sealer:

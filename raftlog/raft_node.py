@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
+import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +45,19 @@ _FIRST_RETRY_S = 0.02  # the first reconnect attempt's wait
 REPAIR_RETRY_S = 1.0  # a corrupt record's copy is asked of every peer this often until repaired
 _MAX_REPAIRS_ASKED = 16  # records asked for per round (the rest wait for the next rounds)
 _MAX_UNREADABLE_LOGGED = 1024  # (peer, index) pairs remembered so each is logged once
+# Inbound streams at once: each member holds one to us; the rest is room for reconnects
+# overlapping a closing stream, and a bound against a stranger opening thousands.
+_MAX_INBOUND_PER_PEER = 4
+_MAX_INBOUND_EXTRA = 8
+_REFUSAL_LOG_EVERY_S = 30.0  # one line per kind of refusal and peer address this often
+_MAX_REFUSALS_REMEMBERED = 256
+
+
+_MODE_TEXT = {
+    raft_codec.PLAIN: "has no Raft password",
+    raft_codec.SEALED: "seals its frames with the Raft password (no TLS)",
+    raft_codec.PROVED: "has TLS and a Raft password",
+}
 
 
 def core_config(cfg: RaftLogConfig) -> RaftConfig:
@@ -72,11 +88,22 @@ class PeerLink:
     """This node's outbound stream to one peer: connects (and reconnects), says hello, writes
     queued frames in order. Messages queued while it is down are dropped: Raft resends."""
 
-    def __init__(self, node_id: str, peer: str, key: bytes | None, cfg: RaftLogConfig) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        peer: str,
+        key: bytes | None,
+        cfg: RaftLogConfig,
+        refused: Callable[[str, str, str], None],
+    ) -> None:
         self.node_id = node_id
         self.peer = peer
         self.key = key
         self.cfg = cfg
+        # Under TLS the password admits a peer (a proof in its hello) and TLS protects the
+        # frames; without TLS it seals every frame (design.md, "Raft over TLS").
+        self.mode = raft_codec.hello_mode(key, cfg.tls is not None)
+        self._refused = refused  # the node's rate-limited warning for what an operator must fix
         self.out = _Outbox(deque())
         self._wake = asyncio.Event()
         self._connected = False
@@ -99,10 +126,35 @@ class PeerLink:
         max_retry_s = self.cfg.reconnect_ms / 1000
         retry_s = _FIRST_RETRY_S
         while True:
+            tls = self.cfg.tls
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, int(port)), timeout=max_retry_s * 4
+                    asyncio.open_connection(
+                        host,
+                        int(port),
+                        ssl=tls.client if tls is not None else None,
+                        server_hostname=host if tls is not None else None,
+                    ),
+                    timeout=max_retry_s * 4,
                 )
+            except ssl.SSLEOFError:
+                # Closed during the handshake: a peer going down, or a plaintext one (which
+                # logs the refusal on its side). Retried as any failed connect.
+                await asyncio.sleep(retry_s)
+                retry_s = min(max_retry_s, retry_s * 2)
+                continue
+            except ssl.SSLError as exc:
+                # A peer without TLS, or a certificate ours does not trust: said, then retried
+                # as any failed connect (the peer may be restarting with the right flags).
+                self._refused(
+                    self.peer,
+                    f"tls_handshake_failed error={_ssl_reason(exc)}",
+                    "give every node of the group the same --tls-* flags and a certificate of "
+                    "the same CA that names its host",
+                )
+                await asyncio.sleep(retry_s)
+                retry_s = min(max_retry_s, retry_s * 2)
+                continue
             except (OSError, TimeoutError):
                 # Doubling up to reconnect_ms: a restarting peer is heard again within ~50 ms
                 # of listening, a dead one costs a connect attempt per reconnect_ms.
@@ -110,30 +162,48 @@ class PeerLink:
                 retry_s = min(max_retry_s, retry_s * 2)
                 continue
             retry_s = _FIRST_RETRY_S
+            # The peer never writes on this stream, so a read that ends means it left (a FIN,
+            # e.g. a restart): noticed now rather than at a later write that may never fail.
+            stream = asyncio.ensure_future(self._stream(writer))
+            gone = asyncio.ensure_future(reader.read(1))
             try:
-                await self._stream(reader, writer)
-            except (OSError, ConnectionError, asyncio.IncompleteReadError):
-                pass
-            except Exception:
-                # A bug, never a reason to stop: a link that ended would cut this node off from
-                # its peer for good (Raft cannot tell it from a network that drops everything).
-                log.exception("raft.peer_link_failed node=%s peer=%s", self.node_id, self.peer)
-                retry_s = max_retry_s  # not a tight loop of tracebacks
+                await asyncio.wait((stream, gone), return_when=asyncio.FIRST_COMPLETED)
             finally:
+                stream.cancel()
+                gone.cancel()
+                await asyncio.gather(stream, gone, return_exceptions=True)
                 self._connected = False
                 self.out.frames.clear()
                 self.out.nbytes = 0
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
+            failure = None if stream.cancelled() else stream.exception()
+            if failure is not None and not isinstance(
+                failure, (OSError, ConnectionError, asyncio.IncompleteReadError)
+            ):
+                # A bug, never a reason to stop: a link that ended would cut this node off from
+                # its peer for good (Raft cannot tell it from a network that drops everything).
+                log.error(
+                    "raft.peer_link_failed node=%s peer=%s",
+                    self.node_id,
+                    self.peer,
+                    exc_info=failure,
+                )
+                retry_s = max_retry_s  # not a tight loop of tracebacks
             await asyncio.sleep(retry_s)
 
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
         nonce = os.urandom(raft_codec.NONCE_BYTES)
-        key = self.key
-        hello = raft_codec.encode_hello(self.node_id, key is not None, nonce)
+        key, mode = self.key, self.mode
+        proof = b""
+        sealer = None
+        if key is not None and mode == raft_codec.PROVED:
+            proof = raft_codec.hello_proof(key, nonce, self.node_id)
+        elif key is not None and mode == raft_codec.SEALED:
+            sealer = raft_codec.Sealer(key, nonce)
+        hello = raft_codec.encode_hello(self.node_id, mode, nonce, proof)
         writer.write(raft_codec.FRAME_HEADER.pack(len(hello)) + hello)
-        sealer = raft_codec.Sealer(key, nonce) if key is not None else None
         self._connected = True
         header = raft_codec.FRAME_HEADER
         while True:
@@ -141,11 +211,11 @@ class PeerLink:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if writer.is_closing() or reader.at_eof():
-                # The peer closed (it died, restarted or reset the connection while we waited):
-                # reconnect rather than write into a closed transport, which uvloop answers
-                # with RuntimeError, not OSError, and which ended this task for good.
-                raise ConnectionResetError(f"{self.peer} closed the stream")
+            if writer.is_closing():
+                # The peer reset the connection while we waited (a SIGKILLed peer with our
+                # frames unread): uvloop has closed the transport, and a write now raises
+                # RuntimeError instead of the connection error it is.
+                raise ConnectionResetError(f"connection to {self.peer} was closed")
             chunks: list[bytes] = []
             while self.out.frames:
                 body = self.out.frames.popleft()
@@ -178,6 +248,9 @@ class RaftNodeShell:
         self.storage = storage
         self.health = health
         self.key = raft_codec.derive_key(cfg.password) if cfg.password else None
+        # Under TLS the password admits a peer (a proof in its hello) and TLS protects the
+        # frames; without TLS it seals every frame (design.md, "Raft over TLS").
+        self.mode = raft_codec.hello_mode(self.key, cfg.tls is not None)
         self._on_committed = on_committed
         self._on_role = on_role
         self._on_tick = on_tick
@@ -202,7 +275,10 @@ class RaftNodeShell:
         self._unreadable_logged: set[tuple[str, int | None]] = set()
         self.blocked: frozenset[str] = frozenset()
         self._links: dict[str, PeerLink] = {}
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._refusals: dict[tuple[str, str], float] = {}  # (address, kind) -> last logged
+        self._finishing: asyncio.Task[None] | None = None  # a Ready waiting on its persist
         self._busy = False  # a Ready is being handled (maybe waiting on fdatasync)
         self._scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -214,7 +290,6 @@ class RaftNodeShell:
         self._next_repair = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
-        self._finishing: asyncio.Task[None] | None = None  # a Ready waiting on its persist
         # Installs a leader's snapshot into the state machine, calling the second argument
         # (which resets the journal) while nothing reads the log; None: reset the journal only.
         self.install_snapshot: Callable[[Snapshot, Callable[[], None]], None] | None = None
@@ -222,11 +297,14 @@ class RaftNodeShell:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        host, _, port = self.id.rpartition(":")
-        self._server = await asyncio.start_server(self._accept, host, int(port), reuse_address=True)
-        for p in self.core.peers:
-            self._links[p] = PeerLink(self.id, p, self.key, self.cfg)
+        host, _, port = (self.cfg.listen or self.id).rpartition(":")
+        listener = socket.create_server((host, int(port)), backlog=64)  # SO_REUSEADDR on POSIX
+        listener.setblocking(False)
+        self._listener = listener
         loop = asyncio.get_running_loop()
+        self._accepting = loop.create_task(self._accept_loop(listener), name="raft-accept")
+        for p in self.core.peers:
+            self._links[p] = PeerLink(self.id, p, self.key, self.cfg, self.refused)
         self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
         self._report_role()
         self.kick()
@@ -235,17 +313,21 @@ class RaftNodeShell:
         self._closed = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
         for link in self._links.values():
             link.task.cancel()
         for t in list(self._inbound):
             t.cancel()
         tasks = [link.task for link in self._links.values()] + list(self._inbound)
+        if self._accepting is not None:
+            tasks.append(self._accepting)
         if self._finishing is not None:  # not left pending for the loop's close to complain of
             self._finishing.cancel()
             tasks.append(self._finishing)
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
 
     # ---- inputs --------------------------------------------------------------------------------
 
@@ -498,24 +580,104 @@ class RaftNodeShell:
 
     # ---- inbound connections -------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accepts by hand rather than asyncio.start_server(ssl=...): a refused TLS handshake
+        there is logged at debug level only, and a plaintext peer would be refused in silence.
+        Here the first byte says which protocol the peer speaks before any handshake."""
+        loop = asyncio.get_running_loop()
+        cap = _MAX_INBOUND_PER_PEER * len(self.core.peers) + _MAX_INBOUND_EXTRA
+        while True:
+            try:
+                conn, addr = await loop.sock_accept(listener)
+            except OSError as exc:  # EMFILE and the like: say it, let the peers retry
+                log.warning("raft.accept_failed node=%s error=%s", self.id, exc)
+                await asyncio.sleep(_FIRST_RETRY_S)
+                continue
+            address = str(addr[0])  # the host: a peer reconnects from a new port each time
+            if len(self._inbound) >= cap:
+                conn.close()
+                self.refused(address, "too_many_connections", f"at most {cap} at once")
+                continue
+            conn.setblocking(False)
+            task = loop.create_task(self._accept(conn, address))
             self._inbound.add(task)
+            task.add_done_callback(self._inbound.discard)
+
+    def refused(self, address: str, kind: str, hint: str) -> None:
+        """A peer connection refused or failed for a reason an operator must fix: one WARNING
+        per address and kind every _REFUSAL_LOG_EVERY_S (a peer retries every reconnect_ms)."""
+        now = time.monotonic()
+        key = (address, kind)
+        if now - self._refusals.get(key, -_REFUSAL_LOG_EVERY_S) < _REFUSAL_LOG_EVERY_S:
+            return
+        if len(self._refusals) >= _MAX_REFUSALS_REMEMBERED:
+            self._refusals.clear()  # bounded: at worst a line is repeated
+        self._refusals[key] = now
+        log.warning(
+            'raft.peer_refused node=%s peer=%s reason=%s hint="%s"', self.id, address, kind, hint
+        )
+
+    async def _accept(self, conn: socket.socket, address: str) -> None:
+        writer: asyncio.StreamWriter | None = None
         try:
+            async with asyncio.timeout(_HELLO_TIMEOUT_S):
+                opened = await self._open_inbound(conn, address)
+            if opened is None:
+                return
+            reader, writer = opened
             await self._receive(reader)
         except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass
-        except asyncio.CancelledError:
-            # stop() cancels us. Ending normally: 3.11's start_server callback calls
-            # exception() on a cancelled handler and logs the CancelledError as an error.
             pass
         except raft_codec.BadMessageError as exc:
             log.warning("raft.bad_peer_stream node=%s error=%s", self.id, exc)
         finally:
-            if task is not None:
-                self._inbound.discard(task)
-            writer.close()
+            if writer is not None:
+                writer.close()
+            else:
+                conn.close()
+
+    async def _open_inbound(
+        self, conn: socket.socket, address: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The connection as streams, after its TLS handshake when this node has TLS; None when
+        the peer speaks the other protocol (refused, logged)."""
+        loop = asyncio.get_running_loop()
+        tls = self.cfg.tls
+        first = await _peek_first_byte(loop, conn)
+        if not first:
+            return None  # closed before saying anything (a port probe)
+        if tls is not None and not raft_codec.looks_like_tls(first):
+            self.refused(
+                address,
+                "plaintext_peer_on_tls_port",
+                "this node's Raft port is TLS: give every node of the group the same --tls-* "
+                "flags ([security.tls] in the cluster description)",
+            )
+            return None
+        if tls is None and raft_codec.looks_like_tls(first):
+            self.refused(
+                address,
+                "tls_peer_on_plaintext_port",
+                "the peer has TLS on and this node has not: give every node the same --tls-* flags",
+            )
+            return None
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        try:
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol,
+                conn,
+                ssl=tls.server if tls is not None else None,
+                ssl_handshake_timeout=_HELLO_TIMEOUT_S if tls is not None else None,
+            )
+        except ssl.SSLError as exc:
+            self.refused(
+                address,
+                f"tls_handshake_failed error={_ssl_reason(exc)}",
+                "the peer needs a certificate of this group's CA (--tls-cert, --tls-key)",
+            )
+            return None
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
         head = await reader.readexactly(raft_codec.FRAME_HEADER.size)
@@ -526,15 +688,25 @@ class RaftNodeShell:
 
     async def _receive(self, reader: asyncio.StreamReader) -> None:
         hello = await asyncio.wait_for(self._read_frame(reader), _HELLO_TIMEOUT_S)
-        sender, sealed, nonce = raft_codec.decode_hello(hello)
+        h = raft_codec.decode_hello(hello)
+        sender = h.sender
         if sender not in self.core.peers:
             raise raft_codec.BadMessageError(f"{sender!r} is not a member of this group")
-        if sealed != (self.key is not None):
+        if h.mode != self.mode:
             raise raft_codec.BadMessageError(
-                f"{sender} {'seals' if sealed else 'does not seal'} its frames and this node "
-                "does not: set the same Raft password on every node"
+                f"{sender} {_MODE_TEXT[h.mode]} and this node {_MODE_TEXT[self.mode]}: set the "
+                "same Raft password (raft.key) on every node"
             )
-        opener = raft_codec.Sealer(self.key, nonce) if self.key is not None else None
+        if self.key is not None and h.mode == raft_codec.PROVED:
+            expected = raft_codec.hello_proof(self.key, h.nonce, sender)
+            if not hmac.compare_digest(h.proof, expected):
+                raise raft_codec.BadMessageError(
+                    f"{sender}'s hello does not prove the Raft password: is raft.key the same "
+                    "on every node?"
+                )
+        opener = None
+        if self.key is not None and h.mode == raft_codec.SEALED:
+            opener = raft_codec.Sealer(self.key, h.nonce)
         while True:
             body = await self._read_frame(reader)
             if opener is not None:
@@ -546,3 +718,28 @@ class RaftNodeShell:
                 self._repair(sender, m)
             else:
                 self.step(m)
+
+
+async def _peek_first_byte(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
+    """The connection's first byte, left in the socket for whoever reads it next."""
+    while True:
+        try:
+            return conn.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            pass
+        ready: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(conn.fileno(), _resolve_once, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(conn.fileno())
+
+
+def _resolve_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    """OpenSSL's short reason (WRONG_VERSION_NUMBER, CERTIFICATE_VERIFY_FAILED...), one word."""
+    return str(exc.reason or type(exc).__name__).replace(" ", "_")

@@ -7,6 +7,7 @@ the pool and its short queue get 503. /healthz is answered on the loop, whatever
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import ssl as ssl_lib
@@ -47,6 +48,9 @@ class DashboardServer:
         limits = limits or HttpLimits(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS)
         self._http = HttpServer(self._serve, "dashboard", limits, ssl)
         self.address = ""
+        # Answers per HTTP status, for /metrics (ops/dashboard/metrics.py): written on the loop,
+        # read by a scrape; bounded by the few statuses this server answers.
+        self.answered: collections.Counter[int] = collections.Counter()
 
     def start(self) -> str:
         self.address = self._http.start(self._host, self._port)
@@ -57,6 +61,11 @@ class DashboardServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
+        resp = await self._answer(request)
+        self.answered[resp.status] += 1
+        return resp
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         if request.path == "/healthz":
             return _send(Response(200, "ok\n", "text/plain; charset=utf-8"))
         if request.path.startswith("/static/"):

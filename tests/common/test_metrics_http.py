@@ -13,14 +13,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftmq.common.http_shell import HttpLimits
-from raftmq.common.metrics_http import (
-    HotCounters,
-    HotHistogram,
-    MetricsServer,
-    check_metrics_listen,
-    metrics_bind,
-    start_metrics,
-)
+from raftmq.common.metrics_http import HotCounters, HotHistogram, MetricsServer, start_metrics
+from raftmq.common.scrape_access import check_metrics_listen, metrics_bind
 
 
 def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -76,6 +76,7 @@ class NodeProc:
     control_port: int
     data_dir: Path
     log_path: Path
+    listen: str = ""  # where the node binds when a relay holds raft_addr
     proc: subprocess.Popen[bytes] | None = None
     conn: Connection | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -93,15 +94,24 @@ class LocalCluster:
     size: int = 3
     flush: str = "ASYNC_FLUSH"
     extra_args: tuple[str, ...] = ()
+    # Each node binds a port of its own and its Raft address is left to the test (a relay that
+    # records the bytes between the nodes: tests/raftlog/test_native_tls.py).
+    relayed: bool = False
     nodes: list[NodeProc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        ports = free_ports(2 * self.size)
+        per = 3 if self.relayed else 2
+        ports = free_ports(per * self.size)
         for i in range(self.size):
             d = self.root / f"node{i}"
+            mine = ports[per * i : per * (i + 1)]
             self.nodes.append(
                 NodeProc(
-                    f"127.0.0.1:{ports[2 * i]}", ports[2 * i + 1], d, self.root / f"node{i}.log"
+                    f"127.0.0.1:{mine[0]}",
+                    mine[1],
+                    d,
+                    self.root / f"node{i}.log",
+                    listen=f"127.0.0.1:{mine[2]}" if self.relayed else "",
                 )
             )
 
@@ -135,6 +145,7 @@ class LocalCluster:
             str(n.control_port),
             "--flush",
             self.flush,
+            *(("--listen", n.listen) if n.listen else ()),
             *self.extra_args,
         ]
         self.root.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
+from raftmq.common import tls
+from raftmq.raftlog.config import FlushPolicy, PeerTls, RaftLogConfig
 from raftmq.raftlog.errors import RaftLogError
 from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.native_log import NativeLog
@@ -192,6 +193,12 @@ def _serve_conn(conn: Connection, controller: Controller) -> None:
                 conn.send(("err", f"{type(exc).__name__}: {exc}"))
 
 
+def _peer_tls(ca: str, cert: str, key: str) -> PeerTls | None:
+    """The node's Raft TLS as the broker builds it (common/tls.py), from explicit files."""
+    contexts = tls.peer_ssl(tls.load({"ca": ca, "cert": cert, "key": key}, environ={}))
+    return None if contexts is None else PeerTls(*contexts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m raftlog.standalone")
     ap.add_argument("--id", required=True, help="this node's raft address host:port")
@@ -208,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else pysyncobj)",
     )
     ap.add_argument("--password", default=None, help="the Raft password (seals raft traffic)")
+    ap.add_argument("--listen", default="", help="bind here instead of --id (native; a relay)")
+    ap.add_argument("--tls-ca", default="", help="native: mutual TLS between the nodes (PEM)")
+    ap.add_argument("--tls-cert", default="")
+    ap.add_argument("--tls-key", default="")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(
@@ -224,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         segment_bytes=args.segment_bytes,
         raft_impl=args.raft_impl,
         password=args.password,
+        listen=args.listen,
+        tls=_peer_tls(args.tls_ca, args.tls_cert, args.tls_key),
     )
     rlog: ReplicatedLog | NativeLog = (
         NativeLog(cfg) if cfg.raft_impl == "native" else ReplicatedLog(cfg)

@@ -151,13 +151,18 @@ def test_dashboard_address_in_the_cluster_description() -> None:
 
 
 def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     argv = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", cluster.namesrv, "dashboard",
-            "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+            "--listen", f"127.0.0.1:{port}",
+            "--metrics-listen", f"127.0.0.1:{metrics_port}"]  # fmt: skip
     # Started with SIGINT ignored, as a shell starts a background job (and CI its steps): the
     # command must install its own handler for Ctrl-C to stop it.
     ignoring = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]
-    proc = subprocess.Popen(ignoring, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The /metrics token comes from the environment, never a flag (issue 27).
+    env = {**os.environ, "RAFTMQ_DASHBOARD_METRICS_BEARER_TOKEN": "dash-token"}
+    proc = subprocess.Popen(
+        ignoring, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     try:
 
         def up() -> bool:
@@ -172,6 +177,14 @@ def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
             page = r.read().decode()
         assert GROUP in page and "leader" in page
         assert r.headers["X-Frame-Options"] == "DENY"
+
+        # /metrics on its own port, with the brokers' scrape credentials
+        metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        assert _get(metrics)[0] == 401
+        ask = urllib.request.Request(metrics, headers={"Authorization": "Bearer dash-token"})
+        with urllib.request.urlopen(ask, timeout=10) as r:
+            text = r.read().decode()
+        assert 'raftmq_dashboard_answers_total{status="200"}' in text, text
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -181,6 +194,8 @@ def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
             proc.communicate()
             raise
     assert f"dashboard: http://127.0.0.1:{port}/ (read-only)" in out, out
+    assert f"dashboard metrics: http://127.0.0.1:{metrics_port}/metrics" in out, out
+    assert "dash-token" not in out
     assert "Traceback" not in out and proc.returncode in (0, 130), out
 
 

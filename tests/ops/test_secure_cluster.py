@@ -39,10 +39,19 @@ ALICE = Credentials("alice", "alice-secret")  # Pub and Sub on orders*, Sub on g
 BOB = Credentials("bob", "bob-secret")  # Pub on orders* only: may not consume
 
 
+SCRAPER = ("prometheus", "scrape-secret")  # the proxy's /metrics asks it (issue 27)
+
+
 def make_spec(tmp: Path) -> ClusterSpec:
     certs = tmp / "certs"
+    [*ports, metrics_port] = free_ports(1 + 3 * 2 + 2 + 1 + 1)
     extra = (
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
+        # the proxy's /metrics: server-only TLS (a Prometheus without a client certificate)
+        # and basic auth, as the brokers' metrics ports may have them
+        f"[settings.proxy]\nmetrics_listen='127.0.0.1:{metrics_port}'\n"
+        f"metrics_tls='server-only'\nmetrics_basic_auth_user='{SCRAPER[0]}'\n"
+        f"metrics_basic_auth_password='{SCRAPER[1]}'\n"
         f"[security.tls]\nenabled=true\ndir='{certs}'\nrequire_client_cert=true\n"
         # the proxy's port: server-only TLS, for the official RocketMQ 5 clients (issue 27)
         "proxy_require_client_cert=false\n"
@@ -52,7 +61,7 @@ def make_spec(tmp: Path) -> ClusterSpec:
     )
     # one NameServer, one group of three (gRPC + Raft), one controller (gRPC + Raft), a proxy
     text = local_description(
-        free_ports(1 + 3 * 2 + 2 + 1), tmp / "data", name="Secure", namesrvs=1, controllers=1,
+        ports, tmp / "data", name="Secure", namesrvs=1, controllers=1,
         proxies=1, extra=extra,
     )  # fmt: skip
     spec = parse(text)
@@ -143,6 +152,38 @@ def test_allowed_user_sends_and_consumes_over_tls(cluster: ClusterSpec) -> None:
         while len([b for b in got if b != b"probe"]) < 20 and time.monotonic() < deadline:
             got += [m.body for m in c.poll(timeout_ms=1000)]
     assert sorted(b for b in got if b != b"probe") == sorted(f"m{i}".encode() for i in range(20))
+
+
+def test_the_proxy_metrics_are_https_with_basic_auth(cluster: ClusterSpec) -> None:
+    """The proxy's /metrics with the brokers' access rules: server-only TLS (the CA is enough,
+    no client certificate) and HTTP basic auth; plain HTTP gets no answer."""
+    import base64
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    assert cluster.tls is not None
+    listen = cluster.settings["proxy"]["metrics_listen"]
+    ctx = ssl.create_default_context(cafile=str(cluster.tls.ca))
+
+    def get(scheme: str, path: str, user: tuple[str, str] | None) -> int:
+        req = urllib.request.Request(f"{scheme}://{listen}{path}")
+        if user is not None:
+            token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+                assert path != "/metrics" or b"raftmq_proxy_clients" in r.read()
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert get("https", "/metrics", SCRAPER) == 200
+    assert get("https", "/metrics", None) == 401
+    assert get("https", "/metrics", (SCRAPER[0], "wrong")) == 401
+    assert get("https", "/healthz", None) == 200
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        get("http", "/healthz", None)
 
 
 def test_denied_user_gets_access_denied(cluster: ClusterSpec) -> None:

@@ -67,6 +67,7 @@ ALICE = Credentials("alice", "alice-secret")
 BOB = Credentials("bob", "bob-secret")
 DAVE = Credentials("dave", "dave-secret")  # the official RocketMQ 5 client's user
 QUINN = Credentials("quinn", "quinn-secret")  # a consumer with a consume quota
+SCRAPE_TOKEN = "scrape-token-0123"  # the proxy's /metrics asks it (issue 27)
 QUOTA = 200_000  # bytes per second: alice's produce quota and quinn's consume quota (issue 27)
 DRIVER = Path(__file__).parents[1] / "proxy" / "official_client.py"
 ROOT = Path(__file__).parents[2]
@@ -82,8 +83,10 @@ def secure_spec(ports: list[int], data: Path) -> str:
         f"[[namesrv]]\nhost='127.0.0.1'\nport={next(it)}\n"
         f"[[controller]]\nid='c0'\nhost='127.0.0.1'\nport={next(it)}\nraft_port={next(it)}\n"
         f"[[group]]\nname='broker-a'\nnodes=[{nodes}]\n"
-        f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\n"
+        f"[[proxy]]\nhost='127.0.0.1'\nport={next(it)}\nmetrics_port={next(it)}\n"
         "[settings.broker]\nheartbeat_interval_ms=1000\n"
+        f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='quinn={QUOTA}'\n"
+        f"[settings.proxy]\nmetrics_bearer_token='{SCRAPE_TOKEN}'\n"
         f"quota_produce_by_user='alice={QUOTA}'\nquota_consume_by_user='quinn={QUOTA}'\n"
         "[settings.namesrv]\nbroker_expiry_ms=10000\nscan_interval_ms=500\n"
         "[security.auth]\nenabled=true\n"
@@ -117,7 +120,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("secure")
-    spec = parse(secure_spec(free_ports(10), tmp / "data"))
+    spec = parse(secure_spec(free_ports(11), tmp / "data"))
     runner = ClusterRunner(spec)
     try:
         runner.start_all()
@@ -683,6 +686,129 @@ def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: E
     assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
     assert quinn_held > 0  # told (summed over queues pulled at once: may pass the time taken)
     assert dave_held == 0, dave_held
+
+
+THROTTLE_KEY = "x-raftmq-throttle-ms"  # the proxy's trailer (v2 answers have no field for it)
+
+
+def _held_ms(call: Any) -> int:
+    return sum(int(v) for k, v in call.trailing_metadata() or () if k == THROTTLE_KEY)
+
+
+def _proxy_sends(env: Env, creds: Credentials, body: bytes, n: int) -> tuple[float, int]:
+    """n v2 SendMessage calls one at a time through the proxy as `creds`: (seconds, ms held)."""
+    signer = Signer(creds)
+    held = 0
+    with grpc.insecure_channel(str(env.runner.spec.proxies[0])) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        t0 = time.monotonic()
+        for i in range(n):
+            m = v2.Message(
+                topic=v2.Resource(name="orders-quota"),
+                body=body,
+                system_properties=v2.SystemProperties(
+                    message_id=f"{creds.access_key}-{i}", message_type=v2.NORMAL
+                ),
+            )
+            req = svc.SendMessageRequest(messages=[m])
+            resp, call = stub.SendMessage.with_call(req, timeout=20, metadata=signer.metadata())
+            assert resp.status.code == v2.OK, resp.status  # held, never refused
+            held += _held_ms(call)
+        return time.monotonic() - t0, held
+
+
+def test_the_proxy_slows_a_user_over_its_produce_quota_and_not_another(env: Env) -> None:
+    """The same quota through the RocketMQ 5 API: alice (200 KB/s at the proxy) and dave (none)
+    each send 600 KB one at a time; alice's calls are held and say so in their trailer."""
+    body, n = b"p" * 20_000, 30
+    alice_s, alice_held = _proxy_sends(env, ALICE, body, n)
+    _dave_s, dave_held = _proxy_sends(env, DAVE, body, n)
+    owed_s = ((n - 1) * len(body) - QUOTA) / QUOTA
+    assert alice_s >= owed_s - 0.05, (alice_s, owed_s)
+    assert 0 < alice_held <= alice_s * 1000, (alice_held, alice_s)
+    assert dave_held == 0, dave_held
+
+
+def test_the_proxy_slows_a_user_over_its_consume_quota_on_pop_and_not_another(env: Env) -> None:
+    """quinn (200 KB/s to consume at the proxy) and dave (none) each receive (POP) the same
+    600 KB, 5 messages a receive."""
+    topic, body, batch = "orders-quota-pop", b"r" * 20_000, 5
+    with env.admin() as admin:
+        admin.create_topic(topic, queues=1)
+    with Producer(env.namesrv, credentials=DAVE, send_timeout_ms=20_000) as p:
+        wait_until(lambda: p.send(topic, body), 30, f"a route to {topic}")
+        for _ in range(29):
+            p.send(topic, body)
+
+    def receive_all(creds: Credentials, group: str) -> tuple[float, int, int]:
+        signer = Signer(creds)
+        got = held = 0
+        with grpc.insecure_channel(str(env.runner.spec.proxies[0])) as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            req = svc.ReceiveMessageRequest(
+                group=v2.Resource(name=group),
+                message_queue=v2.MessageQueue(topic=v2.Resource(name=topic)),
+                filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+                batch_size=batch,
+            )
+            req.invisible_duration.FromMilliseconds(120_000)  # received once each
+            req.long_polling_timeout.FromMilliseconds(2_000)
+            t0 = time.monotonic()
+            while got < 30 * len(body):
+                assert time.monotonic() - t0 < 60, f"{got} bytes received in 60 s"
+                call = stub.ReceiveMessage(req, timeout=20, metadata=signer.metadata())
+                for r in call:
+                    if r.HasField("status"):
+                        assert r.status.code in (v2.OK, v2.MESSAGE_NOT_FOUND), r.status
+                    if r.HasField("message"):
+                        got += len(r.message.body)
+                held += _held_ms(call)
+            return time.monotonic() - t0, got, held
+
+    quinn_s, quinn_bytes, quinn_held = receive_all(QUINN, "quota")
+    _dave_s, dave_bytes, dave_held = receive_all(DAVE, "billing")
+    assert quinn_bytes == dave_bytes == 30 * len(body)
+    # the burst, and one receive served as the debt clears (charged once answered)
+    at_once = QUOTA + batch * len(body)
+    owed_s = (quinn_bytes - at_once) / QUOTA
+    assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
+    assert 0 < quinn_held <= quinn_s * 1000, (quinn_held, quinn_s)
+    assert dave_held == 0, dave_held
+
+
+def test_the_proxy_serves_metrics_behind_its_bearer_token_with_quotas_per_user(env: Env) -> None:
+    """The proxy's /metrics has the brokers' access rules (common/scrape_access.py): a bearer
+    token here; /healthz stays open for liveness probes. Its quota counters are per user."""
+    import urllib.error
+    import urllib.request
+
+    [url] = [u for name, u in env.runner.spec.metrics_endpoints() if name == "proxy-0"]
+    _proxy_sends(env, ALICE, b"m" * 1_000, 1)
+
+    def get(path: str, token: str | None) -> tuple[int, str]:
+        req = urllib.request.Request(url.replace("/metrics", path))
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert get("/metrics", None)[0] == 401
+    assert get("/metrics", "not-the-token")[0] == 401
+    assert get("/healthz", None)[0] == 200
+    status, text = get("/metrics", SCRAPE_TOKEN)
+    assert status == 200, text
+    assert "raftmq_proxy_clients" in text and "raftmq_proxy_pop_queues" in text
+    produced = [
+        line
+        for line in text.splitlines()
+        if line.startswith("raftmq_quota_bytes_total{")
+        and 'user="alice"' in line
+        and 'flow="produce"' in line
+    ]
+    assert produced and float(produced[0].rsplit(" ", 1)[1]) >= 1_000, produced
 
 
 def ends_of(env: Env, topic: str) -> list[int]:

@@ -174,11 +174,12 @@ def test_cli_with_tls_flags_and_without(cluster: ClusterRunner) -> None:
 def test_dashboard_serves_https_with_its_own_certificate(cluster: ClusterRunner) -> None:
     spec = cluster.spec
     assert spec.tls is not None
-    port = free_ports(1)[0]
+    port, metrics_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_TLS_")}
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, "-m", "raftmq.ops.cli", "dashboard", "--listen", f"127.0.0.1:{port}"]
     cmd += ["--spec", str(spec.data_dir.parent / "cluster.toml")]
+    cmd += ["--metrics-listen", f"127.0.0.1:{metrics_port}"]  # issue 27: as the dashboard's TLS
     dash = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert dash.stdout is not None
@@ -189,6 +190,10 @@ def test_dashboard_serves_https_with_its_own_certificate(cluster: ClusterRunner)
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=ctx, timeout=30) as r:
             assert r.status == 200 and b"broker-a" in r.read()
         assert served_cert(spec, f"127.0.0.1:{port}") == spec.tls.cert("dashboard").read_text()
+        metrics = f"127.0.0.1:{metrics_port}"
+        with urllib.request.urlopen(f"https://{metrics}/metrics", context=ctx, timeout=30) as r:
+            assert r.status == 200 and b"raftmq_dashboard_answers_total" in r.read()
+        assert served_cert(spec, metrics) == spec.tls.cert("dashboard").read_text()
     finally:
         dash.terminate()
         dash.wait(timeout=30)

@@ -75,7 +75,7 @@ def test_a_link_reconnects_after_its_peer_died_with_frames_unread(
     async def scenario() -> None:
         dying = _Peer(far, reads=False)
         await dying.start()
-        link = PeerLink(cfg.node_id, cfg.peers[0], None, cfg)
+        link = PeerLink(cfg.node_id, cfg.peers[0], None, cfg, lambda *_: None)
         await asyncio.wait_for(dying.connected.wait(), 5)
         for k in range(3):  # left unread in the dying peer's socket
             link.send(message(k))

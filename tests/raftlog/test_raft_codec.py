@@ -81,10 +81,23 @@ def test_a_truncated_append_is_refused() -> None:
 
 
 def test_a_hello_from_something_else_is_refused() -> None:
-    sender, sealed, nonce = raft_codec.decode_hello(raft_codec.encode_hello(A, True, b"n" * 16))
-    assert (sender, sealed, nonce) == (A, True, b"n" * 16)
+    hello = raft_codec.decode_hello(raft_codec.encode_hello(A, raft_codec.SEALED, b"n" * 16))
+    assert hello == raft_codec.Hello(A, raft_codec.SEALED, b"n" * 16)
     with pytest.raises(raft_codec.BadMessageError, match="not a raftmq"):
         raft_codec.decode_hello(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+
+
+def test_a_hello_under_tls_carries_a_proof_bound_to_its_nonce_and_sender() -> None:
+    key, nonce = raft_codec.derive_key("s3cret"), b"n" * 16
+    proof = raft_codec.hello_proof(key, nonce, A)
+    hello = raft_codec.decode_hello(raft_codec.encode_hello(A, raft_codec.PROVED, nonce, proof))
+    assert hello == raft_codec.Hello(A, raft_codec.PROVED, nonce, proof)
+    # The proof holds for this nonce and sender under this password only.
+    assert proof != raft_codec.hello_proof(key, b"m" * 16, A)
+    assert proof != raft_codec.hello_proof(key, nonce, B)
+    assert proof != raft_codec.hello_proof(raft_codec.derive_key("other"), nonce, A)
+    with pytest.raises(raft_codec.BadMessageError, match="truncated"):
+        raft_codec.decode_hello(raft_codec.encode_hello(A, raft_codec.PROVED, nonce, proof)[:30])
 
 
 def test_a_sealed_stream_refuses_altered_replayed_and_foreign_frames() -> None:
