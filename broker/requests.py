@@ -163,6 +163,7 @@ def pull_steps(node: BrokerNode, req: broker_pb2.PullMessageRequest, deadline: f
         max_bytes=req.max_bytes,
         deadline=deadline,
         raw=req.raw_batches,
+        broadcasting=req.broadcasting,
     )
 
 

@@ -170,7 +170,13 @@ class PushConsumer:
             path = offset_file or Path.home() / ".raftmq" / "offsets" / f"{group}.{topic}.json"
             self._file_offsets = FileOffsets(path)
         self._settings = FetchSettings(
-            group, tag_expression, sql_expression, 256, long_poll_ms, True
+            group,
+            tag_expression,
+            sql_expression,
+            256,
+            long_poll_ms,
+            True,
+            broadcasting=message_model is MessageModel.BROADCASTING,
         )
         # Clustering: a failed message goes back to the broker (%RETRY%<group>, then %DLQ%) and
         # the consumer reads its retry topic beside its own, with no filter (RocketMQ's way).
