@@ -246,15 +246,21 @@ def broker_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_settings(items: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` items (the command line's, or the dashboard's form split on whitespace)."""
+    changes: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
+        changes[key.strip()] = value.strip()
+    return changes
+
+
 def broker_config(args: argparse.Namespace) -> int:
     """Change settings live on every node of --groups (all by default): a table of what each
     node now runs with, or why it refused (then it changed nothing; exit 1)."""
-    changes: dict[str, str] = {}
-    for item in args.settings:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
-        changes[key.strip()] = value.strip()
+    changes = parse_settings(args.settings)
     with Admin(cli_data._namesrv(args)) as admin:
         nodes = admin.update_broker_config(changes, cli_data._groups(args), dry_run=args.dry_run)
     refused = any(n.refused or n.error for n in nodes)
