@@ -448,13 +448,16 @@ def delete_group(
             details={"members_online": str(len(members))},
         )
     n = node.store.group_offset_count(group)
-    if n or not node.store.group_config(group).is_default:  # the config goes with the group
+    configured = not node.store.group_config(group).is_default  # the config goes with it
+    if n or configured:
         outcome = node.replicate(
             [record_batch.encode(GroupDelete(group))], node.settings.send_timeout_ms / 1000
         )[0]
         if isinstance(outcome, Rejected):
             raise InvalidArgumentError(f"deleting group {group!r} refused: {outcome.reason}")
-    return broker_pb2.DeleteConsumerGroupResponse(deleted_offsets=n, members_online=members)
+    return broker_pb2.DeleteConsumerGroupResponse(
+        deleted_offsets=n, members_online=members, deleted_config=configured
+    )
 
 
 def update_group_config(

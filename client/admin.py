@@ -180,6 +180,14 @@ class ConsumerGroupInfo:
         return "; ".join(f"{g}: {cfg.describe()}" for g, cfg in self.configs)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupDeleted:
+    """What `delete_group` removed on one broker group."""
+
+    offsets: int  # committed offsets it had
+    config: bool  # it had a config (`update_group_config`)
+
+
 def group_config_from_pb(pb: broker_pb2.ConsumerGroupConfig) -> GroupConfig:
     return GroupConfig(
         pb.consumer_group, pb.retry_max_times, pb.consume_enable, pb.broadcast_enable
@@ -384,14 +392,15 @@ class Admin:
         return out
 
     @checked
-    def delete_group(self, group: str, *, force: bool = False) -> dict[str, int]:
+    def delete_group(self, group: str, *, force: bool = False) -> dict[str, GroupDeleted]:
         """mqadmin's deleteSubGroup --removeOffset, kafka-consumer-groups --delete: the group's
-        committed offsets (and orderly leases, POP state) go on every broker group; per broker
-        group, how many offsets it had. Refused (InvalidArgumentError naming the members) where
-        members are online, unless `force`: they would commit again and bring it back. Broker
-        groups before a refusal keep the deletion (each answer is its own log entry)."""
+        committed offsets (and orderly leases, POP state, config) go on every broker group; per
+        broker group, how many offsets it had and whether it had a config. Refused
+        (InvalidArgumentError naming the members) where members are online, unless `force`:
+        they would commit again and bring it back. Broker groups before a refusal keep the
+        deletion (each answer is its own log entry)."""
         validate_group(group)
-        out: dict[str, int] = {}
+        out: dict[str, GroupDeleted] = {}
         for g in self._select(None):
             resp = self._on_leader(
                 g,
@@ -400,7 +409,7 @@ class Admin:
                     timeout=RPC_TIMEOUT_S,
                 ),
             )
-            out[g.broker_group] = resp.deleted_offsets
+            out[g.broker_group] = GroupDeleted(resp.deleted_offsets, resp.deleted_config)
         return out
 
     @checked

@@ -450,16 +450,21 @@ def topic_purge(args: argparse.Namespace) -> int:
 def group_delete(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         per_group = admin.delete_group(args.group, force=args.force)
-    total = sum(per_group.values())
-    if not total:
+    total = sum(d.offsets for d in per_group.values())
+    configs = sorted(g for g, d in per_group.items() if d.config)
+    if not total and not configs:
         raise InvalidArgumentError(
-            f"consumer group {args.group!r} has no committed offset on any broker group "
-            "(`raftmq group list` shows the groups)"
+            f"consumer group {args.group!r} has no committed offset and no config on any "
+            "broker group (`raftmq group list` shows the groups)"
         )
-    where = ", ".join(f"{literal(g)}: {n}" for g, n in sorted(per_group.items()) if n)
+    where = ", ".join(
+        f"{literal(g)}: {d.offsets}" for g, d in sorted(per_group.items()) if d.offsets
+    )
+    config = f"; its config on {literal(', '.join(configs))}" if configs else ""
     cli_data.console.print(
-        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets "
-        f"({where})",
+        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets"
+        + (f" ({where})" if where else "")
+        + config,
         highlight=False,
     )
     return 0

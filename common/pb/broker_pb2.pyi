@@ -95,12 +95,14 @@ class DeleteConsumerGroupRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DeleteConsumerGroupResponse(_message.Message):
-    __slots__ = ("deleted_offsets", "members_online")
+    __slots__ = ("deleted_offsets", "members_online", "deleted_config")
     DELETED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_ONLINE_FIELD_NUMBER: _ClassVar[int]
+    DELETED_CONFIG_FIELD_NUMBER: _ClassVar[int]
     deleted_offsets: int
     members_online: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ...) -> None: ...
+    deleted_config: bool
+    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ..., deleted_config: _Optional[bool] = ...) -> None: ...
 
 class ListProducersRequest(_message.Message):
     __slots__ = ("topic",)
