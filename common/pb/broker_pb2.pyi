@@ -661,10 +661,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., expiry_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("resets",)
+    __slots__ = ("resets", "consume_disabled")
     RESETS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_DISABLED_FIELD_NUMBER: _ClassVar[int]
     resets: _containers.RepeatedCompositeFieldContainer[OffsetReset]
-    def __init__(self, resets: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ...) -> None: ...
+    consume_disabled: bool
+    def __init__(self, resets: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ..., consume_disabled: _Optional[bool] = ...) -> None: ...
 
 class OffsetReset(_message.Message):
     __slots__ = ("broker_group", "reset_id", "topic", "queue_id", "offset")

@@ -17,7 +17,12 @@ from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
-from raftmq.common.errors import ConsumeDisabledError, PermissionDeniedError, from_rpc_error
+from raftmq.common.errors import (
+    ConsumeDisabledError,
+    PermissionDeniedError,
+    RaftMQError,
+    from_rpc_error,
+)
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
@@ -262,7 +267,8 @@ def test_a_groups_config_is_replicated_shown_and_honoured(
 ) -> None:
     """`raftmq group config`: the log carries it to every node, `group list` shows it, a pull
     of a group with consume off is refused (PullConsumer.poll raises it), broadcast off
-    refuses a broadcasting pull, and the group's retry limit wins over the consumer's."""
+    refuses a broadcasting pull, a push consumer fails at start, and the group's retry limit wins
+    over the consumer's."""
     topic = group = "daily-gc"
     create_topic(cluster, topic, queues=1)
     queue = QueueRef(topic, "broker-a", 0)
@@ -285,6 +291,8 @@ def test_a_groups_config_is_replicated_shown_and_honoured(
     }  # fmt: skip
     with Admin(cluster.namesrv) as admin:
         nodes = [n.address for g in admin.groups() for n in g.nodes]
+        broker_a = [n.address for g in admin.groups() if g.broker_group == "broker-a"
+                    for n in g.nodes]  # fmt: skip
 
     def on_every_node() -> bool:  # followers too: the config is in every replica's store
         for address in nodes:
@@ -303,19 +311,30 @@ def test_a_groups_config_is_replicated_shown_and_honoured(
         consumer.assign([queue])
         with pytest.raises(ConsumeDisabledError, match=f"raftmq group config {group} --consume on"):
             consumer.poll(timeout_ms=30_000)
+    push = PushConsumer(cluster.namesrv, group, topic, lambda m: ConsumeResult.SUCCESS)
+    with pytest.raises(ConsumeDisabledError, match="--consume on"):
+        push.start()  # fails at start, typed, as a denied group does
     run(cluster, capsys, "group", "config", group, "--consume", "on")
-    with Admin(cluster.namesrv) as admin:
-        leader = next(g.leader_address for g in admin.groups() if g.broker_group == "broker-a")
     pull = broker_pb2.PullMessageRequest(consumer_group=group, topic=topic, queue_id=0,
-                                         max_count=1, broadcasting=True)  # fmt: skip
-    with grpc.insecure_channel(leader) as channel:
-        stub = broker_pb2_grpc.BrokerStub(channel)
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.PullMessage(pull, timeout=10)
-        err = from_rpc_error(refused.value)
-        assert isinstance(err, ConsumeDisabledError) and "--broadcast on" in err.message, err
-        pull.broadcasting = False
-        assert len(stub.PullMessage(pull, timeout=10).messages) == 1  # consume is on again
+                                         max_count=1, broadcasting=True,
+                                         allow_follower_read=True)  # fmt: skip
+
+    def pull_at(address: str) -> RaftMQError | int:
+        with grpc.insecure_channel(address) as channel:
+            try:
+                return len(
+                    broker_pb2_grpc.BrokerStub(channel).PullMessage(pull, timeout=10).messages
+                )
+            except grpc.RpcError as exc:
+                return from_rpc_error(exc)
+
+    def broadcast_refused(address: str) -> bool:  # by any node: the check comes before its role
+        err = pull_at(address)
+        return isinstance(err, ConsumeDisabledError) and "--broadcast on" in err.message
+
+    wait_until(lambda: all(broadcast_refused(a) for a in broker_a), 30, "broadcast refusals")
+    pull.broadcasting = False
+    wait_until(lambda: all(pull_at(a) == 1 for a in broker_a), 30, "pulls once consume is on")
     # The group's limit (0) wins over the consumer's (16): each failure is a dead letter at
     # once; the consumer's limit would have sent it to %RETRY% first, for 10 s at least.
     with Admin(cluster.namesrv) as admin:
