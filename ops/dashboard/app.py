@@ -696,13 +696,10 @@ def group_page(d: Dashboard, req: Request) -> list[Cell]:
     members = info.members if info is not None else ()
     online = [m.client_id for m in members if topic in m.topics]
     holders = queue_holders([q.queue for q in lags], online)
-    config = info.config_text() if info is not None else "default"
+    config = esc(info.config_text() if info is not None else "default")
     out: list[Cell] = [
         Raw(f"<h2>Group {esc(group)} on {esc(topic)}</h2>"),
-        Raw(
-            f'<p>config (`raftmq group config`): <span id="group-config">{esc(config)}</span>'
-            "</p>"
-        ),
+        Raw(f'<p>config (`raftmq group config`): <span id="group-config">{config}</span></p>'),
         table(
             ("queue", "broker offset", "consumer offset", "min offset", "lag", "held by"),
             (
