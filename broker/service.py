@@ -386,6 +386,7 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+MAX_GROUP_CONFIGS = 100_000  # consumer groups with a config on one broker group
 
 
 def purge_topic(
@@ -478,6 +479,16 @@ def update_group_config(
         },
     )
     validate_group_config(new)
+    if (
+        old.is_default
+        and not new.is_default
+        and node.store.group_config_count() >= MAX_GROUP_CONFIGS
+    ):
+        # Every config is a row on every replica and in each one's memory: bounded, per table.
+        raise InvalidArgumentError(
+            f"{node.group} holds the configs of {MAX_GROUP_CONFIGS} consumer groups already: "
+            "delete the groups no longer used (`raftmq group delete G`) first"
+        )
     if new != old:
         outcome = node.replicate(
             [record_batch.encode(GroupConfigChange(new))], node.settings.send_timeout_ms / 1000

@@ -451,7 +451,10 @@ class MessageStore:
             for group in out.deleted_groups:
                 group_configs.pop(group, None)
             for cfg in out.group_configs:
-                group_configs[cfg.group] = cfg
+                if cfg.is_default:
+                    group_configs.pop(cfg.group, None)
+                else:
+                    group_configs[cfg.group] = cfg
         heads = self._head_cache
         if len(heads) > HEAD_CACHE_ROWS:
             heads.clear()  # bounded; refilled by the next writes
@@ -631,7 +634,10 @@ class MessageStore:
                         more = cur.delete()
             txn.delete(group.encode("utf-8"), db=self._group_configs)  # deleteSubGroup's too
         for cfg in out.group_configs:
-            put(cfg.group.encode("utf-8"), encode_value(cfg), db=self._group_configs)
+            if cfg.is_default:  # RocketMQ's defaults are what no row means: keep no row
+                txn.delete(cfg.group.encode("utf-8"), db=self._group_configs)
+            else:
+                put(cfg.group.encode("utf-8"), encode_value(cfg), db=self._group_configs)
         for p in out.producer_rows:
             put(
                 _producer_key(p.producer_id, p.topic, p.queue_id),
@@ -764,6 +770,9 @@ class MessageStore:
         """The group's config here; RocketMQ's defaults for a group never configured."""
         cfg = self._group_config_cache.get(group)
         return cfg if cfg is not None else GroupConfig(group)
+
+    def group_config_count(self) -> int:
+        return len(self._group_config_cache)
 
     def group_configs(self) -> list[GroupConfig]:
         """Every group configured here, by name (as bounded as the table: an admin's rows)."""
