@@ -54,6 +54,7 @@ from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
+from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import (
     ValidNames,
     validate_group,
@@ -64,6 +65,7 @@ from raftmq.common.message import (
 from raftmq.common.record_batch import (
     CommitOffset,
     Deliver,
+    GroupConfigChange,
     GroupDelete,
     Kind,
     MalformedBatchError,
@@ -130,6 +132,9 @@ class DispatchOutput:
     # Consumer groups deleted (GroupDelete): their offsets, leases and POP state go, after this
     # entry's offset rows (a delete is its own entry: the service proposes it alone).
     deleted_groups: tuple[str, ...] = ()
+    # Consumer groups' configs set (GroupConfigChange), written after the deletions: a delete
+    # takes a group's config too, a config set later in the log brings it back.
+    group_configs: tuple[GroupConfig, ...] = ()
     # (topic, queue id, offset): the queue's min offset moves up to it (PurgeQueues), after
     # this entry's queue heads, never past the queue's end.
     purges: tuple[tuple[str, int, int], ...] = ()
@@ -237,6 +242,7 @@ class _EntryWork:
         self.heads: dict[tuple[str, int], QueueHead] = {}
         self.offset_rows: list[OffsetRow] = []
         self.deleted_groups: list[str] = []
+        self.group_configs: list[GroupConfig] = []
         self.purges: list[tuple[str, int, int]] = []
         self.producers: dict[tuple[str, str, int], ProducerRow] = {}
         self.topics: dict[str, TopicRow] = {}
@@ -418,6 +424,10 @@ class Dispatcher:
                     validate_group(record.group)  # committed: the same check on every replica
                     work.deleted_groups.append(record.group)
                     work.outcomes.append(Applied(slot, Kind.GROUP_DELETE))
+                elif isinstance(record, GroupConfigChange):
+                    validate_group_config(record.config)  # committed: the same on every replica
+                    work.group_configs.append(record.config)
+                    work.outcomes.append(Applied(slot, Kind.GROUP_CONFIG))
                 elif isinstance(record, Deliver):
                     counts = delivery.apply_deliver(work, record)
                     work.outcomes.append(Applied(slot, Kind.DELIVER, str(counts)))
@@ -438,6 +448,7 @@ class Dispatcher:
             queue_heads=tuple(work.heads.values()),
             offset_rows=tuple(work.offset_rows),
             deleted_groups=tuple(work.deleted_groups),
+            group_configs=tuple(work.group_configs),
             purges=tuple(work.purges),
             producer_rows=tuple(work.producers.values()),
             topic_rows=tuple(work.topics.values()),

@@ -24,6 +24,7 @@ from raftmq.broker.pop_apply import (
     PopReceiveResult,
     decode_state,
 )
+from raftmq.broker.pull import check_consume
 from raftmq.broker.rows import Applied, Rejected
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common import record_batch
@@ -219,6 +220,7 @@ def pop_handlers(
     async def receive(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(pop_pb2.PopReceiveRequest, payload)
         check(ctx, req)
+        check_consume(node.store.group_config(req.consumer_group), broadcasting=False)
         chunk = receive_record(req, _now_ms())
         [outcome] = await node.replicate_async([chunk], timeout_s(), waker)
         return receive_answer(outcome).SerializeToString()

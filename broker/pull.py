@@ -34,6 +34,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import MOVED_TOPIC
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    ConsumeDisabledError,
     DeletedByRetentionError,
     InvalidArgumentError,
     InvalidFilterError,
@@ -41,6 +42,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.filter.sql92 import Filter, FilterSyntaxError, compile_filter
 from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.group_config import GroupConfig
 from raftmq.common.message import Message, StoredMessage, validate_group
 from raftmq.raftlog.record import Role
 
@@ -212,6 +214,7 @@ class PullProcessor:
         max_bytes: int,
         deadline: float,
         raw: bool = False,
+        broadcasting: bool = False,
     ) -> PullSteps:
         """The pull as a generator: it yields each wait the plan asks for (the driver resumes
         it once the condition holds or the wait's time is up: both are re-planned) and returns
@@ -219,6 +222,7 @@ class PullProcessor:
         The driver sends True to end a long poll early (its server is closing)."""
         node, settings, store = self._node, self._settings, self._store
         validate_group(group)
+        check_consume(store.group_config(group), broadcasting=broadcasting)
         node.require_readable(allow_follower_read)
         if node.index_repair.rebuilding:  # its index is behind its log until the rebuild ends
             raise BrokerUnavailableError(
@@ -333,6 +337,15 @@ class PullProcessor:
             "(the leader or another replica serves it)",
             details={"node_id": node.me.node_id},
         )
+
+
+def check_consume(cfg: GroupConfig, *, broadcasting: bool) -> None:
+    """Refuse a pull or receive the group's config forbids (RocketMQ's NO_PERMISSION for a
+    subscription group with consumeEnable or consumeBroadcastEnable off)."""
+    if not cfg.consume_enable:
+        raise ConsumeDisabledError.for_group(cfg.group)
+    if broadcasting and not cfg.broadcast_enable:
+        raise ConsumeDisabledError.for_group(cfg.group, broadcast=True)
 
 
 def _new_leader_not_ready(node: BrokerNode) -> bool:

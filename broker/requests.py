@@ -65,7 +65,8 @@ def heartbeat(node: BrokerNode, req: broker_pb2.HeartbeatRequest) -> broker_pb2.
             )
             for o in orders
             for q, off in o.offsets
-        ]
+        ],
+        consume_disabled=not node.store.group_config(req.consumer_group).consume_enable,
     )
 
 
@@ -163,6 +164,7 @@ def pull_steps(node: BrokerNode, req: broker_pb2.PullMessageRequest, deadline: f
         max_bytes=req.max_bytes,
         deadline=deadline,
         raw=req.raw_batches,
+        broadcasting=req.broadcasting,
     )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from raftmq.broker.produce import SendOutcome
 from raftmq.common.delay import PROPERTY_DELAY_LEVEL
 from raftmq.common.errors import InvalidArgumentError
+from raftmq.common.group_config import USE_CONSUMER_LIMIT
 from raftmq.common.message import DLQ_TOPIC_PREFIX, Message, validate_group
 from raftmq.common.retry import RetryKind, RetryPolicy, resend_from_dlq, send_back
 
@@ -74,6 +75,11 @@ class SendBackProcessor:
             delay.level_delay_ms(delay_level)  # InvalidDelayError names the allowed levels
         node.require_leader()
         stored = node.queries.message_by_id(msg_id)
+        # The group's config (`raftmq group config --retry-max N`) is the operator's word and
+        # wins over the consumer's own limit; without one the consumer's decides.
+        configured = node.store.group_config(group).retry_max_times
+        if configured != USE_CONSUMER_LIMIT:
+            max_reconsume_times = configured
         policy = RetryPolicy(max_reconsume_times, start_level=min(3, delay.max_level), delay=delay)
         back, decision = send_back(stored, group, policy, counted=reconsume_times)
         if delay_level and decision.kind is RetryKind.RETRY:

@@ -7,6 +7,7 @@ status with an ErrorDetail, never as a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -21,9 +22,10 @@ from raftmq.broker.rows import Rejected
 from raftmq.broker.time_query import Cursor
 from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
-from raftmq.common.record_batch import GroupDelete, PurgeQueues
+from raftmq.common.record_batch import GroupConfigChange, GroupDelete, PurgeQueues
 from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
 from raftmq.raftlog.record import Role
@@ -330,6 +332,12 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return delete_group(self.node, request.consumer_group, force=request.force)
 
     @rpc_errors
+    def UpdateConsumerGroupConfig(
+        self, request: broker_pb2.UpdateConsumerGroupConfigRequest, context: grpc.ServicerContext
+    ) -> broker_pb2.ConsumerGroupConfig:
+        return update_group_config(self.node, request)
+
+    @rpc_errors
     def PurgeTopic(
         self, request: broker_pb2.PurgeTopicRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PurgeTopicResponse:
@@ -385,6 +393,7 @@ def query_stats(
 
 
 MAX_LISTED_OFFSETS = 100_000  # committed offsets read to list the groups that have some
+MAX_GROUP_CONFIGS = 100_000  # consumer groups with a config on one broker group
 
 
 def purge_topic(
@@ -447,22 +456,79 @@ def delete_group(
             details={"members_online": str(len(members))},
         )
     n = node.store.group_offset_count(group)
-    if n:
+    configured = not node.store.group_config(group).is_default  # the config goes with it
+    if n or configured:
         outcome = node.replicate(
             [record_batch.encode(GroupDelete(group))], node.settings.send_timeout_ms / 1000
         )[0]
         if isinstance(outcome, Rejected):
             raise InvalidArgumentError(f"deleting group {group!r} refused: {outcome.reason}")
-    return broker_pb2.DeleteConsumerGroupResponse(deleted_offsets=n, members_online=members)
+    return broker_pb2.DeleteConsumerGroupResponse(
+        deleted_offsets=n, members_online=members, deleted_config=configured
+    )
+
+
+def update_group_config(
+    node: BrokerNode, request: broker_pb2.UpdateConsumerGroupConfigRequest
+) -> broker_pb2.ConsumerGroupConfig:
+    """The fields the request sets over the config in force here, checked, then replicated as
+    one GroupConfigChange (nothing is written when nothing changes)."""
+    group = request.consumer_group
+    validate_group(group)
+    node.require_leader()
+    old = node.store.group_config(group)
+    new = dataclasses.replace(
+        old,
+        **{
+            f: getattr(request, f)
+            for f in ("retry_max_times", "consume_enable", "broadcast_enable")
+            if request.HasField(f)
+        },
+    )
+    validate_group_config(new)
+    if (
+        old.is_default
+        and not new.is_default
+        and node.store.group_config_count() >= MAX_GROUP_CONFIGS
+    ):
+        # Every config is a row on every replica and in each one's memory: bounded, per table.
+        raise InvalidArgumentError(
+            f"{node.group} holds the configs of {MAX_GROUP_CONFIGS} consumer groups already: "
+            "delete the groups no longer used (`raftmq group delete G`) first"
+        )
+    if new != old:
+        outcome = node.replicate(
+            [record_batch.encode(GroupConfigChange(new))], node.settings.send_timeout_ms / 1000
+        )[0]
+        if isinstance(outcome, Rejected):
+            raise InvalidArgumentError(f"configuring group {group!r} refused: {outcome.reason}")
+        log.warning(
+            "broker.group_configured node=%s group=%s config=%s",
+            node.me.node_id,
+            group,
+            new.describe(),
+        )
+    return group_config_pb(node.store.group_config(group))
+
+
+def group_config_pb(cfg: GroupConfig) -> broker_pb2.ConsumerGroupConfig:
+    return broker_pb2.ConsumerGroupConfig(
+        consumer_group=cfg.group,
+        retry_max_times=cfg.retry_max_times,
+        consume_enable=cfg.consume_enable,
+        broadcast_enable=cfg.broadcast_enable,
+    )
 
 
 def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
-    """Groups with members heartbeating here (soft state) or committed offsets (replicated)."""
+    """Groups with members heartbeating here (soft state), committed offsets or a config
+    (replicated)."""
     with node.consumers_lock:
         live = node.consumers.snapshot(requests.monotonic_ms())
     committed: dict[str, set[str]] = {}
     for group, topic, _queue, _offset in node.store.all_committed_offsets(MAX_LISTED_OFFSETS):
         committed.setdefault(group, set()).add(topic)
+    configs = {c.group: c for c in node.store.group_configs()}
     return broker_pb2.ListConsumerGroupsResponse(
         groups=[
             broker_pb2.ConsumerGroupInfo(
@@ -472,8 +538,9 @@ def consumer_groups(node: BrokerNode) -> broker_pb2.ListConsumerGroupsResponse:
                     for c, topics in sorted(live.get(g, {}).items())
                 ],
                 committed_topics=sorted(committed.get(g, ())),
+                config=group_config_pb(configs[g]) if g in configs else None,
             )
-            for g in sorted(set(live) | set(committed))
+            for g in sorted(set(live) | set(committed) | set(configs))
         ]
     )
 

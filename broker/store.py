@@ -32,6 +32,7 @@ from raftmq.broker.schedule import MessageRef, ScheduleKey
 from raftmq.broker.schedule_store import LmdbScheduleIndex, pack_key, pack_ref, unpack_ref
 from raftmq.broker.transaction import MOVED_TOPIC
 from raftmq.common import produce_chunk
+from raftmq.common.group_config import GroupConfig, decode_value, encode_value
 from raftmq.common.message import Message, StoredMessage, encode_msg_id
 from raftmq.common.produce_chunk import ChunkHeader
 from raftmq.common.record_batch import MalformedBatchError, ProduceHeader
@@ -277,6 +278,8 @@ class MessageStore:
         # encoded state (cursor, deliveries in flight with attempt, token, invisible-until).
         self._pops = db(b"pop_state")
         self._txns = db(b"transactions")  # broker/txn_apply.py: id -> persisted state
+        # Consumer groups' configs (common/group_config.py): group name -> the encoded value.
+        self._group_configs = db(b"group_configs")
         self._schedule = db(b"schedule")  # delayed messages by (due, location): schedule_store
         # What retention must keep (see _retention_floor), by the raft index pointed into: rows
         # of delivered, committed or moved messages whose bytes sit in an older entry (key:
@@ -288,7 +291,9 @@ class MessageStore:
         self._retention = retention_store.Tables(
             self._cq, self._queues, self._keys, self._time, self._offsets, self._producers,
             self._topics, self._batches, self._meta, db(b"retention_bases"),
-            (self._txns, self._old_refs, self._half_refs, self._locks, self._pops),
+            # New tables go last: a base from before them is installed with them empty.
+            (self._txns, self._old_refs, self._half_refs, self._locks, self._pops,
+             self._group_configs),
             (self._schedule, self._sched_refs),
         )  # fmt: skip
         self.cuts_applied: list[retention_store.CutApplied] = []  # by the last apply()
@@ -327,6 +332,8 @@ class MessageStore:
         # W1). Only apply() and install_base write the table; both update this mirror after
         # their transaction commits. As bounded as the table itself.
         self._topic_cache: dict[str, TopicConfig] = {t.name: t for t in self.topics()}
+        # Every group's config, mirrored for the same reason: every pull and send-back asks.
+        self._group_config_cache: dict[str, GroupConfig] = self._read_group_configs()
 
     def _all_tables(self) -> tuple[Table, ...]:
         """Every table, meta last (sealing in place ends with it)."""
@@ -439,6 +446,15 @@ class MessageStore:
                 else:  # as a read of the table would give it
                     name = row.name.encode("utf-8")
                     topics[row.name] = _decode_topic(name, _encode_topic(row.config))
+        group_configs = self._group_config_cache
+        for out in batch:
+            for group in out.deleted_groups:
+                group_configs.pop(group, None)
+            for cfg in out.group_configs:
+                if cfg.is_default:
+                    group_configs.pop(cfg.group, None)
+                else:
+                    group_configs[cfg.group] = cfg
         heads = self._head_cache
         if len(heads) > HEAD_CACHE_ROWS:
             heads.clear()  # bounded; refilled by the next writes
@@ -515,6 +531,7 @@ class MessageStore:
             index = retention_store.install(txn, self._retention, blob, _META_INDEX)
         self._dispatched_index = index
         self._topic_cache = {t.name: t for t in self.topics()}
+        self._group_config_cache = self._read_group_configs()
         return index
 
     def rebuild(self) -> tuple[int, int]:
@@ -541,6 +558,7 @@ class MessageStore:
                 txn.put(_META_INDEX, _U64.pack(0), db=self._meta)
         self._dispatched_index = index
         self._topic_cache = {t.name: t for t in self.topics()}
+        self._group_config_cache = self._read_group_configs()
         return index, term
 
     def trim_step(self, max_rows: int) -> int:
@@ -614,6 +632,12 @@ class MessageStore:
                     more = cur.set_range(prefix)
                     while more and bytes(cur.key()).startswith(prefix):
                         more = cur.delete()
+            txn.delete(group.encode("utf-8"), db=self._group_configs)  # deleteSubGroup's too
+        for cfg in out.group_configs:
+            if cfg.is_default:  # RocketMQ's defaults are what no row means: keep no row
+                txn.delete(cfg.group.encode("utf-8"), db=self._group_configs)
+            else:
+                put(cfg.group.encode("utf-8"), encode_value(cfg), db=self._group_configs)
         for p in out.producer_rows:
             put(
                 _producer_key(p.producer_id, p.topic, p.queue_id),
@@ -741,6 +765,25 @@ class MessageStore:
         """Every persisted transaction (broker/txn_apply.py restores the table from them)."""
         with self._env.begin() as txn:
             return [bytes(v) for _, v in txn.cursor(db=self._txns)]
+
+    def group_config(self, group: str) -> GroupConfig:
+        """The group's config here; RocketMQ's defaults for a group never configured."""
+        cfg = self._group_config_cache.get(group)
+        return cfg if cfg is not None else GroupConfig(group)
+
+    def group_config_count(self) -> int:
+        return len(self._group_config_cache)
+
+    def group_configs(self) -> list[GroupConfig]:
+        """Every group configured here, by name (as bounded as the table: an admin's rows)."""
+        return sorted(self._group_config_cache.values(), key=lambda c: c.group)
+
+    def _read_group_configs(self) -> dict[str, GroupConfig]:
+        with self._env.begin() as txn:
+            return {
+                (name := bytes(k).decode("utf-8")): decode_value(name, bytes(v))
+                for k, v in txn.cursor(db=self._group_configs)
+            }
 
     def topics(self) -> list[TopicConfig]:
         with self._env.begin() as txn:

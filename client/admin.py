@@ -40,6 +40,7 @@ from raftmq.common.errors import (
     UnauthenticatedError,
     from_rpc_error,
 )
+from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import (
     DLQ_TOPIC_PREFIX,
     decode_msg_id,
@@ -163,6 +164,34 @@ class ConsumerGroupInfo:
     group: str
     members: tuple[ConsumerMemberInfo, ...]  # online now, sorted by client id
     topics: tuple[str, ...]  # subscribed by a member or with committed offsets
+    # (broker group, its config) where `raftmq group config` set one, sorted; the others use
+    # RocketMQ's defaults (GroupConfig(group)).
+    configs: tuple[tuple[str, GroupConfig], ...] = ()
+    configs_everywhere: bool = True  # every broker group answered with a config (or none did)
+
+    def config_text(self) -> str:
+        """One line: the config, or each broker group's when they differ."""
+        if not self.configs:
+            return "default"
+        distinct = {cfg for _, cfg in self.configs}
+        if len(distinct) == 1:
+            only = next(iter(distinct))
+            return only.describe() + ("" if self.configs_everywhere else " (some broker groups)")
+        return "; ".join(f"{g}: {cfg.describe()}" for g, cfg in self.configs)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDeleted:
+    """What `delete_group` removed on one broker group."""
+
+    offsets: int  # committed offsets it had
+    config: bool  # it had a config (`update_group_config`)
+
+
+def group_config_from_pb(pb: broker_pb2.ConsumerGroupConfig) -> GroupConfig:
+    return GroupConfig(
+        pb.consumer_group, pb.retry_max_times, pb.consume_enable, pb.broadcast_enable
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,14 +392,15 @@ class Admin:
         return out
 
     @checked
-    def delete_group(self, group: str, *, force: bool = False) -> dict[str, int]:
+    def delete_group(self, group: str, *, force: bool = False) -> dict[str, GroupDeleted]:
         """mqadmin's deleteSubGroup --removeOffset, kafka-consumer-groups --delete: the group's
-        committed offsets (and orderly leases, POP state) go on every broker group; per broker
-        group, how many offsets it had. Refused (InvalidArgumentError naming the members) where
-        members are online, unless `force`: they would commit again and bring it back. Broker
-        groups before a refusal keep the deletion (each answer is its own log entry)."""
+        committed offsets (and orderly leases, POP state, config) go on every broker group; per
+        broker group, how many offsets it had and whether it had a config. Refused
+        (InvalidArgumentError naming the members) where members are online, unless `force`:
+        they would commit again and bring it back. Broker groups before a refusal keep the
+        deletion (each answer is its own log entry)."""
         validate_group(group)
-        out: dict[str, int] = {}
+        out: dict[str, GroupDeleted] = {}
         for g in self._select(None):
             resp = self._on_leader(
                 g,
@@ -379,7 +409,38 @@ class Admin:
                     timeout=RPC_TIMEOUT_S,
                 ),
             )
-            out[g.broker_group] = resp.deleted_offsets
+            out[g.broker_group] = GroupDeleted(resp.deleted_offsets, resp.deleted_config)
+        return out
+
+    @checked
+    def update_group_config(
+        self,
+        group: str,
+        *,
+        retry_max_times: int | None = None,
+        consume_enable: bool | None = None,
+        broadcast_enable: bool | None = None,
+        broker_groups: Sequence[str] | None = None,
+    ) -> dict[str, GroupConfig]:
+        """mqadmin's updateSubGroup: set the group's retry limit (-1: the consumer's own),
+        whether it may consume, whether it may consume by broadcast, on every broker group (or
+        those named), replicated through each group's log. Fields left None keep their value;
+        with none given this only reads. Returns each broker group's config in force."""
+        validate_group(group)
+        req = broker_pb2.UpdateConsumerGroupConfigRequest(consumer_group=group)
+        if retry_max_times is not None:
+            validate_group_config(GroupConfig(group, retry_max_times))  # before any is written
+            req.retry_max_times = retry_max_times
+        if consume_enable is not None:
+            req.consume_enable = consume_enable
+        if broadcast_enable is not None:
+            req.broadcast_enable = broadcast_enable
+        out: dict[str, GroupConfig] = {}
+        for g in self._select(broker_groups):
+            resp = self._on_leader(
+                g, lambda s: s.UpdateConsumerGroupConfig(req, timeout=RPC_TIMEOUT_S)
+            )
+            out[g.broker_group] = group_config_from_pb(resp)
         return out
 
     @checked
@@ -632,7 +693,9 @@ class Admin:
         broker groups each reaches: its connections) or with committed offsets."""
         members: dict[str, dict[str, tuple[set[str], set[str]]]] = {}
         topics: dict[str, set[str]] = {}
-        for g in self._select(None):
+        configs: dict[str, dict[str, GroupConfig]] = {}
+        selected = self._select(None)
+        for g in selected:
             resp = self._on_leader(
                 g,
                 lambda s: s.ListConsumerGroups(
@@ -642,6 +705,10 @@ class Admin:
             for info in resp.groups:
                 group_topics = topics.setdefault(info.consumer_group, set())
                 group_topics.update(info.committed_topics)
+                if info.HasField("config"):
+                    configs.setdefault(info.consumer_group, {})[g.broker_group] = (
+                        group_config_from_pb(info.config)
+                    )
                 by_client = members.setdefault(info.consumer_group, {})
                 for m in info.members:
                     subscribed, reached = by_client.setdefault(m.client_id, (set(), set()))
@@ -656,6 +723,8 @@ class Admin:
                     for cid, (t, b) in sorted(members.get(name, {}).items())
                 ),
                 tuple(sorted(topics[name])),
+                tuple(sorted(configs.get(name, {}).items())),
+                len(configs.get(name, {})) in (0, len(selected)),
             )
             for name in sorted(topics)
         ]

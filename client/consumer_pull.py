@@ -19,7 +19,7 @@ from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
-from raftmq.common.errors import InvalidArgumentError, RaftMQError
+from raftmq.common.errors import InvalidArgumentError, PermissionDeniedError, RaftMQError
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
 from raftmq.common.types import QueueRef, check_offset
@@ -82,6 +82,10 @@ class PullConsumer:
         self._closed = False
         # Called (on a fetch thread, never blocking) after each delivery: client/aio.py's wake-up.
         self._on_data: Callable[[], None] | None = None
+        # A pull the brokers refused (the ACL, the group's config turning consuming off): the
+        # next poll() with nothing buffered raises it, as Kafka's poll raises an authorization
+        # error; the fetchers keep retrying, so consuming resumes once it is allowed again.
+        self._refused: PermissionDeniedError | None = None
 
     # ---- assignment ---------------------------------------------------------------------------
 
@@ -127,6 +131,7 @@ class PullConsumer:
                 driver=self._driver,
                 has_room=self._has_room,
                 data=self._data,
+                on_refused=self._on_refused,
             )
             self._fetchers[q] = f
             f.start()
@@ -224,6 +229,13 @@ class PullConsumer:
         if self._on_data is not None:
             self._on_data()
 
+    def _on_refused(self, err: PermissionDeniedError) -> None:
+        with self._cond:
+            self._refused = err
+            self._cond.notify_all()
+        if self._on_data is not None:
+            self._on_data()
+
     def _reset(self, q: QueueRef, offset: int) -> int | None:
         """The fetch offset fell outside the queue: go on from the bound the policy names."""
         new = self._offsets.reset_for(q, offset, self._start_from)
@@ -236,7 +248,9 @@ class PullConsumer:
 
     @checked
     def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
-        """Messages in offset order per queue; [] if none arrives within timeout_ms."""
+        """Messages in offset order per queue; [] if none arrives within timeout_ms. Raises
+        the PermissionDeniedError of a pull the brokers refused (ConsumeDisabledError: the
+        group's config turns consuming off) when nothing is buffered, once per refusal."""
         if not 0 <= timeout_ms <= MAX_POLL_TIMEOUT_MS:
             # Bounded like every wait: past a day a caller loops, and past threading's limit
             # the wait itself would fail with an OverflowError.
@@ -249,6 +263,9 @@ class PullConsumer:
         out: list[ReceivedMessage] = []
         with self._cond:
             while not self._buffer:
+                if self._refused is not None:
+                    refused, self._refused = self._refused, None
+                    raise refused
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     return out

@@ -42,6 +42,7 @@ from raftmq.common.auth import Credentials
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     AccessDeniedError,
+    ConsumeDisabledError,
     InvalidArgumentError,
     RaftMQError,
     from_rpc_error,
@@ -170,7 +171,13 @@ class PushConsumer:
             path = offset_file or Path.home() / ".raftmq" / "offsets" / f"{group}.{topic}.json"
             self._file_offsets = FileOffsets(path)
         self._settings = FetchSettings(
-            group, tag_expression, sql_expression, 256, long_poll_ms, True
+            group,
+            tag_expression,
+            sql_expression,
+            256,
+            long_poll_ms,
+            True,
+            broadcasting=message_model is MessageModel.BROADCASTING,
         )
         # Clustering: a failed message goes back to the broker (%RETRY%<group>, then %DLQ%) and
         # the consumer reads its retry topic beside its own, with no filter (RocketMQ's way).
@@ -209,7 +216,7 @@ class PushConsumer:
                 # The first heartbeat asks for Sub on the group and the topic: a group this user
                 # may not use fails here, typed, not as a WARNING per queue afterwards.
                 self._heartbeat(starting=True)
-            except AccessDeniedError:
+            except (AccessDeniedError, ConsumeDisabledError):
                 self._closed = True
                 self._release_unstarted()
                 raise
@@ -272,7 +279,8 @@ class PushConsumer:
     def _heartbeat(self, leaving: bool = False, starting: bool = False) -> None:
         """Tell every node of the topic's groups that this member is here (or leaving). When
         `starting`, a node's AccessDeniedError is raised (the user may not use the group or the
-        topic); otherwise a node that does not answer is skipped."""
+        topic), and ConsumeDisabledError when the group's config turns consuming off; otherwise
+        a node that does not answer is skipped."""
         req = broker_pb2.HeartbeatRequest(
             consumer_group=self.group,
             client_id=self.client_id,
@@ -306,6 +314,13 @@ class PushConsumer:
                 continue
             assert isinstance(answer, broker_pb2.HeartbeatResponse)
             answers.append(answer)
+        if starting and any(a.consume_disabled for a in answers):
+            # Fail at start, typed, as for a denied group; a running member keeps going and
+            # its fetchers log each refused pull until the group is turned on again. The nodes
+            # took this heartbeat: leave, or the group's members would count this one until it
+            # expires and a rebalance would hand it queues nobody reads.
+            self._heartbeat(leaving=True)
+            raise ConsumeDisabledError.for_group(self.group)
         if not leaving:
             self._follow_resets(answers)
             self._check_membership()

@@ -31,6 +31,7 @@ from raftmq.common.errors import (
     BrokerUnavailableError,
     NotLeaderError,
     OffsetOutOfRangeError,
+    PermissionDeniedError,
     RaftMQError,
 )
 from raftmq.common.filter.tag import TagFilter, parse_tag_expression
@@ -60,6 +61,7 @@ class FetchSettings:
     max_messages_per_pull: int = 256
     long_poll_ms: int = 2_000  # short enough to notice a stop or seek promptly
     allow_follower_read: bool = True
+    broadcasting: bool = False  # the broker refuses it for a group whose config turns it off
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,9 @@ OutOfRange = Callable[[QueueRef, int], int | None]
 Deliver = Callable[[Fetched], None]
 # Whether the consumer wants more now; a fetcher without room pauses until wake() or a recheck.
 HasRoom = Callable[[], bool]
+# Told of a pull the brokers refuse to this user or group (PermissionDeniedError: the ACL, the
+# group's config); the fetcher keeps retrying with its back-off, the consumer may raise it.
+Refused = Callable[[PermissionDeniedError], None]
 
 
 class FetchDriver:
@@ -128,8 +133,10 @@ class QueueFetcher:
         driver: FetchDriver,
         data: DataPool,
         has_room: HasRoom = lambda: True,
+        on_refused: Refused | None = None,
     ) -> None:
         self.queue = queue
+        self._on_refused = on_refused
         self._offset = offset
         self._epoch = 0
         self._settings = settings
@@ -215,6 +222,7 @@ class QueueFetcher:
             max_wait_ms=s.long_poll_ms,
             allow_follower_read=s.allow_follower_read,
             raw_batches=True,
+            broadcasting=s.broadcasting,
         )
         use_follower = s.allow_follower_read and (
             self._failures % 2 == 1 or time.monotonic() < self._follower_until
@@ -397,4 +405,6 @@ class QueueFetcher:
             self._routes.invalidate(self.queue.topic)
         if err is not None and not err.retryable:
             log.warning("consumer.pull_failed queue=%s error=%s", self.queue, err.message)
+            if isinstance(err, PermissionDeniedError) and self._on_refused is not None:
+                self._on_refused(err)
         self._driver.later(min(MAX_BACKOFF_S, 0.05 * (2 ** min(failures, 5))), self._pull)

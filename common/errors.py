@@ -168,6 +168,21 @@ class AccessDeniedError(PermissionDeniedError):
         return self.details.get("grant", "")
 
 
+class ConsumeDisabledError(PermissionDeniedError):
+    """The consumer group's config (`raftmq group config`) turns consuming off, or broadcast
+    for a consumer in broadcasting mode: every pull of the group is refused until an admin turns
+    it on again. A PermissionDeniedError, as RocketMQ answers NO_PERMISSION."""
+
+    @classmethod
+    def for_group(cls, group: str, *, broadcast: bool = False) -> ConsumeDisabledError:
+        what, flag = ("by broadcast", "--broadcast on") if broadcast else ("", "--consume on")
+        return cls(
+            f"consumer group {group!r} may not consume{' ' + what if what else ''}: its config "
+            f"turns it off; turn it on with `raftmq group config {group} {flag}`",
+            details={"consumer_group": group, "switch": "broadcast" if broadcast else "consume"},
+        )
+
+
 class UnauthenticatedError(RaftMQError):
     """The request carries no valid signature: missing credentials, an unknown access key, a
     signature that does not match, or a signing time outside the server's window (a replay)."""
@@ -393,6 +408,7 @@ ERROR_TABLE: tuple[ErrorRow, ...] = (
     ErrorRow(TopicAlreadyExistsError, _SC.ALREADY_EXISTS, "TOPIC_ALREADY_EXISTS", _C, False),
     ErrorRow(PermissionDeniedError, _SC.PERMISSION_DENIED, "PERMISSION_DENIED", _C, False),
     ErrorRow(AccessDeniedError, _SC.PERMISSION_DENIED, "ACCESS_DENIED", _C, False),
+    ErrorRow(ConsumeDisabledError, _SC.PERMISSION_DENIED, "CONSUME_DISABLED", _C, False),
     ErrorRow(UnauthenticatedError, _SC.UNAUTHENTICATED, "UNAUTHENTICATED", _C, False),
     ErrorRow(OffsetOutOfRangeError, _SC.OUT_OF_RANGE, "OFFSET_OUT_OF_RANGE", _C, False),
     ErrorRow(MessageNotFoundError, _SC.NOT_FOUND, "MESSAGE_NOT_FOUND", _C, False),

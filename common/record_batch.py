@@ -9,6 +9,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from raftmq.common.group_config import VALUE_SIZE, GroupConfig, decode_value, encode_value
 from raftmq.common.message import Message
 from raftmq.common.topic_config import Permission, TopicConfig
 
@@ -34,6 +35,7 @@ class Kind(enum.IntEnum):
     TOPIC_CONFIG = 4
     GROUP_DELETE = 5  # a consumer group's committed offsets, leases and POP state go (issue 26)
     PURGE = 6  # a topic's queues' min offsets move up: the messages before are gone (issue 26)
+    GROUP_CONFIG = 7  # a consumer group's retry limit, consume and broadcast switches (issue 26)
     DELIVER = 10  # scheduled messages fall due: ConsumeQueue rows of their real topic (issue 16)
     # Transactions (broker/txn_records.py encodes them): an end, a check sent, a move.
     TXN_END = 20
@@ -111,6 +113,14 @@ class GroupDelete:
     on this broker group goes (mqadmin deleteSubGroup --removeOffset)."""
 
     group: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigChange:
+    """`raftmq group config` (mqadmin updateSubGroup): the group's whole config on this broker
+    group, replacing the one before (the leader merges the fields an admin changed)."""
+
+    config: GroupConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +228,7 @@ BrokerRecord = (
     | CommitOffset
     | ResetOffsets
     | GroupDelete
+    | GroupConfigChange
     | PurgeQueues
     | TopicConfigChange
     | Deliver
@@ -313,6 +324,14 @@ def encode(record: BrokerRecord) -> bytes:
             return b"".join(parts)
         if isinstance(record, GroupDelete):
             return _HEAD.pack(Kind.GROUP_DELETE, VERSION) + _short(record.group)
+        if isinstance(record, GroupConfigChange):
+            return b"".join(
+                (
+                    _HEAD.pack(Kind.GROUP_CONFIG, VERSION),
+                    _short(record.config.group),
+                    encode_value(record.config),
+                )
+            )
         if isinstance(record, ResetOffsets):
             parts = [
                 _HEAD.pack(Kind.RESET_OFFSETS, VERSION),
@@ -540,6 +559,15 @@ def decode(data: Bytes) -> BrokerRecord:
             group = r.short()
             r.end()
             return GroupDelete(group)
+        if kind == Kind.GROUP_CONFIG:
+            r = _Reader(data, _HEAD.size)
+            group = r.short()
+            value = r.take(VALUE_SIZE)
+            r.end()
+            try:
+                return GroupConfigChange(decode_value(group, value))
+            except ValueError as exc:
+                raise MalformedBatchError(f"group config record: {exc}") from exc
         if kind == Kind.RESET_OFFSETS:
             r = _Reader(data, _HEAD.size)
             group, topic = r.short(), r.short()

@@ -163,6 +163,7 @@ RULES: dict[str, Rule] = {
     _v1("Broker", "UpdateBrokerConfig"): _super,
     _v1("Broker", "ListProducers"): _cluster(Action.LIST),
     _v1("Broker", "DeleteConsumerGroup"): _group(Action.DELETE),
+    _v1("Broker", "UpdateConsumerGroupConfig"): _group(Action.UPDATE),
     _v1("Broker", "PurgeTopic"): _topic(Action.DELETE),
     # Transactions
     _v1("BrokerTransaction", "SendHalfMessage"): _topic(Action.PUB),

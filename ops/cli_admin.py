@@ -44,6 +44,14 @@ def group_list(args: argparse.Namespace) -> int:
                     {
                         "group": g.group,
                         "topics": list(g.topics),
+                        "config": {
+                            b: {
+                                "retry_max_times": c.retry_max_times,
+                                "consume_enable": c.consume_enable,
+                                "broadcast_enable": c.broadcast_enable,
+                            }
+                            for b, c in g.configs
+                        },
                         "members": [
                             {
                                 "client_id": m.client_id,
@@ -59,7 +67,7 @@ def group_list(args: argparse.Namespace) -> int:
         )
         return 0
     table = Table(title="consumer groups")
-    for col in ("group", "topics", "members", "client id", "connections (broker groups)"):
+    for col in ("group", "topics", "config", "members", "client id", "connections (broker groups)"):
         table.add_column(col)
     for g in groups:
         first = True
@@ -67,6 +75,7 @@ def group_list(args: argparse.Namespace) -> int:
             table.add_row(
                 literal(g.group) if first else "",
                 literal(", ".join(g.topics)) if first else "",
+                literal(g.config_text()) if first else "",
                 str(len(g.members)) if first else "",
                 literal(m.client_id) if m else "[dim]none online[/]",
                 literal(", ".join(m.broker_groups)) if m else "",
@@ -237,15 +246,21 @@ def broker_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_settings(items: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` items (the command line's, or the dashboard's form split on whitespace)."""
+    changes: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
+        changes[key.strip()] = value.strip()
+    return changes
+
+
 def broker_config(args: argparse.Namespace) -> int:
     """Change settings live on every node of --groups (all by default): a table of what each
     node now runs with, or why it refused (then it changed nothing; exit 1)."""
-    changes: dict[str, str] = {}
-    for item in args.settings:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidArgumentError(f"{item!r} is not KEY=VALUE (e.g. retention_ms=3600000)")
-        changes[key.strip()] = value.strip()
+    changes = parse_settings(args.settings)
     with Admin(cli_data._namesrv(args)) as admin:
         nodes = admin.update_broker_config(changes, cli_data._groups(args), dry_run=args.dry_run)
     refused = any(n.refused or n.error for n in nodes)
@@ -435,18 +450,67 @@ def topic_purge(args: argparse.Namespace) -> int:
 def group_delete(args: argparse.Namespace) -> int:
     with Admin(cli_data._namesrv(args)) as admin:
         per_group = admin.delete_group(args.group, force=args.force)
-    total = sum(per_group.values())
-    if not total:
+    total = sum(d.offsets for d in per_group.values())
+    configs = sorted(g for g, d in per_group.items() if d.config)
+    if not total and not configs:
         raise InvalidArgumentError(
-            f"consumer group {args.group!r} has no committed offset on any broker group "
-            "(`raftmq group list` shows the groups)"
+            f"consumer group {args.group!r} has no committed offset and no config on any "
+            "broker group (`raftmq group list` shows the groups)"
         )
-    where = ", ".join(f"{literal(g)}: {n}" for g, n in sorted(per_group.items()) if n)
+    where = ", ".join(
+        f"{literal(g)}: {d.offsets}" for g, d in sorted(per_group.items()) if d.offsets
+    )
+    config = f"; its config on {literal(', '.join(configs))}" if configs else ""
     cli_data.console.print(
-        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets "
-        f"({where})",
+        f"[green]deleted[/] consumer group {literal(args.group)}: {total} committed offsets"
+        + (f" ({where})" if where else "")
+        + config,
         highlight=False,
     )
+    return 0
+
+
+def _switch(value: str | None) -> bool | None:
+    return None if value is None else value == "on"
+
+
+def group_config(args: argparse.Namespace) -> int:
+    """mqadmin updateSubGroup: set what is given on every broker group (or --groups), then
+    show each broker group's config; with nothing to set, only show it."""
+    with Admin(cli_data._namesrv(args)) as admin:
+        per_group = admin.update_group_config(
+            args.group,
+            retry_max_times=args.retry_max,
+            consume_enable=_switch(args.consume),
+            broadcast_enable=_switch(args.broadcast),
+            broker_groups=cli_data._groups(args),
+        )
+    if args.json:
+        cli_data.print_json(
+            [
+                {
+                    "broker_group": g,
+                    "group": cfg.group,
+                    "retry_max_times": cfg.retry_max_times,
+                    "consume_enable": cfg.consume_enable,
+                    "broadcast_enable": cfg.broadcast_enable,
+                }
+                for g, cfg in sorted(per_group.items())
+            ]
+        )
+        return 0
+    changed = any(v is not None for v in (args.retry_max, args.consume, args.broadcast))
+    table = Table(title=f"consumer group {literal(args.group)}: config{' now' if changed else ''}")
+    for col in ("broker group", "retry max times", "consume", "broadcast"):
+        table.add_column(col)
+    for g, cfg in sorted(per_group.items()):
+        table.add_row(
+            literal(g),
+            "the consumer's" if cfg.retry_max_times < 0 else str(cfg.retry_max_times),
+            "on" if cfg.consume_enable else "[red]off[/]",
+            "on" if cfg.broadcast_enable else "[red]off[/]",
+        )
+    cli_data.console.print(table)
     return 0
 
 
@@ -464,6 +528,32 @@ def register_group(gsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--force", action="store_true", help="although members are online (they may bring it back)"
     )
     p.set_defaults(func=group_delete)
+    p = gsub.add_parser(
+        "config",
+        help="a group's retry limit, consume and broadcast switches on every broker group "
+        "(mqadmin updateSubGroup); without options, show them",
+    )
+    p.add_argument("group")
+    p.add_argument(
+        "--retry-max",
+        type=int,
+        default=None,
+        metavar="N",
+        help="failures before a message is dead-lettered; wins over the consumer's own limit "
+        "(-1: the consumer's)",
+    )
+    p.add_argument(
+        "--consume", choices=("on", "off"), default=None, help="off: every pull is refused"
+    )
+    p.add_argument(
+        "--broadcast",
+        choices=("on", "off"),
+        default=None,
+        help="off: a consumer in broadcasting mode is refused",
+    )
+    p.add_argument("--groups", default="", help="comma-separated broker groups (default: all)")
+    p.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    p.set_defaults(func=group_config)
     p = gsub.add_parser(
         "reset",
         help="reset a group's offsets (earliest, latest, offset, shift, time): --dry-run "

@@ -32,6 +32,30 @@ NO_NEW_MSG: PullStatus
 NO_MATCHED_MSG: PullStatus
 OFFSET_ILLEGAL: PullStatus
 
+class ConsumerGroupConfig(_message.Message):
+    __slots__ = ("consumer_group", "retry_max_times", "consume_enable", "broadcast_enable")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    retry_max_times: int
+    consume_enable: bool
+    broadcast_enable: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., retry_max_times: _Optional[int] = ..., consume_enable: _Optional[bool] = ..., broadcast_enable: _Optional[bool] = ...) -> None: ...
+
+class UpdateConsumerGroupConfigRequest(_message.Message):
+    __slots__ = ("consumer_group", "retry_max_times", "consume_enable", "broadcast_enable")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    retry_max_times: int
+    consume_enable: bool
+    broadcast_enable: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., retry_max_times: _Optional[int] = ..., consume_enable: _Optional[bool] = ..., broadcast_enable: _Optional[bool] = ...) -> None: ...
+
 class PurgeTopicRequest(_message.Message):
     __slots__ = ("topic", "offset", "timestamp_ms", "dry_run")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -71,12 +95,14 @@ class DeleteConsumerGroupRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class DeleteConsumerGroupResponse(_message.Message):
-    __slots__ = ("deleted_offsets", "members_online")
+    __slots__ = ("deleted_offsets", "members_online", "deleted_config")
     DELETED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_ONLINE_FIELD_NUMBER: _ClassVar[int]
+    DELETED_CONFIG_FIELD_NUMBER: _ClassVar[int]
     deleted_offsets: int
     members_online: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ...) -> None: ...
+    deleted_config: bool
+    def __init__(self, deleted_offsets: _Optional[int] = ..., members_online: _Optional[_Iterable[str]] = ..., deleted_config: _Optional[bool] = ...) -> None: ...
 
 class ListProducersRequest(_message.Message):
     __slots__ = ("topic",)
@@ -248,7 +274,7 @@ class SendMessageResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SendResult, _Mapping]]] = ..., broker_group: _Optional[str] = ..., term: _Optional[int] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class PullMessageRequest(_message.Message):
-    __slots__ = ("consumer_group", "topic", "queue_id", "offset", "max_count", "filter_type", "filter_expression", "max_wait_ms", "allow_follower_read", "max_bytes", "raw_batches")
+    __slots__ = ("consumer_group", "topic", "queue_id", "offset", "max_count", "filter_type", "filter_expression", "max_wait_ms", "allow_follower_read", "max_bytes", "raw_batches", "broadcasting")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +286,7 @@ class PullMessageRequest(_message.Message):
     ALLOW_FOLLOWER_READ_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     RAW_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BROADCASTING_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     topic: str
     queue_id: int
@@ -271,7 +298,8 @@ class PullMessageRequest(_message.Message):
     allow_follower_read: bool
     max_bytes: int
     raw_batches: bool
-    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_count: _Optional[int] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., filter_expression: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., allow_follower_read: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., raw_batches: _Optional[bool] = ...) -> None: ...
+    broadcasting: bool
+    def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_count: _Optional[int] = ..., filter_type: _Optional[_Union[FilterType, str]] = ..., filter_expression: _Optional[str] = ..., max_wait_ms: _Optional[int] = ..., allow_follower_read: _Optional[bool] = ..., max_bytes: _Optional[int] = ..., raw_batches: _Optional[bool] = ..., broadcasting: _Optional[bool] = ...) -> None: ...
 
 class PullMessageResponse(_message.Message):
     __slots__ = ("status", "messages", "next_offset", "min_offset", "max_offset", "node_id", "batches", "throttle_ms")
@@ -633,10 +661,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., expiry_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("resets",)
+    __slots__ = ("resets", "consume_disabled")
     RESETS_FIELD_NUMBER: _ClassVar[int]
+    CONSUME_DISABLED_FIELD_NUMBER: _ClassVar[int]
     resets: _containers.RepeatedCompositeFieldContainer[OffsetReset]
-    def __init__(self, resets: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ...) -> None: ...
+    consume_disabled: bool
+    def __init__(self, resets: _Optional[_Iterable[_Union[OffsetReset, _Mapping]]] = ..., consume_disabled: _Optional[bool] = ...) -> None: ...
 
 class OffsetReset(_message.Message):
     __slots__ = ("broker_group", "reset_id", "topic", "queue_id", "offset")
@@ -681,14 +711,16 @@ class ConsumerMember(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ConsumerGroupInfo(_message.Message):
-    __slots__ = ("consumer_group", "members", "committed_topics")
+    __slots__ = ("consumer_group", "members", "committed_topics", "config")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     members: _containers.RepeatedCompositeFieldContainer[ConsumerMember]
     committed_topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, consumer_group: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ConsumerMember, _Mapping]]] = ..., committed_topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    config: ConsumerGroupConfig
+    def __init__(self, consumer_group: _Optional[str] = ..., members: _Optional[_Iterable[_Union[ConsumerMember, _Mapping]]] = ..., committed_topics: _Optional[_Iterable[str]] = ..., config: _Optional[_Union[ConsumerGroupConfig, _Mapping]] = ...) -> None: ...
 
 class ListConsumerGroupsResponse(_message.Message):
     __slots__ = ("groups",)

@@ -179,6 +179,11 @@ class BrokerStub:
                 request_serializer=raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
                 response_deserializer=raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
                 _registered_method=True)
+        self.UpdateConsumerGroupConfig = channel.unary_unary(
+                '/raftmq.v1.Broker/UpdateConsumerGroupConfig',
+                request_serializer=raftmq_dot_broker__pb2.UpdateConsumerGroupConfigRequest.SerializeToString,
+                response_deserializer=raftmq_dot_broker__pb2.ConsumerGroupConfig.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -384,6 +389,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateConsumerGroupConfig(self, request, context):
+        """`raftmq group config` (mqadmin updateSubGroup, issue 26): the group's retry limit and its
+        consume and broadcast switches on this broker group, replicated through the log; the
+        fields not set keep their value. Answers the config in force afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -531,6 +545,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.PurgeTopic,
                     request_deserializer=raftmq_dot_broker__pb2.PurgeTopicRequest.FromString,
                     response_serializer=raftmq_dot_broker__pb2.PurgeTopicResponse.SerializeToString,
+            ),
+            'UpdateConsumerGroupConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConsumerGroupConfig,
+                    request_deserializer=raftmq_dot_broker__pb2.UpdateConsumerGroupConfigRequest.FromString,
+                    response_serializer=raftmq_dot_broker__pb2.ConsumerGroupConfig.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1316,6 +1335,33 @@ class Broker:
             '/raftmq.v1.Broker/PurgeTopic',
             raftmq_dot_broker__pb2.PurgeTopicRequest.SerializeToString,
             raftmq_dot_broker__pb2.PurgeTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsumerGroupConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftmq.v1.Broker/UpdateConsumerGroupConfig',
+            raftmq_dot_broker__pb2.UpdateConsumerGroupConfigRequest.SerializeToString,
+            raftmq_dot_broker__pb2.ConsumerGroupConfig.FromString,
             options,
             channel_credentials,
             insecure,

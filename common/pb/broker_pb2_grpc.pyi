@@ -124,6 +124,10 @@ class BrokerStub:
         _broker_pb2.PurgeTopicRequest,
         _broker_pb2.PurgeTopicResponse,
     ]
+    UpdateConsumerGroupConfig: grpc.UnaryUnaryMultiCallable[
+        _broker_pb2.UpdateConsumerGroupConfigRequest,
+        _broker_pb2.ConsumerGroupConfig,
+    ]
 
 
 class BrokerServicer:
@@ -272,6 +276,11 @@ class BrokerServicer:
         request: _broker_pb2.PurgeTopicRequest,
         context: grpc.ServicerContext,
     ) -> _broker_pb2.PurgeTopicResponse: ...
+    def UpdateConsumerGroupConfig(
+        self,
+        request: _broker_pb2.UpdateConsumerGroupConfigRequest,
+        context: grpc.ServicerContext,
+    ) -> _broker_pb2.ConsumerGroupConfig: ...
 
 
 def add_BrokerServicer_to_server(

@@ -51,6 +51,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTION_NOT_FOUND: _ClassVar[ErrorCode]
     TRANSACTION_CONFLICT: _ClassVar[ErrorCode]
     INVALID_FILTER: _ClassVar[ErrorCode]
+    CONSUME_DISABLED: _ClassVar[ErrorCode]
     DELETED_BY_RETENTION: _ClassVar[ErrorCode]
     DISK_PRESSURE: _ClassVar[ErrorCode]
     TRACE_NOT_FOUND: _ClassVar[ErrorCode]
@@ -91,6 +92,7 @@ INVALID_DELAY: ErrorCode
 TRANSACTION_NOT_FOUND: ErrorCode
 TRANSACTION_CONFLICT: ErrorCode
 INVALID_FILTER: ErrorCode
+CONSUME_DISABLED: ErrorCode
 DELETED_BY_RETENTION: ErrorCode
 DISK_PRESSURE: ErrorCode
 TRACE_NOT_FOUND: ErrorCode

@@ -2,11 +2,13 @@
 internals) returning an HTML document. `Dashboard.handle` routes a request and turns a typed
 raftmq error into a page that says what went wrong (never a traceback).
 
-Read-only unless `allow_actions`: then create topic, reset offsets and resend a dead letter are
-offered as forms. Every action takes two POSTs: the first shows what will happen (for a reset,
-the plan of `Admin.plan_offset_reset`, the CLI's --dry-run) and a Confirm button; only the second,
-carrying confirm=yes, changes anything. Each POST must carry a CSRF token (this process's random
-token; with a login, one bound to the user's sign-in), so a page of another site cannot post.
+Read-only unless `allow_actions`: then create or update a topic, reset offsets, resend a dead
+letter, change broker settings live and grant or remove ACL entries are offered as forms. Every
+action takes two POSTs: the first shows what will happen (for a reset, the plan of
+`Admin.plan_offset_reset`, the CLI's --dry-run; for broker settings, every node's dry run) and a
+Confirm button; only the second, carrying confirm=yes, changes anything. Each POST must carry a
+CSRF token (this process's random token; with a login, one bound to the user's sign-in), so a
+page of another site cannot post.
 
 With `login` (issue 27, on when the cluster has authentication): every page but /login and
 /healthz asks a signed-in user (ops/dashboard/login.py: the cluster's ACL users; a super user is
@@ -434,6 +436,94 @@ def cluster_page(d: Dashboard, req: Request) -> list[Cell]:
     return out
 
 
+# ---- broker settings (issue 27: mqadmin updateBrokerConfig from the console) -------------------
+
+
+def broker_config_page(d: Dashboard, req: Request) -> list[Cell]:
+    """Every node's settings as it runs with them (secrets redacted by the node), and for an
+    admin the form that changes those that take effect without a restart."""
+    statuses = d.admin.broker_statuses()
+    nodes = [n for n in statuses if n.status is not None]
+    out: list[Cell] = []
+    if d.can_act:
+        out += [
+            Raw("<h2>Change settings live</h2>"),
+            d.action_form(
+                "/actions/broker-config",
+                [
+                    ("settings", "KEY=VALUE, several separated by spaces", ""),
+                    ("groups", "broker groups, comma-separated (blank: all)", ""),
+                ],
+                "Check…",
+                form_id="broker-config",
+            ),
+            span(
+                "muted",
+                "Only settings that take effect without a restart change (`raftmq broker "
+                "config`); any other is refused with the reason, and then nothing changes. A "
+                "node keeps a change until it restarts: set it in the cluster description too.",
+            ),
+        ]
+    for n in statuses:
+        if n.status is None:
+            out.append(span("bad", f"{n.broker_group}/{n.node_id} did not answer: {n.error}"))
+    keys = sorted({k for n in nodes if n.status is not None for k in n.status.config})
+    out.append(Raw(f"<h2>Settings of {len(nodes)} nodes</h2>"))
+    out.append(
+        table(
+            ("setting", *(f"{n.broker_group}/{n.node_id}" for n in nodes)),
+            (
+                (k, *(n.status.config.get(k, "") if n.status is not None else "" for n in nodes))
+                for k in keys
+            ),
+            table_id="broker-settings",
+        )
+    )
+    return out
+
+
+def broker_config_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq broker config KEY=VALUE` from the console: the first POST asks every node with
+    dry_run (what would change, or why a key is refused: then no Confirm is offered), the
+    second changes it."""
+    from raftmq.ops.cli_admin import parse_settings  # the CLI's reading of KEY=VALUE
+
+    _needs_post(d, req)
+    text, groups_text = _arg(req, "settings"), req.query.get("groups", "").strip()
+    changes = parse_settings(text.split())
+    groups = [g.strip() for g in groups_text.split(",") if g.strip()] or None
+    confirmed = _confirmed(req)
+    nodes = d.admin.update_broker_config(changes, groups, dry_run=not confirmed)
+    rows: list[tuple[Cell, ...]] = []
+    for n in nodes:
+        node = f"{n.broker_group}/{n.node_id}"
+        if n.error:
+            rows.append((node, "", "", span("bad", n.error)))
+        rows += [(node, k, v, "") for k, v in sorted(n.applied.items())]
+        rows += [(node, k, changes.get(k, ""), span("bad", why)) for k, why in n.refused.items()]
+    result = table(("node", "setting", "value", "refused because"), rows, table_id="config-plan")
+    where = groups_text or "every broker group"
+    if any(n.refused or n.error for n in nodes):
+        head: Cell = Raw(
+            '<div class="error" id="refused">Refused: nothing changes on a node that refuses a '
+            "setting. Settings read only at start need the cluster description and a restart."
+            "</div>"
+        )
+    elif confirmed:
+        log.warning("dashboard.broker_config settings=%s groups=%s", text, where)
+        head = Raw(
+            f'<div class="notice" id="done">{esc(text)} set on {esc(where)} until each node '
+            "restarts (set it in the cluster description to keep it)</div>"
+        )
+    else:
+        head = d.confirm_form(
+            "/actions/broker-config",
+            {"settings": text, "groups": groups_text},
+            f"Set {text} on {where}? Each node below checked it:",
+        )
+    return [head, result, link("/broker-config", "broker settings")]
+
+
 # ---- topics ------------------------------------------------------------------------------------
 
 
@@ -602,11 +692,14 @@ def group_page(d: Dashboard, req: Request) -> list[Cell]:
     group, topic = _arg(req, "name"), _arg(req, "topic")
     lags = d.admin.group_lag(group, topic)
     total = sum(q.lag for q in lags)
-    members = next((g.members for g in d.admin.consumer_groups() if g.group == group), ())
+    info = next((g for g in d.admin.consumer_groups() if g.group == group), None)
+    members = info.members if info is not None else ()
     online = [m.client_id for m in members if topic in m.topics]
     holders = queue_holders([q.queue for q in lags], online)
+    config = esc(info.config_text() if info is not None else "default")
     out: list[Cell] = [
         Raw(f"<h2>Group {esc(group)} on {esc(topic)}</h2>"),
+        Raw(f'<p>config (`raftmq group config`): <span id="group-config">{config}</span></p>'),
         table(
             ("queue", "broker offset", "consumer offset", "min offset", "lag", "held by"),
             (
@@ -924,6 +1017,34 @@ def acl_page(d: Dashboard, req: Request) -> list[Cell]:
         table(("user", "dashboard role", "policy"), rows, table_id="acl-users"),
     ]
     if d.can_act:
+        out.append(Raw("<h2>Entries</h2>"))
+        out.append(
+            table(
+                ("user", "decision", "entry", ""),
+                (
+                    (
+                        name,
+                        e.decision.value,
+                        e.spec,
+                        d.action_form(
+                            "/actions/acl-remove",
+                            [],
+                            "Remove…",
+                            hidden={"user": name, "entry": e.spec, "decision": e.decision.value},
+                        ),
+                    )
+                    for name, entries in sorted(acl.policies.items())
+                    for e in entries
+                ),
+                table_id="acl-entries",
+            )
+        )
+        out.append(Raw("<h2>Delete a user</h2>"))
+        out.append(
+            d.action_form(
+                "/actions/acl-delete-user", [("user", "user", "")], "Delete…", form_id="acl-delete"
+            )
+        )
         out.append(Raw("<h2>Grant</h2>"))
         out.append(
             d.action_form(
@@ -956,6 +1077,63 @@ def acl_grant_action(d: Dashboard, req: Request) -> list[Cell]:
         Raw(
             f'<div class="notice" id="done">{esc(user)}: {esc(policy)} '
             f"(ACL version {version}; every node has it within its refresh interval)</div>"
+        ),
+        link("/acl", "users and policies"),
+    ]
+
+
+def acl_remove_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq acl policy remove USER ENTRY` from the dashboard: one entry taken out of the
+    user's policy, the others kept (AclAdmin.add_to_policy with remove)."""
+    _needs_post(d, req)
+    user, entry, decision = _arg(req, "user"), _arg(req, "entry"), _arg(req, "decision")
+    entries = parse_entries([entry], decision)
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/acl-remove",
+                {"user": user, "entry": entry, "decision": decision},
+                f"Remove {decision} {entries[0].spec} from {user}'s policy (its other entries "
+                "are kept)?",
+            )
+        ]
+    before = {e for e in d.admin.acl.policies().get(user, ())}
+    if entries[0] not in before:
+        raise InvalidArgumentError(
+            f"{user}'s policy has no entry {decision} {entries[0].spec} (any more): reload /acl"
+        )
+    version, written = d.admin.acl.add_to_policy(user, remove=entries)
+    policy = "; ".join(f"{e.decision.value} {e.spec}" for e in written) or "no entry left"
+    log.warning("dashboard.acl_remove user=%s entry=%s", user, entries[0].spec)
+    return [
+        Raw(
+            f'<div class="notice" id="done">{esc(user)}: {esc(policy)} (ACL version '
+            f"{version}; every node has it within its refresh interval)</div>"
+        ),
+        link("/acl", "users and policies"),
+    ]
+
+
+def acl_delete_user_action(d: Dashboard, req: Request) -> list[Cell]:
+    """`raftmq acl user delete USER`: the user and its policy go."""
+    _needs_post(d, req)
+    user = _arg(req, "user")
+    if d.login is not None and user not in d.login.acl().users:
+        raise InvalidArgumentError(f"no user {user!r} (the users are listed on /acl)")
+    if not _confirmed(req):
+        return [
+            d.confirm_form(
+                "/actions/acl-delete-user",
+                {"user": user},
+                f"Delete user {user} and its policy? Its clients are refused from then on.",
+            )
+        ]
+    version = d.admin.acl.delete_user(user)
+    log.warning("dashboard.acl_delete_user user=%s", user)
+    return [
+        Raw(
+            f'<div class="notice" id="done">user {esc(user)} deleted with its policy (ACL '
+            f"version {version})</div>"
         ),
         link("/acl", "users and policies"),
     ]
@@ -1057,3 +1235,7 @@ register_page("/actions/resend", "Resend dead letter", resend_action, in_nav=Fal
 register_page("/actions/update-topic", "Update topic", update_topic_action, in_nav=False)
 register_page("/acl", "Users", acl_page)
 register_page("/actions/acl-grant", "Grant", acl_grant_action, in_nav=False)
+register_page("/actions/acl-remove", "Remove", acl_remove_action, in_nav=False)
+register_page("/actions/acl-delete-user", "Delete user", acl_delete_user_action, in_nav=False)
+register_page("/broker-config", "Broker settings", broker_config_page)
+register_page("/actions/broker-config", "Broker settings", broker_config_action, in_nav=False)

@@ -26,6 +26,7 @@ tr.total td{font-weight:600;background:#f7f8fb}
 .notice{background:#e8f4ea;border:1px solid #b9dfc2;padding:.6em 1em}
 form.inline{display:inline}form.box{background:#fff;border:1px solid #d9dde5;padding:.6em 1em;
 margin:.4em 0 1em;display:flex;gap:.6em;align-items:end;flex-wrap:wrap}
+td form.box{margin:0;padding:0;border:0;background:none}
 label{display:flex;flex-direction:column;font-size:.85em;gap:.2em}
 input{padding:.25em .4em}button{padding:.3em .8em;cursor:pointer}
 button.danger{background:#b3261e;color:#fff;border:0;border-radius:3px}

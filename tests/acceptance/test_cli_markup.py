@@ -160,6 +160,13 @@ def test_every_printing_command_shows_user_content_as_written(
     ):
         out = run(cluster, capsys, *argv)
         assert TOPIC in out or "broker" in out, (argv, out)
+    # `group config` (issue 26): read only without options; its table and its --json
+    out = run(cluster, capsys, "group", "config", READERS)
+    assert_literal(out, f"consumer group {READERS}: config", "the consumer's", "broker-a")
+    rows = json.loads(run(cluster, capsys, "group", "config", READERS, "--json"))
+    assert {(r["broker_group"], r["retry_max_times"]) for r in rows} == {
+        ("broker-a", -1), ("broker-b", -1)
+    }, rows  # fmt: skip
 
 
 def test_markup_in_a_name_is_echoed_literally_in_the_error(
@@ -168,6 +175,11 @@ def test_markup_in_a_name_is_echoed_literally_in_the_error(
     code = cli.main(["--namesrv", cluster.namesrv, "group", "lag", "[bold]g[/]", "--topic", "t"])
     _, err = capsys.readouterr()
     assert code == 1 and "[bold]g[/]" in err and "internal error" not in err, err
+    for argv in (["[bold]g[/]", "--consume", "off"], ["g\x1b[31m\udcff", "--json"]):
+        code = cli.main(["--namesrv", cluster.namesrv, "group", "config", *argv])
+        out, err = capsys.readouterr()
+        assert code == 1 and not out and "internal error" not in err, (argv, out, err)
+        assert "\x1b" not in err and argv[0].replace("\x1b", "\\x1b")[:6] in err, (argv, err)
 
 
 def rendered(markup: str) -> str:

@@ -1,20 +1,29 @@
 """mqadmin's and Kafka tools' daily tasks (issue 26; the table in docs/operations.md), each
 run through `raftmq` against the acceptance cluster (one for the package): a queue read by
 offset and a range of it, `consume --quiet` with its rate, a group's dead letters resent in
-bulk (a dry run, then once each), and `--json` on the read commands that lacked it."""
+bulk (a dry run, then once each), `--json` on the read commands that lacked it, and a
+group's config (retry limit, consume and broadcast switches) replicated and honoured."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import grpc
 import pytest
 
 from raftmq.client.admin import Admin
+from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
-from raftmq.common.errors import PermissionDeniedError
+from raftmq.common.errors import (
+    ConsumeDisabledError,
+    PermissionDeniedError,
+    RaftMQError,
+    from_rpc_error,
+)
+from raftmq.common.pb import broker_pb2, broker_pb2_grpc
 from raftmq.common.types import QueueRef
 from raftmq.ops import cli, cli_data
 from tests.acceptance.cluster import create_topic
@@ -251,3 +260,94 @@ def test_a_topic_is_purged_before_an_offset_then_before_a_time(
     # Before a time: everything stored so far.
     out, _ = run(cluster, capsys, "topic", "purge", topic, "--before", "-0s")
     assert "purged 6 messages" in out and bounds() == (10, 10), out
+
+
+def test_a_groups_config_is_replicated_shown_and_honoured(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`raftmq group config`: the log carries it to every node, `group list` shows it, a pull
+    of a group with consume off is refused (PullConsumer.poll raises it), broadcast off
+    refuses a broadcasting pull, a push consumer fails at start, and the group's retry limit wins
+    over the consumer's."""
+    topic = group = "daily-gc"
+    create_topic(cluster, topic, queues=1)
+    queue = QueueRef(topic, "broker-a", 0)
+    with Producer(cluster.namesrv) as producer:
+        for i in range(2):
+            producer.send(topic, b"c%d" % i, queue=queue)
+    out, _ = run(cluster, capsys, "group", "config", group, "--json")
+    assert {(r["broker_group"], r["retry_max_times"], r["consume_enable"]) for r in
+            json.loads(out)} == {("broker-a", -1, True), ("broker-b", -1, True)}  # fmt: skip
+    out, _ = run(cluster, capsys, "group", "config", group, "--retry-max", "0", "--consume",
+                 "off", "--broadcast", "off")  # fmt: skip
+    assert out.count("off") == 4 and "the consumer's" not in out, out
+    out, _ = run(cluster, capsys, "group", "list")
+    assert "retries 0, consume off, broadcast off" in out, out
+    out, _ = run(cluster, capsys, "group", "list", "--json")
+    [row] = [g for g in json.loads(out) if g["group"] == group]
+    assert set(row["config"]) == {"broker-a", "broker-b"}
+    assert row["config"]["broker-a"] == {
+        "retry_max_times": 0, "consume_enable": False, "broadcast_enable": False
+    }  # fmt: skip
+    with Admin(cluster.namesrv) as admin:
+        nodes = [n.address for g in admin.groups() for n in g.nodes]
+        broker_a = [n.address for g in admin.groups() if g.broker_group == "broker-a"
+                    for n in g.nodes]  # fmt: skip
+
+    def on_every_node() -> bool:  # followers too: the config is in every replica's store
+        for address in nodes:
+            with grpc.insecure_channel(address) as channel:
+                answer = broker_pb2_grpc.BrokerStub(channel).ListConsumerGroups(
+                    broker_pb2.ListConsumerGroupsRequest(), timeout=10
+                )
+            mine = [g for g in answer.groups if g.consumer_group == group]
+            if not mine or mine[0].config.consume_enable or mine[0].config.retry_max_times:
+                return False
+        return True
+
+    assert len(nodes) == 6
+    wait_until(on_every_node, 30, "the group config on all six nodes")
+    with PullConsumer(cluster.namesrv, group, start_from=StartFrom.EARLIEST) as consumer:
+        consumer.assign([queue])
+        with pytest.raises(ConsumeDisabledError, match=f"raftmq group config {group} --consume on"):
+            consumer.poll(timeout_ms=30_000)
+    push = PushConsumer(cluster.namesrv, group, topic, lambda m: ConsumeResult.SUCCESS)
+    with pytest.raises(ConsumeDisabledError, match="--consume on"):
+        push.start()  # fails at start, typed, as a denied group does
+    run(cluster, capsys, "group", "config", group, "--consume", "on")
+    pull = broker_pb2.PullMessageRequest(consumer_group=group, topic=topic, queue_id=0,
+                                         max_count=1, broadcasting=True,
+                                         allow_follower_read=True)  # fmt: skip
+
+    def pull_at(address: str) -> RaftMQError | int:
+        with grpc.insecure_channel(address) as channel:
+            try:
+                return len(
+                    broker_pb2_grpc.BrokerStub(channel).PullMessage(pull, timeout=10).messages
+                )
+            except grpc.RpcError as exc:
+                return from_rpc_error(exc)
+
+    def broadcast_refused(address: str) -> bool:  # by any node: the check comes before its role
+        err = pull_at(address)
+        return isinstance(err, ConsumeDisabledError) and "--broadcast on" in err.message
+
+    wait_until(lambda: all(broadcast_refused(a) for a in broker_a), 30, "broadcast refusals")
+    pull.broadcasting = False
+    wait_until(lambda: all(pull_at(a) == 1 for a in broker_a), 30, "pulls once consume is on")
+    # The group's limit (0) wins over the consumer's (16): each failure is a dead letter at
+    # once; the consumer's limit would have sent it to %RETRY% first, for 10 s at least.
+    with Admin(cluster.namesrv) as admin:
+        with PushConsumer(
+            cluster.namesrv, group, topic, lambda m: ConsumeResult.RECONSUME_LATER,
+            start_from=StartFrom.EARLIEST, max_reconsume_times=16, commit_interval_ms=100,
+            rebalance_interval_ms=1_000, heartbeat_interval_ms=1_000,
+        ):  # fmt: skip
+            dead = wait_until(lambda: admin.dead_letters(group), 30, "dead letters")
+        assert {m.properties["MAX_RECONSUME_TIMES"] for m in dead} == {"0"}
+        assert f"%RETRY%{group}" not in admin.list_topics()
+    # A group delete takes the config with the offsets: RocketMQ's defaults again.
+    out, _ = run(cluster, capsys, "group", "delete", group)
+    assert "its config on broker-a, broker-b" in out, out
+    out, _ = run(cluster, capsys, "group", "config", group, "--json")
+    assert all(r["retry_max_times"] == -1 and r["broadcast_enable"] for r in json.loads(out))

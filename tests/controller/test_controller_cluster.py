@@ -4,6 +4,7 @@ pushed to both NameServers, and losing the controller leader loses nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -206,6 +207,16 @@ def test_controller_status_and_planned_election_from_the_cli(runner: ClusterRunn
     out = cli("controller", "status", "--controllers", ctls)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("LEADER") == 1 and "broker-a" in out.stdout
+    # --json: one document a script can read, naming the controllers' leader and the group's.
+    out = cli("controller", "status", "--controllers", ctls, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    roles = sorted(c["role"] for c in doc["controllers"])
+    assert roles == ["FOLLOWER", "FOLLOWER", "LEADER"], doc
+    assert {c["address"] for c in doc["controllers"]} == set(ctls.split(","))
+    [group] = [g for g in doc["groups"] if g["broker_group"] == "broker-a"]
+    assert group["leader_node_id"] == node and int(group["term"]) >= 1, group
+    assert set(group["members"]) == {"n0", "n1", "n2"}, group
     target = next(n for n in ("n0", "n1", "n2") if n != node)
     out = cli("--namesrv", nss, "group", "elect", "--group", "broker-a", "--node", target)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -123,6 +123,16 @@ def test_routing_without_a_cluster() -> None:
         assert r.status == 403 and "reload the page" in r.body
         r = rw.handle(Request("GET", "/actions/create-topic", {"topic": "t", "queues": "1"}))
         assert r.status == 405
+        # issue 27: the new actions are checked alike (a forged token never reaches a node)
+        for action, form in (
+            ("/actions/broker-config", {"settings": "retention_ms=1"}),
+            ("/actions/acl-remove", {"user": "u", "entry": "Topic:t=Pub", "decision": "Allow"}),
+            ("/actions/acl-delete-user", {"user": "u"}),
+        ):
+            r = rw.handle(Request("POST", action, {**form, "confirm": "yes", "token": "other"}))
+            assert r.status == 403 and "reload the page" in r.body, action
+            r = ro.handle(Request("POST", action, {**form, "confirm": "yes", "token": ro.token}))
+            assert r.status == 403 and "read-only" in r.body, action
         r = ro.handle(Request("GET", "/"))
         assert r.status == 503 and "BROKER_UNAVAILABLE" in r.body, "no NameServer: try again"
         r = ro.handle(Request("GET", "/message", {}))
@@ -417,6 +427,7 @@ def test_every_page_shows_what_admin_says(
     rows = cells(browser, "lag")[:2]
     assert [r[1:3] for r in rows] == [["6", "2"], ["6", "2"]], rows  # broker, consumer offset
     assert [r[5] for r in rows] == ["nobody online"] * 2, rows
+    assert browser.find_element(By.ID, "group-config").text == "default"
 
     # issue 27: a live member holds the queues (group detail), and the connections view lists it
     with PushConsumer(
@@ -471,6 +482,11 @@ def test_every_page_shows_what_admin_says(
     assert not browser.find_elements(By.TAG_NAME, "form") or not browser.find_elements(
         By.CSS_SELECTOR, "form[method=post]"
     ), "a read-only dashboard offers no action"
+
+    # issue 27: every node's settings, read-only here (no form)
+    visit(browser, f"{url}/broker-config", shots, "broker-config")
+    settings = {r[0]: r[1:] for r in cells(browser, "broker-settings")}
+    assert len(settings["retention_ms"]) == 3 and not browser.find_elements(By.ID, "broker-config")
 
     browser.get(f"{url}/message?id={data.orders[0].msg_id[:-4]}FFFF")
     assert "MESSAGE_NOT_FOUND" in browser.find_element(By.ID, "error").text
@@ -537,6 +553,33 @@ def test_actions_ask_for_confirmation_first(
     after = {q.queue.queue_id: q.committed for q in admin.group_lag(READERS, TOPIC)}
     assert after == {0: 5, 1: 5}
     admin.reset_offsets(READERS, TOPIC, ResetTarget(ResetTo.OFFSET, 2))  # as the data had it
+
+    # issue 27: broker settings changed live from the console, confirmed first; a setting
+    # read only at start is refused with the reason, and no Confirm is offered
+    def intervals() -> set[str]:
+        return {
+            n.status.config["retention_check_interval_ms"]
+            for n in admin.broker_statuses()
+            if n.status is not None
+        }
+
+    [old] = intervals()
+    visit(browser, f"{url}/broker-config", shots, "actions-broker-config")
+    submit("broker-config", "confirm-box", settings="retention_check_interval_ms=4321")
+    plan = cells(browser, "config-plan")
+    assert [r[1:3] for r in plan] == [["retention_check_interval_ms", "4321"]] * 3, plan
+    assert intervals() == {old}, "nothing before the confirmation"
+    browser.save_screenshot(str(shots / "actions-broker-config-confirm.png"))
+    click(browser, "#confirm button", "done")
+    assert intervals() == {"4321"}
+    visit(browser, f"{url}/broker-config", shots, "actions-broker-config")
+    submit("broker-config", "refused", settings="data_dir=/elsewhere retention_check_interval_ms=5")
+    reasons = {(r[0], r[1]): r[3] for r in cells(browser, "config-plan")}
+    assert [key for _, key in reasons] == ["data_dir"] * 3, reasons  # only the refused key
+    assert all("read once when the node starts" in why for why in reasons.values()), reasons
+    assert not browser.find_elements(By.ID, "confirm") and intervals() == {"4321"}
+    browser.save_screenshot(str(shots / "actions-broker-config-refused.png"))
+    admin.update_broker_config({"retention_check_interval_ms": old})  # as it was
 
     high = admin.topic_status(POISON)[0].max_offset
     visit(browser, f"{url}/dlq?group={DLQ_GROUP}", shots, "actions-dlq")

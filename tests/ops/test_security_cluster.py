@@ -916,6 +916,19 @@ def test_the_dashboard_asks_a_sign_in_and_only_an_admin_acts(env: Env) -> None:
             added = parse_entries(["Topic:granted-here=Pub"])
             admin.acl.add_to_policy("alice", remove=added)  # as it was, for the other tests
             assert alice.go("/actions/acl-grant", grant)[0] == 403  # alice only reads
+            # issue 27: removal and broker settings, admin only and with its own sign-in's token
+            remove = {"user": "alice", "entry": "Topic:orders*=Pub", "decision": "Allow",
+                      "confirm": "yes"}  # fmt: skip
+            settings = {"settings": "retention_check_interval_ms=999", "confirm": "yes"}
+            for action, form in (("/actions/acl-remove", remove),
+                                 ("/actions/broker-config", settings)):  # fmt: skip
+                status, _, page = alice.go(action, {**form, "token": token})
+                assert status == 403 and "may only read" in page, (action, page[-500:])
+                assert ops.go(action, {**form, "token": "forged"})[0] == 403, action
+            assert "Topic:orders*=Pub" in {e.spec for e in admin.acl.policies()["alice"]}
+            intervals = {n.status.config["retention_check_interval_ms"]
+                         for n in admin.broker_statuses() if n.status}  # fmt: skip
+            assert "999" not in intervals, intervals
             for cookie in ops.jar:
                 cookie.value = cookie.value[:-1] + ("0" if cookie.value[-1] != "0" else "1")
             assert ops.go("/topics")[1] == "/login"  # tampered: signed out
@@ -956,5 +969,50 @@ def test_the_sign_in_and_users_pages_in_a_browser(env: Env, browser: Any, shots:
             users = {r.find_elements(By.TAG_NAME, "td")[0].text for r in rows}
             assert {"alice", "bob", "dave"} <= users, users
             browser.save_screenshot(str(shots / "acl.png"))
+            _remove_an_entry_and_a_user(browser, admin, shots)
         finally:
             server.stop()
+
+
+def _remove_an_entry_and_a_user(browser: Any, admin: Admin, shots: Path) -> None:
+    """Issue 27, signed in as the admin: one entry of a user's policy removed from /acl (the
+    others kept), then a user deleted; each confirmed first, nothing changed before."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def wait_for(element_id: str) -> None:
+        WebDriverWait(browser, 30).until(ec.presence_of_element_located((By.ID, element_id)))
+
+    extra = parse_entries(["Topic:dash-remove=Pub"])
+    admin.acl.add_to_policy("bob", add=extra)
+    admin.acl.create_user("dash-temp", "dash-temp-secret")
+    try:
+        browser.get(browser.current_url)  # /acl again, with the new entry and user
+        rows = browser.find_elements(By.CSS_SELECTOR, "#acl-entries tbody tr")
+        [row] = [r for r in rows if [td.text for td in r.find_elements(By.TAG_NAME, "td")][:3]
+                 == ["bob", "Allow", "Topic:dash-remove=Pub"]]  # fmt: skip
+        row.find_element(By.TAG_NAME, "button").click()
+        wait_for("confirm-box")
+        assert "Topic:dash-remove=Pub" in browser.find_element(By.ID, "confirm-box").text
+        assert extra[0] in admin.acl.policies()["bob"], "nothing before the confirmation"
+        browser.find_element(By.CSS_SELECTOR, "#confirm button").click()
+        wait_for("done")
+        bob = admin.acl.policies()["bob"]
+        assert extra[0] not in bob and {e.spec for e in bob} == {
+            "Topic:orders*=Sub", "Group:billing=Sub"
+        }, bob  # fmt: skip
+        browser.get(browser.current_url.split("/actions/")[0] + "/acl")
+        box = browser.find_element(By.CSS_SELECTOR, "#acl-delete input[name=user]")
+        box.send_keys("dash-temp")
+        browser.find_element(By.CSS_SELECTOR, "#acl-delete button").click()
+        wait_for("confirm-box")
+        assert "dash-temp" in admin.acl.snapshot().users, "nothing before the confirmation"
+        browser.save_screenshot(str(shots / "acl-delete-confirm.png"))
+        browser.find_element(By.CSS_SELECTOR, "#confirm button").click()
+        wait_for("done")
+        assert "dash-temp" not in admin.acl.snapshot().users
+    finally:
+        admin.acl.add_to_policy("bob", remove=extra)
+        if "dash-temp" in admin.acl.snapshot().users:
+            admin.acl.delete_user("dash-temp")
