@@ -464,6 +464,40 @@ def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
     }
 
 
+def read_ahead_ab(cluster: Cluster, topic: str, runs: int = 3) -> dict[str, Any]:
+    """The first partition of a batch read of `topic`, read in this process with and without
+    the read-ahead thread, interleaved; each batch is written to an Arrow IPC stream as
+    Spark's Python worker hands it to the JVM (the consumer's work the read-ahead overlaps)."""
+    import pyarrow as pa
+
+    from raftmq.spark_source import source
+
+    reader = source.RaftMQBatchReader({"nameServer": cluster.namesrv_address, "subscribe": topic})
+    part = reader.partitions()[0]
+    assert isinstance(part, source.SlicesPartition)
+
+    def consume(batches: Any) -> float:
+        started = time.monotonic()
+        rows = 0
+        for b in batches:
+            with pa.ipc.new_stream(pa.BufferOutputStream(), b.schema) as writer:
+                writer.write_batch(b)  # a copy of every buffer, as onto Spark's socket
+            rows += b.num_rows
+        return rows / (time.monotonic() - started)
+
+    ahead: list[float] = []
+    inline: list[float] = []
+    for _ in range(runs):
+        ahead.append(consume(source.read_partition(reader.opts, part)))
+        inline.append(consume(source._partition_batches(reader.opts, part)))
+    return {
+        "rows": sum(s.end - s.begin for s in part.slices),
+        "read_ahead_rows_per_s_runs": [round(r) for r in ahead],
+        "inline_rows_per_s_runs": [round(r) for r in inline],
+        "ratio_best": round(max(ahead) / max(inline), 2),
+    }
+
+
 def source_cases(
     spark: Any, cluster: Cluster, args: argparse.Namespace, results: list[dict[str, Any]], tmp: Path
 ) -> None:
@@ -494,6 +528,7 @@ def source_cases(
         },
     )
     emit(results, {"case": "source_partition_profile", **profile_partition(cluster, "bench-src")})
+    emit(results, {"case": "source_read_ahead_ab", **read_ahead_ab(cluster, "bench-src")})
     emit(
         results,
         {
