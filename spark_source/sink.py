@@ -8,14 +8,16 @@ and plain values only; channels are opened inside write() on the executor.
 
 from __future__ import annotations
 
+import collections
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 try:
     import pyarrow as pa
+    import pyarrow.compute as pc
 except ModuleNotFoundError as _exc:  # a worker started with another Python than the driver's
     from raftmq.spark_source import worker_lacks
 
@@ -32,7 +34,6 @@ from raftmq.client.messages import OutgoingMessage, SendResult
 from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.client.routes import ChannelPool, RouteCache
-from raftmq.common.types import QueueRef
 from raftmq.spark_source import cluster
 from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
 from raftmq.spark_source.sink_plan import (
@@ -40,8 +41,8 @@ from raftmq.spark_source.sink_plan import (
     MAX_CHUNK_MESSAGES,
     Chunk,
     SequenceChunker,
-    choose_queue,
     job_producer_id,
+    queue_indices,
     stream_producer_id,
 )
 
@@ -50,6 +51,10 @@ _log = logging.getLogger("spark_source")
 SINK_COLUMNS = ("value", "key", "topic", "tags", "properties")
 ROUTE_REFRESH_MS = 30_000
 SETTLE_MARGIN_S = 5.0  # the Producer fails a send after send_timeout_ms; wait a little longer
+# Chunks of a task handed to the Producer and not answered yet: enough to keep every queue's 5
+# requests in flight for a topic of a few queues, and a bound on the task's memory.
+MAX_INFLIGHT_CHUNKS = 32
+MAX_INFLIGHT_BYTES = 32 << 20
 
 
 class SinkSchemaError(ValueError):
@@ -110,15 +115,120 @@ def check_sink_topic(opts: SinkOptions) -> None:
         pool.close()
 
 
-def _text(value: object, column: str, row: int) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SinkSchemaError(f"row {row}: column `{column}` is not UTF-8") from None
-    raise SinkSchemaError(f"row {row}: column `{column}` holds {type(value).__name__}")
+def _first(mask: pa.Array) -> int:
+    """The index of the first true of a boolean array (the caller knows there is one)."""
+    return int(pc.index(mask, True).as_py())
+
+
+@dataclass(frozen=True, slots=True)
+class SinkRows:
+    """One Spark batch's rows as the SDK takes them, checked whole before any is sent: bodies
+    and their sizes, and per row the topic (None: the `topic` option), key, tags and properties
+    where the DataFrame has those columns."""
+
+    bodies: list[bytes]
+    sizes: list[int]
+    topics: list[str] | None
+    keys: list[str | None] | None
+    tags: list[str | None] | None
+    properties: list[list[tuple[str, str]] | None] | None
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch, opts: SinkOptions, first_row: int) -> SinkRows:
+        """Arrow columns to lists in C (no Python per row here); a null body, a missing topic
+        or a key that is not UTF-8 names its row (counted from the task's first row)."""
+        names = batch.schema.names
+        values = batch.column("value")
+        if values.null_count:
+            row = first_row + _first(pc.is_null(values))
+            raise SinkSchemaError(f"row {row}: `value` is null; the raftmq sink needs a body")
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            values = values.cast(pa.binary())  # the same buffers: UTF-8 text is its bytes
+        topics = None
+        if opts.topic is None:
+            col = batch.column("topic")
+            missing = pc.fill_null(pc.equal(col, ""), True)
+            if pc.any(missing).as_py():
+                row = first_row + _first(missing)
+                raise SinkSchemaError(f"row {row}: `topic` is null and no topic option is set")
+            topics = col.to_pylist()
+        keys = None
+        if "key" in names:
+            keys = _utf8(batch.column("key"), "key", first_row).to_pylist()
+        return cls(
+            values.to_pylist(),
+            pc.binary_length(values).to_pylist(),
+            topics,
+            keys,
+            batch.column("tags").to_pylist() if "tags" in names else None,
+            batch.column("properties").to_pylist() if "properties" in names else None,
+        )
+
+    def messages(self) -> list[bytes] | list[OutgoingMessage]:
+        """What the SDK's batch call takes: the bodies themselves when there is nothing else
+        to send (no Python object per row), else one OutgoingMessage per row."""
+        if self.keys is None and self.tags is None and self.properties is None:
+            return self.bodies
+        n = len(self.bodies)
+        keys = self.keys or [None] * n
+        tags = self.tags or [None] * n
+        props = self.properties or [None] * n
+        return [
+            OutgoingMessage(
+                body, tags=tag or None, keys=(key,) if key else (), properties=dict(prop or ())
+            )
+            for body, key, tag, prop in zip(self.bodies, keys, tags, props, strict=True)
+        ]
+
+
+def _utf8(column: pa.Array, name: str, first_row: int) -> pa.Array:
+    """A string or binary column as strings; binary that is not UTF-8 names its first row."""
+    if not pa.types.is_binary(column.type) and not pa.types.is_large_binary(column.type):
+        return column
+    try:
+        return column.cast(pa.string())
+    except pa.ArrowInvalid:
+        for i, raw in enumerate(column.to_pylist()):  # only on the error path: find the row
+            if raw is not None:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise SinkSchemaError(
+                        f"row {first_row + i}: column `{name}` is not UTF-8"
+                    ) from None
+        raise
+
+
+class _Window:
+    """The chunks a task has handed to the Producer and not settled, oldest first: at most
+    MAX_INFLIGHT_CHUNKS and MAX_INFLIGHT_BYTES (the task's memory bound), one future each."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self.futures: collections.deque[tuple[Future[list[SendResult]], int]] = collections.deque()
+        self.size_bytes = 0
+        self.stored = 0
+        self.duplicates = 0
+
+    def add(self, fut: Future[list[SendResult]], size_bytes: int) -> None:
+        self.futures.append((fut, size_bytes))
+        self.size_bytes += size_bytes
+        while len(self.futures) > MAX_INFLIGHT_CHUNKS or (
+            self.size_bytes > MAX_INFLIGHT_BYTES and len(self.futures) > 1
+        ):
+            self.settle_oldest()
+
+    def settle_oldest(self) -> None:
+        fut, size = self.futures.popleft()
+        self.size_bytes -= size
+        results = fut.result(timeout=self.wait_s)
+        dups = sum(1 for r in results if r.duplicate)
+        self.duplicates += dups
+        self.stored += len(results) - dups
+
+    def drain(self) -> None:
+        while self.futures:
+            self.settle_oldest()
 
 
 def write_partition(
@@ -127,9 +237,11 @@ def write_partition(
     """Send one task's rows with the SDK's idempotent Producer under `producer_id`; returns once
     every chunk is acknowledged (stored, or duplicate of an earlier attempt).
 
-    Each chunk is exactly one request (the Producer packs with the same limits and rule as
-    SequenceChunker, and a queue's next chunk is handed over only after the previous one was
-    answered), so a replay sends the same sequences in the same requests."""
+    Per Spark batch and topic, rows are grouped per queue and cut into chunks (sink_plan.py),
+    each handed over with the SDK's batch call (one future per chunk). The Producer packs with
+    the same limits and rule as SequenceChunker, so each chunk is exactly one request and a
+    replay sends the same sequences in the same requests, while several chunks of a queue are
+    in flight at once (the broker keeps their order by strict sequences)."""
     producer = Producer(
         opts.namesrv,
         producer_id=producer_id,
@@ -139,67 +251,66 @@ def write_partition(
         linger_ms=0,
         route_refresh_ms=ROUTE_REFRESH_MS,
     )
-    chunker: SequenceChunker[OutgoingMessage] = SequenceChunker(
+    chunker: SequenceChunker[bytes | OutgoingMessage] = SequenceChunker(
         max_messages=MAX_CHUNK_MESSAGES, max_bytes=MAX_CHUNK_BYTES
     )
-    inflight: dict[QueueRef, Future[list[SendResult]]] = {}  # one future per chunk
+    window = _Window(opts.send_timeout_ms / 1000 + SETTLE_MARGIN_S)
     publish: dict[str, PublishQueues] = {}
-    totals = [0, 0]  # stored, duplicates
-    wait_s = opts.send_timeout_ms / 1000 + SETTLE_MARGIN_S
 
-    def settle(queue: QueueRef) -> None:
-        fut = inflight.pop(queue, None)
-        if fut is not None:
-            for result in fut.result(timeout=wait_s):
-                totals[1 if result.duplicate else 0] += 1
-
-    def submit(chunk: Chunk[OutgoingMessage]) -> None:
-        settle(chunk.queue)  # a queue's later sequences must never overtake earlier ones
-        inflight[chunk.queue] = producer.send_batch_future(
-            chunk.queue.topic, chunk.items, queue=chunk.queue
-        )
+    def queues_of(topic: str) -> PublishQueues:
+        found = publish.get(topic)
+        if found is None:
+            found = publish[topic] = cluster.route_or_unknown(
+                producer.routes, topic
+            ).publish_queues()
+        return found
 
     row = 0
     try:
         for batch in batches:
-            cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-            values = cols["value"]
-            keys = cols.get("key")
-            topics = cols.get("topic")
-            tags = cols.get("tags")
-            props = cols.get("properties")
-            for i in range(batch.num_rows):
-                raw = values[i]
-                if raw is None:
-                    raise SinkSchemaError(
-                        f"row {row}: `value` is null; the raftmq sink needs a body"
-                    )
-                body = raw.encode("utf-8") if isinstance(raw, str) else raw
-                topic = opts.topic or (topics[i] if topics is not None else None)
-                if not topic:
-                    raise SinkSchemaError(f"row {row}: `topic` is null and no topic option is set")
-                key = _text(keys[i], "key", row) if keys is not None else None
-                queues = publish.get(topic)
-                if queues is None:
-                    route = cluster.route_or_unknown(producer.routes, topic)
-                    queues = publish[topic] = route.publish_queues()
-                msg = OutgoingMessage(
-                    body,
-                    tags=(tags[i] or None) if tags is not None else None,
-                    keys=(key,) if key else (),
-                    properties=dict(props[i] or ()) if props is not None else {},
+            if not batch.num_rows:
+                continue
+            rows = SinkRows.of(batch, opts, row)
+            items = rows.messages()
+            for topic, positions in _by_topic(rows, opts.topic):
+                queues = queues_of(topic)
+                keys = None if rows.keys is None else [rows.keys[p] for p in positions]
+                targets = queue_indices(
+                    len(queues.queues), keys, partition_id, [row + p for p in positions]
                 )
-                target = choose_queue(queues, key, partition_id, row)
-                for chunk in chunker.add(target, msg, len(body)):
-                    submit(chunk)
-                row += 1
+                per_queue: dict[int, list[int]] = {}
+                for p, qi in zip(positions, targets, strict=True):
+                    per_queue.setdefault(qi, []).append(p)
+                for qi in sorted(per_queue):
+                    mine = per_queue[qi]
+                    chunks = chunker.extend(
+                        queues.queues[qi], [items[p] for p in mine], [rows.sizes[p] for p in mine]
+                    )
+                    for chunk in chunks:
+                        _hand(producer, window, chunk)
+            row += batch.num_rows
         for chunk in chunker.flush():
-            submit(chunk)
-        for queue in list(inflight):
-            settle(queue)
+            _hand(producer, window, chunk)
+        window.drain()
     finally:
-        producer.close(timeout_s=wait_s)
-    return SinkCommit(producer_id, partition_id, totals[0], totals[1])
+        producer.close(timeout_s=window.wait_s)
+    return SinkCommit(producer_id, partition_id, window.stored, window.duplicates)
+
+
+def _by_topic(rows: SinkRows, topic_option: str | None) -> list[tuple[str, Sequence[int]]]:
+    """The batch's row positions per topic, in row order (the option wins over the column)."""
+    if topic_option is not None or rows.topics is None:
+        assert topic_option is not None  # SinkRows.of checked the topic column otherwise
+        return [(topic_option, range(len(rows.bodies)))]
+    groups: dict[str, list[int]] = {}
+    for p, topic in enumerate(rows.topics):
+        groups.setdefault(topic, []).append(p)
+    return list(groups.items())
+
+
+def _hand(producer: Producer, window: _Window, chunk: Chunk[bytes | OutgoingMessage]) -> None:
+    fut = producer.send_batch_future(chunk.queue.topic, chunk.items, queue=chunk.queue)
+    window.add(fut, chunk.size_bytes)
 
 
 def _task() -> TaskContext:

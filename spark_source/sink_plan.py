@@ -8,11 +8,11 @@ table stores nothing twice. Never does I/O and never depends on timing or arriva
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from raftmq.client.queue_selector import PublishQueues, select_by_key
+from raftmq.client.queue_selector import shard_index
 from raftmq.common.types import QueueRef
 
 T = TypeVar("T")
@@ -49,14 +49,28 @@ def job_producer_id(job_id: str, partition_id: int) -> str:
     return pid
 
 
-def choose_queue(
-    queues: PublishQueues, key: str | None, partition_id: int, row_index: int
-) -> QueueRef:
-    """A keyed row goes where its key hashes (ordered per key); others round robin, starting at
-    the partition id so that tasks do not all begin on the same queue."""
-    if key:
-        return select_by_key(queues, key)
-    return queues.queues[(partition_id + row_index) % len(queues.queues)]
+def queue_indices(
+    queue_count: int,
+    keys: Sequence[str | None] | None,
+    partition_id: int,
+    row_numbers: Sequence[int],
+) -> list[int]:
+    """Each row's index into the topic's sorted publish queues: a keyed row goes where its key
+    hashes (ordered per key, as the SDK's sharding key), others round robin by their row number
+    in the task, starting at the partition id so that tasks do not all begin on the same queue.
+    One hash per distinct key of the call, not one per row."""
+    if queue_count < 1:
+        raise ValueError("a topic has at least one publish queue")
+    out = [(partition_id + r) % queue_count for r in row_numbers]
+    if keys is not None:
+        hashed: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if key:
+                at = hashed.get(key)
+                if at is None:
+                    at = hashed[key] = shard_index(key, queue_count)
+                out[i] = at
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,7 @@ class Chunk(Generic[T]):
     queue: QueueRef
     first_sequence: int
     items: tuple[T, ...]
+    size_bytes: int
 
 
 @dataclass(slots=True)
@@ -79,7 +94,10 @@ class SequenceChunker(Generic[T]):
     """Groups a task's messages per queue into chunks with consecutive sequences from 0.
 
     A chunk closes before a message that would take it past `max_bytes` and when it holds
-    `max_messages`; so the same messages in the same order always give the same chunks."""
+    `max_messages`; so the same messages in the same order always give the same chunks. It is
+    the SDK accumulator's rule with the same limits: handed to the Producer whole, every chunk
+    but a queue's last is full, so the Producer sends each as exactly one request whatever
+    the timing, several per queue in flight (tests/spark/test_planning.py checks both)."""
 
     def __init__(
         self, *, max_messages: int = MAX_CHUNK_MESSAGES, max_bytes: int = MAX_CHUNK_BYTES
@@ -90,18 +108,29 @@ class SequenceChunker(Generic[T]):
         self.max_bytes = max_bytes
         self._buffers: dict[QueueRef, _Buffer[T]] = {}
 
-    def add(self, queue: QueueRef, item: T, size_bytes: int) -> list[Chunk[T]]:
-        """Buffer one message; the chunks that closed (0, 1 or 2)."""
+    def extend(
+        self, queue: QueueRef, items: Sequence[T], sizes_bytes: Sequence[int]
+    ) -> list[Chunk[T]]:
+        """Buffer `items` (in order, with their sizes) for `queue`; the chunks that closed. One
+        call per queue and Spark batch: the loop below is the only per-row work."""
+        if len(items) != len(sizes_bytes):
+            raise ValueError("one size per item")
         buf = self._buffers.get(queue)
         if buf is None:
             buf = self._buffers[queue] = _Buffer()
         out: list[Chunk[T]] = []
-        if buf.items and buf.size_bytes + size_bytes > self.max_bytes:
-            out.append(self._close(queue, buf))
-        buf.items.append(item)
-        buf.size_bytes += size_bytes
-        if len(buf.items) >= self.max_messages:
-            out.append(self._close(queue, buf))
+        max_messages, max_bytes = self.max_messages, self.max_bytes
+        pending, size = buf.items, buf.size_bytes
+        for item, item_size in zip(items, sizes_bytes, strict=True):
+            if pending and size + item_size > max_bytes:
+                out.append(self._cut(queue, buf, pending, size))
+                pending, size = [], 0
+            pending.append(item)
+            size += item_size
+            if len(pending) >= max_messages:
+                out.append(self._cut(queue, buf, pending, size))
+                pending, size = [], 0
+        buf.items, buf.size_bytes = pending, size
         return out
 
     def flush(self) -> Iterator[Chunk[T]]:
@@ -115,9 +144,14 @@ class SequenceChunker(Generic[T]):
         return {q: b.next_sequence for q, b in self._buffers.items()}
 
     @staticmethod
-    def _close(queue: QueueRef, buf: _Buffer[T]) -> Chunk[T]:
-        chunk = Chunk(queue, buf.next_sequence, tuple(buf.items))
-        buf.next_sequence += len(buf.items)
+    def _cut(queue: QueueRef, buf: _Buffer[T], items: list[T], size_bytes: int) -> Chunk[T]:
+        chunk = Chunk(queue, buf.next_sequence, tuple(items), size_bytes)
+        buf.next_sequence += len(items)
+        return chunk
+
+    @classmethod
+    def _close(cls, queue: QueueRef, buf: _Buffer[T]) -> Chunk[T]:
+        chunk = cls._cut(queue, buf, buf.items, buf.size_bytes)
         buf.items = []
         buf.size_bytes = 0
         return chunk

@@ -65,6 +65,7 @@ from raftmq.spark_source.planning import (
     split_ranges,
     time_lookups,
 )
+from raftmq.spark_source.read_ahead import read_ahead
 from raftmq.spark_source.schema import (
     SCHEMA,
     SCHEMA_WITH_HEADERS,
@@ -86,6 +87,9 @@ MAX_PARTITION_ROWS = 131_072
 # Spark pays per batch it is handed (bench/spark_bench.py's synthetic source measures the sizes).
 TARGET_BATCH_ROWS = 8192
 TARGET_BATCH_BYTES = 16 << 20
+# Batches made ahead of Spark per task: 2 x TARGET_BATCH_BYTES plus the one being made and one
+# pull answer in flight (cluster.PULL_MAX_BYTES) bound a task's read memory.
+READ_AHEAD_BATCHES = 2
 
 
 def _now_ms() -> int:
@@ -221,9 +225,19 @@ def check_topics_exist(opts: SourceOptions) -> None:
 
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """Executor side: the partition's rows as Arrow batches, slice after slice, pull answers
-    combined up to TARGET_BATCH_ROWS / TARGET_BATCH_BYTES a batch."""
+    combined up to TARGET_BATCH_ROWS / TARGET_BATCH_BYTES a batch; the next batches are pulled
+    and converted on a thread of their own while Spark consumes this one (READ_AHEAD_BATCHES
+    ahead at most)."""
     if not isinstance(partition, SlicesPartition):
         raise TypeError(f"not a raftmq partition: {partition!r}")
+    return read_ahead(
+        lambda: _partition_batches(opts, partition),
+        READ_AHEAD_BATCHES,
+        name="raftmq-spark-read-ahead",
+    )
+
+
+def _partition_batches(opts: SourceOptions, partition: SlicesPartition) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     rows = size = 0
     for part in partition.slices:

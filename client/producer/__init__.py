@@ -383,12 +383,15 @@ class Producer:
     ) -> None:
         """The batch calls' common step: every message checked and given its outcome, then all
         handed to the sender for one queue, so they stay together and in order."""
+        if self._sender.closed:
+            raise InvalidArgumentError("the producer is closed")
+        born_ms = time.time_ns() // 1_000_000  # one clock read for the whole batch
         pendings = []
         for m, out in zip(messages, outcomes, strict=True):
             if isinstance(m, OutgoingMessage):
                 msg = self._message(topic, m.body, SendOptions(m.tags, m.keys, m.properties))
             else:
-                msg = self._message(topic, m, PLAIN_SEND)
+                msg = self._plain_message(topic, m, born_ms)
             pendings.append(Pending(msg, out, len(msg.body), False))
         self._sender.enqueue(self._choose_queue(topic, placement), pendings)
 
@@ -544,6 +547,22 @@ class Producer:
         if options.delay is not None:  # reserved names the broker reads (not the user's)
             msg = dataclasses.replace(msg, properties=dict(options.delay_properties() or {}))
         return msg
+
+    def _plain_message(self, topic: str, body: bytes, born_ms: int) -> Message:
+        """A body without tag, keys or properties (a batch call's bytes item): _message's
+        checks of a body, without those of the fields it lacks; the caller checked the
+        producer is open and read the clock once for its batch."""
+        if type(body) is not bytes:
+            if not isinstance(body, (bytearray, memoryview)):
+                raise InvalidArgumentError(
+                    f"a message body must be bytes, not {type(body).__name__}"
+                )
+            body = bytes(body)
+        if len(body) > self._max_message_bytes:
+            raise MessageTooLargeError.for_size(len(body), self._max_message_bytes)
+        if not body:
+            raise InvalidMessageError("message body is empty")
+        return Message(topic, body, None, (), {}, 0, born_ms, self._host)
 
     def _choose_queue(self, topic: str, options: SendOptions) -> QueueRef:
         self._topics_ok.check(topic)

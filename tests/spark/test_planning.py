@@ -4,13 +4,15 @@ minOffsetsPerTrigger, data-loss decisions, and the sink's deterministic chunks a
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftmq.client.queue_selector import PublishQueues
+from raftmq.client.accumulator import Accumulator, Batch
+from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.common.types import QueueRef
 from raftmq.spark_source import offsets as oj
 from raftmq.spark_source.options import (
@@ -36,9 +38,10 @@ from raftmq.spark_source.planning import (
     time_lookups,
 )
 from raftmq.spark_source.sink_plan import (
+    Chunk,
     SequenceChunker,
-    choose_queue,
     job_producer_id,
+    queue_indices,
     stream_producer_id,
 )
 
@@ -361,33 +364,100 @@ PUB = PublishQueues.of("out", [q("out", g, i) for g in ("broker-a", "broker-b") 
 
 
 def test_queue_choice() -> None:
-    keyed = {choose_queue(PUB, "order-1", p, i) for p in range(3) for i in range(5)}
+    n = len(PUB.queues)
+    keyed = {queue_indices(n, ["order-1"] * 5, p, range(5))[i] for p in range(3) for i in range(5)}
     assert len(keyed) == 1  # one key, one queue, whatever the task or row
-    spread = [choose_queue(PUB, None, 1, i) for i in range(4)]
-    assert spread == [PUB.queues[1], PUB.queues[2], PUB.queues[3], PUB.queues[0]]
+    assert PUB.queues[keyed.pop()] == select_by_key(PUB, "order-1")  # the SDK's sharding key
+    assert queue_indices(n, None, 1, range(4)) == [1, 2, 3, 0]
+    # Unkeyed rows (None or "") go round robin by their row number in the task.
+    assert queue_indices(n, [None, "", "order-1", None], 2, [10, 11, 12, 13]) == [
+        0,
+        1,
+        PUB.queues.index(select_by_key(PUB, "order-1")),
+        3,
+    ]
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300)), max_size=200))
+# Row sizes at and around the chunk limits (7 messages, 1000 bytes): chunks close by count, by
+# size, exactly at the limit, and a row larger than the limit goes alone. Each example mixes two
+# neighbouring sizes, so that long runs of one size (full chunks by count) are common.
+SIZES = (1, 10, 100, 143, 333, 500, 999, 1000, 1500)
+rows_per_queue = st.integers(0, len(SIZES) - 2).flatmap(
+    lambda i: st.lists(st.tuples(st.integers(0, 3), st.sampled_from(SIZES[i : i + 2])), max_size=80)
+)
+
+
+def _chunks_of(rows: list[tuple[int, int]], cuts: list[int]) -> list[Chunk[int]]:
+    """The chunker fed row by row's queues in Spark batches cut at `cuts` (row numbers)."""
+    chunker: SequenceChunker[int] = SequenceChunker(max_messages=7, max_bytes=1000)
+    out: list[Chunk[int]] = []
+    edges = sorted({0, len(rows), *(c for c in cuts if 0 < c < len(rows))})
+    for lo, hi in itertools.pairwise(edges):
+        for qi, queue in enumerate(PUB.queues):
+            mine = [n for n in range(lo, hi) if rows[n][0] == qi]
+            out.extend(chunker.extend(queue, mine, [rows[n][1] for n in mine]))
+    out.extend(chunker.flush())
+    return out
+
+
+@given(rows_per_queue, st.lists(st.integers(0, 200), max_size=6))
 def test_chunks_have_consecutive_sequences_and_replay_identically(
-    rows: list[tuple[int, int]],
+    rows: list[tuple[int, int]], cuts: list[int]
 ) -> None:
-    def plan() -> list[tuple[QueueRef, int, tuple[int, ...]]]:
-        chunker: SequenceChunker[int] = SequenceChunker(max_messages=7, max_bytes=1000)
-        out = []
-        for n, (qi, size) in enumerate(rows):
-            for c in chunker.add(PUB.queues[qi], n, size):
-                out.append((c.queue, c.first_sequence, c.items))
-        out.extend((c.queue, c.first_sequence, c.items) for c in chunker.flush())
-        return out
-
-    chunks = plan()
-    assert chunks == plan()
+    chunks = _chunks_of(rows, cuts)
+    # A replay may see the task's rows in other Spark batches: the chunks are the same.
+    by_queue = sorted(chunks, key=lambda c: (c.queue, c.first_sequence))
+    assert by_queue == sorted(_chunks_of(rows, []), key=lambda c: (c.queue, c.first_sequence))
     per_queue: dict[QueueRef, list[int]] = {}
-    for queue, first, items in chunks:
-        assert 1 <= len(items) <= 7
-        assert first == len(per_queue.get(queue, []))  # sequences 0.. with no gap
-        per_queue.setdefault(queue, []).extend(items)
-        assert len(items) == 1 or sum(rows[i][1] for i in items) <= 1000
+    for c in chunks:
+        assert 1 <= len(c.items) <= 7
+        assert c.first_sequence == len(per_queue.get(c.queue, []))  # sequences 0.. with no gap
+        per_queue.setdefault(c.queue, []).extend(c.items)
+        assert len(c.items) == 1 or sum(rows[i][1] for i in c.items) <= 1000
     # Every row lands once, in its queue, in row order.
     for qi, queue in enumerate(PUB.queues):
         assert per_queue.get(queue, []) == [n for n, (r, _) in enumerate(rows) if r == qi]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows_per_queue, st.integers(1, 5), st.data())
+def test_the_producer_sends_each_chunk_as_one_request_whatever_the_timing(
+    rows: list[tuple[int, int]], inflight: int, data: st.DataObject
+) -> None:
+    """The sink hands the SDK every chunk at once, several per queue in flight: the SDK's
+    accumulator (the same limits, seal on send) must cut exactly the chunks, however its
+    answers and seals interleave with the hand-overs, or a replay would overlap a stored batch.
+    """
+    chunks = _chunks_of(rows, [])
+    sizes = dict(enumerate(size for _, size in rows))
+    acc: Accumulator[int] = Accumulator(
+        linger_ms=0,
+        batch_max_messages=7,
+        batch_max_bytes=1000,
+        max_buffered_messages=10**6,
+        max_buffered_bytes=10**9,
+        max_inflight_per_queue=inflight,
+        seal_on_send=True,
+    )
+    cut: list[Batch[int]] = []  # issued, not on the wire yet
+    on_wire: list[Batch[int]] = []
+    sent: list[Batch[int]] = []
+    waiting = list(chunks)
+    while waiting or cut or on_wire:
+        moves = [m for m, todo in (("hand", waiting), ("seal", cut), ("answer", on_wire)) if todo]
+        move = data.draw(st.sampled_from(moves))
+        nxt: Batch[int] | None
+        if move == "hand":
+            c = waiting.pop(0)
+            nxt = acc.append(c.queue, [(i, sizes[i]) for i in c.items], 0).batch
+        elif move == "seal":
+            batch = cut.pop(data.draw(st.integers(0, len(cut) - 1)))
+            sealed, nxt = acc.seal(batch, 0)
+            on_wire.append(sealed)
+            sent.append(sealed)
+        else:
+            nxt = acc.complete(on_wire.pop(data.draw(st.integers(0, len(on_wire) - 1))), 0)
+        if nxt is not None:
+            cut.append(nxt)
+    got = sorted((b.queue, b.first_sequence, b.items) for b in sent)
+    assert got == sorted((c.queue, c.first_sequence, c.items) for c in chunks)
