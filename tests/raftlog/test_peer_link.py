@@ -39,7 +39,7 @@ class _Peer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readexactly(raft_codec.FRAME_HEADER.size)
         (n,) = raft_codec.FRAME_HEADER.unpack(head)
-        sender, _, _ = raft_codec.decode_hello(await reader.readexactly(n))
+        sender = raft_codec.decode_hello(await reader.readexactly(n)).sender
         self.writers.append(writer)
         self.connected.set()
         if not self.reads:
