@@ -80,7 +80,14 @@ class PeerLink:
         self.out = _Outbox(deque())
         self._wake = asyncio.Event()
         self._connected = False
+        self._closed = False
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"raft-peer-{peer}")
+
+    def close(self) -> None:
+        """Stop for good. The flag, not only the cancel: a cancel that lands as a connect
+        attempt fails can be lost (Python 3.11's wait_for), and the link would retry forever."""
+        self._closed = True
+        self.task.cancel()
 
     def send(self, m: raft_codec.Frame) -> None:
         if not self._connected:
@@ -98,11 +105,10 @@ class PeerLink:
         host, _, port = self.peer.rpartition(":")
         max_retry_s = self.cfg.reconnect_ms / 1000
         retry_s = _FIRST_RETRY_S
-        while True:
+        while not self._closed:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, int(port)), timeout=max_retry_s * 4
-                )
+                async with asyncio.timeout(max_retry_s * 4):
+                    reader, writer = await asyncio.open_connection(host, int(port))
             except (OSError, TimeoutError):
                 # Doubling up to reconnect_ms: a restarting peer is heard again within ~50 ms
                 # of listening, a dead one costs a connect attempt per reconnect_ms.
@@ -172,6 +178,7 @@ class RaftNodeShell:
         on_committed: Callable[[tuple[Entry, ...]], None],
         on_role: Callable[[RoleChange], None],
         on_tick: Callable[[], None] | None = None,
+        applied_hint: int = 0,
     ) -> None:
         self.cfg = cfg
         self.id = cfg.node_id
@@ -184,7 +191,9 @@ class RaftNodeShell:
         hs = storage.load_hard_state()
         base_index, base_term = storage.base()
         last = storage.last_index
-        commit = min(hs.commit, last)
+        # What the state machine applied was committed: a restart knows it committed even where
+        # the commit hint (stored at most once a second) lags, and reads it at once.
+        commit = min(max(hs.commit, applied_hint), last)
         self.core = RaftCore(
             self.id,
             cfg.members,
@@ -193,7 +202,7 @@ class RaftNodeShell:
             hard_state=type(hs)(hs.term, hs.vote, commit),
             storage=storage,
             base=(base_index, base_term),
-            # Entries up to the stored commit hint are committed: not handed to apply again.
+            # Entries up to the commit hint are committed: not handed to apply again.
             applied_index=max(commit, base_index),
             apply_payloads=False,  # NativeLog's readers read the journal; it resolves by position
         )
@@ -237,7 +246,7 @@ class RaftNodeShell:
         if self._server is not None:
             self._server.close()
         for link in self._links.values():
-            link.task.cancel()
+            link.close()
         for t in list(self._inbound):
             t.cancel()
         tasks = [link.task for link in self._links.values()] + list(self._inbound)
