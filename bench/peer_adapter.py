@@ -1,10 +1,10 @@
 """raftmq in ../shared/peerbench, driven through its SDK as users drive it.
 
-One NameServer and one broker group of three Raft nodes (pysyncobj, ASYNC_FLUSH: group fsync
-every 5 ms), a topic of `partitions` queues; an acknowledgement is the SDK's send result, which
-the leader gives after the majority commit. Message `seq` goes to queue `seq % partitions` (the
-harness's rule); the consumer is a PullConsumer of a fresh group from the earliest offset that
-commits after each batch. Run from the project root (README of peerbench):
+One NameServer and one broker group of three Raft nodes (the broker's raft_impl, ASYNC_FLUSH:
+group fsync every 5 ms), a topic of `partitions` queues; an acknowledgement is the SDK's send
+result, which the leader gives after the majority commit. Message `seq` goes to queue
+`seq % partitions` (the harness's rule); the consumer is a PullConsumer of a fresh group from the
+earliest offset that commits after each batch. Run from the project root (README of peerbench):
 
     PYTHONPATH=. ../shared/peerbench/bench.sh run \\
         --peers nats,redis-repl,bench.peer_adapter:RaftMQ --workloads W1,W2,W3,W4 ...
@@ -29,6 +29,7 @@ from raftmq import Admin, Producer, PullConsumer, StartFrom
 from raftmq.client.aio import AsyncProducer
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
+from raftmq.raftlog.config import config_default
 
 ROOT = Path(__file__).resolve().parent.parent
 # The harness's venv has the SDK's two dependencies only; the servers run on the project's.
@@ -38,6 +39,8 @@ SERVER_PYTHON = os.environ.get("RAFTMQ_SERVER_PYTHON") or str(
     else sys.executable
 )
 TOPIC = "bench"
+# What the brokers run: the setting's variable (which the servers read too), else its default.
+RAFT_IMPL = os.environ.get("RAFTMQ_BROKER_RAFT_IMPL") or config_default("raft_impl", str)
 GROUP = "broker-a"
 START_TIMEOUT_S = 60.0
 PRELOAD_BATCH = 512  # messages per send_batch while preloading W3's backlog
@@ -69,7 +72,7 @@ class RaftMQ(Adapter):
     def __init__(self, partitions: int = 8, body_size: int = 1024, **opts: Any) -> None:
         super().__init__(partitions, body_size, **opts)
         self.variant = (
-            f"1 NameServer + one broker group of 3 Raft nodes (pysyncobj), ASYNC_FLUSH, "
+            f"1 NameServer + one broker group of 3 Raft nodes ({RAFT_IMPL}), ASYNC_FLUSH, "
             f"ack after the majority commit, topic of {partitions} queues"
         )
         self.procs: dict[str, Proc] = {}

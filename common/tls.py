@@ -48,7 +48,7 @@ class TlsSettings:
     raft_key: str = setting(
         default="",
         unit="path",
-        doc="file holding the shared Raft secret (pysyncobj encryption of the Raft port)",
+        doc="file holding the shared Raft secret (it seals the Raft ports' frames)",
     )
 
 
@@ -246,7 +246,7 @@ def client_tls(
 
 
 def raft_password() -> str | None:
-    """The Raft port's shared secret when TLS is on (pysyncobj's encryption; design.md says
+    """The Raft port's shared secret when TLS is on (it seals the Raft frames; design.md says
     why the Raft port is not TLS itself)."""
     t = process_tls()
     return None if t is None else t.raft_password
