@@ -213,6 +213,7 @@ class RaftNodeShell:
         self._links: dict[str, PeerLink] = {}
         self._server: asyncio.Server | None = None
         self._busy = False  # a Ready is being handled (maybe waiting on fdatasync)
+        self._persist_failing = False  # that Ready's persist failed: retried after a back-off
         self._scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._role_key: tuple[Role, int, str | None] | None = None
@@ -266,6 +267,12 @@ class RaftNodeShell:
         loop = asyncio.get_running_loop()
         self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
         self.core.tick()
+        if self._persist_failing:
+            # The Ready is stuck on the disk: what promises nothing about it still leaves (a
+            # full leader's heartbeats and its hand-off's TimeoutNow; without them the hand-off
+            # waited for an election) and role changes are reported as they happen.
+            self._send(self.core.take_leader_messages())
+            self._report_role()
         if not self._sync:
             self._maybe_async_flush()
         if self.health.has_corrupt:
@@ -411,6 +418,7 @@ class RaftNodeShell:
             log.exception("raft.persist_bug node=%s", self.id)
             self._persist_failed(rd, OSError(f"persist raised {exc!r}"))
             return
+        self._persist_failing = False
         if wait is None:
             self._finish(rd)
         else:
@@ -422,6 +430,7 @@ class RaftNodeShell:
         overwrites from its first index); meanwhile the node says it cannot lead."""
         now = time.monotonic()
         retry_s = self.health.failed("raft persist", str(self.storage.journal.directory), exc, now)
+        self._persist_failing = True
         self.core.set_eligible(False)
         leader = self.core.leader
         if leader is not None and leader != self.id:
