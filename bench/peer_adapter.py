@@ -33,6 +33,7 @@ from raftmq import Admin, Producer, PullConsumer, StartFrom
 from raftmq.client.aio import AsyncProducer
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
+from raftmq.raftlog.config import config_default
 
 ROOT = Path(__file__).resolve().parent.parent
 # The harness's venv has the SDK's two dependencies only; the servers run on the project's.
@@ -42,6 +43,9 @@ SERVER_PYTHON = os.environ.get("RAFTMQ_SERVER_PYTHON") or str(
     else sys.executable
 )
 TOPIC = "bench"
+# What the brokers run unless `--opt raft=` says otherwise (the RAFTMQ_ variables are not passed
+# to the servers: _env).
+RAFT_DEFAULT = config_default("raft_impl", str)
 GROUP = "broker-a"
 START_TIMEOUT_S = 60.0
 PRELOAD_BATCH = 512  # messages per send_batch while preloading W3's backlog
@@ -102,7 +106,7 @@ class RaftMQ(Adapter):
         self.raft = str(opts.get("raft", ""))
         if self.raft not in ("", "native", "pysyncobj"):
             raise AdapterError(f"raftmq: --opt raft must be native or pysyncobj, not {self.raft!r}")
-        self.variant += f", Raft {self.raft or 'the broker default'}"
+        self.variant += f", Raft {self.raft or RAFT_DEFAULT}"
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe()

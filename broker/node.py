@@ -647,15 +647,16 @@ class BrokerNode:
 
 def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     """The node of a broker process: its message store and its Raft log (settings.raft_impl:
-    pysyncobj or the native core) under settings.data_dir. Call it from the main thread
-    (pysyncobj's tick thread lives as long as its creator)."""
+    the native core, or pysyncobj) under settings.data_dir. Call it from the main thread
+    (pysyncobj's tick thread, when it runs, lives as long as its creator)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = MessageStore(settings.data_dir / "store", map_size_bytes=settings.store_map_size_bytes)
     health = StorageHealth(settings.node_id)
     try:
         cfg = settings.raft_config()
         rlog: ReplicatedLog | NativeLog = (
-            NativeLog(cfg, health=health)
+            # The store's dispatched entries were committed: readable at once after a restart.
+            NativeLog(cfg, health=health, applied_hint=store.dispatched_index)
             if cfg.raft_impl == "native"
             else ReplicatedLog(cfg, health=health)
         )

@@ -188,7 +188,7 @@ class BrokerSettings(QuotaSettings):
     raft_impl: str = setting(
         default=config_default("raft_impl", str),
         unit="",
-        doc='which Raft runs the group: "pysyncobj" or "native" (raftmq\'s own core, one loop)',
+        doc='which Raft runs the group: "native" (raftmq\'s own core, one loop) or "pysyncobj"',
     )
     raft_password: str = setting(
         default="",

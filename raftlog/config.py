@@ -69,9 +69,10 @@ class RaftLogConfig:
     connection_timeout_ms: int = 3500
     max_inflight_bytes_per_peer: int = 16 * MIB  # replication bytes queued to one slow follower
     password: str | None = None  # encrypts raft traffic (needs `cryptography`)
-    # Which Raft runs the group: "pysyncobj" (ReplicatedLog) or "native" (NativeLog, raftmq's
-    # own core on one loop). The controller always runs pysyncobj.
-    raft_impl: str = "pysyncobj"
+    # Which Raft runs a broker group: "native" (NativeLog, raftmq's own core on one loop) or
+    # "pysyncobj" (ReplicatedLog, the one before it; a store either wrote opens under the other).
+    # The controller always runs pysyncobj, whatever this says.
+    raft_impl: str = "native"
     # Native core only: TLS between the nodes (None = plain TCP, sealed by `password` if set),
     # and the address it listens on when that differs from node_id (a NAT, a relay in a test).
     tls: PeerTls | None = None

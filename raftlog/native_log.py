@@ -74,7 +74,10 @@ class NativeLog:
         cfg: RaftLogConfig,
         on_role_change: RoleListener | None = None,
         health: StorageHealth | None = None,
+        applied_hint: int = 0,
     ) -> None:
+        """applied_hint: what the state machine applied before a restart (committed, so read at
+        once; entries past the journal's end are not)."""
         self.cfg = cfg
         self.health = health if health is not None else StorageHealth(cfg.node_id)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +115,7 @@ class NativeLog:
         storage = JournalStorage(self._journal, MetaStore(cfg.data_dir / "raft.meta"))
         self._node: RaftNodeShell
         try:
-            self._call(self._build(storage), timeout_s=30)
+            self._call(self._build(storage, applied_hint), timeout_s=30)
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
@@ -139,9 +142,15 @@ class NativeLog:
     def _call(self, coro: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    async def _build(self, storage: JournalStorage) -> None:
+    async def _build(self, storage: JournalStorage, applied_hint: int) -> None:
         node = RaftNodeShell(
-            self.cfg, storage, self.health, self._on_committed, self._on_role, self._on_tick
+            self.cfg,
+            storage,
+            self.health,
+            self._on_committed,
+            self._on_role,
+            self._on_tick,
+            applied_hint,
         )
         self._node = node  # before start(): its first tick and role change come back here
         try:

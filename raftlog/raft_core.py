@@ -444,6 +444,14 @@ class RaftCore:
         self._awaiting_advance = True
         return rd
 
+    def take_leader_messages(self) -> tuple[Message, ...]:
+        """The leader's messages queued since the last Ready (appends, snapshots, TimeoutNow).
+        They promise nothing about this node's disk, so a shell whose Ready is stuck on a
+        failing persist sends them without waiting for the next Ready: its heartbeats and its
+        hand-off's TimeoutNow leave while the other messages wait for the disk."""
+        msgs, self._leader_msgs = tuple(self._leader_msgs), []
+        return msgs
+
     def advance(self, rd: Ready) -> None:
         """The shell persisted `rd` (and sent its messages)."""
         self._awaiting_advance = False

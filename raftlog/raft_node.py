@@ -107,7 +107,14 @@ class PeerLink:
         self.out = _Outbox(deque())
         self._wake = asyncio.Event()
         self._connected = False
+        self._closed = False
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"raft-peer-{peer}")
+
+    def close(self) -> None:
+        """Stop for good. The flag, not only the cancel: a cancel that lands as a connect
+        attempt fails can be lost (Python 3.11's wait_for), and the link would retry forever."""
+        self._closed = True
+        self.task.cancel()
 
     def send(self, m: raft_codec.Frame) -> None:
         if not self._connected:
@@ -125,18 +132,18 @@ class PeerLink:
         host, _, port = self.peer.rpartition(":")
         max_retry_s = self.cfg.reconnect_ms / 1000
         retry_s = _FIRST_RETRY_S
-        while True:
+        while not self._closed:
             tls = self.cfg.tls
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
+                # asyncio.timeout, not wait_for: 3.11's wait_for can drop a cancel that lands as
+                # a connect attempt fails, and close() then waited for the link (raftcore).
+                async with asyncio.timeout(max_retry_s * 4):
+                    reader, writer = await asyncio.open_connection(
                         host,
                         int(port),
                         ssl=tls.client if tls is not None else None,
                         server_hostname=host if tls is not None else None,
-                    ),
-                    timeout=max_retry_s * 4,
-                )
+                    )
             except ssl.SSLEOFError:
                 # Closed during the handshake: a peer going down, or a plaintext one (which
                 # logs the refusal on its side). Retried as any failed connect.
@@ -242,6 +249,7 @@ class RaftNodeShell:
         on_committed: Callable[[tuple[Entry, ...]], None],
         on_role: Callable[[RoleChange], None],
         on_tick: Callable[[], None] | None = None,
+        applied_hint: int = 0,
     ) -> None:
         self.cfg = cfg
         self.id = cfg.node_id
@@ -257,7 +265,9 @@ class RaftNodeShell:
         hs = storage.load_hard_state()
         base_index, base_term = storage.base()
         last = storage.last_index
-        commit = min(hs.commit, last)
+        # What the state machine applied was committed: a restart knows it committed even where
+        # the commit hint (stored at most once a second) lags, and reads it at once.
+        commit = min(max(hs.commit, applied_hint), last)
         self.core = RaftCore(
             self.id,
             cfg.members,
@@ -266,7 +276,7 @@ class RaftNodeShell:
             hard_state=type(hs)(hs.term, hs.vote, commit),
             storage=storage,
             base=(base_index, base_term),
-            # Entries up to the stored commit hint are committed: not handed to apply again.
+            # Entries up to the commit hint are committed: not handed to apply again.
             applied_index=max(commit, base_index),
             apply_payloads=False,  # NativeLog's readers read the journal; it resolves by position
         )
@@ -280,6 +290,7 @@ class RaftNodeShell:
         self._refusals: dict[tuple[str, str], float] = {}  # (address, kind) -> last logged
         self._finishing: asyncio.Task[None] | None = None  # a Ready waiting on its persist
         self._busy = False  # a Ready is being handled (maybe waiting on fdatasync)
+        self._persist_failing = False  # that Ready's persist failed: retried after a back-off
         self._scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._role_key: tuple[Role, int, str | None] | None = None
@@ -316,7 +327,7 @@ class RaftNodeShell:
         if self._accepting is not None:
             self._accepting.cancel()
         for link in self._links.values():
-            link.task.cancel()
+            link.close()
         for t in list(self._inbound):
             t.cancel()
         tasks = [link.task for link in self._links.values()] + list(self._inbound)
@@ -343,6 +354,12 @@ class RaftNodeShell:
         loop = asyncio.get_running_loop()
         self._tick_handle = loop.call_later(TICK_MS / 1000, self._tick)
         self.core.tick()
+        if self._persist_failing:
+            # The Ready is stuck on the disk: what promises nothing about it still leaves (a
+            # full leader's heartbeats and its hand-off's TimeoutNow; without them the hand-off
+            # waited for an election) and role changes are reported as they happen.
+            self._send(self.core.take_leader_messages())
+            self._report_role()
         if not self._sync:
             self._maybe_async_flush()
         if self.health.has_corrupt:
@@ -488,6 +505,7 @@ class RaftNodeShell:
             log.exception("raft.persist_bug node=%s", self.id)
             self._persist_failed(rd, OSError(f"persist raised {exc!r}"))
             return
+        self._persist_failing = False
         if wait is None:
             self._finish(rd)
         else:
@@ -499,6 +517,7 @@ class RaftNodeShell:
         overwrites from its first index); meanwhile the node says it cannot lead."""
         now = time.monotonic()
         retry_s = self.health.failed("raft persist", str(self.storage.journal.directory), exc, now)
+        self._persist_failing = True
         self.core.set_eligible(False)
         leader = self.core.leader
         if leader is not None and leader != self.id:

@@ -6,6 +6,7 @@ itself once space returns (issue 15)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -127,6 +128,17 @@ def close(ns: Proc, group: Group | None) -> None:
         for p in group.nodes:
             p.kill()
     ns.kill()
+
+
+def campaigned_from(proc: Proc, term: int) -> str:
+    """The raft.role line a node logged just before it became a candidate of `term`: following
+    a named leader when a TimeoutNow started the campaign, `leader=None` after an election
+    timeout (a node first stops naming a leader it has not heard)."""
+    roles = [ln for ln in proc.log.read_text(errors="replace").splitlines() if "raft.role" in ln]
+    for before, line in itertools.pairwise(roles):
+        if f"role=candidate term={term} " in line:
+            return before
+    raise AssertionError(f"{proc.name} never campaigned in term {term}")
 
 
 def count(proc: Proc, text: str) -> int:
@@ -256,6 +268,10 @@ def test_a_full_leader_hands_off_and_never_leads_while_full(tmp_path: Path) -> N
             assert len(acks) > 20, "the group acknowledges again"
             assert gap_s < 2.0, gap_s  # the issue's bar; measured 0.2-0.4 s
             assert group.wait_leader() != 0 and not led_while_full, led_while_full
+            # Handed off, not lost: the follower took over on the full leader's TimeoutNow
+            # (before, its stuck Ready held that and its heartbeats until an election).
+            before = campaigned_from(group.nodes[group.wait_leader()], term + 1)
+            assert f"leader=127.0.0.1:{group.layout.raft_ports[0]}" in before, before
             assert group.nodes[0].alive
             assert count(group.nodes[0], FULL_LINE) == 1, group.nodes[0].tail()
 

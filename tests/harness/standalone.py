@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--raft-impl",
         choices=["pysyncobj", "native"],
-        default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj"),
-        help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else pysyncobj)",
+        default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "native"),
+        help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else native)",
     )
     ap.add_argument("--password", default=None, help="the Raft password (seals raft traffic)")
     ap.add_argument("--listen", default="", help="bind here instead of --id (native; a relay)")

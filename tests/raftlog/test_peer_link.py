@@ -96,7 +96,7 @@ def test_a_link_reconnects_after_its_peer_died_with_frames_unread(
             await asyncio.sleep(0.01)
         assert back.got, "the link never reached the restarted peer"
         assert isinstance(back.got[0], AppendResponse)
-        link.task.cancel()
+        link.close()
         assert back.server is not None
         back.server.close()
 

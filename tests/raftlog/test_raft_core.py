@@ -38,8 +38,10 @@ def flush(core: RaftCore) -> Ready:
     return rd
 
 
-def sent(rd: Ready, kind: type[Message], to: str | None = None) -> list[Message]:
-    out = (*rd.leader_messages, *rd.messages)
+def sent(
+    rd: Ready | tuple[Message, ...], kind: type[Message], to: str | None = None
+) -> list[Message]:
+    out = (*rd.leader_messages, *rd.messages) if isinstance(rd, Ready) else rd
     return [m for m in out if isinstance(m, kind) and (to is None or m.to == to)]
 
 
@@ -257,6 +259,25 @@ def test_transfer_waits_for_the_target_to_catch_up_then_it_campaigns_without_pre
     assert rd.hard_state == HardState(term=a.term + 1, vote="c", commit=0)
     assert all(isinstance(m, RequestVote) and m.transfer for m in rd.messages)
     assert len(rd.messages) == 2
+
+
+def test_a_leader_whose_ready_is_stuck_still_hands_its_messages_out_once() -> None:
+    """A full disk: the shell cannot persist the Ready it holds, so no second Ready comes;
+    the heartbeats and the hand-off's TimeoutNow, which promise nothing about that disk, are
+    taken without one (else the hand-off waited for an election), and never sent twice."""
+    a = node()
+    elect(a)
+    ack(a, "c", a.log.last_index + 1)
+    a.propose([b"p"])
+    stuck = a.ready()  # its write keeps failing: never advanced in this test
+    ack(a, "c", a.log.last_index + 1)
+    a.transfer_leadership("c")
+    a.tick()  # a heartbeat's worth of time
+    out = a.take_leader_messages()
+    assert sent(out, TimeoutNow, "c")
+    assert sent(out, AppendEntries, "b")  # b keeps hearing its leader
+    assert a.take_leader_messages() == ()
+    assert stuck.leader_messages and not set(stuck.leader_messages) & set(out)
 
 
 def test_a_node_not_eligible_never_campaigns_nor_takes_over() -> None:
