@@ -193,7 +193,8 @@ class BrokerSettings(QuotaSettings):
     raft_password: str = setting(
         default="",
         unit="",
-        doc='encrypts Raft traffic between the nodes; "" = plain; never printed',
+        doc="seals Raft traffic between the nodes (native core under TLS: each peer proves it, "
+        'TLS encrypts); "" = raft.key with TLS on, else plain; never printed',
         secret=True,
     )
     store_map_size_bytes: int = setting(

@@ -127,7 +127,10 @@ def test_host_reachable_mode_publishes_and_advertises_host_addresses(
         argv = services[f"proxy-{i}"]["command"]
         px = proxy_settings.load(*proxy_server.parse_args(argv[3:]), environ={})
         assert px.listen == f"0.0.0.0:{e.port}" and px.advertised == f"{host}:{e.port}"
-        assert _published(services[f"proxy-{i}"]["ports"]) == {e.port}
+        # and its metrics port, when the description gives one (issue 27), as a broker's
+        name = f"proxy-{i}"
+        metrics = {spec.metrics_ports[name]} if name in spec.metrics_ports else set()
+        assert _published(services[name]["ports"]) == {e.port, *metrics}
     brokers = 0
     for name, svc in services.items():
         argv = svc["command"]
@@ -206,4 +209,5 @@ def test_proxies_in_both_modes_and_published_only_when_host_reachable(tmp_path: 
         assert px.listen == f"0.0.0.0:{e.port}"
         assert px.advertised == f"mq.example.net:{e.port}"
         assert px.proxy_list == ("mq.example.net:8081", "mq.example.net:8082")
-        assert _published(outside[name]["ports"]) == {e.port}
+        metrics = {spec.metrics_ports[name]} if name in spec.metrics_ports else set()
+        assert _published(outside[name]["ports"]) == {e.port, *metrics}

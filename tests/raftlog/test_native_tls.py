@@ -167,3 +167,12 @@ def test_without_tls_the_same_tap_reads_the_entries(tmp_path: Path, certs: Path)
         with _connect(c.nodes[0].listen) as s, pytest.raises((ssl.SSLError, ConnectionError)):
             ctx.wrap_socket(s, server_hostname="127.0.0.1")
         _wait_log(c, 0, "raft.peer_refused", "tls_peer_on_plaintext_port")
+
+        # Inbound streams are bounded (4 per peer + 8): silent connections past it are closed
+        # at once and said, instead of each holding a task until the hello's timeout.
+        silent = [_connect(c.nodes[0].listen) for _ in range(4 * 2 + 8 + 4)]
+        try:
+            _wait_log(c, 0, "raft.peer_refused", "too_many_connections")
+        finally:
+            for s in silent:
+                s.close()
