@@ -158,6 +158,14 @@ def test_every_role_serves_metrics_that_count_what_was_sent(runner: ClusterRunne
         n for n, _ in lead
     }
     assert all(value(lead, n) == 0 for n in storage)  # every record read back intact
+    # Offsets by the leader (issue 29): on the native core the leader placed the batches'
+    # offsets (answered at commit); pysyncobj places none and leaves none (no stamper).
+    placed = value(lead, "raftmq_offsets_placed_batches_total")
+    left = value(lead, "raftmq_offsets_left_batches_total")
+    if os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj") == "native":
+        assert placed >= 1
+    else:
+        assert placed == left == 0
 
     # Consume everything and commit: messages out move by SENT, the group's lag drops to 0.
     got = 0
