@@ -87,7 +87,7 @@ from raftmq.common.topic_config import TopicConfig, validate_topic_config
 from raftmq.raftlog.record import Entry
 
 MAX_SEQUENCE = (1 << 64) - 1
-_STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a chunk's kind and version bytes
+STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a v2 chunk's kind and version bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +372,7 @@ class Dispatcher:
         it; None for any other chunk."""
         if is_produce_v1(chunk):
             return self._produce
-        if chunk[:2] == _STORED_V2:
+        if chunk[:2] == STORED_V2:
             return self._produce_v2
         return None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from raftmq.broker.dispatch import Refused, next_producer_state, window_verdict
+from raftmq.broker.dispatch import STORED_V2, Refused, next_producer_state, window_verdict
 from raftmq.broker.rows import BatchOrigin, ProducerState, QueueHead
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.common import stored_batch
@@ -38,7 +38,6 @@ _NEUTRAL_KINDS = frozenset(
         Kind.POP_ACK,
     }
 )
-_STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))
 MAX_QUEUES = 65_536  # queues and producer windows held; past it the book re-reads the store
 _UNREAD = object()  # a producer window not read from the store since the book last forgot
 
@@ -109,7 +108,7 @@ class LeaderOffsets:
         if not chunk:
             self._unsettle(index)
             return
-        if chunk[:2] != _STORED_V2:
+        if chunk[:2] != STORED_V2:
             if chunk[0] not in _NEUTRAL_KINDS:
                 self._unsettle(index)
             return

@@ -224,6 +224,18 @@ class NodeCollector(Collector):
                 "Index store rebuilds from the log after a corrupt row",
                 node.index_repair.rebuilds,
             ),
+            (
+                "raftmq_offsets_placed_batches",
+                "Produce batches whose queue offsets this node placed as leader (answered at "
+                "commit)",
+                node.leader_offsets.placed_batches,
+            ),
+            (
+                "raftmq_offsets_left_batches",
+                "Produce batches this node as leader left to the dispatcher (answered once "
+                "indexed: delayed, retried, or proposed while its offset book caught up)",
+                node.leader_offsets.left_batches,
+            ),
         ):  # counters since start: the exposition adds _total
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)

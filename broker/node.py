@@ -24,7 +24,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.delivery_loop import DeliveryLoop
-from raftmq.broker.dispatch import Dispatcher
+from raftmq.broker.dispatch import STORED_V2, Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import (
     DispatcherStoppedError,
@@ -66,7 +66,6 @@ from raftmq.common.errors import (
     RaftMQError,
 )
 from raftmq.common.message import MessageLimits
-from raftmq.common.record_batch import Kind
 from raftmq.common.scrape_access import metrics_bind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
@@ -86,7 +85,6 @@ def _monotonic_ms() -> int:
 LEADER_READY_WAIT_S = (
     2.0  # a new leader indexes earlier terms' entries first; hold writes that long
 )
-_STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a chunk's kind and version bytes
 GATE_RECHECK_S = 0.05  # a write held by the gate rechecks leadership this often
 
 
@@ -485,7 +483,7 @@ class BrokerNode:
         placed is Appended there once its entry commits, without waiting for its dispatch
         (every replica's dispatcher checks the offset and stops on a disagreement). None: the
         dispatcher decides (offsets left to it, or another chunk)."""
-        if payload[:2] != _STORED_V2:
+        if payload[:2] != STORED_V2:
             return None
         base = stored_batch.placed_offset(payload)
         if base is None:

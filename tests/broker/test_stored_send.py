@@ -8,7 +8,6 @@ nothing; a journal holding v1 batches still opens, and a pull spanning both form
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 import threading
 import time
@@ -41,7 +40,7 @@ from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
 from raftmq.raftlog import entry_codec
 from raftmq.raftlog.journal.segment_journal import SegmentJournal
-from tests.harness.procs import Cluster, start_cluster, wait_until
+from tests.harness.procs import Cluster, broker_raft_impl, start_cluster, wait_until
 
 GROUP = "broker-a"
 TOPIC = "stored"
@@ -375,7 +374,7 @@ def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> 
     # Offsets by the leader (issue 29): on the native core a producer's batch is stored with
     # the base offset it was answered with (placed before replication); a delayed one gets its
     # offsets when due. pysyncobj cannot place in log order and places none.
-    native = os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "pysyncobj") == "native"
+    native = broker_raft_impl() == "native"
     placed = stored_batch.placed_offset(chunks[0][r.raft_index, r.slot])
     assert placed == (r.first_offset if native else None)
     assert all(

@@ -12,13 +12,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from raftmq.ops import procs
 from tests.harness.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/harness/procs.py
+
+
+def broker_raft_impl() -> str:
+    """The Raft the brokers these harnesses start run: RAFTMQ_BROKER_RAFT_IMPL (passed through
+    to them), else the broker's own default, for tests that check what only one does."""
+    from raftmq.raftlog.config import RaftLogConfig
+
+    default = next(f.default for f in fields(RaftLogConfig) if f.name == "raft_impl")
+    return os.environ.get("RAFTMQ_BROKER_RAFT_IMPL") or str(default)
 
 
 @dataclass
