@@ -163,6 +163,8 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         return requests.search_offset(self.node, request)
 
     def _index_catch_up(self) -> None:
+        """Reads by offset, time or key see every acknowledged send: a send is answered at its
+        commit, before this node indexes it (issue 29), so they wait (bounded) for the index."""
         index = requests.index_catch_up(self.node)
         if index is not None:  # bounded; a node still behind then answers what it has
             self.node.wait_dispatched(index, requests.INDEX_CATCHUP_MS / 1000)
@@ -171,6 +173,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def ResetOffsetsToTimestamp(
         self, request: broker_pb2.ResetOffsetsToTimestampRequest, context: grpc.ServicerContext
     ) -> broker_pb2.ResetOffsetsToTimestampResponse:
+        self._index_catch_up()
         offsets = self.node.offsets.reset_offsets_to_timestamp(
             request.consumer_group, request.topic, request.timestamp_ms
         )
@@ -224,6 +227,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def QueryMessagesByKey(
         self, request: broker_pb2.QueryMessagesByKeyRequest, context: grpc.ServicerContext
     ) -> broker_pb2.QueryMessagesByKeyResponse:
+        self._index_catch_up()
         found = self.node.queries.messages_by_key(
             request.topic,
             request.key,
@@ -237,6 +241,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
     def QueryMessagesByTime(
         self, request: broker_pb2.QueryMessagesByTimeRequest, context: grpc.ServicerContext
     ) -> broker_pb2.QueryMessagesByTimeResponse:
+        self._index_catch_up()
         page = self.node.time_queries.messages_by_time(
             request.topic,
             request.begin_timestamp_ms,
