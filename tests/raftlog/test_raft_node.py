@@ -1,9 +1,11 @@
-"""The native node's outbound stream to a peer outlives the peer: a NativeLog (its real loop,
-uvloop when installed) keeps reconnecting to a peer whose process died and came back, so a
-restarted node hears its group again. The peer here is a plain socket speaking the frames."""
+"""The native node shell (raft_node.py) against real sockets and files: its outbound stream to a
+peer outlives the peer (a NativeLog on its real loop, uvloop when installed, keeps reconnecting to a
+peer whose process died; the peer is a plain socket speaking the frames), and a commit-index hint
+never holds back a Ready's acks."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import time
@@ -11,7 +13,13 @@ from pathlib import Path
 
 from raftmq.raftlog import raft_codec
 from raftmq.raftlog.config import RaftLogConfig
+from raftmq.raftlog.journal import SegmentJournal
+from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.native_log import NativeLog
+from raftmq.raftlog.raft_messages import HardState, Ready
+from raftmq.raftlog.raft_node import RaftNodeShell
+from raftmq.raftlog.raft_storage import JournalStorage
+from raftmq.raftlog.storage_health import StorageHealth
 from tests.harness.local_cluster import free_ports
 
 
@@ -60,3 +68,39 @@ def test_a_peer_that_died_and_came_back_is_reconnected_to(tmp_path: Path) -> Non
     finally:
         log.close()
         server.close()
+
+
+def _ready(hs: HardState) -> Ready:
+    return Ready(hard_state=hs, snapshot=None, entries=(), messages=(), committed=())
+
+
+def test_a_commit_hint_never_holds_back_a_readys_acks(tmp_path: Path) -> None:
+    """The commit index is only a restart hint: a Ready whose hard state changed only there is
+    finished at once (its acks leave) and the hint is written behind it; a new term or vote is
+    written before the Ready finishes, in order after the hints."""
+    own, peer = free_ports(2)
+    cfg = RaftLogConfig(f"127.0.0.1:{own}", (f"127.0.0.1:{peer}",), tmp_path, raft_impl="native")
+    meta = MetaStore(tmp_path / "raft.meta")
+    journal = SegmentJournal(tmp_path / "journal")
+    shell = RaftNodeShell(
+        cfg,
+        JournalStorage(journal, meta),
+        StorageHealth(cfg.node_id),
+        lambda _: None,
+        lambda _: None,
+    )
+
+    async def persist() -> None:
+        # Acks waited once a second for this fsync: the group stalled while followers' hung.
+        assert shell._persist(_ready(HardState(0, None, 7))) is None
+        vote = shell._persist(_ready(HardState(3, cfg.node_id, 7)))
+        assert vote is not None
+        await vote
+        shell._meta_writer.shutdown(wait=True)
+
+    try:
+        asyncio.run(persist())
+        stored = meta.load()
+        assert (stored.current_term, stored.voted_for, stored.commit_index) == (3, cfg.node_id, 7)
+    finally:
+        journal.close()
