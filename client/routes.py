@@ -12,7 +12,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
@@ -52,6 +52,7 @@ CHANNEL_OPTIONS = [
 NAMESRV_TIMEOUT_S = 3.0
 PROBE_TIMEOUT_S = 1.0  # asking a wrong-role address what it is (only after UNIMPLEMENTED)
 MAX_KNOWN_NODES = 4096  # gRPC -> data address entries kept (least recently seen dropped)
+_STALE_MS = -(1 << 62)  # an invalidated route's fetch time: due for a refresh at its next use
 
 
 def monotonic_ms() -> int:
@@ -340,12 +341,16 @@ class RouteCache:
         return g.addresses if g is not None else ()
 
     def invalidate(self, topic: str | None = None) -> None:
-        """Forget a topic's route (or every route) so the next use fetches it again."""
+        """Mark a topic's route (or every route) stale so the next use fetches it again. It is
+        kept, not forgotten: while no NameServer answers, route() still returns it (a send that
+        timed out during a NameServer outage used to leave every later send of the topic failing
+        with BROKER_UNAVAILABLE until the NameServer came back, the group being fine)."""
         with self._lock:
-            if topic is None:
-                self._routes.clear()
-            else:
-                self._routes.pop(topic, None)
+            names = list(self._routes) if topic is None else [topic]
+            for name in names:
+                cached = self._routes.get(name)
+                if cached is not None:
+                    self._routes[name] = replace(cached, fetched_ms=_STALE_MS)
 
     def call_namesrv(self, fn: Callable[[namesrv_pb2_grpc.NameServerStub], object]) -> object:
         """`fn(stub)` on the NameServers in turn until one answers. A typed error that is the

@@ -18,13 +18,14 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from raftmq.raftlog import raft_codec
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
 from raftmq.raftlog.errors import CorruptJournalError, RaftLogError
 from raftmq.raftlog.raft_core import RaftConfig, RaftCore, Role
-from raftmq.raftlog.raft_messages import AppendResponse, Entry, Message, Ready
+from raftmq.raftlog.raft_messages import AppendResponse, Entry, HardState, Message, Ready
 from raftmq.raftlog.raft_storage import JournalStorage
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.record import RoleChange
@@ -301,6 +302,8 @@ class RaftNodeShell:
         self._next_repair = 0.0
         self._closed = False
         self._inbound: set[asyncio.Task[None]] = set()
+        # Every write of the meta file (term, vote, commit hint), in the order handed over.
+        self._meta_writer = ThreadPoolExecutor(1, thread_name_prefix="raft-meta")
         # Installs a leader's snapshot into the state machine, calling the second argument
         # (which resets the journal) while nothing reads the log; None: reset the journal only.
         self.install_snapshot: Callable[[Snapshot, Callable[[], None]], None] | None = None
@@ -339,6 +342,7 @@ class RaftNodeShell:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._listener is not None:
             self._listener.close()
+        self._meta_writer.shutdown(wait=True)  # a hint under way finishes before the files close
 
     # ---- inputs --------------------------------------------------------------------------------
 
@@ -543,25 +547,36 @@ class RaftNodeShell:
         durable = self.core.durable_hard_state
         hs = rd.hard_state
         now = time.monotonic()
-        # A new term or vote is stored before anything leaves; the commit index is only a
-        # restart hint (followers relearn it), stored with it or once a second.
-        meta_due = hs is not None and (
-            (hs.term, hs.vote) != (durable.term, durable.vote) or now >= self._next_commit_save
-        )
-        if meta_due:
+        # A new term or vote is stored before anything leaves. The commit index is only a
+        # restart hint (followers relearn it): stored with a term or vote, or once a second on
+        # its own behind the Ready's back, so no ack waits for that fsync (acks waited for it
+        # once a second on every node). One writer thread keeps the meta file's writes in
+        # order: a hint queued before a new term lands before it, so a term never goes back.
+        vote_due = hs is not None and (hs.term, hs.vote) != (durable.term, durable.vote)
+        loop = asyncio.get_running_loop()
+        if hs is not None and (vote_due or now >= self._next_commit_save):
             self._next_commit_save = now + 1.0
+            if not vote_due:
+                loop.run_in_executor(self._meta_writer, self._store_hint, hs)
         sync_due = self._sync and bool(rd.entries)
-        if not meta_due and not sync_due:
+        if not vote_due and not sync_due:
             self.health.succeeded("raft persist", now)
             return None
 
         def work() -> None:
             if sync_due:
                 st.journal.sync()
-            if meta_due and hs is not None:
+            if vote_due and hs is not None:
                 st.store_hard_state(hs)
 
-        return asyncio.get_running_loop().run_in_executor(None, work)
+        return loop.run_in_executor(self._meta_writer if vote_due else None, work)
+
+    def _store_hint(self, hs: HardState) -> None:
+        """The meta writer's thread: a commit hint; a failure costs only a longer replay."""
+        try:
+            self.storage.store_hard_state(hs)
+        except OSError as exc:
+            log.debug("raft.commit_hint_not_stored node=%s error=%s", self.id, exc)
 
     async def _finish_after(self, rd: Ready, wait: asyncio.Future[None]) -> None:
         try:

@@ -161,6 +161,12 @@ def test_a_dead_namesrv_is_skipped_and_all_dead_names_every_address(
         # Every NameServer away: a cached route, even stale, beats nothing ...
         clock.now_ms += 5_000
         assert cache.leader(TOPIC, "broker-a") == "127.0.0.1:50000"
+        # ... also after a send that timed out invalidated it (chaos control-plane-down: every
+        # later send failed as BROKER_UNAVAILABLE until a NameServer came back).
+        cache.invalidate(TOPIC)
+        assert cache.leader(TOPIC, "broker-a") == "127.0.0.1:50000"
+        cache.invalidate()
+        assert cache.nodes(TOPIC, "broker-a")[0] == "127.0.0.1:50000"
         # ... and without one the error names every address tried.
         fresh = RouteCache(addrs, pool)
         with pytest.raises(BrokerUnavailableError) as info:
