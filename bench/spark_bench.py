@@ -199,12 +199,13 @@ def session() -> Any:
     return builder.getOrCreate()
 
 
-def source_batch(spark: Any, ns: str, topic: str, rows: int) -> float:
+def source_batch(spark: Any, ns: str, topic: str, rows: int, read_ahead: int = 2) -> float:
     started = time.monotonic()
     (
         spark.read.format("raftmq")
         .option("nameServer", ns)
         .option("subscribe", topic)
+        .option("readAheadBatches", str(read_ahead))
         .load()
         .write.format("noop")
         .mode("overwrite")
@@ -510,9 +511,11 @@ def source_cases(
     synthetic_batch(spark, 16_384, 1024)  # worker warm-up of the synthetic format
     # Interleaved, three of each: the machine's load changes during the run.
     runs: list[float] = []
+    inline: list[float] = []  # readAheadBatches 0: what the read-ahead thread buys
     ceiling: dict[int, list[float]] = {b: [] for b in args.synthetic_batch_rows}
     for _ in range(3):
         runs.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows))
+        inline.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows, 0))
         for b in args.synthetic_batch_rows:
             ceiling[b].append(synthetic_batch(spark, args.rows, b))
     best_ceiling = max(max(v) for v in ceiling.values())
@@ -524,6 +527,7 @@ def source_cases(
             "value_bytes": args.value_bytes,
             "rows_per_s": round(max(runs)),
             "rows_per_s_runs": [round(r) for r in runs],
+            "no_read_ahead_rows_per_s_runs": [round(r) for r in inline],
             "synthetic_rows_per_s_by_batch_rows": {
                 str(b): [round(r) for r in v] for b, v in ceiling.items()
             },
