@@ -199,12 +199,13 @@ def session() -> Any:
     return builder.getOrCreate()
 
 
-def source_batch(spark: Any, ns: str, topic: str, rows: int) -> float:
+def source_batch(spark: Any, ns: str, topic: str, rows: int, read_ahead: int = 2) -> float:
     started = time.monotonic()
     (
         spark.read.format("raftmq")
         .option("nameServer", ns)
         .option("subscribe", topic)
+        .option("readAheadBatches", str(read_ahead))
         .load()
         .write.format("noop")
         .mode("overwrite")
@@ -441,18 +442,20 @@ def main() -> int:
 def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
     """One Spark task's work without Spark: the first partition of a batch read of `topic` read
     in this process under cProfile; its rows/s and where the time went (what limits bar 1 apart
-    from Spark's own path, which the synthetic source measures)."""
+    from Spark's own path, which the synthetic source measures). Without the read-ahead thread,
+    whose work cProfile (one thread) would not see."""
     import cProfile
     import pstats
 
-    from raftmq.spark_source.source import RaftMQBatchReader, read_partition
+    from raftmq.spark_source.source import RaftMQBatchReader, SlicesPartition, _partition_batches
 
     reader = RaftMQBatchReader({"nameServer": cluster.namesrv_address, "subscribe": topic})
     part = reader.partitions()[0]
+    assert isinstance(part, SlicesPartition)
     prof = cProfile.Profile()
     started = time.monotonic()
     prof.enable()
-    rows = sum(b.num_rows for b in read_partition(reader.opts, part))
+    rows = sum(b.num_rows for b in _partition_batches(reader.opts, part))
     prof.disable()
     wall = time.monotonic() - started
     stats = pstats.Stats(prof)
@@ -464,7 +467,7 @@ def profile_partition(cluster: Cluster, topic: str) -> dict[str, Any]:
     }
 
 
-def read_ahead_ab(cluster: Cluster, topic: str, runs: int = 3) -> dict[str, Any]:
+def read_ahead_ab(cluster: Cluster, topic: str, runs: int = 4) -> dict[str, Any]:
     """The first partition of a batch read of `topic`, read in this process with and without
     the read-ahead thread, interleaved; each batch is written to an Arrow IPC stream as
     Spark's Python worker hands it to the JVM (the consumer's work the read-ahead overlaps)."""
@@ -487,9 +490,12 @@ def read_ahead_ab(cluster: Cluster, topic: str, runs: int = 3) -> dict[str, Any]
 
     ahead: list[float] = []
     inline: list[float] = []
-    for _ in range(runs):
-        ahead.append(consume(source.read_partition(reader.opts, part)))
-        inline.append(consume(source._partition_batches(reader.opts, part)))
+    for run in range(runs):  # which goes first alternates: the first of a pair ran slower
+        for first in (run % 2 == 0, run % 2 == 1):
+            if first:
+                ahead.append(consume(source.read_partition(reader.opts, part)))
+            else:
+                inline.append(consume(source._partition_batches(reader.opts, part)))
     return {
         "rows": sum(s.end - s.begin for s in part.slices),
         "read_ahead_rows_per_s_runs": [round(r) for r in ahead],
@@ -505,9 +511,11 @@ def source_cases(
     synthetic_batch(spark, 16_384, 1024)  # worker warm-up of the synthetic format
     # Interleaved, three of each: the machine's load changes during the run.
     runs: list[float] = []
+    inline: list[float] = []  # readAheadBatches 0: what the read-ahead thread buys
     ceiling: dict[int, list[float]] = {b: [] for b in args.synthetic_batch_rows}
     for _ in range(3):
         runs.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows))
+        inline.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows, 0))
         for b in args.synthetic_batch_rows:
             ceiling[b].append(synthetic_batch(spark, args.rows, b))
     best_ceiling = max(max(v) for v in ceiling.values())
@@ -519,6 +527,7 @@ def source_cases(
             "value_bytes": args.value_bytes,
             "rows_per_s": round(max(runs)),
             "rows_per_s_runs": [round(r) for r in runs],
+            "no_read_ahead_rows_per_s_runs": [round(r) for r in inline],
             "synthetic_rows_per_s_by_batch_rows": {
                 str(b): [round(r) for r in v] for b, v in ceiling.items()
             },

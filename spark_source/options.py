@@ -41,6 +41,7 @@ FAIL_ON_DATA_LOSS = "failOnDataLoss"
 SUB_EXPRESSION = "subExpression"
 POLL_TIMEOUT_MS = "pollTimeoutMs"
 PULL_BATCH_SIZE = "pullBatchSize"
+READ_AHEAD_BATCHES = "readAheadBatches"
 MIN_PARTITIONS = "minPartitions"
 INCLUDE_HEADERS = "includeHeaders"
 TOPIC = "topic"
@@ -69,6 +70,7 @@ SOURCE_OPTIONS = (
     SUB_EXPRESSION,
     POLL_TIMEOUT_MS,
     PULL_BATCH_SIZE,
+    READ_AHEAD_BATCHES,
     MIN_PARTITIONS,
     INCLUDE_HEADERS,
 )
@@ -81,6 +83,9 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000
 DEFAULT_PULL_BATCH_SIZE = 1024  # the broker answers at most this many messages per pull anyway
 DEFAULT_SEND_TIMEOUT_MS = 60_000
 MAX_PULL_BATCH_SIZE = 65_536
+# Batches a task makes ahead of Spark (source.read_partition): each up to 8 192 rows or 16 MiB.
+DEFAULT_READ_AHEAD_BATCHES = 2
+MAX_READ_AHEAD_BATCHES = 8
 MAX_MIN_PARTITIONS = 100_000  # Spark tasks one query may ask for per batch
 MAX_NAMESERVERS = 16
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h)?\s*$", re.IGNORECASE)
@@ -150,6 +155,7 @@ class SourceOptions:
     tag_expression: str = "*"
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     pull_batch_size: int = DEFAULT_PULL_BATCH_SIZE
+    read_ahead_batches: int = DEFAULT_READ_AHEAD_BATCHES  # 0: pulled on Spark's own thread
     min_partitions: int | None = None
     include_headers: bool = False  # Kafka's `headers` column, from the properties
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -408,6 +414,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         ) from None
     poll_ms = _int(opts, POLL_TIMEOUT_MS, low=100, high=24 * 3_600_000)
     batch = _int(opts, PULL_BATCH_SIZE, low=1, high=MAX_PULL_BATCH_SIZE)
+    ahead = _int(opts, READ_AHEAD_BATCHES, low=0, high=MAX_READ_AHEAD_BATCHES)
     return SourceOptions(
         namesrv=namesrv,
         subscription=subscription,
@@ -420,6 +427,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         tag_expression=expression,
         poll_timeout_ms=DEFAULT_POLL_TIMEOUT_MS if poll_ms is None else poll_ms,
         pull_batch_size=DEFAULT_PULL_BATCH_SIZE if batch is None else batch,
+        read_ahead_batches=DEFAULT_READ_AHEAD_BATCHES if ahead is None else ahead,
         min_partitions=_int(opts, MIN_PARTITIONS, low=1, high=MAX_MIN_PARTITIONS),
         include_headers=_bool(opts, INCLUDE_HEADERS, False),
         warnings=tuple(warnings),

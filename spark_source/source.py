@@ -87,9 +87,8 @@ MAX_PARTITION_ROWS = 131_072
 # Spark pays per batch it is handed (bench/spark_bench.py's synthetic source measures the sizes).
 TARGET_BATCH_ROWS = 8192
 TARGET_BATCH_BYTES = 16 << 20
-# Batches made ahead of Spark per task: 2 x TARGET_BATCH_BYTES plus the one being made and one
-# pull answer in flight (cluster.PULL_MAX_BYTES) bound a task's read memory.
-READ_AHEAD_BATCHES = 2
+# A task's read memory: readAheadBatches (default 2) x TARGET_BATCH_BYTES made ahead, plus the
+# one being made and one pull answer in flight (cluster.PULL_MAX_BYTES).
 
 
 def _now_ms() -> int:
@@ -226,13 +225,15 @@ def check_topics_exist(opts: SourceOptions) -> None:
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """Executor side: the partition's rows as Arrow batches, slice after slice, pull answers
     combined up to TARGET_BATCH_ROWS / TARGET_BATCH_BYTES a batch; the next batches are pulled
-    and converted on a thread of their own while Spark consumes this one (READ_AHEAD_BATCHES
-    ahead at most)."""
+    and converted on a thread of their own while Spark consumes this one (readAheadBatches
+    ahead at most; 0: on Spark's thread, between the batches it takes)."""
     if not isinstance(partition, SlicesPartition):
         raise TypeError(f"not a raftmq partition: {partition!r}")
+    if opts.read_ahead_batches == 0:
+        return _partition_batches(opts, partition)
     return read_ahead(
         lambda: _partition_batches(opts, partition),
-        READ_AHEAD_BATCHES,
+        opts.read_ahead_batches,
         name="raftmq-spark-read-ahead",
     )
 

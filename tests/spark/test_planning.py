@@ -121,6 +121,9 @@ def test_options_defaults_and_kafka_names() -> None:
     )
     assert lowered.namesrv == ("h:1", "h:2") and lowered.max_offsets_per_trigger == 10
     assert lowered.subscription.pick_topics(["orders", "x", "ordx", "orders"]) == ["orders", "ordx"]
+    assert batch.read_ahead_batches == 2
+    off = parse_source_options({**NS, "subscribe": "a", "readAheadBatches": "0"}, streaming=False)
+    assert off.read_ahead_batches == 0  # read on Spark's thread
 
 
 @pytest.mark.parametrize(
@@ -162,6 +165,7 @@ def test_options_defaults_and_kafka_names() -> None:
             "duration",
         ),
         ({**NS, "subscribe": "a", "failOnDataLoss": "yes"}, True, "true or false"),
+        ({**NS, "subscribe": "a", "readAheadBatches": "9"}, True, "within 0..8"),
         ({**NS, "subscribe": "a", "subExpression": "||"}, True, "not a tag expression"),
         (
             {**NS, "subscribe": "a", "maxOffsetPerTrigger": "5"},

@@ -100,8 +100,15 @@ def test_partition_reads_exact_range_with_filter(cluster: Cluster) -> None:
     cluster.create_topic(topic, queues=1, groups=["broker-b"])
     for i in range(20):
         cluster.send(topic, "broker-b", 0, [b"m%d" % i], tags="keep" if i % 3 == 0 else "drop")
-    reader = _reader(cluster, subscribe=topic, subExpression="keep", pullBatchSize="2")
     part = SlicesPartition((QueueSlice(topic, "broker-b", 0, 4, 16, ()),))  # no address: by route
-    rows = [r for b in reader.read(part) for r in b.to_pylist()]
-    assert [r["queueOffset"] for r in rows] == [6, 9, 12, 15]
-    assert [r["value"] for r in rows] == [b"m6", b"m9", b"m12", b"m15"]
+    for ahead in ("2", "0"):  # read ahead on a thread, and on the caller's
+        reader = _reader(
+            cluster,
+            subscribe=topic,
+            subExpression="keep",
+            pullBatchSize="2",
+            readAheadBatches=ahead,
+        )
+        rows = [r for b in reader.read(part) for r in b.to_pylist()]
+        assert [r["queueOffset"] for r in rows] == [6, 9, 12, 15]
+        assert [r["value"] for r in rows] == [b"m6", b"m9", b"m12", b"m15"]
