@@ -34,10 +34,8 @@ class GroupConfig:
 
     def describe(self) -> str:
         """One line for tables and log lines: `retries 3, consume off, broadcast on`."""
-        retries = (
-            "the consumer's" if self.retry_max_times == USE_CONSUMER_LIMIT
-            else str(self.retry_max_times)
-        )  # fmt: skip
+        limit = self.retry_max_times
+        retries = "the consumer's" if limit == USE_CONSUMER_LIMIT else str(limit)
         return (
             f"retries {retries}, consume {'on' if self.consume_enable else 'off'}, "
             f"broadcast {'on' if self.broadcast_enable else 'off'}"

@@ -7,14 +7,16 @@ group's config (retry limit, consume and broadcast switches) replicated and hono
 from __future__ import annotations
 
 import json
+import logging
 import re
+from pathlib import Path
 
 import grpc
 import pytest
 
 from raftmq.client.admin import Admin
 from raftmq.client.consumer_pull import PullConsumer
-from raftmq.client.consumer_push import ConsumeResult, PushConsumer
+from raftmq.client.consumer_push import ConsumeResult, MessageModel, PushConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import (
@@ -263,7 +265,10 @@ def test_a_topic_is_purged_before_an_offset_then_before_a_time(
 
 
 def test_a_groups_config_is_replicated_shown_and_honoured(
-    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     """`raftmq group config`: the log carries it to every node, `group list` shows it, a pull
     of a group with consume off is refused (PullConsumer.poll raises it), broadcast off
@@ -333,6 +338,13 @@ def test_a_groups_config_is_replicated_shown_and_honoured(
         return isinstance(err, ConsumeDisabledError) and "--broadcast on" in err.message
 
     wait_until(lambda: all(broadcast_refused(a) for a in broker_a), 30, "broadcast refusals")
+    # The SDK says it reads by broadcast: a broadcasting push consumer's pulls are refused.
+    with caplog.at_level(logging.WARNING, logger="raftmq.consumer"), PushConsumer(
+        cluster.namesrv, group, topic, lambda m: ConsumeResult.SUCCESS,
+        message_model=MessageModel.BROADCASTING, offset_file=tmp_path / "offsets.json",
+        start_from=StartFrom.EARLIEST,
+    ):  # fmt: skip
+        wait_until(lambda: "may not consume by broadcast" in caplog.text, 30, "the refusal")
     pull.broadcasting = False
     wait_until(lambda: all(pull_at(a) == 1 for a in broker_a), 30, "pulls once consume is on")
     # The group's limit (0) wins over the consumer's (16): each failure is a dead letter at
