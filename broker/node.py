@@ -43,7 +43,7 @@ from raftmq.broker.produce import SendProcessor
 from raftmq.broker.pull import PullProcessor
 from raftmq.broker.queries import QueryProcessor
 from raftmq.broker.retention_service import BrokerSnapshots, RetentionService
-from raftmq.broker.rows import Appended, ChunkOutcome, StoredRange
+from raftmq.broker.rows import Appended, ChunkOutcome, Rejected, StoredRange
 from raftmq.broker.send_back import SendBackProcessor
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.stats import NodeStats
@@ -53,7 +53,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import TxnSettings
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common import stored_batch
+from raftmq.common import record_batch, stored_batch
 from raftmq.common.errors import (
     BrokerUnavailableError,
     DiskPressureError,
@@ -515,6 +515,16 @@ class BrokerNode:
                 raise self._no_outcome(c.index)
             outcomes.append(outcome)
         return outcomes
+
+    def replicate_record(self, record: record_batch.BrokerRecord, what: str) -> ChunkOutcome:
+        """One admin record (a topic, group or purge change) replicated within the send timeout;
+        the dispatcher's refusal is the caller's InvalidArgumentError, saying `what` was refused."""
+        outcome = self.replicate(
+            [record_batch.encode(record)], self.settings.send_timeout_ms / 1000
+        )
+        if isinstance(outcome[0], Rejected):
+            raise InvalidArgumentError(f"{what} refused: {outcome[0].reason}")
+        return outcome[0]
 
     async def replicate_async(
         self, payloads: Sequence[Chunk], timeout_s: float, waker: LoopWaker

@@ -18,9 +18,7 @@ import grpc
 from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
-from raftmq.broker.rows import Rejected
 from raftmq.broker.time_query import Cursor
-from raftmq.common import record_batch
 from raftmq.common.errors import InvalidArgumentError, rpc_errors
 from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import validate_group
@@ -429,11 +427,7 @@ def purge_topic(
         if new > low:
             moves[q] = new
     if moves and not request.dry_run:
-        outcome = node.replicate(
-            [record_batch.encode(PurgeQueues(topic, moves))], node.settings.send_timeout_ms / 1000
-        )[0]
-        if isinstance(outcome, Rejected):
-            raise InvalidArgumentError(f"purging topic {topic!r} refused: {outcome.reason}")
+        node.replicate_record(PurgeQueues(topic, moves), f"purging topic {topic!r}")
         log.warning(
             "broker.topic_purged node=%s topic=%s queues=%d messages=%d",
             node.me.node_id,
@@ -463,11 +457,7 @@ def delete_group(
     n = node.store.group_offset_count(group)
     configured = not node.store.group_config(group).is_default  # the config goes with it
     if n or configured:
-        outcome = node.replicate(
-            [record_batch.encode(GroupDelete(group))], node.settings.send_timeout_ms / 1000
-        )[0]
-        if isinstance(outcome, Rejected):
-            raise InvalidArgumentError(f"deleting group {group!r} refused: {outcome.reason}")
+        node.replicate_record(GroupDelete(group), f"deleting group {group!r}")
     return broker_pb2.DeleteConsumerGroupResponse(
         deleted_offsets=n, members_online=members, deleted_config=configured
     )
@@ -502,11 +492,7 @@ def update_group_config(
             "delete the groups no longer used (`raftmq group delete G`) first"
         )
     if new != old:
-        outcome = node.replicate(
-            [record_batch.encode(GroupConfigChange(new))], node.settings.send_timeout_ms / 1000
-        )[0]
-        if isinstance(outcome, Rejected):
-            raise InvalidArgumentError(f"configuring group {group!r} refused: {outcome.reason}")
+        node.replicate_record(GroupConfigChange(new), f"configuring group {group!r}")
         log.warning(
             "broker.group_configured node=%s group=%s config=%s",
             node.me.node_id,

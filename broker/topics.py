@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from raftmq.broker.rows import Applied, Rejected
-from raftmq.common import record_batch
+from raftmq.broker.rows import Applied
 from raftmq.common.errors import (
     InvalidArgumentError,
     PermissionDeniedError,
@@ -95,11 +94,7 @@ class TopicProcessor:
         return cfg
 
     def _change_topic(self, op: TopicOp, cfg: TopicConfig) -> str:
-        outcome = self._node.replicate(
-            [record_batch.encode(TopicConfigChange(op, cfg))], self._settings.send_timeout_ms / 1000
-        )[0]
-        if isinstance(outcome, Rejected):
-            raise InvalidArgumentError(f"topic change refused: {outcome.reason}")
+        outcome = self._node.replicate_record(TopicConfigChange(op, cfg), "topic change")
         return outcome.detail if isinstance(outcome, Applied) else ""
 
     def _topic_or_missing(self, name: str) -> TopicConfig:
