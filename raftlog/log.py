@@ -32,6 +32,7 @@ from raftmq.raftlog.errors import (
 )
 from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
+from raftmq.raftlog.pressure_handoff import PressureHandoff
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
 from raftmq.raftlog.scrubber import Scrubber
@@ -47,8 +48,6 @@ RoleListener = Callable[[RoleChange], None]
 HANDOFF_RETRY_S = 0.05
 # A transfer target that is not connected or not answering may be reconnecting: it gets this long.
 TRANSFER_GRACE_S = 1.0
-PRESSURE_HANDOFF_S = 1.0  # a leader past its disk threshold pauses writes this long at most
-PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it and leads
 
 
 @dataclass(slots=True)
@@ -103,9 +102,10 @@ class ReplicatedLog:
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
         self._handing_off = False  # leader with an unwritable disk, transferring leadership
-        self._disk_pressure = False  # past the broker's disk threshold: hand off while we can
-        self._pressure_handoff: threading.Thread | None = None
-        self._next_pressure_try_s = 0.0
+        # past the broker's disk threshold: hand off while a follower can take over
+        self._pressure = PressureHandoff(
+            cfg.node_id, lambda timeout_s: self.transfer_leadership(timeout_s=timeout_s)
+        )
         self._next_handoff_s = 0.0
         self._next_flush = 0.0
         adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
@@ -341,7 +341,7 @@ class ReplicatedLog:
         follower then reports that it cannot take over; a leader hands off to one that can,
         before its disk fills (writes go on meanwhile; the broker refuses them only if no
         follower can take over: can_hand_off)."""
-        self._disk_pressure = on
+        self._pressure.on = on
         self._node.set_disk_pressure(on)
 
     def scrub_progress(self) -> tuple[int, int]:
@@ -354,29 +354,11 @@ class ReplicatedLog:
         return any(self._node.cannot_take_over(peer) is None for peer in self.cfg.peers)
 
     def _hand_off_if_pressed(self, now: float) -> None:
-        """A leader past its disk threshold transfers leadership to a follower that can take
-        over, in a thread of its own (transfer_leadership pauses writes until the follower has
-        caught up, at most PRESSURE_HANDOFF_S); tried again every PRESSURE_RETRY_S."""
-        running = self._pressure_handoff
-        if (
-            not self._disk_pressure
-            or self._closed
-            or self.health.error is not None  # _hand_off_if_unwritable's case
-            or (running is not None and running.is_alive())
-            or now < self._next_pressure_try_s
-            or not self._node.is_leader()
-            or not self.can_hand_off()
-        ):
+        """A leader past its disk threshold hands off (pressure_handoff.py); not while closing or
+        while the unwritable disk's own hand-off is under way."""
+        if self._closed or self.health.error is not None:
             return
-        self._next_pressure_try_s = now + PRESSURE_RETRY_S
-        log.warning("raft.handing_off_leadership node=%s reason=disk_pressure", self.cfg.node_id)
-        self._pressure_handoff = threading.Thread(
-            target=self.transfer_leadership,
-            kwargs={"timeout_s": PRESSURE_HANDOFF_S},
-            name="raftlog-pressure-handoff",
-            daemon=True,
-        )
-        self._pressure_handoff.start()
+        self._pressure.tick(now, lambda: self._node.is_leader() and self.can_hand_off())
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(

@@ -32,6 +32,7 @@ from raftmq.raftlog.errors import (
 )
 from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
+from raftmq.raftlog.pressure_handoff import PressureHandoff
 from raftmq.raftlog.raft_core import PeerMode, Role, TransferRefusedError
 from raftmq.raftlog.raft_messages import Entry as RaftEntry
 from raftmq.raftlog.raft_node import TICK_MS, RaftNodeShell
@@ -48,8 +49,6 @@ RoleListener = Callable[[RoleChange], None]
 _T = TypeVar("_T")
 TRANSFER_GRACE_S = 1.0  # a transfer target not answering may be reconnecting: it gets this long
 HANDOFF_RETRY_S = 0.05  # a leader whose disk refuses writes asks a follower again this often
-PRESSURE_HANDOFF_S = 1.0  # a leader past its disk threshold pauses writes this long at most
-PRESSURE_RETRY_S = 1.0  # ...and tries again this often while it stays past it and leads
 
 
 @dataclass(slots=True)
@@ -101,9 +100,10 @@ class NativeLog:
         self._applied = 0
         self._applied_cond = threading.Condition()
         self._paused = False  # a leadership transfer is under way: refuse new submissions
-        self._disk_pressure = False
-        self._pressure_handoff: threading.Thread | None = None
-        self._next_pressure_try_s = 0.0
+        # past the broker's disk threshold: hand off while a follower can take over
+        self._pressure = PressureHandoff(
+            cfg.node_id, lambda timeout_s: self.transfer_leadership(timeout_s=timeout_s)
+        )
         self._next_handoff_s = 0.0
         self._handing_off = False  # a leader whose disk refuses writes is handing off
         self._noop_index: int | None = None
@@ -362,9 +362,7 @@ class NativeLog:
             self._next_snapshot_try = now + 1.0  # a store read: not every tick
             self._compact_to(core.log.base_index + 1)
         health = self.health
-        core.set_eligible(
-            health.error is None and not health.has_corrupt and not self._disk_pressure
-        )
+        core.set_eligible(health.error is None and not health.has_corrupt and not self._pressure.on)
         self._hand_off_if_pressed(now)
         error = self.health.error
         if error is None or core.role is not Role.LEADER:
@@ -525,33 +523,14 @@ class NativeLog:
     def set_disk_pressure(self, on: bool) -> None:
         """The broker's disk guard (any thread): past its threshold this node says it cannot
         lead and, while it leads, hands off to a follower that can (the tick sees to it)."""
-        self._disk_pressure = on
+        self._pressure.on = on
 
     def _hand_off_if_pressed(self, now: float) -> None:
-        """Loop: a leader past its disk threshold transfers leadership to a follower that can
-        take over, in a thread of its own (transfer_leadership waits on this loop), and tries
-        again every PRESSURE_RETRY_S while it stays past it and leads: a leader elected while
-        pressed, or one whose followers could not take over yet, hands off too."""
-        running = self._pressure_handoff
-        if (
-            not self._disk_pressure
-            or self._closed
-            or self.health.error is not None  # the unwritable disk's hand-off is under way
-            or (running is not None and running.is_alive())
-            or now < self._next_pressure_try_s
-            or not self.is_leader()
-            or not self.can_hand_off()
-        ):
+        """A leader past its disk threshold hands off (pressure_handoff.py); not while closing or
+        while the unwritable disk's own hand-off is under way."""
+        if self._closed or self.health.error is not None:
             return
-        self._next_pressure_try_s = now + PRESSURE_RETRY_S
-        log.warning("raft.handing_off_leadership node=%s reason=disk_pressure", self.cfg.node_id)
-        self._pressure_handoff = threading.Thread(
-            target=self.transfer_leadership,
-            kwargs={"timeout_s": PRESSURE_HANDOFF_S},
-            name="raft-pressure-handoff",
-            daemon=True,
-        )
-        self._pressure_handoff.start()
+        self._pressure.tick(now, lambda: self.is_leader() and self.can_hand_off())
 
     def scrub_progress(self) -> tuple[int, int]:
         sc = self.scrubber
