@@ -60,8 +60,10 @@ ops = st.lists(st.one_of(configs, st.sampled_from(GROUPS)), max_size=12)
 
 @settings(deadline=None, max_examples=40)
 @given(ops)
-def test_replicas_keep_the_table_a_model_predicts(tmp_path_factory: object, steps: list) -> None:
-    base = tmp_path_factory.mktemp("gc")  # type: ignore[attr-defined]
+def test_replicas_keep_the_table_a_model_predicts(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[GroupConfig | str]
+) -> None:
+    base = tmp_path_factory.mktemp("gc")
     a, b = Node(base / "a"), Node(base / "b")
     model: dict[str, GroupConfig] = {}
     try:
