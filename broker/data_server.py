@@ -81,7 +81,12 @@ class DataServer:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self, host: str, port: int) -> str:
-        io = self._io = LoopThread(name=f"broker-data-{self.node.me.node_id}")
+        shared = self.node.rlog.loop  # the native Raft node's: one loop per node (issue 29)
+        io = self._io = (
+            LoopThread(loop=shared, borrowed=True)
+            if shared is not None
+            else LoopThread(name=f"broker-data-{self.node.me.node_id}")
+        )
         self._waker = LoopWaker(io.loop)
         self._timers = HoldTimers(io.loop)
         s = self.settings

@@ -539,10 +539,11 @@ class BrokerNode:
         loop = asyncio.get_running_loop()
         commits = [self.submit(p) for p in payloads]
         answers: list[asyncio.Future[ChunkOutcome]] = [loop.create_future() for _ in commits]
+        gather = _Gather(waker, len(answers), loop)
         for payload, commit, answer in zip(payloads, commits, answers, strict=True):
-            commit.add_done_callback(functools.partial(self._on_committed, waker, answer, payload))
+            commit.add_done_callback(functools.partial(self._on_committed, gather, answer, payload))
         try:
-            await asyncio.wait(answers, timeout=timeout_s)  # never cancels what it waits on
+            await gather.wait(timeout_s)  # never cancels what it waits on
             outcomes: list[ChunkOutcome] = []
             for commit, answer in zip(commits, answers, strict=True):
                 if answer.done():
@@ -571,17 +572,18 @@ class BrokerNode:
         loop = asyncio.get_running_loop()
         commits = self.submit_many(payloads)
         answers: list[asyncio.Future[ChunkOutcome] | None] = []
+        gather = _Gather(waker, sum(not isinstance(c, RaftMQError) for c in commits), loop)
         for payload, commit in zip(payloads, commits, strict=True):
             if isinstance(commit, RaftMQError):
                 answers.append(None)
                 continue
             answer: asyncio.Future[ChunkOutcome] = loop.create_future()
-            commit.add_done_callback(functools.partial(self._on_committed, waker, answer, payload))
+            commit.add_done_callback(functools.partial(self._on_committed, gather, answer, payload))
             answers.append(answer)
         waiting = [a for a in answers if a is not None]
         try:
             if waiting:
-                await asyncio.wait(waiting, timeout=timeout_s)  # never cancels what it waits on
+                await gather.wait(timeout_s)  # never cancels what it waits on
             results: list[ChunkOutcome | RaftMQError] = []
             for commit, ans in zip(commits, answers, strict=True):
                 if isinstance(commit, RaftMQError):
@@ -615,7 +617,7 @@ class BrokerNode:
 
     def _on_committed(
         self,
-        waker: LoopWaker,
+        waker: _Gather,
         answer: asyncio.Future[ChunkOutcome],
         payload: Chunk,
         commit: Future[Committed],
@@ -651,6 +653,52 @@ class BrokerNode:
             self.outcomes.on_outcome(c.index, c.slot, on_outcome)
         except RuntimeError as full:
             waker.set_exception(answer, QueueFullError(f"node {self.me.node_id}: {full}"))
+
+
+class _Gather:
+    """The answers of one request, completed through its loop's waker, and one loop future
+    done when the last of them is (or at the deadline): the handler awaits that one future, so
+    its answer leaves one loop turn after the commit (asyncio.wait took two, and the loop ran
+    whatever else was ready in between)."""
+
+    __slots__ = ("_all", "_left", "_lock", "_waker")
+
+    def __init__(self, waker: LoopWaker, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._waker = waker
+        self._left = count
+        self._lock = threading.Lock()  # commits complete on the Raft thread or the loop's
+        self._all: asyncio.Future[None] = loop.create_future()
+        if count == 0:
+            self._all.set_result(None)
+
+    def set_result(self, fut: asyncio.Future[ChunkOutcome], value: ChunkOutcome) -> None:
+        self._waker.set_result(fut, value)
+        self._one_done()
+
+    def set_exception(self, fut: asyncio.Future[ChunkOutcome], exc: BaseException) -> None:
+        self._waker.set_exception(fut, exc)
+        self._one_done()
+
+    def _one_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:  # after its answers: the waker completes in order
+            self._waker.set_result(self._all, None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until every answer is done or `timeout_s` passed; never raises the timeout."""
+        loop = self._all.get_loop()
+        timer = loop.call_later(timeout_s, _finish, self._all)
+        try:
+            await self._all
+        finally:
+            timer.cancel()
+
+
+def _finish(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def build_broker_node(settings: BrokerSettings) -> BrokerNode:
