@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,6 +80,12 @@ def main() -> None:
         "client_us_per_send": round((me1 - me0) / n * 1e6, 1),
         "nodes_us_per_send": per_node,
         "broker_args": args.broker_args,
+        "commit": subprocess.run(
+            ["git", "-C", str(RESULTS.parent.parent), "describe", "--always", "--dirty"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
         "loadavg_1m": os.getloadavg()[0],
         "host": platform.node(),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
