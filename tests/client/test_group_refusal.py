@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from raftmq.client.group_refusal import FIRST_PROBE_S, MAX_PROBE_S, RECHECK_S, GroupRefusal
@@ -56,6 +56,8 @@ ops = st.lists(
 
 @settings(max_examples=300)
 @given(ops=ops)
+# A long poll sent before the refusal that began the episode, answered after it.
+@example(ops=[("pull", 0.0, 0), ("pull", 1.0, 0), ("refuse", 0.0, 1), ("serve", 0.0, 0)])
 def test_episodes_are_told_once_paced_and_end_only_by_a_later_pull(ops: list) -> None:
     r = GroupRefusal()
     now = 0.0
