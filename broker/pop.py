@@ -93,7 +93,9 @@ def state_answer(node: BrokerNode, req: pop_pb2.PopStateRequest) -> pop_pb2.PopS
     """The queues' POP state in this node's store (the caller passed the leader gate)."""
     _check_names(req.consumer_group, req.topic)
     _check_count(len(req.queue_ids), MAX_POP_QUEUES, "queues")
-    out = pop_pb2.PopStateResponse()
+    out = pop_pb2.PopStateResponse(
+        group_retry_max_times=node.store.group_config(req.consumer_group).retry_max_times
+    )
     for qid in req.queue_ids:
         _check_queue(qid)
         raw = node.store.pop_state(req.consumer_group, req.topic, qid)
@@ -223,7 +225,10 @@ def pop_handlers(
         check_consume(node.store.group_config(req.consumer_group), broadcasting=False)
         chunk = receive_record(req, _now_ms())
         [outcome] = await node.replicate_async([chunk], timeout_s(), waker)
-        return receive_answer(outcome).SerializeToString()
+        answer = receive_answer(outcome)
+        # The limit the proxy applies at the group's next receive (the config may change).
+        answer.group_retry_max_times = node.store.group_config(req.consumer_group).retry_max_times
+        return answer.SerializeToString()
 
     async def ack(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(pop_pb2.PopAckRequest, payload)

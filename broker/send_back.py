@@ -18,7 +18,13 @@ from raftmq.common.delay import PROPERTY_DELAY_LEVEL
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.group_config import USE_CONSUMER_LIMIT
 from raftmq.common.message import DLQ_TOPIC_PREFIX, Message, validate_group
-from raftmq.common.retry import RetryKind, RetryPolicy, resend_from_dlq, send_back
+from raftmq.common.retry import (
+    DEAD_LETTER_NOW,
+    RetryKind,
+    RetryPolicy,
+    resend_from_dlq,
+    send_back,
+)
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
@@ -59,7 +65,9 @@ class SendBackProcessor:
     ) -> SentBack:
         """`delay_level` > 0 fixes the retry's level (RocketMQ's delayLevelWhenNextConsume);
         `reconsume_times` is the failures the consumer counted itself (an orderly consumer's
-        local retries: it reaches the limit with a message whose own count is 0)."""
+        local retries: it reaches the limit with a message whose own count is 0).
+        `delay_level` DEAD_LETTER_NOW: to the dead-letter topic whatever the counts and limits
+        (the proxy, whose POP consumers the group's limit was applied to already)."""
         validate_group(group)
         for name, value in (
             ("max_reconsume_times", max_reconsume_times),
@@ -71,7 +79,10 @@ class SendBackProcessor:
                 )
         node = self._node
         delay = node.delay_policy
-        if delay_level:
+        dead_now = delay_level == DEAD_LETTER_NOW
+        if dead_now:
+            delay_level = 0
+        elif delay_level:
             delay.level_delay_ms(delay_level)  # InvalidDelayError names the allowed levels
         node.require_leader()
         stored = node.queries.message_by_id(msg_id)
@@ -81,7 +92,9 @@ class SendBackProcessor:
         if configured != USE_CONSUMER_LIMIT:
             max_reconsume_times = configured
         policy = RetryPolicy(max_reconsume_times, start_level=min(3, delay.max_level), delay=delay)
-        back, decision = send_back(stored, group, policy, counted=reconsume_times)
+        back, decision = send_back(
+            stored, group, policy, counted=reconsume_times, dead_letter=dead_now
+        )
         if delay_level and decision.kind is RetryKind.RETRY:
             props = {**back.properties, PROPERTY_DELAY_LEVEL: str(delay_level)}
             back = dataclasses.replace(back, properties=props)

@@ -27,6 +27,7 @@ import grpc
 
 from raftmq.client.data_pool import DataPool
 from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
+from raftmq.client.group_refusal import MAX_PROBE_S, GroupRefusal
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import SeenResets
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
@@ -85,6 +86,43 @@ class StuckMessage:
 
 
 StuckCallback = Callable[[StuckMessage], None]
+# Told once when a running consumer's group has consuming turned off (`raftmq group config G
+# --consume off`); consuming resumes by itself when it is turned on again.
+DisabledCallback = Callable[[ConsumeDisabledError], None]
+
+
+class _RefusalGate:
+    """The fetchers' PullGate of one push consumer: client/group_refusal.py's state under a
+    lock, each episode's start and end logged once, and its start handed to `tell`."""
+
+    def __init__(self, group: str, tell: DisabledCallback) -> None:
+        self._group = group
+        self._tell = tell
+        self._lock = threading.Lock()
+        self.state = GroupRefusal()
+
+    def pull_delay_s(self) -> float:
+        with self._lock:
+            return self.state.pull_delay_s(time.monotonic())
+
+    def refused(self, error: ConsumeDisabledError, sent_s: float) -> None:
+        with self._lock:
+            started = self.state.refused(error, sent_s, time.monotonic())
+        if started:
+            log.warning(
+                "consumer.consume_disabled group=%s: %s; the consumer keeps running, pulls "
+                "once every %.0f s at most, and resumes by itself when it is turned on",
+                self._group,
+                error.message,
+                MAX_PROBE_S,
+            )
+            self._tell(error)
+
+    def served(self, sent_s: float) -> None:
+        with self._lock:
+            ended = self.state.served(sent_s)
+        if ended is not None:
+            log.warning("consumer.consume_resumed group=%s", self._group)
 
 
 class PushConsumer:
@@ -114,6 +152,7 @@ class PushConsumer:
         offset_file: Path | None = None,
         client_id: str | None = None,
         on_stuck: StuckCallback | None = None,
+        on_consume_disabled: DisabledCallback | None = None,
         trace: bool = False,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
@@ -155,6 +194,8 @@ class PushConsumer:
         # RocketMQ's delayLevelWhenNextConsume: 0 lets the broker back off (level 3 + count).
         self._retry_delay_level = retry_delay_level
         self._on_stuck = on_stuck
+        self._on_consume_disabled = on_consume_disabled
+        self._gate = _RefusalGate(group, self._tell_disabled)
         self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
@@ -315,8 +356,9 @@ class PushConsumer:
             assert isinstance(answer, broker_pb2.HeartbeatResponse)
             answers.append(answer)
         if starting and any(a.consume_disabled for a in answers):
-            # Fail at start, typed, as for a denied group; a running member keeps going and
-            # its fetchers log each refused pull until the group is turned on again. The nodes
+            # Fail at start, typed, as for a denied group; a running member keeps going, tells
+            # the application once (on_consume_disabled) and its fetchers pull once every few
+            # seconds until the group is turned on again (_RefusalGate). The nodes
             # took this heartbeat: leave, or the group's members would count this one until it
             # expires and a rebalance would hand it queues nobody reads.
             self._heartbeat(leaving=True)
@@ -445,6 +487,7 @@ class PushConsumer:
             driver=self._driver,
             has_room=functools.partial(self._has_room, pq),
             data=self._data,
+            gate=self._gate,
         )
         self._fetchers[q] = f
         f.start()
@@ -570,6 +613,27 @@ class PushConsumer:
                 self._on_stuck(stuck)
             except Exception:
                 log.exception("consumer.on_stuck_failed msg_id=%s", m.msg_id)
+
+    def _tell_disabled(self, error: ConsumeDisabledError) -> None:
+        callback = self._on_consume_disabled
+        if callback is None:
+            return
+
+        def call() -> None:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("consumer.on_consume_disabled_failed group=%s", self.group)
+
+        # On a consume thread, where the application's code runs: never on the fetch threads.
+        with contextlib.suppress(RuntimeError):  # closing
+            self._executor.submit(call)
+
+    @property
+    def consume_disabled(self) -> ConsumeDisabledError | None:
+        """Why the group's pulls are refused now (its config turns consuming off), or None
+        while it consumes."""
+        return self._gate.state.error
 
     def stuck(self) -> list[StuckMessage]:
         """Messages past max_reconsume_times that the listener still fails: kept, not skipped."""

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from google.protobuf.message import Message
 
@@ -29,6 +30,7 @@ from raftmq.client.scheduler import Scheduler
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
+    ConsumeDisabledError,
     NotLeaderError,
     OffsetOutOfRangeError,
     PermissionDeniedError,
@@ -83,6 +85,21 @@ HasRoom = Callable[[], bool]
 Refused = Callable[[PermissionDeniedError], None]
 
 
+class PullGate(Protocol):
+    """Paces the pulls of all of one consumer's queues while its group's consuming is turned
+    off (client/group_refusal.py; thread-safe: every queue's steps call it)."""
+
+    def pull_delay_s(self) -> float:
+        """0: pull now; else ask again after this many seconds."""
+        ...
+
+    def refused(self, error: ConsumeDisabledError, sent_s: float) -> None: ...
+
+    def served(self, sent_s: float) -> None:
+        """A pull sent at `sent_s` (time.monotonic) was answered."""
+        ...
+
+
 class FetchDriver:
     """The threads that run every fetcher step of one consumer: decoding, handing over, route
     look-ups and offset resets (which may block), and timers for back-offs. Bounded: `threads`
@@ -134,9 +151,13 @@ class QueueFetcher:
         data: DataPool,
         has_room: HasRoom = lambda: True,
         on_refused: Refused | None = None,
+        gate: PullGate | None = None,
     ) -> None:
+        """`gate`: a ConsumeDisabledError goes there, not to the log per pull, and it decides
+        when this queue pulls again."""
         self.queue = queue
         self._on_refused = on_refused
+        self._gate = gate
         self._offset = offset
         self._epoch = 0
         self._settings = settings
@@ -204,6 +225,10 @@ class QueueFetcher:
                 with self._lock:
                     self._paused = True
                 self._driver.later(PAUSE_RECHECK_S, self.wake)
+                return
+            delay_s = self._gate.pull_delay_s() if self._gate is not None else 0.0
+            if delay_s > 0:
+                self._driver.later(delay_s, self._pull)
                 return
             self._start_pull()
 
@@ -309,6 +334,8 @@ class QueueFetcher:
             self._backoff(err)
             return None
         assert resp is not None
+        if self._gate is not None:
+            self._gate.served(self._pull_started)
         try:
             # v2 batches: checked here (the offsets against the request and the answer too),
             # each message's fields decoded only when read
@@ -403,7 +430,9 @@ class QueueFetcher:
         failures = self._failures
         if isinstance(err, NotLeaderError) or err is None or err.retryable:
             self._routes.invalidate(self.queue.topic)
-        if err is not None and not err.retryable:
+        if isinstance(err, ConsumeDisabledError) and self._gate is not None:
+            self._gate.refused(err, self._pull_started)  # said once per episode, not per pull
+        elif err is not None and not err.retryable:
             log.warning("consumer.pull_failed queue=%s error=%s", self.queue, err.message)
             if isinstance(err, PermissionDeniedError) and self._on_refused is not None:
                 self._on_refused(err)

@@ -42,6 +42,18 @@ class GroupConfig:
         )
 
 
+def max_delivery_attempts(retry_max_times: int, fallback: int) -> int:
+    """How many times a POP consumer of the group gets a message before it goes to %DLQ%<group>,
+    RocketMQ 5's rule: the proxy answers a consumer's settings with the group's retryMaxTimes + 1
+    as the backoff policy's max attempts, and a received message whose deliveries so far reached
+    that many goes to the dead-letter topic instead of being delivered again (so a limit of N
+    retries means N + 1 deliveries). Without a configured limit, `fallback` (the consumer's own
+    backoff policy, else the proxy's default)."""
+    if retry_max_times == USE_CONSUMER_LIMIT:
+        return fallback
+    return retry_max_times + 1
+
+
 def validate_group_config(cfg: GroupConfig) -> None:
     validate_group(cfg.group)
     if not (

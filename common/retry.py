@@ -15,6 +15,10 @@ from raftmq.common.message import Message, StoredMessage, dlq_topic, retry_topic
 
 DEFAULT_MAX_RECONSUME_TIMES = 16  # RocketMQ DefaultMQPushConsumer.maxReconsumeTimes (-1 = 16)
 RETRY_START_LEVEL = 3  # RocketMQ: delay level = 3 + reconsume times (10 s, 30 s, 1 m, ...)
+# A send-back's delay level that asks for the dead-letter topic whatever the counts say:
+# RocketMQ's consumerSendMsgBack takes delayLevel < 0 so (the proxy's POP dead letters, which
+# the consumer group's retry limit decided already).
+DEAD_LETTER_NOW = -1
 
 # RocketMQ's MessageConst names, reserved (validate_message refuses them from clients).
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"  # the original topic of a message in %RETRY%<group>
@@ -66,7 +70,7 @@ class RetryPolicy:
         """What to do with a message of `group` that failed; `reconsume_times` is the count it
         carried when it was delivered (0 for a first delivery)."""
         if reconsume_times >= self.max_reconsume_times:
-            return RetryDecision(RetryKind.DEAD_LETTER, dlq_topic(group), reconsume_times + 1, 0, 0)
+            return self.give_up(group, reconsume_times)
         level = self.delay_level(reconsume_times)
         return RetryDecision(
             RetryKind.RETRY,
@@ -75,6 +79,10 @@ class RetryPolicy:
             level,
             self.delay.level_delay_ms(level),
         )
+
+    def give_up(self, group: str, reconsume_times: int) -> RetryDecision:
+        """To the dead-letter topic now (the limit was reached, or DEAD_LETTER_NOW)."""
+        return RetryDecision(RetryKind.DEAD_LETTER, dlq_topic(group), reconsume_times + 1, 0, 0)
 
 
 def reconsume_times(properties: Mapping[str, str]) -> int:
@@ -95,18 +103,25 @@ def original_message_id(stored: StoredMessage) -> str:
 
 
 def send_back(
-    stored: StoredMessage, group: str, policy: RetryPolicy, *, counted: int = 0
+    stored: StoredMessage,
+    group: str,
+    policy: RetryPolicy,
+    *,
+    counted: int = 0,
+    dead_letter: bool = False,
 ) -> tuple[Message, RetryDecision]:
     """The message to store for a failed delivery of `stored` to `group`, and why. `counted` is
     the failed deliveries the consumer counted itself (an orderly consumer retries locally, so
-    the message's own count stays 0); the larger of it and the message's count decides.
+    the message's own count stays 0); the larger of it and the message's count decides, unless
+    `dead_letter` sends it to the dead-letter topic whatever the count (DEAD_LETTER_NOW).
 
     The body, tags, keys and user properties are kept; the reserved properties say the original
     topic and message id (the first delivery's, kept across retries), the new reconsume count and,
     for a retry, the delay level. A dead letter also gets DLQ_ORIGIN_TOPIC / _MESSAGE_ID.
     """
     msg = stored.message
-    decision = policy.decide(group, max(reconsume_times(msg.properties), counted))
+    times = max(reconsume_times(msg.properties), counted)
+    decision = policy.give_up(group, times) if dead_letter else policy.decide(group, times)
     props = dict(msg.properties)
     props.pop(PROPERTY_DELAY_LEVEL, None)
     topic = original_topic(msg)

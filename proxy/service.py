@@ -28,6 +28,7 @@ from raftmq.client.messages import ReceivedMessage, SendResult
 from raftmq.client.producer import Producer
 from raftmq.client.producer.transaction import TransactionCheck
 from raftmq.client.retry_back import SendBack
+from raftmq.client.routes import TopicRoute
 from raftmq.common.acl_sync import admin_credentials, auth_config_of
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
 from raftmq.common.errors import (
@@ -39,6 +40,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.group_config import MAX_RETRY_TIMES, USE_CONSUMER_LIMIT, max_delivery_attempts
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
@@ -46,6 +48,7 @@ from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pop import AckOutcome, Delivery, Plan, QueuePop
 from raftmq.common.quota import ANONYMOUS, Flow
 from raftmq.common.quota_gate import QuotaGate
+from raftmq.common.retry import DEAD_LETTER_NOW
 from raftmq.common.types import QueueRef
 from raftmq.proxy import convert, receipt, routing, transactions
 from raftmq.proxy.broker_io import BrokerIO, Pulled
@@ -196,6 +199,9 @@ class MessagingService:
         self._streams: dict[str, Stream] = {}
         # A consumer group's max delivery attempts, from its clients' settings (bounded LRU).
         self._max_attempts: OrderedDict[str, int] = OrderedDict()
+        # (consumer group, broker group) -> the group's configured retry limit there, as that
+        # broker group's last POP answer said (bounded LRU): it wins over the above.
+        self._retry_limits: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._send_backs: OrderedDict[str, SendBack] = OrderedDict()
         # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
         # must not send them again (at most the in-flight messages).
@@ -548,6 +554,7 @@ class MessagingService:
 
     async def _load(self, group: str, q: QueueRef, fifo: bool | None) -> QueuePop:
         resp = await self.io.pop_state(group, q.topic, q.broker_group, [q.queue_id])
+        self._learn_retry_limit(group, q.broker_group, resp)
         found = next((s for s in resp.queues if s.queue_id == q.queue_id), None)
         if found is not None and found.exists:
             st = QueuePop(
@@ -638,7 +645,7 @@ class MessagingService:
                 if m is None:
                     part.drops.append(offset)  # gone from the queue (retention)
                     continue
-                if st.exhausted(offset, self.max_attempts(group)):
+                if st.exhausted(offset, self.max_attempts(group, broker_group)):
                     if not await self._dead_letter(group, st, m, "attempts"):
                         break  # kept: tried again at the next receive
                     part.drops.append(offset)
@@ -669,6 +676,7 @@ class MessagingService:
             for part in parts:
                 self._forget(PopKey(group, QueueRef(topic, broker_group, part.queue_id)))
             return []
+        self._learn_retry_limit(group, broker_group, resp)
         asked = {p.queue_id: p for p in parts}
         out: list[v2.Message] = []
         for r in resp.parts:
@@ -1013,9 +1021,15 @@ class MessagingService:
         while len(self._send_backs) > MAX_CLIENTS:
             self._send_backs.popitem(last=False)
         attempts = st.inflight[m.queue_offset].attempt if m.queue_offset in st.inflight else 0
+        # The dead letter carries the failed deliveries as its reconsume count, as a push
+        # consumer's does; DEAD_LETTER_NOW: the broker must not weigh the group's limit again
+        # (the message's own count is 0: it would send it to %RETRY% instead).
+        counted = min(max(attempts - 1, 0), MAX_RETRY_TIMES)
         self._dead_lettering.add(busy)
         try:
-            back = await asyncio.get_running_loop().run_in_executor(None, sb.send, m, 0)
+            back = await asyncio.get_running_loop().run_in_executor(
+                None, sb.send, m, 0, DEAD_LETTER_NOW, counted
+            )
         except RaftMQError as exc:
             log.warning(
                 "proxy.dead_letter_failed group=%s msg_id=%s error=%s", group, m.msg_id, exc.message
@@ -1113,8 +1127,6 @@ class MessagingService:
         info = self._clients.get(client_id)
         if info is not None:
             info.settings = cmd.settings
-        if group and answer.HasField("backoff_policy"):
-            self._remember_attempts(group, answer.backoff_policy.max_attempts)
         if cmd.settings.HasField("publishing") and client_id:
             stream.topics = frozenset(t.name for t in cmd.settings.publishing.topics)
             self._streams[client_id] = stream
@@ -1126,7 +1138,41 @@ class MessagingService:
         while len(self._max_attempts) > MAX_CLIENTS:
             self._max_attempts.popitem(last=False)
 
-    def max_attempts(self, group: str) -> int:
+    def _learn_retry_limit(
+        self,
+        group: str,
+        broker_group: str,
+        resp: pop_pb2.PopStateResponse | pop_pb2.PopReceiveResponse,
+    ) -> None:
+        if not resp.HasField("group_retry_max_times"):
+            return
+        key = (group, broker_group)
+        self._retry_limits.pop(key, None)
+        self._retry_limits[key] = resp.group_retry_max_times
+        while len(self._retry_limits) > MAX_CLIENTS:
+            self._retry_limits.popitem(last=False)
+
+    def max_attempts(self, group: str, broker_group: str) -> int:
+        """Deliveries of a POP message of `group` on `broker_group` before its dead letter: the
+        group's retry limit there when configured, else the consumer's own, else the default."""
+        return max_delivery_attempts(
+            self._retry_limits.get((group, broker_group), USE_CONSUMER_LIMIT),
+            self._max_attempts.get(group) or self.s.max_delivery_attempts,
+        )
+
+    async def _subscription_attempts(self, group: str, topics: list[TopicRoute]) -> int:
+        """max_attempts for a consumer's settings: asked of the first broker group of its
+        topics (one POP_STATE naming no queue) when no receive told it yet; the configs of a
+        group are set on every broker group at once (`raftmq group config`)."""
+        for route in topics if group else ():
+            for broker_group in sorted({q.broker_group for q in route.queues}):
+                if (group, broker_group) not in self._retry_limits:
+                    try:
+                        resp = await self.io.pop_state(group, route.topic, broker_group, [])
+                    except RaftMQError:
+                        continue  # unreachable now: the next one, or the default
+                    self._learn_retry_limit(group, broker_group, resp)
+                return self.max_attempts(group, broker_group)
         return self._max_attempts.get(group) or self.s.max_delivery_attempts
 
     async def _settings(self, mine: v2.Settings) -> v2.Settings:
@@ -1143,23 +1189,25 @@ class MessagingService:
             eb.multiplier = 2.0
         elif mine.HasField("subscription"):
             sub = out.subscription
-            fifo = False
+            routes = []
             for entry in mine.subscription.subscriptions:
                 try:
-                    route = await self.io.route(convert.check_topic(entry.topic))
+                    routes.append(await self.io.route(convert.check_topic(entry.topic)))
                 except (ApiError, RaftMQError):
                     continue  # the topic appears later; receive says so then
-                fifo = fifo or routing.is_ordered(route)
-            sub.fifo = fifo
+            sub.fifo = any(routing.is_ordered(r) for r in routes)
             sub.receive_batch_size = self.s.max_receive_batch
             if not mine.subscription.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.FromMilliseconds(min(30_000, self.s.max_long_polling_ms))
             # RocketMQ's default retry policy of a consumer group: customized, the delay levels'
             # durations (1s 5s 10s 30s 1m ...); the official push consumers follow only a
-            # customized one (their local FIFO retries, their nack's invisible duration).
-            out.backoff_policy.max_attempts = (
-                mine.backoff_policy.max_attempts or self.s.max_delivery_attempts
-            )
+            # customized one (their local FIFO retries, their nack's invisible duration). Its
+            # max attempts are the group's retry limit + 1 when one is configured, the number
+            # the proxy dead-letters at (max_attempts).
+            group = mine.subscription.group.name
+            if group and mine.backoff_policy.max_attempts:
+                self._remember_attempts(group, mine.backoff_policy.max_attempts)
+            out.backoff_policy.max_attempts = await self._subscription_attempts(group, routes)
             out.backoff_policy.customized_backoff.next.extend(
                 Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
                 for ms in DEFAULT_DELAY_LEVELS_MS

@@ -84,7 +84,8 @@ class ProxySettings(QuotaSettings):
         unit="deliveries",
         doc="a received message not acknowledged after this many deliveries goes to the group's "
         "dead-letter topic %DLQ%<group> (RocketMQ's default 16); a consumer's own backoff "
-        "policy (client settings) overrides it",
+        "policy (client settings) overrides it, and the group's retry limit N (`raftmq group "
+        "config G --retry-max N`: N + 1 deliveries) overrides both",
     )
     max_transaction_topics: int = setting(
         default=256,

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10raftmq/pop.proto\x12\traftmq.v1\"T\n\x0bPopDelivery\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x15\n\rvisible_at_ms\x18\x04 \x01(\x04\"y\n\rPopQueueState\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06\x65xists\x18\x02 \x01(\x08\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\x12\x0c\n\x04\x66ifo\x18\x04 \x01(\x08\x12(\n\x08inflight\x18\x05 \x03(\x0b\x32\x16.raftmq.v1.PopDelivery\"K\n\x0fPopStateRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tqueue_ids\x18\x03 \x03(\r\"<\n\x10PopStateResponse\x12(\n\x06queues\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.PopQueueState\"\xe3\x01\n\x0cPopQueuePart\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x13\n\x0binit_offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x66ifo\x18\x03 \x01(\x08\x12\x11\n\tredeliver\x18\x04 \x03(\x04\x12\r\n\x05\x64rops\x18\x05 \x03(\x04\x12\x0e\n\x06pulled\x18\x06 \x01(\x08\x12\x13\n\x0bpulled_from\x18\x07 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x08 \x01(\x04\x12\x0c\n\x04take\x18\t \x01(\r\x12\x13\n\x0bnew_offsets\x18\n \x03(\x04\x12\r\n\x05reset\x18\x0b \x01(\x08\x12\x10\n\x08reset_to\x18\x0c \x01(\x04\"\x8e\x01\n\x11PopReceiveRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cinvisible_ms\x18\x03 \x01(\r\x12\x14\n\x0cmax_inflight\x18\x04 \x01(\r\x12&\n\x05parts\x18\x05 \x03(\x0b\x32\x17.raftmq.v1.PopQueuePart\"Y\n\rPopPartResult\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12&\n\x06handed\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.PopDelivery\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\"Q\n\x12PopReceiveResponse\x12\'\n\x05parts\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.PopPartResult\x12\x12\n\nraft_index\x18\x02 \x01(\x04\">\n\x0bPopAckEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\"u\n\rPopAckRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cinvisible_ms\x18\x03 \x01(\r\x12\'\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x16.raftmq.v1.PopAckEntry\"c\n\x0cPopAckResult\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.raftmq.v1.PopAckOutcome\x12(\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.PopDelivery\":\n\x0ePopAckResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.raftmq.v1.PopAckResult*\x7f\n\rPopAckOutcome\x12\x1f\n\x1bPOP_ACK_OUTCOME_UNSPECIFIED\x10\x00\x12\x10\n\x0cPOP_ACK_DONE\x10\x01\x12\x13\n\x0fPOP_ACK_ALREADY\x10\x02\x12\x11\n\rPOP_ACK_STALE\x10\x03\x12\x13\n\x0fPOP_ACK_UNKNOWN\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10raftmq/pop.proto\x12\traftmq.v1\"T\n\x0bPopDelivery\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\r\n\x05token\x18\x03 \x01(\x04\x12\x15\n\rvisible_at_ms\x18\x04 \x01(\x04\"y\n\rPopQueueState\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06\x65xists\x18\x02 \x01(\x08\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\x12\x0c\n\x04\x66ifo\x18\x04 \x01(\x08\x12(\n\x08inflight\x18\x05 \x03(\x0b\x32\x16.raftmq.v1.PopDelivery\"K\n\x0fPopStateRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tqueue_ids\x18\x03 \x03(\r\"z\n\x10PopStateResponse\x12(\n\x06queues\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.PopQueueState\x12\"\n\x15group_retry_max_times\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x18\n\x16_group_retry_max_times\"\xe3\x01\n\x0cPopQueuePart\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x13\n\x0binit_offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x66ifo\x18\x03 \x01(\x08\x12\x11\n\tredeliver\x18\x04 \x03(\x04\x12\r\n\x05\x64rops\x18\x05 \x03(\x04\x12\x0e\n\x06pulled\x18\x06 \x01(\x08\x12\x13\n\x0bpulled_from\x18\x07 \x01(\x04\x12\x13\n\x0bnext_offset\x18\x08 \x01(\x04\x12\x0c\n\x04take\x18\t \x01(\r\x12\x13\n\x0bnew_offsets\x18\n \x03(\x04\x12\r\n\x05reset\x18\x0b \x01(\x08\x12\x10\n\x08reset_to\x18\x0c \x01(\x04\"\x8e\x01\n\x11PopReceiveRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cinvisible_ms\x18\x03 \x01(\r\x12\x14\n\x0cmax_inflight\x18\x04 \x01(\r\x12&\n\x05parts\x18\x05 \x03(\x0b\x32\x17.raftmq.v1.PopQueuePart\"Y\n\rPopPartResult\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12&\n\x06handed\x18\x02 \x03(\x0b\x32\x16.raftmq.v1.PopDelivery\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\"\x8f\x01\n\x12PopReceiveResponse\x12\'\n\x05parts\x18\x01 \x03(\x0b\x32\x18.raftmq.v1.PopPartResult\x12\x12\n\nraft_index\x18\x02 \x01(\x04\x12\"\n\x15group_retry_max_times\x18\x03 \x01(\x05H\x00\x88\x01\x01\x42\x18\n\x16_group_retry_max_times\">\n\x0bPopAckEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x04\"u\n\rPopAckRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cinvisible_ms\x18\x03 \x01(\r\x12\'\n\x07\x65ntries\x18\x04 \x03(\x0b\x32\x16.raftmq.v1.PopAckEntry\"c\n\x0cPopAckResult\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.raftmq.v1.PopAckOutcome\x12(\n\x08\x64\x65livery\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.PopDelivery\":\n\x0ePopAckResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.raftmq.v1.PopAckResult*\x7f\n\rPopAckOutcome\x12\x1f\n\x1bPOP_ACK_OUTCOME_UNSPECIFIED\x10\x00\x12\x10\n\x0cPOP_ACK_DONE\x10\x01\x12\x13\n\x0fPOP_ACK_ALREADY\x10\x02\x12\x11\n\rPOP_ACK_STALE\x10\x03\x12\x13\n\x0fPOP_ACK_UNKNOWN\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.pop_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_POPACKOUTCOME']._serialized_start=1272
-  _globals['_POPACKOUTCOME']._serialized_end=1399
+  _globals['_POPACKOUTCOME']._serialized_start=1397
+  _globals['_POPACKOUTCOME']._serialized_end=1524
   _globals['_POPDELIVERY']._serialized_start=31
   _globals['_POPDELIVERY']._serialized_end=115
   _globals['_POPQUEUESTATE']._serialized_start=117
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POPSTATEREQUEST']._serialized_start=240
   _globals['_POPSTATEREQUEST']._serialized_end=315
   _globals['_POPSTATERESPONSE']._serialized_start=317
-  _globals['_POPSTATERESPONSE']._serialized_end=377
-  _globals['_POPQUEUEPART']._serialized_start=380
-  _globals['_POPQUEUEPART']._serialized_end=607
-  _globals['_POPRECEIVEREQUEST']._serialized_start=610
-  _globals['_POPRECEIVEREQUEST']._serialized_end=752
-  _globals['_POPPARTRESULT']._serialized_start=754
-  _globals['_POPPARTRESULT']._serialized_end=843
-  _globals['_POPRECEIVERESPONSE']._serialized_start=845
-  _globals['_POPRECEIVERESPONSE']._serialized_end=926
-  _globals['_POPACKENTRY']._serialized_start=928
-  _globals['_POPACKENTRY']._serialized_end=990
-  _globals['_POPACKREQUEST']._serialized_start=992
-  _globals['_POPACKREQUEST']._serialized_end=1109
-  _globals['_POPACKRESULT']._serialized_start=1111
-  _globals['_POPACKRESULT']._serialized_end=1210
-  _globals['_POPACKRESPONSE']._serialized_start=1212
-  _globals['_POPACKRESPONSE']._serialized_end=1270
+  _globals['_POPSTATERESPONSE']._serialized_end=439
+  _globals['_POPQUEUEPART']._serialized_start=442
+  _globals['_POPQUEUEPART']._serialized_end=669
+  _globals['_POPRECEIVEREQUEST']._serialized_start=672
+  _globals['_POPRECEIVEREQUEST']._serialized_end=814
+  _globals['_POPPARTRESULT']._serialized_start=816
+  _globals['_POPPARTRESULT']._serialized_end=905
+  _globals['_POPRECEIVERESPONSE']._serialized_start=908
+  _globals['_POPRECEIVERESPONSE']._serialized_end=1051
+  _globals['_POPACKENTRY']._serialized_start=1053
+  _globals['_POPACKENTRY']._serialized_end=1115
+  _globals['_POPACKREQUEST']._serialized_start=1117
+  _globals['_POPACKREQUEST']._serialized_end=1234
+  _globals['_POPACKRESULT']._serialized_start=1236
+  _globals['_POPACKRESULT']._serialized_end=1335
+  _globals['_POPACKRESPONSE']._serialized_start=1337
+  _globals['_POPACKRESPONSE']._serialized_end=1395
 # @@protoc_insertion_point(module_scope)

@@ -59,10 +59,12 @@ class PopStateRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PopStateResponse(_message.Message):
-    __slots__ = ("queues",)
+    __slots__ = ("queues", "group_retry_max_times")
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
     queues: _containers.RepeatedCompositeFieldContainer[PopQueueState]
-    def __init__(self, queues: _Optional[_Iterable[_Union[PopQueueState, _Mapping]]] = ...) -> None: ...
+    group_retry_max_times: int
+    def __init__(self, queues: _Optional[_Iterable[_Union[PopQueueState, _Mapping]]] = ..., group_retry_max_times: _Optional[int] = ...) -> None: ...
 
 class PopQueuePart(_message.Message):
     __slots__ = ("queue_id", "init_offset", "fifo", "redeliver", "drops", "pulled", "pulled_from", "next_offset", "take", "new_offsets", "reset", "reset_to")
@@ -117,12 +119,14 @@ class PopPartResult(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., handed: _Optional[_Iterable[_Union[PopDelivery, _Mapping]]] = ..., cursor: _Optional[int] = ...) -> None: ...
 
 class PopReceiveResponse(_message.Message):
-    __slots__ = ("parts", "raft_index")
+    __slots__ = ("parts", "raft_index", "group_retry_max_times")
     PARTS_FIELD_NUMBER: _ClassVar[int]
     RAFT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RETRY_MAX_TIMES_FIELD_NUMBER: _ClassVar[int]
     parts: _containers.RepeatedCompositeFieldContainer[PopPartResult]
     raft_index: int
-    def __init__(self, parts: _Optional[_Iterable[_Union[PopPartResult, _Mapping]]] = ..., raft_index: _Optional[int] = ...) -> None: ...
+    group_retry_max_times: int
+    def __init__(self, parts: _Optional[_Iterable[_Union[PopPartResult, _Mapping]]] = ..., raft_index: _Optional[int] = ..., group_retry_max_times: _Optional[int] = ...) -> None: ...
 
 class PopAckEntry(_message.Message):
     __slots__ = ("queue_id", "offset", "token")

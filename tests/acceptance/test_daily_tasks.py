@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import grpc
@@ -17,6 +18,8 @@ import pytest
 from raftmq.client.admin import Admin
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.consumer_push import ConsumeResult, MessageModel, PushConsumer
+from raftmq.client.group_refusal import FIRST_PROBE_S
+from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer, SendResult
 from raftmq.common.errors import (
@@ -363,3 +366,55 @@ def test_a_groups_config_is_replicated_shown_and_honoured(
     assert "its config on broker-a, broker-b" in out, out
     out, _ = run(cluster, capsys, "group", "config", group, "--json")
     assert all(r["retry_max_times"] == -1 and r["broadcast_enable"] for r in json.loads(out))
+
+
+def test_a_running_push_consumer_is_told_once_backs_off_and_resumes(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Consuming turned off under a running push consumer: the application is told once
+    (on_consume_disabled) and the log says it once, all its queues together pull about once
+    per back-off period (before: each queue about once a second, a warning each), and it
+    consumes again by itself once the group is turned on."""
+    topic = group = "daily-gc-run"
+    create_topic(cluster, topic, queues=4)  # 8 queues over the two broker groups
+    got: list[bytes] = []
+    told: list[ConsumeDisabledError] = []
+
+    def listener(m: ReceivedMessage) -> ConsumeResult:
+        got.append(m.body)
+        return ConsumeResult.SUCCESS
+
+    push = PushConsumer(
+        cluster.namesrv, group, topic, listener, start_from=StartFrom.EARLIEST,
+        long_poll_ms=500, on_consume_disabled=told.append,
+    )  # fmt: skip
+
+    def pulls() -> int:
+        return sum(f.pulls for f in list(push._fetchers.values()))
+
+    with (
+        Admin(cluster.namesrv) as admin,
+        Producer(cluster.namesrv) as producer,
+        caplog.at_level(logging.WARNING, logger="raftmq.consumer"),
+        push,
+    ):
+        producer.send(topic, b"before")
+        wait_until(lambda: b"before" in got, 30, "the first message")
+        admin.update_group_config(group, consume_enable=False)
+        wait_until(lambda: told, 30, "the application told")
+        assert push.consume_disabled is told[0] and "--consume on" in told[0].message
+        # A measurement window, not a wait for an event: the pulls every queue sent in it.
+        start, t0 = pulls(), time.monotonic()
+        time.sleep(3.0)
+        sent, elapsed = pulls() - start, time.monotonic() - t0
+        # The probes are FIRST_PROBE_S apart at least (then 1, 2, 4 s): 8 queues at their
+        # old 1 s back-off sent about 24 here.
+        assert sent <= elapsed / FIRST_PROBE_S + 1, (sent, elapsed)
+        admin.update_group_config(group, consume_enable=True)
+        producer.send(topic, b"after")
+        wait_until(lambda: b"after" in got, 30, "consuming again once turned on")
+        assert push.consume_disabled is None
+    assert len(told) == 1, told
+    assert caplog.text.count(f"consumer.consume_disabled group={group}") == 1, caplog.text
+    assert f"consumer.consume_resumed group={group}" in caplog.text
+    assert "consumer.pull_failed" not in caplog.text, caplog.text

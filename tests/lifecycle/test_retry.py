@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.common.delay import DelayPolicy
+from raftmq.common.group_config import USE_CONSUMER_LIMIT, max_delivery_attempts
 from raftmq.common.message import SYSTEM_PROPERTY_NAMES, Message, StoredMessage
 from raftmq.common.retry import (
     PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
@@ -98,3 +99,22 @@ def test_chain_of_failures_ends_in_the_dlq_once(limit: int, extra: int) -> None:
 def test_unreadable_count_is_zero() -> None:
     assert reconsume_times({PROPERTY_RECONSUME_TIME: "x"}) == 0
     assert reconsume_times({PROPERTY_RECONSUME_TIME: "-3"}) == 0
+
+
+def test_dead_letter_now_ignores_the_limit() -> None:
+    """The proxy's POP dead letters (DEAD_LETTER_NOW): the group's limit was applied already by
+    counting deliveries, and the message's own count is 0, so the policy must not weigh it."""
+    msg = Message("orders", b"x")
+    policy = RetryPolicy(max_reconsume_times=5)
+    assert send_back(stored(msg), "g", policy, counted=2)[1].kind is RetryKind.RETRY
+    back, decision = send_back(stored(msg), "g", policy, counted=2, dead_letter=True)
+    assert decision.kind is RetryKind.DEAD_LETTER and back.topic == "%DLQ%g"
+    assert back.properties[PROPERTY_RECONSUME_TIME] == "3"
+    assert back.properties[PROPERTY_DLQ_ORIGIN_TOPIC] == "orders"
+
+
+def test_pop_max_delivery_attempts_is_retry_limit_plus_one() -> None:
+    """RocketMQ 5's proxy: max attempts = the group's retryMaxTimes + 1; unset, the fallback."""
+    assert max_delivery_attempts(0, 16) == 1
+    assert max_delivery_attempts(3, 16) == 4
+    assert max_delivery_attempts(USE_CONSUMER_LIMIT, 16) == 16

@@ -19,14 +19,14 @@ from raftmq.client.messages import ReceivedMessage
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
-from raftmq.common.retry import PROPERTY_DLQ_ORIGIN_TOPIC
+from raftmq.common.retry import PROPERTY_DLQ_ORIGIN_TOPIC, PROPERTY_RECONSUME_TIME
 from tests.harness.local_cluster import free_ports
 from tests.harness.procs import Proc, start_cluster, wait_until
 
 # Skips this module too when the official client is missing.
 from tests.proxy.test_official_client import Env
 
-TOPICS = {"dly": False, "txn": False, "dl1": False, "dlf": True, "dlp": False}
+TOPICS = {"dly": False, "txn": False, "dl1": False, "dlf": True, "dlp": False, "dlr": False}
 MAX_ATTEMPTS = 2
 TXN_TIMEOUT_MS = 2_000
 CLIENT_EXPIRY_MS = 3_000  # a topic's transaction producer closes this long after its last client
@@ -236,3 +236,54 @@ def test_push_consumer_nacks_go_to_dlq_after_max_attempts(env: Env) -> None:
     (dead,) = _dead_letters(env, "g-dlp", 1)
     assert dead.body == b"nacked" and dead.properties["rmq5.message_id"] == sent[0]["id"]
     assert "proxy.dead_lettered group=g-dlp by=attempts" in env.proxy.tail(400)
+
+
+def _settings_answer(env: Env, group: str, topic: str) -> v2.Settings:
+    """The settings the proxy answers a SimpleConsumer of `group` with (Telemetry), as the
+    official clients ask at start."""
+    ask = v2.Settings(
+        client_type=v2.SIMPLE_CONSUMER,
+        subscription=v2.Subscription(
+            group=v2.Resource(name=group),
+            subscriptions=[
+                v2.SubscriptionEntry(
+                    topic=v2.Resource(name=topic),
+                    expression=v2.FilterExpression(type=v2.TAG, expression="*"),
+                )
+            ],
+        ),
+    )
+    with grpc.insecure_channel(env.endpoint) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        call = stub.Telemetry(iter([svc.TelemetryCommand(settings=ask)]), timeout=10)
+        try:
+            answer = next(iter(call))
+        finally:
+            call.cancel()
+    assert answer.status.code == v2.OK, answer.status
+    return answer.settings
+
+
+def test_group_retry_limit_decides_pop_dead_letters(env: Env) -> None:
+    """Issue 26: the group's config (`raftmq group config G --retry-max N`) decides, not the
+    proxy's max_delivery_attempts (2 here): N + 1 deliveries, then %DLQ%<group> (RocketMQ's
+    rule), and the settings the client gets say so."""
+    retry_max = 2
+    with Admin(env.cluster.namesrv) as admin:
+        admin.update_group_config("g-dlr", retry_max_times=retry_max)
+    assert _settings_answer(env, "g-dlr", "dlr").backoff_policy.max_attempts == retry_max + 1
+    assert _settings_answer(env, "g-other", "dlr").backoff_policy.max_attempts == MAX_ATTEMPTS
+    sent, res = env.produce_then(
+        {"topic": "dlr", "messages": [{"body": "never-acked"}]},
+        "unacked",
+        topic="dlr",
+        group="g-dlr",
+        watch_s=6,  # invisible 1 s per receive: three deliveries and the dead letter in ~3 s
+    )
+    attempts = [m["attempt"] for m in res["got"] if m["body"] == "never-acked"]
+    assert attempts == list(range(1, retry_max + 2)), res
+    # In the DLQ, not %RETRY%<group>: the broker does not weigh the group's limit again.
+    (dead,) = _dead_letters(env, "g-dlr", 1)
+    assert dead.properties["rmq5.message_id"] == sent[0]["id"]
+    assert dead.properties[PROPERTY_RECONSUME_TIME] == str(retry_max + 1)  # failed deliveries
+    assert "proxy.dead_lettered group=g-dlr by=attempts" in env.proxy.tail(400)
