@@ -30,6 +30,7 @@ from raftmq.client.producer.transaction import TransactionCheck
 from raftmq.client.retry_back import SendBack
 from raftmq.client.routes import TopicRoute
 from raftmq.common.acl_sync import admin_credentials, auth_config_of
+from raftmq.common.backoff import KeyedBackoff
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
 from raftmq.common.errors import (
     InvalidFilterError,
@@ -75,6 +76,10 @@ MAX_HELD_PULL_MS = 5_000
 MAX_HELD_PULLS = 128
 POLL_S = 0.2
 MAX_CLIENTS = 100_000
+# A dead letter the broker would not store is tried again after this back-off (doubling up to
+# the cap): a long-polling receive re-plans every POLL_S and would otherwise resend it each time.
+DEAD_LETTER_RETRY_S = 1.0
+DEAD_LETTER_RETRY_MAX_S = 30.0
 TXN_SWEEP_S = 10.0  # how often idle transaction producers are looked for
 MAX_TELEMETRY_BACKLOG = 256  # commands queued to one client's stream; past it checks are dropped
 # (the broker checks again after its check interval)
@@ -206,6 +211,10 @@ class MessagingService:
         # Deliveries whose send-back to the DLQ is under way: a concurrent receive or forward
         # must not send them again (at most the in-flight messages).
         self._dead_lettering: set[tuple[str, str, int, int]] = set()
+        # Deliveries whose send-back failed wait before the next try (bounded).
+        self._dead_letter_retry = KeyedBackoff(
+            DEAD_LETTER_RETRY_S, DEAD_LETTER_RETRY_MAX_S, MAX_CLIENTS
+        )
         # issue 27: produce and consume bytes per user, held before serving as on the brokers
         self.quota = QuotaGate(settings.quota_tables())
 
@@ -1016,6 +1025,9 @@ class MessagingService:
         busy = (group, m.broker_group, m.queue_id, m.queue_offset)
         if busy in self._dead_lettering:
             return False  # another call is storing it right now; it drops it
+        if not raise_errors and not self._dead_letter_retry.ready(busy, time.monotonic()):
+            return False  # failed a moment ago: kept until its back-off ends (a client's
+            # explicit forward still tries at once and gets the error)
         sb = self._send_backs.pop(group, None) or SendBack(group, self.io.routes, self.io.pool)
         self._send_backs[group] = sb
         while len(self._send_backs) > MAX_CLIENTS:
@@ -1031,14 +1043,20 @@ class MessagingService:
                 None, sb.send, m, 0, DEAD_LETTER_NOW, counted
             )
         except RaftMQError as exc:
+            backoff_s = self._dead_letter_retry.failed(busy, time.monotonic())
             log.warning(
-                "proxy.dead_letter_failed group=%s msg_id=%s error=%s", group, m.msg_id, exc.message
+                "proxy.dead_letter_failed group=%s msg_id=%s error=%s retry_in_s=%.0f",
+                group,
+                m.msg_id,
+                exc.message,
+                backoff_s,
             )
             if raise_errors:
                 raise
             return False
         finally:
             self._dead_lettering.discard(busy)
+        self._dead_letter_retry.succeeded(busy)
         log.info(
             "proxy.dead_lettered group=%s by=%s topic=%s msg_id=%s attempts=%d dlq_id=%s",
             group,
