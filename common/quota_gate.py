@@ -124,8 +124,15 @@ class QuotaGate:
 
     @property
     def held_threads(self) -> int:
+        """Threads `hold` keeps asleep now (a gauge)."""
         with self._lock:
             return self._threads.total
+
+    @property
+    def refused_holds(self) -> int:
+        """Calls `hold` refused since start: their user (or all users) held its share."""
+        with self._lock:
+            return self._threads.refused
 
     def _waits(self, flow: Flow, user: str, budget_ms: int) -> Generator[int, None, int]:
         """The waits (ms) of a request held until `user` owes nothing on `flow`, within
