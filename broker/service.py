@@ -21,7 +21,7 @@ from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.time_query import Cursor
 from raftmq.common.auth_guard import CALLER
-from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.errors import InvalidArgumentError, RequestTimeoutError, rpc_errors
 from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
@@ -132,14 +132,21 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, flow: Flow, user: str, budget_ms: int, context: grpc.ServicerContext
     ) -> ThreadHold:
         """Hold this handler thread for `user`'s byte quota (issue 27; the node's one book, the
-        framed path's too), ended early when the call ends (cancelled, or the server stops)."""
+        framed path's too), ended early when the call ends (cancelled, or the server stops):
+        then nothing is served (no send stored that its client saw fail)."""
         quota = self.node.quota
         if not quota.enabled:
             return ThreadHold(0, 0)
         ended = threading.Event()
         if not context.add_callback(ended.set):
             ended.set()  # over already
-        return quota.hold(flow, user, budget_ms, ended)
+        hold = quota.hold(flow, user, budget_ms, ended)
+        if ended.is_set():
+            raise RequestTimeoutError(
+                f"the call ended while held {hold.held_ms} ms for {user!r}'s byte quota: "
+                "nothing was served"
+            )
+        return hold
 
     @rpc_errors
     def SendMessage(

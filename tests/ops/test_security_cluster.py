@@ -800,9 +800,9 @@ def _leader(env: Env) -> str:
     return preferred
 
 
-def _grpc_send(topic: str, body: bytes) -> broker_pb2.SendMessageRequest:
+def _grpc_send(topic: str, body: bytes, queue_id: int = 0) -> broker_pb2.SendMessageRequest:
     return broker_pb2.SendMessageRequest(
-        topic=topic, queue_id=0, messages=[common_pb2.Message(body=body)]
+        topic=topic, queue_id=queue_id, messages=[common_pb2.Message(body=body)]
     )
 
 
@@ -899,6 +899,36 @@ def test_a_flood_of_throttled_grpc_calls_holds_its_share_of_threads_and_others_a
         assert err.details.get("user") == "alice", err.details
         assert int(err.details["retry_after_ms"]) > 0, err.details
         assert "send fewer calls at once" in err.message, err.message
+
+
+def test_a_grpc_send_cancelled_while_held_for_its_quota_stores_nothing(env: Env) -> None:
+    """A held call whose client gives up (cancels, or its deadline passes) wakes its handler
+    thread, which then serves nothing: the client saw it fail, and a retry must not find it
+    stored twice."""
+    alice, dave = Signer(ALICE), Signer(DAVE)
+    with env.admin() as admin:
+        ends_before = {s.queue.queue_id: s.max_offset for s in admin.topic_status("orders-quota")}
+    with grpc.insecure_channel(_leader(env)) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        _warm(stub, alice)
+        # 1.2 MB: her burst and 5 s more (this call may be held for older debt first)
+        stub.SendMessage(
+            _grpc_send("orders-quota", b"o" * 1_200_000), timeout=30, metadata=alice.metadata()
+        )
+        held = stub.SendMessage.future(
+            _grpc_send("orders-quota", b"cancelled", queue_id=1),
+            timeout=30,
+            metadata=alice.metadata(),
+        )
+        time.sleep(0.3)  # on the broker by now (if not, the cancel never reaches it: the same)
+        held.cancel()
+        # dave's send to the same queue after it: the woken thread would have stored before
+        stub.SendMessage(
+            _grpc_send("orders-quota", b"dave", queue_id=1), timeout=10, metadata=dave.metadata()
+        )
+    with env.admin() as admin:
+        ends_after = {s.queue.queue_id: s.max_offset for s in admin.topic_status("orders-quota")}
+    assert ends_after[1] == ends_before[1] + 1, (ends_before, ends_after)  # dave's only
 
 
 def test_the_brokers_grpc_pulls_are_slowed_to_a_users_consume_quota(env: Env) -> None:
