@@ -37,7 +37,6 @@ from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
 from raftmq.common.pb import broker_pb2
 from raftmq.common.quota import Flow
-from raftmq.common.quota_gate import QuotaGate
 from raftmq.common.record_batch import MalformedBatchError
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
 
@@ -74,9 +73,7 @@ class DataServer:
         self._timers: HoldTimers | None = None
         self._closing = False
         self.address = ""
-        # issue 27: bytes per user and flow; charged on the loop, read by the metrics scrape
-        self.quota = QuotaGate(settings.quota_tables())
-        node.metrics.quota_usage = self.quota.usage
+        self.quota = node.quota  # issue 27: the node's one book of bytes per user and flow
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -392,7 +389,7 @@ class DataServer:
         hold_ms = min(max(req.max_wait_ms, 0), self.settings.long_poll_max_ms)
         held, turn = await self.quota.turn(Flow.CONSUME, ctx.principal, hold_ms)
         if not turn:  # held as long as a long poll may be: nothing read, pull again from here
-            return _held_pull(node, req, held).SerializeToString()
+            return requests.held_pull_answer(node, req, held).SerializeToString()
         deadline = time.monotonic() + (self.settings.long_poll_max_ms - held) / 1000
         steps = requests.pull_steps(node, req, deadline)
         result = await self._drive(steps)
@@ -438,22 +435,6 @@ class DataServer:
             await fut
         finally:
             held.forget(fut, topic, queue_id)
-
-
-def _held_pull(
-    node: BrokerNode, req: broker_pb2.PullMessageRequest, held_ms: int
-) -> broker_pb2.PullMessageResponse:
-    """A pull held its whole wait for its user's consume quota: nothing read (NO_MATCHED_MSG:
-    continue at the same offset), the queue's bounds as they are, the time held told."""
-    info = node.offsets.queue_info(req.topic, req.queue_id)
-    return broker_pb2.PullMessageResponse(
-        status=broker_pb2.NO_MATCHED_MSG,
-        next_offset=req.offset,
-        min_offset=info.min_offset,
-        max_offset=info.max_offset,
-        node_id=node.me.node_id,
-        throttle_ms=held_ms,
-    )
 
 
 def _batch_answer(s: BatchStored) -> stored_send.BatchAnswer:

@@ -192,6 +192,11 @@ class NodeCollector(Collector):
             ),
             ("raftmq_held_pulls", "Long polls held on the framed data path", self._held()),
             (
+                "raftmq_quota_held_threads",
+                "gRPC handler threads held now for their users' byte quotas",
+                node.quota.held_threads,
+            ),
+            (
                 "raftmq_storage_error",
                 "1 while a disk write fails or a stored record read back corrupt",
                 int(bool(node.health.error)),
@@ -223,6 +228,12 @@ class NodeCollector(Collector):
                 "raftmq_index_rebuilds",
                 "Index store rebuilds from the log after a corrupt row",
                 node.index_repair.rebuilds,
+            ),
+            (
+                "raftmq_quota_refused_calls",
+                "gRPC calls over a byte quota answered at once: their user held its share of "
+                "handler threads (a send THROTTLED, a pull empty)",
+                node.quota.refused_holds,
             ),
             (
                 "raftmq_offsets_placed_batches",

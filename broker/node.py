@@ -66,6 +66,7 @@ from raftmq.common.errors import (
     RaftMQError,
 )
 from raftmq.common.message import MessageLimits
+from raftmq.common.quota_gate import QuotaGate
 from raftmq.common.scrape_access import metrics_bind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
@@ -86,6 +87,9 @@ LEADER_READY_WAIT_S = (
     2.0  # a new leader indexes earlier terms' entries first; hold writes that long
 )
 GATE_RECHECK_S = 0.05  # a write held by the gate rechecks leadership this often
+# gRPC calls held for their users' byte quotas take at most max_workers // this many handler
+# threads (held long polls take at most half: broker/pull.py), so sends and the rest find one.
+QUOTA_HELD_THREADS_SHARE = 4
 
 
 class BrokerNode:
@@ -177,6 +181,14 @@ class BrokerNode:
         self.metrics = BrokerMetrics(
             self, enabled=metrics_bind(settings.metrics_listen) is not None
         )
+        # Byte quotas per user (issue 27): one book for both transports, so that a user moves
+        # its quota in all, not per port; charged by the data server's loop and gRPC threads.
+        self.quota = QuotaGate(
+            settings.quota_tables(),
+            max_held_threads=max(1, settings.max_workers // QUOTA_HELD_THREADS_SHARE),
+            max_held_threads_per_user=settings.quota_max_held_calls_per_user,
+        )
+        self.metrics.quota_usage = self.quota.usage
         # Resource reports (broker/stats.py): per-minute counts, one call per batch.
         self.stats = NodeStats(
             settings.data_dir / "stats.sqlite3",

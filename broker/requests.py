@@ -194,6 +194,23 @@ def pull_answer(node: BrokerNode, result: PullResult) -> broker_pb2.PullMessageR
 # ---- offsets and queue bounds -------------------------------------------------------------------
 
 
+def held_pull_answer(
+    node: BrokerNode, req: broker_pb2.PullMessageRequest, throttle_ms: int
+) -> broker_pb2.PullMessageResponse:
+    """A pull not served for its user's consume quota (held its whole wait, or not held at all):
+    nothing read (NO_MATCHED_MSG: continue at the same offset), the queue's bounds as they are,
+    and `throttle_ms` told."""
+    info = node.offsets.queue_info(req.topic, req.queue_id)
+    return broker_pb2.PullMessageResponse(
+        status=broker_pb2.NO_MATCHED_MSG,
+        next_offset=req.offset,
+        min_offset=info.min_offset,
+        max_offset=info.max_offset,
+        node_id=node.me.node_id,
+        throttle_ms=throttle_ms,
+    )
+
+
 def commit_payloads(node: BrokerNode, req: broker_pb2.CommitOffsetRequest) -> list[bytes]:
     """The entries of an offset commit (checked; the leader gate passed)."""
     return node.offsets.commit_payloads(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Iterable
 
@@ -19,10 +20,13 @@ from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.time_query import Cursor
-from raftmq.common.errors import InvalidArgumentError, rpc_errors
+from raftmq.common.auth_guard import CALLER
+from raftmq.common.errors import InvalidArgumentError, RequestTimeoutError, rpc_errors
 from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import validate_group
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2
+from raftmq.common.quota import Flow
+from raftmq.common.quota_gate import THROTTLE_KEY, ThreadHold
 from raftmq.common.record_batch import GroupConfigChange, GroupDelete, PurgeQueues
 from raftmq.common.settings import redacted
 from raftmq.common.types import QueueRef
@@ -44,6 +48,18 @@ def _deadline(context: grpc.ServicerContext) -> float:
     if left is None:
         return time.monotonic() + 3600.0
     return time.monotonic() + max(0.0, left - DEADLINE_MARGIN_S)
+
+
+def _remaining_ms(context: grpc.ServicerContext) -> int | None:
+    left = context.time_remaining()
+    return None if left is None else max(0, int(left * 1000))
+
+
+def _tell_throttle(context: grpc.ServicerContext, throttle_ms: int) -> None:
+    """The wait a call was held, or is to honour, for its user's quota: in the trailer as the
+    proxy tells it (clients that read no answer field), beside the answer's throttle_ms."""
+    if throttle_ms:
+        context.set_trailing_metadata(((THROTTLE_KEY, str(throttle_ms)),))
 
 
 class BrokerService(broker_pb2_grpc.BrokerServicer):
@@ -112,26 +128,73 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         )
         return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
 
+    def _quota_hold(
+        self, flow: Flow, user: str, budget_ms: int, context: grpc.ServicerContext
+    ) -> ThreadHold:
+        """Hold this handler thread for `user`'s byte quota (issue 27; the node's one book, the
+        framed path's too), ended early when the call ends (cancelled, or the server stops):
+        then nothing is served (no send stored that its client saw fail)."""
+        quota = self.node.quota
+        if not quota.enabled:
+            return ThreadHold(0, 0)
+        ended = threading.Event()
+        if not context.add_callback(ended.set):
+            ended.set()  # over already
+        hold = quota.hold(flow, user, budget_ms, ended)
+        if ended.is_set():
+            raise RequestTimeoutError(
+                f"the call ended while held {hold.held_ms} ms for {user!r}'s byte quota: "
+                "nothing was served"
+            )
+        return hold
+
     @rpc_errors
     def SendMessage(
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SendMessageResponse:
-        answer = requests.send(self.node, request)
-        self.node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
-        self.node.stats.on_send(request.topic, len(answer.results))
+        node, user = self.node, CALLER.get()
+        # Held at most half its deadline (the rest is for storing it), as on the framed path.
+        left_ms = _remaining_ms(context)
+        budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
+        hold = self._quota_hold(
+            Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
+        )
+        if hold.refused is not None:  # the user holds its share of threads: nothing stored
+            raise hold.refused
+        answer = requests.send(node, request)
+        node.quota.charge(Flow.PRODUCE, user, request.ByteSize())
+        answer.throttle_ms = hold.held_ms
+        _tell_throttle(context, hold.held_ms)
+        node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
+        node.stats.on_send(request.topic, len(answer.results))
         return answer
 
     @rpc_errors
     def PullMessage(
         self, request: broker_pb2.PullMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.PullMessageResponse:
-        steps = requests.pull_steps(self.node, request, _deadline(context))
-        result = self.node.pulls.run_blocking(steps)
-        answer = requests.pull_answer(self.node, result)
-        self.node.metrics.on_pull(
-            request.consumer_group, request.topic, result.count, answer.ByteSize()
+        node, user = self.node, CALLER.get()
+        deadline = _deadline(context)
+        # Held at most its long poll: the client waits that long for an answer anyway.
+        budget = min(
+            max(request.max_wait_ms, 0),
+            node.settings.long_poll_max_ms,
+            int((deadline - time.monotonic()) * 1000),
         )
-        self.node.stats.on_pull(request.consumer_group, request.topic, result.count)
+        hold = self._quota_hold(Flow.CONSUME, user, budget, context)
+        if hold.owed_ms:  # held its whole wait, or not at all: nothing read, pull again here
+            told = hold.held_ms or hold.owed_ms
+            _tell_throttle(context, told)
+            return requests.held_pull_answer(node, request, told)
+        steps = requests.pull_steps(node, request, deadline)
+        result = node.pulls.run_blocking(steps)
+        answer = requests.pull_answer(node, result)
+        size = answer.ByteSize()
+        node.quota.charge(Flow.CONSUME, user, size)
+        answer.throttle_ms = hold.held_ms
+        _tell_throttle(context, hold.held_ms)
+        node.metrics.on_pull(request.consumer_group, request.topic, result.count, size)
+        node.stats.on_pull(request.consumer_group, request.topic, result.count)
         return answer
 
     @rpc_errors

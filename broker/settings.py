@@ -143,6 +143,13 @@ class BrokerSettings(QuotaSettings):
     max_workers: int = setting(
         default=128, unit="threads", doc="gRPC handler threads (long polls hold one each)"
     )
+    quota_max_held_calls_per_user: int = setting(
+        default=4,
+        unit="calls",
+        doc="gRPC sends and pulls of one user held at once for its byte quota (each holds a "
+        "handler thread; all users together at most max_workers/4); past it the user's calls "
+        "are answered at once: a send THROTTLED with retry_after_ms, a pull empty",
+    )
     flush_policy: FlushPolicy = setting(
         default=config_default("flush_policy", FlushPolicy),
         unit="",
@@ -347,6 +354,8 @@ class BrokerSettings(QuotaSettings):
             raise ValueError("transaction_max_checks must be >= 0")
         if not 4 <= self.max_workers <= 4096:
             raise ValueError("max_workers must be within 4..4096")
+        if not 1 <= self.quota_max_held_calls_per_user <= self.max_workers:
+            raise ValueError("quota_max_held_calls_per_user must be within 1..max_workers")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
         self.raft_config()  # the Raft keys are checked by raftlog's own rules

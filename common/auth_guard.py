@@ -8,6 +8,7 @@ without a rule is refused.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import shlex
 import threading
@@ -43,9 +44,15 @@ from raftmq.common.auth import (
     verify,
 )
 from raftmq.common.errors import AccessDeniedError, RaftMQError, UnauthenticatedError, abort_with
+from raftmq.common.quota import ANONYMOUS
 from raftmq.common.rpc_acl import FRAME_RULES, MAX_NEEDS, RULES, SUPER, Need
 
 _log = logging.getLogger("auth")
+
+# The authenticated subject of the gRPC call being served (anonymous with auth off), whose byte
+# quotas apply (issue 27): set around the handler by AuthInterceptor (a threaded server) or the
+# proxy's handlers (a grpc.aio task each), read by the service.
+CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("rpc_caller", default=ANONYMOUS)
 
 MAX_CACHED_DECISIONS = 65_536
 _Decisions = dict[tuple[str, "Action | frozenset[Action]", Resource], Decision]
@@ -283,7 +290,12 @@ class AuthInterceptor(_ServerInterceptor):
                     guard.check_path(subject, path, parsed)
             except RaftMQError as exc:
                 abort_with(context, exc)
-            return inner(request, context)
+            # A pool thread serves call after call: the subject is this call's only.
+            token = CALLER.set(subject)
+            try:
+                return inner(request, context)
+            finally:
+                CALLER.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(
             behavior,

@@ -138,7 +138,8 @@ HEALTHY_TIMEOUT_S = 60.0
 
 
 def metrics_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
-    """Where each process serves Prometheus metrics (and /healthz, /readyz), for `cluster up`."""
+    """Where each process serves Prometheus metrics (and /healthz, /readyz), for `cluster up`;
+    the dashboard's too (its metrics_port), served once it is started (the last line)."""
     endpoints = spec.metrics_endpoints()
     if not endpoints:
         return [
@@ -160,9 +161,10 @@ def dashboard_lines(spec: cluster_spec.ClusterSpec) -> list[str]:
     """How to open the web dashboard of the description's [dashboard] (ops/cli_dashboard.py)."""
     if spec.dashboard is None:
         return []
+    metrics = f" --metrics-listen {spec.dashboard_metrics}" if spec.dashboard_metrics else ""
     return [
         f"dashboard: {tls.scheme()}://{spec.dashboard}/ once started with `raftmq --namesrv "
-        f"{spec.namesrv_addresses} dashboard --listen {spec.dashboard}`"
+        f"{spec.namesrv_addresses} dashboard --listen {spec.dashboard}{metrics}`"
     ]
 
 

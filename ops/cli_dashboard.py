@@ -36,6 +36,7 @@ def dashboard(args: argparse.Namespace) -> int:
 
     namesrv = cli_data._namesrv(args)
     listen = args.listen
+    metrics_listen = args.metrics_listen
     served = tls.process_tls()  # --tls-*/RAFTMQ_TLS_*: the client certificate serves too
     controllers = ""
     admin_user = None
@@ -43,6 +44,7 @@ def dashboard(args: argparse.Namespace) -> int:
         spec = load(Path(args.spec))
         namesrv = spec.namesrv_addresses
         listen = listen or (str(spec.dashboard) if spec.dashboard else "")
+        metrics_listen = metrics_listen or spec.dashboard_metrics  # [dashboard] metrics_port
         served = _spec_dashboard_tls(spec) or served
         admin_user = _spec_admin(spec)
         controllers = spec.controller_addresses if admin_user is not None else ""
@@ -64,7 +66,7 @@ def dashboard(args: argparse.Namespace) -> int:
             ssl=None if served is None else served.server_context(),
         )
         # The metrics port first: once the dashboard answers, its /metrics does too.
-        metrics = _start_metrics(args, server, served)
+        metrics = _start_metrics(metrics_listen, args.metrics_tls, server, served)
         try:
             server.start()
         except BaseException:
@@ -99,12 +101,13 @@ def dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_metrics(args: argparse.Namespace, server: Any, served: tls.Tls | None) -> Any:
-    """The dashboard's /metrics on --metrics-listen (None when not asked): the brokers' rules,
-    its TLS as the dashboard's own certificate (metrics_tls modes), its credentials from
+def _start_metrics(listen: str, metrics_tls: str, server: Any, served: tls.Tls | None) -> Any:
+    """The dashboard's /metrics on `listen` (--metrics-listen, else the description's
+    [dashboard] metrics_port; None when neither): the brokers' rules, its TLS as the
+    dashboard's own certificate (metrics_tls modes), its credentials from
     RAFTMQ_DASHBOARD_METRICS_BASIC_AUTH_USER/_PASSWORD or _BEARER_TOKEN (never flags: secrets
     stay off the command line)."""
-    if not args.metrics_listen:
+    if not listen:
         return None
     from raftmq.common.metrics_http import start_metrics
     from raftmq.common.scrape_access import ScrapeSettings, check_metrics_listen
@@ -112,14 +115,14 @@ def _start_metrics(args: argparse.Namespace, server: Any, served: tls.Tls | None
     from raftmq.ops.dashboard.metrics import dashboard_registry
 
     try:
-        check_metrics_listen(args.metrics_listen, "--metrics-listen")
+        check_metrics_listen(listen, "--metrics-listen")
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     settings = load_settings(
-        ScrapeSettings, None, METRICS_ENV_PREFIX, {"metrics_tls": args.metrics_tls or None}
+        ScrapeSettings, None, METRICS_ENV_PREFIX, {"metrics_tls": metrics_tls or None}
     )
     return start_metrics(
-        args.metrics_listen,
+        listen,
         dashboard_registry(server),
         lambda: (bool(server.address), f"dashboard serving {server.address or '(starting)'}"),
         "dashboard",
@@ -200,8 +203,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--metrics-listen",
         default="",
         help="serve Prometheus /metrics, /healthz and /readyz on this host:port too (port 0 = "
-        "any free one); credentials from RAFTMQ_DASHBOARD_METRICS_BASIC_AUTH_USER and "
-        "_PASSWORD, or _BEARER_TOKEN",
+        "any free one; default: the [dashboard] metrics_port of --spec, else none); "
+        "credentials from RAFTMQ_DASHBOARD_METRICS_BASIC_AUTH_USER and _PASSWORD, or "
+        "_BEARER_TOKEN",
     )
     p.add_argument(
         "--metrics-tls",

@@ -149,6 +149,10 @@ class ClusterSpec:
     # Where `raftmq dashboard --spec` (and the compose service `dashboard`) serves the web UI;
     # from the [dashboard] table (host defaults to 127.0.0.1). None: no table.
     dashboard: Endpoint | None = None
+    # The dashboard's /metrics port on its host, from [dashboard] `metrics_port` (the key every
+    # process table takes); None: it serves none. Not in metrics_ports: the dashboard is not
+    # one of processes() (`cluster up` does not start it).
+    dashboard_metrics_port: int | None = None
     # [security.tls]; None: every channel is plaintext (the cluster is open).
     tls: TlsSpec | None = None
     # [security.auth] (issue 19) as role settings: auth_enabled, auth_admin_access_key, ...
@@ -468,10 +472,21 @@ class ClusterSpec:
             metrics=listen,
         )
 
+    @property
+    def dashboard_metrics(self) -> str:
+        """host:port of the dashboard's /metrics ("" when the description gives it none)."""
+        if self.dashboard is None or self.dashboard_metrics_port is None:
+            return ""
+        return f"{self.dashboard.host}:{self.dashboard_metrics_port}"
+
     def metrics_endpoints(self) -> list[tuple[str, str]]:
-        """(process name, http(s)://host:port/metrics) of every process that serves metrics."""
+        """(process name, http(s)://host:port/metrics) of every process that serves metrics,
+        and the dashboard's ("dashboard") when it has a metrics_port."""
         scheme = "https" if self.tls is not None else "http"
-        return [(p.name, f"{scheme}://{p.metrics}/metrics") for p in self.processes() if p.metrics]
+        out = [(p.name, f"{scheme}://{p.metrics}/metrics") for p in self.processes() if p.metrics]
+        if self.dashboard_metrics:
+            out.append(("dashboard", f"{scheme}://{self.dashboard_metrics}/metrics"))
+        return out
 
 
 def _embedded_flag(arg: str) -> str:
@@ -575,19 +590,23 @@ def read_secret_file(path: object, what: str) -> str:
     return secret
 
 
-def _dashboard(table: object, source: str) -> Endpoint | None:
+def _dashboard(table: object, source: str) -> tuple[Endpoint | None, int | None]:
+    """[dashboard]: where it serves, and its metrics port (None: none)."""
     if table is None:
-        return None
+        return None, None
     if not isinstance(table, dict):
         raise SpecError(f"{source}: [dashboard] must be a table with host and port")
-    unknown = sorted(set(table) - {"host", "port"})
+    unknown = sorted(set(table) - {"host", "port", "metrics_port"})
     if unknown:
         raise SpecError(
-            f"{source}: unknown dashboard key(s) {', '.join(unknown)}; known: host, port"
+            f"{source}: unknown dashboard key(s) {', '.join(unknown)}; known: host, port, "
+            "metrics_port"
         )
-    return Endpoint(
-        _str(table, "host", "dashboard", "127.0.0.1"), _port(table, "port", "dashboard")
-    )
+    where = _str(table, "host", "dashboard", "127.0.0.1"), _port(table, "port", "dashboard")
+    metrics = _port(table, "metrics_port", "dashboard") if "metrics_port" in table else None
+    if metrics == where[1]:
+        raise SpecError(f"{source}: dashboard.metrics_port must differ from dashboard.port")
+    return Endpoint(*where), metrics
 
 
 _TLS_KEYS = ("enabled", "dir", "ca", "require_client_cert", "proxy_require_client_cert")
@@ -734,6 +753,7 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
             f"{source}: [security.auth] enabled needs controllers ([[controller]] or "
             "cluster.controller_in_namesrv): the users and policies live in their replicated state"
         )
+    dashboard, dashboard_metrics_port = _dashboard(raw.get("dashboard"), source)
     spec = ClusterSpec(
         name,
         data_dir,
@@ -745,13 +765,20 @@ def parse(text: str, *, source: str = "cluster description") -> ClusterSpec:
         embedded,
         metrics_ports=metrics_ports,
         proxies=proxies,
-        dashboard=_dashboard(raw.get("dashboard"), source),
+        dashboard=dashboard,
+        dashboard_metrics_port=dashboard_metrics_port,
         tls=tls_spec,
         auth=auth,
     )
     endpoints = [
         (p.name, h, port) for p in spec.processes() for h, port in ((p.host, x) for x in p.ports)
     ]
+    if dashboard is not None:  # it runs beside the processes: its ports clash as theirs do
+        endpoints += [
+            ("dashboard", dashboard.host, port)
+            for port in (dashboard.port, dashboard_metrics_port)
+            if port is not None
+        ]
     seen: dict[tuple[str, int], str] = {}
     for pname, host, port in endpoints:
         other = seen.get((host, port))

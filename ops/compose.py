@@ -96,6 +96,10 @@ def compose_yaml(
         port = inside.dashboard.port
         argv = ["python", "-m", "raftmq.ops.cli", "--namesrv", inside.namesrv_addresses,
                 *_dashboard_tls(inside), "dashboard", "--listen", f"{WILDCARD}:{port}"]  # fmt: skip
+        served = [port]
+        if inside.dashboard_metrics_port is not None:  # [dashboard] metrics_port
+            served.append(inside.dashboard_metrics_port)
+            argv += ["--metrics-listen", f"{WILDCARD}:{inside.dashboard_metrics_port}"]
         lines.append("  dashboard:")
         lines.append("    <<: *raftmq")
         lines.append("    hostname: dashboard")
@@ -103,7 +107,7 @@ def compose_yaml(
         if certs_volume:
             lines.append(f"    volumes: [{certs_volume.removeprefix(', ')}]")
         # On the host's loopback only: the UI has no login, so it is not offered to the network.
-        lines.append(f'    ports: ["127.0.0.1:{port}:{port}"]')
+        lines.append("    ports: [" + ", ".join(f'"127.0.0.1:{x}:{x}"' for x in served) + "]")
     lines.append("")
     lines.append("volumes:")
     for name in names:

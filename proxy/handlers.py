@@ -12,12 +12,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from raftmq.common.auth_guard import Guard
+from raftmq.common.auth_guard import CALLER, Guard
 from raftmq.common.errors import RaftMQError
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.proxy.codes import ApiError, status_of
-from raftmq.proxy.service import CALLER, MessagingService
+from raftmq.proxy.service import MessagingService
 
 log = logging.getLogger("proxy")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import logging
 import secrets
 import socket
@@ -30,6 +29,7 @@ from raftmq.client.producer.transaction import TransactionCheck
 from raftmq.client.retry_back import SendBack
 from raftmq.client.routes import TopicRoute
 from raftmq.common.acl_sync import admin_credentials, auth_config_of
+from raftmq.common.auth_guard import CALLER
 from raftmq.common.backoff import KeyedBackoff
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_MS
 from raftmq.common.errors import (
@@ -47,8 +47,8 @@ from raftmq.common.pb import broker_pb2, pop_pb2
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pop import AckOutcome, Delivery, Plan, QueuePop
-from raftmq.common.quota import ANONYMOUS, Flow
-from raftmq.common.quota_gate import QuotaGate
+from raftmq.common.quota import Flow
+from raftmq.common.quota_gate import THROTTLE_KEY, QuotaGate
 from raftmq.common.retry import DEAD_LETTER_NOW
 from raftmq.common.types import QueueRef
 from raftmq.proxy import convert, receipt, routing, transactions
@@ -59,14 +59,8 @@ from raftmq.proxy.settings import ProxySettings
 log = logging.getLogger("proxy")
 
 CLIENT_ID_KEY = "x-mq-client-id"
-# How long a send or receive was held for its user's byte quota (issue 27), in the call's
-# trailing metadata: v2's responses have no field for it (Kafka's throttle_time_ms).
-THROTTLE_KEY = "x-raftmq-throttle-ms"
 # A send may be held half its deadline; without one, half the official clients' default 3 s.
 DEFAULT_SEND_HOLD_MS = 1_500
-# The authenticated caller of the running call (proxy/handlers.py sets it; anonymous with auth
-# off), whose quotas apply: a per-call context, like grpc.aio's own per-call task.
-CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("proxy_caller", default=ANONYMOUS)
 DEFAULT_INVISIBLE_MS = 30_000  # a receive that gives none (a push consumer's auto renew)
 MIN_WAIT_S = 0.05  # a failed held pull is not retried sooner than this
 MAX_HELD_PULL_MS = 5_000

@@ -64,7 +64,9 @@ def _services(text: str) -> dict[str, dict[str, list[str]]]:
 def test_compose_file_is_valid_and_commands_parse() -> None:
     _validate(ROOT / "docker-compose.yml")
     dashboard = _services((ROOT / "docker-compose.yml").read_text())["dashboard"]
-    assert dashboard["ports"] == ["127.0.0.1:8080:8080"]  # the host's loopback: no login
+    # the host's loopback: no login; its /metrics ([dashboard] metrics_port) beside it
+    assert dashboard["ports"] == ["127.0.0.1:8080:8080", "127.0.0.1:10082:10082"]
+    assert dashboard["command"][-2:] == ["--metrics-listen", "0.0.0.0:10082"]
     spec = load(ROOT / "deploy" / "cluster.toml")
     for raw in (ROOT / "docker-compose.yml").read_text().splitlines():
         line = raw.strip()

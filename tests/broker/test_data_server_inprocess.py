@@ -30,6 +30,7 @@ from raftmq.common.errors import (
     OffsetOutOfRangeError,
 )
 from raftmq.common.pb import broker_pb2, common_pb2
+from raftmq.common.quota import Flow
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.raftlog.config import RaftLogConfig
 from raftmq.raftlog.memory import MemoryLog
@@ -433,6 +434,28 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
         assert 'raftmq_quota_throttled_answers_total{flow="consume",user=""} 1.0' in text, text
         assert 'raftmq_quota_throttle_seconds_total{flow="consume",user=""} 0.3' in text
         assert 'raftmq_quota_bytes_total{flow="produce",user=""}' in text  # counted, no quota
+        # the gRPC service's holds (threads) are the same book's, and its gauges are here:
+        # 4 calls of the user held at once (quota_max_held_calls_per_user), a 5th refused
+        ends = [threading.Event() for _ in range(4)]
+        holders = [
+            threading.Thread(target=node.quota.hold, args=(Flow.CONSUME, "", 30_000, e))
+            for e in ends
+        ]
+        for h in holders:
+            h.start()
+        deadline = time.monotonic() + 10
+        while node.quota.held_threads < 4:
+            assert time.monotonic() < deadline, node.quota.held_threads
+            time.sleep(0.005)
+        assert node.quota.hold(Flow.CONSUME, "", 30_000).refused is not None
+        text = generate_latest(node.metrics.registry).decode()
+        assert "raftmq_quota_held_threads 4.0" in text, text
+        assert "raftmq_quota_refused_calls_total 1.0" in text
+        for e in ends:
+            e.set()
+        for h in holders:
+            h.join(10)
+        assert node.quota.held_threads == 0
     finally:
         io.run(client.close())
         io.stop()

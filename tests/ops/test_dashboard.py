@@ -143,7 +143,15 @@ def test_routing_without_a_cluster() -> None:
 
 def test_dashboard_address_in_the_cluster_description() -> None:
     text = (REPO / "ops" / "cluster.toml").read_text()
-    assert load(REPO / "ops" / "cluster.toml").dashboard == Endpoint("127.0.0.1", 8080)
+    shipped = load(REPO / "ops" / "cluster.toml")
+    assert shipped.dashboard == Endpoint("127.0.0.1", 8080)
+    # its metrics port (issue 27): listed with the processes' by `cluster up`, and in the
+    # command it prints to start the dashboard
+    assert shipped.dashboard_metrics == "127.0.0.1:10082"
+    assert ("dashboard", "http://127.0.0.1:10082/metrics") in shipped.metrics_endpoints()
+    listed = cli_cluster.metrics_lines(shipped)
+    assert ["dashboard", "http://127.0.0.1:10082/metrics"] in [x.split() for x in listed], listed
+    assert "--metrics-listen 127.0.0.1:10082`" in listed[-1], listed[-1]
     base = text.split("[dashboard]")[0]
     assert parse(base).dashboard is None and cli_cluster.dashboard_lines(parse(base)) == []
     [line] = cli_cluster.dashboard_lines(load(REPO / "ops" / "cluster.toml"))
@@ -151,20 +159,35 @@ def test_dashboard_address_in_the_cluster_description() -> None:
         line.startswith("dashboard: http://127.0.0.1:8080/") and "--listen 127.0.0.1:8080" in line
     )
     assert parse(base + "[dashboard]\nport = 9090\n").dashboard == Endpoint("127.0.0.1", 9090)
+    assert parse(base + "[dashboard]\nport = 9090\n").dashboard_metrics == ""
     for bad, match in (
         ("port = 0", "port number"),
         ('port = 8080\nhots = "x"', "unknown dashboard key"),
         ('host = ""\nport = 8080', "non-empty string"),
+        ("port = 8080\nmetrics_port = 0", "dashboard.metrics_port must be a port number"),
+        ('port = 8080\nmetrics_port = "9090"', "dashboard.metrics_port must be a port number"),
+        ("port = 8080\nmetrics_port = 8080", "must differ from dashboard.port"),
+        ("port = 8080\nmetrics_port = 10911", "dashboard and broker-a-n0 both use"),
     ):
         with pytest.raises(SpecError, match=match):
             parse(base + f"[dashboard]\n{bad}\n")
 
 
-def test_the_command_serves_until_interrupted(cluster: Cluster) -> None:
-    port, metrics_port = free_ports(2)
-    argv = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", cluster.namesrv, "dashboard",
-            "--listen", f"127.0.0.1:{port}",
-            "--metrics-listen", f"127.0.0.1:{metrics_port}"]  # fmt: skip
+def test_the_command_serves_until_interrupted(cluster: Cluster, tmp_path: Path) -> None:
+    """Started with --spec: its NameServers and its [dashboard] metrics_port come from the
+    description (the pages' port from --listen, which wins over the description's)."""
+    port, metrics_port, spec_port, node_port, raft_port = free_ports(5)
+    ns_host, _, ns_port = cluster.namesrv.rpartition(":")
+    spec = tmp_path / "cluster.toml"
+    spec.write_text(
+        f"[cluster]\nname='dash'\ndata_dir='{tmp_path / 'data'}'\n"
+        f"[[namesrv]]\nhost='{ns_host}'\nport={ns_port}\n"
+        f"[[group]]\nname='{GROUP}'\n"
+        f"nodes=[{{id='n0',host='127.0.0.1',port={node_port},raft_port={raft_port}}}]\n"
+        f"[dashboard]\nport={spec_port}\nmetrics_port={metrics_port}\n"
+    )
+    argv = [sys.executable, "-m", "raftmq.ops.cli", "dashboard", "--spec", str(spec),
+            "--listen", f"127.0.0.1:{port}"]  # fmt: skip
     # Started with SIGINT ignored, as a shell starts a background job (and CI its steps): the
     # command must install its own handler for Ctrl-C to stop it.
     ignoring = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]

@@ -37,6 +37,9 @@ def _ports(spec: cluster_spec.ClusterSpec) -> set[tuple[str, int]]:
     out |= {(p.host, int(p.metrics.rsplit(":", 1)[1])) for p in spec.processes() if p.metrics}
     if spec.dashboard is not None:
         out.add((spec.dashboard.host, spec.dashboard.port))
+    if spec.dashboard_metrics:
+        host, _, port = spec.dashboard_metrics.rpartition(":")
+        out.add((host, int(port)))
     return out
 
 

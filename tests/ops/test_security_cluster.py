@@ -44,10 +44,17 @@ from raftmq.common.errors import (
 )
 from raftmq.common.frame import error_from_detail
 from raftmq.common.message import Message
-from raftmq.common.pb import broker_pb2, broker_pb2_grpc, namesrv_pb2, namesrv_pb2_grpc
+from raftmq.common.pb import (
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    namesrv_pb2,
+    namesrv_pb2_grpc,
+)
 from raftmq.common.pb.apache.rocketmq.v2 import definition_pb2 as v2
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2 as svc
 from raftmq.common.pb.apache.rocketmq.v2 import service_pb2_grpc
+from raftmq.common.quota_gate import THROTTLE_KEY
 from raftmq.common.transport import FrameClient
 from raftmq.common.types import QueueRef
 from raftmq.ops.cli_acl import prepare_cluster_auth
@@ -688,9 +695,6 @@ def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: E
     assert dave_held == 0, dave_held
 
 
-THROTTLE_KEY = "x-raftmq-throttle-ms"  # the proxy's trailer (v2 answers have no field for it)
-
-
 def _held_ms(call: Any) -> int:
     return sum(int(v) for k, v in call.trailing_metadata() or () if k == THROTTLE_KEY)
 
@@ -781,6 +785,197 @@ def test_the_proxy_slows_a_user_over_its_consume_quota_on_pop_and_not_another(en
     assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
     assert 0 < quinn_held <= quinn_s * 1000, (quinn_held, quinn_s)
     assert dave_held == 0, dave_held
+
+
+def _leader(env: Env) -> str:
+    """broker-a's leader once it is n0, its preferred node: the controller moves leadership
+    there soon after a start (a raw gRPC stub, unlike the SDK, does not follow a move)."""
+    preferred = env.brokers[0]
+    with env.admin() as admin:
+        wait_until(
+            lambda: any(g.leader_address == preferred for g in admin.groups()),
+            60,
+            f"broker-a's preferred leader {preferred}",
+        )
+    return preferred
+
+
+def _grpc_send(topic: str, body: bytes, queue_id: int = 0) -> broker_pb2.SendMessageRequest:
+    return broker_pb2.SendMessageRequest(
+        topic=topic, queue_id=queue_id, messages=[common_pb2.Message(body=body)]
+    )
+
+
+def _warm(stub: broker_pb2_grpc.BrokerStub, signer: Signer) -> None:
+    """A first gRPC send that succeeds (a node that just became leader may refuse one)."""
+    wait_until(
+        lambda: stub.SendMessage(
+            _grpc_send("orders-quota", b"warm"), timeout=20, metadata=signer.metadata()
+        ),
+        30,
+        "a first gRPC send to orders-quota",
+    )
+
+
+def _grpc_sends(env: Env, creds: Credentials, body: bytes, n: int) -> tuple[float, int, int]:
+    """n Broker.SendMessage calls (gRPC, not the framed port) one at a time to the leader as
+    `creds`: (seconds taken, ms held told by the trailers, ms told by the answers' field)."""
+    signer = Signer(creds)
+    trailers = fields = 0
+    with grpc.insecure_channel(_leader(env)) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        _warm(stub, signer)
+        t0 = time.monotonic()
+        for _ in range(n):
+            resp, call = stub.SendMessage.with_call(
+                _grpc_send("orders-quota", body), timeout=20, metadata=signer.metadata()
+            )
+            trailers += _held_ms(call)
+            fields += resp.throttle_ms
+        return time.monotonic() - t0, trailers, fields
+
+
+def test_the_brokers_grpc_service_slows_a_user_over_its_quota_and_not_another(env: Env) -> None:
+    """Issue 27 on the broker's gRPC port (admin tools, clients without the framed port): alice
+    (200 KB/s, the same book as her framed sends) and dave (none) each send 600 KB one call at a
+    time; alice's calls are held and say so in the trailer and the answer, dave's are not."""
+    body, n = b"g" * 20_000, 30
+    alice_s, alice_trailers, alice_fields = _grpc_sends(env, ALICE, body, n)
+    _dave_s, dave_trailers, dave_fields = _grpc_sends(env, DAVE, body, n)
+    owed_s = ((n - 1) * len(body) - QUOTA) / QUOTA
+    assert alice_s >= owed_s - 0.05, (alice_s, owed_s)
+    assert 0 < alice_trailers == alice_fields <= alice_s * 1000, (alice_trailers, alice_fields)
+    assert dave_trailers == dave_fields == 0, (dave_trailers, dave_fields)
+
+
+HELD_PER_USER = 4  # the broker's quota_max_held_calls_per_user (its default)
+# alice's calls at once: most of the broker's 128 handler threads, but fewer than one host's
+# share of them (112: common/call_shares.py), which would refuse some calls for itself
+FLOOD = 100
+
+
+def test_a_flood_of_throttled_grpc_calls_holds_its_share_of_threads_and_others_are_served(
+    env: Env,
+) -> None:
+    """alice, owing 3 s, fires 100 gRPC sends at once: at most 4 are held (each holds a handler
+    thread), the others are answered at once THROTTLED with the wait to honour, nothing stored;
+    dave's send meanwhile is served at once. Without the cap every one of her calls was held, on
+    100 of the 128 handler threads."""
+    alice, dave = Signer(ALICE), Signer(DAVE)
+    with grpc.insecure_channel(_leader(env)) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        _warm(stub, dave)
+        # 800 KB: her burst (200 KB) and 3 s more (the call itself may be held for older debt)
+        stub.SendMessage(
+            _grpc_send("orders-quota", b"o" * 800_000), timeout=30, metadata=alice.metadata()
+        )
+        flood = [
+            stub.SendMessage.future(
+                _grpc_send("orders-quota", b"f"), timeout=30, metadata=alice.metadata()
+            )
+            for _ in range(FLOOD)
+        ]
+        # every call of the flood reached the broker: all but the held ones are answered
+        wait_until(
+            lambda: sum(f.done() for f in flood) >= FLOOD - HELD_PER_USER, 20, "the refusals"
+        )
+        resp, call = stub.SendMessage.with_call(
+            _grpc_send("orders-quota", b"dave"), timeout=5, metadata=dave.metadata()
+        )
+        assert resp.results and resp.throttle_ms == 0 and _held_ms(call) == 0
+        served, refused = [], []
+        for f in flood:
+            exc = f.exception(timeout=30)
+            if exc is None:
+                served.append(f.result())
+                continue
+            err = from_rpc_error(exc)
+            assert err.code == "THROTTLED", err
+            refused.append(err)
+    assert len(served) + len(refused) == FLOOD
+    assert 1 <= len(served) <= HELD_PER_USER, len(served)
+    assert all(r.throttle_ms > 0 for r in served), [r.throttle_ms for r in served]
+    for err in refused:
+        assert err.details.get("user") == "alice", err.details
+        assert int(err.details["retry_after_ms"]) > 0, err.details
+        assert "send fewer calls at once" in err.message, err.message
+
+
+def test_a_grpc_send_cancelled_while_held_for_its_quota_stores_nothing(env: Env) -> None:
+    """A held call whose client gives up (cancels, or its deadline passes) wakes its handler
+    thread, which then serves nothing: the client saw it fail, and a retry must not find it
+    stored twice."""
+    alice, dave = Signer(ALICE), Signer(DAVE)
+    with env.admin() as admin:
+        ends_before = {s.queue.queue_id: s.max_offset for s in admin.topic_status("orders-quota")}
+    with grpc.insecure_channel(_leader(env)) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        _warm(stub, alice)
+        # 1.2 MB: her burst and 5 s more (this call may be held for older debt first)
+        stub.SendMessage(
+            _grpc_send("orders-quota", b"o" * 1_200_000), timeout=30, metadata=alice.metadata()
+        )
+        held = stub.SendMessage.future(
+            _grpc_send("orders-quota", b"cancelled", queue_id=1),
+            timeout=30,
+            metadata=alice.metadata(),
+        )
+        time.sleep(0.3)  # on the broker by now (if not, the cancel never reaches it: the same)
+        held.cancel()
+        # dave's send to the same queue after it: the woken thread would have stored before
+        stub.SendMessage(
+            _grpc_send("orders-quota", b"dave", queue_id=1), timeout=10, metadata=dave.metadata()
+        )
+    with env.admin() as admin:
+        ends_after = {s.queue.queue_id: s.max_offset for s in admin.topic_status("orders-quota")}
+    assert ends_after[1] == ends_before[1] + 1, (ends_before, ends_after)  # dave's only
+
+
+def test_the_brokers_grpc_pulls_are_slowed_to_a_users_consume_quota(env: Env) -> None:
+    """quinn (200 KB/s to consume) and dave (none) each pull the same 600 KB over gRPC: quinn's
+    pulls are held (or answered empty at the same offset, the wait told) until she owes nothing;
+    dave's are answered at once."""
+    topic, body = "orders-quota-g", b"r" * 20_000
+    with env.admin() as admin:
+        admin.create_topic(topic, queues=1)
+    with Producer(env.namesrv, credentials=DAVE, send_timeout_ms=20_000) as p:
+        wait_until(lambda: p.send(topic, body), 30, f"a route to {topic}")
+        for _ in range(29):
+            p.send(topic, body)
+
+    def pull_all(creds: Credentials, group: str) -> tuple[float, int, int]:
+        signer = Signer(creds)
+        offset = got = told = 0
+        with grpc.insecure_channel(_leader(env)) as ch:
+            stub = broker_pb2_grpc.BrokerStub(ch)
+            t0 = time.monotonic()
+            while got < 30 * len(body):
+                assert time.monotonic() - t0 < 60, f"{got} bytes pulled in 60 s"
+                resp, call = stub.PullMessage.with_call(
+                    broker_pb2.PullMessageRequest(
+                        consumer_group=group,
+                        topic=topic,
+                        queue_id=0,
+                        offset=offset,
+                        max_count=5,
+                        max_wait_ms=2_000,
+                    ),
+                    timeout=20,
+                    metadata=signer.metadata(),
+                )
+                assert resp.throttle_ms == _held_ms(call), (resp.throttle_ms, _held_ms(call))
+                got += sum(len(m.message.body) for m in resp.messages)
+                told += resp.throttle_ms
+                offset = resp.next_offset
+            return time.monotonic() - t0, got, told
+
+    quinn_s, quinn_bytes, quinn_told = pull_all(QUINN, "quota")
+    _dave_s, dave_bytes, dave_told = pull_all(DAVE, "billing")
+    assert quinn_bytes == dave_bytes == 30 * len(body)
+    at_once = QUOTA + 5 * len(body)  # the burst, and the pull served as the debt clears
+    owed_s = (quinn_bytes - at_once) / QUOTA
+    assert quinn_s >= owed_s - 0.05, (quinn_s, owed_s)
+    assert quinn_told > 0 and dave_told == 0, (quinn_told, dave_told)
 
 
 def test_the_proxy_serves_metrics_behind_its_bearer_token_with_quotas_per_user(env: Env) -> None:
