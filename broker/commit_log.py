@@ -6,7 +6,6 @@ tests. Nothing here does I/O or holds state.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol
@@ -33,13 +32,6 @@ class CommitLog(CommittedLog, Protocol):
     def set_stamper(self, stamper: Stamper | None) -> None:
         """Run `stamper` on each proposal, in log order (the broker places queue offsets:
         broker/leader_offsets.py); a log that cannot keep that order ignores it."""
-        ...
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The event loop that drives the log's Raft node, when it has one (the native core):
-        the broker's data server runs on it; None (pysyncobj's tick thread, a MemoryLog): the
-        data server runs its own loop thread."""
         ...
 
     def is_leader(self) -> bool: ...

@@ -78,12 +78,7 @@ class DataServer:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def start(self, host: str, port: int) -> str:
-        shared = self.node.rlog.loop  # the native Raft node's: one loop per node (issue 29)
-        io = self._io = (
-            LoopThread(loop=shared, borrowed=True)
-            if shared is not None
-            else LoopThread(name=f"broker-data-{self.node.me.node_id}")
-        )
+        io = self._io = LoopThread(name=f"broker-data-{self.node.me.node_id}")
         self._waker = LoopWaker(io.loop)
         self._timers = HoldTimers(io.loop)
         s = self.settings

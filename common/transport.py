@@ -79,18 +79,9 @@ class LoopThread:
     gives `call_threadsafe` its loop."""
 
     def __init__(
-        self,
-        name: str = "raftmq-io",
-        loop: asyncio.AbstractEventLoop | None = None,
-        *,
-        borrowed: bool = False,
+        self, name: str = "raftmq-io", loop: asyncio.AbstractEventLoop | None = None
     ) -> None:
-        """borrowed: `loop` already runs in a thread someone else owns (a broker's data server
-        on its Raft node's loop); nothing is started here and stop() leaves it running."""
         self.loop = loop or new_event_loop()
-        self._thread: threading.Thread | None = None
-        if borrowed:
-            return
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -102,8 +93,8 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     def stop(self) -> None:
-        if self._thread is None or self.loop.is_closed():
-            return  # borrowed: its owner stops it
+        if self.loop.is_closed():
+            return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()

@@ -6,7 +6,6 @@ runs user code or slow work in pysyncobj's tick thread, and never holds the log 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import queue
@@ -499,11 +498,6 @@ class ReplicatedLog:
         self._node.set_snapshot_store(store)
 
     # ---- leadership and status -------------------------------------------------------------------
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """No event loop drives this log (the broker's CommitLog seam asks)."""
-        return None
 
     def is_leader(self) -> bool:
         return self._node.is_leader()

@@ -8,7 +8,6 @@ raftmq.raftlog. Never use it to serve data: it has no durability and no peers.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -181,11 +180,6 @@ class MemoryLog:
 
     def add_role_listener(self, listener: RoleListener) -> None:
         self._listeners.append(listener)
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """No event loop drives this log (the broker's CommitLog seam asks)."""
-        return None
 
     def is_leader(self) -> bool:
         return self._role is Role.LEADER

@@ -139,13 +139,6 @@ class NativeLog:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The node's one event loop: the Raft core, its peers and the journal; the broker's
-        data server runs on it too, so a send reaches the core and its answer leaves without
-        changing thread."""
-        return self._loop
-
     def _call(self, coro: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
@@ -217,10 +210,7 @@ class NativeLog:
         if wake:
             # One loop wake-up for everything submitted until the loop takes the inbox: a
             # callback per submission starved the loop's ticks (its followers then elected).
-            if threading.get_ident() == self._thread.ident:
-                self._loop.call_soon(self._take_inbox)  # the data server, on this loop
-            else:
-                self._loop.call_soon_threadsafe(self._take_inbox)
+            self._loop.call_soon_threadsafe(self._take_inbox)
         return out
 
     def set_stamper(self, stamper: Stamper | None) -> None:

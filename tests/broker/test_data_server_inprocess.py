@@ -32,12 +32,8 @@ from raftmq.common.errors import (
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.quota import Flow
 from raftmq.common.transport import FrameClient, LoopThread
-from raftmq.raftlog.config import RaftLogConfig
 from raftmq.raftlog.memory import MemoryLog
-from raftmq.raftlog.native_log import NativeLog
 from tests.broker.test_node_decisions import ME_RAFT, make_node, send
-from tests.harness.local_cluster import free_ports
-from tests.harness.procs import wait_until
 
 
 @pytest.fixture
@@ -462,32 +458,3 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
         server.stop(1.0)
         node.close()
 
-
-def test_on_a_native_log_the_data_server_runs_on_the_raft_nodes_loop(tmp_path: Path) -> None:
-    """Issue 29's one loop per node: the framed data server borrows the native Raft node's loop
-    (no `broker-data-*` thread), so a send reaches the core and its answer leaves on one thread;
-    a send still commits and is answered, and stopping the server leaves the Raft loop running."""
-    grpc_port, raft_port = free_ports(2)
-    me = f"127.0.0.1:{raft_port}"
-    rlog = NativeLog(RaftLogConfig(me, (), tmp_path / "raft"))
-    node = make_node(tmp_path, rlog, members=f"n0=127.0.0.1:{grpc_port}/{me}")
-    try:
-        wait_until(rlog.is_leader_ready, 10, "a one-node group elects itself")
-        server = DataServer(node, node.settings)
-        host, _, port = server.start("127.0.0.1", 0).rpartition(":")
-        assert not [t.name for t in threading.enumerate() if t.name.startswith("broker-data-n")]
-        io = LoopThread("test-client")
-        client = FrameClient(host, int(port), loop=io.loop)
-        try:
-            sent = broker_pb2.SendMessageResponse.FromString(
-                call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"one loop"))
-            )
-            assert [r.queue_offset for r in sent.results] == [0]
-        finally:
-            io.run(client.close())
-            io.stop()
-            server.stop(1.0)
-        assert rlog.loop.is_running()  # borrowed, not stopped with the server
-        assert node.rlog.submit(b"after").result(5).index > 0  # the core still turns
-    finally:
-        node.close()
