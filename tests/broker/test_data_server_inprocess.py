@@ -457,4 +457,3 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
         io.stop()
         server.stop(1.0)
         node.close()
-
