@@ -55,7 +55,28 @@ def _remaining_ms(context: grpc.ServicerContext) -> int | None:
     return None if left is None else max(0, int(left * 1000))
 
 
-def _tell_throttle(context: grpc.ServicerContext, throttle_ms: int) -> None:
+def quota_hold(
+    node: BrokerNode, flow: Flow, user: str, budget_ms: int, context: grpc.ServicerContext
+) -> ThreadHold:
+    """Hold this handler thread for `user`'s byte quota (issue 27; the node's one book, the
+    framed path's too), ended early when the call ends (cancelled, or the server stops):
+    then nothing is served (no send stored that its client saw fail)."""
+    quota = node.quota
+    if not quota.enabled:
+        return ThreadHold(0, 0)
+    ended = threading.Event()
+    if not context.add_callback(ended.set):
+        ended.set()  # over already
+    hold = quota.hold(flow, user, budget_ms, ended)
+    if ended.is_set():
+        raise RequestTimeoutError(
+            f"the call ended while held {hold.held_ms} ms for {user!r}'s byte quota: "
+            "nothing was served"
+        )
+    return hold
+
+
+def tell_throttle(context: grpc.ServicerContext, throttle_ms: int) -> None:
     """The wait a call was held, or is to honour, for its user's quota: in the trailer as the
     proxy tells it (clients that read no answer field), beside the answer's throttle_ms."""
     if throttle_ms:
@@ -128,26 +149,6 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         )
         return _lock_answer(result.granted, result.refused, self.node.locks.lease_ms)
 
-    def _quota_hold(
-        self, flow: Flow, user: str, budget_ms: int, context: grpc.ServicerContext
-    ) -> ThreadHold:
-        """Hold this handler thread for `user`'s byte quota (issue 27; the node's one book, the
-        framed path's too), ended early when the call ends (cancelled, or the server stops):
-        then nothing is served (no send stored that its client saw fail)."""
-        quota = self.node.quota
-        if not quota.enabled:
-            return ThreadHold(0, 0)
-        ended = threading.Event()
-        if not context.add_callback(ended.set):
-            ended.set()  # over already
-        hold = quota.hold(flow, user, budget_ms, ended)
-        if ended.is_set():
-            raise RequestTimeoutError(
-                f"the call ended while held {hold.held_ms} ms for {user!r}'s byte quota: "
-                "nothing was served"
-            )
-        return hold
-
     @rpc_errors
     def SendMessage(
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
@@ -156,15 +157,15 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         # Held at most half its deadline (the rest is for storing it), as on the framed path.
         left_ms = _remaining_ms(context)
         budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
-        hold = self._quota_hold(
-            Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
+        hold = quota_hold(
+            node, Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
         )
         if hold.refused is not None:  # the user holds its share of threads: nothing stored
             raise hold.refused
         answer = requests.send(node, request)
         node.quota.charge(Flow.PRODUCE, user, request.ByteSize())
         answer.throttle_ms = hold.held_ms
-        _tell_throttle(context, hold.held_ms)
+        tell_throttle(context, hold.held_ms)
         node.metrics.on_send(request.topic, len(answer.results), request.ByteSize())
         node.stats.on_send(request.topic, len(answer.results))
         return answer
@@ -181,10 +182,10 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
             node.settings.long_poll_max_ms,
             int((deadline - time.monotonic()) * 1000),
         )
-        hold = self._quota_hold(Flow.CONSUME, user, budget, context)
+        hold = quota_hold(node, Flow.CONSUME, user, budget, context)
         if hold.owed_ms:  # held its whole wait, or not at all: nothing read, pull again here
             told = hold.held_ms or hold.owed_ms
-            _tell_throttle(context, told)
+            tell_throttle(context, told)
             return requests.held_pull_answer(node, request, told)
         steps = requests.pull_steps(node, request, deadline)
         result = node.pulls.run_blocking(steps)
@@ -192,7 +193,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         size = answer.ByteSize()
         node.quota.charge(Flow.CONSUME, user, size)
         answer.throttle_ms = hold.held_ms
-        _tell_throttle(context, hold.held_ms)
+        tell_throttle(context, hold.held_ms)
         node.metrics.on_pull(request.consumer_group, request.topic, result.count, size)
         node.stats.on_pull(request.consumer_group, request.topic, result.count)
         return answer

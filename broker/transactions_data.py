@@ -18,6 +18,7 @@ from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.data_api import DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError, to_detail
 from raftmq.common.pb import transaction_pb2
+from raftmq.common.quota import Flow
 from raftmq.common.transport import Handler, RequestContext
 
 TXN_METHODS = frozenset(
@@ -43,6 +44,12 @@ def transaction_handlers(
     """`check` authorizes a parsed request (issue 19; the DataServer's guard)."""
     node = shell.node
 
+    async def held(ctx: RequestContext, timeout_s: float) -> int:
+        """A half send is a produce (issue 27): held for its user's produce quota, at most half
+        its time limit (the rest is for storing it), as sends are; the ms held."""
+        ms, _ = await node.quota.turn(Flow.PRODUCE, ctx.principal, int(timeout_s * 500))
+        return ms
+
     async def send_half(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(transaction_pb2.SendHalfMessageRequest, payload)
         check(ctx, req)
@@ -50,8 +57,12 @@ def transaction_handlers(
             prepared = await blocking(shell.prepare_half, req)
         else:
             prepared = shell.prepare_half(req)
+        throttle_ms = await held(ctx, prepared.timeout_s)
         [chunk] = await node.replicate_async([prepared.payload], prepared.timeout_s, waker)
-        return shell.half_answer(prepared, chunk).SerializeToString()
+        answer = shell.half_answer(prepared, chunk)
+        node.quota.charge(Flow.PRODUCE, ctx.principal, len(payload))
+        answer.throttle_ms = throttle_ms
+        return answer.SerializeToString()
 
     async def end(payload: memoryview, ctx: RequestContext) -> bytes:
         req = parse(transaction_pb2.EndTransactionRequest, payload)
@@ -112,15 +123,21 @@ def transaction_handlers(
         prepared = await checked_each(batch.halves, shell.prepare_half, needs_thread, ctx)
         answers: list[Any] = list(prepared)
         ready = {i: p for i, p in enumerate(prepared) if isinstance(p, PreparedHalf)}
+        timeout_s = max((p.timeout_s for p in ready.values()), default=0.0)
+        throttle_ms = await held(ctx, timeout_s) if ready else 0
         await replicated(
             answers,
             {i: p.payload for i, p in ready.items()},
-            max((p.timeout_s for p in ready.values()), default=0.0),
+            timeout_s,
             lambda i, outcome: shell.half_answer(ready[i], outcome),
         )
+        if ready:
+            node.quota.charge(Flow.PRODUCE, ctx.principal, len(payload))
         results = [transaction_pb2.HalfMessageResult() for _ in answers]
         _fill(results, answers)
-        return transaction_pb2.SendHalfMessagesResponse(results=results).SerializeToString()
+        return transaction_pb2.SendHalfMessagesResponse(
+            results=results, throttle_ms=throttle_ms
+        ).SerializeToString()
 
     async def end_many(payload: memoryview, ctx: RequestContext) -> bytes:
         batch = parse(transaction_pb2.EndTransactionsRequest, payload)

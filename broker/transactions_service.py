@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import grpc
 
-from raftmq.broker.service import _deadline
+from raftmq.broker.service import _deadline, _remaining_ms, quota_hold, tell_throttle
 from raftmq.broker.transactions_shell import TransactionShell
+from raftmq.common.auth_guard import CALLER
 from raftmq.common.errors import rpc_errors
 from raftmq.common.pb import transaction_pb2, transaction_pb2_grpc
+from raftmq.common.quota import Flow
 
 TRANSACTION_SERVICE = transaction_pb2.DESCRIPTOR.services_by_name["BrokerTransaction"]
 
@@ -21,7 +23,21 @@ class TransactionService(transaction_pb2_grpc.BrokerTransactionServicer):
     def SendHalfMessage(
         self, request: transaction_pb2.SendHalfMessageRequest, context: grpc.ServicerContext
     ) -> transaction_pb2.SendHalfMessageResponse:
-        return self.shell.send_half(request)
+        # A half send is a produce (issue 27): held for its user's produce quota as SendMessage
+        # is, at most half its deadline; past the user's share of held threads, refused.
+        node, user = self.shell.node, CALLER.get()
+        left_ms = _remaining_ms(context)
+        budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
+        hold = quota_hold(
+            node, Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
+        )
+        if hold.refused is not None:  # the user holds its share of threads: nothing stored
+            raise hold.refused
+        answer = self.shell.send_half(request)
+        node.quota.charge(Flow.PRODUCE, user, request.ByteSize())
+        answer.throttle_ms = hold.held_ms
+        tell_throttle(context, hold.held_ms)
+        return answer
 
     @rpc_errors
     def EndTransaction(

@@ -25,41 +25,41 @@ _sym_db = _symbol_database.Default()
 from raftmq.common.pb import common_pb2 as raftmq_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18raftmq/transaction.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\xd0\x01\n\x16SendHalfMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12#\n\x07message\x18\x03 \x01(\x0b\x32\x12.raftmq.v1.Message\x12\x16\n\x0eproducer_group\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x16\n\x0etransaction_id\x18\x06 \x01(\t\x12\x19\n\x11\x63heck_immunity_ms\x18\x07 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x08 \x01(\x03\"d\n\x17SendHalfMessageResponse\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_group\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\xa4\x01\n\x15\x45ndTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12\x34\n\nresolution\x18\x03 \x01(\x0e\x32 .raftmq.v1.TransactionResolution\x12\x12\n\nfrom_check\x18\x04 \x01(\x08\x12\x11\n\tclient_id\x18\x05 \x01(\t\"8\n\x16\x45ndTransactionResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07\x61lready\x18\x02 \x01(\x08\"r\n\x1cPollTransactionChecksRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x03\x12\x12\n\nmax_checks\x18\x04 \x01(\x05\"\x82\x01\n\x10TransactionCheck\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12)\n\x07message\x18\x03 \x01(\x0b\x32\x18.raftmq.v1.StoredMessage\x12\x13\n\x0b\x63heck_times\x18\x04 \x01(\x05\"L\n\x1dPollTransactionChecksResponse\x12+\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x1b.raftmq.v1.TransactionCheck\"L\n\x17SendHalfMessagesRequest\x12\x31\n\x06halves\x18\x01 \x03(\x0b\x32!.raftmq.v1.SendHalfMessageRequest\"p\n\x11HalfMessageResult\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\".raftmq.v1.SendHalfMessageResponse\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.ErrorDetail\"I\n\x18SendHalfMessagesResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.raftmq.v1.HalfMessageResult\"H\n\x16\x45ndTransactionsRequest\x12.\n\x04\x65nds\x18\x01 \x03(\x0b\x32 .raftmq.v1.EndTransactionRequest\"r\n\x14\x45ndTransactionResult\x12\x33\n\x08response\x18\x01 \x01(\x0b\x32!.raftmq.v1.EndTransactionResponse\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.ErrorDetail\"K\n\x17\x45ndTransactionsResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.raftmq.v1.EndTransactionResult*f\n\x15TransactionResolution\x12&\n\"TRANSACTION_RESOLUTION_UNSPECIFIED\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01\x12\x0c\n\x08ROLLBACK\x10\x02\x12\x0b\n\x07UNKNOWN\x10\x03\x32\xb0\x02\n\x11\x42rokerTransaction\x12X\n\x0fSendHalfMessage\x12!.raftmq.v1.SendHalfMessageRequest\x1a\".raftmq.v1.SendHalfMessageResponse\x12U\n\x0e\x45ndTransaction\x12 .raftmq.v1.EndTransactionRequest\x1a!.raftmq.v1.EndTransactionResponse\x12j\n\x15PollTransactionChecks\x12\'.raftmq.v1.PollTransactionChecksRequest\x1a(.raftmq.v1.PollTransactionChecksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18raftmq/transaction.proto\x12\traftmq.v1\x1a\x13raftmq/common.proto\"\xd0\x01\n\x16SendHalfMessageRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12#\n\x07message\x18\x03 \x01(\x0b\x32\x12.raftmq.v1.Message\x12\x16\n\x0eproducer_group\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x16\n\x0etransaction_id\x18\x06 \x01(\t\x12\x19\n\x11\x63heck_immunity_ms\x18\x07 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x08 \x01(\x03\"y\n\x17SendHalfMessageResponse\x12\x0e\n\x06msg_id\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_group\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x13\n\x0bthrottle_ms\x18\x05 \x01(\x05\"\xa4\x01\n\x15\x45ndTransactionRequest\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12\x34\n\nresolution\x18\x03 \x01(\x0e\x32 .raftmq.v1.TransactionResolution\x12\x12\n\nfrom_check\x18\x04 \x01(\x08\x12\x11\n\tclient_id\x18\x05 \x01(\t\"8\n\x16\x45ndTransactionResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07\x61lready\x18\x02 \x01(\x08\"r\n\x1cPollTransactionChecksRequest\x12\x16\n\x0eproducer_group\x18\x01 \x01(\t\x12\x11\n\tclient_id\x18\x02 \x01(\t\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x03\x12\x12\n\nmax_checks\x18\x04 \x01(\x05\"\x82\x01\n\x10TransactionCheck\x12\x16\n\x0etransaction_id\x18\x01 \x01(\t\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12)\n\x07message\x18\x03 \x01(\x0b\x32\x18.raftmq.v1.StoredMessage\x12\x13\n\x0b\x63heck_times\x18\x04 \x01(\x05\"L\n\x1dPollTransactionChecksResponse\x12+\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x1b.raftmq.v1.TransactionCheck\"L\n\x17SendHalfMessagesRequest\x12\x31\n\x06halves\x18\x01 \x03(\x0b\x32!.raftmq.v1.SendHalfMessageRequest\"p\n\x11HalfMessageResult\x12\x34\n\x08response\x18\x01 \x01(\x0b\x32\".raftmq.v1.SendHalfMessageResponse\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.ErrorDetail\"^\n\x18SendHalfMessagesResponse\x12-\n\x07results\x18\x01 \x03(\x0b\x32\x1c.raftmq.v1.HalfMessageResult\x12\x13\n\x0bthrottle_ms\x18\x02 \x01(\x05\"H\n\x16\x45ndTransactionsRequest\x12.\n\x04\x65nds\x18\x01 \x03(\x0b\x32 .raftmq.v1.EndTransactionRequest\"r\n\x14\x45ndTransactionResult\x12\x33\n\x08response\x18\x01 \x01(\x0b\x32!.raftmq.v1.EndTransactionResponse\x12%\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.raftmq.v1.ErrorDetail\"K\n\x17\x45ndTransactionsResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.raftmq.v1.EndTransactionResult*f\n\x15TransactionResolution\x12&\n\"TRANSACTION_RESOLUTION_UNSPECIFIED\x10\x00\x12\n\n\x06\x43OMMIT\x10\x01\x12\x0c\n\x08ROLLBACK\x10\x02\x12\x0b\n\x07UNKNOWN\x10\x03\x32\xb0\x02\n\x11\x42rokerTransaction\x12X\n\x0fSendHalfMessage\x12!.raftmq.v1.SendHalfMessageRequest\x1a\".raftmq.v1.SendHalfMessageResponse\x12U\n\x0e\x45ndTransaction\x12 .raftmq.v1.EndTransactionRequest\x1a!.raftmq.v1.EndTransactionResponse\x12j\n\x15PollTransactionChecks\x12\'.raftmq.v1.PollTransactionChecksRequest\x1a(.raftmq.v1.PollTransactionChecksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftmq.transaction_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRANSACTIONRESOLUTION']._serialized_start=1459
-  _globals['_TRANSACTIONRESOLUTION']._serialized_end=1561
+  _globals['_TRANSACTIONRESOLUTION']._serialized_start=1501
+  _globals['_TRANSACTIONRESOLUTION']._serialized_end=1603
   _globals['_SENDHALFMESSAGEREQUEST']._serialized_start=61
   _globals['_SENDHALFMESSAGEREQUEST']._serialized_end=269
   _globals['_SENDHALFMESSAGERESPONSE']._serialized_start=271
-  _globals['_SENDHALFMESSAGERESPONSE']._serialized_end=371
-  _globals['_ENDTRANSACTIONREQUEST']._serialized_start=374
-  _globals['_ENDTRANSACTIONREQUEST']._serialized_end=538
-  _globals['_ENDTRANSACTIONRESPONSE']._serialized_start=540
-  _globals['_ENDTRANSACTIONRESPONSE']._serialized_end=596
-  _globals['_POLLTRANSACTIONCHECKSREQUEST']._serialized_start=598
-  _globals['_POLLTRANSACTIONCHECKSREQUEST']._serialized_end=712
-  _globals['_TRANSACTIONCHECK']._serialized_start=715
-  _globals['_TRANSACTIONCHECK']._serialized_end=845
-  _globals['_POLLTRANSACTIONCHECKSRESPONSE']._serialized_start=847
-  _globals['_POLLTRANSACTIONCHECKSRESPONSE']._serialized_end=923
-  _globals['_SENDHALFMESSAGESREQUEST']._serialized_start=925
-  _globals['_SENDHALFMESSAGESREQUEST']._serialized_end=1001
-  _globals['_HALFMESSAGERESULT']._serialized_start=1003
-  _globals['_HALFMESSAGERESULT']._serialized_end=1115
-  _globals['_SENDHALFMESSAGESRESPONSE']._serialized_start=1117
-  _globals['_SENDHALFMESSAGESRESPONSE']._serialized_end=1190
-  _globals['_ENDTRANSACTIONSREQUEST']._serialized_start=1192
-  _globals['_ENDTRANSACTIONSREQUEST']._serialized_end=1264
-  _globals['_ENDTRANSACTIONRESULT']._serialized_start=1266
-  _globals['_ENDTRANSACTIONRESULT']._serialized_end=1380
-  _globals['_ENDTRANSACTIONSRESPONSE']._serialized_start=1382
-  _globals['_ENDTRANSACTIONSRESPONSE']._serialized_end=1457
-  _globals['_BROKERTRANSACTION']._serialized_start=1564
-  _globals['_BROKERTRANSACTION']._serialized_end=1868
+  _globals['_SENDHALFMESSAGERESPONSE']._serialized_end=392
+  _globals['_ENDTRANSACTIONREQUEST']._serialized_start=395
+  _globals['_ENDTRANSACTIONREQUEST']._serialized_end=559
+  _globals['_ENDTRANSACTIONRESPONSE']._serialized_start=561
+  _globals['_ENDTRANSACTIONRESPONSE']._serialized_end=617
+  _globals['_POLLTRANSACTIONCHECKSREQUEST']._serialized_start=619
+  _globals['_POLLTRANSACTIONCHECKSREQUEST']._serialized_end=733
+  _globals['_TRANSACTIONCHECK']._serialized_start=736
+  _globals['_TRANSACTIONCHECK']._serialized_end=866
+  _globals['_POLLTRANSACTIONCHECKSRESPONSE']._serialized_start=868
+  _globals['_POLLTRANSACTIONCHECKSRESPONSE']._serialized_end=944
+  _globals['_SENDHALFMESSAGESREQUEST']._serialized_start=946
+  _globals['_SENDHALFMESSAGESREQUEST']._serialized_end=1022
+  _globals['_HALFMESSAGERESULT']._serialized_start=1024
+  _globals['_HALFMESSAGERESULT']._serialized_end=1136
+  _globals['_SENDHALFMESSAGESRESPONSE']._serialized_start=1138
+  _globals['_SENDHALFMESSAGESRESPONSE']._serialized_end=1232
+  _globals['_ENDTRANSACTIONSREQUEST']._serialized_start=1234
+  _globals['_ENDTRANSACTIONSREQUEST']._serialized_end=1306
+  _globals['_ENDTRANSACTIONRESULT']._serialized_start=1308
+  _globals['_ENDTRANSACTIONRESULT']._serialized_end=1422
+  _globals['_ENDTRANSACTIONSRESPONSE']._serialized_start=1424
+  _globals['_ENDTRANSACTIONSRESPONSE']._serialized_end=1499
+  _globals['_BROKERTRANSACTION']._serialized_start=1606
+  _globals['_BROKERTRANSACTION']._serialized_end=1910
 # @@protoc_insertion_point(module_scope)

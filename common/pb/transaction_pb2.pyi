@@ -42,16 +42,18 @@ class SendHalfMessageRequest(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., message: _Optional[_Union[_common_pb2.Message, _Mapping]] = ..., producer_group: _Optional[str] = ..., client_id: _Optional[str] = ..., transaction_id: _Optional[str] = ..., check_immunity_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class SendHalfMessageResponse(_message.Message):
-    __slots__ = ("msg_id", "queue_id", "broker_group", "duplicate")
+    __slots__ = ("msg_id", "queue_id", "broker_group", "duplicate", "throttle_ms")
     MSG_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     BROKER_GROUP_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     msg_id: str
     queue_id: int
     broker_group: str
     duplicate: bool
-    def __init__(self, msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., broker_group: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, msg_id: _Optional[str] = ..., queue_id: _Optional[int] = ..., broker_group: _Optional[str] = ..., duplicate: _Optional[bool] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class EndTransactionRequest(_message.Message):
     __slots__ = ("transaction_id", "producer_group", "resolution", "from_check", "client_id")
@@ -120,10 +122,12 @@ class HalfMessageResult(_message.Message):
     def __init__(self, response: _Optional[_Union[SendHalfMessageResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
 
 class SendHalfMessagesResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "throttle_ms")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_MS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[HalfMessageResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[HalfMessageResult, _Mapping]]] = ...) -> None: ...
+    throttle_ms: int
+    def __init__(self, results: _Optional[_Iterable[_Union[HalfMessageResult, _Mapping]]] = ..., throttle_ms: _Optional[int] = ...) -> None: ...
 
 class EndTransactionsRequest(_message.Message):
     __slots__ = ("ends",)

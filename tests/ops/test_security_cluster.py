@@ -137,7 +137,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             for t in ("orders-eu", "payments", "orders-push", "orders-quota"):
                 admin.create_topic(t, queues=2)
             admin.acl.create_user("alice", ALICE.secret_key)
-            admin.acl.set_policy("alice", parse_entries(["Topic:orders*=Pub"]))
+            # Group:txq: her transactional halves, held to her produce quota (issue 27)
+            admin.acl.set_policy("alice", parse_entries(["Topic:orders*=Pub", "Group:txq=Pub"]))
             admin.acl.create_user("bob", BOB.secret_key)
             admin.acl.set_policy("bob", parse_entries(["Topic:orders*=Sub", "Group:billing=Sub"]))
             admin.acl.create_user("dave", DAVE.secret_key)
@@ -651,6 +652,33 @@ def test_a_user_over_its_produce_quota_is_slowed_to_it_and_another_is_not(env: E
     # told: the held time is part of what the sends took (the rest: storing them)
     assert 0 < alice_held <= alice_s * 1000, (alice_held, alice_s)
     assert dave_held == 0, dave_held
+
+
+def test_transactional_halves_are_held_to_the_produce_quota(env: Env) -> None:
+    """A half send is a produce: alice (200 KB/s) sending 600 KB of transactional halves one at a
+    time is held as her sends are (before, halves went around her quota unheld), and the half's
+    answer says by how much."""
+    body, n = b"t" * 20_000, 30
+
+    def commit(_half: Any) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT
+
+    with TransactionProducer(
+        env.namesrv, "txq", commit, credentials=ALICE, group_refresh_ms=1000
+    ) as p:
+        wait_until(
+            lambda: p.send_in_transaction("orders-quota", b"warm", commit).end_error() is None,
+            30,
+            "alice's first transaction",
+        )
+        time.sleep(1.0)  # the warm-up's bytes and any earlier test's are paid off
+        t0 = time.monotonic()
+        for _ in range(n):
+            p.send_in_transaction("orders-quota", body, commit)
+        took = time.monotonic() - t0
+        p.flush()
+    owed_s = ((n - 1) * len(body) - QUOTA) / QUOTA
+    assert took >= owed_s - 0.05, (took, owed_s)
 
 
 def test_a_user_over_its_consume_quota_is_slowed_to_it_and_another_is_not(env: Env) -> None:

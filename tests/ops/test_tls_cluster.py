@@ -158,6 +158,11 @@ def test_cli_with_tls_flags_and_without(cluster: ClusterRunner) -> None:
     base = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", spec.namesrv_addresses]
     flags = ["--tls-ca", str(spec.tls.ca), "--tls-cert", str(spec.tls.cert("client"))]
     flags += ["--tls-key", str(spec.tls.key("client"))]
+    # The topic is created by an earlier test through the leader; the NameServer has its route
+    # at the broker's next registration (every 1 s here; later on a loaded machine: a full run
+    # saw NO_ROUTE). Wait for the route (with the flags), then check both forms.
+    with Admin(spec.namesrv_addresses, **tls_args(spec)) as admin:
+        wait_until(lambda: admin.route("secure"), 30, "the NameServer's route to 'secure'")
     ok = subprocess.run(
         [*base, *flags, "topic", "route", "secure"], env=env, capture_output=True, text=True,
         timeout=60, check=False,
