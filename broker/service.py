@@ -76,6 +76,20 @@ def quota_hold(
     return hold
 
 
+def produce_hold(node: BrokerNode, user: str, context: grpc.ServicerContext) -> ThreadHold:
+    """`quota_hold` for a produce (a send, a transactional half): held at most half its
+    deadline (the rest is for storing it), as on the framed path; past the user's share of held
+    threads, refused (raised): nothing is stored."""
+    left_ms = _remaining_ms(context)
+    budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
+    hold = quota_hold(
+        node, Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
+    )
+    if hold.refused is not None:
+        raise hold.refused
+    return hold
+
+
 def tell_throttle(context: grpc.ServicerContext, throttle_ms: int) -> None:
     """The wait a call was held, or is to honour, for its user's quota: in the trailer as the
     proxy tells it (clients that read no answer field), beside the answer's throttle_ms."""
@@ -154,14 +168,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.SendMessageRequest, context: grpc.ServicerContext
     ) -> broker_pb2.SendMessageResponse:
         node, user = self.node, CALLER.get()
-        # Held at most half its deadline (the rest is for storing it), as on the framed path.
-        left_ms = _remaining_ms(context)
-        budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
-        hold = quota_hold(
-            node, Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
-        )
-        if hold.refused is not None:  # the user holds its share of threads: nothing stored
-            raise hold.refused
+        hold = produce_hold(node, user, context)
         answer = requests.send(node, request)
         node.quota.charge(Flow.PRODUCE, user, request.ByteSize())
         answer.throttle_ms = hold.held_ms

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from raftmq.broker.service import _deadline, _remaining_ms, quota_hold, tell_throttle
+from raftmq.broker.service import _deadline, produce_hold, tell_throttle
 from raftmq.broker.transactions_shell import TransactionShell
 from raftmq.common.auth_guard import CALLER
 from raftmq.common.errors import rpc_errors
@@ -23,16 +23,8 @@ class TransactionService(transaction_pb2_grpc.BrokerTransactionServicer):
     def SendHalfMessage(
         self, request: transaction_pb2.SendHalfMessageRequest, context: grpc.ServicerContext
     ) -> transaction_pb2.SendHalfMessageResponse:
-        # A half send is a produce (issue 27): held for its user's produce quota as SendMessage
-        # is, at most half its deadline; past the user's share of held threads, refused.
         node, user = self.shell.node, CALLER.get()
-        left_ms = _remaining_ms(context)
-        budget = (node.settings.send_timeout_ms if left_ms is None else left_ms) // 2
-        hold = quota_hold(
-            node, Flow.PRODUCE, user, min(budget, node.quota.quotas.max_throttle_ms), context
-        )
-        if hold.refused is not None:  # the user holds its share of threads: nothing stored
-            raise hold.refused
+        hold = produce_hold(node, user, context)  # a half send is a produce (issue 27)
         answer = self.shell.send_half(request)
         node.quota.charge(Flow.PRODUCE, user, request.ByteSize())
         answer.throttle_ms = hold.held_ms
