@@ -61,6 +61,7 @@ from raftmq.common.delay import DelayPolicy
 from raftmq.common.errors import RaftMQError
 from raftmq.common.pb import broker_pb2, broker_pb2_grpc
 from raftmq.common.retry import RetryPolicy
+from raftmq.controller.balance import preferred_node
 from raftmq.ops import certs
 from raftmq.ops.cluster_runner import ClusterRunner, broker_status
 from raftmq.ops.cluster_spec import ClusterSpec, Endpoint, TlsSpec, load
@@ -644,6 +645,8 @@ def run(opts: RunOptions, console: Console | None = None) -> RunResult:
                 net, spec, client_history, opts.rate_per_s, scenario.workload,
                 client_env(spec, keys.user if keys is not None else None),
             )  # fmt: skip
+            if scenario.leader_stays:  # the controller's hand-back is not the fault's doing
+                _wait_preferred_leader(nemesis, spec, group, console)
             before = nemesis.leadership() if scenario.leader_stays else None
             t0 = time.monotonic()
             console.log(
@@ -786,6 +789,25 @@ def wait_rejoined(runner: ClusterRunner, group: str, timeout_s: float = REJOIN_S
         if problem is None or time.monotonic() > deadline:
             return problem
         time.sleep(0.2)
+
+
+def _wait_preferred_leader(
+    nemesis: Nemesis, spec: ClusterSpec, group: str, console: Console
+) -> None:
+    """Wait until the group's preferred node leads (controller/balance.py's choice), so that the
+    controller's balancer does not move the leadership during a scenario that checks the leader
+    stays. It hands a group back hold_ms after an election, once per interval_ms: 30 s covers a
+    refused first attempt. A cluster whose balancer is off keeps its leader: not waited for."""
+    if not spec.controllers or not spec.settings.get("controller", {}).get("balance_leaders", True):
+        return
+    ids = [n.node_id for n in spec.groups[group]]
+    want = f"{group}-{preferred_node(group, ids, list(spec.groups), spec.preferred_leaders)}"
+    deadline = time.monotonic() + 30.0
+    while (lead := nemesis.leader()) != want:
+        if time.monotonic() > deadline:
+            raise RunError(f"the controller did not hand {group} to {want} in 30 s ({lead} leads)")
+        time.sleep(0.2)
+    console.log(f"{want} leads {group} (the balancer's choice)")
 
 
 def _create_topic(admin: Admin, group: str, timeout_s: float = 30.0) -> None:
