@@ -1,7 +1,7 @@
 """raftmq in ../shared/peerbench, driven through its SDK as users drive it.
 
-One NameServer and one broker group of three Raft nodes (the broker's default Raft unless `--opt
-raft=`; ASYNC_FLUSH: group fsync every 5 ms), a topic of `partitions` queues; an acknowledgement is
+One NameServer and one broker group of three Raft nodes (raftmq's own Raft core; ASYNC_FLUSH:
+group fsync every 5 ms), a topic of `partitions` queues; an acknowledgement is
 the SDK's send result, which the leader gives after the majority commit. Message `seq` goes to queue
 `seq % partitions` (the harness's rule); the consumer is a PullConsumer of a fresh group from the
 earliest offset that commits after each batch.
@@ -10,8 +10,7 @@ Run from the project root (README of peerbench):
     PYTHONPATH=. ../shared/peerbench/bench.sh run \\
         --peers nats,redis-repl,bench.peer_adapter:RaftMQ --workloads W1,W2,W3,W4 ...
 
-Options (`--opt k=v`): `api=aio|threaded` (the SDK face), `tls=0|1|mutual`, `raft=native|pysyncobj`
-(the group's Raft, passed as `--raft-impl`: this adapter does not pass RAFTMQ_ variables on).
+Options (`--opt k=v`): `api=aio|threaded` (the SDK face), `tls=0|1|mutual`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from raftmq import Admin, Producer, PullConsumer, StartFrom
 from raftmq.client.aio import AsyncProducer
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
-from raftmq.raftlog.config import config_default
 
 ROOT = Path(__file__).resolve().parent.parent
 # The harness's venv has the SDK's two dependencies only; the servers run on the project's.
@@ -43,9 +41,6 @@ SERVER_PYTHON = os.environ.get("RAFTMQ_SERVER_PYTHON") or str(
     else sys.executable
 )
 TOPIC = "bench"
-# What the brokers run unless `--opt raft=` says otherwise (the RAFTMQ_ variables are not passed
-# to the servers: _env).
-RAFT_DEFAULT = config_default("raft_impl", str)
 GROUP = "broker-a"
 START_TIMEOUT_S = 60.0
 PRELOAD_BATCH = 512  # messages per send_batch while preloading W3's backlog
@@ -101,12 +96,6 @@ class RaftMQ(Adapter):
                 f", TLS on every port ({'mutual' if self.tls == 'mutual' else 'server'})"
             )
         self.tls_flags: dict[str, list[str]] = {}
-        # --opt raft=native|pysyncobj: the broker group's Raft (`--raft-impl`); "" keeps the
-        # broker's default. The RAFTMQ_ variables are not passed to the servers (_env).
-        self.raft = str(opts.get("raft", ""))
-        if self.raft not in ("", "native", "pysyncobj"):
-            raise AdapterError(f"raftmq: --opt raft must be native or pysyncobj, not {self.raft!r}")
-        self.variant += f", Raft {self.raft or RAFT_DEFAULT}"
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = super().describe()
@@ -194,7 +183,6 @@ class RaftMQ(Adapter):
                     "--heartbeat-interval-ms",
                     "1000",
                     *self.tls_flags.get(n, []),
-                    *(["--raft-impl", self.raft] if self.raft else []),
                 ],
                 os.path.join(workdir, f"{n}.log"),
                 env=_env(),

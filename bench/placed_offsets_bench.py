@@ -97,7 +97,7 @@ def main() -> None:
                     Path(tmp) / name,
                     groups=("broker-a",),
                     namesrvs=1,
-                    broker_args=["--raft-impl", "native", *extra],
+                    broker_args=list(extra),
                 )
             producers = {}
             for name, cluster in clusters.items():

@@ -5,7 +5,7 @@ batch). Thread names come from `py-spy dump` when py-spy is installed (`pip inst
 
 Run from the project root, with ../shared/peerbench beside it:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/w1_probe.py --scale 0.3 [--raft native] [--spy DIR]
+    PYTHONPATH=$PWD .venv/bin/python bench/w1_probe.py --scale 0.3 [--spy DIR]
 
 `--spy DIR` samples every process with `py-spy record -r 200 -f raw -t --nonblocking` during
 the measured run (one file per process in DIR) and prints each busy
@@ -155,12 +155,8 @@ def top_frames(raw: Path, names: dict[str, str], top: int = 8) -> list[str]:
     return lines
 
 
-async def probe(
-    scale: float, api: str, tls: str = "0", raft: str = "", spy: Path | None = None
-) -> dict[str, Any]:
+async def probe(scale: float, api: str, tls: str = "0", spy: Path | None = None) -> dict[str, Any]:
     opts = {"api": api} if api else {}
-    if raft:
-        opts["raft"] = raft
     adapter = RaftMQ(**opts, tls=tls)
     with tempfile.TemporaryDirectory() as workdir:
         await adapter.start_cluster(workdir)
@@ -244,7 +240,6 @@ async def probe(
         "msgs_per_batch": round(msgs / batches, 2) if batches else None,
         "loadavg_1m": round(os.getloadavg()[0], 1),
         "tls": tls,
-        "raft": raft or "default",
     }
 
 
@@ -255,10 +250,9 @@ def main() -> None:
     ap.add_argument(
         "--tls", default="0", choices=("0", "1", "mutual"), help="the adapter's --opt tls"
     )
-    ap.add_argument("--raft", default="", help="the adapter's --opt raft (native, pysyncobj)")
     ap.add_argument("--spy", type=Path, default=None, help="py-spy every process into this dir")
     args = ap.parse_args()
-    result = asyncio.run(probe(args.scale, args.api, args.tls, args.raft, args.spy))
+    result = asyncio.run(probe(args.scale, args.api, args.tls, args.spy))
     print(json.dumps(result), flush=True)
 
 

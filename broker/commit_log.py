@@ -1,6 +1,6 @@
 """CommitLog: what a broker node needs from its replicated log, as a Protocol (the seam).
 
-raftlog's ReplicatedLog satisfies it in a broker process; raftlog's MemoryLog satisfies it in
+raftlog's NativeLog satisfies it in a broker process; raftlog's MemoryLog satisfies it in
 tests. Nothing here does I/O or holds state.
 """
 

@@ -33,7 +33,7 @@ CORRUPT_ROW_WAIT_S = 0.1  # a step that read a corrupt row waits this long for t
 
 
 class CommittedLog(Protocol):
-    """The part of raftlog's ReplicatedLog the dispatcher follows."""
+    """The part of raftlog's NativeLog the dispatcher follows."""
 
     @property
     def committed_index(self) -> int: ...

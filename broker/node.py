@@ -71,7 +71,6 @@ from raftmq.common.scrape_access import metrics_bind
 from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
-from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.record import Chunk, Committed, LogStatus, Role, RoleChange
 from raftmq.raftlog.storage_health import StorageHealth
@@ -366,7 +365,7 @@ class BrokerNode:
     def check_disk_pressure(self) -> None:
         """Sends are refused while the disk guard says so (offsets and reads go on), unless
         only this node's disk is too full and a follower could take over: the log hands
-        leadership to it (ReplicatedLog.set_disk_pressure) and sends go on until it leads."""
+        leadership to it (NativeLog.set_disk_pressure) and sends go on until it leads."""
         reason = self.disk_pressure
         if reason is not None and not (self.disk_pressure_movable and self.rlog.can_hand_off()):
             raise DiskPressureError(
@@ -714,20 +713,15 @@ def _finish(fut: asyncio.Future[None]) -> None:
 
 
 def build_broker_node(settings: BrokerSettings) -> BrokerNode:
-    """The node of a broker process: its message store and its Raft log (settings.raft_impl:
-    the native core, or pysyncobj) under settings.data_dir. Call it from the main thread
-    (pysyncobj's tick thread, when it runs, lives as long as its creator)."""
+    """The node of a broker process: its message store and its Raft log (raftmq's own core,
+    NativeLog) under settings.data_dir."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = MessageStore(settings.data_dir / "store", map_size_bytes=settings.store_map_size_bytes)
     health = StorageHealth(settings.node_id)
     try:
         cfg = settings.raft_config()
-        rlog: ReplicatedLog | NativeLog = (
-            # The store's dispatched entries were committed: readable at once after a restart.
-            NativeLog(cfg, health=health, applied_hint=store.dispatched_index)
-            if cfg.raft_impl == "native"
-            else ReplicatedLog(cfg, health=health)
-        )
+        # The store's dispatched entries were committed: readable at once after a restart.
+        rlog = NativeLog(cfg, health=health, applied_hint=store.dispatched_index)
     except BaseException:
         store.close()
         raise

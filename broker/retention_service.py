@@ -28,7 +28,6 @@ from raftmq.broker.retention import (
 )
 from raftmq.broker.retention_store import decode_base
 from raftmq.common.errors import RaftMQError
-from raftmq.raftlog.log import ReplicatedLog
 from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.snapshot import Snapshot
 
@@ -44,7 +43,7 @@ DISK_CHECK_S = 1.0  # the disk guard's period at most
 
 
 class RetentionService:
-    def __init__(self, node: BrokerNode, rlog: ReplicatedLog | NativeLog) -> None:
+    def __init__(self, node: BrokerNode, rlog: NativeLog) -> None:
         s = node.settings
         self._node = node
         self._rlog = rlog

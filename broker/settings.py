@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
@@ -29,6 +30,11 @@ MAX_FRAME_BYTES = 1 << 30  # the frame length is a u32; a GiB frame is already a
 
 @settings_class
 class BrokerSettings(QuotaSettings):
+    # Keys a release dropped: named with what to do instead of "unknown" (common/settings.py).
+    REMOVED_SETTINGS: ClassVar[Mapping[str, str]] = {
+        "raft_impl": "a broker group always runs raftmq's own Raft core now; delete the key (a "
+        "group store pysyncobj wrote opens as it is: docs/operations.md)",
+    }
     cluster: str = setting(default="DefaultCluster", unit="", doc="cluster this group belongs to")
     broker_group: str = setting(
         default="broker-a", unit="", doc="the broker group (one Raft group of nodes)"
@@ -114,8 +120,8 @@ class BrokerSettings(QuotaSettings):
         default=True,
         unit="",
         doc="the leader places each produce batch's queue offsets before replication and "
-        "answers the send at its commit (raft_impl native; pysyncobj cannot); false: the "
-        "dispatcher assigns them and a send is answered once indexed",
+        "answers the send at its commit; false: the dispatcher assigns them and a send is "
+        "answered once indexed",
     )
     default_queue_nums: int = setting(
         default=8, unit="queues", doc="read and write queues of an auto-created topic"
@@ -191,11 +197,6 @@ class BrokerSettings(QuotaSettings):
         default=config_default("election_timeout_max_ms", int),
         unit="ms",
         doc="Raft election timeout, upper bound",
-    )
-    raft_impl: str = setting(
-        default=config_default("raft_impl", str),
-        unit="",
-        doc='which Raft runs the group: "native" (raftmq\'s own core, one loop) or "pysyncobj"',
     )
     raft_password: str = setting(
         default="",
@@ -413,7 +414,6 @@ class BrokerSettings(QuotaSettings):
                 config_default("connection_timeout_ms", int), self.election_timeout_max_ms
             ),
             password=self.raft_password or tls.raft_password(),
-            raft_impl=self.raft_impl,
             tls=None if peer_ssl is None else PeerTls(*peer_ssl),
         )
 

@@ -167,6 +167,9 @@ def load_settings(
     values: dict[str, object] = {}
 
     def put(key: str, raw: object, source: str) -> None:
+        removed: Mapping[str, str] = getattr(cls, "REMOVED_SETTINGS", {})
+        if key not in fields and key in removed:
+            raise SettingsError(f"{role} setting {key!r} from {source} was removed: {removed[key]}")
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -32,17 +32,13 @@ POLL_INTERVAL_S = 0.05
 
 
 # The admin's keys for [security.auth] (common/auth.py), kept off the children's command lines.
-# The admin's keys, and the brokers' Raft implementation (one choice for a whole cluster, and the
-# switch that runs the test suite's clusters on the native core).
-PASSED_ENV = frozenset(
-    {"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY", "RAFTMQ_BROKER_RAFT_IMPL"}
-)
+PASSED_ENV = frozenset({"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY"})
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment without RAFTMQ_* settings (a child takes its settings from its
     flags, and its secrets from the variables its ProcessSpec names), except PASSED_ENV (the
-    admin's keys, what the README's secure recipe exports, and RAFTMQ_BROKER_RAFT_IMPL), with
+    admin's keys, what the README's secure recipe exports), with
     CODE_ROOT first on PYTHONPATH and unbuffered output for its log."""
     env = {
         k: v

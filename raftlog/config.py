@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TypeVar
 
 MIB = 1 << 20
-RAFT_IMPLS = ("pysyncobj", "native")
 T = TypeVar("T")
 
 
@@ -69,10 +68,6 @@ class RaftLogConfig:
     connection_timeout_ms: int = 3500
     max_inflight_bytes_per_peer: int = 16 * MIB  # replication bytes queued to one slow follower
     password: str | None = None  # encrypts raft traffic (needs `cryptography`)
-    # Which Raft runs a broker group: "native" (NativeLog, raftmq's own core on one loop) or
-    # "pysyncobj" (ReplicatedLog, the one before it; a store either wrote opens under the other).
-    # The controller always runs pysyncobj, whatever this says.
-    raft_impl: str = "native"
     # Native core only: TLS between the nodes (None = plain TCP, sealed by `password` if set),
     # and the address it listens on when that differs from node_id (a NAT, a relay in a test).
     tls: PeerTls | None = None
@@ -95,8 +90,6 @@ class RaftLogConfig:
             raise ValueError("election_timeout_max_ms must exceed election_timeout_min_ms")
         if self.connection_timeout_ms < self.election_timeout_max_ms:
             raise ValueError("connection_timeout_ms must be >= election_timeout_max_ms")
-        if self.raft_impl not in RAFT_IMPLS:
-            raise ValueError(f"raft_impl must be one of {RAFT_IMPLS}, got {self.raft_impl!r}")
         if self.scrub_bytes_per_s < 0:
             raise ValueError("scrub_bytes_per_s must be >= 0 (0 = no scrubbing)")
         if self.flush_interval_ms <= 0 or self.segment_bytes < MIB:

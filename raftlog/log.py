@@ -1,6 +1,9 @@
-"""ReplicatedLog: one broker group's CommitLog as a library (submit, read, follow, hand off).
+"""ReplicatedLog: the controllers' replicated log on pysyncobj (submit, read, follow, hand off).
 
-The thin shell around pysyncobj: threads for group commit, completions and flushing. It never
+Broker groups ran on it before raftmq's own core (native_log.py) replaced it there; a group store
+it wrote opens under the native core. What only a broker group used (retention's segment cuts and
+snapshots, disk pressure, submit_many) is still here; see docs/design.md. The thin shell around
+pysyncobj: threads for group commit, completions and flushing. It never
 runs user code or slow work in pysyncobj's tick thread, and never holds the log in memory.
 """
 
@@ -34,7 +37,7 @@ from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pressure_handoff import PressureHandoff
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
-from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange
 from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
@@ -378,12 +381,6 @@ class ReplicatedLog:
                 listener(change)
             except Exception:
                 log.exception("raftlog.role_listener_failed")
-
-    def set_stamper(self, stamper: Stamper | None) -> None:
-        """Not supported on pysyncobj: an entry's index is known only once pysyncobj's tick
-        thread appends it, after our batcher let go of it, so nothing can place queue offsets
-        in log order here. Offsets stay the dispatcher's and sends wait for dispatch."""
-        return
 
     def add_role_listener(self, listener: RoleListener) -> None:
         self._listeners.append(listener)

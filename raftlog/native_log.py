@@ -1,5 +1,6 @@
-"""NativeLog: one broker group's CommitLog on raftmq's own Raft core (raft_core + raft_node), the
-drop-in for ReplicatedLog (pysyncobj) chosen by RaftLogConfig.raft_impl.
+"""NativeLog: one broker group's CommitLog on raftmq's own Raft core (raft_core + raft_node). It
+replaced ReplicatedLog (pysyncobj) for broker groups and keeps its API, so a store either wrote
+opens under it; the controllers still run ReplicatedLog.
 
 Its API is thread-safe and returns concurrent futures; everything Raft happens on the node's one
 loop thread (group commit, persist, send, apply, completions). It never holds the log in memory.

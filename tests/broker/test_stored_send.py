@@ -40,7 +40,7 @@ from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
 from raftmq.raftlog import entry_codec
 from raftmq.raftlog.journal.segment_journal import SegmentJournal
-from tests.harness.procs import Cluster, broker_raft_impl, start_cluster, wait_until
+from tests.harness.procs import Cluster, start_cluster, wait_until
 
 GROUP = "broker-a"
 TOPIC = "stored"
@@ -371,12 +371,10 @@ def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> 
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
     _every_produce_chunk_is_v2(chunks[0], dead_letter_of)
-    # Offsets by the leader (issue 29): on the native core a producer's batch is stored with
-    # the base offset it was answered with (placed before replication); a delayed one gets its
-    # offsets when due. pysyncobj cannot place in log order and places none.
-    native = broker_raft_impl() == "native"
+    # Offsets by the leader (issue 29): a producer's batch is stored with the base offset it
+    # was answered with (placed before replication); a delayed one gets its offsets when due.
     placed = stored_batch.placed_offset(chunks[0][r.raft_index, r.slot])
-    assert placed == (r.first_offset if native else None)
+    assert placed == r.first_offset
     assert all(
         stored_batch.placed_offset(c) is None
         for c in v2_chunks[0].values()

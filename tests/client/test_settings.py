@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from raftmq.broker.settings import BrokerSettings
 from raftmq.common.settings import (
     SettingInfo,
     SettingsError,
@@ -113,6 +114,16 @@ def test_unknown_keys_are_named(tmp_path: Path, source: str, key: str) -> None:
     text = str(info.value)
     assert "unknown Demo setting 'timeout'" in text
     assert "did you mean 'timeout_ms'?" in text
+
+
+def test_a_removed_key_says_what_to_do_instead() -> None:
+    """A key a release dropped is refused with its reason, not as a typo to correct."""
+    env = {"RAFTMQ_BROKER_RAFT_IMPL": "pysyncobj"}
+    with pytest.raises(SettingsError) as info:
+        load_settings(BrokerSettings, None, "RAFTMQ_BROKER_", None, environ=env)
+    text = str(info.value)
+    assert "'raft_impl' from env RAFTMQ_BROKER_RAFT_IMPL was removed" in text
+    assert "delete the key" in text and "unknown" not in text
 
 
 def test_bad_values_name_key_source_and_unit(tmp_path: Path) -> None:

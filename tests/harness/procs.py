@@ -12,22 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftmq.ops import procs
 from tests.harness.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/harness/procs.py
-
-
-def broker_raft_impl() -> str:
-    """The Raft the brokers these harnesses start run: RAFTMQ_BROKER_RAFT_IMPL (passed through
-    to them), else the broker's own default, for tests that check what only one does."""
-    from raftmq.raftlog.config import RaftLogConfig
-
-    default = next(f.default for f in fields(RaftLogConfig) if f.name == "raft_impl")
-    return os.environ.get("RAFTMQ_BROKER_RAFT_IMPL") or str(default)
 
 
 @dataclass
@@ -44,12 +35,7 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
     def start(self, ready_prefix: str, timeout_s: float = 60.0) -> None:
-        # RAFTMQ_BROKER_RAFT_IMPL passes: the one switch that runs the suite on either Raft.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("RAFTMQ_") or k == "RAFTMQ_BROKER_RAFT_IMPL"
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
         env["PYTHONPATH"] = str(ROOT)
         with open(self.log, "a") as err:
             self.popen = subprocess.Popen(

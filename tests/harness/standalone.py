@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--raft-impl",
         choices=["pysyncobj", "native"],
-        default=os.environ.get("RAFTMQ_BROKER_RAFT_IMPL", "native"),
-        help="which Raft runs the node (default: $RAFTMQ_BROKER_RAFT_IMPL, else native)",
+        default="native",
+        help="which Raft runs the node: native (a broker group's), or pysyncobj (the controllers' "
+        "ReplicatedLog; a broker group's before, for the upgrade test)",
     )
     ap.add_argument("--password", default=None, help="the Raft password (seals raft traffic)")
     ap.add_argument("--listen", default="", help="bind here instead of --id (native; a relay)")
@@ -233,13 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         flush_policy=FlushPolicy(args.flush),
         batch_max_bytes=args.batch_max_bytes,
         segment_bytes=args.segment_bytes,
-        raft_impl=args.raft_impl,
         password=args.password,
         listen=args.listen,
         tls=_peer_tls(args.tls_ca, args.tls_cert, args.tls_key),
     )
     rlog: ReplicatedLog | NativeLog = (
-        NativeLog(cfg) if cfg.raft_impl == "native" else ReplicatedLog(cfg)
+        NativeLog(cfg) if args.raft_impl == "native" else ReplicatedLog(cfg)
     )
     stop = threading.Event()
     listener = Listener(("127.0.0.1", args.control_port), authkey=AUTHKEY)

@@ -1,7 +1,8 @@
-"""The native Raft core (raft_impl="native") in three real processes with a Raft password, so
-CI runs it whatever RAFTMQ_BROKER_RAFT_IMPL says: a group pysyncobj wrote reopens on it (the
-upgrade), acknowledged entries survive a leader kill and its restart, and every node holds the
-same history (the rest of test_cluster.py and the broker suites run on it by default)."""
+"""The native Raft core in three real processes with a Raft password: a group pysyncobj wrote
+(broker groups ran on it before the native core; the harness still starts the controllers'
+ReplicatedLog) reopens on it (the upgrade), acknowledged entries survive a leader kill and its
+restart, and every node holds the same history (test_cluster.py and the broker suites run on it
+too)."""
 
 from __future__ import annotations
 

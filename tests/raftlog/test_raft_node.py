@@ -52,7 +52,7 @@ def test_a_peer_that_died_and_came_back_is_reconnected_to(tmp_path: Path) -> Non
     node_id, peer_id = f"127.0.0.1:{own}", f"127.0.0.1:{peer}"
     server = socket.create_server(("127.0.0.1", peer))
     server.settimeout(10.0)
-    log = NativeLog(RaftLogConfig(node_id, (peer_id,), tmp_path, raft_impl="native"))
+    log = NativeLog(RaftLogConfig(node_id, (peer_id,), tmp_path))
     try:
         first = _accept_hello_and_a_frame(server, node_id)
         # The peer's process dies: its kernel resets the stream. The node's next writes meet a
@@ -79,7 +79,7 @@ def test_a_commit_hint_never_holds_back_a_readys_acks(tmp_path: Path) -> None:
     finished at once (its acks leave) and the hint is written behind it; a new term or vote is
     written before the Ready finishes, in order after the hints."""
     own, peer = free_ports(2)
-    cfg = RaftLogConfig(f"127.0.0.1:{own}", (f"127.0.0.1:{peer}",), tmp_path, raft_impl="native")
+    cfg = RaftLogConfig(f"127.0.0.1:{own}", (f"127.0.0.1:{peer}",), tmp_path)
     meta = MetaStore(tmp_path / "raft.meta")
     journal = SegmentJournal(tmp_path / "journal")
     shell = RaftNodeShell(
