@@ -276,10 +276,6 @@ def test_bad_arguments_fail_before_anything_is_built(tmp_path: Path) -> None:
     assert issubclass(NetError, RuntimeError)
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize(
     ("ending", "stop"),
     [
@@ -294,17 +290,20 @@ def test_owner_ending_tears_down(tmp_path: Path, ending: str, stop: signal.Signa
         else "print(n.prefix, flush=True)\nsys.stdin.readline()\n"
     )
     head = f"Net(['x', 'y'], state_dir=Path({str(tmp_path)!r}))"
+    # SIGINT as a terminal hands it over, even when this test runs under `nohup ... &` (which
+    # starts it ignored, and Python then installs no KeyboardInterrupt handler in the owner): set
+    # by the owner's first line, not by a Popen preexec_fn, which would fork() this grpc-using
+    # process and may kill the child before its exec (tests/ops/test_cluster_lifecycle.py).
     code = (
+        "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import sys, time\nfrom pathlib import Path\nfrom raftmq.chaos.netns import Net\n"
         + (f"with {head} as n:\n" if ending == "with" else f"n = {head}\n")
         + body
     )
     root = Path(__file__).resolve().parents[2]
-    # SIGINT as a terminal hands it over, even when this test runs under `nohup ... &` (which
-    # starts it ignored, and Python then installs no KeyboardInterrupt handler in the owner).
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                              stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=root, preexec_fn=_default_sigint)  # noqa: PLW1509  # fmt: skip
+                             cwd=root)  # fmt: skip
     assert owner.stdout is not None and owner.stdin is not None
     prefix = owner.stdout.readline().strip()
     assert prefix.startswith("rq") and leftovers(prefix)
