@@ -2,9 +2,9 @@
 
 Broker groups ran on it before raftmq's own core (native_log.py) replaced it there; a group store
 it wrote opens under the native core. What only a broker group used (retention's segment cuts and
-snapshots, disk pressure, submit_many) is still here; see docs/design.md. The thin shell around
-pysyncobj: threads for group commit, completions and flushing. It never
-runs user code or slow work in pysyncobj's tick thread, and never holds the log in memory.
+snapshot catch-up, the disk-pressure hand-off, submit_many) went with them. The thin shell around
+pysyncobj: threads for group commit, completions and flushing. It never runs user code or slow
+work in pysyncobj's tick thread, and never holds the log in memory.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,13 +33,11 @@ from raftmq.raftlog.errors import (
     QueueFullError,
     RaftLogError,
 )
-from raftmq.raftlog.journal import SegmentInfo, SegmentJournal
+from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore
-from raftmq.raftlog.pressure_handoff import PressureHandoff
 from raftmq.raftlog.pysyncobj_compat import ROLE_OF_STATE, JournalAdapter, RaftNode
 from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange
 from raftmq.raftlog.scrubber import Scrubber
-from raftmq.raftlog.snapshot import SnapshotStore
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 log = logging.getLogger("raftlog.log")
@@ -105,10 +103,6 @@ class ReplicatedLog:
         self._role_key: tuple[int, int, str | None] = (-1, -1, None)
         self._async_flush = cfg.flush_policy is FlushPolicy.ASYNC_FLUSH
         self._handing_off = False  # leader with an unwritable disk, transferring leadership
-        # past the broker's disk threshold: hand off while a follower can take over
-        self._pressure = PressureHandoff(
-            cfg.node_id, lambda timeout_s: self.transfer_leadership(timeout_s=timeout_s)
-        )
         self._next_handoff_s = 0.0
         self._next_flush = 0.0
         adapter = JournalAdapter(self._journal, MetaStore(cfg.data_dir / "raft.meta"), self.health)
@@ -171,42 +165,6 @@ class ReplicatedLog:
             self._pending_bytes += len(payload)
             self._lock.notify_all()
         return fut
-
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
-        """submit() for several chunks, in order, waking the batcher once (a broker request's
-        batches then share an entry when they fit). Each gets its future, or the error submit()
-        would raise for it (EntryTooLargeError, LogClosedError)."""
-        limit = self.cfg.max_entry_bytes
-        out: list[Future[Committed] | RaftLogError] = []
-        if self._closed:
-            return [LogClosedError("the replicated log is closed") for _ in payloads]
-        refused: NotLeaderError | None = None
-        if self._paused or not self._node.is_leader() or self.health.error is not None:
-            refused = NotLeaderError(self.cfg.node_id, self._leader_hint())
-        added = 0
-        with self._lock:
-            for payload in payloads:
-                if len(payload) > limit:
-                    out.append(EntryTooLargeError(len(payload), limit))
-                    continue
-                fut: Future[Committed] = Future()
-                out.append(fut)
-                if refused is not None:
-                    fut.set_exception(refused)
-                elif self._pending_bytes + len(payload) > self.cfg.max_pending_bytes:
-                    fut.set_exception(
-                        QueueFullError(
-                            f"{self._pending_bytes} bytes already wait for replication "
-                            f"(max_pending_bytes={self.cfg.max_pending_bytes}); retry later"
-                        )
-                    )
-                else:
-                    self._pending.append(_Submission(payload, fut))
-                    self._pending_bytes += len(payload)
-                    added += 1
-            if added:
-                self._lock.notify_all()
-        return out
 
     def _batch_loop(self) -> None:
         linger_s = self.cfg.batch_linger_ms / 1000
@@ -273,7 +231,6 @@ class ReplicatedLog:
             self._expire(now)
             self.health.settle(now)
             self._hand_off_if_unwritable(now)
-            self._hand_off_if_pressed(now)
 
     def _complete(self, batch_id: int, index: int, err: int) -> None:
         with self._lock:
@@ -338,30 +295,6 @@ class ReplicatedLog:
         if now >= self._next_handoff_s:
             self._next_handoff_s = now + HANDOFF_RETRY_S
             self._node.request_transfer_best()
-
-    def set_disk_pressure(self, on: bool) -> None:
-        """The broker's disk guard (any thread): this node's disk is past its threshold. A
-        follower then reports that it cannot take over; a leader hands off to one that can,
-        before its disk fills (writes go on meanwhile; the broker refuses them only if no
-        follower can take over: can_hand_off)."""
-        self._pressure.on = on
-        self._node.set_disk_pressure(on)
-
-    def scrub_progress(self) -> tuple[int, int]:
-        """(bytes the scrubber read and checked, complete passes over the sealed segments)."""
-        sc = self.scrubber
-        return (sc.bytes_total, sc.passes) if sc is not None else (0, 0)
-
-    def can_hand_off(self) -> bool:
-        """Some follower could take over now (connected, answering, able to write)."""
-        return any(self._node.cannot_take_over(peer) is None for peer in self.cfg.peers)
-
-    def _hand_off_if_pressed(self, now: float) -> None:
-        """A leader past its disk threshold hands off (pressure_handoff.py); not while closing or
-        while the unwritable disk's own hand-off is under way."""
-        if self._closed or self.health.error is not None:
-            return
-        self._pressure.tick(now, lambda: self._node.is_leader() and self.can_hand_off())
 
     def _on_role(self, change: RoleChange) -> None:
         log.info(
@@ -475,24 +408,6 @@ class ReplicatedLog:
         return True
 
     # ---- retention -------------------------------------------------------------------------------
-
-    def segments(self) -> list[SegmentInfo]:
-        """The journal's segments, oldest first (the last is the active one)."""
-        return self._journal.segments()
-
-    def delete_prefix(self, before_index: int) -> Future[int]:
-        """Delete whole segments whose entries all lie below before_index (never the active
-        one), on the Raft thread; resolves to the new first index. The caller decides what may
-        go: entries committed, applied and covered by a snapshot the state machine keeps."""
-        if before_index > self._applied + 1:
-            raise ValueError(
-                f"delete_prefix({before_index}) beyond the applied index {self._applied}"
-            )
-        return self._node.delete_prefix(before_index)
-
-    def set_snapshot_store(self, store: SnapshotStore | None) -> None:
-        """Where snapshots for followers behind retention come from and go to."""
-        self._node.set_snapshot_store(store)
 
     # ---- leadership and status -------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """MemoryLog: an in-process, single-node replicated log for tests (etcd's MemoryStorage in spirit).
 
-It offers what ReplicatedLog offers a broker node (submit, read, follow, role and leader, status)
+It offers what NativeLog offers a broker node (submit, read, follow, role and leader, status)
 with no sockets, threads or disk: a submission commits at once, unless the test holds commits. It
 keeps at most `max_entries` entries (older ones are compacted away) and imports nothing outside
 raftmq.raftlog. Never use it to serve data: it has no durability and no peers.

@@ -1,6 +1,6 @@
 """A leader past its disk threshold hands leadership off before its disk fills: the flag the
-broker's disk guard sets, when the next try is due, and the one thread a try runs in. Both
-CommitLogs use it; it decides nothing about Raft itself (the log's transfer does the work)."""
+broker's disk guard sets, when the next try is due, and the one thread a try runs in. NativeLog
+uses it; it decides nothing about Raft itself (the log's transfer does the work)."""
 
 from __future__ import annotations
 

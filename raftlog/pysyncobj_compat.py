@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -56,7 +55,6 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
-from raftmq.raftlog.snapshot import MAX_SNAPSHOT_BYTES, SNAPSHOT_RESEND_S, Snapshot, SnapshotStore
 from raftmq.raftlog.storage_health import StorageHealth
 
 PINNED_VERSION = "0.3.17"
@@ -75,10 +73,7 @@ _MAX_APPLY_BYTES = 8 << 20  # entries read per apply step, so one tick never mat
 _MAX_APPLY_COUNT = 4096
 _MAX_SEND_COUNT = 4096
 _NEVER = 1 << 62
-_NOOP_COMMAND = bytes([1])
-_SNAPSHOT_MESSAGE = (
-    "rm_install_snapshot"  # pysyncobj's _COMMAND_TYPE.NO_OP as its journal stores it
-)
+_NOOP_COMMAND = bytes([1])  # pysyncobj's _COMMAND_TYPE.NO_OP as its journal stores it
 _PRE_VOTE = "rm_pre_vote"  # PreVote (election.py); older nodes ignore unknown message types
 _PRE_VOTE_REPLY = "rm_pre_vote_reply"
 _CANNOT_WRITE = "rm_cannot_write"  # key of a follower's ack: its disk refuses writes
@@ -326,8 +321,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_send_bytes = cfg.batch_max_bytes * 2
         self._rm_warned_gap: set[str] = set()
         self._rm_unreadable_logged: set[tuple[str, int | None]] = set()  # (peer, index) logged
-        self._rm_snapshots: SnapshotStore | None = None
-        self._rm_snapshot_sent: dict[str, float] = {}  # peer -> monotonic time of the last send
         self._rm_tick_calls: collections.deque[Callable[[], None]] = collections.deque(maxlen=64)
         # PreVote state (tick thread): the round this node runs, the last time a leader spoke to
         # it, and whether a won round lets the next expired election timer start a real election.
@@ -343,7 +336,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_peer_cannot_write: dict[str, bool] = {}
         self._rm_transfer_tried: dict[str, float] = {}
         self._rm_low_space = False
-        self._rm_disk_pressure = False  # past the broker's disk threshold (set_disk_pressure)
         self._rm_next_space_check = 0.0
         self._rm_blocked: frozenset[str] = frozenset()
         self._rm_send_filter_installed = False
@@ -446,31 +438,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         while the connections stay up, as a firewall rule dropping packets would (a node cut off
         this way keeps its timers running). An empty set restores normal traffic."""
         self._rm_tick_calls.append(lambda: self._rm_block(peers))
-
-    def set_disk_pressure(self, on: bool) -> None:
-        """Any thread: this node's disk is past its threshold; its acks say it cannot write, so
-        no leader picks it to take over (a plain bool: one writer, read by the tick thread)."""
-        self._rm_disk_pressure = on
-
-    def set_snapshot_store(self, store: SnapshotStore | None) -> None:
-        self._rm_snapshots = store
-
-    def delete_prefix(self, before_index: int) -> Future[int]:
-        """Retention: delete whole journal segments below before_index, in the tick thread
-        (the journal's one writer). Resolves to the new first index."""
-        fut: Future[int] = Future()
-
-        def run() -> None:
-            try:
-                first = self._rm_journal.delete_prefix(before_index)
-            except Exception as exc:  # the caller logs it
-                fut.set_exception(exc)
-                return
-            self._rm_health.forget_below("journal", first)  # bad records deleted with the rest
-            fut.set_result(first)
-
-        self._rm_tick_calls.append(run)
-        return fut
 
     def _rm_run_tick_calls(self) -> None:
         while self._rm_tick_calls:
@@ -677,7 +644,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
                 self._rm_low_space = st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
             except OSError:
                 self._rm_low_space = False
-        return self._rm_health.error is not None or self._rm_low_space or self._rm_disk_pressure
+        return self._rm_health.error is not None or self._rm_low_space
 
     def _SyncObj__sendNextNodeIdx(
         self,
@@ -827,8 +794,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self._rm_on_pre_vote_reply(node, message)
         elif kind == "append_entries" and "prevLogIdx" in message and "transmission" not in message:
             self._rm_on_append_entries(node, message)
-        elif kind == _SNAPSHOT_MESSAGE:
-            self._rm_on_snapshot(node, message)
         elif kind == _FETCH:
             self._rm_on_fetch(node, message)
         elif kind == _FETCH_REPLY:
@@ -857,8 +822,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             nxt = next_index[node]
             prev = nxt - 1
             if prev < j.first_index - 1 or (prev == j.first_index - 1 and not j.has_base):
-                # Retention passed this follower's log end: it gets a snapshot instead.
-                self._rm_send_snapshot(node, nxt, now)
+                # Only a broker group's retention cut a log's head, and broker groups no longer
+                # run here: a controller's follower cannot be behind it. Said once, not served.
+                self._rm_warn_behind(node, nxt)
                 continue
             heartbeat_due = True
             while True:
@@ -916,51 +882,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             exc.reason.replace(" ", "_"),
         )
 
-    def _rm_send_snapshot(self, node: Any, next_index: int, now: float) -> None:
-        """Leader: send the state machine's newest base to a follower behind retention, at most
-        every SNAPSHOT_RESEND_S (its answer moves next_index past the base)."""
-        j = self._rm_journal
-        if now - self._rm_snapshot_sent.get(node.id, 0.0) < SNAPSHOT_RESEND_S:
+    def _rm_warn_behind(self, node: Any, next_index: int) -> None:
+        if node.id in self._rm_warned_gap:
             return
-        self._rm_snapshot_sent[node.id] = now
-        snap = self._rm_snapshots.snapshot_for(j.first_index) if self._rm_snapshots else None
-        if snap is None or snap.base_index < next_index - 1:
-            if node.id not in self._rm_warned_gap:
-                self._rm_warned_gap.add(node.id)
-                log.error(
-                    "raft.follower_behind_retention peer=%s next_index=%d first_index=%d "
-                    "action=none: no snapshot to send",
-                    node.id,
-                    next_index,
-                    j.first_index,
-                )
-            return
-        if len(snap.state) > MAX_SNAPSHOT_BYTES:
-            log.error(
-                "raft.snapshot_too_large peer=%s bytes=%d max=%d",
-                node.id,
-                len(snap.state),
-                MAX_SNAPSHOT_BYTES,
-            )
-            return
-        log.warning(
-            "raft.sending_snapshot peer=%s next_index=%d first_index=%d base_index=%d bytes=%d",
+        self._rm_warned_gap.add(node.id)
+        log.error(
+            "raft.follower_behind_log_head peer=%s next_index=%d first_index=%d action=none",
             node.id,
             next_index,
-            j.first_index,
-            snap.base_index,
-            len(snap.state),
-        )
-        self._SyncObj__transport.send(
-            node,
-            {
-                "type": _SNAPSHOT_MESSAGE,
-                "term": self._SyncObj__raftCurrentTerm,
-                "commit_index": self._SyncObj__raftCommitIndex,
-                "base_index": snap.base_index,
-                "base_term": snap.base_term,
-                "state": snap.state,
-            },
+            self._rm_journal.first_index,
         )
 
     # ---- our replication handlers ---------------------------------------------------------------
@@ -989,40 +919,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._rm_round = None
         self._rm_election_allowed = False
         return True
-
-    def _rm_on_snapshot(self, node: Any, msg: dict[str, Any]) -> None:
-        """Follower: install the leader's snapshot if this log ends before its base."""
-        if not self._rm_accept_leader(node, msg):
-            return
-        j = self._rm_journal
-        base_index, base_term = int(msg["base_index"]), int(msg["base_term"])
-        if j.last_index >= base_index or self._rm_snapshots is None:
-            if self._rm_snapshots is None:
-                log.error(
-                    "raft.snapshot_refused node=%s reason=no_snapshot_store", self._rm_cfg.node_id
-                )
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
-            return
-        log.warning(
-            "raft.installing_snapshot node=%s last_index=%d base_index=%d bytes=%d",
-            self._rm_cfg.node_id,
-            j.last_index,
-            base_index,
-            len(msg["state"]),
-        )
-        snap = Snapshot(base_index, base_term, bytes(msg["state"]))
-        try:
-            self._rm_snapshots.install_snapshot(snap, lambda: j.reset(base_index + 1, base_term))
-        except OSError as exc:
-            self._rm_health.failed("snapshot", str(j.directory), exc, time.monotonic())
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=j.last_index + 1, reset=True)
-            return
-        # A failed install kept "snapshot" backing off: without this the episode never closes.
-        self._rm_health.succeeded("snapshot", time.monotonic())
-        self._SyncObj__raftLastApplied = base_index
-        self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, base_index)
-        self._SyncObj__raftLog.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=base_index + 1, success=True)
 
     def _rm_on_append_entries(self, node: Any, msg: dict[str, Any]) -> None:
         """Follower side of AppendEntries as the Raft paper has it: truncate only on conflict."""

@@ -13,9 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-SNAPSHOT_RESEND_S = 2.0  # a follower not answering a snapshot gets it again after this long
-MAX_SNAPSHOT_BYTES = 64 << 20  # larger states are refused loudly (the wire frame limit is 256 MiB)
-
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

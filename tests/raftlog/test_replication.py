@@ -7,7 +7,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +32,6 @@ from raftmq.raftlog.replication import (
     follower_append,
     leader_on_ack,
 )
-from raftmq.raftlog.snapshot import Snapshot
 from raftmq.raftlog.storage_health import CorruptRecord, StorageHealth
 
 
@@ -473,71 +472,6 @@ def test_shell_on_a_full_disk_keeps_what_it_wrote_and_backs_off(
         assert j.last_index == 2
 
 
-class Snapshots:
-    """A SnapshotStore that records what it was asked to install."""
-
-    def __init__(self) -> None:
-        self.installed: list[Snapshot] = []
-
-    def snapshot_for(self, first_index: int) -> Snapshot | None:
-        return None
-
-    def install_snapshot(self, snapshot: Snapshot, reset_log: Callable[[], None]) -> None:
-        self.installed.append(snapshot)
-        reset_log()
-
-
-def test_shell_installs_a_snapshot_when_behind_its_base(tmp_path: Path) -> None:
-    with SegmentJournal(tmp_path / "j") as j:
-        for i in range(1, 6):
-            j.append(i, 1, b"x")
-        stub = ShellStub(j, commit_index=5, term=3)
-        snaps = Snapshots()
-        stub._rm_snapshots = snaps  # type: ignore[attr-defined]
-        stub._SyncObj__raftLastApplied = 5  # type: ignore[attr-defined]
-        msg = {"type": "rm_install_snapshot", "term": 3, "commit_index": 120,
-               "base_index": 100, "base_term": 2, "state": b"state"}  # fmt: skip
-        RaftNode._rm_on_snapshot(stub, "leader", msg)
-        assert [s.base_index for s in snaps.installed] == [100]
-        assert (j.first_index, j.last_index, j.term_at(100)) == (101, 100, 2)
-        assert stub.sent[-1] == {"nextNodeIdx": 101, "success": True}
-        assert stub._SyncObj__raftLastApplied == 100  # type: ignore[attr-defined]
-        assert stub._SyncObj__raftCommitIndex == 100
-        # The same snapshot again (its answer was lost): nothing installed twice.
-        RaftNode._rm_on_snapshot(stub, "leader", msg)
-        assert len(snaps.installed) == 1 and stub.sent[-1] == {"nextNodeIdx": 101, "reset": True}
-        # Entries from the base on are accepted: the check runs against the base's term.
-        RaftNode._rm_on_append_entries(stub, "leader", wire(100, 2, 101, [(b"c", 101, 3)], 3))
-        assert j.last_index == 101 and stub.sent[-1] == {"nextNodeIdx": 102, "success": True}
-
-
-class FailingOnceSnapshots(Snapshots):
-    """The first install hits a full disk; the next goes through."""
-
-    def install_snapshot(self, snapshot: Snapshot, reset_log: Callable[[], None]) -> None:
-        if not self.installed and not getattr(self, "failed", False):
-            self.failed = True
-            raise OSError(errno.ENOSPC, "No space left on device")
-        super().install_snapshot(snapshot, reset_log)
-
-
-def test_a_snapshot_that_failed_once_does_not_keep_the_episode_open(tmp_path: Path) -> None:
-    with SegmentJournal(tmp_path / "j") as j:
-        j.append(1, 1, b"x")
-        stub = ShellStub(j, commit_index=1, term=3)
-        stub._rm_snapshots = FailingOnceSnapshots()  # type: ignore[attr-defined]
-        stub._SyncObj__raftLastApplied = 1  # type: ignore[attr-defined]
-        msg = {"type": "rm_install_snapshot", "term": 3, "commit_index": 120,
-               "base_index": 100, "base_term": 2, "state": b"state"}  # fmt: skip
-        RaftNode._rm_on_snapshot(stub, "leader", msg)
-        health = stub._rm_health
-        assert health.error is not None and health.error.where == "snapshot"
-        RaftNode._rm_on_snapshot(stub, "leader", msg)  # the leader resends; the disk has room
-        assert stub.sent[-1] == {"nextNodeIdx": 101, "success": True}
-        health.settle(10**9)  # long after: no writer backs off, so the episode is over
-        assert health.error is None
-
-
 def test_a_meta_store_that_failed_is_retried_while_the_node_is_idle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -560,21 +494,16 @@ def test_a_meta_store_that_failed_is_retried_while_the_node_is_idle(
         assert adapter.health.error is None
 
 
-def test_a_node_with_a_corrupt_record_or_a_pressed_disk_says_it_cannot_take_over(
-    tmp_path: Path,
-) -> None:
-    """What a follower's acks carry (rm_cannot_write): the leader's transfer_candidates and an
-    explicit LeadershipTransfer (the controller's balancer) then pass it over."""
+def test_a_node_with_a_corrupt_record_says_it_cannot_take_over(tmp_path: Path) -> None:
+    """What a follower's acks carry (rm_cannot_write): the leader's transfer_candidates then
+    pass it over."""
     with SegmentJournal(tmp_path / "j") as j:
         stub = ShellStub(j, commit_index=0, term=1)
         stub._rm_next_space_check = 0.0  # type: ignore[attr-defined]
         stub._rm_low_space = False  # type: ignore[attr-defined]
-        stub._rm_disk_pressure = False  # type: ignore[attr-defined]
         assert not RaftNode._rm_cannot_write(stub)
         rec = CorruptRecord("journal", str(tmp_path / "j" / "1.seg"), 24, 3, "crc mismatch")
         stub._rm_health.corrupt(rec, 1.0)
         assert RaftNode._rm_cannot_write(stub)  # unrepaired corruption: never preferred
         stub._rm_health.repaired(rec.path, rec.offset)
         assert not RaftNode._rm_cannot_write(stub)
-        stub._rm_disk_pressure = True  # type: ignore[attr-defined]
-        assert RaftNode._rm_cannot_write(stub)  # past its disk threshold
