@@ -15,11 +15,17 @@ from raftmq.client.data_pool import DataPool
 from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offsets import BrokerOffsets, StartFrom
+from raftmq.client.refusal_gate import RefusalGate
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common import tls
 from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
-from raftmq.common.errors import InvalidArgumentError, PermissionDeniedError, RaftMQError
+from raftmq.common.errors import (
+    ConsumeDisabledError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    RaftMQError,
+)
 from raftmq.common.filter.subscription import check_subscription
 from raftmq.common.message import dlq_topic, retry_topic, validate_group, validate_topic
 from raftmq.common.types import QueueRef, check_offset
@@ -86,6 +92,9 @@ class PullConsumer:
         # next poll() with nothing buffered raises it, as Kafka's poll raises an authorization
         # error; the fetchers keep retrying, so consuming resumes once it is allowed again.
         self._refused: PermissionDeniedError | None = None
+        # Consuming turned off for the group: poll() raises it once per episode, the log says
+        # it once, and all queues together pull once per back-off (as the push consumer does).
+        self._gate = RefusalGate(group, self._on_refused)
 
     # ---- assignment ---------------------------------------------------------------------------
 
@@ -132,6 +141,7 @@ class PullConsumer:
                 has_room=self._has_room,
                 data=self._data,
                 on_refused=self._on_refused,
+                gate=self._gate,
             )
             self._fetchers[q] = f
             f.start()
@@ -246,11 +256,18 @@ class PullConsumer:
                 self._positions[q] = new  # nothing of q waits to be polled: commit the new spot
         return new
 
+    @property
+    def consume_disabled(self) -> ConsumeDisabledError | None:
+        """Why the group's pulls are refused now (its config turns consuming off), or None
+        while it consumes."""
+        return self._gate.state.error
+
     @checked
     def poll(self, timeout_ms: int = 1_000, max_messages: int = 10_000) -> list[ReceivedMessage]:
         """Messages in offset order per queue; [] if none arrives within timeout_ms. Raises
-        the PermissionDeniedError of a pull the brokers refused (ConsumeDisabledError: the
-        group's config turns consuming off) when nothing is buffered, once per refusal."""
+        the PermissionDeniedError of a pull the brokers refused when nothing is buffered: once
+        per refusal, and a ConsumeDisabledError (the group's config turns consuming off) once
+        per episode, while the fetchers keep probing and consuming resumes by itself."""
         if not 0 <= timeout_ms <= MAX_POLL_TIMEOUT_MS:
             # Bounded like every wait: past a day a caller loops, and past threading's limit
             # the wait itself would fail with an OverflowError.

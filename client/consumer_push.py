@@ -27,12 +27,12 @@ import grpc
 
 from raftmq.client.data_pool import DataPool
 from raftmq.client.fetcher import FetchDriver, Fetched, FetchSettings, QueueFetcher
-from raftmq.client.group_refusal import MAX_PROBE_S, GroupRefusal
 from raftmq.client.messages import ReceivedMessage
 from raftmq.client.offset_reset import SeenResets
 from raftmq.client.offsets import BrokerOffsets, FileOffsets, StartFrom
 from raftmq.client.process_queue import ProcessQueue
 from raftmq.client.rebalance import AllocationStrategy, allocate, plan_rebalance
+from raftmq.client.refusal_gate import DisabledCallback, RefusalGate
 from raftmq.client.retry_back import SendBack, listener_view
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.client.scheduler import Scheduler
@@ -86,43 +86,6 @@ class StuckMessage:
 
 
 StuckCallback = Callable[[StuckMessage], None]
-# Told once when a running consumer's group has consuming turned off (`raftmq group config G
-# --consume off`); consuming resumes by itself when it is turned on again.
-DisabledCallback = Callable[[ConsumeDisabledError], None]
-
-
-class _RefusalGate:
-    """The fetchers' PullGate of one push consumer: client/group_refusal.py's state under a
-    lock, each episode's start and end logged once, and its start handed to `tell`."""
-
-    def __init__(self, group: str, tell: DisabledCallback) -> None:
-        self._group = group
-        self._tell = tell
-        self._lock = threading.Lock()
-        self.state = GroupRefusal()
-
-    def pull_delay_s(self) -> float:
-        with self._lock:
-            return self.state.pull_delay_s(time.monotonic())
-
-    def refused(self, error: ConsumeDisabledError, sent_s: float) -> None:
-        with self._lock:
-            started = self.state.refused(error, sent_s, time.monotonic())
-        if started:
-            log.warning(
-                "consumer.consume_disabled group=%s: %s; the consumer keeps running, pulls "
-                "once every %.0f s at most, and resumes by itself when it is turned on",
-                self._group,
-                error.message,
-                MAX_PROBE_S,
-            )
-            self._tell(error)
-
-    def served(self, sent_s: float) -> None:
-        with self._lock:
-            ended = self.state.served(sent_s)
-        if ended is not None:
-            log.warning("consumer.consume_resumed group=%s", self._group)
 
 
 class PushConsumer:
@@ -195,7 +158,7 @@ class PushConsumer:
         self._retry_delay_level = retry_delay_level
         self._on_stuck = on_stuck
         self._on_consume_disabled = on_consume_disabled
-        self._gate = _RefusalGate(group, self._tell_disabled)
+        self._gate = RefusalGate(group, self._tell_disabled)
         self._stuck: dict[str, StuckMessage] = {}  # msg_id -> past its retry limit, kept
         self._reconsume_backoff_s = reconsume_backoff_ms / 1000
         self._max_backoff_s = max_reconsume_backoff_ms / 1000
@@ -358,7 +321,7 @@ class PushConsumer:
         if starting and any(a.consume_disabled for a in answers):
             # Fail at start, typed, as for a denied group; a running member keeps going, tells
             # the application once (on_consume_disabled) and its fetchers pull once every few
-            # seconds until the group is turned on again (_RefusalGate). The nodes
+            # seconds until the group is turned on again (RefusalGate). The nodes
             # took this heartbeat: leave, or the group's members would count this one until it
             # expires and a rebalance would hand it queues nobody reads.
             self._heartbeat(leaving=True)

@@ -418,3 +418,64 @@ def test_a_running_push_consumer_is_told_once_backs_off_and_resumes(
     assert caplog.text.count(f"consumer.consume_disabled group={group}") == 1, caplog.text
     assert f"consumer.consume_resumed group={group}" in caplog.text
     assert "consumer.pull_failed" not in caplog.text, caplog.text
+
+
+def test_a_running_pull_consumer_raises_once_backs_off_and_resumes(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same for a PullConsumer: poll() raises the ConsumeDisabledError once per episode
+    (before: once per refused pull, each queue about once a second, with a warning each), all
+    queues together pull about once per back-off period, and poll() returns messages again by
+    itself once the group is turned on."""
+    topic = group = "daily-gc-poll"
+    create_topic(cluster, topic, queues=4)  # 8 queues over the two broker groups
+    with (
+        Admin(cluster.namesrv) as admin,
+        Producer(cluster.namesrv) as producer,
+        caplog.at_level(logging.WARNING, logger="raftmq.consumer"),
+        PullConsumer(
+            cluster.namesrv, group, start_from=StartFrom.EARLIEST, long_poll_ms=500
+        ) as consumer,
+    ):
+        consumer.subscribe(topic)
+
+        def pulls() -> int:
+            return sum(f.pulls for f in list(consumer._fetchers.values()))
+
+        def poll_for(body: bytes, timeout_s: float) -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if body in [m.body for m in consumer.poll(200)]:
+                    return
+            raise AssertionError(f"{body!r} not polled in {timeout_s:g} s")
+
+        producer.send(topic, b"before")
+        poll_for(b"before", 30)
+        admin.update_group_config(group, consume_enable=False)
+        raised: list[ConsumeDisabledError] = []
+        deadline = time.monotonic() + 30
+        while not raised and time.monotonic() < deadline:
+            try:
+                consumer.poll(200)
+            except ConsumeDisabledError as exc:
+                raised.append(exc)
+        assert raised and "--consume on" in raised[0].message
+        assert consumer.consume_disabled is raised[0]
+        # A measurement window, not a wait for an event: polls go on, nothing more is raised,
+        # and the pulls every queue sent in it are the gate's probes.
+        start, t0 = pulls(), time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            try:
+                assert consumer.poll(200) == []
+            except ConsumeDisabledError as exc:
+                raised.append(exc)
+        sent, elapsed = pulls() - start, time.monotonic() - t0
+        assert len(raised) == 1, raised
+        assert sent <= elapsed / FIRST_PROBE_S + 1, (sent, elapsed)
+        admin.update_group_config(group, consume_enable=True)
+        producer.send(topic, b"after")
+        poll_for(b"after", 30)
+        assert consumer.consume_disabled is None
+    assert caplog.text.count(f"consumer.consume_disabled group={group}") == 1, caplog.text
+    assert f"consumer.consume_resumed group={group}" in caplog.text
+    assert "consumer.pull_failed" not in caplog.text, caplog.text
