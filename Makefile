@@ -4,9 +4,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-# The stored batch codec's C extension (setup.py): built again in place whenever its source or
-# setup.py changes (pip install -e builds it once; a later edit of the .c needs this).
-EXT_SRC := common/_stored_batch_c.c
+# The compiled parts (setup.py): the stored batch codec's C extension and the Raft core's modules
+# compiled by mypyc, built again in place whenever a source or setup.py changes (pip install -e
+# builds them once; an edited raftlog module runs from source until this rebuilds it).
+EXT_SRC := common/_stored_batch_c.c raftlog/compiled.py raftlog/raft_messages.py raftlog/election.py \
+  raftlog/replication.py raftlog/raft_codec.py raftlog/raft_core.py
 EXT_STAMP := $(VENV)/.ext-$(shell cat $(EXT_SRC) setup.py | sha1sum | cut -c1-12)
 # The official Node.js client's tests: npm ci into NODE_DIR again whenever its lock file changes.
 NODE_DIR := tests/proxy/nodejs
@@ -26,6 +28,7 @@ $(STAMP): pyproject.toml
 $(EXT_STAMP): $(STAMP) $(EXT_SRC) setup.py
 	$(BIN)/python setup.py -q build_ext --inplace
 	@$(BIN)/python -c 'from raftmq.common import stored_batch as s; assert s.IMPLEMENTATION == "c", "the C codec did not build"'
+	@$(BIN)/python -c 'import raftmq.raftlog as r; assert r.IMPLEMENTATION == "mypyc", r.IMPLEMENTATION_REASON'
 	@rm -f $(VENV)/.ext-*; touch $@
 
 deps: debs $(STAMP) $(EXT_STAMP) node-deps
@@ -93,4 +96,4 @@ bench-spark: deps
 	$(BIN)/python bench/spark_bench.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info common/*.so .mypy_cache .ruff_cache .pytest_cache $(NODE_DIR)/node_modules
+	rm -rf $(VENV) build *.egg-info *.so common/*.so raftlog/*.so raftlog/_mypyc_manifest.json .mypy_cache .ruff_cache .pytest_cache $(NODE_DIR)/node_modules

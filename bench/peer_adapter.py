@@ -32,6 +32,7 @@ from raftmq import Admin, Producer, PullConsumer, StartFrom
 from raftmq.client.aio import AsyncProducer
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import QueueRef
+from raftmq.ops.procs import PASSED_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 # The harness's venv has the SDK's two dependencies only; the servers run on the project's.
@@ -48,7 +49,7 @@ PRELOAD_THREADS = 4
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_") or k in PASSED_ENV}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

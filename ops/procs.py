@@ -31,14 +31,18 @@ KILL_WAIT_S = 10.0
 POLL_INTERVAL_S = 0.05
 
 
-# The admin's keys for [security.auth] (common/auth.py), kept off the children's command lines.
-PASSED_ENV = frozenset({"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY"})
+# The admin's keys for [security.auth] (common/auth.py), kept off the children's command lines,
+# and the switch to the pure-Python twins (common/stored_batch.py, raftlog/compiled.py), which a
+# whole process tree takes or none of it: not a setting of any one role.
+PASSED_ENV = frozenset(
+    {"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY", "RAFTMQ_NO_EXTENSIONS"}
+)
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment without RAFTMQ_* settings (a child takes its settings from its
     flags, and its secrets from the variables its ProcessSpec names), except PASSED_ENV (the
-    admin's keys, what the README's secure recipe exports), with
+    admin's keys, what the README's secure recipe exports, and RAFTMQ_NO_EXTENSIONS), with
     CODE_ROOT first on PYTHONPATH and unbuffered output for its log."""
     env = {
         k: v

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from mypy_extensions import mypyc_attr
+
 from raftmq.raftlog.election import (
     LogPosition,
     PeerView,
@@ -237,6 +239,9 @@ class RaftLog:
         self.base_index, self.base_term = base_index, base_term
 
 
+# The simulator's tests subclass it with a rule removed (tests/raftlog/test_raft_sim.py); mypyc
+# refuses interpreted subclasses of a compiled class unless told.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RaftCore:
     """One node of a Raft group. Construct it from what the node made durable (a restart
     passes its hard state, snapshot and log back); then feed it and drain ready().

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftmq.ops import procs
+from raftmq.ops.procs import PASSED_ENV
 from tests.harness.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/harness/procs.py
@@ -35,7 +36,9 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
     def start(self, ready_prefix: str, timeout_s: float = 60.0) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_")}
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_") or k in PASSED_ENV
+        }
         env["PYTHONPATH"] = str(ROOT)
         with open(self.log, "a") as err:
             self.popen = subprocess.Popen(

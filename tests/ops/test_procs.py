@@ -149,3 +149,18 @@ def test_listen_inodes_and_the_holder_of_a_port() -> None:
         # this process's own command line: pytest's, or an xdist worker's (python -c ...)
         assert "python" in ports.command_line(os.getpid(), max_chars=10_000)
     assert not ports.in_use("127.0.0.1", port)
+
+
+def test_a_child_gets_the_twin_switch_and_the_admin_keys_but_no_setting() -> None:
+    """Settings reach a child by its flags only; the switch to the pure-Python twins reaches the
+    whole process tree (a twin run of the suite must run its brokers on the twins too)."""
+    env = procs.child_env(
+        {
+            "PATH": "/bin",
+            "RAFTMQ_BROKER_FLUSH_POLICY": "SYNC_FLUSH",
+            "RAFTMQ_NO_EXTENSIONS": "1",
+            "RAFTMQ_ADMIN_ACCESS_KEY": "admin",
+        }
+    )
+    assert env["RAFTMQ_NO_EXTENSIONS"] == "1" and env["RAFTMQ_ADMIN_ACCESS_KEY"] == "admin"
+    assert "RAFTMQ_BROKER_FLUSH_POLICY" not in env and env["PATH"] == "/bin"
