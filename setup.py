@@ -37,6 +37,17 @@ def _compiled_list() -> Any:
 COMPILED = _compiled_list()
 
 
+# mypy's settings for the compile (make types checks the code with pyproject.toml's, strict): an
+# isolated build (pip's default) has mypy and setuptools only, not the stubs and packages the rest
+# of raftmq imports, which mypy follows from raftmq/__init__.py; their errors are silenced, stubs'
+# too (a config-file-only setting), and the missing ones read as Any.
+_MYPY_CONFIG = """[mypy]
+follow_imports = silent
+follow_imports_for_stubs = True
+ignore_missing_imports = True
+"""
+
+
 def _mypyc_extensions() -> list[Extension]:
     if os.environ.get(COMPILED.NO_EXTENSIONS_ENV, "") not in ("", "0"):
         return []
@@ -45,9 +56,19 @@ def _mypyc_extensions() -> list[Extension]:
     except ImportError:
         print("raftmq: mypyc is not installed; the Raft core runs from source", file=sys.stderr)
         return []
-    exts: list[Extension] = mypycify(
-        [f"raftmq/raftlog/{m}.py" for m in COMPILED.COMPILED_MODULES], opt_level="3"
-    )
+    files = [f"raftmq/raftlog/{m}.py" for m in COMPILED.COMPILED_MODULES]
+    try:
+        config = ROOT / "build" / "mypyc-mypy.ini"
+        config.parent.mkdir(exist_ok=True)
+        config.write_text(_MYPY_CONFIG)
+        # The group's shared library is a module of the package (raftmq/raftlog/core__mypyc),
+        # so it is found wherever raftmq is, not only from the checkout's root.
+        exts: list[Extension] = mypycify(
+            [*files, "--config-file", str(config)], opt_level="3", group_name="raftmq.raftlog.core"
+        )
+    except (Exception, SystemExit) as exc:  # a type error or a toolchain problem: no speed-up
+        print(f"raftmq: mypyc failed ({exc!r}); the Raft core runs from source", file=sys.stderr)
+        return []
     for ext in exts:
         ext.optional = True  # no compiler: the source runs, as for the codec
     return exts
