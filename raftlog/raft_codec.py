@@ -163,7 +163,7 @@ class Sealer:
     def seal(self, body: bytes) -> bytes:
         return self._aead.encrypt(self._nonce(), body, None)
 
-    def open(self, body: bytes) -> bytes:
+    def open(self, body: bytes | bytearray) -> bytes:
         from cryptography.exceptions import InvalidTag
 
         try:
@@ -211,7 +211,7 @@ def encode(m: Frame) -> list[bytes]:
     return [_U8.pack(_TNOW_T), _TERM.pack(m.term)]
 
 
-def decode(body: bytes, sender: str, to: str) -> Frame:
+def decode(body: bytes | bytearray, sender: str, to: str) -> Frame:
     """The message in a frame body from `sender` (named by its connection's hello)."""
     if not body:
         raise BadMessageError("empty frame")
@@ -224,7 +224,7 @@ def decode(body: bytes, sender: str, to: str) -> Frame:
             return AppendResponse(sender, to, term, bool(ok), nxt, rej, bool(elig))
         if kind == _SNAP_T:
             term, base, base_term = _SNAP.unpack_from(body, 1)
-            state = body[1 + _SNAP.size :]
+            state = bytes(body[1 + _SNAP.size :])
             return InstallSnapshot(sender, to, term, Snapshot(base, base_term, state))
         if kind == _VOTE_T:
             term, lt, li, transfer = _VOTE.unpack_from(body, 1)
@@ -246,13 +246,13 @@ def decode(body: bytes, sender: str, to: str) -> Frame:
             return FetchRecord(index)
         if kind == _COPY_T:
             index, term, found = _COPY.unpack_from(body, 1)
-            return RecordCopy(index, term, body[1 + _COPY.size :] if found else None)
+            return RecordCopy(index, term, bytes(body[1 + _COPY.size :]) if found else None)
     except struct.error as exc:
         raise BadMessageError(f"message of kind {kind} is truncated") from exc
     raise BadMessageError(f"unknown message kind {kind}")
 
 
-def _decode_append(body: bytes, sender: str, to: str) -> AppendEntries:
+def _decode_append(body: bytes | bytearray, sender: str, to: str) -> AppendEntries:
     term, prev, prev_term, commit, count = _APPEND.unpack_from(body, 1)
     pos = 1 + _APPEND.size
     view = memoryview(body)

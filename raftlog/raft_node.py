@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from raftmq.raftlog import raft_codec
 from raftmq.raftlog.config import FlushPolicy, RaftLogConfig
 from raftmq.raftlog.errors import CorruptJournalError, RaftLogError
+from raftmq.raftlog.frame_reader import FrameReader, FrameTooLargeError
 from raftmq.raftlog.raft_core import RaftConfig, RaftCore, Role
 from raftmq.raftlog.raft_messages import AppendResponse, Entry, HardState, Message, Ready
 from raftmq.raftlog.raft_storage import JournalStorage
@@ -42,6 +43,7 @@ ROLE_OF = {
 }
 TICK_MS = 10  # one core tick; election and heartbeat settings are whole numbers of it
 _HELLO_TIMEOUT_S = 5.0
+_MAX_HELLO_BYTES = 4096  # a peer not yet accepted may announce no larger frame
 _FIRST_RETRY_S = 0.02  # the first reconnect attempt's wait
 REPAIR_RETRY_S = 1.0  # a corrupt record's copy is asked of every peer this often until repaired
 _MAX_REPAIRS_ASKED = 16  # records asked for per round (the rest wait for the next rounds)
@@ -652,29 +654,38 @@ class RaftNodeShell:
         )
 
     async def _accept(self, conn: socket.socket, address: str) -> None:
-        writer: asyncio.StreamWriter | None = None
+        inbound = _Inbound(self)
         try:
             async with asyncio.timeout(_HELLO_TIMEOUT_S):
-                opened = await self._open_inbound(conn, address)
-            if opened is None:
+                reader = await self._open_inbound(conn, address, inbound)
+            if reader is None:
                 return
-            reader, writer = opened
-            await self._receive(reader)
-        except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            # A peer that has not said who it is within the hello timeout is cut off.
+            hello_due = asyncio.get_running_loop().call_later(
+                _HELLO_TIMEOUT_S, inbound.hello_overdue
+            )
+            try:
+                await reader.done
+            finally:
+                hello_due.cancel()
+            exc = reader.error
+            if isinstance(exc, raft_codec.BadMessageError | FrameTooLargeError):
+                log.warning("raft.bad_peer_stream node=%s error=%s", self.id, exc)
+            elif exc is not None and not isinstance(exc, OSError):
+                raise exc  # a bug below the frames (the core's, the journal's): not swallowed
+        except (OSError, TimeoutError):
             pass
-        except raft_codec.BadMessageError as exc:
-            log.warning("raft.bad_peer_stream node=%s error=%s", self.id, exc)
         finally:
-            if writer is not None:
-                writer.close()
+            if inbound.reader is not None and inbound.reader.transport is not None:
+                inbound.reader.transport.close()
             else:
                 conn.close()
 
     async def _open_inbound(
-        self, conn: socket.socket, address: str
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The connection as streams, after its TLS handshake when this node has TLS; None when
-        the peer speaks the other protocol (refused, logged)."""
+        self, conn: socket.socket, address: str, inbound: _Inbound
+    ) -> FrameReader | None:
+        """The connection read frame by frame into `inbound`, after its TLS handshake when this
+        node has TLS; None when the peer speaks the other protocol (refused, logged)."""
         loop = asyncio.get_running_loop()
         tls = self.cfg.tls
         first = await _peek_first_byte(loop, conn)
@@ -695,33 +706,28 @@ class RaftNodeShell:
                 "the peer has TLS on and this node has not: give every node the same --tls-* flags",
             )
             return None
-        reader = asyncio.StreamReader()
-        protocol = asyncio.StreamReaderProtocol(reader)
+        reader = FrameReader(inbound.on_frame, _MAX_HELLO_BYTES)
+        inbound.reader = reader
         try:
-            transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol,
+            await loop.connect_accepted_socket(
+                lambda: reader,
                 conn,
                 ssl=tls.server if tls is not None else None,
                 ssl_handshake_timeout=_HELLO_TIMEOUT_S if tls is not None else None,
             )
         except ssl.SSLError as exc:
+            inbound.reader = None
             self.refused(
                 address,
                 f"tls_handshake_failed error={_ssl_reason(exc)}",
                 "the peer needs a certificate of this group's CA (--tls-cert, --tls-key)",
             )
             return None
-        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+        return reader
 
-    async def _read_frame(self, reader: asyncio.StreamReader) -> bytes:
-        head = await reader.readexactly(raft_codec.FRAME_HEADER.size)
-        (n,) = raft_codec.FRAME_HEADER.unpack(head)
-        if n > raft_codec.MAX_FRAME_BYTES:
-            raise raft_codec.BadMessageError(f"frame of {n} bytes is over the limit")
-        return await reader.readexactly(n)
-
-    async def _receive(self, reader: asyncio.StreamReader) -> None:
-        hello = await asyncio.wait_for(self._read_frame(reader), _HELLO_TIMEOUT_S)
+    def accept_hello(self, hello: bytes) -> tuple[str, raft_codec.Sealer | None]:
+        """The sender a peer's hello names, and the opener of its frames when they are sealed;
+        BadMessageError when it is not a member or does not prove this group's password."""
         h = raft_codec.decode_hello(hello)
         sender = h.sender
         if sender not in self.core.peers:
@@ -741,17 +747,41 @@ class RaftNodeShell:
         opener = None
         if self.key is not None and h.mode == raft_codec.SEALED:
             opener = raft_codec.Sealer(self.key, h.nonce)
-        while True:
-            body = await self._read_frame(reader)
-            if opener is not None:
-                body = opener.open(body)
-            m = raft_codec.decode(body, sender, self.id)
-            if isinstance(m, raft_codec.FetchRecord):
-                self._answer_fetch(sender, m.index)
-            elif isinstance(m, raft_codec.RecordCopy):
-                self._repair(sender, m)
-            else:
-                self.step(m)
+        return sender, opener
+
+    def receive(self, sender: str, m: raft_codec.Frame) -> None:
+        """One message from an accepted peer."""
+        if isinstance(m, raft_codec.FetchRecord):
+            self._answer_fetch(sender, m.index)
+        elif isinstance(m, raft_codec.RecordCopy):
+            self._repair(sender, m)
+        else:
+            self.step(m)
+
+
+class _Inbound:
+    """One inbound connection's frames: its hello first (who, and whether sealed), then
+    messages, each handled in the read callback that completed it."""
+
+    def __init__(self, node: RaftNodeShell) -> None:
+        self._node = node
+        self._sender: str | None = None
+        self._opener: raft_codec.Sealer | None = None
+        self.reader: FrameReader | None = None
+
+    def on_frame(self, body: bytes | bytearray) -> None:
+        if self._sender is None:
+            self._sender, self._opener = self._node.accept_hello(bytes(body))
+            assert self.reader is not None
+            self.reader.limit = raft_codec.MAX_FRAME_BYTES  # a member now: whole entries
+            return
+        if self._opener is not None:
+            body = self._opener.open(body)
+        self._node.receive(self._sender, raft_codec.decode(body, self._sender, self._node.id))
+
+    def hello_overdue(self) -> None:
+        if self._sender is None and self.reader is not None:
+            self.reader.fail(TimeoutError("no hello within the hello timeout"))
 
 
 async def _peek_first_byte(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> bytes:
