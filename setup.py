@@ -21,12 +21,15 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+# The package's sources as the build sees them: raftmq/raftlog, a link to raftlog/ in a checkout
+# and the folder itself in an sdist.
+SOURCES = ROOT / "raftmq" / "raftlog"
 
 
 def _compiled_list() -> Any:
     """raftlog/compiled.py alone (the standard library only): the one list of the modules."""
     spec = importlib.util.spec_from_file_location(
-        "_raftlog_compiled", ROOT / "raftlog" / "compiled.py"
+        "_raftlog_compiled", SOURCES / "compiled.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -79,10 +82,9 @@ class BuildExt(build_ext):  # type: ignore[misc]  # setuptools is untyped here
 
     def run(self) -> None:
         super().run()
-        sources = ROOT / "raftlog"
-        out = sources if self.inplace else Path(self.build_lib) / "raftmq" / "raftlog"
+        out = SOURCES if self.inplace else Path(self.build_lib) / "raftmq" / "raftlog"
         if out.is_dir():
-            COMPILED.write_manifest(out, sources)
+            COMPILED.write_manifest(out, SOURCES)
 
 
 setup(

@@ -277,6 +277,27 @@ def test_the_wheel_holds_the_compiled_codec(dists: Dists) -> None:
     assert "raftmq/common/_stored_batch_c.pyi" in compiled
 
 
+def test_the_wheel_holds_the_raft_core_compiled_with_its_manifest(dists: Dists) -> None:
+    """mypyc's modules, their shared library inside raftmq.raftlog (found wherever the package is
+    installed) and the hashes of the sources they were built from (raftlog/compiled.py)."""
+    names = set(_wheel_names(dists.wheel))
+    for module in (
+        "raft_core",
+        "raft_codec",
+        "raft_messages",
+        "election",
+        "replication",
+        "core__mypyc",
+    ):
+        assert any(
+            n.startswith(f"raftmq/raftlog/{module}.") and n.endswith((".so", ".pyd")) for n in names
+        ), module
+        if module != "core__mypyc":
+            assert f"raftmq/raftlog/{module}.py" in names, module  # the twin
+    assert "raftmq/raftlog/_mypyc_manifest.json" in names
+    assert not [n for n in names if "__mypyc" in n and not n.startswith("raftmq/")]
+
+
 def test_a_wheel_built_without_a_compiler_runs_on_the_twin(dists: Dists, tmp_path: Path) -> None:
     """The extension is optional: with no working compiler the build warns, the wheel has no
     extension, and the installed SDK runs the pure-Python twin."""
