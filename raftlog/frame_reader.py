@@ -18,6 +18,9 @@ from collections.abc import Callable
 # Small frames (acks, heartbeats, votes) are parsed from here, several per read; a larger one (an
 # append of a W1-sized entry is ~60 KiB and up) gets a buffer of its own.
 SCRATCH_BYTES = 64 * 1024
+# A large frame's buffer is allocated whole up to this; beyond it, it doubles as its bytes arrive,
+# so a length alone (a peer's first 4 bytes) never commits more memory than was sent.
+PREALLOC_BYTES = 4 << 20
 _HEAD = struct.Struct("<I")
 
 
@@ -36,6 +39,7 @@ class FrameReader(asyncio.BufferedProtocol):
         limit: int,
         *,
         scratch: int = SCRATCH_BYTES,
+        prealloc: int = PREALLOC_BYTES,
     ) -> None:
         self._on_frame = on_frame
         self.limit = limit  # the owner raises it once the peer is accepted
@@ -44,6 +48,8 @@ class FrameReader(asyncio.BufferedProtocol):
         self._end = 0  # the end of what the socket put in the scratch
         self._big: bytearray | None = None  # a large frame being read into its own buffer
         self._big_got = 0
+        self._big_need = 0  # its length (the buffer may be shorter yet: PREALLOC_BYTES)
+        self._prealloc = prealloc
         self.transport: asyncio.BaseTransport | None = None
         self.error: BaseException | None = None
         self.done = asyncio.get_running_loop().create_future()
@@ -55,6 +61,10 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._big is not None:
+            if self._big_got == len(self._big):  # full but the frame is longer: double it
+                grown = bytearray(min(self._big_need, 2 * len(self._big)))
+                grown[: self._big_got] = self._big  # a new buffer: the old may still be exported
+                self._big = grown
             return memoryview(self._big)[self._big_got :]
         if self._end == len(self._scratch):  # full of a partial frame: move it to the front
             self._compact()
@@ -64,7 +74,7 @@ class FrameReader(asyncio.BufferedProtocol):
         try:
             if self._big is not None:
                 self._big_got += nbytes
-                if self._big_got == len(self._big):
+                if self._big_got == self._big_need:
                     frame, self._big = self._big, None
                     self._on_frame(frame)
                 return
@@ -97,9 +107,10 @@ class FrameReader(asyncio.BufferedProtocol):
                 self._on_frame(bytes(memoryview(buf)[body : body + n]))
             elif _HEAD.size + n > len(buf):
                 # Larger than the scratch: its own buffer, the part already here copied once.
-                big = bytearray(n)
+                big = bytearray(min(n, max(self._prealloc, have)))
                 big[:have] = memoryview(buf)[body : self._end]
                 self._big, self._big_got = big, have  # have < n: the rest comes from the socket
+                self._big_need = n
                 self._start = self._end = 0
             else:
                 break  # a partial frame that fits: wait for the rest in the scratch

@@ -46,7 +46,7 @@ def run(
 ) -> tuple[list[bytes | bytearray], FrameReader, Transport]:
     async def go() -> tuple[list[bytes | bytearray], FrameReader, Transport]:
         got: list[bytes | bytearray] = []
-        reader = FrameReader(got.append, limit, scratch=scratch)
+        reader = FrameReader(got.append, limit, scratch=scratch, prealloc=16)
         transport = Transport()
         reader.connection_made(transport)
         feed(reader, frames_of(bodies), cuts)
@@ -61,8 +61,8 @@ def run(
     cuts=st.lists(st.integers(1, 400), max_size=40),
 )
 def test_any_reads_give_the_same_frames_in_order(bodies: list[bytes], cuts: list[int]) -> None:
-    # A small scratch, so frames of every kind: several per read, split across reads, larger
-    # than the scratch (their own buffer), empty.
+    # A small scratch and a small preallocation, so frames of every kind: several per read, split
+    # across reads, larger than the scratch (their own buffer, grown as their bytes arrive), empty.
     got, reader, transport = run(bodies, cuts, scratch=64)
     assert [bytes(g) for g in got] == bodies
     assert reader.error is None and not transport.closed
@@ -93,3 +93,16 @@ def test_an_error_of_the_frames_owner_ends_the_connection() -> None:
     reader, transport = asyncio.run(go())
     assert isinstance(reader.error, ValueError) and "hello" in str(reader.error)
     assert transport.closed
+
+
+def test_a_length_alone_commits_no_more_memory_than_the_preallocation() -> None:
+    """A peer's first 4 bytes announcing 200 MiB (the limit allows it) get a buffer of
+    PREALLOC_BYTES, not 200 MiB; it grows only as the frame's bytes arrive."""
+
+    async def go() -> int:
+        reader = FrameReader(lambda body: None, 256 << 20, scratch=64, prealloc=1 << 20)
+        reader.connection_made(Transport())
+        feed(reader, HEAD.pack(200 << 20) + b"x" * 100, [])
+        return len(reader.get_buffer(-1))
+
+    assert asyncio.run(go()) == (1 << 20) - 100
