@@ -6,6 +6,7 @@ at a time while a producer sends, with 0 failed sends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
@@ -23,7 +24,7 @@ from raftmq.client.admin import Admin
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.offsets import StartFrom
 from raftmq.client.producer import Producer
-from raftmq.common.errors import RaftMQError
+from raftmq.common.errors import RaftMQError, TopicAlreadyExistsError
 from raftmq.ops.certs import CertRequest, write_certs
 from raftmq.ops.cluster_runner import ClusterRunner
 from raftmq.ops.cluster_spec import ClusterSpec, local_description, parse
@@ -158,10 +159,13 @@ def test_cli_with_tls_flags_and_without(cluster: ClusterRunner) -> None:
     base = [sys.executable, "-m", "raftmq.ops.cli", "--namesrv", spec.namesrv_addresses]
     flags = ["--tls-ca", str(spec.tls.ca), "--tls-cert", str(spec.tls.cert("client"))]
     flags += ["--tls-key", str(spec.tls.key("client"))]
-    # The topic is created by an earlier test through the leader; the NameServer has its route
-    # at the broker's next registration (every 1 s here; later on a loaded machine: a full run
-    # saw NO_ROUTE). Wait for the route (with the flags), then check both forms.
+    # The topic this test reads is its own to make: pytest-xdist may run it in another worker than
+    # the test that creates "secure" there (each worker starts the module's cluster; see
+    # tests/conftest.py). The NameServer has its route at the broker's next registration (every
+    # 1 s here). Wait for the route (with the flags), then check both forms.
     with Admin(spec.namesrv_addresses, **tls_args(spec)) as admin:
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topic("secure", queues=2)
         wait_until(lambda: admin.route("secure"), 30, "the NameServer's route to 'secure'")
     ok = subprocess.run(
         [*base, *flags, "topic", "route", "secure"], env=env, capture_output=True, text=True,
