@@ -28,9 +28,7 @@ SOURCES = ROOT / "raftmq" / "raftlog"
 
 def _compiled_list() -> Any:
     """raftlog/compiled.py alone (the standard library only): the one list of the modules."""
-    spec = importlib.util.spec_from_file_location(
-        "_raftlog_compiled", SOURCES / "compiled.py"
-    )
+    spec = importlib.util.spec_from_file_location("_raftlog_compiled", SOURCES / "compiled.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
