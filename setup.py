@@ -75,7 +75,7 @@ def _mypyc_extensions() -> list[Extension]:
     return exts
 
 
-class BuildExt(build_ext):  # type: ignore[misc]  # setuptools is untyped here
+class BuildExt(build_ext):
     """build_ext, then the manifest of the compiled modules' sources beside them."""
 
     def run(self) -> None:
