@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import struct
-import subprocess
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -32,6 +31,7 @@ from raftmq.common.stored_batch import (
     BatchLimits,
     implementations,
 )
+from tests.harness.procs import python_prints
 
 NO_EXTENSIONS = os.environ.get(stored_batch.NO_EXTENSIONS_ENV, "") not in ("", "0")
 
@@ -115,19 +115,8 @@ def small_batch(sb: ModuleType) -> bytes:
 
 
 def _implementation_in(env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from raftmq.common import stored_batch as s; print(s.IMPLEMENTATION)",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout.strip()
+    code = "from raftmq.common import stored_batch as s; print(s.IMPLEMENTATION)"
+    return python_prints(code, env).strip()
 
 
 def test_the_extension_is_used_unless_the_environment_refuses_it() -> None:

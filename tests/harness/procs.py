@@ -220,3 +220,18 @@ def start_cluster(
         cluster.close()
         raise
     return cluster
+
+
+def python_prints(code: str, env: dict[str, str]) -> str:
+    """What `python -c code` prints in a fresh interpreter with `env`, from the checkout: how
+    the tests ask which implementation (compiled or twin) an environment selects."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout

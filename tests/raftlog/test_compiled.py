@@ -15,6 +15,7 @@ import pytest
 from raftmq import raftlog
 from raftmq.raftlog import compiled
 from raftmq.raftlog.compiled import COMPILED, COMPILED_MODULES, NO_EXTENSIONS_ENV, SOURCE
+from tests.harness.procs import python_prints
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_EXTENSIONS = os.environ.get(NO_EXTENSIONS_ENV, "") not in ("", "0")
@@ -63,21 +64,11 @@ def test_no_build_or_no_manifest_is_the_source(tmp_path: Path) -> None:
 
 
 def _implementation_in(env: dict[str, str]) -> list[str]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import raftmq.raftlog as r, raftmq.raftlog.raft_core as c; "
-            "print(r.IMPLEMENTATION); print(c.__file__)",
-        ],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    code = (
+        "import raftmq.raftlog as r, raftmq.raftlog.raft_core as c; "
+        "print(r.IMPLEMENTATION); print(c.__file__)"
     )
-    return done.stdout.split()
+    return python_prints(code, env).split()
 
 
 def test_the_core_runs_compiled_unless_the_environment_refuses_it() -> None:
