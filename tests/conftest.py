@@ -69,8 +69,41 @@ def _group_of(path: str) -> str:
     return path
 
 
+# tryfirst: xdist's worker reads the marks in its own pytest_collection_modifyitems (it suffixes
+# each node id with `@group`, which is all its scheduler sees), and a conftest's hook would
+# otherwise run after it: the marks would be set too late, silently.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = PurePosixPath(str(config.rootpath))
     for item in items:
         path = str(PurePosixPath(str(item.path)).relative_to(root))
         item.add_marker(pytest.mark.xdist_group(_group_of(path)))
+
+
+_UNGROUPED = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fail every test when the groups did not take, rather than run module clusters side by side.
+
+    The grouping has failed silently twice: the hook order above, and pytest 9.2, whose node
+    ids no longer change when xdist 3.8 rewrites them (pytest-xdist issue #1386; pyproject pins
+    pytest below 9.2 until xdist follows). Both left each test scheduled on its own, so the
+    SERIAL modules ran beside other clusters. (A worker that raises here only crashes, its
+    message lost; a failed setup says why on every test.)
+    """
+    if not getattr(session.config.option, "loadgroup", False):
+        return  # not an xdist worker under --dist loadgroup
+    ungrouped = [i.nodeid for i in session.items if "@" not in i.nodeid.rsplit("::", 1)[-1]]
+    if ungrouped:
+        session.config.stash[_UNGROUPED] = (
+            f"--dist loadgroup: {len(ungrouped)} tests carry no group (first: {ungrouped[0]}): "
+            "pytest-xdist did not apply tests/conftest.py's groups, so modules would share this "
+            "machine with each other. Check pytest's and pytest-xdist's versions against the pins "
+            "in pyproject.toml."
+        )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if message := item.config.stash.get(_UNGROUPED, ""):
+        pytest.fail(message, pytrace=False)
