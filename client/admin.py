@@ -65,6 +65,11 @@ log = logging.getLogger("raftmq.admin")
 
 T = TypeVar("T")
 RPC_TIMEOUT_S = 10.0
+# How long a call waits for the NameServers to know a group's leader (an election takes a
+# fraction of a second, brokers report every second; a loaded machine is slower), and how
+# often it asks them meanwhile.
+LEADER_WAIT_S = 10.0
+LEADER_POLL_S = 0.2
 MAX_RANGE_MESSAGES = 10_000  # per messages_in_queue call
 READER_GROUP = "raftmq-admin-reader"  # the group an admin read pulls as (it commits nothing)
 
@@ -488,8 +493,16 @@ class Admin:
             raise from_rpc_error(exc) from None
 
     def _on_leader(self, group: GroupInfo, fn: Callable[[broker_pb2_grpc.BrokerStub], T]) -> T:
-        """`fn` on the group's leader, following one NOT_LEADER hint."""
+        """`fn` on the group's leader, following one NOT_LEADER hint. A group whose leader the
+        NameServers do not know yet (an election, or a cluster just started: the controller can
+        know the leader a heartbeat before they do) is asked again for up to LEADER_WAIT_S
+        before NotLeaderError: nothing was sent, so waiting is safe for every call."""
         address = group.leader_address
+        deadline = time.monotonic() + LEADER_WAIT_S  # read at each call (a test shortens it)
+        while not address and time.monotonic() < deadline:
+            time.sleep(LEADER_POLL_S)
+            fresh = [g for g in self.groups() if g.broker_group == group.broker_group]
+            address = fresh[0].leader_address if fresh else ""
         if not address:
             raise NotLeaderError.for_node("-", group.broker_group, "")
         try:

@@ -415,6 +415,9 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
     try:
         for _ in range(4):
             call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"x" * 1_000))
+        # Sends are answered at commit and indexed after: the one pull that must read all four
+        # (and so owe the quota ~3 s) waits for the index, as a consumer's next pull would.
+        assert node.wait_dispatched(node.rlog.committed_index, 5)
         first = broker_pb2.PullMessageResponse.FromString(
             call(client, DataMethod.PULL_MESSAGE, pull_req("T", 0, 0, 300))
         )

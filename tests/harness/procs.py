@@ -173,8 +173,9 @@ class Cluster:
         return [*self.namesrvs, *(p for _, ps in self.groups.values() for p in ps)]
 
     def wait_leaders(self, timeout_s: float = 60) -> None:
-        """Until the NameServers route a leader for every broker group: a test that creates a
-        topic or reads a route before that is refused with "no leader is known yet"."""
+        """Until the NameServers route a leader for every broker group: a test that reads a
+        route before that finds no writable queue (an admin call waits for the leader itself,
+        up to admin.LEADER_WAIT_S)."""
         from raftmq.client.admin import Admin  # the harness stays importable without the SDK
 
         with Admin(self.namesrv) as admin:
