@@ -120,6 +120,21 @@ def pulled(raw: bytes) -> broker_pb2.PullMessageResponse:
     return broker_pb2.PullMessageResponse.FromString(raw)
 
 
+def leader_status(env: Env) -> broker_pb2.BrokerStatus:
+    with grpc.insecure_channel(env.leader.node.address) as channel:
+        return broker_pb2_grpc.BrokerStub(channel).GetBrokerStatus(
+            broker_pb2.GetBrokerStatusRequest(), timeout=5
+        )
+
+
+def indexed(env: Env) -> None:
+    """Sends are answered at commit and indexed after (issue 29): a test whose next read must
+    see all it sent (a pull that expects every message, the queue's bounds) waits for the
+    leader's index to reach its commit, as a consumer's next pull would find it."""
+    target = leader_status(env).commit_index
+    wait_until(lambda: leader_status(env).dispatch_index >= target, 10, "the leader's index")
+
+
 def threads_of(proc: Proc) -> int:
     assert proc.popen is not None
     for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
@@ -147,6 +162,7 @@ def test_send_with_idempotent_retry_then_pull(env: Env) -> None:
     assert [(r.msg_id, r.queue_offset, r.duplicate) for r in again.results] == [
         (r.msg_id, r.queue_offset, True) for r in first.results
     ]
+    indexed(env)
     found = pulled(env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, 0, 0, 0)))
     assert found.status == broker_pb2.FOUND
     assert [m.message.body for m in found.messages] == [b"a", b"b", b"c"]
@@ -173,6 +189,7 @@ def sent_batches(raw: bytes) -> broker_pb2.SendBatchesResponse:
 
 
 def bodies(env: Env, queue_id: int) -> list[bytes]:
+    indexed(env)
     found = pulled(env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, queue_id, 0, 0)))
     return [m.message.body for m in found.messages]
 
@@ -200,6 +217,7 @@ def test_send_batches_share_one_entry_and_fail_apart(env: Env) -> None:
     assert ok4.raft_index == ok5.raft_index and ok4.slot != ok5.slot  # one entry, two chunks
     assert common_pb2.ErrorCode.Name(bad.error.code) == "INVALID_ARGUMENT"
     assert "queue 99 does not exist" in bad.error.message
+    indexed(env)
     found = pulled(env.call(env.leader, DataMethod.PULL_MESSAGE, pull_req(TOPIC, 4, 0, 0)))
     assert [m.message.body for m in found.messages] == [b"q4-a", b"q4-b"]
     assert [m.msg_id for m in found.messages] == [
@@ -255,6 +273,7 @@ def test_long_poll_answers_as_soon_as_a_message_arrives(env: Env) -> None:
 
 def test_offsets_bounds_and_heartbeat(env: Env) -> None:
     env.call(env.leader, DataMethod.SEND_MESSAGE, send_req(TOPIC, 2, b"x", b"y"))
+    indexed(env)  # the bounds below count them
     commit = broker_pb2.CommitOffsetRequest(
         consumer_group="cg", offsets=[broker_pb2.QueueOffset(topic=TOPIC, queue_id=2, offset=2)]
     )
@@ -367,11 +386,7 @@ def test_a_thousand_held_polls_take_no_threads_and_sends_keep_their_latency(env:
 
 
 def commit_index(env: Env) -> int:
-    with grpc.insecure_channel(env.leader.node.address) as channel:
-        st = broker_pb2_grpc.BrokerStub(channel).GetBrokerStatus(
-            broker_pb2.GetBrokerStatusRequest(), timeout=5
-        )
-    return int(st.commit_index)
+    return int(leader_status(env).commit_index)
 
 
 def test_an_unchanged_offset_commit_adds_no_log_entry(env: Env) -> None:
