@@ -204,7 +204,6 @@ def test_held_pulls_park_without_threads_and_a_send_wakes_them(
         call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"first"))
     )
     assert [r.queue_offset for r in sent.results] == [0]
-    indexed(node)  # the pulls below start at offset 1: past "first"
     threads_before = threading.active_count()
     pulls = [
         client.call_threadsafe(
@@ -314,7 +313,6 @@ def test_a_held_pull_with_a_tag_filter_is_woken_only_by_a_message_it_wants(
     held pulls. The dispatcher's tag hashes decide before anything is woken."""
     server, _, client = served
     call(client, DataMethod.SEND_MESSAGE, send_req("B", 0, b"first"))
-    indexed(node)
 
     def tagged(tag: str, body: bytes) -> broker_pb2.SendMessageRequest:
         return broker_pb2.SendMessageRequest(
@@ -384,7 +382,6 @@ def test_a_filtered_held_pull_goes_on_past_the_rows_it_saw_go_by(
     them (which answers NO_MATCHED_MSG): per re-poll, no work in the rows a busy queue got."""
     server, _, client = served
     call(client, DataMethod.SEND_MESSAGE, send_req("C", 0, b"first"))
-    indexed(node)
     req = pull_req("C", 0, 1, 1_000)
     req.filter_type = broker_pb2.TAG
     req.filter_expression = "audit"
@@ -418,7 +415,9 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
     try:
         for _ in range(4):
             call(client, DataMethod.SEND_MESSAGE, send_req("T", 0, b"x" * 1_000))
-        indexed(node)  # the one pull that must read all four (and owe the quota ~3 s)
+        # A pull below the queue's end reads what is indexed (a consumer's next pull reads the
+        # rest); this one must read all four at once (and owe the quota ~3 s).
+        indexed(node)
         first = broker_pb2.PullMessageResponse.FromString(
             call(client, DataMethod.PULL_MESSAGE, pull_req("T", 0, 0, 300))
         )

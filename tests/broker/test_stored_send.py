@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
-import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,7 +34,7 @@ from raftmq.common.data_api import DataMethod
 from raftmq.common.delay import PROPERTY_DELAY_MS
 from raftmq.common.errors import InvalidArgumentError, QueueFullError
 from raftmq.common.message import DLQ_TOPIC_PREFIX, Message
-from raftmq.common.pb import broker_pb2, broker_pb2_grpc, common_pb2, namesrv_pb2, transaction_pb2
+from raftmq.common.pb import broker_pb2, common_pb2, namesrv_pb2, transaction_pb2
 from raftmq.common.record_batch import Kind, ProducerSequence
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.common.types import QueueRef
@@ -53,7 +52,6 @@ class Env:
     io: LoopThread
     clients: dict[str, FrameClient]  # node id -> its data port
     leader: str
-    leader_admin: str  # the leader's gRPC address (its status)
 
     def call(self, node: str, method: DataMethod, payload: bytes, timeout_s: float = 10) -> bytes:
         fc = self.clients[node]
@@ -78,22 +76,7 @@ class Env:
         out = self.call(node, DataMethod.PULL_MESSAGE, req.SerializeToString())
         return broker_pb2.PullMessageResponse.FromString(out)
 
-    def indexed(self) -> None:
-        """Sends are answered at commit and indexed after (issue 29): wait until the leader's
-        index holds everything committed so far, as a consumer's next pull would find it."""
-
-        def status() -> broker_pb2.BrokerStatus:
-            with grpc.insecure_channel(self.leader_admin) as channel:
-                return broker_pb2_grpc.BrokerStub(channel).GetBrokerStatus(
-                    broker_pb2.GetBrokerStatusRequest(), timeout=5
-                )
-
-        target = status().commit_index
-        wait_until(lambda: status().dispatch_index >= target, 30, "the leader's index")
-
     def max_offset(self, queue_id: int) -> int:
-        """The queue's end as indexed once everything answered so far is."""
-        self.indexed()
         req = broker_pb2.GetQueueBoundsRequest(topic=TOPIC, queue_id=queue_id)
         raw = self.call(self.leader, DataMethod.GET_QUEUE_BOUNDS, req.SerializeToString())
         return broker_pb2.GetQueueBoundsResponse.FromString(raw).max_offset
@@ -115,8 +98,8 @@ def _connect(cluster: Cluster, io: LoopThread) -> Env:
     for n in nodes:
         host, _, port = n.data_address.rpartition(":")
         clients[n.node_id] = FrameClient(host, int(port), loop=io.loop)
-    leader = next(n for n in nodes if n.is_leader)
-    return Env(cluster, io, clients, leader.node_id, leader.address)
+    leader = next(n.node_id for n in nodes if n.is_leader)
+    return Env(cluster, io, clients, leader)
 
 
 def _close(env: Env) -> None:
@@ -205,7 +188,6 @@ def test_a_v2_batch_is_stored_as_sent_on_every_node_and_pulled_unchanged(env: En
 
 def test_tag_and_sql92_filters_on_v2_batches(env: Env) -> None:
     env.send(batch(2, b"x0", b"x1", b"x2", b"x3"))
-    env.indexed()  # the pulls below (no wait) expect the batch's row
     req = broker_pb2.PullMessageRequest(
         consumer_group="cg",
         topic=TOPIC,
