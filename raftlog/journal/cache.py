@@ -6,6 +6,7 @@ Neither class locks: the journal calls every method under its own lock. Neither 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import OrderedDict, deque
 
@@ -49,6 +50,20 @@ class RecordCache:
         self.recent.append((rec.term, rec.command))
         self.recent_first = rec.index
         self.recent_bytes += len(rec.command) + CACHE_OVERHEAD_BYTES
+
+    def recent_range(self, k: int, n: int) -> list[tuple[int, bytes]]:
+        """recent[k : k + n] (k within it), walked from the nearer end. islice walks a deque
+        from its left end, so a read at the tail of a full cache (the dispatcher's every round,
+        a follower's catch-up, a pull at the end) cost the cache's length: ~185 us per read with
+        32 MiB of 1 KiB records (bench/journal_read_bench.py)."""
+        recent = self.recent
+        size = len(recent)
+        if k <= size // 2:
+            return list(itertools.islice(recent, k, k + n))
+        tail = size - k  # reversed(recent)[j] is recent[size - 1 - j]
+        out = list(itertools.islice(reversed(recent), max(0, tail - n), tail))
+        out.reverse()
+        return out
 
     def put(self, rec: Record) -> None:
         """Remember a record read back from disk."""

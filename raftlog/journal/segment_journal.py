@@ -8,7 +8,6 @@ The parts live beside it: format (framing), segments (files), cache (memory), te
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import os
 import threading
@@ -470,9 +469,10 @@ class SegmentJournal:
             recent: list[tuple[int, bytes]] = []
             with self._lock:
                 k = index - cache.recent_first
-                if 0 <= k < len(cache.recent):
-                    n = min(max_count - len(out), last_index - index + 1)
-                    recent = list(itertools.islice(cache.recent, k, k + n))
+                size = len(cache.recent)
+                if 0 <= k < size:
+                    n = min(max_count - len(out), last_index - index + 1, size - k)
+                    recent = cache.recent_range(k, n)
                     rec: Record | None = None
                 else:
                     rec = cache.lru.get(index)

@@ -18,6 +18,7 @@ import pytest
 
 from raftmq.raftlog.errors import CorruptJournalError, LogClosedError
 from raftmq.raftlog.journal import HEADER_BYTES, SegmentJournal, index_name, segment_name
+from raftmq.raftlog.journal.cache import RecordCache
 from raftmq.raftlog.meta import MetaStore, RaftMeta
 from raftmq.raftlog.record import Record
 
@@ -117,6 +118,19 @@ def test_valid_oversize_record_in_active_segment_refuses_to_open(tmp_path: Path)
     assert segment_name(1) in str(info.value)
     with SegmentJournal(d) as j:  # the record was not cut
         assert j.get(1).command == b"x" * 3000
+
+
+def test_recent_range_is_the_slice_from_either_end() -> None:
+    """RecordCache.recent_range walks from the nearer end (a tail read of a full cache cost the
+    cache's length); every slice of every size is the same as the list's."""
+    for size in range(10):
+        cache = RecordCache(1 << 20)
+        for i in range(size):
+            cache.push(1, b"%d" % i)
+        want = list(cache.recent)
+        for k in range(size):
+            for n in range(1, size - k + 2):
+                assert cache.recent_range(k, n) == want[k : k + n], (size, k, n)
 
 
 def test_read_range_limits(tmp_path: Path) -> None:
