@@ -114,8 +114,13 @@ class FrameServer:
 
     Each request runs as a task, so many are in flight per connection; past
     `max_inflight_per_conn` the server stops reading that socket (TCP pushes back on the client)
-    instead of failing requests. A handler's RaftMQError answers an ERROR frame with its code;
-    any other exception answers INTERNAL with an error id (the traceback is logged here only).
+    instead of failing requests. At most `max_starts_per_turn` requests start per loop turn,
+    taken from the waiting connections in turn: a flood (a thousand long polls in one burst)
+    spreads over turns, so the loop's timers, its reads and the answers of requests already
+    running are not held behind it, and no connection's burst starts before another's first
+    request. A handler's
+    RaftMQError answers an ERROR frame with its code; any other exception answers INTERNAL with
+    an error id (the traceback is logged here only).
     """
 
     def __init__(
@@ -128,6 +133,7 @@ class FrameServer:
         max_connections: int = 4096,
         max_connections_per_address: int = 0,
         max_connections_per_user: int = 0,
+        max_starts_per_turn: int = 32,
         hello_timeout_s: float = 5.0,
         idle_timeout_s: float = 30.0,
         ssl: ssl_lib.SSLContext | None = None,
@@ -135,10 +141,17 @@ class FrameServer:
     ) -> None:
         if max_inflight_per_conn < 1:
             raise ValueError("max_inflight_per_conn must be >= 1")
+        if max_starts_per_turn < 1:
+            raise ValueError("max_starts_per_turn must be >= 1")
         self._handlers = dict(handlers)
         self._names = {m: getattr(h, "__qualname__", f"method {m}") for m, h in handlers.items()}
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight_per_conn = max_inflight_per_conn
+        self.max_starts_per_turn = max_starts_per_turn
+        self._starts = 0  # requests started in this loop turn
+        self._turn_ends: asyncio.Handle | None = None  # resets _starts in the next turn
+        # Connections with a request they could start but for this turn's budget, oldest first.
+        self._waiting: collections.deque[_ServerConn] = collections.deque()
         self.max_pending_write_bytes = max_pending_write_bytes
         self.max_connections = max_connections
         # One client host (or user) holds at most its share, so a flood of idle connections
@@ -230,6 +243,49 @@ class FrameServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # ---- the per-turn start budget --------------------------------------------------------------
+
+    def may_start(self) -> bool:
+        """Whether one more request may start in this loop turn (counts it if so).
+
+        The window runs from one `_next_turn` to the next, and a task's first step runs in the
+        turn after its start, so one turn runs at most twice the budget of first steps: the
+        starts made after `_next_turn` in the turn before and those made before it in this one.
+        Exact counting would need every start to wait for the pump's turn: one more loop turn
+        on every request's way."""
+        if self._starts >= self.max_starts_per_turn:
+            return False
+        self._starts += 1
+        if self._turn_ends is None:
+            assert self._loop is not None
+            # A call_soon runs in the next loop turn, after that turn's due timers and I/O.
+            self._turn_ends = self._loop.call_soon(self._next_turn)
+        return True
+
+    def wait_turn(self, conn: _ServerConn) -> None:
+        """`conn` has a startable request left over from this turn's budget."""
+        if not conn.waiting_turn:
+            conn.waiting_turn = True
+            self._waiting.append(conn)
+        if self._turn_ends is None:
+            assert self._loop is not None
+            self._turn_ends = self._loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """A new turn's budget, spent on the waiting connections one request each, in turn."""
+        self._turn_ends = None
+        self._starts = 0
+        waiting = self._waiting
+        while waiting and self._starts < self.max_starts_per_turn:
+            conn = waiting.popleft()
+            if conn.start_next():
+                waiting.append(conn)  # more to start: back of the line
+            else:
+                conn.waiting_turn = False
+        if waiting and self._turn_ends is None:  # none started, yet some wait: next turn
+            assert self._loop is not None
+            self._turn_ends = self._loop.call_soon(self._next_turn)
+
     def _schedule_sweep(self) -> None:
         assert self._loop is not None
         every_s = max(0.05, min(0.5, self.hello_timeout_s / 4, self.idle_timeout_s / 4))
@@ -259,6 +315,7 @@ class _ServerConn(asyncio.Protocol):
         self._last_rx = self._opened_at
         self.inflight = 0
         self.backlog: collections.deque[Frame] = collections.deque()
+        self.waiting_turn = False  # in the server's line for the next turn's start budget
         self._out: _Out = []
         self._flush_scheduled = False
         self._reading = True
@@ -396,8 +453,22 @@ class _ServerConn(asyncio.Protocol):
         elif self.inflight >= self._max_inflight or self.backlog:
             self.backlog.append(frame)
             self._update_reading()
+        elif not self._srv.may_start():
+            self.backlog.append(frame)
+            self._srv.wait_turn(self)
+            self._update_reading()
         else:
             self._start(frame)
+
+    def start_next(self) -> bool:
+        """Start this connection's oldest waiting request if it may (the server's turn budget
+        was checked); whether it has another it could start at once."""
+        if self._closed or not self.backlog:
+            return False
+        if self.inflight < self._max_inflight and self._srv.may_start():
+            self._start(self.backlog.popleft())
+            self._update_reading()
+        return bool(self.backlog) and self.inflight < self._max_inflight
 
     def _start(self, frame: Frame) -> None:
         handler = self._srv._handlers.get(frame.method)
@@ -438,6 +509,9 @@ class _ServerConn(asyncio.Protocol):
         self._srv._tasks.discard(task)
         self.inflight -= 1
         while self.backlog and self.inflight < self._max_inflight and not self._closed:
+            if not self._srv.may_start():
+                self._srv.wait_turn(self)
+                break
             self._start(self.backlog.popleft())
         self._update_reading()
 

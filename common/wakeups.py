@@ -15,10 +15,18 @@ class LoopWaker:
     """`set_result` / `set_exception` from any thread. Completions queue up; the first one after
     a drain schedules one `call_soon_threadsafe`, later ones ride on it (the FrameClient inbox's
     scheme): a dispatch that answers 200 sends and wakes 50 held pulls costs the loop one wake-up.
-    A future already done (timed out, cancelled) when its completion arrives is left alone."""
+    A future already done (timed out, cancelled) when its completion arrives is left alone.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    At most `max_per_turn` futures complete per loop turn, the rest in the next turns: each
+    resumes a task in the turn after, and a message that wakes a thousand held pulls would
+    otherwise run all their reads in one turn, in front of the loop's timers, its reads and
+    every other request's answer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_per_turn: int = 64) -> None:
+        if max_per_turn < 1:
+            raise ValueError("max_per_turn must be >= 1")
         self._loop = loop
+        self.max_per_turn = max_per_turn
         self._ready: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = (
             collections.deque()
         )
@@ -73,14 +81,22 @@ class LoopWaker:
         with self._lock:
             self._scheduled = False
         ready = self._ready
-        while ready:
+        left = self.max_per_turn
+        while ready and left:
             fut, value, exc = ready.popleft()
             if fut.done():
                 continue
+            left -= 1
             if exc is not None:
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
+        if ready:  # the rest after this turn's tasks and the next turn's timers
+            with self._lock:
+                if self._scheduled:
+                    return  # a post from another thread scheduled the next drain already
+                self._scheduled = True
+            self._loop.call_soon(self._drain)
 
 
 def _running_here(loop: asyncio.AbstractEventLoop) -> bool:

@@ -161,6 +161,47 @@ def test_loop_waker_coalesces_completions_from_another_thread() -> None:
         assert waker.wakeups <= 2  # one per burst, not one per future
 
 
+def test_loop_waker_completes_at_most_its_bound_per_loop_turn() -> None:
+    """A message that wakes a thousand held pulls must not run all their reads in one loop turn
+    ahead of the loop's timers and other requests' answers: completions spread over turns, in
+    the order they were posted, and none is lost."""
+    with LoopThread("test-waker-bound") as io:
+        waker = LoopWaker(io.loop, max_per_turn=10)
+        turn = 0
+        done_in: list[tuple[int, int]] = []  # (turn, future's number) as each completes
+
+        async def make() -> list[asyncio.Future[int]]:
+            def tick() -> None:
+                nonlocal turn
+                turn += 1
+                if len(done_in) < 95:
+                    io.loop.call_soon(tick)
+
+            io.loop.call_soon(tick)
+            futs = [io.loop.create_future() for _ in range(95)]
+            for i, f in enumerate(futs):
+                f.add_done_callback(lambda _, i=i: done_in.append((turn, i)))
+            return futs
+
+        futs = io.run(make())
+        barrier = threading.Event()
+        io.loop.call_soon_threadsafe(barrier.wait, 5)  # all 95 posted before the first drain
+        for i, f in enumerate(futs):
+            waker.set_result(f, i)
+        barrier.set()
+
+        async def collect() -> list[int]:
+            return list(await asyncio.gather(*futs))
+
+        assert io.run(collect(), 5) == list(range(95))
+        assert [i for _, i in done_in] == list(range(95))
+        per_turn: dict[int, int] = {}
+        for t, _ in done_in:
+            per_turn[t] = per_turn.get(t, 0) + 1
+        assert max(per_turn.values()) <= 10, per_turn
+        assert len(per_turn) >= 10
+
+
 # ---- the data server in process -----------------------------------------------------------------
 
 

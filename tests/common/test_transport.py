@@ -374,6 +374,72 @@ def test_backpressure_bounds_tasks_and_buffers_of_a_client_that_does_not_read() 
     run(main())
 
 
+def test_a_burst_starts_at_most_the_turn_budget_per_loop_turn_taking_connections_in_turn(
+    loop_kind: str,
+) -> None:
+    """A burst of requests must not all start in one loop turn (a thousand long polls did, and
+    held the loop's timers and every answer behind them; on a loop shared with the Raft timers,
+    past an election timeout), and one connection's burst must not start before another's
+    first request."""
+    budget, conns, per_conn = 4, 10, 20
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        turn = 0
+        ticking = True
+
+        def tick() -> None:  # one increment per loop turn (a call_soon runs in the next one)
+            nonlocal turn
+            turn += 1
+            if ticking:
+                loop.call_soon(tick)
+
+        started: list[tuple[int, int, int]] = []  # (turn, connection, request) at each start
+
+        async def note(payload: memoryview, ctx: RequestContext) -> bytes:
+            started.append((turn, ctx.conn_id, ctx.request_id))
+            return bytes(payload)
+
+        server = FrameServer({ECHO: note}, max_starts_per_turn=budget)
+        await server.start()
+        writers = []
+        for _ in range(conns):
+            r, w = await hello_conn(server.port)
+            writers.append((r, w))
+        loop.call_soon(tick)
+        # every burst is in the server's socket buffers before the server reads any of them
+        for _, w in writers:
+            w.write(b"".join(frame.encode_request(i + 1, ECHO, b"x") for i in range(per_conn)))
+        await asyncio.gather(*(w.drain() for _, w in writers))
+        for r, _ in writers:
+            dec, got = FrameDecoder(expect_hello=False), []
+            while len(got) < per_conn:
+                got += dec.feed(await r.read(1 << 16))
+            assert sorted(f.request_id for f in got) == list(range(1, per_conn + 1))
+        ticking = False
+        per_turn: dict[int, int] = {}
+        for t, _, _ in started:
+            per_turn[t] = per_turn.get(t, 0) + 1
+        assert len(started) == conns * per_conn
+        # Twice the budget at most: FrameServer.may_start says why a turn may see two windows.
+        assert max(per_turn.values()) <= 2 * budget, per_turn
+        assert len(per_turn) >= conns * per_conn // (2 * budget)
+        # In turn: until every connection has started its first request, none has started more
+        # than one window's worth (the first connection read may take a turn's budget before
+        # the others are read; after that the waiting connections take one request each).
+        order = [(c, rid) for _, c, rid in started]
+        last_first = max(order.index((c, 1)) for c in {c for c, _ in order})
+        ahead: dict[int, int] = {}
+        for c, _ in order[: last_first + 1]:
+            ahead[c] = ahead.get(c, 0) + 1
+        assert max(ahead.values()) <= 2 * budget, order[: last_first + 1]
+        for _, w in writers:
+            w.close()
+        await server.close(1)
+
+    run(main(), loop_kind)
+
+
 def test_a_server_full_of_long_requests_is_not_mistaken_for_a_dead_one() -> None:
     async def main() -> None:
         # 2 in flight per connection, each 1.5 s: the server stops reading, so it cannot answer
