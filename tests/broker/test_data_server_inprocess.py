@@ -139,6 +139,23 @@ def test_timed_out_wait_replans_and_answers_no_new_message_after_the_hold(
 # ---- the waker ----------------------------------------------------------------------------------
 
 
+def post_all_at_once(
+    io: LoopThread, waker: LoopWaker, futs: list[asyncio.Future[int]]
+) -> list[int]:
+    """Complete futs[i] with i through the waker from this thread, every post made while the loop
+    is held busy (so all wait for one drain), and the results once the loop has delivered them."""
+    barrier = threading.Event()
+    io.loop.call_soon_threadsafe(barrier.wait, 5)
+    for i, f in enumerate(futs):
+        waker.set_result(f, i)
+    barrier.set()
+
+    async def collect() -> list[int]:
+        return list(await asyncio.gather(*futs))
+
+    return io.run(collect(), 5)
+
+
 def test_loop_waker_coalesces_completions_from_another_thread() -> None:
     with LoopThread("test-waker") as io:
         waker = LoopWaker(io.loop)
@@ -147,16 +164,7 @@ def test_loop_waker_coalesces_completions_from_another_thread() -> None:
             return [io.loop.create_future() for _ in range(500)]
 
         futs = io.run(make())
-        barrier = threading.Event()
-        io.loop.call_soon_threadsafe(barrier.wait, 5)  # keep the loop busy while we post
-        for i, f in enumerate(futs):
-            waker.set_result(f, i)
-        barrier.set()
-
-        async def collect() -> list[int]:
-            return list(await asyncio.gather(*futs))
-
-        assert io.run(collect(), 5) == list(range(500))
+        assert post_all_at_once(io, waker, futs) == list(range(500))
         assert waker.completions == 500
         assert waker.wakeups <= 2  # one per burst, not one per future
 
@@ -184,16 +192,7 @@ def test_loop_waker_completes_at_most_its_bound_per_loop_turn() -> None:
             return futs
 
         futs = io.run(make())
-        barrier = threading.Event()
-        io.loop.call_soon_threadsafe(barrier.wait, 5)  # all 95 posted before the first drain
-        for i, f in enumerate(futs):
-            waker.set_result(f, i)
-        barrier.set()
-
-        async def collect() -> list[int]:
-            return list(await asyncio.gather(*futs))
-
-        assert io.run(collect(), 5) == list(range(95))
+        assert post_all_at_once(io, waker, futs) == list(range(95))
         assert [i for _, i in done_in] == list(range(95))
         per_turn: dict[int, int] = {}
         for t, _ in done_in:
