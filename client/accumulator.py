@@ -6,6 +6,10 @@ per queue are in flight (Kafka keeps 5 under the idempotent producer); a retried
 sequence numbers, and the broker refuses a batch that would land before an earlier one of its
 queue (strict sequences), so the queue's order holds.
 
+An item may stand for several messages (`count_of`: the batch-first call's bodies travel as one
+item, issue 24): the limits, the buffer bounds and the sequence numbers count messages, and an
+item is never split (the caller cuts items to fit a batch).
+
 With `seal_on_send`, a batch cut for sending stays open until the caller seals it right before
 it goes on the wire: messages arriving meanwhile join it instead of waiting behind it (the
 fast data path cuts on the caller's thread and sends from the I/O loop a moment later).
@@ -14,7 +18,7 @@ fast data path cuts on the caller's thread and sends from the I/O loop a moment 
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -25,16 +29,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Batch(Generic[T]):
-    """One send request: `items[i]` carries producer sequence `first_sequence + i` on `queue`."""
+    """One send request of `count` messages: they carry producer sequences `first_sequence` on,
+    in the order of `items` (an item of n messages takes n consecutive sequences)."""
 
     queue: QueueRef
     items: tuple[T, ...]
     first_sequence: int
     size_bytes: int
+    count: int
 
     @property
     def next_sequence(self) -> int:
-        return self.first_sequence + len(self.items)
+        return self.first_sequence + self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +54,9 @@ class Appended(Generic[T]):
 
 @dataclass(slots=True)
 class _QueueState(Generic[T]):
-    pending: collections.deque[tuple[T, int]] = field(default_factory=collections.deque)
+    pending: collections.deque[tuple[T, int, int]] = field(default_factory=collections.deque)
     pending_bytes: int = 0
+    pending_messages: int = 0
     inflight: list[Batch[T]] = field(default_factory=list)  # in sequence order
     open: Batch[T] | None = None  # cut, not sealed yet (seal_on_send): the newest in flight
     next_sequence: int = 0
@@ -75,6 +82,7 @@ class Accumulator(Generic[T]):
         max_buffered_bytes: int,
         max_inflight_per_queue: int = 1,
         seal_on_send: bool = False,
+        count_of: Callable[[T], int] | None = None,
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must not be negative, got {linger_ms}")
@@ -88,6 +96,7 @@ class Accumulator(Generic[T]):
             raise ValueError("max_inflight_per_queue must be within 1..5")
         self.max_inflight_per_queue = max_inflight_per_queue
         self.seal_on_send = seal_on_send
+        self._count_of = count_of  # messages per item; None: one each
         self.linger_ms = linger_ms
         self.batch_max_messages = batch_max_messages
         self.batch_max_bytes = batch_max_bytes
@@ -118,12 +127,17 @@ class Accumulator(Generic[T]):
         st = self._queues.get(queue)
         if st is None:
             st = self._queues[queue] = _QueueState()
+        count_of = self._count_of
         for item, size in items:
             if size < 0:
                 raise ValueError(f"item size {size} is negative")
-            st.pending.append((item, size))
+            count = 1 if count_of is None else count_of(item)
+            if not 1 <= count <= self.batch_max_messages:
+                raise ValueError(f"an item of {count} messages does not fit a batch")
+            st.pending.append((item, size, count))
             st.pending_bytes += size
-            self.buffered_messages += 1
+            st.pending_messages += count
+            self.buffered_messages += count
             self.buffered_bytes += size
         armed = st.linger_until_ms
         batch = self._ready(queue, st, now_ms, waited=False)
@@ -165,18 +179,22 @@ class Accumulator(Generic[T]):
             return batch, None
         st.open = None
         items = list(batch.items)
-        size = batch.size_bytes
-        while st.pending and len(items) < self.batch_max_messages:
-            item, item_size = st.pending[0]
+        size, count = batch.size_bytes, batch.count
+        while st.pending:
+            item, item_size, item_count = st.pending[0]
+            if count + item_count > self.batch_max_messages:
+                break
             if size + item_size > self.batch_max_bytes:
                 break
             st.pending.popleft()
             st.pending_bytes -= item_size
+            st.pending_messages -= item_count
             items.append(item)
             size += item_size
+            count += item_count
         if len(items) == len(batch.items):
             return batch, None
-        sealed = Batch(batch.queue, tuple(items), batch.first_sequence, size)
+        sealed = Batch(batch.queue, tuple(items), batch.first_sequence, size, count)
         assert st.inflight[-1] is batch, "the open batch is the newest in flight"
         st.inflight[-1] = sealed
         st.next_sequence = sealed.next_sequence
@@ -200,8 +218,9 @@ class Accumulator(Generic[T]):
         return st is not None and bool(st.inflight) and st.inflight[0] is batch
 
     def pending_count(self, queue: QueueRef) -> int:
+        """Messages of `queue` waiting to be cut into a batch."""
         st = self._queues.get(queue)
-        return len(st.pending) if st is not None else 0
+        return st.pending_messages if st is not None else 0
 
     def next_sequence(self, queue: QueueRef) -> int:
         st = self._queues.get(queue)
@@ -219,7 +238,7 @@ class Accumulator(Generic[T]):
         del st.inflight[at]
         if st.open is batch:
             st.open = None
-        self.buffered_messages -= len(batch.items)
+        self.buffered_messages -= batch.count
         self.buffered_bytes -= batch.size_bytes
         return st
 
@@ -229,7 +248,8 @@ class Accumulator(Generic[T]):
         if not st.pending or st.open is not None or len(st.inflight) >= self.max_inflight_per_queue:
             return None
         full = (
-            len(st.pending) >= self.batch_max_messages or st.pending_bytes >= self.batch_max_bytes
+            st.pending_messages >= self.batch_max_messages
+            or st.pending_bytes >= self.batch_max_bytes
         )
         if not (full or waited) and self.linger_ms > 0:
             if st.linger_until_ms is None:
@@ -237,17 +257,21 @@ class Accumulator(Generic[T]):
             if now_ms < st.linger_until_ms:
                 return None
         items: list[T] = []
-        size = 0
-        while st.pending and len(items) < self.batch_max_messages:
-            item, item_size = st.pending[0]
+        size = count = 0
+        while st.pending:
+            item, item_size, item_count = st.pending[0]
+            if count + item_count > self.batch_max_messages:
+                break
             if items and size + item_size > self.batch_max_bytes:
                 break
             st.pending.popleft()
             items.append(item)
             size += item_size
+            count += item_count
         st.pending_bytes -= size
+        st.pending_messages -= count
         st.linger_until_ms = None
-        batch = Batch(queue, tuple(items), st.next_sequence, size)
+        batch = Batch(queue, tuple(items), st.next_sequence, size, count)
         st.next_sequence = batch.next_sequence
         st.inflight.append(batch)
         if self.seal_on_send:

@@ -175,16 +175,16 @@ class AsyncProducer:
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
-    ) -> asyncio.Future[list[SendResult]]:
+    ) -> asyncio.Future[Sequence[SendResult]]:
         """Producer.send_batch_future on this loop: one asyncio future for the whole batch (a
-        list of results in order)."""
+        sequence of results in order)."""
         waker = self._bind(asyncio.get_running_loop())
-        out: asyncio.Future[list[SendResult]] = waker.loop.create_future()
+        out: asyncio.Future[Sequence[SendResult]] = waker.loop.create_future()
         fut = self.producer.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
 
-        def done(f: Future[list[SendResult]]) -> None:
+        def done(f: Future[Sequence[SendResult]]) -> None:
             exc = f.exception()
             if exc is not None:
                 waker.set_exception(out, exc)

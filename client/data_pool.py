@@ -33,6 +33,7 @@ from raftmq.common.errors import (
     RaftMQError,
     RequestTimeoutError,
 )
+from raftmq.common.frame import Payload
 from raftmq.common.transport import NOT_SENT, FrameClient, LoopThread, was_never_sent
 
 log = logging.getLogger("raftmq.client")
@@ -170,7 +171,7 @@ class DataPool:
         return fc
 
     def submit_raw(
-        self, data_address: str, method: DataMethod, payload: bytes, timeout_s: float
+        self, data_address: str, method: DataMethod, payload: Payload, timeout_s: float
     ) -> Future[bytes]:
         """Send a binary payload (SEND_STORED, or a serialized request for submit); a Future of
         the answer's bytes, failing with the typed RaftMQError. Never blocks; the Future

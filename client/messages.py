@@ -5,8 +5,10 @@ Plain read-only values; conversion from wire and stored forms lives here and now
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from raftmq.common import stored_batch
 from raftmq.common.message import POSITION_HEX, StoredMessage, check_message_types
@@ -129,6 +131,134 @@ class SendResult(_DerivedId):
             f"broker_group={self._broker_group!r}, queue_id={self._queue_id}, "
             f"queue_offset={self._offset}, duplicate={self._duplicate})"
         )
+
+
+class SendResults(Sequence[SendResult]):
+    """The results of a batch-first call's messages, in order: a read-only sequence over the
+    results of each part the call was stored in (one per request; a `StoredRun` makes each
+    SendResult only when it is read: issue 24, an answer costs per batch, not per message)."""
+
+    __slots__ = ("_ends", "_runs")
+
+    def __init__(self, runs: Sequence[Sequence[SendResult]]) -> None:
+        self._runs = tuple(runs)
+        ends, total = [], 0
+        for run in self._runs:
+            total += len(run)
+            ends.append(total)
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, i: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SendResult]: ...
+    def __getitem__(self, i: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("send result index out of range")
+        r = bisect.bisect_right(self._ends, i)
+        run = self._runs[r]
+        return run[i - (self._ends[r] - len(run))]
+
+    def __iter__(self) -> Iterator[SendResult]:
+        for run in self._runs:
+            yield from run
+
+    @property
+    def duplicates(self) -> int:
+        """How many of the messages an idempotent retry found stored already."""
+        return sum(
+            (len(run) if run.duplicate else 0)
+            if isinstance(run, StoredRun)
+            else sum(1 for r in run if r.duplicate)
+            for run in self._runs
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # compares by value, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"SendResults({list(self)!r})"
+
+
+class StoredRun(Sequence[SendResult]):
+    """The results of `count` consecutive messages stored by one request, from the broker's
+    fixed-size answer record: the k-th has queue offset `first_offset + k` (-1 throughout when
+    the offsets are not known yet) and id position `first_position + k`; an empty `prefix` is a
+    duplicate whose original the broker no longer remembers (no id, no offset)."""
+
+    __slots__ = (
+        "_broker_group",
+        "_count",
+        "_first_offset",
+        "_first_position",
+        "_prefix",
+        "_queue_id",
+        "_topic",
+        "duplicate",
+    )
+
+    def __init__(
+        self,
+        prefix: str,
+        topic: str,
+        broker_group: str,
+        queue_id: int,
+        first_offset: int,
+        first_position: int,
+        count: int,
+        duplicate: bool,
+    ) -> None:
+        self._prefix, self._topic, self._broker_group = prefix, topic, broker_group
+        self._queue_id, self._first_offset, self._first_position = (
+            queue_id,
+            first_offset,
+            first_position,
+        )
+        self._count, self.duplicate = count, duplicate
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, k: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[SendResult]: ...
+    def __getitem__(self, k: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        if k < 0:
+            k += self._count
+        if not 0 <= k < self._count:
+            raise IndexError("send result index out of range")
+        if not self._prefix:
+            group, queue_id = self._broker_group, self._queue_id
+            return SendResult("", self._topic, group, queue_id, -1, self.duplicate)
+        offset = self._first_offset
+        return SendResult(
+            self._prefix,
+            self._topic,
+            self._broker_group,
+            self._queue_id,
+            offset + k if offset >= 0 else -1,
+            self.duplicate,
+            id_position=self._first_position + k,
+        )
+
+    def __iter__(self) -> Iterator[SendResult]:
+        for k in range(self._count):
+            yield self[k]
 
 
 # ReceivedMessage's fields of a pulled v2 record not decoded yet (bits of `_unread`)

@@ -487,6 +487,131 @@ static void release_infos(MsgInfo *infos, Py_ssize_t n)
     PyMem_Free(infos);
 }
 
+/* What a batch's header says besides its messages (the twin's _Head): parsed and checked once. */
+typedef struct {
+    PyObject *empty, *pid, *seq_obj; /* owned, released by head_release */
+    const char *topic_p, *host_p, *pid_p;
+    Py_ssize_t topic_n, host_n, pid_n;
+    uint16_t flags;
+    uint64_t header_len;
+    unsigned long long qid, base_seq;
+} Head;
+
+static void head_release(Head *h)
+{
+    Py_XDECREF(h->empty);
+    Py_XDECREF(h->pid);
+    Py_XDECREF(h->seq_obj);
+}
+
+/* The twin's _Head.of: the count's range, the strings and the producer, in its order. */
+static int head_parse(Head *h, PyObject *topic, Py_ssize_t n, PyObject *producer, PyObject *host)
+{
+    memset(h, 0, sizeof *h);
+    if (host == NULL && (host = h->empty = PyUnicode_FromStringAndSize("", 0)) == NULL) return -1;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "a stored batch carries at least one message");
+        return -1;
+    }
+    if ((uint64_t)n > U32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%zd messages do not fit one batch", n);
+        return -1;
+    }
+    if ((h->topic_p = short_utf8(topic, "topic", &h->topic_n)) == NULL) return -1;
+    if ((h->host_p = short_utf8(host, "born host", &h->host_n)) == NULL) return -1;
+    h->pid_p = "";
+    if (producer != Py_None) {
+        if ((h->pid = PyObject_GetAttrString(producer, "producer_id")) == NULL) return -1;
+        if ((h->pid_p = short_utf8(h->pid, "producer id", &h->pid_n)) == NULL) return -1;
+        if (h->pid_n == 0) {
+            PyErr_SetString(PyExc_ValueError, "an idempotent producer's id is empty");
+            return -1;
+        }
+        if ((h->seq_obj = PyObject_GetAttrString(producer, "first_sequence")) == NULL) return -1;
+        h->flags = HAS_PRODUCER;
+        PyObject *strict = PyObject_GetAttrString(producer, "strict");
+        if (strict == NULL) return -1;
+        int is_strict = PyObject_IsTrue(strict);
+        Py_DECREF(strict);
+        if (is_strict < 0) return -1;
+        if (is_strict) h->flags |= STRICT_SEQUENCE;
+    }
+    uint64_t strings = (uint64_t)h->topic_n + (uint64_t)h->pid_n + (uint64_t)h->host_n;
+    h->header_len = (FIXED_HEADER_BYTES + strings + 7) & ~(uint64_t)7;
+    if (h->header_len > U16_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "topic, producer id and born host take %llu bytes; too long",
+                     (unsigned long long)strings);
+        return -1;
+    }
+    return 0;
+}
+
+/* The twin's _Head.join checks, once the records are measured: the total, the queue id and the
+ * base sequence. */
+static int head_check(Head *h, PyObject *queue_id, uint64_t total)
+{
+    if (total > U32_MAX) {
+        PyErr_Format(PyExc_ValueError, "batch of %llu bytes exceeds the format's 4 GiB",
+                     (unsigned long long)total);
+        return -1;
+    }
+    int bad = !PyLong_Check(queue_id);
+    h->qid = bad ? 0 : PyLong_AsUnsignedLongLong(queue_id);
+    if (!bad && h->qid == (unsigned long long)-1 && PyErr_Occurred()) bad = 1;
+    if (!bad && h->qid > U32_MAX) bad = 1;
+    if (h->seq_obj != NULL) {
+        if (!PyLong_Check(h->seq_obj)) {
+            bad = 1;
+        } else {
+            h->base_seq = PyLong_AsUnsignedLongLong(h->seq_obj);
+            if (h->base_seq == (unsigned long long)-1 && PyErr_Occurred()) bad = 1;
+        }
+    }
+    if (bad) {
+        PyErr_Clear();
+        if (h->seq_obj != NULL)
+            PyErr_Format(PyExc_ValueError, "queue id %R or base sequence %R out of range",
+                         queue_id, h->seq_obj);
+        else
+            PyErr_Format(PyExc_ValueError, "queue id %R or base sequence 0 out of range",
+                         queue_id);
+        return -1;
+    }
+    return 0;
+}
+
+/* The header of a batch of `n` messages and `total` bytes into `out` (its body CRC left 0). */
+static void head_write(const Head *h, unsigned char *out, uint64_t total, uint32_t n,
+                       uint16_t more_flags)
+{
+    memset(out, 0, (size_t)h->header_len);
+    out[0] = KIND_PRODUCE;
+    out[1] = VERSION;
+    out[2] = STATE_PRODUCED;
+    wr32(out + 4, (uint32_t)total);
+    wr16(out + 32, (uint16_t)(h->flags | more_flags));
+    wr16(out + 34, (uint16_t)h->header_len);
+    wr32(out + 36, (uint32_t)h->qid);
+    wr32(out + 40, n);
+    wr64(out + 48, h->base_seq);
+    wr16(out + 56, (uint16_t)h->topic_n);
+    wr16(out + 58, (uint16_t)h->pid_n);
+    wr16(out + 60, (uint16_t)h->host_n);
+    memcpy(out + FIXED_HEADER_BYTES, h->topic_p, (size_t)h->topic_n);
+    memcpy(out + FIXED_HEADER_BYTES + h->topic_n, h->pid_p, (size_t)h->pid_n);
+    memcpy(out + FIXED_HEADER_BYTES + h->topic_n + h->pid_n, h->host_p, (size_t)h->host_n);
+}
+
+/* The body CRC of a whole encoded batch, written in place; -1 with the error set. */
+static int seal_body(unsigned char *out, uint64_t total)
+{
+    uint32_t crc;
+    if (crc_of(out + BODY_AT, (Py_ssize_t)(total - BODY_AT), 0, &crc) < 0) return -1;
+    wr32(out + BODY_CRC_AT, crc);
+    return 0;
+}
+
 static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"topic", "queue_id", "messages", "producer", "born_host", NULL};
@@ -494,56 +619,16 @@ static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:encode_batch", kwlist, &topic,
                                      &queue_id, &messages, &producer, &host))
         return NULL;
-    PyObject *empty = NULL, *pid = NULL, *seq_obj = NULL, *cache = NULL, *result = NULL;
-    PyObject *fast = NULL;
+    PyObject *cache = NULL, *result = NULL, *fast = NULL;
     MsgInfo *infos = NULL;
     Py_ssize_t n = 0;
-    if (host == NULL) host = empty = PyUnicode_FromStringAndSize("", 0);
-    if (host == NULL) return NULL;
+    Head h;
+    memset(&h, 0, sizeof h);
 
     fast = PySequence_Fast(messages, "messages must be a sequence");
     if (fast == NULL) goto done;
     n = PySequence_Fast_GET_SIZE(fast);
-    if (n == 0) {
-        PyErr_SetString(PyExc_ValueError, "a stored batch carries at least one message");
-        goto done;
-    }
-    if ((uint64_t)n > U32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%zd messages do not fit one batch", n);
-        goto done;
-    }
-    Py_ssize_t topic_n, host_n, pid_n = 0;
-    const char *topic_p = short_utf8(topic, "topic", &topic_n);
-    if (topic_p == NULL) goto done;
-    const char *host_p = short_utf8(host, "born host", &host_n);
-    if (host_p == NULL) goto done;
-    const char *pid_p = "";
-    uint16_t flags = 0;
-    if (producer != Py_None) {
-        if ((pid = PyObject_GetAttrString(producer, "producer_id")) == NULL) goto done;
-        if ((pid_p = short_utf8(pid, "producer id", &pid_n)) == NULL) goto done;
-        if (pid_n == 0) {
-            PyErr_SetString(PyExc_ValueError, "an idempotent producer's id is empty");
-            goto done;
-        }
-        if ((seq_obj = PyObject_GetAttrString(producer, "first_sequence")) == NULL) goto done;
-        flags = HAS_PRODUCER;
-        PyObject *strict = PyObject_GetAttrString(producer, "strict");
-        if (strict == NULL) goto done;
-        int is_strict = PyObject_IsTrue(strict);
-        Py_DECREF(strict);
-        if (is_strict < 0) goto done;
-        if (is_strict) flags |= STRICT_SEQUENCE;
-    }
-    uint64_t strings = (uint64_t)topic_n + (uint64_t)pid_n + (uint64_t)host_n;
-    uint64_t header_len = (FIXED_HEADER_BYTES + strings + 7) & ~(uint64_t)7;
-    if (header_len > U16_MAX) {
-        PyErr_Format(PyExc_ValueError,
-                     "topic, producer id and born host take %llu bytes; too long",
-                     (unsigned long long)strings);
-        goto done;
-    }
-
+    if (head_parse(&h, topic, n, producer, host) < 0) goto done;
     infos = PyMem_Calloc((size_t)n, sizeof(MsgInfo));
     if (infos == NULL) {
         PyErr_NoMemory();
@@ -552,66 +637,26 @@ static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject **items = PySequence_Fast_ITEMS(fast);
     PyObject *last_tag = NULL;
     uint64_t last_code = 0, pos = 0;
+    uint16_t key_flag = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (measure(items[i], topic, host, &infos[i], &cache, &last_tag, &last_code) < 0)
+        if (measure(items[i], topic, host != NULL ? host : h.empty, &infos[i], &cache, &last_tag,
+                    &last_code) < 0)
             goto done;
         if (pos > U32_MAX) {
             does_not_fit("the messages exceed the offsets table's 4 GiB");
             goto done;
         }
         pos += infos[i].size;
-        if (PySequence_Fast_GET_SIZE(infos[i].keys) > 0) flags |= HAS_KEYS;
+        if (PySequence_Fast_GET_SIZE(infos[i].keys) > 0) key_flag = HAS_KEYS;
     }
-    uint64_t total = header_len + 12 * (uint64_t)n + pos;
-    if (total > U32_MAX) {
-        PyErr_Format(PyExc_ValueError, "batch of %llu bytes exceeds the format's 4 GiB",
-                     (unsigned long long)total);
-        goto done;
-    }
-    unsigned long long base_seq = 0;
-    int bad = !PyLong_Check(queue_id);
-    unsigned long long qid = bad ? 0 : PyLong_AsUnsignedLongLong(queue_id);
-    if (!bad && qid == (unsigned long long)-1 && PyErr_Occurred()) bad = 1;
-    if (!bad && qid > U32_MAX) bad = 1;
-    if (seq_obj != NULL) {
-        if (!PyLong_Check(seq_obj)) {
-            bad = 1;
-        } else {
-            base_seq = PyLong_AsUnsignedLongLong(seq_obj);
-            if (base_seq == (unsigned long long)-1 && PyErr_Occurred()) bad = 1;
-        }
-    }
-    if (bad) {
-        PyErr_Clear();
-        if (seq_obj != NULL)
-            PyErr_Format(PyExc_ValueError, "queue id %R or base sequence %R out of range",
-                         queue_id, seq_obj);
-        else
-            PyErr_Format(PyExc_ValueError, "queue id %R or base sequence 0 out of range",
-                         queue_id);
-        goto done;
-    }
+    uint64_t total = h.header_len + 12 * (uint64_t)n + pos;
+    if (head_check(&h, queue_id, total) < 0) goto done;
 
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-    memset(out, 0, (size_t)header_len);
-    out[0] = KIND_PRODUCE;
-    out[1] = VERSION;
-    out[2] = STATE_PRODUCED;
-    wr32(out + 4, (uint32_t)total);
-    wr16(out + 32, flags);
-    wr16(out + 34, (uint16_t)header_len);
-    wr32(out + 36, (uint32_t)qid);
-    wr32(out + 40, (uint32_t)n);
-    wr64(out + 48, base_seq);
-    wr16(out + 56, (uint16_t)topic_n);
-    wr16(out + 58, (uint16_t)pid_n);
-    wr16(out + 60, (uint16_t)host_n);
-    memcpy(out + FIXED_HEADER_BYTES, topic_p, (size_t)topic_n);
-    memcpy(out + FIXED_HEADER_BYTES + topic_n, pid_p, (size_t)pid_n);
-    memcpy(out + FIXED_HEADER_BYTES + topic_n + pid_n, host_p, (size_t)host_n);
-    unsigned char *hashes = out + header_len, *offsets = hashes + 8 * (uint64_t)n;
+    head_write(&h, out, total, (uint32_t)n, key_flag);
+    unsigned char *hashes = out + h.header_len, *offsets = hashes + 8 * (uint64_t)n;
     unsigned char *records = offsets + 4 * (uint64_t)n;
     pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -622,21 +667,115 @@ static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
         pos += infos[i].size;
-        if (PySequence_Fast_GET_SIZE(infos[i].keys) > 0) flags |= HAS_KEYS;
     }
-    uint32_t crc;
-    if (crc_of(out + BODY_AT, (Py_ssize_t)(total - BODY_AT), 0, &crc) < 0) {
-        Py_CLEAR(result);
-        goto done;
-    }
-    wr32(out + BODY_CRC_AT, crc);
+    if (seal_body(out, total) < 0) Py_CLEAR(result);
 done:
     if (infos != NULL) release_infos(infos, n);
     Py_XDECREF(fast);
     Py_XDECREF(cache);
-    Py_XDECREF(pid);
-    Py_XDECREF(seq_obj);
-    Py_XDECREF(empty);
+    head_release(&h);
+    return result;
+}
+
+/* encode_batch of messages without tag, keys or properties, from (born ms, bodies) runs: per
+ * message a record head and one copy of the body (the batch-first call, issue 24). */
+static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"topic", "queue_id", "runs", "producer", "born_host", NULL};
+    PyObject *topic, *queue_id, *runs, *producer = Py_None, *host = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:encode_bodies", kwlist, &topic,
+                                     &queue_id, &runs, &producer, &host))
+        return NULL;
+    PyObject *fast = NULL, *result = NULL;
+    PyObject **bodies = NULL; /* each run's bodies as a PySequence_Fast, owned */
+    int64_t *born = NULL;
+    Py_ssize_t n_runs = 0, n = 0;
+    Head h;
+    memset(&h, 0, sizeof h);
+
+    fast = PySequence_Fast(runs, "runs must be a sequence");
+    if (fast == NULL) goto done;
+    n_runs = PySequence_Fast_GET_SIZE(fast);
+    bodies = PyMem_Calloc((size_t)(n_runs ? n_runs : 1), sizeof(PyObject *));
+    born = PyMem_Calloc((size_t)(n_runs ? n_runs : 1), sizeof(int64_t));
+    if (bodies == NULL || born == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        PyObject *run = PySequence_Fast_GET_ITEM(fast, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
+            PyErr_SetString(PyExc_TypeError, "each run must be a (born ms, bodies) tuple");
+            goto done;
+        }
+        bodies[r] = PySequence_Fast(PyTuple_GET_ITEM(run, 1), "a run's bodies must be a sequence");
+        if (bodies[r] == NULL) goto done;
+        n += PySequence_Fast_GET_SIZE(bodies[r]);
+    }
+    if (head_parse(&h, topic, n, producer, host) < 0) goto done;
+    uint64_t pos = 0;
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        PyObject *ms = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(fast, r), 0);
+        int overflow = 0;
+        long long v = PyLong_Check(ms) ? PyLong_AsLongLongAndOverflow(ms, &overflow) : 0;
+        if (!PyLong_Check(ms) || overflow) {
+            does_not_fit("a born timestamp is not a 64-bit integer");
+            goto done;
+        }
+        born[r] = (int64_t)v;
+        PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
+        for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++) {
+            if (!PyBytes_Check(items[i])) {
+                PyErr_Format(PyExc_TypeError, "a body must be bytes, not %.100s",
+                             Py_TYPE(items[i])->tp_name);
+                goto done;
+            }
+            uint64_t len = (uint64_t)PyBytes_GET_SIZE(items[i]);
+            if (len > U32_MAX) {
+                does_not_fit("a body exceeds 4 GiB");
+                goto done;
+            }
+            pos += RECORD_HEAD_BYTES + len;
+        }
+    }
+    uint64_t total = h.header_len + 12 * (uint64_t)n + pos;
+    if (head_check(&h, queue_id, total) < 0) goto done;
+
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (result == NULL) goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    head_write(&h, out, total, (uint32_t)n, 0);
+    unsigned char *hashes = out + h.header_len, *offsets = hashes + 8 * (uint64_t)n;
+    unsigned char *records = offsets + 4 * (uint64_t)n;
+    memset(hashes, 0, 8 * (size_t)n); /* no tag: hash 0, as encode_batch gives */
+    pos = 0;
+    Py_ssize_t m = 0;
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
+        for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++, m++) {
+            Py_ssize_t len = PyBytes_GET_SIZE(items[i]);
+            unsigned char *rec = records + pos;
+            wr32(offsets + 4 * m, (uint32_t)pos);
+            wr32(rec, (uint32_t)len);         /* body length */
+            wr32(rec + 4, 0);                 /* flag */
+            wr64(rec + 8, (uint64_t)born[r]); /* born timestamp ms */
+            wr16(rec + 16, NO_TAG);
+            wr16(rec + 18, 0); /* key count */
+            wr32(rec + 20, 0); /* keys length */
+            wr32(rec + 24, 0); /* properties length */
+            memcpy(rec + RECORD_HEAD_BYTES, PyBytes_AS_STRING(items[i]), (size_t)len);
+            pos += RECORD_HEAD_BYTES + (uint64_t)len;
+        }
+    }
+    if (seal_body(out, total) < 0) Py_CLEAR(result);
+done:
+    if (bodies != NULL) {
+        for (Py_ssize_t r = 0; r < n_runs; r++) Py_XDECREF(bodies[r]);
+        PyMem_Free(bodies);
+    }
+    PyMem_Free(born);
+    Py_XDECREF(fast);
+    head_release(&h);
     return result;
 }
 
@@ -1680,6 +1819,8 @@ done:
 static PyMethodDef methods[] = {
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_VARARGS | METH_KEYWORDS,
      "The stored bytes of one queue's batch, unstamped, with its body CRC."},
+    {"encode_bodies", (PyCFunction)(void (*)(void))encode_bodies, METH_VARARGS | METH_KEYWORDS,
+     "encode_batch of bare bodies, from (born ms, bodies) runs."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_VARARGS | METH_KEYWORDS,
      "The leader's check of a batch as produced."},
     {"verify_stamped", (PyCFunction)(void (*)(void))verify_stamped, METH_FASTCALL | METH_KEYWORDS,

@@ -42,6 +42,7 @@ __all__ = [
     "check_batch",
     "columns",
     "encode_batch",
+    "encode_bodies",
     "has_keys",
     "is_scheduled",
     "iter_messages",
@@ -159,26 +160,7 @@ def encode_batch(
     must be `topic` and its born_host "" or `born_host` (the batch carries one). Raises ValueError
     for values the format cannot carry (validate messages first: this only checks ranges)."""
     n = len(messages)
-    if n == 0:
-        raise ValueError("a stored batch carries at least one message")
-    if n > _U32_MAX:
-        raise ValueError(f"{n} messages do not fit one batch")
-    topic_b = _short(topic, "topic")
-    host_b = _short(born_host, "born host")
-    if producer is not None:
-        pid_b = _short(producer.producer_id, "producer id")
-        if not pid_b:
-            raise ValueError("an idempotent producer's id is empty")
-        base_seq, flags = producer.first_sequence, HAS_PRODUCER
-        if producer.strict:
-            flags |= STRICT_SEQUENCE
-    else:
-        pid_b, base_seq, flags = b"", 0, 0
-    strings = len(topic_b) + len(pid_b) + len(host_b)
-    header_len = (FIXED_HEADER_BYTES + strings + 7) & ~7
-    if header_len > _U16_MAX:
-        raise ValueError(f"topic, producer id and born host take {strings} bytes; too long")
-
+    head = _Head.of(topic, n, producer, born_host)
     hashes = array("Q")
     offsets = array("I")
     parts: list[bytes] = []
@@ -232,33 +214,121 @@ def encode_batch(
             pos += RECORD_HEAD_BYTES + len(tag_b) + keys_len + props_len + len(body)
     except (struct.error, OverflowError) as exc:
         raise ValueError(f"a message field does not fit the stored batch format: {exc}") from exc
-    if any_keys:
-        flags |= HAS_KEYS
-    total = header_len + 12 * n + pos
-    if total > _U32_MAX:
-        raise ValueError(f"batch of {total} bytes exceeds the format's 4 GiB")
-    if not 0 <= queue_id <= _U32_MAX or not 0 <= base_seq <= _U64_MAX:
-        raise ValueError(f"queue id {queue_id} or base sequence {base_seq} out of range")
     if not _LITTLE:
         hashes.byteswap()
         offsets.byteswap()
+    return head.join(queue_id, HAS_KEYS if any_keys else 0, hashes, offsets, b"".join(parts))
 
-    head = bytearray(header_len)
-    _FIXED.pack_into(
-        head, 0, KIND_PRODUCE, VERSION, STATE_PRODUCED, 0, total, 0, 0, 0, 0, flags,
-        header_len, queue_id, n, 0, base_seq, len(topic_b), len(pid_b), len(host_b), 0,
-    )  # fmt: skip
-    at = FIXED_HEADER_BYTES
-    for s in (topic_b, pid_b, host_b):
-        head[at : at + len(s)] = s
-        at += len(s)
-    records = b"".join(parts)
-    crc = crc32c(memoryview(head)[_BODY_AT:])
-    crc = crc32c(hashes, crc)
-    crc = crc32c(offsets, crc)
-    crc = crc32c(records, crc)
-    _U32.pack_into(head, _BODY_CRC_AT, crc)
-    return b"".join((head, hashes, offsets, records))
+
+def encode_bodies(
+    topic: str,
+    queue_id: int,
+    runs: Sequence[tuple[int, Sequence[bytes]]],
+    producer: ProducerSequence | None = None,
+    born_host: str = "",
+) -> bytes:
+    """The bytes encode_batch gives for messages without tag, keys or properties: `runs` are
+    (born timestamp ms, bodies) in order, every body a message of `topic` born on `born_host`
+    (the batch-first call's bare bodies, issue 24). Per message a record head and the body: no
+    Message object. The caller checked the bodies (bytes, not empty, within the size limit)."""
+    n = 0
+    for run in runs:
+        if type(run) is not tuple or len(run) != 2:
+            raise TypeError("each run must be a (born ms, bodies) tuple")
+        n += len(run[1])
+    head = _Head.of(topic, n, producer, born_host)
+    offsets = array("I")
+    parts: list[bytes] = []
+    append, add_offset, pack_record = parts.append, offsets.append, _RECORD.pack
+    pos = 0
+    for born_ms, bodies in runs:
+        if not isinstance(born_ms, int) or not _I64_MIN <= born_ms <= _I64_MAX:
+            raise ValueError(
+                "a message field does not fit the stored batch format: a born timestamp is "
+                "not a 64-bit integer"
+            )
+        for body in bodies:
+            if not isinstance(body, bytes):
+                raise TypeError(f"a body must be bytes, not {type(body).__name__}")
+            if len(body) > _U32_MAX:
+                raise ValueError(
+                    "a message field does not fit the stored batch format: a body exceeds 4 GiB"
+                )
+            append(pack_record(len(body), 0, born_ms, NO_TAG, 0, 0, 0))
+            append(body)
+            add_offset(pos)
+            pos += RECORD_HEAD_BYTES + len(body)
+    if not _LITTLE:
+        offsets.byteswap()
+    return head.join(queue_id, 0, bytes(8 * n), offsets, b"".join(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    """What a batch's header says besides its messages: checked once, packed by join()."""
+
+    topic: bytes
+    producer_id: bytes
+    born_host: bytes
+    base_sequence: int
+    flags: int
+    header_len: int
+    count: int
+
+    @classmethod
+    def of(cls, topic: str, n: int, producer: ProducerSequence | None, born_host: str) -> _Head:
+        if n == 0:
+            raise ValueError("a stored batch carries at least one message")
+        if n > _U32_MAX:
+            raise ValueError(f"{n} messages do not fit one batch")
+        topic_b = _short(topic, "topic")
+        host_b = _short(born_host, "born host")
+        if producer is not None:
+            pid_b = _short(producer.producer_id, "producer id")
+            if not pid_b:
+                raise ValueError("an idempotent producer's id is empty")
+            base_seq, flags = producer.first_sequence, HAS_PRODUCER
+            if producer.strict:
+                flags |= STRICT_SEQUENCE
+        else:
+            pid_b, base_seq, flags = b"", 0, 0
+        strings = len(topic_b) + len(pid_b) + len(host_b)
+        header_len = (FIXED_HEADER_BYTES + strings + 7) & ~7
+        if header_len > _U16_MAX:
+            raise ValueError(f"topic, producer id and born host take {strings} bytes; too long")
+        return cls(topic_b, pid_b, host_b, base_seq, flags, header_len, n)
+
+    def join(
+        self,
+        queue_id: int,
+        more_flags: int,
+        hashes: Bytes | array[int],
+        offsets: Bytes | array[int],
+        records: bytes,
+    ) -> bytes:
+        """The whole batch: this header, then the tables and records, with its body CRC."""
+        n, header_len, base_seq = self.count, self.header_len, self.base_sequence
+        total = header_len + 12 * n + len(records)
+        if total > _U32_MAX:
+            raise ValueError(f"batch of {total} bytes exceeds the format's 4 GiB")
+        if not 0 <= queue_id <= _U32_MAX or not 0 <= base_seq <= _U64_MAX:
+            raise ValueError(f"queue id {queue_id} or base sequence {base_seq} out of range")
+        head = bytearray(header_len)
+        _FIXED.pack_into(
+            head, 0, KIND_PRODUCE, VERSION, STATE_PRODUCED, 0, total, 0, 0, 0, 0,
+            self.flags | more_flags, header_len, queue_id, n, 0, base_seq, len(self.topic),
+            len(self.producer_id), len(self.born_host), 0,
+        )  # fmt: skip
+        at = FIXED_HEADER_BYTES
+        for s in (self.topic, self.producer_id, self.born_host):
+            head[at : at + len(s)] = s
+            at += len(s)
+        crc = crc32c(memoryview(head)[_BODY_AT:])
+        crc = crc32c(hashes, crc)
+        crc = crc32c(offsets, crc)
+        crc = crc32c(records, crc)
+        _U32.pack_into(head, _BODY_CRC_AT, crc)
+        return b"".join((head, hashes, offsets, records))
 
 
 def _short(s: str, what: str) -> bytes:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +52,26 @@ _HELLO = struct.Struct("<4sHHIHH")  # magic, version, reserved, max_frame_bytes,
 _LEN = struct.Struct("<I")
 
 BytesLike = bytes | bytearray | memoryview
+
+
+class Parts:
+    """A payload in several buffers, written by `writelines` as they are: a SEND_STORED request
+    of stored batches is never joined into one bytes object (a copy of every batch, issue 24)."""
+
+    __slots__ = ("_size", "parts")
+
+    def __init__(self, parts: Sequence[BytesLike]) -> None:
+        self.parts = tuple(parts)
+        self._size = sum(memoryview(p).nbytes for p in self.parts)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def join(self) -> bytes:
+        return b"".join(self.parts)
+
+
+Payload = BytesLike | Parts  # what a request carries
 
 HEADER_BYTES = _HEADER.size  # 10
 REQUEST_HEADER_BYTES = _REQ_HEADER.size  # 12
@@ -293,13 +313,15 @@ def request_into(
     out: list[BytesLike],
     request_id: int,
     method: int,
-    payload: BytesLike,
+    payload: Payload,
 ) -> int:
     """Append a REQUEST's header and payload (not copied) to `out` for `writelines`; returns
     the frame's size on the wire."""
     length = _REST + _METHOD.size + len(payload)
     out.append(_REQ_HEADER.pack(length, Kind.REQUEST, 0, request_id, method))
-    if payload:
+    if isinstance(payload, Parts):
+        out += payload.parts
+    elif payload:
         out.append(payload)
     return _LEN.size + length
 
@@ -318,7 +340,7 @@ def frame_into(
     return _LEN.size + length
 
 
-def encode_request(request_id: int, method: int, payload: BytesLike) -> bytes:
+def encode_request(request_id: int, method: int, payload: Payload) -> bytes:
     if not 0 <= method <= MAX_METHOD:
         raise LocalProtocolError(f"method id {method} outside 0..{MAX_METHOD}")
     _check_id(request_id)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from raftmq.common.errors import InvalidArgumentError, RaftMQError, to_detail
+from raftmq.common.frame import Parts
 from raftmq.common.pb import common_pb2
 from raftmq.common.record_batch import MalformedBatchError
 
@@ -65,7 +66,8 @@ class StoredSendAnswer:
     throttle_ms: int = 0  # how long the broker held the answer (the user's produce quota)
 
 
-def encode_request(batches: Sequence[bytes | bytearray | memoryview], timeout_ms: int) -> bytes:
+def request_parts(batches: Sequence[bytes | bytearray | memoryview], timeout_ms: int) -> Parts:
+    """A SEND_STORED request as the buffers to write: the batches are not copied."""
     parts: list[bytes | bytearray | memoryview] = [
         _REQUEST.pack(VERSION, 0, max(0, min(timeout_ms, _U32_MAX)))
     ]
@@ -73,7 +75,11 @@ def encode_request(batches: Sequence[bytes | bytearray | memoryview], timeout_ms
     for b in batches:
         parts.append(pack(len(b)))
         parts.append(b)
-    return b"".join(parts)
+    return Parts(parts)
+
+
+def encode_request(batches: Sequence[bytes | bytearray | memoryview], timeout_ms: int) -> bytes:
+    return request_parts(batches, timeout_ms).join()
 
 
 def decode_request(payload: memoryview, max_batches: int) -> tuple[int, list[memoryview]]:

@@ -31,6 +31,7 @@ from raftmq.common.frame import (
     FrameDecoder,
     Hello,
     Kind,
+    Payload,
     ProtocolError,
     decode_error,
     decode_hello,
@@ -723,14 +724,12 @@ class FrameClient:
         self._next_id = 0
         self._closed = False
         # call_threadsafe: threads append here and wake the loop once per batch.
-        self._inbox: collections.deque[tuple[int, bytes | memoryview, float, _AnyFuture]] = (
-            collections.deque()
-        )
+        self._inbox: collections.deque[tuple[int, Payload, float, _AnyFuture]] = collections.deque()
         self._inbox_lock = threading.Lock()
         self._inbox_wakeup = False
         # calls from threads that wait for a connection or for room in the socket, in order
         # calls waiting for a connection: (method, payload, deadline on the loop's clock, future)
-        self._held: list[tuple[int, bytes | memoryview, float, _AnyFuture]] = []
+        self._held: list[tuple[int, Payload, float, _AnyFuture]] = []
         self._held_task: asyncio.Task[None] | None = None
         self.late_answers = 0  # answers that came after their call timed out (dropped)
 
@@ -742,7 +741,7 @@ class FrameClient:
     def connected(self) -> bool:
         return self._conn is not None and self._conn.ready
 
-    async def call(self, method: int, payload: bytes | memoryview, timeout_s: float) -> bytes:
+    async def call(self, method: int, payload: Payload, timeout_s: float) -> bytes:
         """Send one request and wait for its answer; a RaftMQError of the table on failure
         (`was_never_sent(exc)` when the request surely never left this process)."""
         try:
@@ -770,7 +769,7 @@ class FrameClient:
         return await fut
 
     def call_threadsafe(
-        self, method: int, payload: bytes | memoryview, timeout_s: float
+        self, method: int, payload: Payload, timeout_s: float
     ) -> concurrent.futures.Future[bytes]:
         """`call` from any thread; the client's loop must run elsewhere (e.g. a LoopThread)."""
         loop = self._loop
@@ -786,7 +785,7 @@ class FrameClient:
         return cfut
 
     def call_on_loop(
-        self, method: int, payload: bytes | memoryview, timeout_s: float
+        self, method: int, payload: Payload, timeout_s: float
     ) -> concurrent.futures.Future[bytes]:
         """`call_threadsafe` from the client's own loop thread: handed to the connection now,
         without a wake-up of the loop (the caller is already on it)."""
@@ -893,7 +892,7 @@ class FrameClient:
         self,
         conn: _ClientConn,
         method: int,
-        payload: bytes | memoryview,
+        payload: Payload,
         timeout_s: float,
         fut: _AnyFuture,
     ) -> None:
@@ -1215,7 +1214,7 @@ class _ClientConn(asyncio.Protocol):
 
     # -- writing: requests made in one loop iteration leave in one writelines (nats.py's flusher)
 
-    def send_request(self, rid: int, method: int, payload: bytes | memoryview) -> None:
+    def send_request(self, rid: int, method: int, payload: Payload) -> None:
         request_into(self._out, rid, method, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True

@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from raftmq.client.messages import OutgoingMessage, SendResult
+from raftmq.client.messages import OutgoingMessage, SendResult, SendResults
 from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.client.routes import ChannelPool, RouteCache
@@ -205,12 +205,14 @@ class _Window:
 
     def __init__(self, wait_s: float) -> None:
         self.wait_s = wait_s
-        self.futures: collections.deque[tuple[Future[list[SendResult]], int]] = collections.deque()
+        self.futures: collections.deque[tuple[Future[Sequence[SendResult]], int]] = (
+            collections.deque()
+        )
         self.size_bytes = 0
         self.stored = 0
         self.duplicates = 0
 
-    def add(self, fut: Future[list[SendResult]], size_bytes: int) -> None:
+    def add(self, fut: Future[Sequence[SendResult]], size_bytes: int) -> None:
         self.futures.append((fut, size_bytes))
         self.size_bytes += size_bytes
         while len(self.futures) > MAX_INFLIGHT_CHUNKS or (
@@ -222,7 +224,10 @@ class _Window:
         fut, size = self.futures.popleft()
         self.size_bytes -= size
         results = fut.result(timeout=self.wait_s)
-        dups = sum(1 for r in results if r.duplicate)
+        if isinstance(results, SendResults):  # bare bodies: counted per request, no result made
+            dups = results.duplicates
+        else:
+            dups = sum(1 for r in results if r.duplicate)
         self.duplicates += dups
         self.stored += len(results) - dups
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 import socket
 import threading
 import time
@@ -27,8 +28,8 @@ from typing import TypeVar
 from raftmq.client.accumulator import Accumulator
 from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import OutgoingMessage, SendResult
-from raftmq.client.producer.outcome import BatchOutcome, Outcome
-from raftmq.client.producer.sender import Pending, Sender, SenderConfig
+from raftmq.client.producer.outcome import BatchOutcome, Outcome, PartsOutcome
+from raftmq.client.producer.sender import Bodies, Item, Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.trace import TraceSender, default_client_id, sends_hook
@@ -207,7 +208,7 @@ class Producer:
             max_block_s=self._max_block_s,
             max_inflight_requests=max_inflight_requests,
         )
-        accumulator: Accumulator[Pending] = Accumulator(
+        accumulator: Accumulator[Item] = Accumulator(
             linger_ms=math.ceil(linger_ms),  # the accumulator counts whole ms
             batch_max_messages=batch_max_messages,
             batch_max_bytes=batch_max_bytes,
@@ -217,7 +218,9 @@ class Producer:
             # check, which needs the idempotent producer (Kafka's rule too).
             max_inflight_per_queue=max_inflight_per_queue if idempotent else 1,
             seal_on_send=True,
+            count_of=operator.attrgetter("count"),  # a batch call's bodies are one item
         )
+        self._batch_max_messages, self._batch_max_bytes = batch_max_messages, batch_max_bytes
         self._sender = Sender(config, accumulator, self.routes, self._data)
         # User callbacks run here, never on the I/O loop (a send() in one would deadlock it).
         self._callbacks = ThreadPoolExecutor(1, thread_name_prefix="raftmq-producer-callback")
@@ -321,7 +324,7 @@ class Producer:
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
-    ) -> list[SendResult]:
+    ) -> Sequence[SendResult]:
         """Store `messages` together in one queue, in order (RocketMQ's batch send)."""
         self._refuse_blocking("send_batch()")
         fut = self.send_batch_future(
@@ -359,19 +362,54 @@ class Producer:
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
         queue: QueueRef | None = None,
-    ) -> Future[list[SendResult]]:
+    ) -> Future[Sequence[SendResult]]:
         """The batch-first call: `messages` stored together in one queue, in order, with ONE
-        future for all of them (a list of results in order), for a caller with many messages at
-        hand; no future or lock per message. It fails with the first failed message's typed
-        error (messages before it may be stored). More than batch_max_messages go in several
-        requests of the same queue."""
-        outcome = BatchOutcome(len(messages))
-        if not messages:
-            return outcome.future
+        future for all of them (a sequence of results in order, each made when it is read), for
+        a caller with many messages at hand; no future or lock per message. It fails with the
+        first failed message's typed error (messages before it may be stored). More than
+        batch_max_messages (or batch_max_bytes) go in several requests of the same queue.
+
+        Bare `bytes` bodies are the fast form (issue 24): the call's bodies travel as one
+        buffered item per request, encoded in one call, answered per request."""
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
+        fut = self._enqueue_bodies(topic, messages, placement)
+        if fut is not None:
+            return fut
+        outcome = BatchOutcome(len(messages))
+        if not messages:
+            return outcome.future
         self._enqueue_together(topic, messages, outcome.slots(), placement)
+        return outcome.future
+
+    def _enqueue_bodies(
+        self, topic: str, messages: Sequence[OutgoingMessage | bytes], placement: SendOptions
+    ) -> Future[Sequence[SendResult]] | None:
+        """The batch call of bare bodies: checked as a list (type, size, not empty: C loops,
+        no Python step per body), cut into parts that each fit one request, and buffered as
+        one item per part. None if some message is not exactly `bytes` (the general path then
+        checks and converts each, with its own errors)."""
+        if not messages or set(map(type, messages)) != {bytes}:
+            return None
+        if self._sender.closed:
+            raise InvalidArgumentError("the producer is closed")
+        bodies: Sequence[bytes] = messages  # type: ignore[assignment]  # all bytes, checked
+        sizes = list(map(len, bodies))
+        if min(sizes) == 0:
+            raise InvalidMessageError(f"message body is empty (message {sizes.index(0)})")
+        biggest = max(sizes)
+        if biggest > self._max_message_bytes:
+            raise MessageTooLargeError.for_size(biggest, self._max_message_bytes)
+        target = self._choose_queue(topic, placement)
+        cuts = _cut(sizes, self._batch_max_messages, self._batch_max_bytes)
+        outcome = PartsOutcome(len(cuts))
+        born_ms = time.time_ns() // 1_000_000  # one clock read for the whole call
+        items: list[Item] = []
+        for part, (lo, hi, size) in zip(outcome.parts(), cuts, strict=True):
+            chunk = bodies if hi - lo == len(bodies) else bodies[lo:hi]
+            items.append(Bodies(topic, chunk, born_ms, self._host, part, size, hi - lo))
+        self._sender.enqueue(target, items)
         return outcome.future
 
     def _enqueue_together(
@@ -634,6 +672,24 @@ class Producer:
         group, address = leaders[self._sender.next_index() % len(leaders)]
         self._sender.hint_leader(group, address)
         return QueueRef(topic, group, 0)
+
+
+def _cut(sizes: list[int], max_messages: int, max_bytes: int) -> list[tuple[int, int, int]]:
+    """(start, end, bytes) of consecutive parts of at most `max_messages` messages and
+    `max_bytes` bytes each (one message over `max_bytes` alone), the accumulator's own greedy
+    rule: each part fits one request."""
+    total = sum(sizes)
+    if len(sizes) <= max_messages and total <= max_bytes:
+        return [(0, len(sizes), total)]
+    cuts: list[tuple[int, int, int]] = []
+    lo = size = 0
+    for i, n in enumerate(sizes):
+        if i > lo and (i - lo >= max_messages or size + n > max_bytes):
+            cuts.append((lo, i, size))
+            lo, size = i, 0
+        size += n
+    cuts.append((lo, len(sizes), size))
+    return cuts
 
 
 def _callback_adapter(cb: SendCallback) -> Callable[[Future[SendResult]], None]:

@@ -1,21 +1,25 @@
 """Where a message's outcome goes, as the sender sets it (`Outcome`: the part of a future's
 interface the sender and the trace hook use): a `concurrent.futures.Future` (the threaded API),
-a `Slot` of a batch's one future (the batch-first call), or a `LoopSlot` that completes an
-asyncio future through a LoopWaker (the asyncio face). No lock, Future or callback per message in
-the last two: a `concurrent.futures.Future` costs a Condition each (issue 24).
+a `Slot` of a batch's one future (the batch-first call of messages with fields), or a `LoopSlot`
+that completes an asyncio future through a LoopWaker (the asyncio face). No lock, Future or
+callback per message in the last two: a `concurrent.futures.Future` costs a Condition each
+(issue 24). The batch-first call's bare bodies have no outcome per message at all: each part of
+the call (one buffered item) settles a `Part` of the call's `PartsOutcome` with the results of
+all its messages at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from raftmq.client.messages import SendResult
+from raftmq.client.messages import SendResult, SendResults
 from raftmq.common.wakeups import LoopWaker
 
-__all__ = ["BatchOutcome", "LoopSlot", "Outcome", "Slot"]
+__all__ = ["BatchOutcome", "LoopSlot", "Outcome", "Part", "PartsOutcome", "Settled", "Slot"]
 
 
 class Outcome(Protocol):
@@ -37,7 +41,7 @@ class BatchOutcome:
     __slots__ = ("_error", "_left", "_lock", "_results", "future")
 
     def __init__(self, n: int) -> None:
-        self.future: Future[list[SendResult]] = Future()
+        self.future: Future[Sequence[SendResult]] = Future()
         self._results: list[SendResult | None] = [None] * n
         self._left = n
         self._error: BaseException | None = None
@@ -134,3 +138,78 @@ class LoopSlot(_SetOnce):
         else:
             assert result is not None
             self._waker.set_result(self._out, result)
+
+
+class Settled(_SetOnce):
+    """An outcome known already (a part's message as the trace hook reads it)."""
+
+    __slots__ = ()
+
+    def _deliver(self, result: SendResult | None, error: BaseException | None) -> None:
+        pass
+
+
+class PartsOutcome:
+    """The one future of a batch-first call of bare bodies, sent as `n` parts (each one buffered
+    item): `SendResults` in the call's order once every part is stored, else the first error
+    (parts before it may be stored; each part is stored whole or not at all)."""
+
+    __slots__ = ("_error", "_left", "_lock", "_runs", "future")
+
+    def __init__(self, n: int) -> None:
+        self.future: Future[Sequence[SendResult]] = Future()
+        self._runs: list[Sequence[SendResult]] = [()] * n
+        self._left = n
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()  # parts complete on the loop and the timer thread
+
+    def parts(self) -> list[Part]:
+        return [Part(self, i) for i in range(len(self._runs))]
+
+    def _settle(self, i: int, run: Sequence[SendResult], error: BaseException | None) -> None:
+        with self._lock:
+            self._runs[i] = run
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            if self._left:
+                return
+        if self._error is not None:
+            self.future.set_exception(self._error)
+        else:
+            self.future.set_result(SendResults(self._runs))
+
+
+class Part:
+    """One part's outcome inside a PartsOutcome: set once, with the results of all its messages
+    (a lazy `StoredRun`, or a list from an older broker's per-message answer) or an error."""
+
+    __slots__ = ("_done", "_error", "_i", "_outcome", "_results")
+
+    def __init__(self, outcome: PartsOutcome, i: int) -> None:
+        self._outcome, self._i = outcome, i
+        self._done = False
+        self._results: Sequence[SendResult] = ()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_results(self, results: Sequence[SendResult]) -> None:
+        if self._done:
+            return
+        self._done, self._results = True, results
+        self._outcome._settle(self._i, results, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        if self._done:
+            return
+        self._done, self._error = True, error
+        self._outcome._settle(self._i, (), error)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def results(self) -> Sequence[SendResult]:
+        """What the part was set with (empty after an error)."""
+        return self._results

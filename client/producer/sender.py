@@ -27,14 +27,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import ClassVar
 
 from google.protobuf.message import Message as PbMessage
 
 from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
 from raftmq.client.data_pool import DataPool, no_data_address
-from raftmq.client.messages import SendResult
-from raftmq.client.producer.outcome import Outcome
+from raftmq.client.messages import SendResult, StoredRun
+from raftmq.client.producer.outcome import Outcome, Part, Settled
 from raftmq.client.producer.retry import (
     Next,
     after_failure,
@@ -85,13 +86,42 @@ class Pending:
     # When its outcome is due (Kafka's delivery.timeout.ms): set when it enters the buffer, so
     # time spent waiting behind an unanswered request on its queue counts too.
     deadline: float = 0.0
+    count: ClassVar[int] = 1  # messages it stands for in the accumulator
+
+
+@dataclass(slots=True)
+class Bodies:
+    """A batch-first call's bare bodies, or one part of them: ONE buffered item for all its
+    messages (issue 24), which take `count` consecutive sequences and are encoded together by
+    stored_batch.encode_bodies, with no Message, outcome or result object per message. The
+    Producer cut the call into parts that each fit a batch, so an item is never split."""
+
+    topic: str
+    bodies: Sequence[bytes]
+    born_ms: int
+    host: str
+    future: Part
+    size: int
+    count: int
+    movable: ClassVar[bool] = False  # a batch call's messages stay in their queue together
+    v1_only: ClassVar[bool] = False
+    deadline: float = 0.0
+
+    def messages(self) -> list[Message]:
+        """The bodies as messages: for the v1 wire (older brokers) and batches mixed with
+        single sends; never on the common path."""
+        topic, born, host = self.topic, self.born_ms, self.host
+        return [Message(topic, b, None, (), {}, 0, born, host) for b in self.bodies]
+
+
+Item = Pending | Bodies  # what the sender buffers
 
 
 @dataclass(slots=True)
 class Request:
     """One send request and its attempts: always the same batch (queue and sequences)."""
 
-    batch: Batch[Pending]
+    batch: Batch[Item]
     deadline: float
     attempts: int = 0
     started: float = 0.0
@@ -103,7 +133,7 @@ class Request:
         return self.batch.queue
 
     @property
-    def items(self) -> tuple[Pending, ...]:
+    def items(self) -> tuple[Item, ...]:
         return self.batch.items
 
 
@@ -131,7 +161,7 @@ class Sender:
     def __init__(
         self,
         config: SenderConfig,
-        accumulator: Accumulator[Pending],
+        accumulator: Accumulator[Item],
         routes: RouteCache,
         data: DataPool,
     ) -> None:
@@ -187,13 +217,16 @@ class Sender:
 
     # ---- buffering ----------------------------------------------------------------------------
 
-    def enqueue(self, target: QueueRef, items: Sequence[Pending]) -> None:
+    def enqueue(self, target: QueueRef, items: Sequence[Item]) -> None:
         """Buffer `items` for `target`, waiting up to max_block_s for room (then QueueFull)."""
         n = len(items)
-        size = items[0].size if n == 1 else sum(it.size for it in items)
+        if n == 1:
+            count, size = items[0].count, items[0].size
+        else:
+            count, size = sum(it.count for it in items), sum(it.size for it in items)
         with self._lock:
-            if not self._acc.has_room(n, size):
-                self._wait_for_room(n, size)
+            if not self._acc.has_room(count, size):
+                self._wait_for_room(count, size)
             # the send timeout counts from entering the buffer; time.monotonic() is the clock
             # monotonic_ms() reads: one read per call
             now = time.monotonic()
@@ -255,7 +288,7 @@ class Sender:
                 final_error(err, maybe_stored=req.maybe_stored, attempts=req.attempts, group=group),
             )
 
-    def _request(self, batch: Batch[Pending]) -> Request:
+    def _request(self, batch: Batch[Item]) -> Request:
         # The send timeout is per message: a batch is due when its oldest message is.
         return Request(batch, min(it.deadline for it in batch.items))
 
@@ -311,7 +344,7 @@ class Sender:
         return broker_pb2.SendMessageRequest(
             topic=req.queue.topic,
             queue_id=req.queue.queue_id,
-            messages=[_to_pb(it.msg) for it in req.items],
+            messages=[_to_pb(m) for m in _messages(req.items)],
             producer_id=self.config.producer_id if idempotent else "",
             first_sequence=req.batch.first_sequence if idempotent else 0,
             timeout_ms=int(self.config.request_timeout_s * 1000),
@@ -324,13 +357,13 @@ class Sender:
         producer = None
         if self.config.idempotent:
             producer = ProducerSequence(self.config.producer_id, req.batch.first_sequence, strict)
-        return stored_batch.encode_batch(
-            req.queue.topic,
-            req.queue.queue_id,
-            [it.msg for it in items],
-            producer,
-            items[0].msg.born_host,
-        )
+        topic, queue_id = req.queue.topic, req.queue.queue_id
+        bodies = [it for it in items if isinstance(it, Bodies)]
+        if len(bodies) == len(items):  # the batch-first call's bodies: no Message per body
+            runs = [(it.born_ms, it.bodies) for it in bodies]
+            return stored_batch.encode_bodies(topic, queue_id, runs, producer, bodies[0].host)
+        messages = _messages(items)
+        return stored_batch.encode_batch(topic, queue_id, messages, producer, messages[0].born_host)
 
     # ---- the framed path: one SEND_BATCHES frame per leader per flush ---------------------------
 
@@ -362,7 +395,7 @@ class Sender:
             reqs = self._outbox.pop(data_address, [])
         if not reqs:
             return
-        more: list[Batch[Pending]] = []
+        more: list[Batch[Item]] = []
         frames: list[tuple[list[Request], list[broker_pb2.SendMessageRequest]]] = []
         stored: list[tuple[list[Request], list[bool]]] = []  # v2: requests, strict flags
         v1_only = data_address in self._v1_batches
@@ -409,7 +442,7 @@ class Sender:
                     self._finish(req, InvalidArgumentError(f"cannot encode the batch: {exc}"))
             if not sendable:
                 continue
-            payload = stored_send.encode_request(encoded, timeout_ms)
+            payload = stored_send.request_parts(encoded, timeout_ms)  # written, not joined
             self._count_frame(data_address, sendable)
             raw = self._data.submit_raw(
                 data_address, DataMethod.SEND_STORED, payload, self._left(sendable, now)
@@ -435,7 +468,7 @@ class Sender:
         self.frames_sent += 1
         self._frames_out[data_address] = self._frames_out.get(data_address, 0) + 1
         self.batches_sent += len(reqs)
-        self.messages_sent += sum(len(r.items) for r in reqs)
+        self.messages_sent += sum(r.batch.count for r in reqs)
 
     def _on_stored_answer(self, data_address: str, reqs: list[Request], fut: Future[bytes]) -> None:
         """A SEND_STORED answer, on the loop thread: as a SEND_BATCHES answer is."""
@@ -551,36 +584,45 @@ class Sender:
         with self._lock:
             self._faults = self._faults.record(req.queue.broker_group, latency_ms, monotonic_ms())
         items = req.items
-        if r.count != len(items):
+        if r.count != req.batch.count:
             self._finish(
                 req,
-                OutcomeUnknownError(f"broker answered {r.count} results for {len(items)} messages"),
+                OutcomeUnknownError(
+                    f"broker answered {r.count} results for {req.batch.count} messages"
+                ),
             )
             return
         topic, queue_id = req.queue.topic, req.queue.queue_id
-        if r.raft_index <= 0:  # a duplicate whose original the broker no longer remembers
-            for it in items:
-                if not it.future.done():
-                    it.future.set_result(SendResult("", topic, group, queue_id, -1, r.duplicate))
-        else:
-            # first_offset -1 with a place in the log: stored, its queue offsets not known yet
-            # (a delayed message gets them when it falls due)
-            # Each result derives its id from the prefix when it is read (most never are).
-            prefix = msg_id_prefix(group, r.raft_index, r.slot)
-            pos, offset, dup = r.first_position, r.first_offset, r.duplicate
-            for i, it in enumerate(items):
-                if not it.future.done():
-                    it.future.set_result(
-                        SendResult(
-                            prefix,
-                            topic,
-                            group,
-                            queue_id,
-                            offset + i if offset >= 0 else -1,
-                            dup,
-                            id_position=pos + i,
-                        )
+        # An empty prefix: a duplicate whose original the broker no longer remembers (no ids,
+        # no offsets). first_offset -1 with a place in the log: stored, its queue offsets not
+        # known yet (a delayed message gets them when it falls due). Each result derives its
+        # id from the prefix when it is read (most never are).
+        prefix = msg_id_prefix(group, r.raft_index, r.slot) if r.raft_index > 0 else ""
+        pos, offset, dup = r.first_position, r.first_offset, r.duplicate
+        k = 0  # the item's first message within the request
+        for it in items:
+            if it.future.done():
+                pass
+            elif isinstance(it, Bodies):
+                first = offset + k if offset >= 0 else -1
+                it.future.set_results(
+                    StoredRun(prefix, topic, group, queue_id, first, pos + k, it.count, dup)
+                )
+            elif not prefix:
+                it.future.set_result(SendResult("", topic, group, queue_id, -1, dup))
+            else:
+                it.future.set_result(
+                    SendResult(
+                        prefix,
+                        topic,
+                        group,
+                        queue_id,
+                        offset + k if offset >= 0 else -1,
+                        dup,
+                        id_position=pos + k,
                     )
+                )
+            k += it.count
         self._finish(req, None)
 
     def _expire(self, req: Request) -> Request | None:
@@ -590,7 +632,7 @@ class Sender:
         the sequences are handed out again and the error says so."""
         while req.deadline <= time.monotonic():
             err = RequestTimeoutError(
-                f"{len(req.items)} message(s) for {req.queue} waited the whole send timeout "
+                f"{req.batch.count} message(s) for {req.queue} waited the whole send timeout "
                 f"({self.config.send_timeout_s:.1f} s) in the producer behind an unanswered "
                 "request and were not sent (not stored); the broker group may be unreachable "
                 "from here: check `raftmq cluster status`, or raise send_timeout_ms"
@@ -637,26 +679,28 @@ class Sender:
         with self._lock:
             self._faults = self._faults.record(req.queue.broker_group, latency_ms, monotonic_ms())
         results = resp.results
-        if len(results) != len(req.items):
+        if len(results) != req.batch.count:
             self._finish(
                 req,
                 OutcomeUnknownError(
-                    f"broker answered {len(results)} results for {len(req.items)} messages"
+                    f"broker answered {len(results)} results for {req.batch.count} messages"
                 ),
             )
             return
-        for it, r in zip(req.items, results, strict=True):
-            if not it.future.done():
-                it.future.set_result(
-                    SendResult(
-                        r.msg_id,
-                        req.queue.topic,
-                        resp.broker_group or req.queue.broker_group,
-                        r.queue_id,
-                        r.queue_offset,
-                        r.duplicate,
-                    )
-                )
+        topic, group = req.queue.topic, resp.broker_group or req.queue.broker_group
+        made = [
+            SendResult(r.msg_id, topic, group, r.queue_id, r.queue_offset, r.duplicate)
+            for r in results
+        ]
+        k = 0
+        for it in req.items:
+            if it.future.done():
+                pass
+            elif isinstance(it, Bodies):
+                it.future.set_results(made[k : k + it.count])
+            else:
+                it.future.set_result(made[k])
+            k += it.count
         self._finish(req, None)
 
     def _failed(self, req: Request, err: RaftMQError, *, maybe_stored: bool) -> None:
@@ -745,7 +789,7 @@ class Sender:
             nxt = self._acc.abandon(req.batch, monotonic_ms())
             appended = self._acc.append(other, [(it, it.size) for it in req.items], monotonic_ms())
             self._lock.notify_all()
-        log.info("producer.moved queue=%s to=%s messages=%d", req.queue, other, len(req.items))
+        log.info("producer.moved queue=%s to=%s messages=%d", req.queue, other, req.batch.count)
         if nxt is not None:
             self._issue(self._request(nxt))
         if appended.wake_at_ms is not None:
@@ -754,9 +798,7 @@ class Sender:
             self._issue(self._request(appended.batch))  # the messages keep their deadlines
         return True
 
-    def _settle(
-        self, req: Request, err: RaftMQError | None, *, sent: bool
-    ) -> Batch[Pending] | None:
+    def _settle(self, req: Request, err: RaftMQError | None, *, sent: bool) -> Batch[Item] | None:
         """Give `req`'s messages their outcome (`err`, unless results were set) and release its
         batch: if it may have reached a broker its sequences stay used, if it never left they
         are handed out again. Returns the queue's next batch, to be issued."""
@@ -767,7 +809,7 @@ class Sender:
         hook = self.on_settled
         if hook is not None:
             try:
-                hook(req.queue.topic, req.items)
+                hook(req.queue.topic, _per_message(req.items))
             except Exception:  # a trace must never fail what it traces
                 log.exception("producer.on_settled_failed")
         with self._lock:
@@ -791,6 +833,39 @@ class Sender:
             self._scheduler.call_later(0, lambda: self._issue(self._request(nxt)))
             return
         self._issue(self._request(nxt))
+
+
+def _messages(items: Sequence[Item]) -> list[Message]:
+    """Every message of `items`, bodies made into messages (the uncommon paths only)."""
+    out: list[Message] = []
+    for it in items:
+        if isinstance(it, Bodies):
+            out += it.messages()
+        else:
+            out.append(it.msg)
+    return out
+
+
+def _per_message(items: tuple[Item, ...]) -> Sequence[Pending]:
+    """`items` as one Pending per message, each with its outcome: what the trace hook reads.
+    Only a traced producer pays for the bodies' messages and results."""
+    if not any(isinstance(it, Bodies) for it in items):
+        return items  # type: ignore[return-value]  # every item is a Pending
+    out: list[Pending] = []
+    for it in items:
+        if not isinstance(it, Bodies):
+            out.append(it)
+            continue
+        error = it.future.exception()
+        results = it.future.results()
+        for i, m in enumerate(it.messages()):
+            done = Settled()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(results[i])
+            out.append(Pending(m, done, len(m.body), False))
+    return out
 
 
 def _to_pb(m: Message) -> common_pb2.Message:

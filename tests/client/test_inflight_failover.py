@@ -4,14 +4,15 @@ flight over SEND_BATCHES frames while the leader dies mid-stream. Afterwards eve
 back: each acknowledged message is stored exactly once, where its result said, nothing is stored
 twice, and each queue holds what it holds in send order. A strict batch that overtook an
 earlier one being retried on the new leader would break the last two (the dispatcher's sequence
-check, tests/broker/test_sequence_window.py, is what prevents it)."""
+check, tests/broker/test_sequence_window.py, is what prevents it). The same with the batch-first
+call of bare bodies, whose calls travel as one buffered item each (issue 24)."""
 
 from __future__ import annotations
 
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -31,9 +32,10 @@ TOPIC = "inflight"
 QUEUES = 4
 WINDOW = 256  # sends outstanding at once
 TOTAL = 6_000
+CALL = 20  # messages per batch-first call
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp: Path = tmp_path_factory.mktemp("inflight")
     c = start_cluster(tmp, (GROUP,), namesrvs=1)
@@ -55,8 +57,9 @@ def leader_node(c: Cluster) -> str:
         return g.leader_node_id
 
 
+@pytest.mark.parametrize("api", ["send_async", "send_batch_future"])
 def test_each_acknowledged_message_is_stored_once_in_order_across_a_leader_kill(
-    cluster: Cluster,
+    cluster: Cluster, api: str
 ) -> None:
     _, procs = cluster.groups[GROUP]
     by_node = {p.name.rsplit("-", 1)[1]: p for p in procs}
@@ -76,15 +79,41 @@ def test_each_acknowledged_message_is_stored_once_in_order_across_a_leader_kill(
                 failed[i] = exc
         room.release()
 
+    def call_done(first: int, fut: Future[Sequence[SendResult]]) -> None:
+        exc = fut.exception()
+        with lock:
+            if exc is None:
+                got = fut.result()
+                assert len(got) == CALL
+                for k, r in enumerate(got):
+                    results[first + k * QUEUES] = r
+            else:
+                assert isinstance(exc, RaftMQError), exc
+                for k in range(CALL):
+                    failed[first + k * QUEUES] = exc
+        room.release()
+
     killed = ""
     with Producer(cluster.namesrv, send_timeout_ms=30_000, max_inflight_per_queue=5) as producer:
-        for i in range(TOTAL):
-            room.acquire()
-            fut = producer.send_async(TOPIC, b"%d" % i, queue=queues[i % QUEUES])
-            fut.add_done_callback(lambda f, i=i: done(i, f))
-            if i == TOTAL // 3:
-                killed = leader_node(cluster)
-                by_node[killed].kill(signal.SIGKILL)
+        if api == "send_async":
+            for i in range(TOTAL):
+                room.acquire()
+                fut = producer.send_async(TOPIC, b"%d" % i, queue=queues[i % QUEUES])
+                fut.add_done_callback(lambda f, i=i: done(i, f))
+                if i == TOTAL // 3:
+                    killed = leader_node(cluster)
+                    by_node[killed].kill(signal.SIGKILL)
+        else:  # each call: CALL messages of one queue, i = first + k * QUEUES
+            for block in range(0, TOTAL, CALL * QUEUES):
+                for q in range(QUEUES):
+                    room.acquire()
+                    first = block + q
+                    bodies = [b"%d" % (first + k * QUEUES) for k in range(CALL)]
+                    calls = producer.send_batch_future(TOPIC, bodies, queue=queues[q])
+                    calls.add_done_callback(lambda f, first=first: call_done(first, f))
+                if not killed and block >= TOTAL // 3:
+                    killed = leader_node(cluster)
+                    by_node[killed].kill(signal.SIGKILL)
         assert producer.flush(60)
         frames = producer._sender.frames_sent
     assert killed

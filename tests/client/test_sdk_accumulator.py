@@ -122,45 +122,57 @@ def test_buffer_bound_counts_in_flight_messages_and_admits_anything_when_empty()
             st.integers(1, 5),  # messages appended
             st.integers(0, 30),  # size of each
             st.integers(0, 7),  # ms passing
+            st.integers(1, 3),  # messages per item (a batch-first call's bodies are one item)
         ),
         max_size=80,
     ),
     st.integers(0, 10),
 )
 def test_invariants_under_any_interleaving(
-    ops: list[tuple[str, int, int, int, int]], linger_ms: int
+    ops: list[tuple[str, int, int, int, int, int]], linger_ms: int
 ) -> None:
     """Whatever happens: every message leaves exactly once per queue in order (abandoned ones
     are sent again elsewhere by the caller, so here they are re-appended), one batch is in
-    flight per queue, stored sequences are contiguous from 0, and the buffer counts add up."""
-    a = Accumulator[tuple[int, int]](
+    flight per queue, stored sequences are contiguous from 0 with each item of n messages
+    taking n of them, no batch holds more than batch_max_messages messages, and the buffer
+    counts add up."""
+    a = Accumulator[tuple[int, int, int]](
         linger_ms=linger_ms,
         batch_max_messages=3,
         batch_max_bytes=40,
         max_buffered_messages=1_000,
         max_buffered_bytes=100_000,
+        count_of=lambda item: item[2],
     )
     queues = (Q0, Q1)
     now = 0
     serial = 0
-    inflight: dict[QueueRef, Batch[tuple[int, int]]] = {}
+    inflight: dict[QueueRef, Batch[tuple[int, int, int]]] = {}
     stored: dict[QueueRef, list[tuple[int, int]]] = {Q0: [], Q1: []}  # (sequence, item id)
     appended: dict[QueueRef, list[int]] = {Q0: [], Q1: []}
 
-    def took(q: QueueRef, batch: Batch[tuple[int, int]] | None) -> None:
+    def took(q: QueueRef, batch: Batch[tuple[int, int, int]] | None) -> None:
         if batch is not None:
             assert q not in inflight, "two batches of one queue in flight"
-            assert batch.queue == q and 0 < len(batch.items) <= 3
+            assert batch.queue == q and 0 < len(batch.items)
+            assert batch.count == sum(item[2] for item in batch.items) <= 3
             inflight[q] = batch
 
-    for op, qi, count, size, dt in ops:
+    def store(q: QueueRef, b: Batch[tuple[int, int, int]]) -> None:
+        seq = b.first_sequence
+        for item in b.items:
+            for _ in range(item[2]):  # each message of the item: (its sequence, the item)
+                stored[q].append((seq, item[0]))
+                seq += 1
+
+    for op, qi, count, size, dt, per_item in ops:
         now += dt
         q = queues[qi]
         if op == "append":
             new = []
             for _ in range(count):
-                new.append(((serial, size), size))
-                appended[q].append(serial)
+                new.append(((serial, size, per_item), size))
+                appended[q].extend([serial] * per_item)
                 serial += 1
             took(q, a.append(q, new, now).batch)
         elif op == "due":
@@ -168,14 +180,15 @@ def test_invariants_under_any_interleaving(
         elif q in inflight:
             b = inflight.pop(q)
             if op == "complete":
-                stored[q].extend((b.first_sequence + i, item[0]) for i, item in enumerate(b.items))
+                store(q, b)
                 took(q, a.complete(b, now))
             else:
                 took(q, a.abandon(b, now))
                 other = queues[1 - qi]
                 for item in b.items:
-                    appended[q].remove(item[0])
-                    appended[other].append(item[0])
+                    for _ in range(item[2]):
+                        appended[q].remove(item[0])
+                        appended[other].append(item[0])
                 took(other, a.append(other, [(item, item[1]) for item in b.items], now).batch)
     # Drain: flush lingers, complete everything.
     for _ in range(10_000):
@@ -184,7 +197,7 @@ def test_invariants_under_any_interleaving(
             took(q, a.due(q, now))
             if q in inflight:
                 b = inflight.pop(q)
-                stored[q].extend((b.first_sequence + i, item[0]) for i, item in enumerate(b.items))
+                store(q, b)
                 took(q, a.complete(b, now))
                 progressed = True
         if not progressed:

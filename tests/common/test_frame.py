@@ -32,6 +32,23 @@ def test_layout_of_a_request_is_documented_one() -> None:
     assert len(frame.encode_frame(Kind.PING, 1)) == frame.HEADER_BYTES == 10
 
 
+@given(st.lists(st.binary(max_size=20), max_size=6))
+def test_a_payload_in_parts_is_written_as_the_joined_bytes_without_a_copy(
+    parts: list[bytes],
+) -> None:
+    """frame.Parts (a SEND_STORED request's batches, issue 24): the frame on the wire is the
+    one of the joined payload, and the parts go to writelines as they are (not copied)."""
+    payload = frame.Parts(parts)
+    assert len(payload) == sum(map(len, parts))
+    out: list[frame.BytesLike] = []
+    size = frame.request_into(out, 5, 9, payload)
+    assert b"".join(out) == frame.encode_request(5, 9, b"".join(parts))
+    assert size == len(b"".join(out))
+    assert all(any(o is p for o in out) for p in parts if p)
+    [decoded] = server_decoder().feed(b"".join(out))
+    assert bytes(decoded.payload) == b"".join(parts)
+
+
 def test_hello_round_trip_and_auth_placeholder() -> None:
     dec = FrameDecoder(expect_hello=True)
     [f] = dec.feed(frame.encode_hello(Hello(max_frame_bytes=4096, auth_method=0, auth=b"tok")))

@@ -271,6 +271,58 @@ def test_values_the_format_cannot_carry(
         sb.encode_batch(**args)
 
 
+Runs = list[tuple[int, list[bytes]]]
+
+
+@st.composite
+def bodies_args(draw: st.DrawFn) -> tuple[str, int, Runs, ProducerSequence | None, str]:
+    """What encode_bodies takes: (born ms, bodies) runs, some of them empty."""
+    runs = draw(
+        st.lists(
+            st.tuples(i64, st.lists(st.binary(min_size=1, max_size=40), max_size=5)),
+            min_size=1,
+            max_size=4,
+        ).filter(lambda rs: any(bodies for _, bodies in rs))
+    )
+    producer = draw(st.none() | st.builds(ProducerSequence, text.filter(bool), u64, st.booleans()))
+    return draw(text), draw(u32), runs, producer, draw(text)
+
+
+@given(args=bodies_args())
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+def test_bare_bodies_encode_as_plain_messages(
+    sb: ModuleType, args: tuple[str, int, Runs, ProducerSequence | None, str]
+) -> None:
+    """encode_bodies (the batch-first call's encoder, no Message per body) gives the bytes of
+    encode_batch over the same bodies as messages without tag, keys or properties, and they
+    decode back to those bodies and born times."""
+    topic, queue_id, runs, producer, host = args
+    msgs = [
+        Message(topic, body, born_timestamp_ms=ms, born_host=host)
+        for ms, bodies in runs
+        for body in bodies
+    ]
+    raw = sb.encode_bodies(topic, queue_id, runs, producer, host)
+    assert raw == sb.encode_batch(topic, queue_id, msgs, producer, host)
+    got = [(m.body, m.born_timestamp_ms) for m in sb.iter_messages(raw)]
+    assert got == [(m.body, m.born_timestamp_ms) for m in msgs]
+
+
+@pytest.mark.parametrize(
+    ("runs", "error"),
+    [
+        ([], "at least one message"),
+        ([(1, [])], "at least one message"),
+        ([[1, [b"a"]]], "each run must be a"),
+        ([(1 << 63, [b"a"])], "born timestamp is not a 64-bit integer"),
+        ([(1, [b"a", bytearray(b"b")])], "a body must be bytes, not bytearray"),
+    ],
+)
+def test_bare_bodies_the_format_cannot_carry(sb: ModuleType, runs: object, error: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=error):
+        sb.encode_bodies(TOPIC, 0, runs)
+
+
 # ---- corruption, truncation, garbage -----------------------------------------------------------
 
 

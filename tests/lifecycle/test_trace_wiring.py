@@ -32,6 +32,7 @@ from raftmq.common.trace import (
     TraceBuffer,
     decode_batch,
 )
+from raftmq.common.types import QueueRef
 from raftmq.ops.procs import child_env
 from tests.harness.procs import Cluster, start_cluster, wait_until
 
@@ -238,3 +239,34 @@ def test_a_settled_batch_is_one_line_per_32_messages_read_back_as_sends() -> Non
     assert batches[0] is not None and len(batches[0].keys) == 32
     with pytest.raises(MalformedTraceError, match=r"sends.m\[0\]"):
         decode_batch(bad_line.replace(b'["",1000', b'["",true'))
+
+
+def test_each_message_of_a_batch_call_of_bodies_is_traced(cluster: Cluster) -> None:
+    """The batch-first call's bare bodies travel as one buffered item (issue 24): a traced
+    producer still records a send trace per message, with its own id and offset, including a
+    request that also carries single sends of the same queue (one request: the linger holds
+    them together)."""
+    queue = QueueRef(TOPIC, GROUP, 1)
+    with Producer(cluster.namesrv, trace=True, linger_ms=300) as producer:
+        first = producer.send_async(TOPIC, b"single-0", queue=queue, keys=("k-single",))
+        calls = producer.send_batch_future(TOPIC, [b"body-0", b"body-1", b"body-2"], queue=queue)
+        last = producer.send_async(TOPIC, b"single-1", queue=queue)
+        results = [first.result(30), *calls.result(30), last.result(30)]
+        assert producer._sender.batches_sent == 1, "bodies and single sends in one request"
+    offsets = [r.queue_offset for r in results]
+    assert offsets == list(range(offsets[0], offsets[0] + 5)), "stored in call order"
+    assert len({r.msg_id for r in results}) == 5
+    with Admin(cluster.namesrv) as admin:
+        for r in results:
+            t = wait_until(lambda r=r: _sent(admin, r.msg_id), 30, f"the trace of {r.msg_id}")
+            assert isinstance(t, SendTrace)
+            assert (t.queue_id, t.queue_offset) == (1, r.queue_offset) and t.success
+            assert t.keys == (("k-single",) if r is results[0] else ())
+
+
+def _sent(admin: Admin, msg_id: str) -> SendTrace | None:
+    try:
+        t = admin.message_trace(msg_id)
+    except TraceNotFoundError:
+        return None
+    return next((r for r in t.records if isinstance(r, SendTrace)), None)
