@@ -13,14 +13,19 @@ import bisect
 import contextlib
 import logging
 import os
-import zlib
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftmq.raftlog.errors import CorruptJournalError
-from raftmq.raftlog.journal.format import CRC_BYTES, HEADER, HEADER_BYTES
+from raftmq.raftlog.journal.format import (
+    CRC_BYTES,
+    HEADER_BYTES,
+    CrcFunction,
+    body_crc,
+    unpack_header,
+)
 from raftmq.raftlog.journal.segments import (
     IDX_RE,
     PENDING_RE,
@@ -138,7 +143,7 @@ class _Recovery:
                 raw = os.pread(seg.fd, HEADER_BYTES, 0)
             if len(raw) < HEADER_BYTES:
                 raise CorruptJournalError(str(seg.path), 0, "segment shorter than one header")
-            _, _, found, term = HEADER.unpack(raw)
+            _, _, found, term, _ = unpack_header(raw, 0)
             if found != seg.first:
                 raise CorruptJournalError(
                     str(seg.path), 0, f"segment named {seg.first} starts with record {found}"
@@ -354,7 +359,7 @@ class _Recovery:
         raw = os.pread(seg.fd, HEADER_BYTES, pos)
         if len(raw) != HEADER_BYTES:
             return None
-        _, n, index, term = HEADER.unpack(raw)
+        _, n, index, term, _ = unpack_header(raw, 0)
         if index != seg.first + seg.count - 1 or pos + HEADER_BYTES + n != seg.size:
             return None
         return int(term)
@@ -444,9 +449,9 @@ class _Recovery:
             if off + HEADER_BYTES > buf_at + len(buf):
                 buf = os.pread(fd, _SCAN_CHUNK_BYTES, off)
                 buf_at = off
-            crc, n, index, term = HEADER.unpack_from(buf, off - buf_at)
+            crc, n, index, term, crc_of = unpack_header(buf, off - buf_at)
             if n > self._max_record_bytes:
-                if off + HEADER_BYTES + n <= size and self._crc_matches(fd, off, n, crc):
+                if off + HEADER_BYTES + n <= size and self._crc_matches(fd, off, n, crc, crc_of):
                     # A whole, valid record: the limit was lowered, this is no torn write.
                     raise CorruptJournalError(
                         str(seg.path),
@@ -463,10 +468,8 @@ class _Recovery:
             if rec_end > buf_at + len(buf):
                 buf = os.pread(fd, max(_SCAN_CHUNK_BYTES, rec_end - off), off)
                 buf_at = off
-            view = memoryview(buf)
             start = off - buf_at
-            body = view[start + CRC_BYTES : start + HEADER_BYTES + n]
-            if zlib.crc32(body) != crc:
+            if body_crc(buf, start, start + HEADER_BYTES + n, crc_of) != crc:
                 out.problem = "crc mismatch"
                 break
             if index != expected:
@@ -490,14 +493,14 @@ class _Recovery:
         return out
 
     @staticmethod
-    def _crc_matches(fd: int, off: int, n: int, crc: int) -> bool:
+    def _crc_matches(fd: int, off: int, n: int, crc: int, crc_of: CrcFunction) -> bool:
         """Check a record's crc in bounded chunks, for a length too large to read in one go."""
-        value = zlib.crc32(os.pread(fd, HEADER_BYTES - CRC_BYTES, off + CRC_BYTES))
+        value = crc_of(os.pread(fd, HEADER_BYTES - CRC_BYTES, off + CRC_BYTES))
         pos, end = off + HEADER_BYTES, off + HEADER_BYTES + n
         while pos < end:
             chunk = os.pread(fd, min(_SCAN_CHUNK_BYTES, end - pos), pos)
             if not chunk:
                 return False
-            value = zlib.crc32(chunk, value)
+            value = crc_of(chunk, value)
             pos += len(chunk)
         return value == crc

@@ -11,7 +11,6 @@ import bisect
 import logging
 import os
 import threading
-import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +21,11 @@ from raftmq.raftlog.errors import CorruptJournalError, LogClosedError
 from raftmq.raftlog.journal.cache import OpenSegments, RecordCache
 from raftmq.raftlog.journal.format import (
     CRC_BYTES,
-    HEADER,
     HEADER_BYTES,
+    MAX_COMMAND_BYTES,
     decode_record,
     encode_header,
+    unpack_header,
 )
 from raftmq.raftlog.journal.recovery import recover
 from raftmq.raftlog.journal.segments import (
@@ -79,6 +79,8 @@ class SegmentJournal:
     ) -> None:
         if segment_bytes < HEADER_BYTES or cache_bytes < 0 or max_record_bytes < 0:
             raise ValueError("segment_bytes must hold a header; cache and record limits >= 0")
+        if max_record_bytes > MAX_COMMAND_BYTES:
+            raise ValueError(f"max_record_bytes must be <= {MAX_COMMAND_BYTES} (the length field)")
         self._dir = Path(directory)
         self._segment_bytes = segment_bytes
         self._max_record_bytes = max_record_bytes
@@ -673,14 +675,14 @@ class SegmentJournal:
             if len(data) != bounds[take] - base:
                 raise CorruptJournalError(str(seg.path), base + len(data), "segment truncated")
             view = memoryview(data)
-            unpack, crc32 = HEADER.unpack_from, zlib.crc32
+            # unpack_header names each record's CRC; the check is format.body_crc, inlined.
             for i in range(take):
                 start, end = bounds[i] - base, bounds[i + 1] - base
-                crc, n, found, term = unpack(data, start)
+                crc, n, found, term, crc_of = unpack_header(data, start)
                 if (
                     found != index + i
                     or n != end - start - HEADER_BYTES
-                    or crc32(view[start + CRC_BYTES : end]) != crc
+                    or crc_of(view[start + CRC_BYTES : end]) != crc
                 ):
                     # The slow path names what is wrong and raises; it never passes bad bytes.
                     try:

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import shutil
+import struct
 import threading
 import time
 from pathlib import Path
@@ -19,8 +20,10 @@ import pytest
 from raftmq.raftlog.errors import CorruptJournalError, LogClosedError
 from raftmq.raftlog.journal import HEADER_BYTES, SegmentJournal, index_name, segment_name
 from raftmq.raftlog.journal.cache import RecordCache
+from raftmq.raftlog.journal.format import CRC32C_FLAG
 from raftmq.raftlog.meta import MetaStore, RaftMeta
 from raftmq.raftlog.record import Record
+from tests.raftlog.test_journal_format import encode_mislabelled, encode_old_record
 
 SMALL_SEGMENT = 4096
 
@@ -50,6 +53,41 @@ def flip_byte(path: Path, offset: int) -> None:
 
 def open_small(d: Path, **kw: int) -> SegmentJournal:
     return SegmentJournal(d, segment_bytes=SMALL_SEGMENT, **kw)
+
+
+def records_on_disk(path: Path) -> list[tuple[int, Record, bool]]:
+    """(offset, record, carries CRC-32C) of every whole record of a segment file, unchecked."""
+    data = path.read_bytes()
+    out, off = [], 0
+    while off + HEADER_BYTES <= len(data):
+        _, field, index, term = struct.unpack_from("<IIQQ", data, off)
+        n = field & ~CRC32C_FLAG
+        end = off + HEADER_BYTES + n
+        out.append((off, Record(index, term, data[off + HEADER_BYTES : end]), bool(field >> 31)))
+        off = end
+    return out
+
+
+def rewrite_as_old_format(d: Path) -> int:
+    """Rewrite every record of a closed journal in place as the code before CRC-32C wrote it
+    (zlib's CRC-32, no flag: the same size, so the .idx and terms files stay right). Returns how
+    many records it rewrote."""
+    count = 0
+    for path in seg_files(d):
+        records = [r for _, r, _ in records_on_disk(path)]
+        path.write_bytes(b"".join(encode_old_record(r.index, r.term, r.command) for r in records))
+        count += len(records)
+    return count
+
+
+def crc32c_kinds(d: Path) -> list[bool]:
+    """Per record of the journal's files, in order: whether it carries CRC-32C."""
+    return [new for path in seg_files(d) for _, _, new in records_on_disk(path)]
+
+
+# The damage tests run on journals of both kinds of record: written today (CRC-32C) and written
+# before (zlib's CRC-32, rewritten in place by rewrite_as_old_format).
+record_kinds = pytest.mark.parametrize("old", [False, True], ids=["crc32c", "zlib"])
 
 
 # ---- basic API ---------------------------------------------------------------------------------
@@ -109,10 +147,13 @@ def test_record_above_max_record_bytes_is_corruption_at_read(tmp_path: Path) -> 
         assert j.get(3).command == b"z"
 
 
-def test_valid_oversize_record_in_active_segment_refuses_to_open(tmp_path: Path) -> None:
+@record_kinds
+def test_valid_oversize_record_in_active_segment_refuses_to_open(tmp_path: Path, old: bool) -> None:
     d = tmp_path / "j"
     with SegmentJournal(d) as j:
         j.append(1, 1, b"x" * 3000)
+    if old:
+        rewrite_as_old_format(d)
     with pytest.raises(CorruptJournalError, match="max_record_bytes") as info:
         SegmentJournal(d, max_record_bytes=100)
     assert segment_name(1) in str(info.value)
@@ -251,11 +292,14 @@ def test_dirty_sync_and_close(tmp_path: Path) -> None:
 # ---- damage ------------------------------------------------------------------------------------
 
 
-def test_flipped_byte_in_sealed_segment_is_never_served(tmp_path: Path) -> None:
+@record_kinds
+def test_flipped_byte_in_sealed_segment_is_never_served(tmp_path: Path, old: bool) -> None:
     d = tmp_path / "j"
     with open_small(d) as j:
         for i in range(1, 41):
             j.append(i, 1, bytes([i]) * 400)
+    if old:
+        rewrite_as_old_format(d)
     first_seg = seg_files(d)[0]
     # Record 3 of segment 1 starts at 2 * (24 + 400); hit the middle of its command.
     flip_byte(first_seg, 2 * (HEADER_BYTES + 400) + HEADER_BYTES + 200)
@@ -274,12 +318,15 @@ def test_flipped_byte_in_sealed_segment_is_never_served(tmp_path: Path) -> None:
         assert [r.index for r in j.read_range(1, max_bytes=800, max_count=10)] == [1, 2]
 
 
+@record_kinds
 def test_flipped_byte_in_last_record_is_cut_at_reopen(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, old: bool
 ) -> None:
     d = tmp_path / "j"
     with open_small(d) as j:
         fill(j, 30)
+    if old:
+        rewrite_as_old_format(d)
     active = seg_files(d)[-1]
     flip_byte(active, active.stat().st_size - 1)
     with caplog.at_level(logging.WARNING, logger="raftlog.journal"), open_small(d) as j:
@@ -291,14 +338,20 @@ def test_flipped_byte_in_last_record_is_cut_at_reopen(
     assert str(active) in torn[0] and "dropped_from=30" in torn[0]
     with open_small(d) as j:
         assert j.get(30).command == b"rewritten"
+    assert crc32c_kinds(d) == [not old] * 29 + [True]  # the new append after old records
 
 
+@record_kinds
 @pytest.mark.parametrize("damage", ["chop", "garbage", "half_header"])
-def test_torn_tail_is_cut(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_tail_is_cut(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture, old: bool
+) -> None:
     d = tmp_path / "j"
     with open_small(d) as j:
         fill(j, 25)
         last_size = HEADER_BYTES + len(command(25))
+    if old:
+        rewrite_as_old_format(d)
     active = seg_files(d)[-1]
     size = active.stat().st_size
     with open(active, "r+b") as f:
@@ -316,6 +369,84 @@ def test_torn_tail_is_cut(tmp_path: Path, damage: str, caplog: pytest.LogCapture
             assert j.get(i).command == command(i)
     assert any("journal.torn_tail" in r.getMessage() for r in caplog.records)
     assert active.stat().st_size == size - (last_size if damage == "chop" else 0)
+
+
+def test_a_journal_written_before_crc32c_opens_reads_and_takes_appends(tmp_path: Path) -> None:
+    """An upgrade in place: segments of zlib-CRC records open, recover, read and scrub, and the
+    appends after the restart are CRC-32C records behind them, in the same active segment and
+    in new ones."""
+    d = tmp_path / "j"
+
+    def term(i: int) -> int:
+        return 1 + i // 40
+
+    with open_small(d) as j:
+        for i in range(1, 101):
+            j.append(i, term(i), command(i))
+    assert rewrite_as_old_format(d) == 100
+    assert crc32c_kinds(d) == [False] * 100
+
+    def check(j: SegmentJournal, last: int) -> None:
+        assert (j.first_index, j.last_index) == (1, last)
+        for i in range(1, last + 1):
+            assert j.get(i) == Record(i, term(i), command(i))
+        got = j.read_range(1, max_bytes=10**7, max_count=10**4)
+        assert got == [Record(i, term(i), command(i)) for i in range(1, last + 1)]
+        told: list[CorruptJournalError] = []
+        j.on_corrupt = told.append
+        at, scrubbed = j.verify_sealed(1, 10**7), 0
+        while at[0] != 1:  # one scrub pass over every sealed segment
+            scrubbed += at[1]
+            at = j.verify_sealed(at[0], 10**7)
+        assert scrubbed and not told
+
+    with open_small(d, cache_bytes=0) as j:
+        check(j, 100)
+        for i in range(101, 201):
+            j.append(i, term(i), command(i))
+        check(j, 200)
+    with open_small(d, cache_bytes=0) as j:
+        check(j, 200)
+    assert crc32c_kinds(d) == [False] * 100 + [True] * 100
+    # Recovery that rebuilds the .idx and terms files scans old and new records alike.
+    for f in [*d.glob("*.idx"), d / "terms"]:
+        f.unlink()
+    with open_small(d, cache_bytes=0) as j:
+        check(j, 200)
+        assert [j.term_at(i) for i in range(1, 201)] == [term(i) for i in range(1, 201)]
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["crc32c flag, zlib crc", "no flag, crc32c"])
+def test_a_crc_of_the_other_kind_is_corrupt_on_disk(
+    tmp_path: Path, flag: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record whose length field names the other CRC than its crc field holds is corrupt: in
+    a sealed segment it is never served, at the end of the active one it is cut as torn."""
+    d = tmp_path / "j"
+    with open_small(d) as j:
+        for i in range(1, 41):
+            j.append(i, 1, bytes([i]) * 400)
+    first, active = seg_files(d)[0], seg_files(d)[-1]
+    for path, at in ((first, 2), (active, -1)):  # record 3, and the last record
+        recs = records_on_disk(path)
+        off, rec, _ = recs[at]
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(encode_mislabelled(rec.index, rec.term, rec.command, flag=flag))
+    with caplog.at_level(logging.WARNING, logger="raftlog.journal"), open_small(d) as j:
+        assert j.last_index == 39
+        with pytest.raises(CorruptJournalError, match="crc mismatch") as info:
+            j.get(3)
+        assert info.value.index == 3
+        with pytest.raises(CorruptJournalError, match="crc mismatch"):
+            j.read_range(1, max_bytes=10**6, max_count=10)
+        assert j.get(4).command == bytes([4]) * 400
+    assert any("dropped_from=40" in r.getMessage() for r in caplog.records)
+
+
+def test_max_record_bytes_must_fit_the_length_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="length field"):
+        SegmentJournal(tmp_path / "j", max_record_bytes=CRC32C_FLAG)
 
 
 def test_wrongly_named_segment_refuses_to_open(tmp_path: Path) -> None:

@@ -1,5 +1,7 @@
 """SegmentJournal against a list model: appends, truncations, retention, resets, clean reopens
-and crashes that tear the tail, with tiny segments so every step crosses segment boundaries."""
+and crashes that tear the tail, with tiny segments so every step crosses segment boundaries.
+Records of both kinds: an upgrade step rewrites the journal's files as the code before CRC-32C
+wrote them, so later steps run on old records, new appends behind them, or a mix."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from raftmq.raftlog.journal import HEADER_BYTES, SegmentJournal
 from raftmq.raftlog.record import Record
+from tests.raftlog.test_journal import rewrite_as_old_format
 
 SEGMENT_BYTES = 4096
 CACHE_BYTES = 6000  # small, so reads go to disk as well as to the cache
@@ -136,6 +139,14 @@ class JournalMachine(RuleBasedStateMachine):
         self.logs.messages.clear()
         self.journal = self._open()
         assert not [m for m in self.logs.messages if "journal.torn_tail" in m]
+
+    @rule()
+    def upgrade_in_place(self) -> None:
+        """The journal was written by the code before CRC-32C (zlib's CRC-32), then opened by
+        today's: every record on disk becomes an old one, and the journal reopens cleanly."""
+        self.journal.close()
+        rewrite_as_old_format(self.dir)
+        self.reopen()
 
     @rule(data=st.data(), damage=st.sampled_from(["none", "chop", "flip", "garbage"]))
     def crash(self, data: st.DataObject, damage: str) -> None:
