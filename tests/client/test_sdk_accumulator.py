@@ -154,7 +154,7 @@ def test_invariants_under_any_interleaving(
     def took(q: QueueRef, batch: Batch[tuple[int, int, int]] | None) -> None:
         if batch is not None:
             assert q not in inflight, "two batches of one queue in flight"
-            assert batch.queue == q and 0 < len(batch.items)
+            assert batch.queue == q and batch.items
             assert batch.count == sum(item[2] for item in batch.items) <= 3
             inflight[q] = batch
 
