@@ -4,10 +4,8 @@ the same entries in the same order give equal outputs on every replica."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Protocol
 
 from raftmq.broker import delivery
@@ -54,6 +52,7 @@ from raftmq.broker.txn_records import is_txn_chunk
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.filter.tag import tag_hash
+from raftmq.common.frozen_init import frozen_init
 from raftmq.common.group_config import GroupConfig, validate_group_config
 from raftmq.common.message import (
     ValidNames,
@@ -116,6 +115,7 @@ class DispatchState(Protocol):
     def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None: ...
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class DispatchOutput:
     """Everything one committed entry changes. ConsumeQueue and key-index rows come per batch,
@@ -254,6 +254,55 @@ class _EntryWork:
         self.locks: dict[tuple[str, str, int], LockRow] = {}
         self.pops: dict[tuple[str, str, int], PopRow] = {}
 
+    def output(self, raft_index: int, term: int) -> DispatchOutput:
+        """The entry's DispatchOutput. A produce-only entry (the common one) fills four fields:
+        the others keep their defaults rather than be built from empty collections."""
+        if (
+            self.offset_rows
+            or self.deleted_groups
+            or self.group_configs
+            or self.purges
+            or self.topics
+            or self.txn_rows
+            or self.loose_rows
+            or self.loose_key_rows
+            or self.schedule
+            or self.retention is not None
+            or self.locks
+            or self.pops
+        ):
+            return DispatchOutput(
+                raft_index=raft_index,
+                term=term,
+                outcomes=tuple(self.outcomes),
+                cq_batches=tuple(self.cq_batches),
+                time_rows=tuple(self.time_rows),
+                queue_heads=tuple(self.heads.values()),
+                offset_rows=tuple(self.offset_rows),
+                deleted_groups=tuple(self.deleted_groups),
+                group_configs=tuple(self.group_configs),
+                purges=tuple(self.purges),
+                producer_rows=tuple(self.producers.values()),
+                topic_rows=tuple(self.topics.values()),
+                txn_rows=tuple(self.txn_rows.values()),
+                loose_rows=tuple(self.loose_rows),
+                loose_key_rows=tuple(self.loose_key_rows),
+                schedule_puts=tuple(ScheduleEntry(k, r) for k, r in self.schedule.items() if r),
+                schedule_deletes=tuple(k for k, r in self.schedule.items() if r is None),
+                retention=self.retention,
+                lock_rows=tuple(self.locks.values()),
+                pop_rows=tuple(self.pops.values()),
+            )
+        return DispatchOutput(
+            raft_index,
+            term,
+            tuple(self.outcomes),
+            tuple(self.cq_batches),
+            tuple(self.time_rows),
+            tuple(self.heads.values()),
+            producer_rows=tuple(self.producers.values()),
+        )
+
     def pop_state(self, group: str, topic: str, queue_id: int) -> bytes | None:
         row = self.pops.get((group, topic, queue_id))
         return row.value if row is not None else self.state.pop_state(group, topic, queue_id)
@@ -297,10 +346,13 @@ class _EntryWork:
         body_sizes: tuple[int, ...],
         tag_hashes: tuple[int, ...],
         keys: tuple[tuple[str, ...], ...] = (),
+        head: QueueHead | None = None,
     ) -> int:
         """ConsumeQueue, key and time index rows for messages of chunk (raft_index, slot) at the
-        queue's head; returns the first offset. Produce batches and transaction commits."""
-        head = self.queue_head(topic, queue_id)
+        queue's head (`head`: the caller looked it up already); returns the first offset.
+        Produce batches and transaction commits."""
+        if head is None:
+            head = self.queue_head(topic, queue_id)
         first = head.next_offset
         self.cq_batches.append(
             CQBatch(
@@ -361,6 +413,7 @@ class Dispatcher:
         self.transactions = transactions  # None: half messages are stored as plain messages
         # per batch, the same few names: each checked once (issue 24: per batch, not per call)
         self._topics = ValidNames(validate_system_topic)
+        self._producer_ids = ValidNames(validate_producer_id)
 
     @property
     def recent_batches_per_producer(self) -> int:
@@ -370,10 +423,10 @@ class Dispatcher:
         """The hot path's indexer of a produce chunk (issue 14: index columns, no Message object
         per message): v1 from stores written before the v2 stored batch, v2 as the producer sent
         it; None for any other chunk."""
+        if chunk[:2] == STORED_V2:  # what every producer writes now: tested first
+            return self._produce_v2
         if is_produce_v1(chunk):
             return self._produce
-        if chunk[:2] == STORED_V2:
-            return self._produce_v2
         return None
 
     def apply(self, entry: Entry, state: DispatchState) -> DispatchOutput:
@@ -439,28 +492,7 @@ class Dispatcher:
                     self._topic_change(work, slot, record)
             except InvalidArgumentError as exc:  # names and ranges checked alike on every replica
                 work.outcomes.append(Rejected(slot, str(exc)))
-        return DispatchOutput(
-            raft_index=entry.index,
-            term=entry.term,
-            outcomes=tuple(work.outcomes),
-            cq_batches=tuple(work.cq_batches),
-            time_rows=tuple(work.time_rows),
-            queue_heads=tuple(work.heads.values()),
-            offset_rows=tuple(work.offset_rows),
-            deleted_groups=tuple(work.deleted_groups),
-            group_configs=tuple(work.group_configs),
-            purges=tuple(work.purges),
-            producer_rows=tuple(work.producers.values()),
-            topic_rows=tuple(work.topics.values()),
-            txn_rows=tuple(work.txn_rows.values()),
-            loose_rows=tuple(work.loose_rows),
-            loose_key_rows=tuple(work.loose_key_rows),
-            schedule_puts=tuple(ScheduleEntry(k, r) for k, r in work.schedule.items() if r),
-            schedule_deletes=tuple(k for k, r in work.schedule.items() if r is None),
-            retention=work.retention,
-            lock_rows=tuple(work.locks.values()),
-            pop_rows=tuple(work.pops.values()),
-        )
+        return work.output(entry.index, entry.term)
 
     def _produce(self, work: _EntryWork, raft_index: int, slot: int, chunk: bytes) -> None:
         """A produce chunk, from its index columns (record_batch.scan_produce): the messages
@@ -532,40 +564,38 @@ class Dispatcher:
         row, no object per message; its records are read only when some message has keys (the
         key index). The leader checked it whole (check_batch) before it was replicated."""
         header = stored_batch.read_header(chunk)
-        topic, queue_id, count = header.topic, header.queue_id, header.count
+        topic, queue_id, count, producer = (
+            header.topic, header.queue_id, header.count, header.producer,
+        )  # fmt: skip
         self._topics.check(topic)
         placed = stored_batch.placed_offset(chunk)  # the leader's, checked below (issue 29)
-        offsets = stored_batch.message_offsets(chunk, header).tolist()
-        ends = offsets[1:]
-        ends.append(header.total_bytes - header.records_at)
         # A v2 row keeps each message's record size where a v1 row keeps its body size: what a
         # pull's byte budget counts and the reader checks against (broker/store.py).
-        sizes = tuple(map(operator.sub, ends, offsets))
-        at = tuple(map(operator.add, offsets, repeat(header.records_at)))
+        at, sizes, tag_hashes = stored_batch.index_columns(chunk, header)
         txns = self.transactions
         if txns is not None and txns.is_half(header):  # the broker's own write (one message)
             # Stored, invisible: no ConsumeQueue row until a commit adds one.
             _check_placed(placed, None, topic, queue_id, raft_index, slot)
             messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
-            batch = ProduceBatch(
-                topic, queue_id, header.store_timestamp_ms, messages, header.producer
-            )
+            batch = ProduceBatch(topic, queue_id, header.store_timestamp_ms, messages, producer)
             work.outcomes.append(txns.apply_half(work, raft_index, slot, batch, at[0], sizes[0]))
             return
-        verdict = self._sequences(work, slot, topic, queue_id, count, header.producer)
-        if isinstance(verdict, Refused):
-            _check_placed(placed, None, topic, queue_id, raft_index, slot)
-            work.outcomes.append(verdict.outcome)
-            return
-        prev, gap = verdict
+        prev: ProducerState | None = None
+        gap: SequenceGap | None = None
+        if producer is not None:  # an idempotent batch against its producer's window
+            verdict = window_verdict(
+                work.producer_state(producer.producer_id, topic, queue_id),
+                slot, topic, queue_id, count, producer, self._producer_ids,
+            )  # fmt: skip
+            if isinstance(verdict, Refused):
+                _check_placed(placed, None, topic, queue_id, raft_index, slot)
+                work.outcomes.append(verdict.outcome)
+                return
+            prev, gap = verdict
         scheduled = stored_batch.is_scheduled(chunk)
+        head = None if scheduled else work.queue_head(topic, queue_id)
         _check_placed(
-            placed,
-            None if scheduled else work.queue_head(topic, queue_id).next_offset,
-            topic,
-            queue_id,
-            raft_index,
-            slot,
+            placed, None if head is None else head.next_offset, topic, queue_id, raft_index, slot
         )
         keys: tuple[tuple[str, ...], ...] = ()
         if stored_batch.has_keys(chunk):  # per message, for the key index only
@@ -573,33 +603,25 @@ class Dispatcher:
                 tuple(k for k in dict.fromkeys(m.keys) if k)
                 for m in stored_batch.iter_messages(chunk, verify=False)
             )
-        tag_hashes = tuple(stored_batch.tag_hashes(chunk, header).tolist())
-        if scheduled:  # a delayed send (the broker's own write)
+        if head is None:  # a delayed send (the broker's own write)
             # Each message's due time is in its record (TIMER_OUT_MS): read per message.
             messages = tuple(m.message() for m in stored_batch.iter_messages(chunk, verify=False))
             batch = ProduceBatch(
-                topic, queue_id, header.store_timestamp_ms, messages, header.producer, True
+                topic, queue_id, header.store_timestamp_ms, messages, producer, True
             )
             delivery.schedule_batch(work, raft_index, slot, batch, at, sizes, tag_hashes, keys)
             self._record_producer(
-                work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev,
+                work, topic, queue_id, count, producer, header.store_timestamp_ms, prev,
                 SCHEDULED_OFFSET, raft_index, slot,
             )  # fmt: skip
             work.outcomes.append(Scheduled(slot, topic, queue_id, raft_index, count))
             return
         first = work.append_rows(
-            topic,
-            queue_id,
-            raft_index,
-            slot,
-            header.store_timestamp_ms,
-            at,
-            sizes,
-            tag_hashes,
-            keys,
-        )
+            topic, queue_id, raft_index, slot, header.store_timestamp_ms, at, sizes, tag_hashes,
+            keys, head,
+        )  # fmt: skip
         self._record_producer(
-            work, topic, queue_id, count, header.producer, header.store_timestamp_ms, prev, first,
+            work, topic, queue_id, count, producer, header.store_timestamp_ms, prev, first,
             raft_index, slot,
         )  # fmt: skip
         work.outcomes.append(
@@ -620,7 +642,7 @@ class Dispatcher:
         if producer is None:
             return None, None
         prev = work.producer_state(producer.producer_id, topic, queue_id)
-        return window_verdict(prev, slot, topic, queue_id, count, producer)
+        return window_verdict(prev, slot, topic, queue_id, count, producer, self._producer_ids)
 
     def _record_producer(
         self,
@@ -747,12 +769,17 @@ def window_verdict(
     queue_id: int,
     count: int,
     producer: ProducerSequence,
+    producer_ids: ValidNames | None = None,
 ) -> Refused | tuple[ProducerState | None, SequenceGap | None]:
     """An idempotent batch against its producer's window `prev`: refused (out of order, a
     duplicate, an overlap), or (`prev`, a gap it leaves). The one rule for the dispatcher and
-    the leader that places offsets (broker/leader_offsets.py)."""
+    the leader that places offsets (broker/leader_offsets.py). `producer_ids`: the caller's
+    memory of ids that passed validate_producer_id (the same verdict, once per id)."""
     gap: SequenceGap | None = None
-    validate_producer_id(producer.producer_id)
+    if producer_ids is not None:
+        producer_ids.check(producer.producer_id)
+    else:
+        validate_producer_id(producer.producer_id)
     first_seq = producer.first_sequence
     last_seq = first_seq + count - 1
     if last_seq > MAX_SEQUENCE:

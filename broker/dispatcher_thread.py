@@ -22,6 +22,7 @@ from raftmq.broker.errors import (
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
+from raftmq.common.frozen_init import frozen_init
 from raftmq.raftlog.errors import CompactedError
 from raftmq.raftlog.record import Entry
 from raftmq.raftlog.storage_health import StorageHealth
@@ -54,6 +55,7 @@ class DispatcherSettings:
             raise ValueError("dispatcher batch limits and poll timeout must be positive")
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class DispatchProgress:
     """What one transaction dispatched: for answering producers and waking long polls."""

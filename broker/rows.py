@@ -1,7 +1,8 @@
 """The rows the dispatcher derives from committed entries and the store keeps, as values.
 
 ConsumeQueue rows, key and time index rows, queue heads, consumer offsets, the idempotent
-producer table and per-chunk outcomes. Values only: no I/O, no decisions.
+producer table and per-chunk outcomes. Values only: no I/O, no decisions. The ones made per
+committed entry (or per row read) take common/frozen_init.py's cheaper __init__.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from raftmq.broker.pop_apply import PopAckResult, PopReceiveResult
 from raftmq.broker.queue_lock import Lease, LockResult
+from raftmq.common.frozen_init import frozen_init
 from raftmq.common.record_batch import Kind
 from raftmq.common.topic_config import TopicConfig
 
@@ -18,6 +20,7 @@ NO_TIME_MS = -1  # a queue head whose time index is still empty
 SCHEDULED_OFFSET = (1 << 64) - 1
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class CQRow:
     """One ConsumeQueue row: where message `queue_offset` of (topic, queue_id) lives."""
@@ -34,6 +37,7 @@ class CQRow:
     store_timestamp_ms: int
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class CQBatch:
     """The ConsumeQueue rows of one appended batch, by column: row i has offset first_offset + i
@@ -94,6 +98,7 @@ class KeyRow:
     store_timestamp_ms: int  # lets a key query be narrowed to a time range
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class TimeRow:
     """From `store_timestamp_ms` on, the queue's messages start at `queue_offset`. Timestamps
@@ -105,6 +110,7 @@ class TimeRow:
     queue_offset: int
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class QueueHead:
     """A queue's dispatch state: the next offset to assign and the newest time index stamp."""
@@ -127,6 +133,7 @@ class OffsetRow:
     reset: bool = False
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class BatchOrigin:
     """Where an idempotent producer's batch landed, remembered to answer a retried send."""
@@ -138,6 +145,7 @@ class BatchOrigin:
     slot: int
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class ProducerState:
     last_sequence: int
@@ -145,6 +153,7 @@ class ProducerState:
     recent: tuple[BatchOrigin, ...]  # newest last, bounded
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class ProducerRow:
     producer_id: str
@@ -162,6 +171,7 @@ class TopicRow:
 # ---- per-chunk outcomes: what the broker answers the request that submitted the chunk ------------
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class StoredRange:
     """`count` messages at queue offsets first_offset.., in entry raft_index, chunk slot, at
@@ -180,6 +190,7 @@ class SequenceGap:
     received: int
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Appended:
     slot: int

@@ -430,37 +430,38 @@ class MessageStore:
             raise StoreWriteError(str(self.path), exc) from exc
         self._dispatched_index = index
         self.cuts_applied = cuts
+        # The mirrors, as the committed transaction left the tables: one pass over the outputs
+        # (a plain produce entry has heads and producer rows only).
         cache = self._producer_cache
+        heads = self._head_cache
+        if len(heads) > HEAD_CACHE_ROWS:
+            heads.clear()  # bounded; refilled by the next writes
         for out in batch:
             for p in out.producer_rows:
                 key = _producer_key(p.producer_id, p.topic, p.queue_id)
                 cache[key] = p.state
                 cache.move_to_end(key)
-        while len(cache) > PRODUCER_CACHE_ROWS:
-            cache.popitem(last=False)
-        topics = self._topic_cache
-        for out in batch:
-            for row in out.topic_rows:
-                if row.config is None:
-                    topics.pop(row.name, None)
-                else:  # as a read of the table would give it
-                    name = row.name.encode("utf-8")
-                    topics[row.name] = _decode_topic(name, _encode_topic(row.config))
-        group_configs = self._group_config_cache
-        for out in batch:
-            for group in out.deleted_groups:
-                group_configs.pop(group, None)
-            for cfg in out.group_configs:
-                if cfg.is_default:
-                    group_configs.pop(cfg.group, None)
-                else:
-                    group_configs[cfg.group] = cfg
-        heads = self._head_cache
-        if len(heads) > HEAD_CACHE_ROWS:
-            heads.clear()  # bounded; refilled by the next writes
-        for out in batch:
             for head in out.queue_heads:
                 heads[_queue_prefix(head.topic, head.queue_id)] = head
+            if out.topic_rows:
+                topics = self._topic_cache
+                for row in out.topic_rows:
+                    if row.config is None:
+                        topics.pop(row.name, None)
+                    else:  # as a read of the table would give it
+                        name = row.name.encode("utf-8")
+                        topics[row.name] = _decode_topic(name, _encode_topic(row.config))
+            if out.deleted_groups or out.group_configs:
+                group_configs = self._group_config_cache
+                for group in out.deleted_groups:
+                    group_configs.pop(group, None)
+                for cfg in out.group_configs:
+                    if cfg.is_default:
+                        group_configs.pop(cfg.group, None)
+                    else:
+                        group_configs[cfg.group] = cfg
+        while len(cache) > PRODUCER_CACHE_ROWS:
+            cache.popitem(last=False)
 
     # ---- retention (retention_store.py holds the logic) ----------------------------------------
 
@@ -579,6 +580,7 @@ class MessageStore:
     def _write(self, txn: Any, out: DispatchOutput) -> None:
         put = txn.put
         pack_u64, pack_cq = _U64.pack, cq_rows.pack
+        cq, batches, queues = self._cq, self._batches, self._queues
         for b in out.cq_batches:
             prefix = _queue_prefix(b.topic, b.queue_id)
             first, index, slot = b.first_offset, b.raft_index, b.slot
@@ -587,7 +589,7 @@ class MessageStore:
                 prefix + pack_u64(first),
                 pack_cq(index, slot, 0, b.store_timestamp_ms, b.chunk_offsets, b.body_sizes,
                         b.tag_hashes),
-                db=self._cq,
+                db=cq,
             )  # fmt: skip
             if index < out.raft_index:  # a commit or move: the bytes are in an older entry
                 last = first + len(b.body_sizes) - 1
@@ -596,27 +598,31 @@ class MessageStore:
             put(
                 _BATCH_KEY.pack(index, slot),
                 _BATCH_VALUE.pack(b.queue_id, first) + b.topic.encode("utf-8"),
-                db=self._batches,
+                db=batches,
             )
-        for head in out.queue_heads:
-            key = _queue_prefix(head.topic, head.queue_id)
-            old = txn.get(key, db=self._queues)
-            min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
-            value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
-            put(key, value, db=self._queues)
-        for topic, queue_id, offset in out.purges:
-            key = _queue_prefix(topic, queue_id)
-            old = txn.get(key, db=self._queues)
-            if old is None:
-                continue  # no message was ever stored there
-            nxt, low, time_ms = _QUEUE_VALUE.unpack(old)
-            put(key, _QUEUE_VALUE.pack(nxt, min(max(low, offset), nxt), time_ms), db=self._queues)
-        for k in out.key_rows():
+            if b.keys:  # the key index, from the batch's columns (no KeyRow per key)
+                self._write_keys(put, b.topic, b.queue_id, first, b.store_timestamp_ms, b.keys)
+        for k in out.loose_key_rows:
             put(
                 _key_prefix(k.topic, k.key) + _U32.pack(k.queue_id) + pack_u64(k.queue_offset),
                 _KEY_VALUE.pack(k.store_timestamp_ms) + k.key.encode("utf-8"),
                 db=self._keys,
             )
+        for head in out.queue_heads:
+            key = _queue_prefix(head.topic, head.queue_id)
+            # Read, not cached: the min offset is retention's, and this read is where dispatch
+            # finds a bad head row itself (tests/broker/test_index_repair.py).
+            old = txn.get(key, db=queues)
+            min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
+            value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
+            put(key, value, db=queues)
+        for topic, queue_id, offset in out.purges:
+            key = _queue_prefix(topic, queue_id)
+            old = txn.get(key, db=queues)
+            if old is None:
+                continue  # no message was ever stored there
+            nxt, low, time_ms = _QUEUE_VALUE.unpack(old)
+            put(key, _QUEUE_VALUE.pack(nxt, min(max(low, offset), nxt), time_ms), db=queues)
         for t in out.time_rows:
             put(
                 _queue_prefix(t.topic, t.queue_id) + pack_u64(t.store_timestamp_ms),
@@ -684,6 +690,27 @@ class MessageStore:
                 txn.delete(name, db=self._topics)
             else:
                 put(name, _encode_topic(row.config), db=self._topics)
+
+    def _write_keys(
+        self,
+        put: Callable[..., bool],
+        topic: str,
+        queue_id: int,
+        first: int,
+        store_timestamp_ms: int,
+        keys: tuple[tuple[str, ...], ...],
+    ) -> None:
+        """Key index rows of one batch: message i's keys at offset first + i (CQBatch.key_rows
+        without a KeyRow per key)."""
+        queue = _U32.pack(queue_id)
+        ts = _KEY_VALUE.pack(store_timestamp_ms)
+        for i, message_keys in enumerate(keys):
+            for key in message_keys:
+                put(
+                    _key_prefix(topic, key) + queue + _U64.pack(first + i),
+                    ts + key.encode("utf-8"),
+                    db=self._keys,
+                )
 
     def _write_loose(self, txn: Any, rows: Sequence[CQRow]) -> None:
         """Rows of delivered delayed messages, each on its own (positions need not be 0..n-1).

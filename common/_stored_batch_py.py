@@ -9,6 +9,7 @@ The layout is in stored_batch's docstring (and docs/design.md, "Stored batch for
 
 from __future__ import annotations
 
+import functools
 import operator
 import struct
 import sys
@@ -44,6 +45,7 @@ __all__ = [
     "encode_batch",
     "encode_bodies",
     "has_keys",
+    "index_columns",
     "is_scheduled",
     "iter_messages",
     "iter_records",
@@ -580,6 +582,30 @@ def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:
     h = read_header(buf) if header is None else header
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
     return _u64s(mv[h.tables_at : h.tables_at + 8 * h.count])
+
+
+@functools.lru_cache(maxsize=256)  # batch sizes repeat (the producers' batch limits): bounded
+def _tables(count: int) -> tuple[struct.Struct, struct.Struct]:
+    return struct.Struct(f"<{count}Q"), struct.Struct(f"<{count}I")
+
+
+def index_columns(
+    buf: Bytes, header: BatchHeader
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Each message's record position in the batch, its record size and its tag hash, as
+    tuples: the columns of the batch's ConsumeQueue row. `header` is read_header(buf) of a
+    batch checked or verified already. Two struct unpacks, no memoryview per column (the
+    dispatcher's per-batch call: tag_hashes and message_offsets cost ~4 us more each)."""
+    n, tables_at, records_at = header.count, header.tables_at, header.records_at
+    tags_of, offsets_of = _tables(n)
+    tags: tuple[int, ...] = tags_of.unpack_from(buf, tables_at)
+    offsets: tuple[int, ...] = offsets_of.unpack_from(buf, tables_at + 8 * n)
+    area = header.total_bytes - records_at
+    if n == 1:  # the common batch (W2's): no map
+        return (records_at + offsets[0],), (area - offsets[0],), tags
+    ends = (*offsets[1:], area)
+    positions = tuple(map(operator.add, offsets, repeat(records_at)))
+    return positions, tuple(map(operator.sub, ends, offsets)), tags
 
 
 def message_offsets(buf: Bytes, header: BatchHeader | None = None) -> memoryview:

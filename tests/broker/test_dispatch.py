@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
+from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState, _EntryWork
 from raftmq.broker.errors import DispatchGapError
 from raftmq.broker.rows import (
     Appended,
@@ -21,6 +25,7 @@ from raftmq.broker.rows import (
     StoredRange,
     TimeRow,
 )
+from raftmq.broker.schedule import ScheduleEntry
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.record_batch import Kind, TopicConfigChange, TopicOp, encode
 from raftmq.common.topic_config import TopicConfig
@@ -277,3 +282,50 @@ def test_same_entries_same_outputs_however_they_are_batched(
             state = PendingState(base)
     assert outputs_a == outputs_b
     assert repr(outputs_a) == repr(outputs_b)
+
+
+def test_an_entry_output_keeps_every_kind_of_row() -> None:
+    """_EntryWork.output builds a produce-only entry's output (the common one) from its four
+    produce fields; an entry with any other row must get the full output. A field added to
+    DispatchOutput needs a line here (the first assert), and one that output() forgets to
+    look at fails the second."""
+    sentinel, key = object(), object()
+
+    def put(attr: str, value: object = sentinel) -> Callable[[Any], None]:
+        def feed(work: Any) -> None:
+            target = getattr(work, attr)
+            if isinstance(target, list):
+                target.append(value)
+            else:
+                target[key] = value
+
+        return feed
+
+    def retention(work: Any) -> None:
+        work.retention = sentinel
+
+    feeds: dict[str, Callable[[Any], None]] = {
+        "outcomes": put("outcomes"), "cq_batches": put("cq_batches"),
+        "time_rows": put("time_rows"), "queue_heads": put("heads"),
+        "offset_rows": put("offset_rows"), "deleted_groups": put("deleted_groups"),
+        "group_configs": put("group_configs"), "purges": put("purges"),
+        "producer_rows": put("producers"), "topic_rows": put("topics"),
+        "txn_rows": put("txn_rows"), "loose_rows": put("loose_rows"),
+        "loose_key_rows": put("loose_key_rows"), "schedule_puts": put("schedule"),
+        "schedule_deletes": put("schedule", None), "retention": retention,
+        "lock_rows": put("locks"), "pop_rows": put("pops"),
+    }  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(DispatchOutput)} - {"raft_index", "term"}
+    assert set(feeds) == fields
+    for name, feed in feeds.items():
+        work = _EntryWork(EmptyState())
+        feed(work)
+        got = getattr(work.output(7, 2), name)
+        if name == "retention":
+            assert got is sentinel
+        elif name == "schedule_puts":
+            assert got == (ScheduleEntry(key, sentinel),)  # type: ignore[arg-type]
+        elif name == "schedule_deletes":
+            assert got == (key,)
+        else:
+            assert got == (sentinel,), name

@@ -127,3 +127,14 @@ def test_an_invalid_topic_in_a_v2_batch_is_rejected_on_every_replica() -> None:
     bad = Spec("bad topic!", 0, (None,), ((),), None, 1)
     [out] = _run([[bad.v2()]])
     assert isinstance(out.outcomes[0], Rejected) and out.cq_batches == ()
+
+
+def test_an_invalid_producer_id_is_rejected_every_time() -> None:
+    """The dispatcher remembers producer ids that passed validate_producer_id (one check per
+    id, not per batch); a bad one is never remembered, so every batch of it is rejected."""
+    good = Spec("A", 0, (None,), ((),), ProducerSequence("p", 0), 1)
+    bad = [Spec("A", 0, (None,), ((),), ProducerSequence(" p", i), 1) for i in range(2)]
+    outs = _run([[good.v2(), bad[0].v2()], [bad[1].v2()]])
+    assert isinstance(outs[0].outcomes[0], Appended)
+    assert isinstance(outs[0].outcomes[1], Rejected) and isinstance(outs[1].outcomes[0], Rejected)
+    assert "producer id" in outs[1].outcomes[0].reason

@@ -190,6 +190,26 @@ def test_tag_hashes_are_the_per_message_function(sb: ModuleType, args: Args) -> 
     assert [m.tag_hash for m in sb.iter_messages(raw)] == want
 
 
+@given(args=batch_args())
+@settings(deadline=None)
+def test_index_columns_are_the_tables_as_the_index_keeps_them(sb: ModuleType, args: Args) -> None:
+    """stored_batch.index_columns (the dispatcher's one call per batch) gives what the offsets
+    and tag tables say: each record's position in the batch and its size, each tag hash."""
+    raw = sb.encode_batch(*args)
+    header = sb.read_header(raw)
+    offsets = sb.message_offsets(raw, header).tolist()
+    ends = [*offsets[1:], header.total_bytes - header.records_at]
+    want = (
+        tuple(o + header.records_at for o in offsets),
+        tuple(e - o for o, e in zip(offsets, ends, strict=True)),
+        tuple(sb.tag_hashes(raw, header).tolist()),
+    )
+    assert stored_batch.index_columns(raw, header) == want
+    assert stored_batch.index_columns(memoryview(raw), header) == want
+    positions, sizes, _ = want
+    assert positions[0] == header.records_at and sum(sizes) == len(raw) - header.records_at
+
+
 @given(args=batch_args(), base=u64)
 @settings(deadline=None)
 def test_slicing_equals_full_decode(sb: ModuleType, args: Args, base: int) -> None:
