@@ -33,6 +33,9 @@ _EVEN_TAGS = 0x04  # step 0 only: tag hashes are u64, a step between two may not
 _EVEN32 = struct.Struct(">Ii")  # first (u32), step (i32)
 _EVEN_TAG = struct.Struct(">Q")  # the one tag hash
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+# A one-message row (W2's every batch): HEAD, then offsets, sizes and tag as even columns.
+_ONE = struct.Struct(">QIIQI" + "Ii" + "Ii" + "Q")
+_ONE_COUNT = 1 | (_EVEN_OFFSETS | _EVEN_SIZES | _EVEN_TAGS) << _FLAG_SHIFT
 
 
 def _even_step(values: Sequence[int]) -> int | None:
@@ -73,6 +76,26 @@ def pack(
     n = len(body_sizes)
     if not 0 < n <= MAX_COUNT or len(chunk_offsets) != n or len(tag_hashes) != n:
         raise ValueError(f"a row holds 1..{MAX_COUNT} messages with one value of each column")
+    if n == 1:  # every column even with step 0: the bytes _pack_columns gives, in one pack
+        return _ONE.pack(raft_index, slot, first_position, store_timestamp_ms, _ONE_COUNT,
+                         chunk_offsets[0], 0, body_sizes[0], 0, tag_hashes[0])  # fmt: skip
+    return _pack_columns(
+        raft_index, slot, first_position, store_timestamp_ms, chunk_offsets, body_sizes,
+        tag_hashes,
+    )  # fmt: skip
+
+
+def _pack_columns(
+    raft_index: int,
+    slot: int,
+    first_position: int,
+    store_timestamp_ms: int,
+    chunk_offsets: Sequence[int],
+    body_sizes: Sequence[int],
+    tag_hashes: Sequence[int],
+) -> bytes:
+    """pack() for any n: each column even (first, step) or in full."""
+    n = len(body_sizes)
     flags = 0
     parts: list[bytes] = []
     for col, flag in ((chunk_offsets, _EVEN_OFFSETS), (body_sizes, _EVEN_SIZES)):

@@ -253,3 +253,36 @@ def test_a_format_3_store_is_sealed_in_place_and_a_cut_short_sealing_resumes(
         k: v for k, v in before.items() if k != "meta"
     }  # every row sealed once, exactly as this build writes it
     assert dict(after["meta"])[b"format"] == b"4" and b"sealing" not in dict(after["meta"])
+
+
+@given(
+    st.sampled_from(TABLES),
+    st.binary(min_size=1, max_size=64),
+    st.binary(max_size=64),
+    st.integers(0, 127),
+)
+def test_a_transaction_seals_and_checks_as_seal_and_unseal_do(
+    tmp_path_factory: pytest.TempPathFactory, name: str, key: bytes, value: bytes, at: int
+) -> None:
+    """CheckedTxn.put and .get compute the checksum inline (the dispatcher's every row): the
+    bytes stored are seal()'s, and a changed byte read back is reported and raised."""
+    path = tmp_path_factory.mktemp("txn")
+    raw = lmdb.open(str(path), max_dbs=4, map_size=1 << 20)
+    env = CheckedEnv(raw, str(path))
+    heard: list[CorruptRowError] = []
+    env.on_corrupt = heard.append
+    table = Table.open(raw, name)
+    with env.begin(write=True) as txn:
+        txn.put(key, value, db=table)
+        assert txn.raw.get(key, db=table.handle) == seal(table, key, value)
+        assert txn.get(key, db=table) == value
+        stored = bytearray(seal(table, key, value))
+        stored[at % len(stored)] ^= 0x40
+        txn.raw.put(key, bytes(stored), db=table.handle)
+        with pytest.raises(CorruptRowError):
+            txn.get(key, db=table)
+        txn.raw.put(key, b"\0" * (at % SEAL_BYTES), db=table.handle)  # shorter than a seal
+        with pytest.raises(CorruptRowError):
+            txn.get(key, db=table)
+    assert len(heard) == 2 and heard[0].table == name
+    raw.close()

@@ -8,10 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from raftmq.broker import store as store_mod
 from raftmq.broker.dispatch import Dispatcher, DispatchOutput, PendingState
 from raftmq.broker.errors import DispatchGapError, StoreError, StoreFullError
-from raftmq.broker.rows import Appended
+from raftmq.broker.rows import Appended, BatchOrigin, ProducerState
 from raftmq.broker.store import KeyHit, MessageReader, MessageStore
 from raftmq.common.filter.tag import tag_hash
 from raftmq.common.message import decode_msg_id
@@ -306,3 +309,25 @@ def test_topic_reads_follow_every_applied_change_and_equal_the_table(node: Node)
     assert node.store._topic_cache == on_disk()
     node.reopen()
     assert node.store._topic_cache == on_disk() == {"T": TopicConfig("T", 4, 4, auto_created=True)}
+
+
+@given(
+    st.lists(
+        st.builds(
+            BatchOrigin,
+            st.integers(0, (1 << 64) - 1),
+            st.integers(0, (1 << 32) - 1),
+            st.integers(0, (1 << 64) - 1),
+            st.integers(0, (1 << 64) - 1),
+            st.integers(0, (1 << 32) - 1),
+        ),
+        max_size=64,
+    ),
+    st.integers(0, (1 << 64) - 1),
+    st.integers(0, (1 << 64) - 1),
+)
+def test_a_producer_row_decodes_to_the_state_encoded(
+    recent: list[BatchOrigin], last_sequence: int, last_ts: int
+) -> None:
+    state = ProducerState(last_sequence, last_ts, tuple(recent))
+    assert store_mod._decode_producer(store_mod._encode_producer(state)) == state
