@@ -91,6 +91,7 @@ class DispatcherThread:
         self._settings = settings if settings is not None else DispatcherSettings()
         self._listeners: list[ProgressListener] = [on_progress] if on_progress else []
         self._cond = threading.Condition()  # guards _index, _failure; notified on progress
+        self._waiting = 0  # threads in _wait's cond.wait (guarded by _cond)
         self._index = store.dispatched_index
         self._term = 0  # term of the last entry dispatched by this thread (0: none yet)
         self.installs = 0  # store replacements (install): the leader's offset book forgets
@@ -178,7 +179,11 @@ class DispatcherThread:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(left)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
         return True
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -195,8 +200,10 @@ class DispatcherThread:
                     entries = self._log.read_from(
                         nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
                     )
+                    if len(entries) > s.max_batch_entries:
+                        entries = entries[: s.max_batch_entries]
                     if entries:
-                        self._dispatch_or_back_off(entries[: s.max_batch_entries])
+                        self._dispatch_or_back_off(entries)
         except CompactedError as exc:
             log.critical(
                 "broker.dispatcher_behind_retention index=%d first_index=%d: this node's index "
@@ -293,7 +300,8 @@ class DispatcherThread:
         with self._cond:
             self._index = progress.dispatched_index
             self._term = max(self._term, outputs[-1].term)
-            self._cond.notify_all()
+            if self._waiting:  # most rounds have no waiter: no notify to pay for
+                self._cond.notify_all()
         for listener in list(self._listeners):
             try:
                 listener(progress)

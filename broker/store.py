@@ -8,7 +8,6 @@ import collections
 import functools
 import hashlib
 import itertools
-import operator
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -161,17 +160,17 @@ def _producer_key(producer_id: str, topic: str, queue_id: int) -> bytes:
     return _U32.pack(len(pid)) + pid + _queue_prefix(topic, queue_id)
 
 
-_origin_fields = operator.attrgetter(
-    "first_sequence", "count", "first_offset", "raft_index", "slot"
-)
-
-
 def _encode_producer(state: ProducerState) -> bytes:
     head = _PRODUCER_HEAD.pack(
         state.last_sequence, state.last_store_timestamp_ms, len(state.recent)
     )
-    # Once per idempotent batch: the origins packed in C loops, no Python frame per origin.
-    return head + b"".join(itertools.starmap(_ORIGIN.pack, map(_origin_fields, state.recent)))
+    pack = _ORIGIN.pack
+    return head + b"".join(
+        [
+            pack(o.first_sequence, o.count, o.first_offset, o.raft_index, o.slot)
+            for o in state.recent
+        ]
+    )
 
 
 def _decode_producer(value: bytes) -> ProducerState:

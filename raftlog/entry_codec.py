@@ -44,6 +44,13 @@ def decode_data(command: bytes) -> tuple[bytes, ...]:
     if len(command) < HEADER_BYTES:
         raise MalformedEntryError("data entry shorter than its header")
     (count,) = _COUNT.unpack_from(command, 1)
+    if count == 1 and len(command) >= HEADER_BYTES + PER_CHUNK_BYTES:
+        # One submission per entry (a synchronous sender's every entry): one slice, no table.
+        (length,) = _COUNT.unpack_from(command, HEADER_BYTES)
+        if HEADER_BYTES + PER_CHUNK_BYTES + length != len(command):
+            raise MalformedEntryError("data entry chunk lengths do not add up to its size")
+        chunk = command[HEADER_BYTES + PER_CHUNK_BYTES :]
+        return (chunk if type(chunk) is bytes else bytes(chunk),)
     table_end = HEADER_BYTES + PER_CHUNK_BYTES * count
     if count == 0 or table_end > len(command):
         raise MalformedEntryError(f"data entry declares {count} chunks that do not fit")

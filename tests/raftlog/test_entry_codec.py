@@ -37,3 +37,17 @@ def test_any_corruption_of_lengths_is_detected(chunks: list[bytes], data: st.Dat
     for bad in (bytes(command[:cut]), bytes(command) + b"x"):
         with pytest.raises(MalformedEntryError):
             decode_data(bad)
+
+
+@given(st.binary(max_size=300), st.data())
+def test_a_one_chunk_entry_decodes_alike_from_any_buffer(chunk: bytes, data: st.DataObject) -> None:
+    """decode_data's one-chunk path (a synchronous sender's every entry) checks the length as
+    the general one does and returns bytes whatever buffer it was given."""
+    command = encode_data([chunk])
+    for buf in (command, bytearray(command), memoryview(command)):
+        got = decode_data(buf)  # type: ignore[arg-type]
+        assert got == (chunk,) and type(got[0]) is bytes
+    cut = data.draw(st.integers(min_value=1, max_value=len(command) - 1))
+    for bad in (command[:cut], command + b"x"):
+        with pytest.raises(MalformedEntryError):
+            decode_data(bad)
