@@ -4,7 +4,8 @@ follows commits, batches entries per transaction, notifies, resumes, stops, fail
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,34 @@ def test_stop_is_prompt_and_waiters_are_released(store: MessageStore) -> None:
     waiter.join(2)
     assert not waiter.is_alive() and len(errors) == 1
     assert not t.running
+
+
+def test_a_thread_waiting_for_dispatch_is_woken_by_it(store: MessageStore) -> None:
+    """A round notifies only when some thread waits (most rounds have none): every waiter,
+    however many and whatever it waits for, is still woken by the round that satisfies it,
+    not by its timeout."""
+    log = InProcessLog()
+    with DispatcherThread(log, store, settings=FAST) as t:
+        assert t.wait_dispatched(log.append([produce("T", 0, 1)]).index, 5)
+        woken: list[float] = []
+        started = threading.Barrier(4)
+
+        def wait(ready: Callable[[], bool]) -> None:
+            started.wait()
+            t0 = time.monotonic()
+            assert ready()
+            woken.append(time.monotonic() - t0)
+
+        waiters = [
+            threading.Thread(target=wait, args=(lambda: t.wait_dispatched(2, 30),)),
+            threading.Thread(target=wait, args=(lambda: t.wait_term(1, 30),)),
+            threading.Thread(target=wait, args=(lambda: t.wait_for_message("T", 0, 1, 30),)),
+        ]
+        for w in waiters:
+            w.start()
+        started.wait()
+        time.sleep(0.2)  # the three are in their waits (dispatch rounds go on meanwhile)
+        log.append([produce("T", 0, 1)])
+        for w in waiters:
+            w.join(10)
+        assert len(woken) == 3 and max(woken) < 5, woken
