@@ -167,14 +167,14 @@ def test_a_thread_waiting_for_dispatch_is_woken_by_it(store: MessageStore) -> No
 
         waiters = [
             threading.Thread(target=wait, args=(lambda: t.wait_dispatched(2, 30),)),
-            threading.Thread(target=wait, args=(lambda: t.wait_term(1, 30),)),
+            threading.Thread(target=wait, args=(lambda: t.wait_term(2, 30),)),
             threading.Thread(target=wait, args=(lambda: t.wait_for_message("T", 0, 1, 30),)),
         ]
         for w in waiters:
             w.start()
         started.wait()
         time.sleep(0.2)  # the three are in their waits (dispatch rounds go on meanwhile)
-        log.append([produce("T", 0, 1)])
+        log.append([produce("T", 0, 1)], term=2)
         for w in waiters:
             w.join(10)
         assert len(woken) == 3 and max(woken) < 5, woken
