@@ -394,7 +394,9 @@ class Producer:
             return None
         if self._sender.closed:
             raise InvalidArgumentError("the producer is closed")
-        bodies: Sequence[bytes] = messages  # type: ignore[assignment]  # all bytes, checked
+        # A snapshot (one copy of the references): the bodies are encoded when their request
+        # leaves, and a caller may reuse its list the moment the call returns.
+        bodies: tuple[bytes, ...] = tuple(messages)  # type: ignore[arg-type]  # all bytes
         sizes = list(map(len, bodies))
         if min(sizes) == 0:
             raise InvalidMessageError(f"message body is empty (message {sizes.index(0)})")

@@ -473,7 +473,9 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     before = env.max_offset(0)
     bodies = [f"bulk-{i}".encode() for i in range(300)]
     with Producer(env.cluster.namesrv, idempotent=True, batch_max_messages=128) as producer:
-        fut = producer.send_batch_future(TOPIC, bodies, queue=queue)
+        sent = list(bodies)
+        fut = producer.send_batch_future(TOPIC, sent, queue=queue)
+        sent.clear()  # the caller reuses its list at once: the call keeps what it was given
         results = fut.result(30)
         assert [r.queue_offset for r in results] == list(range(before, before + 300))
         assert len({r.msg_id for r in results}) == 300
@@ -488,6 +490,14 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
         assert [r.queue_offset for r in more] == [before + 300, before + 301]
         empty = producer.send_batch_future(TOPIC, [], queue=queue)
         assert empty.result(1) == []
+        few = [b"few-%d" % i for i in range(5)]  # one request: the call holds the bodies
+        again = producer.send_batch_future(TOPIC, few, queue=queue)
+        few.clear()  # the caller reuses its list at once: the call keeps what it was given
+        assert [r.queue_offset for r in again.result(30)] == list(range(before + 302, before + 307))
+    tail = env.pull(env.leader, 0, before + 302, raw=True)
+    assert [m.message.body for m in decode_batches(tail.batches, GROUP, 0)][:5] == [
+        b"few-%d" % i for i in range(5)
+    ]
     out = env.pull(env.leader, 0, before, raw=True)
     assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
