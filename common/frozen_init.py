@@ -27,6 +27,7 @@ def frozen_init(cls: type[T]) -> type[T]:
     names: list[str] = []
     signature: list[str] = []
     scope: dict[str, Any] = {}
+    # a dataclass (its __dataclass_params__ checked above), which type[T] cannot say
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
             raise TypeError(f"{cls.__name__}.{f.name}: frozen_init takes plain fields only")

@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from raftmq.client.accumulator import Accumulator
 from raftmq.client.data_pool import DataPool
 from raftmq.client.messages import OutgoingMessage, SendResult
-from raftmq.client.producer.outcome import BatchOutcome, Outcome, PartsOutcome
+from raftmq.client.producer.outcome import Outcome, PartsOutcome
 from raftmq.client.producer.sender import Bodies, Item, Pending, Sender, SenderConfig
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
@@ -377,7 +377,7 @@ class Producer:
         fut = self._enqueue_bodies(topic, messages, placement)
         if fut is not None:
             return fut
-        outcome = BatchOutcome(len(messages))
+        outcome = PartsOutcome(len(messages))
         if not messages:
             return outcome.future
         self._enqueue_together(topic, messages, outcome.slots(), placement)
@@ -396,7 +396,7 @@ class Producer:
             raise InvalidArgumentError("the producer is closed")
         # A snapshot (one copy of the references): the bodies are encoded when their request
         # leaves, and a caller may reuse its list the moment the call returns.
-        bodies: tuple[bytes, ...] = tuple(messages)  # type: ignore[arg-type]  # all bytes
+        bodies = cast(tuple[bytes, ...], tuple(messages))  # every item is bytes, checked above
         sizes = list(map(len, bodies))
         if min(sizes) == 0:
             raise InvalidMessageError(f"message body is empty (message {sizes.index(0)})")

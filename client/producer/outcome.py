@@ -19,7 +19,7 @@ from typing import Protocol
 from raftmq.client.messages import SendResult, SendResults
 from raftmq.common.wakeups import LoopWaker
 
-__all__ = ["BatchOutcome", "LoopSlot", "Outcome", "Part", "PartsOutcome", "Settled", "Slot"]
+__all__ = ["LoopSlot", "Outcome", "Part", "PartsOutcome", "Settled", "Slot"]
 
 
 class Outcome(Protocol):
@@ -31,39 +31,6 @@ class Outcome(Protocol):
     def set_exception(self, error: BaseException) -> None: ...
     def exception(self) -> BaseException | None: ...
     def result(self) -> SendResult: ...
-
-
-class BatchOutcome:
-    """`future` gets the list of results in the batch's order once all are stored, or the first
-    error (the typed RaftMQError of the first message that failed: messages before it may be
-    stored; each request of a queue is stored whole or not at all)."""
-
-    __slots__ = ("_error", "_left", "_lock", "_results", "future")
-
-    def __init__(self, n: int) -> None:
-        self.future: Future[Sequence[SendResult]] = Future()
-        self._results: list[SendResult | None] = [None] * n
-        self._left = n
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()  # slots complete on the loop and the timer thread
-        if n == 0:
-            self.future.set_result([])
-
-    def slots(self) -> list[Slot]:
-        return [Slot(self, i) for i in range(len(self._results))]
-
-    def _settle(self, i: int, result: SendResult | None, error: BaseException | None) -> None:
-        with self._lock:
-            self._results[i] = result
-            if error is not None and self._error is None:
-                self._error = error
-            self._left -= 1
-            if self._left:
-                return
-        if self._error is not None:
-            self.future.set_exception(self._error)
-        else:
-            self.future.set_result([r for r in self._results if r is not None])
 
 
 class _SetOnce:
@@ -110,16 +77,17 @@ class _SetOnce:
 
 
 class Slot(_SetOnce):
-    """One message's outcome inside a BatchOutcome."""
+    """One message's outcome inside a PartsOutcome: a part of one message (the batch call of
+    messages with fields)."""
 
     __slots__ = ("_batch", "_i")
 
-    def __init__(self, batch: BatchOutcome, i: int) -> None:
+    def __init__(self, batch: PartsOutcome, i: int) -> None:
         super().__init__()
         self._batch, self._i = batch, i
 
     def _deliver(self, result: SendResult | None, error: BaseException | None) -> None:
-        self._batch._settle(self._i, result, error)
+        self._batch._settle(self._i, () if result is None else (result,), error)
 
 
 class LoopSlot(_SetOnce):
@@ -150,9 +118,10 @@ class Settled(_SetOnce):
 
 
 class PartsOutcome:
-    """The one future of a batch-first call of bare bodies, sent as `n` parts (each one buffered
-    item): `SendResults` in the call's order once every part is stored, else the first error
-    (parts before it may be stored; each part is stored whole or not at all)."""
+    """The one future of a batch-first call, sent as `n` parts (bare bodies: one buffered item
+    each, `parts()`; messages with fields: one message each, `slots()`): `SendResults` in the
+    call's order once every part is stored, else the first error (parts before it may be
+    stored; each part is stored whole or not at all)."""
 
     __slots__ = ("_error", "_left", "_lock", "_runs", "future")
 
@@ -162,9 +131,14 @@ class PartsOutcome:
         self._left = n
         self._error: BaseException | None = None
         self._lock = threading.Lock()  # parts complete on the loop and the timer thread
+        if n == 0:
+            self.future.set_result(SendResults(()))
 
     def parts(self) -> list[Part]:
         return [Part(self, i) for i in range(len(self._runs))]
+
+    def slots(self) -> list[Slot]:
+        return [Slot(self, i) for i in range(len(self._runs))]
 
     def _settle(self, i: int, run: Sequence[SendResult], error: BaseException | None) -> None:
         with self._lock:

@@ -846,14 +846,12 @@ def _messages(items: Sequence[Item]) -> list[Message]:
     return out
 
 
-def _per_message(items: tuple[Item, ...]) -> Sequence[Pending]:
+def _per_message(items: tuple[Item, ...]) -> list[Pending]:
     """`items` as one Pending per message, each with its outcome: what the trace hook reads.
-    Only a traced producer pays for the bodies' messages and results."""
-    if not any(isinstance(it, Bodies) for it in items):
-        return items  # type: ignore[return-value]  # every item is a Pending
+    Only a traced producer calls it, and only its bodies' messages and results are made."""
     out: list[Pending] = []
     for it in items:
-        if not isinstance(it, Bodies):
+        if isinstance(it, Pending):
             out.append(it)
             continue
         error = it.future.exception()

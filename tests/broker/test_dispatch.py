@@ -324,7 +324,7 @@ def test_an_entry_output_keeps_every_kind_of_row() -> None:
         if name == "retention":
             assert got is sentinel
         elif name == "schedule_puts":
-            assert got == (ScheduleEntry(key, sentinel),)  # type: ignore[arg-type]
+            assert got == (ScheduleEntry(key, sentinel),)  # type: ignore[arg-type]  # a sentinel object stands for the value
         elif name == "schedule_deletes":
             assert got == (key,)
         else:

@@ -1,4 +1,4 @@
-"""BatchOutcome: one future for a batch of sends, completed once every slot has its outcome
+"""PartsOutcome: one future for a batch of sends, completed once every slot has its outcome
 (results in order, or the first error), whatever order the slots complete in."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftmq.client.messages import SendResult
-from raftmq.client.producer.outcome import BatchOutcome
+from raftmq.client.producer.outcome import PartsOutcome
 from raftmq.common.errors import NotLeaderError
 from raftmq.common.message import encode_msg_id, msg_id_prefix
 
@@ -19,7 +19,7 @@ def result(i: int) -> SendResult:
 
 @given(st.permutations(list(range(6))))
 def test_completes_once_all_slots_are_set_in_any_order(order: list[int]) -> None:
-    outcome = BatchOutcome(6)
+    outcome = PartsOutcome(6)
     slots = outcome.slots()
     for k, i in enumerate(order):
         assert not outcome.future.done(), "not before the last slot"
@@ -31,7 +31,7 @@ def test_completes_once_all_slots_are_set_in_any_order(order: list[int]) -> None
 
 
 def test_the_first_error_fails_the_batch_after_every_outcome() -> None:
-    outcome = BatchOutcome(3)
+    outcome = PartsOutcome(3)
     a, b, c = outcome.slots()
     first, later = NotLeaderError("first"), NotLeaderError("later")
     b.set_exception(first)
@@ -45,7 +45,7 @@ def test_the_first_error_fails_the_batch_after_every_outcome() -> None:
 
 
 def test_an_empty_batch_is_done_at_once() -> None:
-    assert BatchOutcome(0).future.result(0) == []
+    assert PartsOutcome(0).future.result(0) == []
 
 
 @given(

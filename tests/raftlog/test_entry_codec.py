@@ -45,7 +45,7 @@ def test_a_one_chunk_entry_decodes_alike_from_any_buffer(chunk: bytes, data: st.
     the general one does and returns bytes whatever buffer it was given."""
     command = encode_data([chunk])
     for buf in (command, bytearray(command), memoryview(command)):
-        got = decode_data(buf)  # type: ignore[arg-type]
+        got = decode_data(buf)  # type: ignore[arg-type]  # other buffers, as callers pass
         assert got == (chunk,) and type(got[0]) is bytes
     cut = data.draw(st.integers(min_value=1, max_value=len(command) - 1))
     for bad in (command[:cut], command + b"x"):
