@@ -14,6 +14,7 @@ from rich.table import Table
 
 from raftmq.chaos.scenarios import SCENARIOS, by_name, ci_set
 from raftmq.common.errors import RaftMQError
+from raftmq.ops.cli_numbers import amount
 from raftmq.ops.terminal_text import literal, make_console
 
 console = make_console()
@@ -134,10 +135,17 @@ def cleanup_cmd(args: argparse.Namespace) -> int:
 
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1, help="seeds targets and timings (default 1)")
-    p.add_argument("--duration", type=float, default=None, help="seconds of producing")
+    p.add_argument(
+        "--duration", type=amount(positive=True), default=None, help="seconds of producing"
+    )
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results directory")
     p.add_argument("--cluster", default="", help="cluster description (default chaos/cluster.toml)")
-    p.add_argument("--rate", type=float, default=20.0, help="sends/s per producer (3 producers)")
+    p.add_argument(
+        "--rate",
+        type=amount(positive=True),
+        default=20.0,
+        help="sends/s per producer (3 producers)",
+    )
     p.add_argument(
         "--ack-before-commit",
         action="store_true",

@@ -134,9 +134,25 @@ def join_relative_times(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def chosen_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The deepest subcommand parser that `args` went through (`raftmq topic create` -> its own)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None or name not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(
+        join_relative_times(sys.argv[1:] if argv is None else argv)
+    )
+    if extra:  # argparse would blame the top parser; the hint should name the subcommand's help
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     configure_logging(logging.INFO if args.verbose else logging.WARNING)
     try:
         given = {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key}

@@ -18,6 +18,7 @@ from raftmq.common.errors import BrokerUnavailableError, from_rpc_error
 from raftmq.common.pb import controller_pb2, controller_pb2_grpc
 from raftmq.common.types import parse_address_list
 from raftmq.ops.cli_controller import DEFAULT_CONTROLLERS, console
+from raftmq.ops.cli_numbers import whole
 from raftmq.ops.terminal_text import literal
 
 RPC_TIMEOUT_S = 3.0
@@ -125,6 +126,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("RAFTMQ_CONTROLLERS", DEFAULT_CONTROLLERS),
         help="controller addresses as host:port, separated by ',' or ';' (env RAFTMQ_CONTROLLERS)",
     )
-    p.add_argument("--last", type=int, default=20, help="recent events shown (default 20)")
+    p.add_argument("--last", type=whole(0), default=20, help="recent events shown (default 20)")
     p.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     p.set_defaults(func=alerts)

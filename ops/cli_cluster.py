@@ -28,6 +28,7 @@ from raftmq.common.errors import RaftMQError
 from raftmq.common.process import install_stop_handlers
 from raftmq.ops import cluster_spec, cluster_state, ports, procs
 from raftmq.ops.cli_acl import prepare_cluster_auth
+from raftmq.ops.cli_numbers import whole
 from raftmq.ops.cluster_runner import (
     ClusterRunner,
     NodeStatus,
@@ -545,7 +546,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--spec", default=str(DEFAULT_SPEC), help="cluster description (TOML)")
     p.add_argument("--out", default=None, help="directory (default: its [security.tls] dir)")
-    p.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    p.add_argument("--days", type=whole(1), default=365, help="validity of the certificates")
     p.add_argument(
         "--force", action="store_true", help="replace existing certificates (keeps the CA)"
     )

@@ -37,6 +37,7 @@ from raftmq.common.errors import (
 )
 from raftmq.common.pb import common_pb2
 from raftmq.common.types import parse_address_list
+from raftmq.ops.cli_numbers import amount, whole
 from raftmq.ops.terminal_text import literal, make_console
 
 console = make_console()
@@ -243,8 +244,6 @@ class _Tally:
 
 
 def produce(args: argparse.Namespace) -> int:
-    if args.count < 1 or args.size < 1 or args.batch < 1:
-        raise InvalidArgumentError("--count, --size and --batch must be at least 1")
     text: bytes | None = args.message.encode() if args.message is not None else None
     size: int = args.size
     pad = b"x" * size
@@ -759,13 +758,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "produce", help="send messages (the bar counts acknowledged ones; a summary at the end)"
     )
     p.add_argument("topic")
-    p.add_argument("--count", type=int, default=1)
-    p.add_argument("--size", type=int, default=100, help="body bytes of generated messages")
+    p.add_argument("--count", type=whole(1), default=1)
+    p.add_argument("--size", type=whole(1), default=100, help="body bytes of generated messages")
     p.add_argument("--message", default=None, help="send this text instead of generated bodies")
-    p.add_argument("--batch", type=int, default=1, help="messages per batch send (1 = single)")
+    p.add_argument("--batch", type=whole(1), default=1, help="messages per batch send (1 = single)")
     p.add_argument("--tags", default=None)
     p.add_argument("--key", default=None)
-    p.add_argument("--rate", type=float, default=0.0, help="messages per second (0 = as fast)")
+    p.add_argument("--rate", type=amount(), default=0.0, help="messages per second (0 = as fast)")
     p.add_argument("--show-ids", action="store_true", help="print the first message ids")
     cli_admin.add_produce_args(p)
     p.set_defaults(func=produce)
@@ -774,8 +773,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("topic")
     p.add_argument("--group", required=True)
     p.add_argument("--from-beginning", action="store_true", help="a new group starts at the start")
-    p.add_argument("--max", type=int, default=0, help="stop after this many (0 = until Ctrl-C)")
-    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
+    p.add_argument(
+        "--max", type=whole(0), default=0, help="stop after this many (0 = until Ctrl-C)"
+    )
+    p.add_argument("--timeout", type=amount(), default=0.0, help="stop after this many seconds")
     p.add_argument("--tags", default="*", help='tag expression, e.g. "TagA || TagB"')
     p.add_argument("--quiet", action="store_true", help="count only, print no messages")
     cli_admin.add_consume_args(p)
@@ -821,7 +822,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="start, inclusive: ms since the epoch, an ISO time or a relative time like -10m",
     )
     p.add_argument("--to", dest="to_time", default="", help="end, inclusive (default: now)")
-    p.add_argument("--page-size", type=int, default=32, help="messages per page (1..1024)")
+    p.add_argument(
+        "--page-size", type=whole(1, 1024), default=32, help="messages per page (1..1024)"
+    )
     p.add_argument("--page-token", default="", help="continue where a page ended")
     p.add_argument("--all", action="store_true", help="print every page, not only the first")
     p.add_argument("--json", action="store_true", help="one JSON object per message")

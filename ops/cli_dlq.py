@@ -19,6 +19,7 @@ from raftmq.common.retry import (
     reconsume_times,
 )
 from raftmq.ops.cli_data import _fmt_ms, _namesrv, console, print_json
+from raftmq.ops.cli_numbers import whole
 from raftmq.ops.terminal_text import literal
 
 
@@ -160,7 +161,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     dsub = dlq.add_subparsers(dest="dlq_command", required=True)
     p = dsub.add_parser("list", help="the dead letters of a consumer group")
     p.add_argument("--group", required=True, help="consumer group")
-    p.add_argument("--max", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--max", type=whole(1), default=100, help="at most this many (default 100)")
     p.add_argument("--json", action="store_true", help="one JSON object per dead letter")
     p.set_defaults(func=dlq_list)
     p = dsub.add_parser("show", help="one dead letter with its origin and properties")
@@ -174,7 +175,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--id", default=None, help="the dead letter's message id")
     p.add_argument("--group", default=None, help="every dead letter of this consumer group")
-    p.add_argument("--max", type=int, default=1000, help="with --group: at most this many")
+    p.add_argument("--max", type=whole(1), default=1000, help="with --group: at most this many")
     p.add_argument("--dry-run", action="store_true", help="with --group: say, send nothing")
     p.add_argument("--json", action="store_true", help="with --group: one JSON document")
     p.add_argument("--force", action="store_true", help="resend even though it was resent before")

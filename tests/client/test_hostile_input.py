@@ -83,6 +83,19 @@ def test_a_tag_expression_and_an_sql_expression_together_are_refused() -> None:
     check_subscription("TagA || TagB", "")
 
 
+def test_a_long_bad_expression_is_quoted_cut_with_its_length() -> None:
+    sql = "(" * 5000 + "a = 1" + ")" * 5000
+    with pytest.raises(InvalidFilterError) as info:
+        check_subscription(None, sql)
+    message = info.value.message
+    assert "(10005 characters)" in message and "SQL92 has" in message
+    assert len(message) < 1000, "the error is a line a person reads, not the expression again"
+    assert info.value.details["sql_expression"] == sql  # the whole text stays in the details
+    with pytest.raises(InvalidFilterError) as info:
+        check_subscription("||" * 3000, None)
+    assert "(6000 characters)" in info.value.message and len(info.value.message) < 1000
+
+
 def test_the_broker_parser_keeps_rocketmq_tolerance_but_refuses_operators_it_lacks() -> None:
     assert parse_tag_expression("TagA ||").tags == frozenset({"TagA"})  # as RocketMQ's broker
     with pytest.raises(InvalidFilterError):
@@ -211,6 +224,48 @@ def test_cli_refuses_a_bad_namesrv_without_falling_back(
     code = cli.main(["--namesrv", bad, "topic", "list"])
     _, err = capsys.readouterr()
     assert code == 1 and "--namesrv" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["consume", "t", "--group", "g", "--timeout", "nan"], "--timeout: 'nan' is out of range"),
+        (["consume", "t", "--group", "g", "--timeout", "-3"], "--timeout: '-3' is out of range"),
+        (["consume", "t", "--group", "g", "--max", "-1"], "--max: -1 is out of range"),
+        (["produce", "t", "--rate", "inf"], "--rate: 'inf' is out of range"),
+        (["produce", "t", "--count", "0"], "at least 1"),
+        (["produce", "t", "--size", "ten"], "--size: 'ten' is not a whole number"),
+        (["message", "list", "--topic", "t", "--from", "0", "--page-size", "5000"], "1 to 1024"),
+        (["dlq", "list", "--group", "g", "--max", "0"], "--max: 0 is out of range"),
+        (["alerts", "--last", "-5"], "--last: -5 is out of range"),
+        (["chaos", "run", "--scenario", "baseline", "--rate", "0"], "give a number above 0"),
+    ],
+)
+def test_cli_numbers_out_of_range_are_usage_errors_before_anything_connects(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--namesrv", NOWHERE, *argv])
+    _, err = capsys.readouterr()
+    assert info.value.code == 2 and says in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "help_of"),
+    [
+        (["consume", "t", "--group", "g", "--count", "1"], "raftmq consume --help"),
+        (["topic", "create", "t", "--bogus"], "raftmq topic create --help"),
+        (["--bogus", "topic", "list"], "raftmq topic list --help"),
+    ],
+)
+def test_an_unknown_option_points_at_its_subcommands_help(
+    argv: list[str], help_of: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--namesrv", NOWHERE, *argv])
+    _, err = capsys.readouterr()
+    assert info.value.code == 2 and "unrecognized arguments" in err and f"`{help_of}`" in err, err
 
 
 # ---- 4. cluster description settings -----------------------------------------------------------
