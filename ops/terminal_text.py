@@ -6,17 +6,26 @@ an emoji code or a terminal control sequence."""
 from __future__ import annotations
 
 import codecs
+import os
 import re
 
 from rich.console import Console
 
 from raftmq.common.log_text import printable
 
+# Columns of a table written to a pipe or a file: rich's default there is 80, which cut a
+# ten-column table's groups and addresses to "brok…" and "127.…" in scripts and CI logs.
+PIPE_COLUMNS = 200
+
 
 def make_console(*, stderr: bool = False) -> Console:
     """A console of the CLI: emoji codes off, since `:name:` in a body would become a picture
-    (rich reads them outside markup too)."""
-    return Console(stderr=stderr, emoji=False)
+    (rich reads them outside markup too); PIPE_COLUMNS wide when not on a terminal, unless
+    COLUMNS says otherwise."""
+    console = Console(stderr=stderr, emoji=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_COLUMNS
+    return console
 
 
 def decoded(value: str | bytes, limit: int | None = None) -> str:

@@ -4,6 +4,11 @@ invalid UTF-8 as \\xNN); and the queue-shrink verdict of client/queue_shrink.py 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +18,7 @@ from raftmq.common.types import QueueRef
 from raftmq.ops.terminal_text import decoded, literal, make_console
 
 MARKUP_BITS = ["[", "]", "/", "\\", "bold", "red", "link=x", ":", "smile", "\x1b", "\n", "é", "[/]"]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = st.lists(st.sampled_from(MARKUP_BITS) | st.text(max_size=3), max_size=12).map("".join)
 
 
@@ -76,3 +82,31 @@ def test_a_shrink_strands_what_the_furthest_group_behind_has_not_read(
                 high - max(low, c if (c := committed[g][q]) is not None else low) > 0
                 for g in behind
             )
+
+
+def test_a_table_written_to_a_pipe_is_not_cut_to_80_columns() -> None:
+    """`raftmq broker status | cat` showed "brok…" and "127.…": rich's pipe default is 80."""
+    code = (
+        "from rich.table import Table\n"
+        "from raftmq.ops.terminal_text import make_console\n"
+        "t = Table()\n"
+        "for c in ('group', 'node', 'address', 'role', 'term', 'commit', 'applied',"
+        " 'dispatched', 'topics', 'storage'): t.add_column(c)\n"
+        "t.add_row('broker-a', 'n0', '127.0.0.1:10911', 'follower', '4', '18', '18', '18', '2',"
+        " 'ok')\n"
+        "make_console().print(t)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "127.0.0.1:10911" in out and "broker-a" in out and "…" not in out, out
+    narrow = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "COLUMNS": "60"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert max(map(len, narrow.splitlines())) <= 60, "COLUMNS still wins"
