@@ -34,6 +34,7 @@ from raftmq.client.messages import OutgoingMessage, SendResult, SendResults
 from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.malloc_policy import keep_freed_memory
 from raftmq.spark_source import cluster
 from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
 from raftmq.spark_source.sink_plan import (
@@ -247,6 +248,7 @@ def write_partition(
     the same limits and rule as SequenceChunker, so each chunk is exactly one request and a
     replay sends the same sequences in the same requests, while several chunks of a queue are
     in flight at once (the broker keeps their order by strict sequences)."""
+    keep_freed_memory()  # Spark's Python worker, on the executor (common/malloc_policy.py)
     producer = Producer(
         opts.namesrv,
         producer_id=producer_id,

@@ -39,6 +39,7 @@ from pyspark.sql.types import StructType
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.errors import RaftMQError, TopicNotFoundError
 from raftmq.common.filter.tag import TagFilter, parse_tag_expression
+from raftmq.common.malloc_policy import keep_freed_memory
 from raftmq.common.types import QueueRef
 from raftmq.spark_source import cluster
 from raftmq.spark_source import offsets as offsets_json
@@ -230,6 +231,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     ahead at most; 0: on Spark's thread, between the batches it takes)."""
     if not isinstance(partition, SlicesPartition):
         raise TypeError(f"not a raftmq partition: {partition!r}")
+    keep_freed_memory()  # Spark's Python worker, on the executor (common/malloc_policy.py)
     if opts.read_ahead_batches == 0:
         return _partition_batches(opts, partition)
     return read_ahead(
