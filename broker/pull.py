@@ -293,7 +293,7 @@ class PullProcessor:
                 )
                 if raw:
                     keep = _sql_keep(sql_filter) if sql_filter is not None else None
-                    parts, cut_at = node.reader.raw_parts(scan.rows, max_bytes, keep)
+                    parts, cut_at = node.reader.raw_parts(scan.runs, max_bytes, keep)
                     next_offset = scan.next_offset if cut_at is None else cut_at
                     messages = []
                 else:

@@ -265,10 +265,8 @@ def _handed(opts: SourceOptions, parts: list[Part], tag_filter: TagFilter) -> pa
 
 def read_slice(opts: SourceOptions, part: QueueSlice, tag_filter: TagFilter) -> Iterator[Part]:
     """One queue slice's rows as parts for `combine` (this process's SDK client)."""
-    pool, routes = cluster.executor_client(opts.namesrv)
     for raw in cluster.pull_range(
-        pool,
-        routes,
+        cluster.executor_client(opts.namesrv),
         part.range,
         part.addresses,
         tag_expression=opts.tag_expression,
