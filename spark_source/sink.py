@@ -43,7 +43,8 @@ from raftmq.spark_source.sink_plan import (
     Chunk,
     SequenceChunker,
     job_producer_id,
-    queue_indices,
+    pick,
+    rows_per_queue,
     stream_producer_id,
 )
 
@@ -281,17 +282,11 @@ def write_partition(
             items = rows.messages()
             for topic, positions in _by_topic(rows, opts.topic):
                 queues = queues_of(topic)
-                keys = None if rows.keys is None else [rows.keys[p] for p in positions]
-                targets = queue_indices(
-                    len(queues.queues), keys, partition_id, [row + p for p in positions]
-                )
-                per_queue: dict[int, list[int]] = {}
-                for p, qi in zip(positions, targets, strict=True):
-                    per_queue.setdefault(qi, []).append(p)
-                for qi in sorted(per_queue):
-                    mine = per_queue[qi]
+                for qi, mine in rows_per_queue(
+                    len(queues.queues), rows.keys, partition_id, row, positions
+                ):
                     chunks = chunker.extend(
-                        queues.queues[qi], [items[p] for p in mine], [rows.sizes[p] for p in mine]
+                        queues.queues[qi], pick(items, mine), pick(rows.sizes, mine)
                     )
                     for chunk in chunks:
                         _hand(producer, window, chunk)
