@@ -11,6 +11,7 @@ server with futures the dispatcher completes (no thread held), the same decision
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -293,7 +294,7 @@ class PullProcessor:
                 )
                 if raw:
                     keep = _sql_keep(sql_filter) if sql_filter is not None else None
-                    parts, cut_at = node.reader.raw_parts(scan.rows, max_bytes, keep)
+                    parts, cut_at = node.reader.raw_parts(scan.runs, max_bytes, keep)
                     next_offset = scan.next_offset if cut_at is None else cut_at
                     messages = []
                 else:
@@ -366,6 +367,8 @@ def check_served(
     """The last check before an answer leaves the node: every message is of the queue asked
     for, at an offset from `offset` on, in order, below `next_offset`. A row that passed its
     checksum but names what was not asked for is a StoreError, not data."""
+    if not messages and _parts_in_order(parts, offset - 1, next_offset):
+        return  # (the loop below then finds nothing: it names what is wrong when something is)
     got: list[tuple[str | None, int, int]] = [
         (m.topic, m.queue_id, m.queue_offset) for m in messages
     ]
@@ -383,6 +386,18 @@ def check_served(
                 f"holds {msg_topic or topic}/{msg_queue} offset {at} after {last}"
             )
         last = at
+
+
+def _parts_in_order(parts: list[RawPart], last: int, next_offset: int) -> bool:
+    """check_served's rule for raw parts without a Python step per message: each part's
+    positions strictly ascend (compared in C) and its offsets lie past the previous part's,
+    below `next_offset`."""
+    for p in parts:
+        ps = p.positions
+        if not ps or not last < p.first_offset + ps[0] or not all(map(operator.lt, ps, ps[1:])):
+            return False
+        last = p.first_offset + ps[-1]
+    return last < next_offset
 
 
 def _sql_keep(sql_filter: Filter) -> Callable[[Message], bool]:

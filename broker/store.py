@@ -71,11 +71,54 @@ _KEY_HASH_BYTES = 16  # user keys may be long; lmdb keys are at most 511 bytes
 
 
 @dataclass(frozen=True, slots=True)
-class QueueScan:
-    """Rows read from a queue and the offset to continue from (past rows skipped by a filter)."""
+class QueueRun:
+    """The messages a scan chose of one ConsumeQueue row: some of one stored batch's, in
+    position order. Message i is at `positions[i]` of its batch and at queue offset
+    first_offset + positions[i]; its record starts at chunk_offsets[i]. Lists, not a CQRow per
+    message: a raw pull serves them as they are (RawPart), with no per-message object."""
 
-    rows: list[CQRow]
+    topic: str
+    queue_id: int
+    raft_index: int
+    slot: int
+    first_offset: int  # queue offset of the batch's position 0
+    store_timestamp_ms: int
+    positions: list[int]
+    chunk_offsets: list[int]
+    body_sizes: list[int]
+    tag_hashes: list[int]
+
+    def rows(self) -> list[CQRow]:
+        return [
+            CQRow(
+                self.topic,
+                self.queue_id,
+                self.first_offset + position,
+                self.raft_index,
+                self.slot,
+                position,
+                at,
+                size,
+                tag,
+                self.store_timestamp_ms,
+            )
+            for position, at, size, tag in zip(
+                self.positions, self.chunk_offsets, self.body_sizes, self.tag_hashes, strict=True
+            )
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueScan:
+    """Rows read from a queue, as runs, and the offset to continue from (past rows skipped by a
+    filter)."""
+
+    runs: list[QueueRun]
     next_offset: int
+
+    @property
+    def rows(self) -> list[CQRow]:
+        return [row for run in self.runs for row in run.rows()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -854,13 +897,13 @@ class MessageStore:
         wanted = frozenset(tag_hashes) if tag_hashes is not None else None
         prefix = _queue_prefix(topic, queue_id)
         plen = len(prefix)
-        rows: list[CQRow] = []
+        runs: list[QueueRun] = []
         next_offset = max(offset, 0)
-        scanned = 0
+        scanned = taken = 0
         unpack_u64, row_head, row_columns = _U64.unpack_from, cq_rows.head, cq_rows.columns
         with self._env.begin() as txn, txn.cursor(db=self._cq) as cur:
             if not _seek_row(cur, prefix, next_offset):
-                return QueueScan(rows, next_offset)
+                return QueueScan(runs, next_offset)
             for key, value in cur.iternext():
                 if not key.startswith(prefix) or len(key) != plen + 8:
                     break
@@ -870,35 +913,56 @@ class MessageStore:
                 # Only the messages this scan can still look at (rows may hold thousands).
                 left = max_scan_rows - scanned
                 if wanted is None:
-                    left = min(left, max_count - len(rows))
+                    left = min(left, max_count - taken)
                 stop = min(n, start + left)
                 if stop <= start:
                     break
                 ats, sizes, tags = row_columns(value, n, start, stop)
-                for j, tag in enumerate(tags):
-                    i = start + j
-                    next_offset = first + i + 1
-                    scanned += 1
-                    if wanted is None or tag in wanted:
-                        rows.append(
-                            CQRow(
-                                topic,
-                                queue_id,
-                                first + i,
-                                index,
-                                slot,
-                                position + i,
-                                ats[j],
-                                sizes[j],
-                                tag,
-                                ts,
-                            )
-                        )
-                        if len(rows) >= max_count:
-                            return QueueScan(rows, next_offset)
-                    if scanned >= max_scan_rows:
-                        return QueueScan(rows, next_offset)
-        return QueueScan(rows, next_offset)
+                if wanted is None:  # every message looked at is taken: no loop per message
+                    looked = stop - start
+                    run = QueueRun(
+                        topic,
+                        queue_id,
+                        index,
+                        slot,
+                        first - position,
+                        ts,
+                        list(range(position + start, position + stop)),
+                        list(ats),
+                        list(sizes),
+                        list(tags),
+                    )
+                else:
+                    looked = 0
+                    picked: list[int] = []
+                    for j, tag in enumerate(tags):
+                        looked = j + 1
+                        if tag in wanted:
+                            picked.append(j)
+                            if taken + len(picked) >= max_count:
+                                break
+                        if scanned + looked >= max_scan_rows:
+                            break
+                    run = QueueRun(
+                        topic,
+                        queue_id,
+                        index,
+                        slot,
+                        first - position,
+                        ts,
+                        [position + start + j for j in picked],
+                        [ats[j] for j in picked],
+                        [sizes[j] for j in picked],
+                        [tags[j] for j in picked],
+                    )
+                scanned += looked
+                taken += len(run.positions)
+                next_offset = first + start + looked
+                if run.positions:
+                    runs.append(run)
+                if taken >= max_count or scanned >= max_scan_rows:
+                    break
+        return QueueScan(runs, next_offset)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset whose store time is >= timestamp_ms (RocketMQ's searchOffset).
@@ -1124,88 +1188,79 @@ class MessageReader:
 
     def raw_parts(
         self,
-        rows: Sequence[CQRow],
+        runs: Sequence[QueueRun],
         max_bytes: int,
         keep: Callable[[Message], bool] | None = None,
     ) -> tuple[list[RawPart], int | None]:
-        """The rows' messages as parts of their stored batches, in row order, while the chunks
-        fit in max_bytes (at least one). `keep` (a property filter) decodes each message to test
-        it. Returns the parts and the offset of the first row left out (None: all were used)."""
+        """The runs' messages as parts of their stored batches, in order, while the chunks fit
+        in max_bytes (at least one). `keep` (a property filter) decodes each message to test
+        it. Returns the parts and the offset of the first message left out (None: all were
+        used). Work per run, not per message, unless `keep` decodes."""
         entries: dict[int, Entry] = {}
         parts: list[RawPart] = []
         strings: dict[bytes, str] = {}  # for `keep`'s decoding: tags and hosts repeat
         total = 0
         cur: RawPart | None = None
         header: ChunkHeader | None = None
-        decoded: dict[int, Message] = {}  # position -> message of the current part, for `keep`
-        for i, row in enumerate(rows):
-            # A delivered delayed message's row sits alone (its position is not its offset's).
+        for run in runs:
+            # A delivered delayed message's run is alone (its position is not its offset's).
             if (
                 cur is None
-                or (cur.raft_index, cur.slot) != (row.raft_index, row.slot)
-                or cur.first_offset != row.queue_offset - row.position
-                or cur.store_timestamp_ms != row.store_timestamp_ms
+                or (cur.raft_index, cur.slot) != (run.raft_index, run.slot)
+                or cur.first_offset != run.first_offset
+                or cur.store_timestamp_ms != run.store_timestamp_ms
             ):
-                entry = entries.get(row.raft_index)
+                entry = entries.get(run.raft_index)
                 if entry is None:
-                    entry = entries[row.raft_index] = self._read_entry(row.raft_index)
-                chunk, header = self._header(entry, row)
+                    entry = entries[run.raft_index] = self._read_entry(run.raft_index)
+                chunk, header = self._header(entry, run)
                 if parts and total + len(chunk) > max_bytes:
-                    return [p for p in parts if p.positions], row.queue_offset
+                    return [p for p in parts if p.positions], run.first_offset + run.positions[0]
                 total += len(chunk)
                 cur = RawPart(
-                    row.raft_index,
-                    row.slot,
-                    row.queue_offset - row.position,
-                    row.store_timestamp_ms,
+                    run.raft_index,
+                    run.slot,
+                    run.first_offset,
+                    run.store_timestamp_ms,
                     chunk,
                     [],
                     [],
                 )
                 parts.append(cur)
-                if keep is not None:  # this part's rows decoded together (one walk of a v2 table)
-                    decoded = self._decode_run(rows, i, cur, header, strings)
             assert header is not None
-            if row.position >= header.count:
-                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
-            if keep is not None and not keep(decoded[row.position]):
+            if run.positions[-1] >= header.count:  # (positions ascend)
+                raise StoreError(
+                    f"{run.rows()[-1]} points past the end of its {header.count}-message batch"
+                )
+            if keep is None:
+                cur.positions.extend(run.positions)
+                cur.byte_offsets.extend(run.chunk_offsets)
                 continue
-            cur.positions.append(row.position)
-            cur.byte_offsets.append(row.chunk_offset_bytes)
+            for position, at, m in zip(
+                run.positions,
+                run.chunk_offsets,
+                self._decode_run(run, cur.chunk, header, strings),
+                strict=True,
+            ):
+                if keep(m):
+                    cur.positions.append(position)
+                    cur.byte_offsets.append(at)
         return [p for p in parts if p.positions], None
 
     @staticmethod
     def _decode_run(
-        rows: Sequence[CQRow],
-        start: int,
-        part: RawPart,
-        header: ChunkHeader,
-        strings: dict[bytes, str],
-    ) -> dict[int, Message]:
-        """The messages of rows[start:] that belong to `part` (a contiguous run), by position."""
-        run: list[CQRow] = []
-        for row in rows[start:]:
-            if (row.raft_index, row.slot) != (part.raft_index, part.slot) or (
-                row.queue_offset - row.position != part.first_offset
-            ):
-                break
-            if row.position >= header.count:
-                raise StoreError(f"{row} points past the end of its {header.count}-message batch")
-            run.append(row)
+        run: QueueRun, chunk: bytes, header: ChunkHeader, strings: dict[bytes, str]
+    ) -> list[Message]:
+        """The run's messages, decoded together (one walk of a v2 table)."""
         try:
-            messages = produce_chunk.messages_at(
-                part.chunk,
-                header,
-                [r.position for r in run],
-                [r.chunk_offset_bytes for r in run],
-                strings,
+            return produce_chunk.messages_at(
+                chunk, header, run.positions, run.chunk_offsets, strings
             )
         except MalformedBatchError as exc:
-            raise StoreError(f"{run[0]} points at an undecodable message: {exc}") from exc
-        return {r.position: m for r, m in zip(run, messages, strict=True)}
+            raise StoreError(f"{run.rows()[0]} points at an undecodable message: {exc}") from exc
 
     @staticmethod
-    def _header(entry: Entry, row: CQRow) -> tuple[bytes, ChunkHeader]:
+    def _header(entry: Entry, row: CQRow | QueueRun) -> tuple[bytes, ChunkHeader]:
         if entry.index != row.raft_index or row.slot >= len(entry.chunks):
             raise StoreError(f"{row} points at a missing chunk of entry {entry.index}")
         chunk = entry.chunks[row.slot]

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from raftmq.common import tls
 from raftmq.common.log_text import configure_logging
+from raftmq.common.malloc_policy import keep_freed_memory
 from raftmq.common.settings import SettingsError, add_settings_flags, flag_overrides
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -100,6 +101,9 @@ def run_role(
         print(f"{role}: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level.upper())
+    # Buffers of the data path are freed and made again per request: keep their pages.
+    if not keep_freed_memory():
+        logging.getLogger(role).info("%s.malloc_policy unchanged (not glibc)", role)
     stop = threading.Event()
     install_stop_handlers(stop, logging.getLogger(role), role)
     return serve(settings, stop)

@@ -14,21 +14,24 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
-import grpc
+from google.protobuf.message import Message
 
+from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.offsets import BrokerOffsets
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
+from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     Fault,
     NoRouteError,
     NotLeaderError,
     OffsetOutOfRangeError,
     RaftMQError,
+    RequestTimeoutError,
     TopicNotFoundError,
-    from_rpc_error,
 )
 from raftmq.common.pb import broker_pb2
 from raftmq.common.types import QueueRef
@@ -38,6 +41,7 @@ _log = logging.getLogger("spark_source")
 
 MIB = 1 << 20
 RPC_TIMEOUT_S = 10.0
+ANSWER_MARGIN_S = 5.0  # a pull's answer is waited for this much past its own timeout
 PULL_WAIT_MS = 1000  # long poll of one pull while a node catches up to the planned end
 PULL_MAX_BYTES = 8 * MIB
 SOURCE_GROUP = "spark-raftmq-source"  # pulls must name a group; nothing is committed under it
@@ -45,24 +49,41 @@ RETRY_SLEEP_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 EXECUTOR_ROUTE_REFRESH_MS = 30_000
 MAX_CLIENTS = 8  # NameServer lists one executor process keeps clients for
 
-_clients: dict[tuple[str, ...], tuple[ChannelPool, RouteCache]] = {}
+
+@dataclass(frozen=True, slots=True)
+class ExecutorClient:
+    """An executor process's SDK parts for one NameServer list: routes over gRPC, pulls over the
+    framed data path (the SDK's consumers' path: the broker answers on its event loop, no thread
+    per request, and the answer is not copied by gRPC)."""
+
+    pool: ChannelPool
+    routes: RouteCache
+    data: DataPool
+
+    def close(self) -> None:
+        self.data.close()
+        self.pool.close()
+
+
+_clients: dict[tuple[str, ...], ExecutorClient] = {}
 _clients_lock = threading.Lock()
 
 
-def executor_client(namesrv: Sequence[str]) -> tuple[ChannelPool, RouteCache]:
-    """The channel pool and route cache of this process for a NameServer list: Spark reuses
-    Python workers across tasks, so connections outlive one task (and are never pickled)."""
+def executor_client(namesrv: Sequence[str]) -> ExecutorClient:
+    """This process's client for a NameServer list: Spark reuses Python workers across tasks,
+    so connections outlive one task (and are never pickled)."""
     key = tuple(namesrv)
     with _clients_lock:
         found = _clients.get(key)
         if found is None:
             while len(_clients) >= MAX_CLIENTS:
-                _, (old_pool, _) = _clients.popitem()
-                old_pool.close()
+                _, old = _clients.popitem()
+                old.close()
             pool = ChannelPool()
-            found = _clients[key] = (
+            found = _clients[key] = ExecutorClient(
                 pool,
                 RouteCache(key, pool, refresh_interval_ms=EXECUTOR_ROUTE_REFRESH_MS),
+                DataPool(name="raftmq-spark-data"),
             )
         return found
 
@@ -120,9 +141,14 @@ def offsets_for_times(
 # ---- executor side: pull an exact range ---------------------------------------------------------
 
 
+def _failed(exc: BaseException) -> Future[Message]:
+    out: Future[Message] = Future()
+    out.set_exception(exc)
+    return out
+
+
 def pull_range(
-    pool: ChannelPool,
-    routes: RouteCache,
+    client: ExecutorClient,
     rng: QueueRange,
     addresses: Sequence[str],
     *,
@@ -135,11 +161,11 @@ def pull_range(
     may hold offsets at or past `rng.end` and messages the tag filter refuses (the caller drops
     both: schema.to_record_batch).
 
-    Pulls ask for raw record batches (the broker sends stored chunks untouched; we decode), and
-    the next pull is in flight while the caller converts the current one. Any node of the group
-    may answer (committed data is the same on every replica); a node that lags behind the
-    planned end, fails or is gone is skipped for the next. Gives up after `poll_timeout_ms`
-    without progress."""
+    Pulls ask for raw record batches (the broker sends stored chunks untouched; we decode) over
+    the framed data path, and the next pull is in flight while the caller converts the current
+    one. Any node of the group may answer (committed data is the same on every replica); a node
+    that lags behind the planned end, fails or is gone is skipped for the next. Gives up after
+    `poll_timeout_ms` without progress."""
     q = rng.queue
     where = f"{q.topic}/{q.broker_group}/{q.queue_id}"
     nodes = list(addresses)
@@ -149,13 +175,11 @@ def pull_range(
     offset = rng.begin
     shorter_at: int | None = None  # a node said the queue ends before `offset`
     last_error = ""
-    prefetch: tuple[int, str, Future[Any]] | None = None
+    prefetch: tuple[int, str, Future[Message]] | None = None
     deadline = time.monotonic() + poll_timeout_ms / 1000
-    # Blocking calls on our own thread: grpc's .future() starts a polling thread per call when
-    # none runs (the SDK measured ~3 ms a call).
-    io = ThreadPoolExecutor(1, thread_name_prefix="raftmq-spark-pull")
+    routes = client.routes
 
-    def start(addr: str, at: int, wait_ms: int) -> Future[Any]:
+    def start(addr: str, at: int, wait_ms: int) -> Future[Message]:
         req = broker_pb2.PullMessageRequest(
             consumer_group=SOURCE_GROUP,
             topic=q.topic,
@@ -169,7 +193,18 @@ def pull_range(
             max_bytes=PULL_MAX_BYTES,
             raw_batches=True,
         )
-        return io.submit(pool.broker(addr).PullMessage, req, timeout=wait_ms / 1000 + RPC_TIMEOUT_S)
+        data_address = routes.data_address(addr)
+        if not data_address:
+            try:
+                routes.route(q.topic)  # a route not fetched yet in this process names none
+            except RaftMQError as exc:
+                return _failed(exc)
+            data_address = routes.data_address(addr)
+        if not data_address:
+            return _failed(no_data_address(addr))
+        return client.data.submit(
+            data_address, DataMethod.PULL_MESSAGE, req, wait_ms / 1000 + RPC_TIMEOUT_S
+        )
 
     try:
         while offset < rng.end:
@@ -210,9 +245,10 @@ def pull_range(
             prefetch = None
             try:
                 try:
-                    resp = fut.result()
-                except grpc.RpcError as rpc_exc:
-                    raise from_rpc_error(rpc_exc) from None
+                    resp = fut.result(PULL_WAIT_MS / 1000 + RPC_TIMEOUT_S + ANSWER_MARGIN_S)
+                except FutureTimeout:  # (the pool's own timer fails the call first)
+                    raise RequestTimeoutError(f"no answer from {addr} to a pull") from None
+                assert isinstance(resp, broker_pb2.PullMessageResponse)
             except OffsetOutOfRangeError as exc:
                 low, high = exc.min_offset, exc.max_offset
                 if low is not None and high is not None and offset < low:
@@ -259,4 +295,3 @@ def pull_range(
     finally:
         if prefetch is not None:
             prefetch[2].cancel()
-        io.shutdown(wait=False)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
+from typing import TypeAlias
 
 try:
     import pyarrow as pa
@@ -88,6 +90,36 @@ def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([*batch.columns, headers], schema=schema)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredPart:
+    """The chosen messages of one v2 stored batch, their per-message columns read (`raw`: key,
+    value, tags, keys, properties, position, born time in ms) but not yet finished: the columns
+    every message of the batch shares and the compute kernels wait for `combine`, which does
+    them once over all the parts handed to Spark together (a kernel call costs about as much
+    as a few hundred rows of copying)."""
+
+    raw: pa.RecordBatch
+    topic: str
+    broker_group: str
+    queue_id: int
+    first_offset: int
+    msg_id_prefix: str
+    store_us: int
+    count: int  # the batch's message count (its positions are below it)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.raw.num_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+
+# A pull answer's rows: v2 stored batches not yet finished, v1 record batches decoded row by row.
+Part: TypeAlias = "StoredPart | pa.RecordBatch"
+
+
 def to_record_batch(
     batches: Sequence[broker_pb2.RawBatch],
     topic: str,
@@ -99,9 +131,27 @@ def to_record_batch(
 ) -> pa.RecordBatch:
     """One RecordBatch of SCHEMA's columns from a raw pull answer of one queue: the messages
     below `end_offset` whose tag passes `tag_filter` (the broker filters by tag hash only), in
-    offset order. A v2 stored batch becomes columns in one codec call (stored_batch.columns: no
-    Python object per row); a v1 record batch takes the row-by-row slow path."""
-    parts: list[pa.RecordBatch] = []
+    offset order (`pull_parts` then `combine`)."""
+    parts = pull_parts(
+        batches, topic, broker_group, queue_id, end_offset=end_offset, tag_filter=tag_filter
+    )
+    return combine(parts, tag_filter)
+
+
+def pull_parts(
+    batches: Sequence[broker_pb2.RawBatch],
+    topic: str,
+    broker_group: str,
+    queue_id: int,
+    *,
+    end_offset: int,
+    tag_filter: TagFilter,
+) -> list[Part]:
+    """A raw pull answer of one queue as parts for `combine`, in offset order, cut at
+    `end_offset`. A v2 stored batch becomes columns in one codec call (stored_batch.columns: no
+    Python object per row); consecutive v1 record batches take the row-by-row slow path
+    together, `tag_filter` applied there (a v2 part is filtered by `combine`)."""
+    parts: list[Part] = []
     v1: list[broker_pb2.RawBatch] = []  # consecutive v1 batches, decoded together
 
     def decode_v1() -> None:
@@ -119,19 +169,16 @@ def to_record_batch(
             continue
         if positions[0] >= limit:
             break  # the answer is in queue-offset order: the rest is past the end too
-        if not is_stored_v2(b.chunk):
+        chunk = b.chunk  # (a protobuf bytes field is copied at each access)
+        if not is_stored_v2(chunk):
             v1.append(b)
             continue
         decode_v1()
         if positions[-1] >= limit:
             positions = positions[: bisect_left(positions, limit)]
-        parts.append(_columnar(b, positions, topic, broker_group, queue_id, tag_filter))
+        parts.append(_stored_part(b, chunk, positions, topic, broker_group, queue_id))
     decode_v1()
-    if len(parts) == 1:
-        return parts[0]
-    # One batch per pull answer: Spark pays per batch it is handed.
-    combined = pa.Table.from_batches(parts, arrow_schema()).combine_chunks().to_batches()
-    return combined[0] if combined else _empty()
+    return parts
 
 
 @cache
@@ -156,29 +203,36 @@ def _buffers(*raw: bytes | None) -> list[pa.Buffer | None]:
     return [None if r is None else pa.py_buffer(r) for r in raw]
 
 
-def _columnar(
+@cache
+def _raw_schema() -> pa.Schema:
+    """StoredPart.raw's columns: SCHEMA's per-message ones, then position and born ms."""
+    f = arrow_schema().field
+    return pa.schema(
+        [f(0), f(1), f(7), f(8), f(11), ("position", pa.int64()), ("born_ms", pa.int64())]
+    )
+
+
+def _stored_part(
     b: broker_pb2.RawBatch,
+    chunk: bytes,
     positions: Sequence[int],
     topic: str,
     broker_group: str,
     queue_id: int,
-    tag_filter: TagFilter,
-) -> pa.RecordBatch:
-    """The chosen messages of one v2 stored batch as a RecordBatch, column by column."""
-    c = stored_batch.columns(b.chunk, positions)
+) -> StoredPart:
+    """The chosen messages of one v2 stored batch, read into Arrow arrays from the codec's
+    buffers (no copy, no kernel)."""
+    c = stored_batch.columns(chunk, positions)
     h = c.header
     if h.queue_id != queue_id or h.topic != topic:
         raise MalformedBatchError(
             f"batch {b.raft_index}/{b.slot} is for {h.topic}/{h.queue_id}, not {topic}/{queue_id}"
         )
     n = len(positions)
-    schema = arrow_schema()
+    schema = _raw_schema()
     f = schema.field
     string, int64 = pa.string(), pa.int64()
-    position = pa.Array.from_buffers(int64, n, _buffers(None, c.positions))
-    key = pa.Array.from_buffers(string, n, _buffers(c.key_valid, c.key_offsets, c.key_data))
-    tags = pa.Array.from_buffers(string, n, _buffers(c.tag_valid, c.tag_offsets, c.tag_data))
-    keys_type, props_type = f(8).type, f(11).type
+    props_type = f(4).type
     key_items = pa.Array.from_buffers(
         string, len(c.keys_item_offsets) // 4 - 1, _buffers(None, c.keys_item_offsets, c.keys_data)
     )
@@ -194,40 +248,121 @@ def _columnar(
         ],
         fields=[props_type.key_field, props_type.item_field],
     )
-    born_ms = pa.Array.from_buffers(int64, n, _buffers(None, c.born_ms))
+    raw = pa.RecordBatch.from_arrays(
+        [
+            pa.Array.from_buffers(string, n, _buffers(c.key_valid, c.key_offsets, c.key_data)),
+            pa.Array.from_buffers(pa.binary(), n, _buffers(None, c.body_offsets, c.body_data)),
+            pa.Array.from_buffers(string, n, _buffers(c.tag_valid, c.tag_offsets, c.tag_data)),
+            pa.Array.from_buffers(
+                f(3).type, n, _buffers(None, c.keys_offsets), children=[key_items]
+            ),
+            pa.Array.from_buffers(
+                props_type, n, _buffers(None, c.props_offsets), children=[entries]
+            ),
+            pa.Array.from_buffers(int64, n, _buffers(None, c.positions)),
+            pa.Array.from_buffers(int64, n, _buffers(None, c.born_ms)),
+        ],
+        schema=schema,
+    )
+    return StoredPart(
+        raw,
+        topic,
+        broker_group,
+        queue_id,
+        b.first_offset,
+        msg_id_prefix(broker_group, b.raft_index, b.slot),
+        b.store_timestamp_ms * MS_TO_US,
+        h.count,
+    )
+
+
+def combine(parts: Sequence[Part], tag_filter: TagFilter) -> pa.RecordBatch:
+    """One RecordBatch of SCHEMA's columns from parts (of any queues), in their order: each run
+    of consecutive StoredParts finished together (`tag_filter` applied to them), v1 batches as
+    they are; one copy of the rows in all."""
+    out: list[pa.RecordBatch] = []
+    run: list[StoredPart] = []
+    for p in parts:
+        if isinstance(p, StoredPart):
+            run.append(p)
+            continue
+        if run:
+            out.append(_finished(run, tag_filter))
+            run = []
+        out.append(p)
+    if run:
+        out.append(_finished(run, tag_filter))
+    if not out:
+        return _empty()
+    if len(out) == 1:
+        return out[0]
+    # One batch per Spark hand-over: Spark pays per batch it is handed.
+    combined = pa.Table.from_batches(out, arrow_schema()).combine_chunks().to_batches()
+    return combined[0] if combined else _empty()
+
+
+def _finished(run: Sequence[StoredPart], tag_filter: TagFilter) -> pa.RecordBatch:
+    """The StoredParts' rows in SCHEMA's columns: the raw columns concatenated (one copy), the
+    per-batch values repeated by numpy, and each kernel called once for the whole run."""
+    if len(run) == 1:
+        raw = run[0].raw
+    else:
+        raw = (
+            pa.Table.from_batches([p.raw for p in run], _raw_schema())
+            .combine_chunks()
+            .to_batches()[0]
+        )
+    schema = arrow_schema()
+    f = schema.field
+    string, int64 = pa.string(), pa.int64()
+    ends: list[int] = []
+    for p in run:
+        ends.append(p.num_rows + (ends[-1] if ends else 0))
+    run_ends = pa.array(ends, pa.int32())
+
+    def each(values: list[object], type_: pa.DataType) -> pa.Array:
+        # each row's value of its part: one run per part, decoded by one kernel
+        encoded = pa.RunEndEncodedArray.from_arrays(run_ends, pa.array(values, type_))
+        return pc.run_end_decode(encoded)
+
+    position = raw.column(5)
+    born_ms = raw.column(6)
     # Spark's timestamps: a born time of 0 or outside 0001..9999 is null (see BORN_MIN_MS).
     born_ok = pc.and_(
         pc.not_equal(born_ms, 0),
         pc.and_(pc.greater_equal(born_ms, BORN_MIN_MS), pc.less_equal(born_ms, BORN_MAX_MS)),
     )
     born = pc.if_else(born_ok, pc.multiply(born_ms, MS_TO_US), pa.scalar(None, int64))
-    store_type = f(10).type
-    arrays = [
-        key,
-        pa.Array.from_buffers(pa.binary(), n, _buffers(None, c.body_offsets, c.body_data)),
-        pa.repeat(pa.scalar(topic, string), n),
-        pa.repeat(pa.scalar(broker_group, string), n),
-        pa.repeat(pa.scalar(queue_id, pa.int32()), n),
-        pc.add(position, b.first_offset),
-        pc.binary_join_element_wise(
-            msg_id_prefix(broker_group, b.raft_index, b.slot),
-            _position_hex(h.count).take(position),
-            "",
-        ),
-        tags,
-        pa.Array.from_buffers(keys_type, n, _buffers(None, c.keys_offsets), children=[key_items]),
-        born.cast(f(9).type),
-        pa.repeat(pa.scalar(b.store_timestamp_ms * MS_TO_US, store_type), n),
-        pa.Array.from_buffers(props_type, n, _buffers(None, c.props_offsets), children=[entries]),
-    ]
-    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    tags = raw.column(2)
+    msg_id = pc.binary_join_element_wise(
+        each([p.msg_id_prefix for p in run], string),
+        _position_hex(max(p.count for p in run)).take(position),
+        "",
+    )
+    batch = pa.RecordBatch.from_arrays(
+        [
+            raw.column(0),
+            raw.column(1),
+            each([p.topic for p in run], string),
+            each([p.broker_group for p in run], string),
+            each([p.queue_id for p in run], f(4).type),
+            pc.add(position, each([p.first_offset for p in run], int64)),
+            msg_id,
+            tags,
+            raw.column(3),
+            born.cast(f(9).type),
+            each([p.store_us for p in run], f(10).type),
+            raw.column(4),
+        ],
+        schema=schema,
+    )
     if not tag_filter.is_all:
         assert tag_filter.tags is not None
         batch = batch.filter(pc.is_in(tags, pa.array(sorted(tag_filter.tags), string)))
         tags = batch.column(7)
     # The row path's `m.tags or None`: an empty tag is no tag in the rows.
-    if pc.any(pc.equal(pc.binary_length(tags), 0)).as_py():
-        empty = pc.equal(pc.binary_length(tags), 0)
+    empty = pc.equal(pc.binary_length(tags), 0)
+    if pc.any(empty).as_py():
         batch = batch.set_column(7, f(7), pc.if_else(empty, pa.scalar(None, string), tags))
     return batch
 

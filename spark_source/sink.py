@@ -34,6 +34,7 @@ from raftmq.client.messages import OutgoingMessage, SendResult, SendResults
 from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.client.routes import ChannelPool, RouteCache
+from raftmq.common.malloc_policy import keep_freed_memory
 from raftmq.spark_source import cluster
 from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
 from raftmq.spark_source.sink_plan import (
@@ -42,7 +43,8 @@ from raftmq.spark_source.sink_plan import (
     Chunk,
     SequenceChunker,
     job_producer_id,
-    queue_indices,
+    pick,
+    rows_per_queue,
     stream_producer_id,
 )
 
@@ -247,6 +249,7 @@ def write_partition(
     the same limits and rule as SequenceChunker, so each chunk is exactly one request and a
     replay sends the same sequences in the same requests, while several chunks of a queue are
     in flight at once (the broker keeps their order by strict sequences)."""
+    keep_freed_memory()  # Spark's Python worker, on the executor (common/malloc_policy.py)
     producer = Producer(
         opts.namesrv,
         producer_id=producer_id,
@@ -279,17 +282,11 @@ def write_partition(
             items = rows.messages()
             for topic, positions in _by_topic(rows, opts.topic):
                 queues = queues_of(topic)
-                keys = None if rows.keys is None else [rows.keys[p] for p in positions]
-                targets = queue_indices(
-                    len(queues.queues), keys, partition_id, [row + p for p in positions]
-                )
-                per_queue: dict[int, list[int]] = {}
-                for p, qi in zip(positions, targets, strict=True):
-                    per_queue.setdefault(qi, []).append(p)
-                for qi in sorted(per_queue):
-                    mine = per_queue[qi]
+                for qi, mine in rows_per_queue(
+                    len(queues.queues), rows.keys, partition_id, row, positions
+                ):
                     chunks = chunker.extend(
-                        queues.queues[qi], [items[p] for p in mine], [rows.sizes[p] for p in mine]
+                        queues.queues[qi], pick(items, mine), pick(rows.sizes, mine)
                     )
                     for chunk in chunks:
                         _hand(producer, window, chunk)

@@ -73,6 +73,45 @@ def queue_indices(
     return out
 
 
+def rows_per_queue(
+    queue_count: int,
+    keys: Sequence[str | None] | None,
+    partition_id: int,
+    first_row: int,
+    positions: Sequence[int],
+) -> list[tuple[int, Sequence[int]]]:
+    """The batch's positions per queue index (queue_indices' rule, `first_row` the task's row
+    number of position 0), in queue index order, for the queues that get any. Without keys,
+    over consecutive positions, a queue's positions are every queue_count-th: ranges, no
+    Python step per row."""
+    if keys is None and isinstance(positions, range) and positions.step == 1:
+        out: list[tuple[int, Sequence[int]]] = []
+        for qi in range(queue_count):
+            # row p goes to (partition_id + first_row + p) % queue_count
+            skip = (qi - partition_id - first_row - positions.start) % queue_count
+            mine = positions[skip::queue_count]
+            if mine:
+                out.append((qi, mine))
+        return out
+    targets = queue_indices(
+        queue_count,
+        None if keys is None else [keys[p] for p in positions],
+        partition_id,
+        [first_row + p for p in positions],
+    )
+    per_queue: dict[int, list[int]] = {}
+    for p, qi in zip(positions, targets, strict=True):
+        per_queue.setdefault(qi, []).append(p)
+    return sorted(per_queue.items())
+
+
+def pick(values: Sequence[T], positions: Sequence[int]) -> Sequence[T]:
+    """values[p] for p in positions; a slice for a range (no Python step per row)."""
+    if isinstance(positions, range):
+        return values[positions.start : positions.stop : positions.step]
+    return [values[p] for p in positions]
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk(Generic[T]):
     """Messages for one queue carrying sequences first_sequence .. first_sequence + len - 1."""
@@ -88,6 +127,7 @@ class _Buffer(Generic[T]):
     next_sequence: int = 0
     items: list[T] = field(default_factory=list)
     size_bytes: int = 0
+    biggest: int = 0  # at least the largest size among `items`
 
 
 class SequenceChunker(Generic[T]):
@@ -112,7 +152,7 @@ class SequenceChunker(Generic[T]):
         self, queue: QueueRef, items: Sequence[T], sizes_bytes: Sequence[int]
     ) -> list[Chunk[T]]:
         """Buffer `items` (in order, with their sizes) for `queue`; the chunks that closed. One
-        call per queue and Spark batch: the loop below is the only per-row work."""
+        call per queue and Spark batch; a Python step per row only where sizes may cut."""
         if len(items) != len(sizes_bytes):
             raise ValueError("one size per item")
         buf = self._buffers.get(queue)
@@ -121,6 +161,22 @@ class SequenceChunker(Generic[T]):
         out: list[Chunk[T]] = []
         max_messages, max_bytes = self.max_messages, self.max_bytes
         pending, size = buf.items, buf.size_bytes
+        biggest = max(buf.biggest, max(sizes_bytes, default=0))
+        if biggest * max_messages <= max_bytes:
+            # No chunk can pass max_bytes before it holds max_messages (each of its items is at
+            # most `biggest`): the rule below cuts by count alone, here by slices.
+            at, room = 0, max_messages - len(pending)
+            while len(items) - at >= room:
+                pending = [*pending, *items[at : at + room]]
+                size += sum(sizes_bytes[at : at + room])
+                out.append(self._cut(queue, buf, pending, size))
+                pending, size = [], 0
+                at, room = at + room, max_messages
+            pending = [*pending, *items[at:]]
+            size += sum(sizes_bytes[at:])
+            buf.items, buf.size_bytes = pending, size
+            buf.biggest = biggest if pending else 0  # (an upper bound of what is pending)
+            return out
         for item, item_size in zip(items, sizes_bytes, strict=True):
             if pending and size + item_size > max_bytes:
                 out.append(self._cut(queue, buf, pending, size))
@@ -131,6 +187,7 @@ class SequenceChunker(Generic[T]):
                 out.append(self._cut(queue, buf, pending, size))
                 pending, size = [], 0
         buf.items, buf.size_bytes = pending, size
+        buf.biggest = biggest if pending else 0
         return out
 
     def flush(self) -> Iterator[Chunk[T]]:
@@ -154,4 +211,5 @@ class SequenceChunker(Generic[T]):
         chunk = cls._cut(queue, buf, buf.items, buf.size_bytes)
         buf.items = []
         buf.size_bytes = 0
+        buf.biggest = 0
         return chunk

@@ -38,7 +38,8 @@ from pyspark.sql.types import StructType
 
 from raftmq.client.routes import ChannelPool, RouteCache, TopicRoute
 from raftmq.common.errors import RaftMQError, TopicNotFoundError
-from raftmq.common.filter.tag import parse_tag_expression
+from raftmq.common.filter.tag import TagFilter, parse_tag_expression
+from raftmq.common.malloc_policy import keep_freed_memory
 from raftmq.common.types import QueueRef
 from raftmq.spark_source import cluster
 from raftmq.spark_source import offsets as offsets_json
@@ -69,8 +70,9 @@ from raftmq.spark_source.read_ahead import read_ahead
 from raftmq.spark_source.schema import (
     SCHEMA,
     SCHEMA_WITH_HEADERS,
-    arrow_schema,
-    to_record_batch,
+    Part,
+    combine,
+    pull_parts,
     with_headers,
 )
 
@@ -229,6 +231,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     ahead at most; 0: on Spark's thread, between the batches it takes)."""
     if not isinstance(partition, SlicesPartition):
         raise TypeError(f"not a raftmq partition: {partition!r}")
+    keep_freed_memory()  # Spark's Python worker, on the executor (common/malloc_policy.py)
     if opts.read_ahead_batches == 0:
         return _partition_batches(opts, partition)
     return read_ahead(
@@ -239,36 +242,31 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
 
 
 def _partition_batches(opts: SourceOptions, partition: SlicesPartition) -> Iterator[pa.RecordBatch]:
-    pending: list[pa.RecordBatch] = []
+    tag_filter = parse_tag_expression(opts.tag_expression)
+    pending: list[Part] = []
     rows = size = 0
     for part in partition.slices:
-        for batch in read_slice(opts, part):
-            pending.append(batch)
-            rows += batch.num_rows
-            size += batch.nbytes
+        for got in read_slice(opts, part, tag_filter):
+            pending.append(got)
+            rows += got.num_rows
+            size += got.nbytes
             if rows >= TARGET_BATCH_ROWS or size >= TARGET_BATCH_BYTES:
-                yield _handed(opts, pending)
+                yield _handed(opts, pending, tag_filter)
                 pending, rows, size = [], 0, 0
     if pending:
-        yield _handed(opts, pending)
+        yield _handed(opts, pending, tag_filter)
 
 
-def _handed(opts: SourceOptions, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    """One batch for Spark from pull answers' batches (of arrow_schema())."""
-    if len(batches) == 1:
-        out = batches[0]
-    else:
-        out = pa.Table.from_batches(batches, arrow_schema()).combine_chunks().to_batches()[0]
+def _handed(opts: SourceOptions, parts: list[Part], tag_filter: TagFilter) -> pa.RecordBatch:
+    """One batch for Spark from pull answers' parts (their rows copied once)."""
+    out = combine(parts, tag_filter)
     return with_headers(out) if opts.include_headers else out
 
 
-def read_slice(opts: SourceOptions, part: QueueSlice) -> Iterator[pa.RecordBatch]:
-    """One queue slice's rows as Arrow batches (this process's SDK client)."""
-    pool, routes = cluster.executor_client(opts.namesrv)
-    tag_filter = parse_tag_expression(opts.tag_expression)
+def read_slice(opts: SourceOptions, part: QueueSlice, tag_filter: TagFilter) -> Iterator[Part]:
+    """One queue slice's rows as parts for `combine` (this process's SDK client)."""
     for raw in cluster.pull_range(
-        pool,
-        routes,
+        cluster.executor_client(opts.namesrv),
         part.range,
         part.addresses,
         tag_expression=opts.tag_expression,
@@ -276,16 +274,16 @@ def read_slice(opts: SourceOptions, part: QueueSlice) -> Iterator[pa.RecordBatch
         poll_timeout_ms=opts.poll_timeout_ms,
         fail_on_data_loss=opts.fail_on_data_loss,
     ):
-        batch = to_record_batch(
+        for got in pull_parts(
             raw,
             part.topic,
             part.broker_group,
             part.queue_id,
             end_offset=part.end,
             tag_filter=tag_filter,
-        )
-        if batch.num_rows:
-            yield batch
+        ):
+            if got.num_rows:
+                yield got
 
 
 class RaftMQBatchReader(DataSourceReader):

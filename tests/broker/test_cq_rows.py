@@ -94,6 +94,8 @@ def test_batch_rows_read_as_rows_per_message(
                 if scanned >= scan_limit:
                     break
             assert (got.rows, got.next_offset) == (model, nxt)
+            # runs, each of one batch's messages in position order, none empty
+            assert all(r.positions == sorted(set(r.positions)) != [] for r in got.runs)
         for row in expected:  # what a message id names
             assert s.cq_row_at(row.raft_index, row.slot, row.position) == row
         assert s.cq_row_at(len(layout) + 5, 0, 0) is None

@@ -129,6 +129,8 @@ def test_an_answer_is_checked_against_the_request() -> None:
     for parts in (
         [_part(0, [4])],  # below the offset asked for
         [_part(4, [2, 1])],  # out of order
+        [_part(3, [2, 3, 5, 4])],  # out of order inside a longer part
+        [_part(4, [1, 2]), _part(5, [1, 2])],  # a part overlapping the one before
         [_part(5, [0]), _part(5, [0])],  # the same offset twice
         [_part(8, [1])],  # at or past the next offset it claims
     ):

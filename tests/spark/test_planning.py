@@ -42,6 +42,7 @@ from raftmq.spark_source.sink_plan import (
     SequenceChunker,
     job_producer_id,
     queue_indices,
+    rows_per_queue,
     stream_producer_id,
 )
 
@@ -382,11 +383,38 @@ def test_queue_choice() -> None:
     ]
 
 
+@given(
+    st.integers(1, 9),
+    st.integers(0, 20),
+    st.integers(0, 10**6),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.one_of(st.none(), st.lists(st.sampled_from([None, "", "k1", "k2", "k3"]), min_size=80)),
+)
+def test_rows_per_queue_follows_the_queue_choice(
+    queues: int, partition: int, first_row: int, lo: int, n: int, keys: list[str | None] | None
+) -> None:
+    """The positions per queue are queue_indices' choice, each queue's in order (the ranges of
+    the unkeyed case included)."""
+    positions = range(lo, lo + n)
+    want: dict[int, list[int]] = {}
+    chosen = queue_indices(
+        queues,
+        None if keys is None else [keys[p] for p in positions],
+        partition,
+        [first_row + p for p in positions],
+    )
+    for p, qi in zip(positions, chosen, strict=True):
+        want.setdefault(qi, []).append(p)
+    got = rows_per_queue(queues, keys, partition, first_row, positions)
+    assert [(qi, list(mine)) for qi, mine in got] == sorted(want.items())
+
+
 # Row sizes at and around the chunk limits (7 messages, 1000 bytes): chunks close by count, by
 # size, exactly at the limit, and a row larger than the limit goes alone. Each example mixes two
 # neighbouring sizes, so that long runs of one size (full chunks by count) are common.
 SIZES = (1, 10, 100, 143, 333, 500, 999, 1000, 1500)
-rows_per_queue = st.integers(0, len(SIZES) - 2).flatmap(
+sized_rows = st.integers(0, len(SIZES) - 2).flatmap(
     lambda i: st.lists(st.tuples(st.integers(0, 3), st.sampled_from(SIZES[i : i + 2])), max_size=80)
 )
 
@@ -404,7 +432,17 @@ def _chunks_of(rows: list[tuple[int, int]], cuts: list[int]) -> list[Chunk[int]]
     return out
 
 
-@given(rows_per_queue, st.lists(st.integers(0, 200), max_size=6))
+def test_chunks_close_by_bytes_just_past_the_count_rule() -> None:
+    """At 7 x 142 = 994 bytes a chunk closes by count; at 7 x 143 = 1001 the 7th row would pass
+    1000 bytes, so it starts the next chunk (the fast path by count must not take it)."""
+    for size, want in ((142, [7, 7, 1]), (143, [6, 6, 3])):
+        chunker: SequenceChunker[int] = SequenceChunker(max_messages=7, max_bytes=1000)
+        chunks = chunker.extend(PUB.queues[0], list(range(15)), [size] * 15)
+        chunks += list(chunker.flush())
+        assert [len(c.items) for c in chunks] == want, size
+
+
+@given(sized_rows, st.lists(st.integers(0, 200), max_size=6))
 def test_chunks_have_consecutive_sequences_and_replay_identically(
     rows: list[tuple[int, int]], cuts: list[int]
 ) -> None:
@@ -421,10 +459,26 @@ def test_chunks_have_consecutive_sequences_and_replay_identically(
     # Every row lands once, in its queue, in row order.
     for qi, queue in enumerate(PUB.queues):
         assert per_queue.get(queue, []) == [n for n, (r, _) in enumerate(rows) if r == qi]
+    # The greedy rule row by row: a chunk closes before a row that would pass 1000 bytes and
+    # at 7 rows (the chunker's fast path, by count, must cut the same).
+    for qi, queue in enumerate(PUB.queues):
+        want: list[tuple[int, ...]] = []
+        open_: list[int] = []
+        for n in (n for n, (r, _) in enumerate(rows) if r == qi):
+            if open_ and sum(rows[i][1] for i in open_) + rows[n][1] > 1000:
+                want.append(tuple(open_))
+                open_ = []
+            open_.append(n)
+            if len(open_) >= 7:
+                want.append(tuple(open_))
+                open_ = []
+        if open_:
+            want.append(tuple(open_))
+        assert [c.items for c in by_queue if c.queue == queue] == want
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows_per_queue, st.integers(1, 5), st.data())
+@given(sized_rows, st.integers(1, 5), st.data())
 def test_the_producer_sends_each_chunk_as_one_request_whatever_the_timing(
     rows: list[tuple[int, int]], inflight: int, data: st.DataObject
 ) -> None:

@@ -22,6 +22,8 @@ from raftmq.spark_source.schema import (
     COLUMNS,
     _decoded_rows,
     arrow_schema,
+    combine,
+    pull_parts,
     to_record_batch,
 )
 from tests.client.test_raw_batch import answers
@@ -110,6 +112,30 @@ def test_columns_of_v2_batches_equal_the_row_path(
     assert got.schema == arrow_schema()
     got.validate(full=True)
     assert got.equals(want), (got.to_pydict(), want.to_pydict())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(mixed_answers(), min_size=2, max_size=4), st.sampled_from(["*", "first"]))
+def test_parts_of_several_answers_combine_to_their_rows_in_order(
+    answers: list[tuple[str, int, list[broker_pb2.RawBatch]]], tags: str
+) -> None:
+    """What a Spark task hands over: the parts of several pull answers (of several queues and
+    topics), finished together, are each answer's rows in order: every per-batch value (topic,
+    queue, offsets, ids, store time) stays with its own rows."""
+    first_tag = next(iter(named_messages(answers[0][2][:1], "broker-a", answers[0][1])))[3].tags
+    tag_filter = (
+        TagFilter("x", frozenset({first_tag or ""}), None) if tags == "first" else MATCH_ALL
+    )
+    parts = []
+    want = []
+    for i, (topic, queue, raws) in enumerate(answers):
+        group = f"broker-{i}"
+        end = 1 << 62
+        parts += pull_parts(raws, topic, group, queue, end_offset=end, tag_filter=tag_filter)
+        want.append(_decoded_rows(raws, topic, group, queue, end_offset=end, tag_filter=tag_filter))
+    got = combine(parts, tag_filter)
+    got.validate(full=True)
+    assert got.to_pylist() == [row for w in want for row in w.to_pylist()]
 
 
 def test_a_v2_batch_of_another_queue_is_refused() -> None:
