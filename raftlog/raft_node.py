@@ -301,9 +301,10 @@ class _Flusher:
         self._asks.put(True)
 
     def close(self) -> None:
-        """Stop after the sync under way, if any."""
+        """Stop after the sync under way, if any (bounded: a hung disk does not hold the node's
+        stop past its own timeout; the journal's close waits for that sync anyway)."""
         self._asks.put(False)
-        self._thread.join(30)
+        self._thread.join(5)
 
     def _run(self) -> None:
         journal, health, where = self._journal, self._health, "journal sync"
@@ -458,7 +459,10 @@ class RaftNodeShell:
             self._next_repair = 0.0
         if self._on_tick is not None:
             self._on_tick()
-        self.kick()
+        if self.core.has_ready():  # most ticks produce nothing: no callback to schedule then
+            self.kick()
+        else:
+            self._report_role()  # a leader that stepped down on check-quorum says so now
 
     def _maybe_async_flush(self, flusher: _Flusher) -> None:
         """ASYNC_FLUSH: one group fdatasync at most every flush_interval_ms (acks do not wait),
@@ -671,7 +675,8 @@ class RaftNodeShell:
         self.core.advance(rd)
         self._busy = False
         self._report_role()
-        self.kick()
+        if self.core.has_ready():  # inputs that came while busy; else no callback to schedule
+            self.kick()
 
     def _send(self, msgs: tuple[Message, ...]) -> None:
         """A Ready's messages: queued per peer, then one write per peer."""
