@@ -280,6 +280,9 @@ class NativeLog:
             self._inflight[first + k] = _InFlight(
                 term, [s.future for s in g], sum(len(s.payload) for s in g), deadline
             )
+        # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
+        # (whatever Ready commits it must find them): persist and send it now, not a turn later.
+        self._node.ready_now()
 
     def _release(self, group: Sequence[_Submission]) -> None:
         with self._lock:
