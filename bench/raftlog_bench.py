@@ -25,6 +25,7 @@ from tests.harness.local_cluster import ControlError, LocalCluster  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "raftlog.json"
 MB = 1_000_000
+IDLE_S = 2.0  # each node's idle CPU is measured this long before a CPU-per-commit run
 
 
 def emit(results: list[dict[str, Any]], rec: dict[str, Any]) -> None:
@@ -118,12 +119,24 @@ def latency(results: list[dict[str, Any]], flush: str, count: int) -> None:
             leader,
             {"op": "load", "size": 1024, "window": 1, "seconds": 1.0, "return_latencies": False},
         )
+        # Each node's CPU per commit at W2's shape (one at a time), net of what it spends idle.
+        idle0 = cpu_of(c)
+        time.sleep(IDLE_S)
+        cpu0 = cpu_of(c)
+        idle = [(b - a) / IDLE_S for a, b in zip(idle0, cpu0, strict=True)]
+        t0 = time.monotonic()
         r = c.call(
             leader,
             {"op": "load", "size": 1024, "window": 1, "seconds": 1e9, "total_bytes": count * 1024},
             timeout_s=300,
         )
+        wall = time.monotonic() - t0
+        cpu1 = cpu_of(c)
         lat = r["latencies_s"]
+        cpu_us = [
+            round(((b - a) - i * wall) / len(lat) * 1e6, 1)
+            for a, b, i in zip(cpu0, cpu1, idle, strict=True)
+        ]
         emit(
             results,
             {
@@ -134,6 +147,9 @@ def latency(results: list[dict[str, Any]], flush: str, count: int) -> None:
                 "p90_ms": round(pct(lat, 90) * 1000, 3),
                 "p99_ms": round(pct(lat, 99) * 1000, 3),
                 "max_ms": round(max(lat) * 1000, 3),
+                "leader": leader,
+                "cpu_us_per_commit": cpu_us,  # per node, net of idle
+                "cpu_us_per_commit_sum": round(sum(cpu_us), 1),
             },
         )
 

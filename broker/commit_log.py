@@ -12,7 +12,7 @@ from typing import Protocol
 
 from raftmq.broker.dispatcher_thread import CommittedLog
 from raftmq.raftlog.errors import RaftLogError
-from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, RoleChange, Stamper
+from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
 
 
 class CommitLog(CommittedLog, Protocol):
@@ -37,6 +37,11 @@ class CommitLog(CommittedLog, Protocol):
     def is_leader(self) -> bool: ...
 
     def status(self) -> LogStatus: ...
+
+    def leadership(self) -> tuple[Role, int, str | None]:
+        """(role, term, leader) as status() has them, without the rest: the leader gate and
+        every send read it, several times per request."""
+        ...
 
     def add_role_listener(self, listener: Callable[[RoleChange], None]) -> None: ...
 

@@ -204,7 +204,7 @@ class DataServer:
         req = parse(broker_pb2.SendMessageRequest, payload)
         self._check(ctx, req)
         held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, self._send_budget_ms(0))
-        term = node.status().term
+        term = node.term()
         if requests.send_needs_thread(node, req):
             prepared = await self._blocking(requests.prepare_send, node, req)
         else:
@@ -241,7 +241,7 @@ class DataServer:
             )
         budget = self._send_budget_ms(req.timeout_ms)
         held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, budget)
-        term = node.status().term
+        term = node.term()
         prepared: list[PreparedSend | RaftMQError] = []
         inline: dict[str, bool] = {}  # topic -> prepare may run on the loop (asked once)
         guard = self.guard
@@ -281,7 +281,7 @@ class DataServer:
         timeout_ms, batches = stored_send.decode_request(payload, MAX_BATCHES_PER_REQUEST)
         budget = self._send_budget_ms(timeout_ms)
         held, _ = await self.quota.turn(Flow.PRODUCE, ctx.principal, budget)
-        term = node.status().term
+        term = node.term()
         limits = node.sends.batch_limits()
         prepared: list[PreparedSend | RaftMQError] = []
         topics: list[str] = []

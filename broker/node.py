@@ -308,10 +308,14 @@ class BrokerNode:
         return self._by_raft.get(raft_address) if raft_address else None
 
     def leader(self) -> Member | None:
-        st = self.rlog.status()
-        if st.role is Role.LEADER:
+        role, _, leader = self.rlog.leadership()
+        if role is Role.LEADER:
             return self.me
-        return self.member_for_raft(st.leader)
+        return self.member_for_raft(leader)
+
+    def term(self) -> int:
+        """The log's current term (what an answer names)."""
+        return self.rlog.leadership()[1]
 
     def not_leader(self) -> NotLeaderError:
         leader = self.leader()
@@ -328,17 +332,17 @@ class BrokerNode:
         up with the index first)."""
         if self._closed:
             raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
-        st = self.rlog.status()
-        if st.role is not Role.LEADER:
+        role, term, _ = self.rlog.leadership()
+        if role is not Role.LEADER:
             raise self.not_leader()
-        if st.term == self._ready_term:
+        if term == self._ready_term:
             return
         # The term is read after the role: if leadership moved on meanwhile, it can only be
         # newer than the term led when the role was read, which errs on the waiting side.
         self.leader_gate_waits += 1
         deadline = time.monotonic() + self._leader_ready_wait_s
         while True:
-            ready = self._wait_term(st.term, min(GATE_RECHECK_S, deadline - time.monotonic()))
+            ready = self._wait_term(term, min(GATE_RECHECK_S, deadline - time.monotonic()))
             if self._closed:
                 raise BrokerUnavailableError(f"node {self.me.node_id} is shutting down")
             if not self.rlog.is_leader():
@@ -347,14 +351,14 @@ class BrokerNode:
                 break
             if time.monotonic() >= deadline:
                 raise NotLeaderError.for_node(self.me.node_id, self.group, "")
-        self._ready_term = max(self._ready_term, st.term)
+        self._ready_term = max(self._ready_term, term)
 
     def leader_gate_open(self) -> bool:
         """`require_leader` would pass at once (no wait): leader, latch of this term open."""
         if self._closed:
             return False
-        st = self.rlog.status()
-        return st.role is Role.LEADER and st.term == self._ready_term
+        role, term, _ = self.rlog.leadership()
+        return role is Role.LEADER and term == self._ready_term
 
     def _wait_term(self, term: int, timeout_s: float) -> bool:
         try:

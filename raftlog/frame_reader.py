@@ -40,8 +40,10 @@ class FrameReader(asyncio.BufferedProtocol):
         *,
         scratch: int = SCRATCH_BYTES,
         prealloc: int = PREALLOC_BYTES,
+        on_read: Callable[[], None] | None = None,
     ) -> None:
         self._on_frame = on_frame
+        self._on_read = on_read  # after the frames of one socket read were handed on
         self.limit = limit  # the owner raises it once the peer is accepted
         self._scratch = bytearray(scratch)
         self._start = 0  # the first byte in the scratch not yet handed on
@@ -77,9 +79,11 @@ class FrameReader(asyncio.BufferedProtocol):
                 if self._big_got == self._big_need:
                     frame, self._big = self._big, None
                     self._on_frame(frame)
-                return
-            self._end += nbytes
-            self._parse()
+            else:
+                self._end += nbytes
+                self._parse()
+            if self._on_read is not None:
+                self._on_read()
         except Exception as exc:  # the connection ends; the owner says why
             self.fail(exc)
 

@@ -501,6 +501,10 @@ class ReplicatedLog:
             raise ValueError(f"not peers of {self.cfg.node_id}: {sorted(unknown)}")
         self._node.set_blocked_peers(frozenset(peers))
 
+    def leadership(self) -> tuple[Role, int, str | None]:
+        v = self._node.view()
+        return v.role, v.term, v.leader
+
     def status(self) -> LogStatus:
         v = self._node.view()
         return LogStatus(

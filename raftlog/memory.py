@@ -246,6 +246,10 @@ class MemoryLog:
                 self._cond.wait(left)
         return True
 
+    def leadership(self) -> tuple[Role, int, str | None]:
+        with self._cond:
+            return self._role, self._term, self._leader
+
     def status(self) -> LogStatus:
         with self._cond:
             return LogStatus(

@@ -36,7 +36,7 @@ from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.pressure_handoff import PressureHandoff
 from raftmq.raftlog.raft_core import PeerMode, Role, TransferRefusedError
 from raftmq.raftlog.raft_messages import Entry as RaftEntry
-from raftmq.raftlog.raft_node import TICK_MS, RaftNodeShell
+from raftmq.raftlog.raft_node import ROLE_OF, TICK_MS, RaftNodeShell
 from raftmq.raftlog.raft_storage import JournalStorage
 from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, RoleChange, Stamper
 from raftmq.raftlog.record import Role as LogRole
@@ -280,6 +280,9 @@ class NativeLog:
             self._inflight[first + k] = _InFlight(
                 term, [s.future for s in g], sum(len(s.payload) for s in g), deadline
             )
+        # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
+        # (whatever Ready commits it must find them): persist and send it now, not a turn later.
+        self._node.ready_now()
 
     def _release(self, group: Sequence[_Submission]) -> None:
         with self._lock:
@@ -592,11 +595,15 @@ class NativeLog:
             raise ValueError(f"not peers of {self.cfg.node_id}: {sorted(unknown)}")
         self._loop.call_soon_threadsafe(setattr, self._node, "blocked", frozenset(peers))
 
+    def leadership(self) -> tuple[LogRole, int, str | None]:
+        core = self._node.core
+        return ROLE_OF[core.role], core.term, core.leader
+
     def status(self) -> LogStatus:
         core = self._node.core
         return LogStatus(
             node_id=self.cfg.node_id,
-            role=self._role_of(core.role),
+            role=ROLE_OF[core.role],
             term=core.term,
             leader=core.leader,
             commit_index=core.commit,
@@ -606,12 +613,6 @@ class NativeLog:
             match_index={p: pr.match_index for p, pr in list(core.progress.items())},
             pending_bytes=self._pending_bytes,
         )
-
-    @staticmethod
-    def _role_of(role: Role) -> LogRole:
-        from raftmq.raftlog.raft_node import ROLE_OF
-
-        return ROLE_OF[role]
 
     def close(self, transfer_leadership: bool = True) -> None:
         """Leave cleanly: hand leadership off, fail what is pending, stop, flush the journal."""

@@ -106,3 +106,26 @@ def test_a_length_alone_commits_no_more_memory_than_the_preallocation() -> None:
         return len(reader.get_buffer(-1))
 
     assert asyncio.run(go()) == (1 << 20) - 100
+
+
+def test_on_read_follows_each_reads_frames() -> None:
+    """`on_read` is called once per socket read, after every frame that read completed (a
+    follower handles its Ready there), large frames included."""
+
+    async def go() -> tuple[list[object], list[object]]:
+        seen: list[object] = []
+        reader = FrameReader(
+            seen.append, 1 << 20, scratch=64, prealloc=16, on_read=lambda: seen.append("read")
+        )
+        reader.connection_made(Transport())
+        small = frames_of([b"a", b"bb"])
+        feed(reader, small, [len(small)])  # two frames in one read
+        after_small = list(seen)
+        seen.clear()
+        feed(reader, frames_of([b"x" * 200]), [10, 100, 1000])  # one frame over several reads
+        return after_small, seen
+
+    after_small, after_big = asyncio.run(go())
+    assert after_small == [b"a", b"bb", "read"]
+    assert after_big[-2:] == [b"x" * 200, "read"]
+    assert set(after_big[:-2]) == {"read"}  # one per read before the frame was whole

@@ -87,3 +87,11 @@ def test_limits_and_close() -> None:
     log.close()
     with pytest.raises(errors.LogClosedError):
         log.submit(b"1")
+
+
+def test_leadership_says_what_status_says() -> None:
+    log = MemoryLog("a")
+    for step in (lambda: None, lambda: log.become_follower("b", term=2), log.become_leader):
+        step()
+        st = log.status()
+        assert log.leadership() == (st.role, st.term, st.leader)

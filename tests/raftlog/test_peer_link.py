@@ -23,9 +23,10 @@ class _Peer:
     """The far end: a real listening socket that reads the hello and the frames, and can die
     the way a SIGKILLed process does (its unread bytes make the kernel answer with a reset)."""
 
-    def __init__(self, port: int, *, reads: bool) -> None:
+    def __init__(self, port: int, *, reads: bool, held: bool = False) -> None:
         self.port = port
         self.reads = reads
+        self.held = held  # reads, but only after release()
         self.got: list[raft_codec.Frame] = []
         self.connected = asyncio.Event()
         self.server: asyncio.Server | None = None
@@ -46,10 +47,16 @@ class _Peer:
             # What arrives now stays unread in the kernel, as in a process that stopped reading.
             cast(asyncio.Transport, writer.transport).pause_reading()
             return
+        if self.held:
+            cast(asyncio.Transport, writer.transport).pause_reading()
         while True:
             head = await reader.readexactly(raft_codec.FRAME_HEADER.size)
             (n,) = raft_codec.FRAME_HEADER.unpack(head)
             self.got.append(raft_codec.decode(await reader.readexactly(n), sender, "me"))
+
+    def release(self) -> None:
+        for w in self.writers:
+            cast(asyncio.Transport, w.transport).resume_reading()
 
     def kill(self) -> None:
         """Close every socket at once, unread bytes and all (SIGKILL: the kernel resets)."""
@@ -107,3 +114,43 @@ def test_a_link_reconnects_after_its_peer_died_with_frames_unread(
         loop.close()
     # Reconnected as a lost connection, not rescued by the link's last-resort catch.
     assert "raft.peer_link_failed" not in caplog.text
+
+
+def test_frames_a_full_connection_cannot_take_yet_follow_in_order_after_the_drain(
+    tmp_path: Path,
+) -> None:
+    """A Ready's frames are written on its own loop turn only while the connection's buffer is
+    empty; behind a peer that reads slowly they wait in the link for the stream task's drain,
+    and none is lost or overtaken (a frame written past the queued ones would reorder Raft's
+    appends; one left queued would wait for the next message to leave)."""
+    me, far = free_ports(2)
+    cfg = RaftLogConfig(f"127.0.0.1:{me}", (f"127.0.0.1:{far}",), tmp_path, reconnect_ms=100)
+    count, size = 48, 256 * 1024  # 12 MiB: more than loopback's socket buffers hold
+
+    async def scenario() -> None:
+        peer = _Peer(far, reads=True, held=True)
+        await peer.start()
+        link = PeerLink(cfg.node_id, cfg.peers[0], None, cfg, lambda *_: None)
+        await asyncio.wait_for(peer.connected.wait(), 5)
+        await asyncio.sleep(0.05)
+        queued = 0
+        for k in range(count):
+            link.send(raft_codec.RecordCopy(k + 1, 1, bytes([k]) * size))
+            queued = max(queued, len(link.out.frames))
+        assert queued > 0, "every frame was written at once: the drain path was not reached"
+        peer.release()
+        deadline = time.monotonic() + 20
+        while len(peer.got) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        got = [m.index for m in peer.got if isinstance(m, raft_codec.RecordCopy)]
+        assert got == list(range(1, count + 1))
+        assert not link.out.frames and link.out.nbytes == 0
+        link.close()
+        assert peer.server is not None
+        peer.server.close()
+
+    loop = _new_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()

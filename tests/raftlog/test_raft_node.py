@@ -104,3 +104,32 @@ def test_a_commit_hint_never_holds_back_a_readys_acks(tmp_path: Path) -> None:
         assert (stored.current_term, stored.voted_for, stored.commit_index) == (3, cfg.node_id, 7)
     finally:
         journal.close()
+
+
+def test_async_flush_syncs_on_its_own_thread_and_the_log_says_its_leadership(
+    tmp_path: Path,
+) -> None:
+    """ASYNC_FLUSH's fdatasync runs on the node's flusher thread (not the loop's executor): what
+    a group of one commits is synced within a few flush intervals, and the thread ends with the
+    node. leadership() says what status() says."""
+    (own,) = free_ports(1)
+    log = NativeLog(RaftLogConfig(f"127.0.0.1:{own}", (), tmp_path, flush_interval_ms=5))
+    try:
+        deadline = time.monotonic() + 10
+        while not log.is_leader() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = log.status()
+        assert log.leadership() == (st.role, st.term, st.leader) and log.is_leader()
+        journal = log._journal
+        for k in range(20):
+            log.submit(b"entry %d" % k).result(10)
+            deadline = time.monotonic() + 5
+            while journal.dirty and time.monotonic() < deadline:
+                time.sleep(0.002)
+            assert not journal.dirty, f"entry {k} was not synced"
+        flusher = log._node._flusher
+        assert flusher is not None and flusher._thread.name == "raft-flush"
+        assert flusher._thread.is_alive()
+    finally:
+        log.close()
+    assert not flusher._thread.is_alive()
