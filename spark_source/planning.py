@@ -173,6 +173,17 @@ def plan_ranges(start: Mapping[QueueRef, int], end: Mapping[QueueRef, int]) -> l
     return out
 
 
+def task_rows(ranges: Sequence[QueueRange], floor: int, tasks: int) -> int:
+    """How many rows ranges sharing one task may hold (group_ranges' min_rows): at least
+    `floor`, and at least the batch's rows over `tasks`, so that a big micro-batch runs as
+    about `tasks` tasks instead of one per queue (a task launch costs ~ what thousands of rows
+    do) and a small one as one. Depends on the ranges alone (a replay plans the same)."""
+    if floor < 1 or tasks < 1:
+        raise ValueError("floor and tasks must be positive")
+    total = sum(r.count for r in ranges)
+    return max(floor, -(-total // tasks))
+
+
 def group_ranges(ranges: Sequence[QueueRange], min_rows: int) -> list[tuple[QueueRange, ...]]:
     """Spark tasks for a batch's ranges: consecutive ranges (queue order) share one task while
     together they hold at most `min_rows`, so a small micro-batch does not pay a task launch per

@@ -64,6 +64,7 @@ from raftmq.spark_source.planning import (
     plan_ranges,
     resolve_position,
     split_ranges,
+    task_rows,
     time_lookups,
 )
 from raftmq.spark_source.read_ahead import read_ahead
@@ -79,9 +80,12 @@ from raftmq.spark_source.schema import (
 _log = logging.getLogger("spark_source")
 
 ROUTE_TTL_MS = 1000
-# Queues of a micro-batch share a Spark task while together they hold at most this many rows:
-# a small batch then runs as one or two tasks instead of one per queue (latency).
+# Queues of a micro-batch share a Spark task while together they hold at most this many rows,
+# or the batch's rows over TASKS_PER_BATCH if more (planning.task_rows): a small batch runs as
+# one task instead of one per queue (latency), a big one as about TASKS_PER_BATCH (a stream of
+# 100 000-row micro-batches over 8 queues: 8 tasks took 1.7-2x as long as 2, per-task costs).
 MIN_PARTITION_ROWS = 4096  # an idle 0-second trigger polls constantly; routes change rarely
+TASKS_PER_BATCH = 4
 # A queue's range longer than this is read by several Spark tasks, so that a backlog in few
 # queues still keeps every core busy (minPartitions asks for more).
 MAX_PARTITION_ROWS = 131_072
@@ -197,7 +201,7 @@ class ClusterView:
         groups = (
             [(r,) for r in pieces]
             if self.opts.min_partitions is not None
-            else group_ranges(pieces, MIN_PARTITION_ROWS)
+            else group_ranges(pieces, task_rows(pieces, MIN_PARTITION_ROWS, TASKS_PER_BATCH))
         )
         for group in groups:
             slices = []

@@ -35,6 +35,7 @@ from raftmq.spark_source.planning import (
     proportional,
     resolve_position,
     split_ranges,
+    task_rows,
     time_lookups,
 )
 from raftmq.spark_source.sink_plan import (
@@ -321,6 +322,20 @@ def test_split_ranges_cover_each_range_in_order(
         # each range gets round(its share x mp) pieces: at most half a piece short per range
         assert 2 * len(pieces) >= 2 * mp - len(ranges)
     assert split_ranges(ranges, min_partitions=min_partitions, max_rows=max_rows) == pieces
+
+
+@given(st.lists(st.integers(1, 200_000), min_size=1, max_size=30), st.integers(1, 8))
+def test_a_big_batch_runs_as_about_tasks_per_batch(counts: list[int], tasks: int) -> None:
+    ranges = [QueueRange(q("t", "broker-a", i), 0, n) for i, n in enumerate(counts)]
+    groups = group_ranges(ranges, task_rows(ranges, 4096, tasks))
+    # Greedy: two neighbouring tasks together hold more than a task may, which is at least the
+    # batch's rows over `tasks`.
+    assert len(groups) <= 2 * tasks - 1
+    if sum(counts) <= 4096:
+        assert len(groups) == 1  # a small batch: one task
+    # 8 queues of 12 500 rows (a 100 000-row micro-batch): 4 tasks of 2 queues, not 8.
+    eight = [QueueRange(q("t", "broker-a", i), 0, 12_500) for i in range(8)]
+    assert [len(g) for g in group_ranges(eight, task_rows(eight, 4096, 4))] == [2, 2, 2, 2]
 
 
 def test_split_ranges_as_kafka_min_partitions() -> None:
