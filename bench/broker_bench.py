@@ -80,8 +80,11 @@ class CpuMeter:
 def create_topic(cluster: Cluster, topic: str, queues: int) -> None:
     with Admin(cluster.namesrv) as admin:
         admin.create_topic(topic, queues=queues)
+        groups = len(cluster.groups)
         wait_until(
-            lambda: len(admin.route(topic).write_queues()) == 2 * queues, 20, f"route of {topic}"
+            lambda: len(admin.route(topic).write_queues()) == groups * queues,
+            20,
+            f"route of {topic}",
         )
 
 
