@@ -920,18 +920,8 @@ class MessageStore:
                 ats, sizes, tags = row_columns(value, n, start, stop)
                 if wanted is None:  # every message looked at is taken: no loop per message
                     looked = stop - start
-                    run = QueueRun(
-                        topic,
-                        queue_id,
-                        index,
-                        slot,
-                        first - position,
-                        ts,
-                        list(range(position + start, position + stop)),
-                        list(ats),
-                        list(sizes),
-                        list(tags),
-                    )
+                    positions = list(range(position + start, position + stop))
+                    kept_ats, kept_sizes, kept_tags = list(ats), list(sizes), list(tags)
                 else:
                     looked = 0
                     picked: list[int] = []
@@ -943,18 +933,22 @@ class MessageStore:
                                 break
                         if scanned + looked >= max_scan_rows:
                             break
-                    run = QueueRun(
-                        topic,
-                        queue_id,
-                        index,
-                        slot,
-                        first - position,
-                        ts,
-                        [position + start + j for j in picked],
-                        [ats[j] for j in picked],
-                        [sizes[j] for j in picked],
-                        [tags[j] for j in picked],
-                    )
+                    positions = [position + start + j for j in picked]
+                    kept_ats = [ats[j] for j in picked]
+                    kept_sizes = [sizes[j] for j in picked]
+                    kept_tags = [tags[j] for j in picked]
+                run = QueueRun(
+                    topic,
+                    queue_id,
+                    index,
+                    slot,
+                    first - position,
+                    ts,
+                    positions,
+                    kept_ats,
+                    kept_sizes,
+                    kept_tags,
+                )
                 scanned += looked
                 taken += len(run.positions)
                 next_offset = first + start + looked
