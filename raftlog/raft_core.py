@@ -372,6 +372,21 @@ class RaftCore:
             elif self.role is not Role.FOLLOWER:
                 self._become_follower(self.term, None)
 
+    def peer_disconnected(self, peer: str) -> None:
+        """The shell's word that the connection from `peer` closed: its process died (the
+        kernel closed its sockets) or something reset it. When `peer` is the leader this node
+        follows, its lease ends now instead of an election timeout after its last message: this
+        node grants PreVotes and votes at once, and campaigns itself after one to two heartbeat
+        intervals unless the leader is heard again first (a live leader reconnects and sends its
+        heartbeat within one). Only timing changes, so safety does not rest on it; a reset while
+        the leader lives costs at most an election, the same as a lost heartbeat would."""
+        if self.role is not Role.FOLLOWER or self.leader != peer:
+            return
+        self._leader_contact_ticks = self.config.election_ticks  # out of lease
+        hb = self.config.heartbeat_ticks
+        wait = hb + self._rng.randrange(hb + 1)  # randomized: both followers notice at once
+        self._election_elapsed = max(self._election_elapsed, self._randomized_timeout - wait)
+
     def step(self, m: Message) -> None:
         """Take one message addressed to this node."""
         if isinstance(m, PreVote):

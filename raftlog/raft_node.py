@@ -778,6 +778,10 @@ class RaftNodeShell:
                 inbound.reader.transport.close()
             else:
                 conn.close()
+            if inbound.sender is not None and not self._closed:
+                # A leader killed outright closes its connections as it dies: the core need
+                # not wait out an election timeout to notice (failover in ~0.1 s, not ~0.3).
+                self.core.peer_disconnected(inbound.sender)
 
     async def _open_inbound(
         self, conn: socket.socket, address: str, inbound: _Inbound
@@ -866,6 +870,11 @@ class _Inbound:
         self._sender: str | None = None
         self._opener: raft_codec.Sealer | None = None
         self.reader: FrameReader | None = None
+
+    @property
+    def sender(self) -> str | None:
+        """The member this connection comes from, once its hello was accepted."""
+        return self._sender
 
     def on_frame(self, body: bytes | bytearray) -> None:
         if self._sender is None:

@@ -164,6 +164,7 @@ def make_schedule(seed: int, s: SimSettings) -> list[Event]:
         ("partition", 3),
         ("isolate_leader", s.isolate_weight),
         ("oneway", 3),
+        ("disconnect", 2),
         ("heal", 2 + s.isolate_weight),
         ("compact", s.compact_weight),
         ("transfer", s.transfer_weight),
@@ -183,9 +184,9 @@ def make_schedule(seed: int, s: SimSettings) -> list[Event]:
         elif kind == "partition":
             side = tuple(sorted(rng.sample(ids, rng.randint(1, s.nodes // 2))))
             events.append(("partition", side))
-        elif kind == "oneway":
+        elif kind in ("oneway", "disconnect"):
             a, b = rng.sample(ids, 2)
-            events.append(("oneway", a, b))
+            events.append((kind, a, b))
         elif kind in ("heal", "crash_leader", "isolate_leader"):
             events.append((kind,))
         elif kind == "transfer":
@@ -306,6 +307,12 @@ class Simulation:
             }
         elif kind == "oneway":
             self.blocked.add((str(ev[1]), str(ev[2])))
+        elif kind == "disconnect":
+            # A connection from ev[1] reset while both live (the shell's notice of it).
+            n = self.nodes[str(ev[2])]
+            if n.core is not None:
+                n.core.peer_disconnected(str(ev[1]))
+                self._drain(n)
         elif kind == "heal":
             self.blocked.clear()
         elif kind == "compact":
@@ -374,6 +381,11 @@ class Simulation:
         n.core = None
         n.applied = []
         n.armed = None
+        # The dead process's connections close: the peers it can reach are told, as a shell is.
+        for other in self.nodes.values():
+            if other.core is not None and (node, other.id) not in self.blocked:
+                other.core.peer_disconnected(node)
+                self._drain(other)
 
     def _leaders(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.core is not None and n.core.role is Role.LEADER]

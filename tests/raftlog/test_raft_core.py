@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftmq.raftlog.election import LogPosition, PreVoteReply
+from raftmq.raftlog.election import LogPosition, PreVoteReply, PreVoteRequest
 from raftmq.raftlog.errors import NotLeaderError
 from raftmq.raftlog.raft_core import PeerMode, RaftConfig, RaftCore, Role, TransferRefusedError
 from raftmq.raftlog.raft_messages import (
@@ -132,6 +132,55 @@ def test_a_follower_hearing_its_leader_ignores_a_candidate_but_not_a_transfer() 
     assert b.term == 2 and not sent(flush(b), VoteResponse)
     b.step(RequestVote("c", "b", 3, LogPosition(0, 0), True))
     assert sent(flush(b), VoteResponse)[0] == VoteResponse("b", "c", 3, True)
+
+
+def follower_of_a(node_id: str = "b") -> RaftCore:
+    core = node(node_id, hard_state=HardState(term=2))
+    core.step(AppendEntries("a", node_id, 2, 0, 0, 0, ()))
+    flush(core)
+    return core
+
+
+def ticks_to_pre_vote(core: RaftCore, limit: int = 4 * CFG.election_ticks) -> int | None:
+    for k in range(1, limit + 1):
+        core.tick()
+        if sent(flush(core), PreVote):
+            return k
+    return None
+
+
+def test_a_follower_told_its_leader_disconnected_campaigns_within_two_heartbeats() -> None:
+    b = follower_of_a()
+    b.peer_disconnected("a")
+    waited = ticks_to_pre_vote(b)
+    # Without the notice it waits a whole election timeout (>= election_ticks) after a's append.
+    assert waited is not None and waited <= 2 * CFG.heartbeat_ticks
+
+
+def test_after_its_leader_disconnected_a_follower_grants_votes_and_pre_votes() -> None:
+    b = follower_of_a()
+    b.peer_disconnected("a")
+    b.step(PreVote("c", "b", PreVoteRequest("c", 1, 3, LogPosition(0, 0))))
+    assert sent(flush(b), PreVoteResponse)[0].reply.granted
+    b.step(RequestVote("c", "b", 3, LogPosition(0, 0), False))
+    assert sent(flush(b), VoteResponse)[0] == VoteResponse("b", "c", 3, True)
+
+
+def test_a_disconnect_of_a_peer_that_is_not_the_leader_changes_nothing() -> None:
+    b = follower_of_a()
+    b.peer_disconnected("c")
+    assert ticks_to_pre_vote(b, CFG.election_ticks - 1) is None
+    b.step(RequestVote("c", "b", 3, LogPosition(0, 0), False))
+    assert b.term == 2 and not sent(flush(b), VoteResponse)
+
+
+def test_a_leader_heard_again_after_a_disconnect_keeps_its_follower() -> None:
+    b = follower_of_a()
+    b.peer_disconnected("a")
+    b.step(AppendEntries("a", "b", 2, 0, 0, 0, ()))  # it reconnected: a live leader
+    flush(b)
+    assert ticks_to_pre_vote(b, CFG.election_ticks - 1) is None
+    assert b.role is Role.FOLLOWER and b.leader == "a"
 
 
 def test_a_new_leader_appends_a_no_op_of_its_term_and_sends_it() -> None:
