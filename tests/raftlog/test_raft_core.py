@@ -161,7 +161,8 @@ def test_after_its_leader_disconnected_a_follower_grants_votes_and_pre_votes() -
     b = follower_of_a()
     b.peer_disconnected("a")
     b.step(PreVote("c", "b", PreVoteRequest("c", 1, 3, LogPosition(0, 0))))
-    assert sent(flush(b), PreVoteResponse)[0].reply.granted
+    answer = sent(flush(b), PreVoteResponse)[0]
+    assert isinstance(answer, PreVoteResponse) and answer.reply.granted
     b.step(RequestVote("c", "b", 3, LogPosition(0, 0), False))
     assert sent(flush(b), VoteResponse)[0] == VoteResponse("b", "c", 3, True)
 
