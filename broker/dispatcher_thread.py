@@ -280,13 +280,13 @@ class DispatcherThread:
         node elected leader (hurry()). A backlog of a whole round is dispatched at once."""
         round_ms = self._settings.follower_round_ms
         is_leader = self._is_leader
-        if round_ms <= 0 or is_leader is None:
+        if round_ms <= 0 or is_leader is None or is_leader():
             return
         self._hurry.clear()  # before the checks: a reader arriving after them sets it again
         if (
             self._waiting
             or any(count() for count in self._readers)
-            or is_leader()
+            or is_leader()  # (again: elected since, its hurry() may have come before clear())
             or self._log.committed_index - self._index >= self._settings.max_batch_entries
         ):
             return
