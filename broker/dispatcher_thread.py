@@ -221,6 +221,8 @@ class DispatcherThread:
                 if not self._log.wait_committed(self._index + 1, poll_s):
                     continue
                 self._gather()  # outside the step lock: an install or rebuild never waits on it
+                if self._stopping.is_set():  # stop() ended the round: leave, as between rounds
+                    break
                 with self._step_lock:
                     nxt = self._index + 1
                     if self._log.committed_index < nxt:  # an install moved the index past it
