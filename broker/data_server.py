@@ -86,8 +86,10 @@ class DataServer:
             self.node.store,
             self._waker,
             max_waiters=s.data_max_connections * s.data_max_inflight_per_conn,
+            on_park=self.node.dispatcher.hurry,
         )
         self.node.dispatcher.add_listener(held.on_progress)
+        self.node.dispatcher.add_readers(lambda: held.held)
         self.node.metrics.held_pulls = lambda: held.held
         self._pool = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="broker-data-block")
         self._server = FrameServer(

@@ -49,10 +49,15 @@ class DispatcherSettings:
     max_batch_entries: int = 256  # entries dispatched per lmdb transaction, at most
     max_batch_bytes: int = 16 * MIB  # entry bytes read per transaction (one entry may exceed it)
     poll_timeout_ms: int = 100  # longest wait for a commit before checking for stop()
+    # A follower nobody reads from dispatches in rounds: at most this long after the first
+    # committed entry waiting (0: at once, every node). See DispatcherThread._gather.
+    follower_round_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch_entries < 1 or self.max_batch_bytes < 1 or self.poll_timeout_ms < 1:
             raise ValueError("dispatcher batch limits and poll timeout must be positive")
+        if self.follower_round_ms < 0:
+            raise ValueError("follower_round_ms must be >= 0")
 
 
 @frozen_init
@@ -82,8 +87,11 @@ class DispatcherThread:
         name: str = "broker-dispatcher",
         health: StorageHealth | None = None,
         on_stall: Callable[[StoreWriteError], None] | None = None,
+        is_leader: Callable[[], bool] | None = None,
     ) -> None:
         self._log = rlog
+        # None: never a follower (a lone log, a bench): no round is gathered.
+        self._is_leader = is_leader
         self._on_stall = on_stall
         self.health = health if health is not None else StorageHealth(name)
         self._store = store
@@ -97,6 +105,12 @@ class DispatcherThread:
         self.installs = 0  # store replacements (install): the leader's offset book forgets
         self._failure: BaseException | None = None
         self._stopping = threading.Event()
+        # Set when someone wants this node's index now: a thread in _wait, a held pull, a
+        # leader elected here (hurry()); ends a gathered round early.
+        self._hurry = threading.Event()
+        # Readers parked elsewhere than _wait (the data server's held pulls): their count.
+        self._readers: list[Callable[[], int]] = []
+        self.rounds_gathered = 0  # rounds this follower delayed to share their fixed costs
         self._step_lock = threading.Lock()  # held per loop step: a snapshot install waits for it
         self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -108,6 +122,7 @@ class DispatcherThread:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping.set()
+        self._hurry.set()  # a gathered round ends now
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         with self._cond:
@@ -132,6 +147,15 @@ class DispatcherThread:
     def add_listener(self, listener: ProgressListener) -> None:
         """Listeners run on the dispatcher thread after each transaction: keep them quick."""
         self._listeners.append(listener)
+
+    def add_readers(self, count: Callable[[], int]) -> None:
+        """`count()`: readers of this node's index parked outside wait_* (held pulls); while
+        it is above 0 no round is gathered. Its owner calls hurry() when one parks."""
+        self._readers.append(count)
+
+    def hurry(self) -> None:
+        """Someone wants this node's index as of its commit: end a gathered round now."""
+        self._hurry.set()
 
     # ---- waiting (any thread) -----------------------------------------------------------------
 
@@ -180,6 +204,7 @@ class DispatcherThread:
                 if left <= 0:
                     return False
                 self._waiting += 1
+                self._hurry.set()  # after the count: a round gathered from now on sees it
                 try:
                     self._cond.wait(left)
                 finally:
@@ -193,9 +218,14 @@ class DispatcherThread:
         poll_s = s.poll_timeout_ms / 1000
         try:
             while not self._stopping.is_set():
+                if not self._log.wait_committed(self._index + 1, poll_s):
+                    continue
+                self._gather()  # outside the step lock: an install or rebuild never waits on it
+                if self._stopping.is_set():  # stop() ended the round: leave, as between rounds
+                    break
                 with self._step_lock:
                     nxt = self._index + 1
-                    if not self._log.wait_committed(nxt, poll_s):
+                    if self._log.committed_index < nxt:  # an install moved the index past it
                         continue
                     entries = self._log.read_from(
                         nxt, max_bytes=s.max_batch_bytes, max_entries=s.max_batch_entries
@@ -240,6 +270,30 @@ class DispatcherThread:
             with self._cond:
                 self._failure = exc
                 self._cond.notify_all()
+
+    def _gather(self) -> None:
+        """On a follower that nobody reads from, wait up to follower_round_ms (from the first
+        committed entry waiting) so that one round dispatches the entries committed meanwhile:
+        a round's fixed costs (the wake-up, the journal read, the listeners, one lmdb
+        transaction and each touched queue's head and producer rows) are then paid once per
+        round instead of once per entry. No send waits on a follower's index; whoever does
+        wait on it ends the round at once: a thread in wait_* (a blocking pull's catch-up or
+        long poll, the leader latch of a node just elected), a held pull (add_readers), the
+        node elected leader (hurry()). A backlog of a whole round is dispatched at once."""
+        round_ms = self._settings.follower_round_ms
+        is_leader = self._is_leader
+        if round_ms <= 0 or is_leader is None or is_leader():
+            return
+        self._hurry.clear()  # before the checks: a reader arriving after them sets it again
+        if (
+            self._waiting
+            or any(count() for count in self._readers)
+            or is_leader()  # (again: elected since, its hurry() may have come before clear())
+            or self._log.committed_index - self._index >= self._settings.max_batch_entries
+        ):
+            return
+        self.rounds_gathered += 1
+        self._hurry.wait(round_ms / 1000)
 
     def install(self, replace: Callable[[], tuple[int, int]]) -> None:
         """Run `replace` (a snapshot install: it swaps the store and the log and returns the

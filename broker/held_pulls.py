@@ -12,6 +12,7 @@ import heapq
 import itertools
 import math
 import threading
+from collections.abc import Callable
 
 from raftmq.broker.dispatcher_thread import DispatchProgress
 from raftmq.broker.store import MessageStore
@@ -40,10 +41,20 @@ class HeldPulls:
     condition holds; `on_progress` is the dispatcher listener that completes them; the caller
     forgets its future when its own timer fires first. At most `max_waiters` at once."""
 
-    def __init__(self, store: MessageStore, waker: LoopWaker, *, max_waiters: int) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        waker: LoopWaker,
+        *,
+        max_waiters: int,
+        on_park: Callable[[], None] | None = None,
+    ) -> None:
         if max_waiters < 1:
             raise ValueError("max_waiters must be >= 1")
         self._store = store
+        # Told after each pull parks (the dispatcher's hurry: a follower's gathered round
+        # ends, since someone now waits on this node's index).
+        self._on_park = on_park
         self._waker = waker
         self.max_waiters = max_waiters
         # The lock orders a registration's check of the store against the dispatcher's
@@ -79,6 +90,8 @@ class HeldPulls:
             self._admit()
             self._by_queue.setdefault((topic, queue_id), {})[fut] = (offset, tag_hashes, checked)
             self._count += 1
+        if self._on_park is not None:
+            self._on_park()
 
     def wait_dispatched(self, index: int, dispatched: int, fut: asyncio.Future[bool]) -> None:
         """Complete `fut` once entry `index` is dispatched (`dispatched`: the index now)."""
@@ -89,6 +102,8 @@ class HeldPulls:
             self._admit()
             self._by_index[fut] = index
             self._count += 1
+        if self._on_park is not None:
+            self._on_park()
 
     def forget(self, fut: asyncio.Future[bool], topic: str = "", queue_id: int = -1) -> None:
         """Drop a waiter (its wait ended: woken, timed out or cancelled)."""

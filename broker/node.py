@@ -121,7 +121,6 @@ class BrokerNode:
         self._role_listeners: list[Callable[[RoleChange], None]] = []
         self._topic_listeners: list[Callable[[], None]] = []
         self.outcomes = OutcomeBook(self.store.dispatched_index)
-        rlog.add_role_listener(self._on_role_change)
         # Transactions: the replicated table, restored from the store, applied by the dispatcher.
         self.transactions = TxnApplier(
             TxnSettings(
@@ -133,6 +132,10 @@ class BrokerNode:
             store.transaction_values(),
         )
         dispatcher = Dispatcher(transactions=self.transactions)
+        if dispatcher_settings is None:
+            dispatcher_settings = DispatcherSettings(
+                follower_round_ms=settings.follower_dispatch_round_ms
+            )
         self.dispatcher = DispatcherThread(
             rlog,
             store,
@@ -142,7 +145,9 @@ class BrokerNode:
             name=f"dispatch-{self.me.node_id}",
             health=self.health,
             on_stall=self._on_dispatch_stall,
+            is_leader=rlog.is_leader,
         )
+        rlog.add_role_listener(self._on_role_change)  # (it tells the dispatcher)
         # Offsets by the leader (issue 29): placed just before proposal, answered at commit.
         self.leader_offsets = LeaderOffsets(
             store,
@@ -247,6 +252,8 @@ class BrokerNode:
             change.term,
             change.leader,
         )
+        if change.role is Role.LEADER:  # its latch waits for the index: no gathered round
+            self.dispatcher.hurry()
         for listener in list(self._role_listeners):
             try:
                 listener(change)

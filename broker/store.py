@@ -437,13 +437,20 @@ class MessageStore:
             return
         index = self._dispatched_index
         cuts: list[retention_store.CutApplied] = []
+        # Queue heads and producer rows are last-write-wins per key: within the transaction
+        # each key is written once, with its last value (a round of many entries to the same
+        # queues writes each head once, not once per entry). Flushed before anything that
+        # reads those tables back in the same transaction (a purge, a retention cut).
+        heads: dict[bytes, QueueHead] = {}
+        producers: dict[bytes, ProducerState] = {}
         try:
             with self._env.begin(write=True) as txn:
                 for out in batch:
                     if out.raft_index != index + 1:
                         raise DispatchGapError(index + 1, out.raft_index)
-                    self._write(txn, out)
+                    self._write(txn, out, heads, producers)
                     if out.retention is not None:
+                        self._write_heads(txn, heads, producers)
                         cuts.append(
                             retention_store.apply_record(
                                 txn,
@@ -455,6 +462,7 @@ class MessageStore:
                             )
                         )
                     index = out.raft_index
+                self._write_heads(txn, heads, producers)
                 txn.put(_META_INDEX, _U64.pack(index), db=self._meta)
         except lmdb.MapFullError as exc:
             self._producer_cache.clear()
@@ -620,7 +628,31 @@ class MessageStore:
         info, stat = self._env.info(), self._env.stat()
         return int((info["last_pgno"] + 1) * stat["psize"])
 
-    def _write(self, txn: Any, out: DispatchOutput) -> None:
+    def _write_heads(
+        self, txn: Any, heads: dict[bytes, QueueHead], producers: dict[bytes, ProducerState]
+    ) -> None:
+        """Write the queue heads and producer rows gathered by _write, and forget them."""
+        get, put, queues = txn.get, txn.put, self._queues
+        for key, head in heads.items():
+            # Read, not cached: the min offset is retention's, and this read is where dispatch
+            # finds a bad head row itself (tests/broker/test_index_repair.py).
+            old = get(key, db=queues)
+            min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
+            put(key, _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms), db=queues)
+        for key, state in producers.items():
+            put(key, _encode_producer(state), db=self._producers)
+        heads.clear()
+        producers.clear()
+
+    def _write(
+        self,
+        txn: Any,
+        out: DispatchOutput,
+        heads: dict[bytes, QueueHead],
+        producers: dict[bytes, ProducerState],
+    ) -> None:
+        """Write one output's rows; its queue heads and producer rows go into `heads` and
+        `producers` (written by _write_heads), last value per key."""
         put = txn.put
         pack_u64, pack_cq = _U64.pack, cq_rows.pack
         cq, batches, queues = self._cq, self._batches, self._queues
@@ -652,13 +684,11 @@ class MessageStore:
                 db=self._keys,
             )
         for head in out.queue_heads:
-            key = _queue_prefix(head.topic, head.queue_id)
-            # Read, not cached: the min offset is retention's, and this read is where dispatch
-            # finds a bad head row itself (tests/broker/test_index_repair.py).
-            old = txn.get(key, db=queues)
-            min_offset = _QUEUE_VALUE.unpack(old)[1] if old is not None else 0
-            value = _QUEUE_VALUE.pack(head.next_offset, min_offset, head.time_index_ms)
-            put(key, value, db=queues)
+            heads[_queue_prefix(head.topic, head.queue_id)] = head
+        for p in out.producer_rows:
+            producers[_producer_key(p.producer_id, p.topic, p.queue_id)] = p.state
+        if out.purges:  # a purge reads the heads as the entries before it left them
+            self._write_heads(txn, heads, producers)
         for topic, queue_id, offset in out.purges:
             key = _queue_prefix(topic, queue_id)
             old = txn.get(key, db=queues)
@@ -687,12 +717,6 @@ class MessageStore:
                 txn.delete(cfg.group.encode("utf-8"), db=self._group_configs)
             else:
                 put(cfg.group.encode("utf-8"), encode_value(cfg), db=self._group_configs)
-        for p in out.producer_rows:
-            put(
-                _producer_key(p.producer_id, p.topic, p.queue_id),
-                _encode_producer(p.state),
-                db=self._producers,
-            )
         for t_row in out.txn_rows:
             tid = t_row.txn_id.encode("utf-8")
             if t_row.value is None:

@@ -18,10 +18,14 @@ from pathlib import Path
 import pytest
 
 from raftmq.broker.data_server import DataServer
+from raftmq.broker.dispatcher_thread import DispatcherSettings
 from raftmq.broker.held_pulls import HoldTimers
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
+from raftmq.broker.pull_plan import LONG_POLL_SLICE_MS
+from raftmq.broker.store import MessageStore
 from raftmq.broker.wakeups import LoopWaker
+from raftmq.common import record_batch
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -31,9 +35,10 @@ from raftmq.common.errors import (
 )
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.quota import Flow
+from raftmq.common.record_batch import ProduceBatch
 from raftmq.common.transport import FrameClient, LoopThread
 from raftmq.raftlog.memory import MemoryLog
-from tests.broker.test_node_decisions import ME_RAFT, make_node, send
+from tests.broker.test_node_decisions import ME_RAFT, PEER_RAFT, make_node, msg, send, settings
 
 
 @pytest.fixture
@@ -495,6 +500,58 @@ def test_a_pull_over_the_consume_quota_is_held_then_answered_empty_at_its_offset
         for h in holders:
             h.join(10)
         assert node.quota.held_threads == 0
+    finally:
+        io.run(client.close())
+        io.stop()
+        server.stop(1.0)
+        node.close()
+
+
+def test_a_held_pull_on_a_follower_ends_its_gathered_round(tmp_path: Path) -> None:
+    """A follower nobody reads from dispatches in rounds (here 60 s long); a pull held on it
+    (a follower read) is woken as soon as an entry it wants commits, not at the round's end."""
+    log = MemoryLog(ME_RAFT)
+    store = MessageStore(tmp_path / "store", map_size_bytes=64 << 20)
+    node = BrokerNode(
+        settings(tmp_path),
+        log,
+        store,
+        dispatcher_settings=DispatcherSettings(poll_timeout_ms=10, follower_round_ms=60_000),
+    )
+    node.start()
+    server = DataServer(node, node.settings)
+    host, _, port = server.start("127.0.0.1", 0).rpartition(":")
+    io = LoopThread("test-client")
+    client = FrameClient(host, int(port), loop=io.loop)
+    try:
+        send(node, "H", 0)
+        assert node.wait_dispatched(log.committed_index, 5)
+        log.become_follower(PEER_RAFT, term=2)
+        req = pull_req("H", 0, 1, 8_000)
+        req.allow_follower_read = True
+        held = client.call_threadsafe(DataMethod.PULL_MESSAGE, req.SerializeToString(), 15)
+        deadline = time.monotonic() + 5
+        while server.held_pulls < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.held_pulls == 1
+        t0 = time.monotonic()
+        batch = ProduceBatch("H", 0, 1_000, (msg("H", b"from the leader"),), None)
+        log.append([record_batch.encode(batch)])
+        answer = broker_pb2.PullMessageResponse.FromString(held.result(5))
+        assert [m.message.body for m in answer.messages] == [b"from the leader"]
+        # Before the held pull's next re-plan (which parks it again, and that ends a round):
+        # the round saw a pull held and was not gathered at all.
+        assert time.monotonic() - t0 < 0.9 * LONG_POLL_SLICE_MS / 1000
+        # A round already gathering when a pull parks: the pull ends it.
+        log.append([record_batch.encode(batch)])
+        time.sleep(0.2)
+        assert node.dispatcher.dispatched_index < log.committed_index
+        t0 = time.monotonic()
+        req.offset = 2
+        again = client.call_threadsafe(DataMethod.PULL_MESSAGE, req.SerializeToString(), 15)
+        answer = broker_pb2.PullMessageResponse.FromString(again.result(5))
+        assert [m.queue_offset for m in answer.messages] == [2]
+        assert time.monotonic() - t0 < 2
     finally:
         io.run(client.close())
         io.stop()

@@ -178,3 +178,26 @@ def test_a_thread_waiting_for_dispatch_is_woken_by_it(store: MessageStore) -> No
         for w in waiters:
             w.join(10)
         assert len(woken) == 3 and max(woken) < 5, woken
+
+
+def test_a_gathered_round_shares_one_transaction_and_stop_ends_it(store: MessageStore) -> None:
+    """A follower's round (here 60 s long) takes every entry committed while it waited into one
+    transaction once something ends it (a waiter here); stop() ends a round at once too."""
+    log = InProcessLog()
+    seen: list[DispatchProgress] = []
+    gathering = DispatcherSettings(poll_timeout_ms=10, follower_round_ms=60_000)
+    t = DispatcherThread(
+        log, store, settings=gathering, on_progress=seen.append, is_leader=lambda: False
+    )
+    with t:
+        for _ in range(3):
+            log.append([produce("T", 0, 1)])
+        time.sleep(0.2)
+        assert t.dispatched_index == 0 and t.rounds_gathered == 1
+        assert t.wait_dispatched(3, 5)
+        assert [len(p.outputs) for p in seen] == [3]
+        log.append([produce("T", 0, 1)])
+        time.sleep(0.2)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2 and not t.running
+    assert t.dispatched_index == 3  # stopped within the round: the fourth was never read

@@ -455,3 +455,69 @@ def test_a_deposed_leader_stops_waiting_at_the_gate(node: BrokerNode, log: Memor
     with pytest.raises(NotLeaderError) as info:
         send(node, "T", 0)
     assert done.is_set() and info.value.leader_hint == PEER_ADDRESS
+
+
+# ---- a follower's gathered dispatch rounds ------------------------------------------------------
+
+# A round far longer than any test: whatever indexes a gathered round sooner is what ends it.
+GATHERING = DispatcherSettings(poll_timeout_ms=10, follower_round_ms=60_000)
+
+
+@pytest.fixture
+def follower(tmp_path: Path, log: MemoryLog) -> Iterator[BrokerNode]:
+    store = MessageStore(tmp_path / "store", map_size_bytes=64 << 20)
+    n = BrokerNode(
+        settings(tmp_path), log, store, leader_ready_wait_s=0.5, dispatcher_settings=GATHERING
+    )
+    n.start()
+    n.topic_admin.create_topic(TopicConfig("R", 2, 2))
+    indexed(n)
+    log.become_follower(PEER_RAFT, term=2)
+    yield n
+    n.close()
+
+
+def _from_the_leader(log: MemoryLog, n: int, queue_id: int = 0) -> int:
+    """`n` one-message entries committed by the other leader; the last one's index."""
+    for i in range(n):
+        batch = ProduceBatch("R", queue_id, 1_000, (msg("R", b"r%d" % i),), None)
+        last = log.append([record_batch.encode(batch)])
+    return last.index
+
+
+def test_a_follower_gathers_entries_and_a_follower_read_ends_the_round(
+    follower: BrokerNode, log: MemoryLog
+) -> None:
+    """No send waits on a follower's index, so it dispatches in rounds; a pull that needs the
+    entries of the round (past the queue's end here, or at its end) gets them at once."""
+    last = _from_the_leader(log, 3)
+    time.sleep(0.2)
+    assert follower.dispatcher.dispatched_index < last  # gathered, not indexed one by one
+    assert follower.dispatcher.rounds_gathered >= 1
+    t0 = time.monotonic()
+    found = pull(follower, "R", 0, 1, allow_follower_read=True)  # past the end it knows
+    assert [m.queue_offset for m in found.messages] == [1, 2]
+    assert time.monotonic() - t0 < 2
+    with ThreadPoolExecutor(1) as pool:  # a long poll at the end: entries come at once
+        held = pool.submit(pull, follower, "R", 0, 3, allow_follower_read=True, max_wait_ms=5_000)
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        _from_the_leader(log, 1)
+        assert [m.queue_offset for m in held.result(5).messages] == [3]
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_follower_elected_leader_indexes_its_gathered_round_at_once(
+    follower: BrokerNode, log: MemoryLog
+) -> None:
+    """Elected, its latch waits for its index: the round ends at the election, not after it."""
+    last = _from_the_leader(log, 3)
+    time.sleep(0.2)
+    assert follower.dispatcher.dispatched_index < last
+    log.become_leader()
+    deadline = time.monotonic() + 2
+    while follower.dispatcher.dispatched_index < log.committed_index:
+        assert time.monotonic() < deadline, "the election did not end the gathered round"
+        time.sleep(0.01)
+    _, sent = send(follower, "R", 0)  # the latch (0.5 s here) is open at once
+    assert sent[0].queue_offset == 3
