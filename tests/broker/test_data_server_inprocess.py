@@ -12,7 +12,6 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from raftmq.broker.data_server import DataServer
 from raftmq.broker.held_pulls import HoldTimers
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
+from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
@@ -28,6 +28,7 @@ from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
+    RaftMQError,
 )
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.quota import Flow
@@ -328,18 +329,24 @@ def test_data_listen_setting(tmp_path: Path) -> None:
 def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
     tmp_path: Path,
 ) -> None:
-    # replicate_each_async hands a request's chunks to the log in one call (submit_many); a
+    # replicate_each_async hands a request's chunks to the log in one call (submit_to); a
     # chunk the log refuses (too large) is answered alone, the others commit in order.
     node = make_node(tmp_path, MemoryLog(ME_RAFT, max_entry_bytes=1 << 10))
+
+    async def each(payloads: list[bytes]) -> list[ChunkOutcome | RaftMQError]:
+        waker = LoopWaker(asyncio.get_running_loop())
+        return await node.replicate_each_async(payloads, 5.0, waker)
+
     try:
         ok, big = b"\x02small", b"\x02" + b"x" * 2048
-        out = node.submit_many([ok, big, ok])
+        first_index = node.rlog.status().last_index + 1
+        out = asyncio.run(each([ok, big, ok]))
         assert isinstance(out[1], MessageTooLargeError) and "at most 1024" in str(out[1])
-        first, third = out[0], out[2]
-        assert isinstance(first, Future) and isinstance(third, Future)
-        assert first.result(5).index < third.result(5).index
+        assert not isinstance(out[0], RaftMQError) and not isinstance(out[2], RaftMQError)
+        assert node.rlog.read(first_index).chunks == (ok,)
+        assert node.rlog.read(first_index + 1).chunks == (ok,)
         node.rlog.close()
-        closed = node.submit_many([ok])
+        closed = asyncio.run(each([ok]))
         assert isinstance(closed[0], BrokerUnavailableError)
     finally:
         node.close()
