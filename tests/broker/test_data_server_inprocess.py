@@ -28,6 +28,7 @@ from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
+    OutcomeUnknownError,
     RaftMQError,
 )
 from raftmq.common.pb import broker_pb2, common_pb2
@@ -350,6 +351,76 @@ def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
         assert isinstance(closed[0], BrokerUnavailableError)
     finally:
         node.close()
+
+
+def test_the_commits_of_one_advance_answer_each_request_its_own_results(
+    tmp_path: Path,
+) -> None:
+    """Requests waiting on one loop get their chunks' results from the log's batches
+    (submit_to): each request is answered once all of its own chunks are, with its own
+    outcomes; a leadership loss answers every chunk of every waiting request with its typed
+    error, and a request still waiting is not answered by another's results."""
+    node = make_node(tmp_path, MemoryLog(ME_RAFT))
+    log = node.rlog
+    assert isinstance(log, MemoryLog)
+
+    async def run() -> None:
+        waker = LoopWaker(asyncio.get_running_loop())
+        log.hold_commits()
+        one = asyncio.ensure_future(node.replicate_each_async([b"\x02a", b"\x02b"], 5, waker))
+        two = asyncio.ensure_future(node.replicate_each_async([b"\x02c"], 5, waker))
+        await asyncio.sleep(0.05)
+        assert not one.done() and not two.done()  # held: nobody answered
+        log.release_commits()
+        first, second = await one, await two
+        assert len(first) == 2 and len(second) == 1
+        assert not any(isinstance(r, RaftMQError) for r in [*first, *second])
+        log.hold_commits()
+        three = asyncio.ensure_future(node.replicate_each_async([b"\x02d", b"\x02e"], 5, waker))
+        four = asyncio.ensure_future(node.replicate_async([b"\x02f"], 5, waker))
+        await asyncio.sleep(0.05)
+        log.become_follower("elsewhere:1")
+        lost = await asyncio.wait_for(three, 2)
+        assert [type(r) for r in lost] == [OutcomeUnknownError, OutcomeUnknownError]
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(four, 2)
+
+    try:
+        asyncio.run(run())
+    finally:
+        node.close()
+
+
+def test_loop_waker_completes_a_batch_with_one_wakeup_within_its_bound() -> None:
+    """set_results: the requests one commit advance finishes, posted from another thread at
+    once: one wake-up, every future completed, still at most max_per_turn per loop turn."""
+    with LoopThread("test-waker-batch") as io:
+        waker = LoopWaker(io.loop, max_per_turn=10)
+        turns = 0
+        done_in: list[int] = []
+
+        async def make() -> list[asyncio.Future[int]]:
+            def tick() -> None:
+                nonlocal turns
+                turns += 1
+                if len(done_in) < 95:
+                    io.loop.call_soon(tick)
+
+            io.loop.call_soon(tick)
+            futs = [io.loop.create_future() for _ in range(95)]
+            for f in futs:
+                f.add_done_callback(lambda _: done_in.append(turns))
+            return futs
+
+        futs = io.run(make())
+        waker.set_results(futs, 7)
+
+        async def collect() -> list[int]:
+            return list(await asyncio.gather(*futs))
+
+        assert io.run(collect(), 5) == [7] * 95
+        assert waker.wakeups == 1 and waker.completions == 95
+        assert max(done_in.count(t) for t in set(done_in)) <= 10
 
 
 def test_a_held_pull_with_a_tag_filter_is_woken_only_by_a_message_it_wants(
