@@ -18,7 +18,7 @@ import pytest
 
 from raftmq.broker.data_server import DataServer
 from raftmq.broker.held_pulls import HoldTimers
-from raftmq.broker.node import BrokerNode
+from raftmq.broker.node import BrokerNode, _LoopCommits, _Request
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
 from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.wakeups import LoopWaker
@@ -34,7 +34,9 @@ from raftmq.common.errors import (
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.quota import Flow
 from raftmq.common.transport import FrameClient, LoopThread
+from raftmq.raftlog.errors import NotLeaderError
 from raftmq.raftlog.memory import MemoryLog
+from raftmq.raftlog.record import Committed
 from tests.broker.test_node_decisions import ME_RAFT, make_node, send
 
 
@@ -389,6 +391,33 @@ def test_the_commits_of_one_advance_answer_each_request_its_own_results(
         asyncio.run(run())
     finally:
         node.close()
+
+
+def test_a_request_split_over_two_commit_advances_waits_for_its_last_chunk() -> None:
+    """A request whose chunks commit in two advances (two entries, two Readys) is answered
+    after the second, with both results in place; one advance finishing two requests
+    completes both with one post."""
+    with LoopThread("test-commits") as io:
+        waker = LoopWaker(io.loop)
+        commits = _LoopCommits(waker)
+
+        async def make() -> tuple[_Request, _Request]:
+            return _Request(io.loop, 2), _Request(io.loop, 1)
+
+        one, two = io.run(make())
+        lost = NotLeaderError("me", None)
+        commits.committed([((one, 0), Committed(3, 10, 0))])  # from this (the log's) thread
+        time.sleep(0.05)
+        assert not one.future.done()
+        wakeups = waker.wakeups
+        commits.committed([((one, 1), lost), ((two, 0), Committed(3, 11, 0))])
+
+        async def both() -> None:
+            await asyncio.gather(one.future, two.future)
+
+        io.run(both(), 5)
+        assert one.results == [Committed(3, 10, 0), lost] and two.results == [Committed(3, 11, 0)]
+        assert waker.wakeups == wakeups + 1
 
 
 def test_loop_waker_completes_a_batch_with_one_wakeup_within_its_bound() -> None:
