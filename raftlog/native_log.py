@@ -314,28 +314,31 @@ class NativeLog:
             return
         max_bytes, max_chunks = self.cfg.batch_max_bytes, self.cfg.max_chunks_per_entry
         entries: list[list[_Submission]] = []
-        while self._pending:
+        chunks: list[list[Chunk]] = []  # each entry's payloads, made once for stamp and encode
+        sizes: list[int] = []
+        pending = self._pending
+        while pending:
             group: list[_Submission] = []
+            payloads: list[Chunk] = []
             size = 0
-            while self._pending and len(group) < max_chunks:
-                n = len(self._pending[0].payload)
-                if group and size + n > max_bytes:
+            while pending and len(group) < max_chunks:
+                p = pending[0].payload
+                if group and size + len(p) > max_bytes:
                     break
-                group.append(self._pending.popleft())
-                size += n
+                group.append(pending.popleft())
+                payloads.append(p)
+                size += len(p)
             entries.append(group)
+            chunks.append(payloads)
+            sizes.append(size)
         try:
             if not self._may_submit():
                 raise NotLeaderError(self.cfg.node_id, self._leader_hint())
             stamper = self._stamper
             if stamper is not None:  # the chunks as they will be stored, in log order
                 core = self._node.core
-                stamper(
-                    core.term, core.log.last_index + 1, [[s.payload for s in g] for g in entries]
-                )
-            first, term = self._node.propose(
-                [entry_codec.encode_data([s.payload for s in g]) for g in entries]
-            )
+                stamper(core.term, core.log.last_index + 1, chunks)
+            first, term = self._node.propose([entry_codec.encode_data(c) for c in chunks])
         except Exception as exc:  # NotLeaderError, or the stamper's: nothing was proposed
             if not isinstance(exc, NotLeaderError):
                 log.exception("raft.stamper_failed node=%s", self.cfg.node_id)
@@ -347,8 +350,9 @@ class NativeLog:
             failed.deliver()
             return
         deadline = time.monotonic() + self.cfg.commit_timeout_ms / 1000
+        inflight = self._inflight
         for k, g in enumerate(entries):
-            self._inflight[first + k] = _InFlight(term, g, sum(len(s.payload) for s in g), deadline)
+            inflight[first + k] = _InFlight(term, g, sizes[k], deadline)
         # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
         # (whatever Ready commits it must find them): persist and send it now, not a turn later.
         self._node.ready_now()
