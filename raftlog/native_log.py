@@ -105,7 +105,7 @@ class _Done:
 
 
 class _FutureWaiter:
-    """submit/submit_many's waiter: each token is the chunk's concurrent future."""
+    """submit()'s waiter: each token is the chunk's concurrent future."""
 
     __slots__ = ()
 
@@ -225,23 +225,13 @@ class NativeLog:
 
     def submit(self, payload: Chunk) -> Future[Committed]:
         """One chunk of the next entry; resolves once it is committed (and applied here)."""
-        out = self.submit_many([payload])[0]
-        if isinstance(out, RaftLogError):
-            raise out
-        return out
-
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
-        """submit() for several chunks in order, handed to the loop in one call."""
-        futures: list[Future[Committed]] = [Future() for _ in payloads]
-        out: list[Future[Committed] | RaftLogError] = []
-        for fut, refused in zip(futures, self.submit_to(_FUTURES, payloads, futures), strict=True):
-            if isinstance(refused, (EntryTooLargeError, LogClosedError)):
-                out.append(refused)  # what submit() raises
-                continue
-            if refused is not None:
-                fut.set_exception(refused)
-            out.append(fut)
-        return out
+        fut: Future[Committed] = Future()
+        [refused] = self.submit_to(_FUTURES, [payload], [fut])
+        if isinstance(refused, (EntryTooLargeError, LogClosedError)):
+            raise refused
+        if refused is not None:  # not leader, queue full: the future's error, as a commit's
+            fut.set_exception(refused)
+        return fut
 
     def submit_to(
         self, waiter: CommitWaiter, payloads: Sequence[Chunk], tokens: Sequence[object]
