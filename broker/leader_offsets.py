@@ -23,7 +23,7 @@ from raftmq.broker.rows import BatchOrigin, ProducerState, QueueHead
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.message import ValidNames, validate_system_topic
+from raftmq.common.message import ValidNames, validate_producer_id, validate_system_topic
 from raftmq.common.record_batch import Kind
 
 # Chunks that never move a queue's next offset or a producer's window (the dispatcher's
@@ -75,6 +75,7 @@ class LeaderOffsets:
         # The dispatcher's topic check, remembered per name (a name's verdict never changes):
         # the regex per batch was ~1 % of the leader's Raft loop per W2 entry.
         self._topics = ValidNames(validate_system_topic)
+        self._producer_ids = ValidNames(validate_producer_id)
         self.placed_batches = 0  # counts for tests and metrics
         self.left_batches = 0  # produce batches left to the dispatcher
 
@@ -150,7 +151,9 @@ class LeaderOffsets:
                 if held is _UNREAD:
                     held = self._source.producer_state(*key)
                 assert held is None or isinstance(held, ProducerState)
-                verdict = window_verdict(held, slot, topic, queue_id, count, producer)
+                verdict = window_verdict(
+                    held, slot, topic, queue_id, count, producer, self._producer_ids
+                )
                 if isinstance(verdict, Refused):  # the dispatcher answers it, as it did
                     self._leave(index)
                     return
