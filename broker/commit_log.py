@@ -12,7 +12,16 @@ from typing import Protocol
 
 from raftmq.broker.dispatcher_thread import CommittedLog
 from raftmq.raftlog.errors import RaftLogError
-from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
+from raftmq.raftlog.record import (
+    Chunk,
+    Committed,
+    CommitWaiter,
+    Entry,
+    LogStatus,
+    Role,
+    RoleChange,
+    Stamper,
+)
 
 
 class CommitLog(CommittedLog, Protocol):
@@ -22,9 +31,12 @@ class CommitLog(CommittedLog, Protocol):
 
     def submit(self, payload: Chunk) -> Future[Committed]: ...
 
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
-        """submit() for each chunk in order, waking the batcher once; a chunk's error (what
-        submit would raise) is its entry in the list."""
+    def submit_to(
+        self, waiter: CommitWaiter, payloads: Sequence[Chunk], tokens: Sequence[object]
+    ) -> list[RaftLogError | None]:
+        """The chunks in order, waking the batcher once, without a future per chunk: each one
+        accepted (None in the answer) is reported to `waiter` with its token, batched per
+        commit advance (record.CommitWaiter); a refused one's error is its entry."""
         ...
 
     def read(self, index: int) -> Entry: ...

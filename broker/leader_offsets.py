@@ -23,7 +23,7 @@ from raftmq.broker.rows import BatchOrigin, ProducerState, QueueHead
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
-from raftmq.common.message import validate_topic
+from raftmq.common.message import ValidNames, validate_producer_id, validate_system_topic
 from raftmq.common.record_batch import Kind
 
 # Chunks that never move a queue's next offset or a producer's window (the dispatcher's
@@ -72,6 +72,10 @@ class LeaderOffsets:
         self._unsettled_until = 0
         self._next: dict[tuple[str, int], int] = {}
         self._windows: dict[tuple[str, str, int], ProducerState | object | None] = {}
+        # The dispatcher's topic check, remembered per name (a name's verdict never changes):
+        # the regex per batch was ~1 % of the leader's Raft loop per W2 entry.
+        self._topics = ValidNames(validate_system_topic)
+        self._producer_ids = ValidNames(validate_producer_id)
         self.placed_batches = 0  # counts for tests and metrics
         self.left_batches = 0  # produce batches left to the dispatcher
 
@@ -140,14 +144,16 @@ class LeaderOffsets:
             return
         prev: ProducerState | None = None
         try:
-            validate_topic(topic, allow_system=True)  # the dispatcher's checks, alike
+            self._topics.check(topic)  # the dispatcher's checks, alike
             if producer is not None:
                 key = (producer.producer_id, topic, queue_id)
                 held = self._windows.get(key, _UNREAD)
                 if held is _UNREAD:
                     held = self._source.producer_state(*key)
                 assert held is None or isinstance(held, ProducerState)
-                verdict = window_verdict(held, slot, topic, queue_id, count, producer)
+                verdict = window_verdict(
+                    held, slot, topic, queue_id, count, producer, self._producer_ids
+                )
                 if isinstance(verdict, Refused):  # the dispatcher answers it, as it did
                     self._leave(index)
                     return

@@ -13,13 +13,13 @@ write is answered once committed and dispatched here.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
@@ -72,7 +72,7 @@ from raftmq.common.topic_config import TopicConfig
 from raftmq.common.types import Member
 from raftmq.raftlog import errors as rl_errors
 from raftmq.raftlog.native_log import NativeLog
-from raftmq.raftlog.record import Chunk, Committed, LogStatus, Role, RoleChange
+from raftmq.raftlog.record import Chunk, CommitResult, Committed, LogStatus, Role, RoleChange
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
@@ -117,6 +117,7 @@ class BrokerNode:
         self.delay_policy = settings.delay_policy()
         self.store = store
         self.rlog = rlog
+        self._loop_commits: dict[LoopWaker, _LoopCommits] = {}  # one per data loop
         self._leader_ready_wait_s = leader_ready_wait_s
         self._role_listeners: list[Callable[[RoleChange], None]] = []
         self._topic_listeners: list[Callable[[], None]] = []
@@ -432,21 +433,6 @@ class BrokerNode:
         except (rl_errors.EntryTooLargeError, rl_errors.LogClosedError) as exc:
             raise self._submit_error(exc) from exc
 
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftMQError]:
-        """submit() for each chunk, in order, with one hand-off to the log's batcher: each
-        chunk's future, or the error submit() would raise for it."""
-        out: list[Future[Committed] | RaftMQError] = []
-        for r in self.rlog.submit_many(payloads):
-            if isinstance(r, (rl_errors.EntryTooLargeError, rl_errors.LogClosedError)):
-                err = self._submit_error(r)
-                err.__cause__ = r
-                out.append(err)
-            elif isinstance(r, rl_errors.RaftLogError):
-                raise r  # submit() raises no other error: a bug
-            else:
-                out.append(r)
-        return out
-
     def _submit_error(self, exc: rl_errors.RaftLogError) -> RaftMQError:
         if isinstance(exc, rl_errors.EntryTooLargeError):
             return MessageTooLargeError(
@@ -551,117 +537,101 @@ class BrokerNode:
     async def replicate_async(
         self, payloads: Sequence[Chunk], timeout_s: float, waker: LoopWaker
     ) -> list[ChunkOutcome]:
-        """`replicate` without a blocked thread, for handlers on `waker`'s event loop.
-
-        The commit future's callback (Raft thread) registers the entry with the OutcomeBook;
-        the dispatcher thread's outcome callback completes this request's loop future through
-        `waker`, which wakes the loop once per burst. So the loop is woken once per answer (at
-        most, since answers of one dispatch share a wake-up), never for the commit alone. The
-        errors are `replicate`'s, by the same functions."""
-        loop = asyncio.get_running_loop()
-        commits = [self.submit(p) for p in payloads]
-        answers: list[asyncio.Future[ChunkOutcome]] = [loop.create_future() for _ in commits]
-        gather = _Gather(waker, len(answers), loop)
-        for payload, commit, answer in zip(payloads, commits, answers, strict=True):
-            commit.add_done_callback(functools.partial(self._on_committed, gather, answer, payload))
-        try:
-            await gather.wait(timeout_s)  # never cancels what it waits on
-            outcomes: list[ChunkOutcome] = []
-            for commit, answer in zip(commits, answers, strict=True):
-                if answer.done():
-                    outcomes.append(answer.result())
-                elif not commit.done():
-                    raise self._commit_timeout()
-                else:
-                    exc = commit.exception()
-                    if exc is not None:  # failed; its completion had not reached the loop yet
-                        raise self._commit_failure(exc) or exc
-                    raise self._no_outcome(commit.result().index)
-            return outcomes
-        finally:
-            for answer in answers:
-                if answer.done():
-                    answer.exception()  # retrieved: an unread failure is not logged as lost
-                else:
-                    answer.cancel()  # a late completion is dropped by the waker
+        """`replicate` without a blocked thread, for handlers on `waker`'s event loop: each
+        chunk's outcome, or the first chunk's error in order (`replicate`'s errors, by the
+        same functions)."""
+        outcomes: list[ChunkOutcome] = []
+        for r in await self.replicate_each_async(payloads, timeout_s, waker):
+            if isinstance(r, RaftMQError):
+                raise r
+            outcomes.append(r)
+        return outcomes
 
     async def replicate_each_async(
         self, payloads: Sequence[Chunk], timeout_s: float, waker: LoopWaker
     ) -> list[ChunkOutcome | RaftMQError]:
         """`replicate_async` answering each chunk on its own: its outcome or its typed error,
         never raising for one chunk (the fast data path answers each queue batch apart). The
-        chunks are submitted in order, so the batcher packs them into one entry when they fit."""
-        loop = asyncio.get_running_loop()
-        commits = self.submit_many(payloads)
-        answers: list[asyncio.Future[ChunkOutcome] | None] = []
-        gather = _Gather(waker, sum(not isinstance(c, RaftMQError) for c in commits), loop)
-        for payload, commit in zip(payloads, commits, strict=True):
-            if isinstance(commit, RaftMQError):
-                answers.append(None)
-                continue
-            answer: asyncio.Future[ChunkOutcome] = loop.create_future()
-            commit.add_done_callback(functools.partial(self._on_committed, gather, answer, payload))
-            answers.append(answer)
-        waiting = [a for a in answers if a is not None]
-        try:
-            if waiting:
-                await gather.wait(timeout_s)  # never cancels what it waits on
-            results: list[ChunkOutcome | RaftMQError] = []
-            for commit, ans in zip(commits, answers, strict=True):
-                if isinstance(commit, RaftMQError):
-                    results.append(commit)
-                elif ans is not None and ans.done():
-                    failed = ans.exception()
-                    if failed is None:
-                        results.append(ans.result())
-                    elif isinstance(failed, RaftMQError):
-                        results.append(failed)
-                    else:
-                        raise failed  # not a typed error: a bug, answered as INTERNAL
-                elif not commit.done():
-                    results.append(self._commit_timeout())
-                else:
-                    cexc = commit.exception()
-                    if cexc is not None:
-                        mapped = self._commit_failure(cexc)
-                        if mapped is None:
-                            raise cexc
-                        results.append(mapped)
-                    else:
-                        results.append(self._no_outcome(commit.result().index))
-            return results
-        finally:
-            for a in waiting:
-                if a.done():
-                    a.exception()  # retrieved: an unread failure is not logged as lost
-                else:
-                    a.cancel()  # a late completion is dropped by the waker
+        chunks are submitted in order, so the batcher packs them into one entry when they fit.
 
-    def _on_committed(
+        The log reports the commits to this loop's waiter (_LoopCommits) in one batch per
+        commit advance, and the request's one loop future is done when its last chunk's
+        result is in: one wake-up of the loop per advance, whatever it commits. A batch whose
+        offsets the leader placed is answered at its commit; any other chunk then waits, as a
+        loop future the dispatcher thread completes, for its dispatched outcome."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + timeout_s
+        req = _Request(loop, len(payloads))
+        commits = self._loop_commits.get(waker)
+        if commits is None:
+            commits = self._loop_commits.setdefault(waker, _LoopCommits(waker))
+        refused = self.rlog.submit_to(commits, payloads, [(req, k) for k in range(len(payloads))])
+        for k, r in enumerate(refused):
+            if r is not None:
+                req.put(k, r, waker)
+        await _wait_for(req.future, timeout_s)  # never cancels what it waits on
+        results: list[ChunkOutcome | RaftMQError] = []
+        dispatched: list[tuple[int, Committed, asyncio.Future[ChunkOutcome]]] = []
+        for k, (payload, c) in enumerate(zip(payloads, req.results, strict=True)):
+            if c is None:  # neither committed nor failed yet
+                results.append(self._commit_timeout())
+            elif isinstance(c, Committed):
+                try:
+                    placed = self._placed_outcome(payload, c)
+                except RaftMQError as down:
+                    results.append(down)
+                    continue
+                if placed is None:  # the dispatcher's verdict: waited for below
+                    dispatched.append((k, c, loop.create_future()))
+                    results.append(self._no_outcome(c.index))
+                else:
+                    results.append(placed)
+            elif isinstance(c, (rl_errors.EntryTooLargeError, rl_errors.LogClosedError)):
+                results.append(self._submit_error(c))
+            else:
+                mapped = self._commit_failure(c)
+                if mapped is None:
+                    raise c  # not a typed error: a bug, answered as INTERNAL
+                results.append(mapped)
+        if dispatched:
+            await self._await_outcomes(dispatched, results, deadline, waker)
+        return results
+
+    async def _await_outcomes(
         self,
-        waker: _Gather,
-        answer: asyncio.Future[ChunkOutcome],
-        payload: Chunk,
-        commit: Future[Committed],
+        dispatched: list[tuple[int, Committed, asyncio.Future[ChunkOutcome]]],
+        results: list[ChunkOutcome | RaftMQError],
+        deadline: float,
+        waker: LoopWaker,
     ) -> None:
-        """Raft thread (or the caller's, if already done): chain the commit to its outcome,
-        which is known now for a batch whose offsets the leader placed."""
-        if commit.cancelled():
-            waker.set_exception(answer, self._commit_timeout())
-            return
-        exc = commit.exception()
-        if exc is not None:
-            waker.set_exception(answer, self._commit_failure(exc) or exc)
-            return
-        c = commit.result()
+        """The dispatcher's outcome of each committed chunk in `dispatched`, into `results`
+        (left at _no_outcome when it is not known by the deadline)."""
+        gather = _Gather(waker, len(dispatched), asyncio.get_running_loop())
+        for _k, c, answer in dispatched:
+            self._on_dispatched(gather, answer, c)
         try:
-            placed = self._placed_outcome(payload, c)
-        except RaftMQError as down:
-            waker.set_exception(answer, down)
-            return
-        if placed is not None:
-            waker.set_result(answer, placed)
-            return
+            await gather.wait(max(0.05, deadline - time.monotonic()))
+            for k, _c, answer in dispatched:
+                if not answer.done():
+                    continue
+                failed = answer.exception()
+                if failed is None:
+                    results[k] = answer.result()
+                elif isinstance(failed, RaftMQError):
+                    results[k] = failed
+                else:
+                    raise failed  # not a typed error: a bug, answered as INTERNAL
+        finally:
+            for _k, _c, answer in dispatched:
+                if answer.done():
+                    answer.exception()  # retrieved: an unread failure is not logged as lost
+                else:
+                    answer.cancel()  # a late completion is dropped by the waker
+
+    def _on_dispatched(
+        self, waker: _Gather, answer: asyncio.Future[ChunkOutcome], c: Committed
+    ) -> None:
+        """The loop: `answer` completes with the committed chunk's dispatched outcome."""
 
         def on_outcome(outcome: ChunkOutcome | None, failure: BaseException | None) -> None:
             if failure is not None:
@@ -675,6 +645,67 @@ class BrokerNode:
             self.outcomes.on_outcome(c.index, c.slot, on_outcome)
         except RuntimeError as full:
             waker.set_exception(answer, QueueFullError(f"node {self.me.node_id}: {full}"))
+
+
+class _Request:
+    """One request's chunks on their way to commit: each one's result by position (a
+    Committed or the log's typed error), and the loop future done once the last is in. Filled
+    by the log's loop thread (_LoopCommits) and, for the chunks the log refused at once, by
+    the request's own loop: the count is under a lock."""
+
+    __slots__ = ("_left", "_lock", "future", "results")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.results: list[CommitResult | None] = [None] * count
+        self._left = count
+        self._lock = threading.Lock()
+        if count == 0:
+            self.future.set_result(None)
+
+    def put(self, k: int, result: CommitResult, waker: LoopWaker) -> None:
+        """The loop's own: a chunk the log refused."""
+        if self.record(k, result):
+            waker.set_result(self.future, None)
+
+    def record(self, k: int, result: CommitResult) -> bool:
+        """Any thread: True when this was the last result."""
+        self.results[k] = result
+        with self._lock:
+            self._left -= 1
+            return self._left == 0
+
+
+class _LoopCommits:
+    """The log's CommitWaiter (raftlog.record) for one event loop's requests: the results of
+    one commit advance arrive in one call on the log's loop thread, and every request they
+    finish is completed through the loop's waker in one post (one wake-up per advance, where a
+    concurrent future per chunk, its callbacks and two posts each cost the Raft loop ~30 % of
+    its Python per entry)."""
+
+    __slots__ = ("_waker",)
+
+    def __init__(self, waker: LoopWaker) -> None:
+        self._waker = waker
+
+    def committed(self, done: list[tuple[Any, CommitResult]]) -> None:
+        finished: list[asyncio.Future[Any]] = []
+        for (req, k), result in done:
+            if req.record(k, result):
+                finished.append(req.future)
+        if finished:
+            self._waker.set_results(finished, None)
+
+
+async def _wait_for(fut: asyncio.Future[None], timeout_s: float) -> None:
+    """Until `fut` is done or `timeout_s` passed; never raises the timeout or cancels `fut`."""
+    if fut.done():
+        return
+    timer = fut.get_loop().call_later(timeout_s, _finish, fut)
+    try:
+        await fut
+    finally:
+        timer.cancel()
 
 
 class _Gather:
@@ -710,12 +741,7 @@ class _Gather:
 
     async def wait(self, timeout_s: float) -> None:
         """Until every answer is done or `timeout_s` passed; never raises the timeout."""
-        loop = self._all.get_loop()
-        timer = loop.call_later(timeout_s, _finish, self._all)
-        try:
-            await self._all
-        finally:
-            timer.cancel()
+        await _wait_for(self._all, timeout_s)
 
 
 def _finish(fut: asyncio.Future[None]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -54,6 +55,15 @@ class LoopWaker:
     def set_exception(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
         self._post(fut, None, exc)
 
+    def set_results(self, futs: Sequence[asyncio.Future[Any]], value: Any) -> None:
+        """set_result(fut, value) for each, with one post (and at most one wake-up)."""
+        if threading.get_ident() == self._loop_thread:
+            for fut in futs:
+                self._post(fut, value, None)
+            return
+        self._ready.extend([(fut, value, None) for fut in futs])
+        self._schedule(len(futs))
+
     def _post(self, fut: asyncio.Future[Any], value: Any, exc: BaseException | None) -> None:
         if threading.get_ident() == self._loop_thread:
             self.direct += 1  # only the loop's thread writes it
@@ -64,8 +74,12 @@ class LoopWaker:
                     fut.set_result(value)
             return
         self._ready.append((fut, value, exc))
+        self._schedule(1)
+
+    def _schedule(self, posted: int) -> None:
+        """A drain for what was just queued, unless one is scheduled already."""
         with self._lock:
-            self.posted += 1
+            self.posted += posted
             if self._scheduled:
                 return  # the scheduled drain takes this one too
             self._scheduled = True

@@ -8,6 +8,7 @@ raftmq.raftlog. Never use it to serve data: it has no durability and no peers.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -22,7 +23,16 @@ from raftmq.raftlog.errors import (
     OutcomeUnknownError,
     RaftLogError,
 )
-from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, Role, RoleChange, Stamper
+from raftmq.raftlog.record import (
+    Chunk,
+    Committed,
+    CommitWaiter,
+    Entry,
+    LogStatus,
+    Role,
+    RoleChange,
+    Stamper,
+)
 
 RoleListener = Callable[[RoleChange], None]
 
@@ -85,14 +95,23 @@ class MemoryLog:
         with self._cond:
             self._stamper = stamper
 
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
-        """submit() for each, in order; a chunk's error is its entry in the list."""
-        out: list[Future[Committed] | RaftLogError] = []
-        for payload in payloads:
+    def submit_to(
+        self, waiter: CommitWaiter, payloads: Sequence[Chunk], tokens: Sequence[object]
+    ) -> list[RaftLogError | None]:
+        """NativeLog's submit_to (record.CommitWaiter) over submit(): one report per chunk."""
+        out: list[RaftLogError | None] = []
+        for payload, token in zip(payloads, tokens, strict=True):
             try:
-                out.append(self.submit(payload))
+                fut = self.submit(payload)
             except RaftLogError as exc:
                 out.append(exc)
+                continue
+            refused = fut.exception() if fut.done() else None
+            if isinstance(refused, NotLeaderError):
+                out.append(refused)  # refused at once, as NativeLog answers it
+                continue
+            fut.add_done_callback(functools.partial(_report, waiter, token))
+            out.append(None)
         return out
 
     def append(self, chunks: Sequence[bytes], term: int | None = None) -> Entry:
@@ -277,3 +296,12 @@ class MemoryLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _report(waiter: CommitWaiter, token: object, fut: Future[Committed]) -> None:
+    exc = fut.exception()
+    if exc is None:
+        waiter.committed([(token, fut.result())])
+    else:
+        assert isinstance(exc, RaftLogError)
+        waiter.committed([(token, exc)])

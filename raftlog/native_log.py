@@ -38,7 +38,16 @@ from raftmq.raftlog.raft_core import PeerMode, Role, TransferRefusedError
 from raftmq.raftlog.raft_messages import Entry as RaftEntry
 from raftmq.raftlog.raft_node import ROLE_OF, TICK_MS, RaftNodeShell
 from raftmq.raftlog.raft_storage import JournalStorage
-from raftmq.raftlog.record import Chunk, Committed, Entry, LogStatus, RoleChange, Stamper
+from raftmq.raftlog.record import (
+    Chunk,
+    CommitResult,
+    Committed,
+    CommitWaiter,
+    Entry,
+    LogStatus,
+    RoleChange,
+    Stamper,
+)
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.scrubber import Scrubber
 from raftmq.raftlog.snapshot import Snapshot, SnapshotStore
@@ -55,15 +64,61 @@ HANDOFF_RETRY_S = 0.05  # a leader whose disk refuses writes asks a follower aga
 @dataclass(slots=True)
 class _Submission:
     payload: Chunk
-    future: Future[Committed]
+    waiter: CommitWaiter  # told this chunk's result, with `token`
+    token: object
 
 
 @dataclass(slots=True)
 class _InFlight:
     term: int
-    futures: list[Future[Committed]]
+    group: list[_Submission]  # the entry's chunks, by slot
     size_bytes: int
     deadline: float
+
+
+class _Done:
+    """The results one advance or failure sweep decided, per waiter: delivered as one call
+    per waiter (record.CommitWaiter), so a broker's data loop is woken once, not per chunk."""
+
+    __slots__ = ("by_waiter",)
+
+    def __init__(self) -> None:
+        self.by_waiter: dict[CommitWaiter, list[tuple[object, CommitResult]]] = {}
+
+    def add(self, s: _Submission, result: CommitResult) -> None:
+        done = self.by_waiter.get(s.waiter)
+        if done is None:
+            self.by_waiter[s.waiter] = [(s.token, result)]
+        else:
+            done.append((s.token, result))
+
+    def fail(self, group: Sequence[_Submission], exc: RaftLogError) -> None:
+        for s in group:
+            self.add(s, exc)
+
+    def deliver(self) -> None:
+        for waiter, done in self.by_waiter.items():
+            try:
+                waiter.committed(done)
+            except Exception:  # a waiter's bug must not stop the loop or the other waiters
+                log.exception("raft.commit_waiter_failed")
+
+
+class _FutureWaiter:
+    """submit()'s waiter: each token is the chunk's concurrent future."""
+
+    __slots__ = ()
+
+    def committed(self, done: list[tuple[object, CommitResult]]) -> None:
+        for fut, result in done:
+            assert isinstance(fut, Future)
+            if isinstance(result, Committed):
+                _resolve(fut, result)
+            else:
+                _fail(fut, result)
+
+
+_FUTURES = _FutureWaiter()
 
 
 class NativeLog:
@@ -170,32 +225,36 @@ class NativeLog:
 
     def submit(self, payload: Chunk) -> Future[Committed]:
         """One chunk of the next entry; resolves once it is committed (and applied here)."""
-        out = self.submit_many([payload])[0]
-        if isinstance(out, RaftLogError):
-            raise out
-        return out
+        fut: Future[Committed] = Future()
+        [refused] = self.submit_to(_FUTURES, [payload], [fut])
+        if isinstance(refused, (EntryTooLargeError, LogClosedError)):
+            raise refused
+        if refused is not None:  # not leader, queue full: the future's error, as a commit's
+            fut.set_exception(refused)
+        return fut
 
-    def submit_many(self, payloads: Sequence[Chunk]) -> list[Future[Committed] | RaftLogError]:
-        """submit() for several chunks in order, handed to the loop in one call."""
+    def submit_to(
+        self, waiter: CommitWaiter, payloads: Sequence[Chunk], tokens: Sequence[object]
+    ) -> list[RaftLogError | None]:
+        """Chunks in order, handed to the loop in one call; each accepted one (None in the
+        answer) is reported to `waiter` with its token once its commit or failure is known
+        (record.CommitWaiter); a refused one's error is its entry in the answer."""
         if self._closed:
             return [LogClosedError("the replicated log is closed") for _ in payloads]
         limit = self.cfg.max_entry_bytes
         refused = None
         if not self._may_submit():
             refused = NotLeaderError(self.cfg.node_id, self._leader_hint())
-        out: list[Future[Committed] | RaftLogError] = []
+        out: list[RaftLogError | None] = []
         batch: list[_Submission] = []
         with self._lock:
-            for p in payloads:
+            for p, token in zip(payloads, tokens, strict=True):
                 if len(p) > limit:
                     out.append(EntryTooLargeError(len(p), limit))
-                    continue
-                fut: Future[Committed] = Future()
-                out.append(fut)
-                if refused is not None:
-                    fut.set_exception(refused)
+                elif refused is not None:
+                    out.append(refused)
                 elif self._pending_bytes + len(p) > self.cfg.max_pending_bytes:
-                    fut.set_exception(
+                    out.append(
                         QueueFullError(
                             f"{self._pending_bytes} bytes already wait for replication "
                             f"(max_pending_bytes={self.cfg.max_pending_bytes}); retry later"
@@ -203,7 +262,8 @@ class NativeLog:
                     )
                 else:
                     self._pending_bytes += len(p)
-                    batch.append(_Submission(p, fut))
+                    batch.append(_Submission(p, waiter, token))
+                    out.append(None)
             wake = bool(batch) and not self._inbox_woken
             if batch:
                 self._inbox.extend(batch)
@@ -244,42 +304,45 @@ class NativeLog:
             return
         max_bytes, max_chunks = self.cfg.batch_max_bytes, self.cfg.max_chunks_per_entry
         entries: list[list[_Submission]] = []
-        while self._pending:
+        chunks: list[list[Chunk]] = []  # each entry's payloads, made once for stamp and encode
+        sizes: list[int] = []
+        pending = self._pending
+        while pending:
             group: list[_Submission] = []
+            payloads: list[Chunk] = []
             size = 0
-            while self._pending and len(group) < max_chunks:
-                n = len(self._pending[0].payload)
-                if group and size + n > max_bytes:
+            while pending and len(group) < max_chunks:
+                p = pending[0].payload
+                if group and size + len(p) > max_bytes:
                     break
-                group.append(self._pending.popleft())
-                size += n
+                group.append(pending.popleft())
+                payloads.append(p)
+                size += len(p)
             entries.append(group)
+            chunks.append(payloads)
+            sizes.append(size)
         try:
             if not self._may_submit():
                 raise NotLeaderError(self.cfg.node_id, self._leader_hint())
             stamper = self._stamper
             if stamper is not None:  # the chunks as they will be stored, in log order
                 core = self._node.core
-                stamper(
-                    core.term, core.log.last_index + 1, [[s.payload for s in g] for g in entries]
-                )
-            first, term = self._node.propose(
-                [entry_codec.encode_data([s.payload for s in g]) for g in entries]
-            )
+                stamper(core.term, core.log.last_index + 1, chunks)
+            first, term = self._node.propose([entry_codec.encode_data(c) for c in chunks])
         except Exception as exc:  # NotLeaderError, or the stamper's: nothing was proposed
             if not isinstance(exc, NotLeaderError):
                 log.exception("raft.stamper_failed node=%s", self.cfg.node_id)
                 exc = OutcomeUnknownError(f"the entry was not proposed: {exc!r}")
+            failed = _Done()
             for g in entries:
                 self._release(g)
-                for s in g:
-                    _fail(s.future, exc)
+                failed.fail(g, exc)
+            failed.deliver()
             return
         deadline = time.monotonic() + self.cfg.commit_timeout_ms / 1000
+        inflight = self._inflight
         for k, g in enumerate(entries):
-            self._inflight[first + k] = _InFlight(
-                term, [s.future for s in g], sum(len(s.payload) for s in g), deadline
-            )
+            inflight[first + k] = _InFlight(term, g, sizes[k], deadline)
         # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
         # (whatever Ready commits it must find them): persist and send it now, not a turn later.
         self._node.ready_now()
@@ -293,18 +356,25 @@ class NativeLog:
             self._pending_bytes -= n
 
     def _on_committed(self, entries: tuple[RaftEntry, ...]) -> None:
+        done: _Done | None = None
+        released = 0
+        inflight = self._inflight
         for e in entries:
-            waiting = self._inflight.pop(e.index, None)
+            waiting = inflight.pop(e.index, None) if inflight else None
             if waiting is None:
                 continue
-            self._release_bytes(waiting.size_bytes)
+            if done is None:
+                done = _Done()
+            released += waiting.size_bytes
             if waiting.term == e.term:
-                for slot, fut in enumerate(waiting.futures):
-                    _resolve(fut, Committed(e.term, e.index, slot))
+                for slot, s in enumerate(waiting.group):
+                    done.add(s, Committed(e.term, e.index, slot))
             else:  # another leader's entry committed at this index: ours never will
-                exc = NotLeaderError(self.cfg.node_id, self._leader_hint())
-                for fut in waiting.futures:
-                    _fail(fut, exc)
+                done.fail(waiting.group, NotLeaderError(self.cfg.node_id, self._leader_hint()))
+        if released:
+            self._release_bytes(released)
+        if done is not None:  # the answers' wake-up before the dispatcher's, as the futures had
+            done.deliver()
         with self._applied_cond:
             self._applied = entries[-1].index
             self._applied_cond.notify_all()
@@ -338,23 +408,26 @@ class NativeLog:
         with self._lock:
             inbox, self._inbox = list(self._inbox), deque()
         pending, self._pending = [*self._pending, *inbox], deque()
+        failed = _Done()  # every waiting proposal answered, each waiter in one call
         for e in inflight:
             self._release_bytes(e.size_bytes)
-            for fut in e.futures:
-                _fail(fut, inflight_exc)
+            failed.fail(e.group, inflight_exc)
         self._release(pending)
-        for s in pending:
-            _fail(s.future, pending_exc)
+        failed.fail(pending, pending_exc)
+        failed.deliver()
 
     def _on_tick(self) -> None:
         now = time.monotonic()
         if self._inflight:
             expired = [k for k, e in self._inflight.items() if e.deadline <= now]
-            for k in expired:
-                e = self._inflight.pop(k)
-                self._release_bytes(e.size_bytes)
-                for fut in e.futures:
-                    _fail(fut, OutcomeUnknownError("no commit within commit_timeout_ms"))
+            if expired:
+                late = _Done()
+                exc = OutcomeUnknownError("no commit within commit_timeout_ms")
+                for k in expired:
+                    e = self._inflight.pop(k)
+                    self._release_bytes(e.size_bytes)
+                    late.fail(e.group, exc)
+                late.deliver()
         self.health.settle(now)
         core = self._node.core
         if (

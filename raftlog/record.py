@@ -8,6 +8,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from raftmq.raftlog.errors import RaftLogError
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +76,18 @@ Chunk = bytes | bytearray
 # proposes; it may rewrite chunks that are bytearrays in place (the broker places queue offsets
 # into its produce batches) and must not block. What it raises fails those submissions.
 Stamper = Callable[[int, int, Sequence[Sequence[Chunk]]], None]
+
+
+# What submit_to reports per chunk: where it committed, or the typed error it ended with.
+CommitResult = Committed | RaftLogError
+
+
+class CommitWaiter(Protocol):
+    """Where a log reports the chunks submitted with `submit_to(waiter, ...)`: `committed(done)`
+    with every (token, result) of this waiter that one commit advance (or one failure sweep:
+    a lost leadership, a timeout, a close) decided, in log order. Called on the log's one loop
+    thread (never two calls at once), so it must be quick and must not block or raise: one
+    batch per advance is the point (a broker's data loop is woken once per advance, not once
+    per chunk)."""
+
+    def committed(self, done: list[tuple[object, CommitResult]]) -> None: ...

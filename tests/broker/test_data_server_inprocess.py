@@ -12,7 +12,6 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,10 @@ import pytest
 from raftmq.broker.data_server import DataServer
 from raftmq.broker.dispatcher_thread import DispatcherSettings
 from raftmq.broker.held_pulls import HoldTimers
-from raftmq.broker.node import BrokerNode
+from raftmq.broker.node import BrokerNode, _LoopCommits, _Request
 from raftmq.broker.pull import PullResult, PullStatus, PullSteps, WaitMessage
 from raftmq.broker.pull_plan import LONG_POLL_SLICE_MS
+from raftmq.broker.rows import ChunkOutcome
 from raftmq.broker.store import MessageStore
 from raftmq.broker.wakeups import LoopWaker
 from raftmq.common import record_batch
@@ -32,12 +32,16 @@ from raftmq.common.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
+    OutcomeUnknownError,
+    RaftMQError,
 )
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.quota import Flow
 from raftmq.common.record_batch import ProduceBatch
 from raftmq.common.transport import FrameClient, LoopThread
+from raftmq.raftlog.errors import NotLeaderError
 from raftmq.raftlog.memory import MemoryLog
+from raftmq.raftlog.record import Committed
 from tests.broker.test_node_decisions import ME_RAFT, PEER_RAFT, make_node, msg, send, settings
 
 
@@ -333,21 +337,124 @@ def test_data_listen_setting(tmp_path: Path) -> None:
 def test_a_request_submits_its_chunks_at_once_and_each_keeps_its_own_error(
     tmp_path: Path,
 ) -> None:
-    # replicate_each_async hands a request's chunks to the log in one call (submit_many); a
+    # replicate_each_async hands a request's chunks to the log in one call (submit_to); a
     # chunk the log refuses (too large) is answered alone, the others commit in order.
     node = make_node(tmp_path, MemoryLog(ME_RAFT, max_entry_bytes=1 << 10))
+
+    async def each(payloads: list[bytes]) -> list[ChunkOutcome | RaftMQError]:
+        waker = LoopWaker(asyncio.get_running_loop())
+        return await node.replicate_each_async(payloads, 5.0, waker)
+
     try:
         ok, big = b"\x02small", b"\x02" + b"x" * 2048
-        out = node.submit_many([ok, big, ok])
+        first_index = node.rlog.status().last_index + 1
+        out = asyncio.run(each([ok, big, ok]))
         assert isinstance(out[1], MessageTooLargeError) and "at most 1024" in str(out[1])
-        first, third = out[0], out[2]
-        assert isinstance(first, Future) and isinstance(third, Future)
-        assert first.result(5).index < third.result(5).index
+        assert not isinstance(out[0], RaftMQError) and not isinstance(out[2], RaftMQError)
+        assert node.rlog.read(first_index).chunks == (ok,)
+        assert node.rlog.read(first_index + 1).chunks == (ok,)
         node.rlog.close()
-        closed = node.submit_many([ok])
+        closed = asyncio.run(each([ok]))
         assert isinstance(closed[0], BrokerUnavailableError)
     finally:
         node.close()
+
+
+def test_the_commits_of_one_advance_answer_each_request_its_own_results(
+    tmp_path: Path,
+) -> None:
+    """Requests waiting on one loop get their chunks' results from the log's batches
+    (submit_to): each request is answered once all of its own chunks are, with its own
+    outcomes; a leadership loss answers every chunk of every waiting request with its typed
+    error, and a request still waiting is not answered by another's results."""
+    node = make_node(tmp_path, MemoryLog(ME_RAFT))
+    log = node.rlog
+    assert isinstance(log, MemoryLog)
+
+    async def run() -> None:
+        waker = LoopWaker(asyncio.get_running_loop())
+        log.hold_commits()
+        one = asyncio.ensure_future(node.replicate_each_async([b"\x02a", b"\x02b"], 5, waker))
+        two = asyncio.ensure_future(node.replicate_each_async([b"\x02c"], 5, waker))
+        await asyncio.sleep(0.05)
+        assert not one.done() and not two.done()  # held: nobody answered
+        log.release_commits()
+        first, second = await one, await two
+        assert len(first) == 2 and len(second) == 1
+        assert not any(isinstance(r, RaftMQError) for r in [*first, *second])
+        log.hold_commits()
+        three = asyncio.ensure_future(node.replicate_each_async([b"\x02d", b"\x02e"], 5, waker))
+        four = asyncio.ensure_future(node.replicate_async([b"\x02f"], 5, waker))
+        await asyncio.sleep(0.05)
+        log.become_follower("elsewhere:1")
+        lost = await asyncio.wait_for(three, 2)
+        assert [type(r) for r in lost] == [OutcomeUnknownError, OutcomeUnknownError]
+        with pytest.raises(OutcomeUnknownError):
+            await asyncio.wait_for(four, 2)
+
+    try:
+        asyncio.run(run())
+    finally:
+        node.close()
+
+
+def test_a_request_split_over_two_commit_advances_waits_for_its_last_chunk() -> None:
+    """A request whose chunks commit in two advances (two entries, two Readys) is answered
+    after the second, with both results in place; one advance finishing two requests
+    completes both with one post."""
+    with LoopThread("test-commits") as io:
+        waker = LoopWaker(io.loop)
+        commits = _LoopCommits(waker)
+
+        async def make() -> tuple[_Request, _Request]:
+            return _Request(io.loop, 2), _Request(io.loop, 1)
+
+        one, two = io.run(make())
+        lost = NotLeaderError("me", None)
+        commits.committed([((one, 0), Committed(3, 10, 0))])  # from this (the log's) thread
+        time.sleep(0.05)
+        assert not one.future.done()
+        wakeups = waker.wakeups
+        commits.committed([((one, 1), lost), ((two, 0), Committed(3, 11, 0))])
+
+        async def both() -> None:
+            await asyncio.gather(one.future, two.future)
+
+        io.run(both(), 5)
+        assert one.results == [Committed(3, 10, 0), lost] and two.results == [Committed(3, 11, 0)]
+        assert waker.wakeups == wakeups + 1
+
+
+def test_loop_waker_completes_a_batch_with_one_wakeup_within_its_bound() -> None:
+    """set_results: the requests one commit advance finishes, posted from another thread at
+    once: one wake-up, every future completed, still at most max_per_turn per loop turn."""
+    with LoopThread("test-waker-batch") as io:
+        waker = LoopWaker(io.loop, max_per_turn=10)
+        turns = 0
+        done_in: list[int] = []
+
+        async def make() -> list[asyncio.Future[int]]:
+            def tick() -> None:
+                nonlocal turns
+                turns += 1
+                if len(done_in) < 95:
+                    io.loop.call_soon(tick)
+
+            io.loop.call_soon(tick)
+            futs = [io.loop.create_future() for _ in range(95)]
+            for f in futs:
+                f.add_done_callback(lambda _: done_in.append(turns))
+            return futs
+
+        futs = io.run(make())
+        waker.set_results(futs, 7)
+
+        async def collect() -> list[int]:
+            return list(await asyncio.gather(*futs))
+
+        assert io.run(collect(), 5) == [7] * 95
+        assert waker.wakeups == 1 and waker.completions == 95
+        assert max(done_in.count(t) for t in set(done_in)) <= 10
 
 
 def test_a_held_pull_with_a_tag_filter_is_woken_only_by_a_message_it_wants(

@@ -8,17 +8,20 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 
 from raftmq.raftlog import raft_codec
 from raftmq.raftlog.config import RaftLogConfig
+from raftmq.raftlog.errors import EntryTooLargeError, OutcomeUnknownError
 from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.meta import MetaStore
 from raftmq.raftlog.native_log import NativeLog
 from raftmq.raftlog.raft_messages import HardState, Ready
 from raftmq.raftlog.raft_node import RaftNodeShell
 from raftmq.raftlog.raft_storage import JournalStorage
+from raftmq.raftlog.record import CommitResult, Committed
 from raftmq.raftlog.storage_health import StorageHealth
 from tests.harness.local_cluster import free_ports
 
@@ -133,3 +136,93 @@ def test_async_flush_syncs_on_its_own_thread_and_the_log_says_its_leadership(
     finally:
         log.close()
     assert not flusher._thread.is_alive()
+
+
+class _Recorder:
+    """A CommitWaiter that keeps each call's batch (the log's loop thread calls it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[object, CommitResult]]] = []
+        self.cond = threading.Condition()
+
+    def committed(self, done: list[tuple[object, CommitResult]]) -> None:
+        with self.cond:
+            self.calls.append(list(done))
+            self.cond.notify_all()
+
+    def wait_for(self, n: int, timeout_s: float) -> dict[object, CommitResult]:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while sum(len(c) for c in self.calls) < n and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+            results = [r for c in self.calls for r in c]
+        tokens = [t for t, _ in results]
+        assert len(tokens) == len(set(tokens)), "a chunk was reported twice"
+        return dict(results)
+
+
+def _wait_leader(logs: list[NativeLog], timeout_s: float = 10) -> NativeLog:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in logs:
+            if log.is_leader_ready():
+                return log
+        time.sleep(0.01)
+    raise AssertionError("no leader")
+
+
+def test_one_commit_advance_reports_each_chunk_its_own_place_in_one_call(
+    tmp_path: Path,
+) -> None:
+    """submit_to: the chunks one proposal packs into several entries are reported to their
+    waiter in one call per commit advance (not a future per chunk), each with its token and
+    the (index, slot) where read() finds it; a refused chunk is answered at once."""
+    (own,) = free_ports(1)
+    cfg = RaftLogConfig(f"127.0.0.1:{own}", (), tmp_path, max_chunks_per_entry=4)
+    log = NativeLog(cfg)
+    try:
+        _wait_leader([log])
+        waiter = _Recorder()
+        payloads = [b"chunk %d" % k for k in range(10)]
+        too_big = b"x" * (cfg.max_entry_bytes + 1)
+        refused = log.submit_to(waiter, [*payloads, too_big], [*range(10), "big"])
+        assert refused[:10] == [None] * 10 and isinstance(refused[10], EntryTooLargeError)
+        results = waiter.wait_for(10, 10)
+        assert sorted(results, key=str) == sorted(range(10), key=str)
+        assert len(waiter.calls) == 1, [len(c) for c in waiter.calls]
+        for k, payload in enumerate(payloads):
+            c = results[k]
+            assert isinstance(c, Committed)
+            assert log.read(c.index).chunks[c.slot] == payload
+        assert len({results[k].index for k in range(10)}) == 3  # type: ignore[union-attr]
+    finally:
+        log.close()
+
+
+def test_a_lost_leadership_answers_every_waiting_chunk_its_error_once(tmp_path: Path) -> None:
+    """A leader cut off from its followers holds its proposals uncommitted; when it steps down
+    (check-quorum) every waiting chunk of every request is answered OutcomeUnknownError, once,
+    in one call to its waiter, and none is answered before."""
+    ports = free_ports(3)
+    ids = [f"127.0.0.1:{p}" for p in ports]
+    logs = [
+        NativeLog(RaftLogConfig(me, tuple(i for i in ids if i != me), tmp_path / str(k)))
+        for k, me in enumerate(ids)
+    ]
+    try:
+        leader = _wait_leader(logs)
+        leader.block_peers(frozenset(i for i in ids if i != leader.cfg.node_id))
+        waiter = _Recorder()
+        first = leader.submit_to(waiter, [b"a", b"b", b"c"], [("r1", 0), ("r1", 1), ("r1", 2)])
+        second = leader.submit_to(waiter, [b"d"], [("r2", 0)])
+        assert first + second == [None] * 4
+        time.sleep(0.05)
+        assert waiter.calls == []  # not committed: nobody answered yet
+        results = waiter.wait_for(4, 10)
+        assert set(results) == {("r1", 0), ("r1", 1), ("r1", 2), ("r2", 0)}
+        assert all(isinstance(r, OutcomeUnknownError) for r in results.values()), results
+        assert len(waiter.calls) == 1
+        assert not leader.is_leader()
+    finally:
+        for log in logs:
+            log.close(transfer_leadership=False)
