@@ -163,7 +163,7 @@ class FrameBuffers:
 
     def __init__(self, budget: int, *, scratch: int = SCRATCH_BYTES) -> None:
         self.budget = budget
-        self._scratch_bytes = scratch
+        self.scratch_bytes = scratch
         self._scratch: bytearray | None = None  # allocated at the first buffered read
         self._bufs: list[bytearray] = []  # every pooled buffer, lent or not
         self.pooled_bytes = 0
@@ -171,7 +171,7 @@ class FrameBuffers:
     @property
     def scratch(self) -> bytearray:
         if self._scratch is None:
-            self._scratch = bytearray(self._scratch_bytes)
+            self._scratch = bytearray(self.scratch_bytes)
         return self._scratch
 
     def lend(self, n: int) -> bytearray | None:
@@ -344,9 +344,12 @@ class FrameDecoder:
 
     def _own(self, length: int, have: int) -> bytearray:
         """A buffer for a frame of `length` (its u32 length excluded) of which `have` bytes are
-        in: lent whole when the pool has room, else one that grows as the bytes arrive."""
+        in: a frame larger than the scratch is lent one whole when the pool has room; a smaller one
+        (a request that straddled two reads) or one the pool cannot take gets a buffer that grows
+        as its bytes arrive, so a long poll held for seconds pins no pooled buffer."""
         need = _LEN.size + length
-        part = self._buffers.lend(need)
+        buffers = self._buffers
+        part = buffers.lend(need) if need > buffers.scratch_bytes else None
         if part is None:
             part = bytearray(min(need, max(have, _MIN_GROWN)))
         self._part, self._need, self._head_only = part, need, False

@@ -355,3 +355,14 @@ def test_without_room_in_the_pool_a_frame_grows_as_its_bytes_arrive() -> None:
     assert _read_into(dec, head, []) == []
     assert dec.buffered_bytes == 1024
     assert len(dec.get_buffer()) <= 4096
+
+
+def test_a_small_request_across_two_reads_takes_no_pooled_buffer() -> None:
+    """Only a frame larger than the scratch is lent a pooled buffer: a pull that straddled two
+    reads and is then held for seconds must not pin one."""
+    buffers = frame.FrameBuffers(1 << 20, scratch=256)
+    dec = FrameDecoder(expect_hello=True, buffers=buffers)
+    stream = HELLO + frame.encode_request(1, 2, b"p" * 200)
+    [_hello, pull] = _read_into(dec, stream, [len(HELLO) + 50, 1000])
+    assert bytes(pull.payload) == b"p" * 200
+    assert buffers.pooled_bytes == 0 and len(pull.payload.obj) == 4 + 6 + 2 + 200
