@@ -25,6 +25,7 @@ from raftmq.common import stored_batch
 from raftmq.common.errors import InvalidArgumentError
 from raftmq.common.message import ValidNames, validate_producer_id, validate_system_topic
 from raftmq.common.record_batch import Kind
+from raftmq.raftlog.record import Chunk
 
 # Chunks that never move a queue's next offset or a producer's window (the dispatcher's
 # consumer-side records): they leave the book as it is.
@@ -85,12 +86,13 @@ class LeaderOffsets:
         first_index: int,
         dispatched_index: int,
         epoch: int,
-        entries: Sequence[Sequence[bytes | bytearray]],
+        entries: Sequence[Sequence[Chunk]],
     ) -> None:
         """The entries about to be proposed at first_index, first_index + 1, ... in `term`:
         places the base offset of each produce batch it can count exactly (in place: the
-        chunk must be a bytearray) and notes every chunk that moves what it counts. `epoch`
-        changes when this node's index store was replaced (a rebuild): the book forgets."""
+        chunk must be a bytearray or a writable memoryview) and notes every chunk that moves
+        what it counts. `epoch` changes when this node's index store was replaced (a
+        rebuild): the book forgets."""
         if term != self._term or epoch != self._epoch:
             # A new term: everything before its first entry must be dispatched here first.
             self._term, self._epoch = term, epoch
@@ -106,9 +108,7 @@ class LeaderOffsets:
             self._unsettle(first_index + len(entries) - 1)
             raise
 
-    def _place_chunk(
-        self, index: int, slot: int, chunk: bytes | bytearray, dispatched_index: int
-    ) -> None:
+    def _place_chunk(self, index: int, slot: int, chunk: Chunk, dispatched_index: int) -> None:
         if not chunk:
             self._unsettle(index)
             return
@@ -117,7 +117,8 @@ class LeaderOffsets:
                 self._unsettle(index)
             return
         if (
-            not isinstance(chunk, bytearray)
+            isinstance(chunk, bytes)
+            or (isinstance(chunk, memoryview) and chunk.readonly)
             or chunk[2] != stored_batch.STATE_STAMPED
             or stored_batch.is_scheduled(chunk)  # offsets come when due (DELIVER)
             or dispatched_index < self._unsettled_until

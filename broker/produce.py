@@ -82,9 +82,10 @@ class PreparedSend:
     """A checked send, ready to replicate: the queue chosen, the encoded entry, the wait."""
 
     queue_id: int
-    # A bytearray: the leader's offset book places the base offset into it just before its
-    # entry is proposed (broker/leader_offsets.py), and the answer at commit reads it back.
-    payload: bytearray
+    # Writable: the leader's offset book places the base offset into it just before its entry
+    # is proposed (broker/leader_offsets.py), and the answer at commit reads it back. A
+    # memoryview: the batch in place in the request's own buffer (prepare_stored).
+    payload: bytearray | memoryview
     count: int
     timeout_s: float
 
@@ -249,7 +250,10 @@ class SendProcessor:
                 f"queue {queue_id} does not exist: topic {topic!r} has {cfg.write_queue_nums} "
                 f"write queues on {self._node.group}"
             )
-        payload = bytearray(batch)  # the frame's buffer is reused: one copy, C speed
+        # The batch is stamped where it is when it lies in a buffer of the request's own (the
+        # data server read a large request into one, common/frame.py): writable, and nothing
+        # else reads it. A read-only view (a small request's copy, a gRPC message) is copied.
+        payload = batch if not batch.readonly else bytearray(batch)
         # The store time now; the base offset is placed in log order, just before the entry is
         # proposed (broker/leader_offsets.py), or left to the dispatcher (slot 0).
         stored_batch.stamp(payload, 0, _now_ms())

@@ -497,7 +497,7 @@ def _u64s(mv: memoryview) -> memoryview:
     return memoryview(a)
 
 
-def stamp(buf: bytearray, base_offset: int, store_ms: int) -> None:
+def stamp(buf: bytearray | memoryview, base_offset: int, store_ms: int) -> None:
     """Writes the base queue offset and the store time into a checked batch, then the stamp
     CRC: O(1), in place. The caller checked `buf` with check_batch."""
     if len(buf) < FIXED_HEADER_BYTES or buf[_STATE_AT] != STATE_PRODUCED:
@@ -549,7 +549,7 @@ def mark_scheduled(buf: bytearray) -> None:
     _U32.pack_into(buf, _BODY_CRC_AT, crc32c(memoryview(buf)[_BODY_AT:]))
 
 
-def place_offset(buf: bytearray, base_offset: int) -> None:
+def place_offset(buf: bytearray | memoryview, base_offset: int) -> None:
     """Writes the leader's base queue offset into a stamped batch (state 1 -> 2) and rewrites
     the stamp CRC: O(1), in place, the same bytes whichever codec stamped it. The leader calls
     it just before the batch's entry is proposed, in log order (broker/leader_offsets.py)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -139,68 +140,241 @@ class Hello:
 
 # ---- decoding -----------------------------------------------------------------------------------
 
+SCRATCH_BYTES = 64 * 1024  # a server's one read buffer for small frames (one read at a time)
+_LEND_STEP = 64 * 1024  # lent buffers are rounded up to this, so frames of near sizes share them
+_MIN_GROWN = 4096  # a frame's buffer when the pool is spent starts at this or what arrived
 
-class FrameDecoder:
-    """Feed it received bytes, get complete frames back.
 
-    Payloads are memoryview slices of an immutable bytes object (the data handed to `feed`, or
-    one copy of the buffered tail once a frame completes across reads), so they stay valid after
-    later feeds. Memory held is bounded by `max_frame_bytes` plus one read.
+class FrameBuffers:
+    """The buffers a server's connections read frames into (issue 24: the request's bytes read
+    once, by the kernel, into the buffer the handler gets).
+
+    `scratch`: one read buffer shared by every connection of a loop (reads happen one at a time
+    and each is parsed before the next): complete frames in it are copied out, once each. An
+    incomplete frame gets a buffer of its own that the socket then reads into directly: `lend`
+    gives a whole-frame buffer from a pool bounded by `budget` bytes (reused, so no allocation,
+    zeroing or page faults per request), None when the pool is spent, and the decoder then grows
+    a buffer as the frame's bytes arrive, so a length alone never commits memory beyond the pool.
+
+    A lent buffer goes back to the pool by itself: it is reused or freed only once nothing but
+    the pool refers to it (a frame's payload, any memoryview cut from it or a handler's
+    reference keeps it lent), so a pooled buffer is never rewritten under a live view.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, expect_hello: bool):
+    def __init__(self, budget: int, *, scratch: int = SCRATCH_BYTES) -> None:
+        self.budget = budget
+        self.scratch_bytes = scratch
+        self._scratch: bytearray | None = None  # allocated at the first buffered read
+        self._bufs: list[bytearray] = []  # every pooled buffer, lent or not
+        self.pooled_bytes = 0
+
+    @property
+    def scratch(self) -> bytearray:
+        if self._scratch is None:
+            self._scratch = bytearray(self.scratch_bytes)
+        return self._scratch
+
+    def lend(self, n: int) -> bytearray | None:
+        """A buffer of at least `n` bytes that nothing else refers to, or None."""
+        bufs = self._bufs
+        best = -1
+        for k in range(len(bufs)):
+            size = len(bufs[k])
+            if size >= n and self._idle(k) and (best < 0 or size < len(bufs[best])):
+                best = k
+        if best >= 0:
+            return bufs[best]
+        size = -(-n // _LEND_STEP) * _LEND_STEP
+        if size > self.budget:
+            return None
+        if self.pooled_bytes + size > self.budget:
+            self._free(self.pooled_bytes + size - self.budget)
+            if self.pooled_bytes + size > self.budget:
+                return None
+        buf = bytearray(size)
+        self._bufs.append(buf)  # (a new list if _free ran)
+        self.pooled_bytes += size
+        return buf
+
+    @property
+    def lent(self) -> int:
+        """Pooled buffers in use now (referred to from outside the pool)."""
+        return sum(not self._idle(k) for k in range(len(self._bufs)))
+
+    def _idle(self, k: int) -> bool:
+        """Whether only the pool refers to its k-th buffer: its list, and here the argument
+        (a frame's payload, any view cut from it, a local anywhere is one more)."""
+        return sys.getrefcount(self._bufs[k]) <= 2
+
+    def _free(self, want: int) -> None:
+        """Drop unused buffers, largest first, until `want` bytes are freed or none is left."""
+        bufs = self._bufs
+        idle = sorted((k for k in range(len(bufs)) if self._idle(k)), key=lambda k: -len(bufs[k]))
+        dropped: set[int] = set()
+        for k in idle:
+            if want <= 0:
+                break
+            dropped.add(k)
+            want -= len(bufs[k])
+        if dropped:
+            self._bufs = [bufs[k] for k in range(len(bufs)) if k not in dropped]
+            self.pooled_bytes = sum(map(len, self._bufs))
+
+
+class FrameDecoder:
+    """Received bytes in, complete frames out: fed (`feed`, bytes the transport made) or read
+    into (`get_buffer` / `buffer_updated`, an asyncio.BufferedProtocol's calls).
+
+    Payloads are memoryview slices of a buffer that is not written again while they live: the
+    bytes handed to `feed`, one copy of a read's complete frames, or an incomplete frame's own
+    buffer (lent by `buffers` or grown as its bytes arrive), which the socket reads into. Memory
+    held per connection is one incomplete frame: at most what was received, or a pooled buffer.
+    """
+
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        expect_hello: bool,
+        buffers: FrameBuffers | None = None,
+    ):
         if max_frame_bytes < MIN_MAX_FRAME_BYTES:
             raise LocalProtocolError(f"max_frame_bytes {max_frame_bytes} < {MIN_MAX_FRAME_BYTES}")
         self.max_frame_bytes = max_frame_bytes
         self._expect_hello = expect_hello
-        self._buf = bytearray()
-        self._need = HEADER_BYTES  # bytes the buffer must hold before the next parse can progress
+        self._buffers = buffers if buffers is not None else FrameBuffers(0)
+        # The incomplete frame: its buffer, bytes in it, and bytes it must hold (HEADER_BYTES
+        # until its header is in, then the whole frame); None between frames.
+        self._part: bytearray | None = None
+        self._got = 0
+        self._need = 0
+        self._head_only = False  # _part holds a header whose frame's size is not read yet
         self._failed: ProtocolError | None = None
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        return self._got if self._part is not None else 0
 
     def feed(self, data: bytes) -> list[Frame]:
         """Decode every complete frame in what was received so far; keep the incomplete tail."""
-        if self._failed is not None:
-            raise self._failed  # a broken stream stays broken
+        self._check_failed()
         try:
-            return self._feed(data)
+            frames: list[Frame] = []
+            view = memoryview(data)
+            while view:
+                if self._part is None:  # frames straight from `data`: views of it, no copy
+                    if self._expect_hello:
+                        self._check_hello_prefix(view)
+                    pos = self._parse(view, frames, copy=False)
+                    self._keep(view[pos:])
+                    break
+                room = self._room()
+                n = min(len(room), len(view))
+                room[:n] = view[:n]
+                view = view[n:]
+                self._filled(n, frames)
+            return frames
         except ProtocolError as exc:
-            self._failed = exc
-            self._buf = bytearray()
-            raise
+            raise self._fail(exc) from None
+
+    def get_buffer(self) -> memoryview:
+        """Where the next read goes: the incomplete frame's own buffer (only up to its end), or
+        the shared scratch."""
+        self._check_failed()
+        if self._part is not None:
+            return self._room()
+        return memoryview(self._buffers.scratch)
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """`nbytes` were read into the last `get_buffer`: the frames they complete."""
+        self._check_failed()
+        try:
+            frames: list[Frame] = []
+            if self._part is not None:
+                self._filled(nbytes, frames)
+            elif nbytes:
+                view = memoryview(self._buffers.scratch)[:nbytes]
+                if self._expect_hello:
+                    self._check_hello_prefix(view)
+                pos = self._parse(view, frames, copy=True)
+                self._keep(view[pos:])
+            return frames
+        except ProtocolError as exc:
+            raise self._fail(exc) from None
 
     def feed_eof(self) -> None:
         """The peer closed its side: a partial frame left over is a truncation."""
-        if self._buf:
-            n = len(self._buf)
-            self._buf = bytearray()
+        if self._part is not None and self._got:
+            n = self._got
+            self._part = None
             raise ProtocolError(f"connection closed inside a frame ({n} bytes of it received)")
+        self._part = None
 
-    def _feed(self, data: bytes) -> list[Frame]:
-        if self._buf:
-            self._buf += data
-            if self._expect_hello:
-                self._check_hello_prefix(self._buf)
-            if len(self._buf) < self._need:
-                return []
-            view = memoryview(bytes(self._buf))  # one copy, once a frame is complete
-            self._buf = bytearray()
+    def _check_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed  # a broken stream stays broken
+
+    def _fail(self, exc: ProtocolError) -> ProtocolError:
+        self._failed = exc
+        self._part = None
+        return exc
+
+    def _room(self) -> memoryview:
+        part = self._part
+        assert part is not None
+        if self._got == len(part) < self._need:  # grown, full, its frame longer: double it
+            grown = bytearray(min(self._need, 2 * len(part)))
+            grown[: self._got] = part  # a new buffer: the old one may still be exported
+            self._part = part = grown
+        return memoryview(part)[self._got : self._need]
+
+    def _keep(self, tail: memoryview) -> None:
+        """An incomplete frame's first bytes (copied once) into a buffer of its own."""
+        if not tail:
+            return
+        if self._expect_hello:
+            self._check_hello_prefix(tail)
+        if len(tail) < HEADER_BYTES:  # its size is not known yet: a buffer for the header
+            part = self._part = bytearray(HEADER_BYTES)
+            self._need, self._head_only = HEADER_BYTES, True
         else:
-            if not data:
-                return []
-            if self._expect_hello:
-                self._check_hello_prefix(data)
-            view = memoryview(data)
-        frames: list[Frame] = []
-        pos = self._parse(view, frames)
-        if pos < len(view):
-            self._buf += view[pos:]
-        return frames
+            part = self._own(self._check_header(tail, 0)[0], len(tail))
+        part[: len(tail)] = tail
+        self._got = len(tail)
 
-    def _check_hello_prefix(self, data: bytes | bytearray) -> None:
+    def _own(self, length: int, have: int) -> bytearray:
+        """A buffer for a frame of `length` (its u32 length excluded) of which `have` bytes are
+        in: a frame larger than the scratch is lent one whole when the pool has room; a smaller one
+        (a request that straddled two reads) or one the pool cannot take gets a buffer that grows
+        as its bytes arrive, so a long poll held for seconds pins no pooled buffer."""
+        need = _LEN.size + length
+        buffers = self._buffers
+        part = buffers.lend(need) if need > buffers.scratch_bytes else None
+        if part is None:
+            part = bytearray(min(need, max(have, _MIN_GROWN)))
+        self._part, self._need, self._head_only = part, need, False
+        return part
+
+    def _filled(self, n: int, out: list[Frame]) -> None:
+        """`n` more bytes are in the incomplete frame's buffer."""
+        part = self._part
+        assert part is not None
+        self._got += n
+        if self._expect_hello:
+            self._check_hello_prefix(memoryview(part)[: self._got])
+        if self._got < self._need:
+            return
+        if self._head_only:  # the header is in: the frame's size is known
+            length = self._check_header(memoryview(part), 0)[0]
+            if _LEN.size + length > HEADER_BYTES:
+                self._own(length, HEADER_BYTES)[:HEADER_BYTES] = part
+                return
+        self._part = None
+        view = memoryview(part)[: self._need]
+        pos = self._parse(view, out, copy=False)
+        assert pos == len(view), "a frame's own buffer holds exactly that frame"
+
+    def _check_hello_prefix(self, data: bytes | bytearray | memoryview) -> None:
         """Reject a non-raftmq peer on its first bytes, before buffering anything it sends.
         The first frame is HELLO (or a GOAWAY: a server refusing the handshake)."""
         if len(data) >= _LEN.size:
@@ -215,24 +389,33 @@ class FrameDecoder:
             if kind != Kind.HELLO or magic != MAGIC[: len(magic)]:
                 raise ProtocolError(_not_raftmq(data))
 
-    def _parse(self, view: memoryview, out: list[Frame]) -> int:
-        pos, end, limit = 0, len(view), self.max_frame_bytes
-        unpack = _HEADER.unpack_from
+    def _check_header(self, view: memoryview, pos: int) -> tuple[int, Kind, int]:
+        """(length, kind, request id) of the header at `pos`, checked before its body is read."""
+        length, kind_byte, flags, request_id = _HEADER.unpack_from(view, pos)
+        if length > self.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {length} bytes exceeds max_frame_bytes {self.max_frame_bytes}"
+            )
+        if length < _REST:
+            raise ProtocolError(f"frame length {length} is shorter than its header")
+        kind = _KINDS[kind_byte]
+        if kind is None:
+            raise ProtocolError(f"unknown frame kind {kind_byte}")
+        if flags:
+            raise ProtocolError(f"reserved flags {flags:#04x} set on a {kind.name} frame")
+        return length, kind, request_id
+
+    def _parse(self, view: memoryview, out: list[Frame], *, copy: bool) -> int:
+        """Append the complete frames at the start of `view` to `out`; the end of the last.
+        copy: the payloads are cut from one copy of those frames (`view` is the scratch)."""
+        pos, end = 0, len(view)
+        spans: list[tuple[Kind, int, int, int, int]] = []  # kind, request id, method, body
+        check = self._check_header
         while end - pos >= HEADER_BYTES:
-            length, kind_byte, flags, request_id = unpack(view, pos)
-            if length > limit:
-                raise ProtocolError(f"frame of {length} bytes exceeds max_frame_bytes {limit}")
-            if length < _REST:
-                raise ProtocolError(f"frame length {length} is shorter than its header")
-            kind = _KINDS[kind_byte]
-            if kind is None:
-                raise ProtocolError(f"unknown frame kind {kind_byte}")
-            if flags:
-                raise ProtocolError(f"reserved flags {flags:#04x} set on a {kind.name} frame")
+            length, kind, request_id = check(view, pos)
             stop = pos + _LEN.size + length
             if stop > end:
-                self._need = stop - pos
-                return pos
+                break
             if self._expect_hello:
                 if kind is Kind.HELLO:
                     self._expect_hello = False
@@ -244,17 +427,18 @@ class FrameDecoder:
                 if length < _REST + _METHOD.size:
                     raise ProtocolError("REQUEST frame without a method id")
                 (method,) = _METHOD.unpack_from(view, pos + HEADER_BYTES)
-                body = view[pos + REQUEST_HEADER_BYTES : stop]
+                spans.append((kind, request_id, method, pos + REQUEST_HEADER_BYTES, stop))
             else:
-                method = 0
-                body = view[pos + HEADER_BYTES : stop]
-            out.append(Frame(kind, flags, request_id, method, body))
+                spans.append((kind, request_id, 0, pos + HEADER_BYTES, stop))
             pos = stop
-        self._need = HEADER_BYTES
+        # From the scratch: one copy of the read's complete frames, each payload cut from it.
+        src = memoryview(view[:pos].tobytes()) if copy and pos else view
+        for kind, request_id, method, start, stop in spans:
+            out.append(Frame(kind, 0, request_id, method, src[start:stop]))
         return pos
 
 
-def _not_raftmq(data: bytes | bytearray) -> str:
+def _not_raftmq(data: bytes | bytearray | memoryview) -> str:
     head = bytes(data[:16])
     what = " (an HTTP/2 or gRPC client?)" if head.startswith(b"PRI * HTTP/2") else ""
     return (

@@ -28,6 +28,7 @@ from raftmq.common.frame import (
     MAX_REQUEST_ID,
     PROTOCOL_VERSION,
     Frame,
+    FrameBuffers,
     FrameDecoder,
     Hello,
     Kind,
@@ -49,6 +50,9 @@ _Out = list[bytes | bytearray | memoryview]
 # A REQUEST's bytes counted against the peer's max_frame_bytes beyond its payload.
 _REQUEST_OVERHEAD = 8  # kind, flags, request id, method
 _RESPONSE_OVERHEAD = 6  # kind, flags, request id
+# Pooled whole-frame buffers per server: 128 requests of 512 KiB in flight, or 8 of 8 MiB.
+DEFAULT_FRAME_BUFFER_BYTES = 64 * 1024 * 1024
+_DISCARD = bytearray(4096)  # a closed connection's reads land here, unread
 
 
 class RequestContext(NamedTuple):
@@ -135,6 +139,7 @@ class FrameServer:
         max_connections_per_address: int = 0,
         max_connections_per_user: int = 0,
         max_starts_per_turn: int = 32,
+        frame_buffer_bytes: int = DEFAULT_FRAME_BUFFER_BYTES,
         hello_timeout_s: float = 5.0,
         idle_timeout_s: float = 30.0,
         ssl: ssl_lib.SSLContext | None = None,
@@ -145,6 +150,9 @@ class FrameServer:
         if max_starts_per_turn < 1:
             raise ValueError("max_starts_per_turn must be >= 1")
         self._handlers = dict(handlers)
+        # Requests are read into buffers of this pool (common/frame.py FrameBuffers): one shared
+        # scratch, and whole-frame buffers for large requests up to frame_buffer_bytes in all.
+        self.buffers = FrameBuffers(frame_buffer_bytes)
         self._names = {m: getattr(h, "__qualname__", f"method {m}") for m, h in handlers.items()}
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight_per_conn = max_inflight_per_conn
@@ -301,13 +309,19 @@ class FrameServer:
         self._schedule_sweep()
 
 
-class _ServerConn(asyncio.Protocol):
+class _ServerConn(asyncio.BufferedProtocol):
+    """One client connection. A BufferedProtocol: the socket reads into the decoder's buffers
+    (a large request straight into a buffer of its own, which its handler gets), not into bytes
+    objects that the decoder would copy again (issue 24)."""
+
     def __init__(self, server: FrameServer) -> None:
         assert server._loop is not None
         self._srv = server
         self._loop = server._loop
         self._max_inflight = server.max_inflight_per_conn
-        self._decoder = FrameDecoder(server.max_frame_bytes, expect_hello=True)
+        self._decoder = FrameDecoder(
+            server.max_frame_bytes, expect_hello=True, buffers=server.buffers
+        )
         self._transport: asyncio.Transport | None = None
         self.id = next(server._conn_ids)
         self.peer = "?"
@@ -356,12 +370,20 @@ class _ServerConn(asyncio.Protocol):
         self._host = host
         self._srv._conns.add(self)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._closed:
+            return memoryview(_DISCARD)  # what arrives after we closed is dropped
+        try:
+            return self._decoder.get_buffer()
+        except ProtocolError:  # the stream broke; its connection is closing
+            return memoryview(_DISCARD)
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
         self._last_rx = self._loop.time()
         try:
-            frames = self._decoder.feed(data)
+            frames = self._decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
             self._protocol_error(exc)
             return

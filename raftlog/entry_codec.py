@@ -26,7 +26,7 @@ def encoded_size(chunk_sizes: Sequence[int]) -> int:
     return HEADER_BYTES + PER_CHUNK_BYTES * len(chunk_sizes) + sum(chunk_sizes)
 
 
-def encode_data(chunks: Sequence[bytes | bytearray]) -> bytes:
+def encode_data(chunks: Sequence[bytes | bytearray | memoryview]) -> bytes:
     if not chunks:
         raise ValueError("a data entry carries at least one chunk")
     lengths = struct.pack(f"<{len(chunks)}I", *(len(c) for c in chunks))

@@ -68,13 +68,15 @@ class LogStatus:
     pending_bytes: int = 0
 
 
-# A submitted chunk: a bytearray may be rewritten in place by the log's stamper.
-Chunk = bytes | bytearray
+# A submitted chunk: a bytearray, or a writable memoryview (a produce batch in place in the
+# request's own buffer, broker/produce.py), may be rewritten in place by the log's stamper.
+Chunk = bytes | bytearray | memoryview
 
 # A log's stamper (set_stamper): called with (term, index of the first entry, each entry's
 # chunks) just before a leader proposes those entries, in log order, on the thread that
-# proposes; it may rewrite chunks that are bytearrays in place (the broker places queue offsets
-# into its produce batches) and must not block. What it raises fails those submissions.
+# proposes; it may rewrite chunks that are bytearrays or writable views in place (the broker
+# places queue offsets into its produce batches) and must not block. What it raises fails
+# those submissions.
 Stamper = Callable[[int, int, Sequence[Sequence[Chunk]]], None]
 
 

@@ -125,7 +125,14 @@ def _scheduled(queue_id: int) -> bytearray:
 
 @pytest.mark.parametrize(
     "between",
-    ["v1 batch", "delayed batch", "window refusal", "immutable batch", "topic change"],
+    [
+        "v1 batch",
+        "delayed batch",
+        "window refusal",
+        "immutable batch",
+        "read-only view",
+        "topic change",
+    ],
 )
 def test_a_chunk_the_dispatcher_counts_holds_placing_until_it_is_dispatched(between: str) -> None:
     """Each rule that unsettles the book, on its own: after a chunk whose effect on the queue
@@ -135,11 +142,12 @@ def test_a_chunk_the_dispatcher_counts_holds_placing_until_it_is_dispatched(betw
     state = PendingState(EmptyState())
     book = LeaderOffsets(state)
     p = ProducerSequence("p", 0)
-    chunk: bytes | bytearray = {
+    chunk: bytes | bytearray | memoryview = {
         "v1 batch": produce("T", 0, 2),
         "delayed batch": _scheduled(0),
         "window refusal": v2("T", 0, 1, p),  # the same sequence again: a duplicate
         "immutable batch": bytes(v2("T", 0, 1)),
+        "read-only view": memoryview(bytes(v2("T", 0, 1))),
         "topic change": encode(TopicConfigChange(TopicOp.UPDATE, TopicConfig("T", 4, 4))),
     }[between]
     log = [[v2("T", 0, 2, p)], [chunk], [v2("T", 0, 1)]]
@@ -154,6 +162,30 @@ def test_a_chunk_the_dispatcher_counts_holds_placing_until_it_is_dispatched(betw
     head = state.queue_head("T", 0)
     assert stored_batch.placed_offset(after) == (head.next_offset if head else 0)
     dispatcher.apply(Entry(len(log) + 1, 1, (bytes(after),)), state)  # agrees
+
+
+def test_a_batch_in_place_in_its_request_buffer_is_placed_there() -> None:
+    """The data server hands a large request's batches on as writable views of the request's
+    own buffer (broker/produce.py): the book places their offsets in place, as in a bytearray,
+    and touches nothing of the buffer around them."""
+    dispatcher = Dispatcher(transactions=TxnApplier(TxnSettings()))
+    state = PendingState(EmptyState())
+    book = LeaderOffsets(state)
+    first, second = v2("T", 0, 3), v2("T", 0, 2)
+    request = bytearray(b"head" + first + b"mid" + second + b"tail")
+    views = [
+        memoryview(request)[4 : 4 + len(first)],
+        memoryview(request)[7 + len(first) : 7 + len(first) + len(second)],
+    ]
+    book.place(1, 1, 0, 0, [views])
+    assert [stored_batch.placed_offset(v) for v in views] == [0, 3]
+    assert (request[:4], request[4 + len(first) : 7 + len(first)], request[-4:]) == (
+        b"head",
+        b"mid",
+        b"tail",
+    )
+    stored_batch.verify_stamped(views[1])
+    dispatcher.apply(Entry(1, 1, tuple(bytes(v) for v in views)), state)  # agrees
 
 
 class Placing(RuleBasedStateMachine):

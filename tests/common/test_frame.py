@@ -252,3 +252,117 @@ def test_corrupted_streams_raise_only_protocol_error(
         dec.feed_eof()
     except ProtocolError:
         pass
+
+
+# ---- reading into the decoder's buffers (a server's BufferedProtocol, issue 24) ---------------
+
+
+def _read_into(dec: FrameDecoder, stream: bytes, reads: list[int]) -> list[Frame]:
+    """Drive `dec` as the loop drives a BufferedProtocol: each read fills at most the buffer it
+    was given, and at most the next read size of `reads` (cycled)."""
+    out: list[Frame] = []
+    pos, k = 0, 0
+    while pos < len(stream):
+        room = dec.get_buffer()
+        n = min(
+            len(room), max(1, reads[k % len(reads)] if reads else len(stream)), len(stream) - pos
+        )
+        room[:n] = stream[pos : pos + n]
+        pos += n
+        k += 1
+        out += dec.buffer_updated(n)
+    return out
+
+
+_big_frames = st.lists(
+    st.tuples(
+        _kinds,
+        st.integers(0, frame.MAX_REQUEST_ID),
+        st.integers(0, frame.MAX_METHOD),
+        st.one_of(st.binary(max_size=40), st.binary(min_size=100, max_size=700)),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _big_frames,
+    st.lists(st.integers(1, 900), max_size=10),
+    st.sampled_from([0, 256, 64 * 1024]),
+)
+def test_reads_into_the_buffers_decode_as_the_whole_stream(
+    specs: list[tuple[Kind, int, int, bytes]], reads: list[int], budget: int
+) -> None:
+    """Any read sizes, a scratch smaller than some frames, a pool that lends none, some or all
+    whole-frame buffers: the same frames, in order, as the stream decoded at once."""
+    stream = HELLO + b"".join(_encode(*s) for s in specs)
+    whole = FrameDecoder(expect_hello=True).feed(stream)
+    buffers = frame.FrameBuffers(budget, scratch=64)
+    got = _read_into(FrameDecoder(expect_hello=True, buffers=buffers), stream, reads)
+    assert _plain(got) == _plain(whole)
+    assert buffers.pooled_bytes <= budget
+
+
+def test_a_stream_split_at_every_byte_decodes_the_same() -> None:
+    """Two reads, cut at every byte of a stream of small and large frames, fed or read into."""
+    specs = [
+        (Kind.REQUEST, 1, 7, b"a" * 3),
+        (Kind.REQUEST, 2, 7, bytes(range(256)) * 3),
+        (Kind.PING, 3, 0, b""),
+        (Kind.RESPONSE, 4, 0, b"z" * 90),
+    ]
+    stream = HELLO + b"".join(_encode(*s) for s in specs)
+    whole = _plain(FrameDecoder(expect_hello=True).feed(stream))
+    for cut in range(len(stream) + 1):
+        fed = FrameDecoder(expect_hello=True)
+        assert _plain(fed.feed(stream[:cut]) + fed.feed(stream[cut:])) == whole, cut
+        for budget in (0, 1 << 20):
+            dec = FrameDecoder(expect_hello=True, buffers=frame.FrameBuffers(budget, scratch=128))
+            assert _plain(_read_into(dec, stream, [cut, len(stream)])) == whole, (cut, budget)
+            dec.feed_eof()
+
+
+def test_a_large_request_is_read_into_a_pooled_buffer_reused_only_once_unreferenced() -> None:
+    buffers = frame.FrameBuffers(1 << 20, scratch=256)
+    dec = FrameDecoder(expect_hello=True, buffers=buffers)
+    assert dec.buffer_updated(0) == []
+    body = b"x" * 5000
+    [_hello, first] = _read_into(dec, HELLO + frame.encode_request(1, 2, body), [300])
+    assert bytes(first.payload) == body
+    assert type(first.payload.obj) is bytearray and buffers.lent == 1  # read there, no copy
+    pooled = id(first.payload.obj)  # (not a reference: one would keep the buffer lent)
+    view = first.payload[10:20]  # a handler's slice of the request outlives the frame
+    del first
+    [second] = _read_into(dec, frame.encode_request(2, 2, b"y" * 5000), [300])
+    assert id(second.payload.obj) != pooled  # a view of the first still lives: not reused
+    assert bytes(view) == b"x" * 10
+    assert buffers.lent == 2
+    del view
+    assert buffers.lent == 1
+    [third] = _read_into(dec, frame.encode_request(3, 2, b"z" * 5000), [300])
+    assert id(third.payload.obj) == pooled  # nothing refers to the first's buffer: reused
+    assert bytes(third.payload) == b"z" * 5000 and bytes(second.payload) == b"y" * 5000
+    assert buffers.pooled_bytes == 2 * 64 * 1024  # two buffers made, the third request reused one
+
+
+def test_without_room_in_the_pool_a_frame_grows_as_its_bytes_arrive() -> None:
+    """A header alone commits no memory past the pool: an 8 MiB frame announced with 1 KiB sent
+    holds a buffer of what arrived (at least 4 KiB), not 8 MiB."""
+    dec = FrameDecoder(expect_hello=True, buffers=frame.FrameBuffers(0, scratch=1024))
+    _read_into(dec, HELLO, [])
+    head = frame.encode_request(1, 2, b"q" * (8 * 1024 * 1024 - 100))[:1024]
+    assert _read_into(dec, head, []) == []
+    assert dec.buffered_bytes == 1024
+    assert len(dec.get_buffer()) <= 4096
+
+
+def test_a_small_request_across_two_reads_takes_no_pooled_buffer() -> None:
+    """Only a frame larger than the scratch is lent a pooled buffer: a pull that straddled two
+    reads and is then held for seconds must not pin one."""
+    buffers = frame.FrameBuffers(1 << 20, scratch=256)
+    dec = FrameDecoder(expect_hello=True, buffers=buffers)
+    stream = HELLO + frame.encode_request(1, 2, b"p" * 200)
+    [_hello, pull] = _read_into(dec, stream, [len(HELLO) + 50, 1000])
+    assert bytes(pull.payload) == b"p" * 200
+    assert buffers.pooled_bytes == 0 and len(pull.payload.obj) == 4 + 6 + 2 + 200

@@ -806,3 +806,36 @@ async def wait_for_condition(cond: Callable[[], bool], timeout_s: float = 5) -> 
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_large_requests_in_flight_are_read_whole_over_either_loop_and_tls(
+    tmp_path: Path, secure: bool, loop_kind: str
+) -> None:
+    """Requests larger than the server's scratch, many in flight, with a frame buffer pool of
+    1 MiB: some are read into pooled buffers, the rest into buffers grown as their bytes arrive;
+    every answer is its own request's bytes (a pooled buffer rewritten under a live request
+    would answer another's), over TCP and TLS, on uvloop's and asyncio's transports."""
+    server_ctx = client_ctx = None
+    if secure:
+        cert, key = _self_signed(tmp_path)
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        client_ctx = ssl.create_default_context(cafile=str(cert))
+    sizes = [200_000, 700_000, 3_000_000, 70_000, 1_100_000] * 3
+    bodies = [bytes([k % 251]) * n + k.to_bytes(4, "little") for k, n in enumerate(sizes)]
+
+    async def main() -> None:
+        async with FrameServer(HANDLERS, ssl=server_ctx, frame_buffer_bytes=1 << 20) as server:
+            await server.start()
+            async with FrameClient(
+                "127.0.0.1", server.port, ssl=client_ctx, server_hostname="localhost"
+            ) as client:
+                answers = await asyncio.gather(*(client.call(ECHO, b, 20) for b in bodies))
+                assert answers == bodies
+                assert server.buffers.pooled_bytes <= 1 << 20
+                answers = await asyncio.gather(*(client.call(ECHO, b, 20) for b in bodies[:4]))
+                assert answers == bodies[:4]
+
+    run(main(), loop_kind, timeout_s=60)
