@@ -27,10 +27,12 @@ from raftmq.common.frame import (
     MAX_METHOD,
     MAX_REQUEST_ID,
     PROTOCOL_VERSION,
+    BytesLike,
     Frame,
     FrameDecoder,
     Hello,
     Kind,
+    Parts,
     Payload,
     ProtocolError,
     decode_error,
@@ -61,7 +63,8 @@ class RequestContext(NamedTuple):
     principal: str = ""  # who the connection authenticated as in its HELLO ("" = auth off)
 
 
-Handler = Callable[[memoryview, RequestContext], Awaitable[bytes | memoryview]]
+Answer = bytes | memoryview | Parts  # what a handler answers (Parts: written as they are)
+Handler = Callable[[memoryview, RequestContext], Awaitable[Answer]]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -491,7 +494,7 @@ class _ServerConn(asyncio.Protocol):
         ctx = RequestContext(self.peer, self.id, rid, frame.method, self.principal)
         try:
             result = await handler(frame.payload, ctx)
-            if not isinstance(result, bytes | bytearray | memoryview):
+            if not isinstance(result, bytes | bytearray | memoryview | Parts):
                 raise TypeError(f"handler returned {type(result).__name__}, not bytes")
         except errors.RaftMQError as exc:
             self._send_error(rid, exc)
@@ -531,7 +534,7 @@ class _ServerConn(asyncio.Protocol):
 
     # -- writing (answers finished in one loop iteration leave in one writelines)
 
-    def _send(self, kind: Kind, request_id: int, payload: bytes | bytearray | memoryview) -> None:
+    def _send(self, kind: Kind, request_id: int, payload: BytesLike | Parts) -> None:
         if self._closed:
             return
         frame_into(self._out, kind, request_id, payload)
