@@ -144,8 +144,8 @@ class FrameDecoder:
     """Feed it received bytes, get complete frames back.
 
     Payloads are memoryview slices of an immutable bytes object (the data handed to `feed`, or
-    one copy of the buffered tail once a frame completes across reads), so they stay valid after
-    later feeds. Memory held is bounded by `max_frame_bytes` plus one read.
+    the reads a frame spans joined once it is complete), so they stay valid after later feeds.
+    Memory held is bounded by `max_frame_bytes` plus one read.
     """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, expect_hello: bool):
@@ -153,13 +153,17 @@ class FrameDecoder:
             raise LocalProtocolError(f"max_frame_bytes {max_frame_bytes} < {MIN_MAX_FRAME_BYTES}")
         self.max_frame_bytes = max_frame_bytes
         self._expect_hello = expect_hello
-        self._buf = bytearray()
-        self._need = HEADER_BYTES  # bytes the buffer must hold before the next parse can progress
+        # The reads of an incomplete frame, kept as received and joined once when it completes
+        # (one copy: a 1 MiB pull answer spans many reads, and growing a buffer by each read
+        # then copying it out was two to three).
+        self._pending: list[BytesLike] = []
+        self._pending_bytes = 0
+        self._need = HEADER_BYTES  # bytes pending before the next parse can progress
         self._failed: ProtocolError | None = None
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        return self._pending_bytes
 
     def feed(self, data: bytes) -> list[Frame]:
         """Decode every complete frame in what was received so far; keep the incomplete tail."""
@@ -169,25 +173,26 @@ class FrameDecoder:
             return self._feed(data)
         except ProtocolError as exc:
             self._failed = exc
-            self._buf = bytearray()
+            self._pending, self._pending_bytes = [], 0
             raise
 
     def feed_eof(self) -> None:
         """The peer closed its side: a partial frame left over is a truncation."""
-        if self._buf:
-            n = len(self._buf)
-            self._buf = bytearray()
+        if self._pending_bytes:
+            n = self._pending_bytes
+            self._pending, self._pending_bytes = [], 0
             raise ProtocolError(f"connection closed inside a frame ({n} bytes of it received)")
 
     def _feed(self, data: bytes) -> list[Frame]:
-        if self._buf:
-            self._buf += data
-            if self._expect_hello:
-                self._check_hello_prefix(self._buf)
-            if len(self._buf) < self._need:
+        if self._pending_bytes:
+            self._pending.append(data if isinstance(data, bytes) else bytes(data))
+            self._pending_bytes += len(data)
+            if self._expect_hello:  # (the first frame only, at most MAX_HELLO_BYTES)
+                self._check_hello_prefix(b"".join(self._pending))
+            if self._pending_bytes < self._need:
                 return []
-            view = memoryview(bytes(self._buf))  # one copy, once a frame is complete
-            self._buf = bytearray()
+            view = memoryview(b"".join(self._pending))  # one copy, once a frame is complete
+            self._pending, self._pending_bytes = [], 0
         else:
             if not data:
                 return []
@@ -197,7 +202,9 @@ class FrameDecoder:
         frames: list[Frame] = []
         pos = self._parse(view, frames)
         if pos < len(view):
-            self._buf += view[pos:]
+            tail = view[pos:]  # kept as it is: `data` is immutable, or the join made here
+            self._pending = [tail if isinstance(view.obj, bytes) else bytes(tail)]
+            self._pending_bytes = len(tail)
         return frames
 
     def _check_hello_prefix(self, data: bytes | bytearray) -> None:
