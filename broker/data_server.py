@@ -35,8 +35,10 @@ from raftmq.common.acl import Action
 from raftmq.common.auth_guard import Guard
 from raftmq.common.data_api import PAYLOADS, DataMethod, parse
 from raftmq.common.errors import InvalidArgumentError, RaftMQError
+from raftmq.common.frame import Parts
 from raftmq.common.pb import broker_pb2
 from raftmq.common.quota import Flow
+from raftmq.common.raw_pull import answer_parts
 from raftmq.common.record_batch import MalformedBatchError
 from raftmq.common.transport import FrameServer, Handler, LoopThread, RequestContext
 
@@ -376,7 +378,7 @@ class DataServer:
             node.offsets.check_commit(outcomes)
         return broker_pb2.CommitOffsetResponse().SerializeToString()
 
-    async def _pull(self, payload: memoryview, ctx: RequestContext) -> bytes:
+    async def _pull(self, payload: memoryview, ctx: RequestContext) -> bytes | Parts:
         """The pull generator driven with loop futures: a held pull holds no thread. The frame
         carries no deadline, so the hold is the request's max_wait_ms, capped by the broker's
         long_poll_max_ms (the generator applies both)."""
@@ -390,9 +392,9 @@ class DataServer:
         deadline = time.monotonic() + (self.settings.long_poll_max_ms - held) / 1000
         steps = requests.pull_steps(node, req, deadline)
         result = await self._drive(steps)
-        resp = requests.pull_answer(node, result)
-        resp.throttle_ms = held
-        answer = resp.SerializeToString()
+        # The stored batches go out as they were read, parts of the frame around protobuf's
+        # fields: never copied into a message and out of it again (common/raw_pull.py).
+        answer = answer_parts(requests.pull_head(node, result, held), result.raw_parts)
         self.quota.charge(Flow.CONSUME, ctx.principal, len(answer))
         node.metrics.on_pull(req.consumer_group, req.topic, result.count, len(answer))
         node.stats.on_pull(req.consumer_group, req.topic, result.count)

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from raftmq.common.errors import RaftMQError
 from raftmq.common.metrics_http import HotCounters, RpcMetrics, code_name, quota_families
 from raftmq.common.quota import UserUsage
-from raftmq.common.transport import Handler, RequestContext
+from raftmq.common.transport import Answer, Handler, RequestContext
 from raftmq.raftlog.record import Role
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class BrokerMetrics:
             return handler
         observe, on_error = self.rpc.observe, self.rpc.on_error
 
-        async def timed(payload: memoryview, ctx: RequestContext) -> bytes | memoryview:
+        async def timed(payload: memoryview, ctx: RequestContext) -> Answer:
             t0 = time.perf_counter()
             try:
                 return await handler(payload, ctx)

@@ -168,15 +168,25 @@ def pull_steps(node: BrokerNode, req: broker_pb2.PullMessageRequest, deadline: f
     )
 
 
-def pull_answer(node: BrokerNode, result: PullResult) -> broker_pb2.PullMessageResponse:
-    answer = broker_pb2.PullMessageResponse(
+def pull_head(
+    node: BrokerNode, result: PullResult, throttle_ms: int = 0
+) -> broker_pb2.PullMessageResponse:
+    """The answer to a pull without its raw batches (`pull_answer` adds them; the data path
+    writes them around it: common/raw_pull.py)."""
+    return broker_pb2.PullMessageResponse(
         status=PULL_STATUS[result.status],
         messages=[stored_to_pb(m) for m in result.messages],
         next_offset=result.next_offset,
         min_offset=result.min_offset,
         max_offset=result.max_offset,
         node_id=node.me.node_id,
+        throttle_ms=throttle_ms,
     )
+
+
+def pull_answer(node: BrokerNode, result: PullResult) -> broker_pb2.PullMessageResponse:
+    """The whole answer as one message (gRPC's path)."""
+    answer = pull_head(node, result)
     # Each raw batch made in place: a list of RawBatch messages handed to the constructor is
     # copied again, chunk and all (2.8x the build's CPU for a 1 MiB answer, measured).
     add = answer.batches.add

@@ -72,7 +72,7 @@ class Parts:
         return b"".join(self.parts)
 
 
-Payload = BytesLike | Parts  # what a request carries
+Payload = BytesLike | Parts  # what a request carries, and an answer
 
 HEADER_BYTES = _HEADER.size  # 10
 REQUEST_HEADER_BYTES = _REQ_HEADER.size  # 12
@@ -514,12 +514,15 @@ def frame_into(
     out: list[BytesLike],
     kind: Kind,
     request_id: int,
-    payload: BytesLike = b"",
+    payload: Payload = b"",
 ) -> int:
-    """Append any non-REQUEST frame to `out`; returns its size on the wire."""
+    """Append any non-REQUEST frame to `out` (its payload's parts not copied: a raw pull's
+    answer, common/raw_pull.py); returns its size on the wire."""
     length = _REST + len(payload)
     out.append(_HEADER.pack(length, kind, 0, request_id))
-    if payload:
+    if isinstance(payload, Parts):
+        out += payload.parts
+    elif payload:
         out.append(payload)
     return _LEN.size + length
 

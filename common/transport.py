@@ -27,11 +27,13 @@ from raftmq.common.frame import (
     MAX_METHOD,
     MAX_REQUEST_ID,
     PROTOCOL_VERSION,
+    BytesLike,
     Frame,
     FrameBuffers,
     FrameDecoder,
     Hello,
     Kind,
+    Parts,
     Payload,
     ProtocolError,
     decode_error,
@@ -65,7 +67,8 @@ class RequestContext(NamedTuple):
     principal: str = ""  # who the connection authenticated as in its HELLO ("" = auth off)
 
 
-Handler = Callable[[memoryview, RequestContext], Awaitable[bytes | memoryview]]
+Answer = bytes | memoryview | Parts  # what a handler answers (Parts: written as they are)
+Handler = Callable[[memoryview, RequestContext], Awaitable[Answer]]
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -513,7 +516,7 @@ class _ServerConn(asyncio.BufferedProtocol):
         ctx = RequestContext(self.peer, self.id, rid, frame.method, self.principal)
         try:
             result = await handler(frame.payload, ctx)
-            if not isinstance(result, bytes | bytearray | memoryview):
+            if not isinstance(result, bytes | bytearray | memoryview | Parts):
                 raise TypeError(f"handler returned {type(result).__name__}, not bytes")
         except errors.RaftMQError as exc:
             self._send_error(rid, exc)
@@ -553,7 +556,7 @@ class _ServerConn(asyncio.BufferedProtocol):
 
     # -- writing (answers finished in one loop iteration leave in one writelines)
 
-    def _send(self, kind: Kind, request_id: int, payload: bytes | bytearray | memoryview) -> None:
+    def _send(self, kind: Kind, request_id: int, payload: BytesLike | Parts) -> None:
         if self._closed:
             return
         frame_into(self._out, kind, request_id, payload)

@@ -106,14 +106,11 @@ class StoredPart:
     msg_id_prefix: str
     store_us: int
     count: int  # the batch's message count (its positions are below it)
+    nbytes: int  # the codec's buffers' size (RecordBatch.nbytes walks the arrays: ~30 us)
 
     @property
     def num_rows(self) -> int:
         return int(self.raw.num_rows)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.raw.nbytes)
 
 
 # A pull answer's rows: v2 stored batches not yet finished, v1 record batches decoded row by row.
@@ -273,6 +270,7 @@ def _stored_part(
         msg_id_prefix(broker_group, b.raft_index, b.slot),
         b.store_timestamp_ms * MS_TO_US,
         h.count,
+        sum(map(len, c[1:])),
     )
 
 

@@ -47,6 +47,12 @@ def test_a_payload_in_parts_is_written_as_the_joined_bytes_without_a_copy(
     assert all(any(o is p for o in out) for p in parts if p)
     [decoded] = server_decoder().feed(b"".join(out))
     assert bytes(decoded.payload) == b"".join(parts)
+    # an answer in parts (a raw pull's: common/raw_pull.py) the same way
+    out = []
+    size = frame.frame_into(out, Kind.RESPONSE, 5, payload)
+    assert b"".join(out) == frame.encode_frame(Kind.RESPONSE, 5, b"".join(parts))
+    assert size == len(b"".join(out))
+    assert all(any(o is p for o in out) for p in parts if p)
 
 
 def test_hello_round_trip_and_auth_placeholder() -> None:
