@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -146,12 +147,31 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 "dave", parse_entries(["Topic:orders*=Pub,Sub", "Group:billing=Sub"])
             )
             admin.acl.create_user("quinn", QUINN.secret_key)
-            admin.acl.set_policy("quinn", parse_entries(["Topic:orders*=Sub", "Group:quota=Sub"]))
-        # every node learns the users within its refresh interval
+            version = admin.acl.set_policy(
+                "quinn", parse_entries(["Topic:orders*=Sub", "Group:quota=Sub"])
+            )
+        # every node learns the users within its refresh interval; the tests ask any node (a
+        # follower too), so all of them must hold the last version before the first test
         wait_until(lambda: _can_route(e, ALICE, "orders-eu"), 30, "the ACL on the NameServer")
+        wait_until(lambda: not _behind(runner, version), 30, f"ACL version {version} everywhere")
         yield e
     finally:
         runner.stop_all()
+
+
+def _behind(runner: ClusterRunner, version: int) -> list[str]:
+    """The nodes whose log does not yet show ACL `version` or a later one (AclSync logs
+    `acl.updated version=N` each time it takes a newer snapshot)."""
+    behind = []
+    for p in runner.processes():
+        if p.role not in ("broker", "namesrv", "proxy"):
+            continue
+        log = p.data_dir / "process.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        seen = [int(v) for v in re.findall(r"acl\.updated version=(\d+)", text)]
+        if max(seen, default=-1) < version:
+            behind.append(p.name)
+    return behind
 
 
 def _can_route(e: Env, creds: Credentials, topic: str) -> bool:
