@@ -22,6 +22,7 @@ from raftmq.broker.errors import (
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
+from raftmq.common import timeline
 from raftmq.common.frozen_init import frozen_init
 from raftmq.raftlog.errors import CompactedError
 from raftmq.raftlog.record import Entry
@@ -71,6 +72,7 @@ class DispatchProgress:
 
 
 ProgressListener = Callable[[DispatchProgress], None]
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 class DispatcherThread:
@@ -332,6 +334,8 @@ class DispatcherThread:
             txns.reload(self._store.transaction_values())
 
     def _dispatch(self, entries: list[Entry]) -> None:
+        if _STAMP is not None:
+            _STAMP("dispatch.start", entries[-1].index)
         pending = PendingState(self._store)
         outputs: list[DispatchOutput] = []
         for entry in entries:
@@ -361,3 +365,5 @@ class DispatcherThread:
                 listener(progress)
             except Exception:
                 log.exception("broker.dispatch_listener_failed index=%d", progress.dispatched_index)
+        if _STAMP is not None:
+            _STAMP("dispatch.end", progress.dispatched_index)

@@ -53,7 +53,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import TxnSettings
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common import record_batch, stored_batch
+from raftmq.common import record_batch, stored_batch, timeline
 from raftmq.common.errors import (
     BrokerUnavailableError,
     DiskPressureError,
@@ -76,6 +76,7 @@ from raftmq.raftlog.record import Chunk, CommitResult, Committed, LogStatus, Rol
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 def _monotonic_ms() -> int:
@@ -565,11 +566,15 @@ class BrokerNode:
         commits = self._loop_commits.get(waker)
         if commits is None:
             commits = self._loop_commits.setdefault(waker, _LoopCommits(waker))
+        if _STAMP is not None:
+            _STAMP("node.submit", len(payloads))
         refused = self.rlog.submit_to(commits, payloads, [(req, k) for k in range(len(payloads))])
         for k, r in enumerate(refused):
             if r is not None:
                 req.put(k, r, waker)
         await _wait_for(req.future, timeout_s)  # never cancels what it waits on
+        if _STAMP is not None:
+            _STAMP("node.resumed", len(payloads))
         results: list[ChunkOutcome | RaftMQError] = []
         dispatched: list[tuple[int, Committed, asyncio.Future[ChunkOutcome]]] = []
         for k, (payload, c) in enumerate(zip(payloads, req.results, strict=True)):
@@ -758,7 +763,12 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     try:
         cfg = settings.raft_config()
         # The store's dispatched entries were committed: readable at once after a restart.
-        rlog = NativeLog(cfg, health=health, applied_hint=store.dispatched_index)
+        rlog = NativeLog(
+            cfg,
+            health=health,
+            applied_hint=store.dispatched_index,
+            stamp=timeline.process_stamp(),
+        )
     except BaseException:
         store.close()
         raise

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NamedTuple, TypeVar, cast
 
-from raftmq.common import errors
+from raftmq.common import errors, timeline
 from raftmq.common.fair_share import FairShare, ShareLimits, client_host
 from raftmq.common.frame import (
     AUTH_HMAC_SHA1,
@@ -55,6 +55,7 @@ _RESPONSE_OVERHEAD = 6  # kind, flags, request id
 # Pooled whole-frame buffers per server: 128 requests of 512 KiB in flight, or 8 of 8 MiB.
 DEFAULT_FRAME_BUFFER_BYTES = 64 * 1024 * 1024
 _DISCARD = bytearray(4096)  # a closed connection's reads land here, unread
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 class RequestContext(NamedTuple):
@@ -385,6 +386,8 @@ class _ServerConn(asyncio.BufferedProtocol):
         if self._closed:
             return
         self._last_rx = self._loop.time()
+        if _STAMP is not None:
+            _STAMP("server.read", nbytes)
         try:
             frames = self._decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -579,6 +582,8 @@ class _ServerConn(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
+            if _STAMP is not None:  # before the write: the reader may run before it returns
+                _STAMP("server.write", len(out))
             self._transport.writelines(out)
 
     # -- ending
@@ -1103,6 +1108,8 @@ class _ClientConn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_rx = self.loop.time()
+        if _STAMP is not None:
+            _STAMP("client.read", len(data))
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
@@ -1255,4 +1262,6 @@ class _ClientConn(asyncio.Protocol):
         self._flush_scheduled = False
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
+            if _STAMP is not None:  # before the write: the reader may run before it returns
+                _STAMP("client.write", len(out))
             self._transport.writelines(out)

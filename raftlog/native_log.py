@@ -47,6 +47,7 @@ from raftmq.raftlog.record import (
     LogStatus,
     RoleChange,
     Stamper,
+    TimelineStamp,
 )
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.scrubber import Scrubber
@@ -130,10 +131,13 @@ class NativeLog:
         on_role_change: RoleListener | None = None,
         health: StorageHealth | None = None,
         applied_hint: int = 0,
+        stamp: TimelineStamp | None = None,
     ) -> None:
         """applied_hint: what the state machine applied before a restart (committed, so read at
-        once; entries past the journal's end are not)."""
+        once; entries past the journal's end are not). stamp: the process's timeline, called at
+        each hop of an entry (record.TimelineStamp); None stamps nothing."""
         self.cfg = cfg
+        self._stamp = stamp
         self.health = health if health is not None else StorageHealth(cfg.node_id)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._journal = SegmentJournal(
@@ -207,6 +211,7 @@ class NativeLog:
             self._on_role,
             self._on_tick,
             applied_hint,
+            self._stamp,
         )
         self._node = node  # before start(): its first tick and role change come back here
         try:
@@ -294,6 +299,8 @@ class NativeLog:
         with self._lock:
             batch, self._inbox = self._inbox, deque()
             self._inbox_woken = False
+        if self._stamp is not None:
+            self._stamp("raft.inbox", len(batch))
         first = not self._pending
         self._pending.extend(batch)
         if first:
@@ -329,6 +336,8 @@ class NativeLog:
                 core = self._node.core
                 stamper(core.term, core.log.last_index + 1, chunks)
             first, term = self._node.propose([entry_codec.encode_data(c) for c in chunks])
+            if self._stamp is not None:
+                self._stamp("raft.propose", first + len(chunks) - 1)
         except Exception as exc:  # NotLeaderError, or the stamper's: nothing was proposed
             if not isinstance(exc, NotLeaderError):
                 log.exception("raft.stamper_failed node=%s", self.cfg.node_id)
@@ -374,6 +383,8 @@ class NativeLog:
         if released:
             self._release_bytes(released)
         if done is not None:  # the answers' wake-up before the dispatcher's, as the futures had
+            if self._stamp is not None:
+                self._stamp("raft.commit", entries[-1].index)
             done.deliver()
         with self._applied_cond:
             self._applied = entries[-1].index
