@@ -152,7 +152,6 @@ class NativeLog:
         self._listeners: list[RoleListener] = [on_role_change] if on_role_change else []
         self._closed = False
         self._lock = threading.Lock()  # guards _pending_bytes and _inbox (callers and the loop)
-        self._pending: deque[_Submission] = deque()  # loop only
         self._inbox: deque[_Submission] = deque()  # submitted, not yet taken by the loop
         self._inbox_woken = False  # a _take_inbox is scheduled
         self._pending_bytes = 0
@@ -296,24 +295,24 @@ class NativeLog:
     # ---- the loop: group commit and completions ------------------------------------------------
 
     def _take_inbox(self) -> None:
+        """Propose everything submitted since the last take, now. Group commit is the inbox:
+        what other threads submit while the loop is busy waits there and is taken whole. (A
+        loop turn between the take and the proposal batched nothing more: a submission from
+        another thread lands in the inbox, behind the proposal's callback, and it cost the
+        W2 send a turn and a hand-off of the GIL; bench/w2_timeline.py.)"""
         with self._lock:
-            batch, self._inbox = self._inbox, deque()
+            pending, self._inbox = self._inbox, deque()
             self._inbox_woken = False
         if self._stamp is not None:
-            self._stamp("raft.inbox", len(batch))
-        first = not self._pending
-        self._pending.extend(batch)
-        if first:
-            self._loop.call_soon(self._propose_pending)  # whatever else arrives this turn joins
+            self._stamp("raft.inbox", len(pending))
+        if pending:
+            self._propose(pending)
 
-    def _propose_pending(self) -> None:
-        if not self._pending:
-            return
+    def _propose(self, pending: deque[_Submission]) -> None:
         max_bytes, max_chunks = self.cfg.batch_max_bytes, self.cfg.max_chunks_per_entry
         entries: list[list[_Submission]] = []
         chunks: list[list[Chunk]] = []  # each entry's payloads, made once for stamp and encode
         sizes: list[int] = []
-        pending = self._pending
         while pending:
             group: list[_Submission] = []
             payloads: list[Chunk] = []
@@ -352,7 +351,7 @@ class NativeLog:
         inflight = self._inflight
         for k, g in enumerate(entries):
             inflight[first + k] = _InFlight(term, g, sizes[k], deadline)
-        # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
+        # The batch is whole (the inbox taken at once) and its waiters are registered
         # (whatever Ready commits it must find them): persist and send it now, not a turn later.
         self._node.ready_now()
 
@@ -417,8 +416,7 @@ class NativeLog:
     def _fail_all(self, inflight_exc: RaftLogError, pending_exc: RaftLogError) -> None:
         inflight, self._inflight = list(self._inflight.values()), {}
         with self._lock:
-            inbox, self._inbox = list(self._inbox), deque()
-        pending, self._pending = [*self._pending, *inbox], deque()
+            pending, self._inbox = list(self._inbox), deque()
         failed = _Done()  # every waiting proposal answered, each waiter in one call
         for e in inflight:
             self._release_bytes(e.size_bytes)

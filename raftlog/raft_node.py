@@ -578,7 +578,8 @@ class RaftNodeShell:
         from one source at a time: the stream from a follower's leader (after each socket read)
         and the leader's batch of proposals. It saves a loop turn per entry, and in a broker
         every turn may hand the GIL to the dispatcher or the data thread and wait for it back.
-        Inputs from several sources (the leader's acks) keep sharing one Ready per turn."""
+        Inputs from several sources (the leader's acks) keep sharing one Ready per turn, but for
+        the read whose acks advance the commit index: its Ready answers the committed sends."""
         handle = self._ready_handle
         if self._scheduled and handle is not None:
             handle.cancel()
@@ -917,9 +918,14 @@ class _Inbound:
         self._node.receive(self._sender, raft_codec.decode(body, self._sender, self._node.id))
 
     def on_read(self) -> None:
-        """After one socket read's frames: a follower handles its leader's input at once."""
+        """After one socket read's frames: a follower handles its leader's input at once, and
+        so does a leader whose commit index the read's acks advanced (the Ready that answers
+        the committed sends, without a loop turn and a hand-off of the GIL first: the W2
+        send's timeline, bench/w2_timeline.py). Acks that commit nothing new keep sharing one
+        Ready per turn."""
         node = self._node
-        if node.core.role is not Role.LEADER:
+        core = node.core
+        if core.role is not Role.LEADER or core.commit > core.applied:
             node.ready_now()
 
     def hello_overdue(self) -> None:
