@@ -557,7 +557,9 @@ class _ServerConn(asyncio.BufferedProtocol):
             self._reading = False
             transport.pause_reading()
 
-    # -- writing (answers finished in one loop iteration leave in one writelines)
+    # -- writing: a loop iteration's first answer leaves at once, the rest of the iteration's
+    # answers in one writelines at its end (a lone answer does not wait a loop turn, in which
+    # another thread of the broker may take the GIL: bench/w2_timeline.py)
 
     def _send(self, kind: Kind, request_id: int, payload: BytesLike | Parts) -> None:
         if self._closed:
@@ -565,6 +567,7 @@ class _ServerConn(asyncio.BufferedProtocol):
         frame_into(self._out, kind, request_id, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self._loop.call_soon(self._flush)
 
     def _send_error(self, request_id: int, exc: errors.RaftMQError) -> None:
@@ -580,6 +583,9 @@ class _ServerConn(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
             if _STAMP is not None:  # before the write: the reader may run before it returns
@@ -1244,22 +1250,29 @@ class _ClientConn(asyncio.Protocol):
             self._send(Kind.PING, self._ping_seq)
         self._schedule_keepalive()
 
-    # -- writing: requests made in one loop iteration leave in one writelines (nats.py's flusher)
+    # -- writing: a loop iteration's first request leaves at once, the rest of the iteration's
+    # requests in one writelines at its end (nats.py's flusher; a lone synchronous send does
+    # not wait a loop turn: bench/w2_timeline.py)
 
     def send_request(self, rid: int, method: int, payload: Payload) -> None:
         request_into(self._out, rid, method, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self.loop.call_soon(self._flush)
 
     def _send(self, kind: Kind, rid: int, payload: bytes = b"") -> None:
         frame_into(self._out, kind, rid, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
             if _STAMP is not None:  # before the write: the reader may run before it returns
