@@ -136,7 +136,8 @@ class BrokerNode:
         dispatcher = Dispatcher(transactions=self.transactions)
         if dispatcher_settings is None:
             dispatcher_settings = DispatcherSettings(
-                follower_round_ms=settings.follower_dispatch_round_ms
+                follower_round_ms=settings.follower_dispatch_round_ms,
+                leader_round_ms=settings.leader_dispatch_round_ms,
             )
         self.dispatcher = DispatcherThread(
             rlog,
@@ -150,6 +151,10 @@ class BrokerNode:
             is_leader=rlog.is_leader,
         )
         rlog.add_role_listener(self._on_role_change)  # (it tells the dispatcher)
+        # A request waiting for its dispatched outcome ends a gathered round, and none is
+        # gathered while one waits (a leader gathers too: its placed sends wait on no index).
+        self.outcomes.on_wait = self.dispatcher.hurry
+        self.dispatcher.add_readers(lambda: self.outcomes.waiting)
         # Offsets by the leader (issue 29): placed just before proposal, answered at commit.
         self.leader_offsets = LeaderOffsets(
             store,
