@@ -185,8 +185,8 @@ def moments(
 
 
 def summarize(sends: Sequence[dict[str, int]]) -> list[dict[str, Any]]:
-    """Per hop of CHAIN, ASIDE and TOTAL: its median and p90 in us over the sends that have
-    both of its moments, and how many do."""
+    """Per hop of CHAIN, ASIDE and TOTAL: its median, p90 and p99 in us over the sends that
+    have both of its moments, and how many do."""
     rows = []
     for group, hops in (("chain", CHAIN), ("aside", ASIDE), ("total", (TOTAL,))):
         for hop in hops:
@@ -204,6 +204,7 @@ def summarize(sends: Sequence[dict[str, int]]) -> list[dict[str, Any]]:
                     "n": len(us),
                     "p50_us": round(statistics.median(us), 1),
                     "p90_us": round(us[min(len(us) - 1, len(us) * 9 // 10)], 1),
+                    "p99_us": round(us[min(len(us) - 1, len(us) * 99 // 100)], 1),
                 }
             )
     return rows
@@ -289,14 +290,14 @@ def main() -> None:
     sends = [moments(client, leader, followers, c, r) for c, r in windows]
     rows = summarize(sends)
     table = Table(title=f"W2 timeline: {args.sends} sync sends of 1 KiB ({args.face} face)")
-    for col in ("hop", "from -> to", "p50 us", "p90 us", "n"):
+    for col in ("hop", "from -> to", "p50 us", "p90 us", "p99 us", "n"):
         table.add_column(col, justify="left" if col in ("hop", "from -> to") else "right")
     for r in rows:
         if r["group"] == "aside" and rows[rows.index(r) - 1]["group"] == "chain":
             table.add_section()
         table.add_row(
             r["hop"], f"{r['from']} -> {r['to']}", f"{r['p50_us']:.0f}", f"{r['p90_us']:.0f}",
-            str(r["n"]),
+            f"{r['p99_us']:.0f}", str(r["n"]),
         )  # fmt: skip
     Console(stderr=True).print(table)
     print(f"stamps: {stamps_dir}", file=sys.stderr)
