@@ -5,8 +5,8 @@ Every process runs with RAFTMQ_TIMELINE set (common/timeline.py): the SDK, the l
 its Raft loop and dispatcher and the followers' Raft loops stamp each hop with time.monotonic_ns(),
 one clock for every process of the machine, into a bounded ring dumped when the process exits. For
 each send the stamps between its call and its caller's resumption are matched (the Raft ones by the
-entry's index), and each segment's median, p90 and p99 over the sends is printed as a table, with one
-JSON line appended to bench/results/w2_timeline.jsonl.
+entry's index), and each segment's median, p90 and p99 over the sends is printed as a table, with
+one JSON line appended to bench/results/w2_timeline.jsonl.
 
     PYTHONPATH=$PWD .venv/bin/python bench/w2_timeline.py [--sends 1000] [--face sync|aio]
         [-- BROKER_ARGS...]
