@@ -22,6 +22,7 @@ from raftmq.broker.errors import (
 from raftmq.broker.retention_store import log_cut
 from raftmq.broker.rows import Rejected
 from raftmq.broker.store import MessageStore
+from raftmq.common import timeline
 from raftmq.common.frozen_init import frozen_init
 from raftmq.raftlog.errors import CompactedError
 from raftmq.raftlog.record import Entry
@@ -52,12 +53,15 @@ class DispatcherSettings:
     # A follower nobody reads from dispatches in rounds: at most this long after the first
     # committed entry waiting (0: at once, every node). See DispatcherThread._gather.
     follower_round_ms: int = 0
+    # The same for a leader whose index no reader and no outcome waits on (its sends are
+    # answered at their commit).
+    leader_round_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch_entries < 1 or self.max_batch_bytes < 1 or self.poll_timeout_ms < 1:
             raise ValueError("dispatcher batch limits and poll timeout must be positive")
-        if self.follower_round_ms < 0:
-            raise ValueError("follower_round_ms must be >= 0")
+        if self.follower_round_ms < 0 or self.leader_round_ms < 0:
+            raise ValueError("follower_round_ms and leader_round_ms must be >= 0")
 
 
 @frozen_init
@@ -71,6 +75,7 @@ class DispatchProgress:
 
 
 ProgressListener = Callable[[DispatchProgress], None]
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 class DispatcherThread:
@@ -90,7 +95,7 @@ class DispatcherThread:
         is_leader: Callable[[], bool] | None = None,
     ) -> None:
         self._log = rlog
-        # None: never a follower (a lone log, a bench): no round is gathered.
+        # None: a lone log, a bench: no round is gathered.
         self._is_leader = is_leader
         self._on_stall = on_stall
         self.health = health if health is not None else StorageHealth(name)
@@ -108,9 +113,10 @@ class DispatcherThread:
         # Set when someone wants this node's index now: a thread in _wait, a held pull, a
         # leader elected here (hurry()); ends a gathered round early.
         self._hurry = threading.Event()
-        # Readers parked elsewhere than _wait (the data server's held pulls): their count.
+        # Readers parked elsewhere than _wait (the data server's held pulls, the requests
+        # waiting for their outcome): their count.
         self._readers: list[Callable[[], int]] = []
-        self.rounds_gathered = 0  # rounds this follower delayed to share their fixed costs
+        self.rounds_gathered = 0  # rounds this node delayed to share their fixed costs
         self._step_lock = threading.Lock()  # held per loop step: a snapshot install waits for it
         self._name = name
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -272,24 +278,31 @@ class DispatcherThread:
                 self._cond.notify_all()
 
     def _gather(self) -> None:
-        """On a follower that nobody reads from, wait up to follower_round_ms (from the first
-        committed entry waiting) so that one round dispatches the entries committed meanwhile:
-        a round's fixed costs (the wake-up, the journal read, the listeners, one lmdb
-        transaction and each touched queue's head and producer rows) are then paid once per
-        round instead of once per entry. No send waits on a follower's index; whoever does
+        """On a node that nobody reads from, wait up to its round (follower_round_ms, or
+        leader_round_ms while it leads; from the first committed entry waiting) so that one
+        round dispatches the entries committed meanwhile: a round's fixed costs (the wake-up,
+        the journal read, the listeners, one lmdb transaction and each touched queue's head
+        and producer rows) are then paid once per round instead of once per entry. No send
+        placed by the leader waits on an index (it is answered at its commit); whoever does
         wait on it ends the round at once: a thread in wait_* (a blocking pull's catch-up or
-        long poll, the leader latch of a node just elected), a held pull (add_readers), the
-        node elected leader (hurry()). A backlog of a whole round is dispatched at once."""
-        round_ms = self._settings.follower_round_ms
+        long poll, the leader latch of a node just elected), a held pull or a request
+        waiting for its dispatched outcome (add_readers, and their owners' hurry()), the node
+        elected leader (hurry()). A backlog of a whole round is dispatched at once."""
         is_leader = self._is_leader
-        if round_ms <= 0 or is_leader is None or is_leader():
+        if is_leader is None:
+            return
+        leading = is_leader()
+        s = self._settings
+        round_ms = s.leader_round_ms if leading else s.follower_round_ms
+        if round_ms <= 0:
             return
         self._hurry.clear()  # before the checks: a reader arriving after them sets it again
         if (
             self._waiting
             or any(count() for count in self._readers)
-            or is_leader()  # (again: elected since, its hurry() may have come before clear())
-            or self._log.committed_index - self._index >= self._settings.max_batch_entries
+            # (again: elected since, its hurry() may have come before clear())
+            or is_leader() is not leading
+            or self._log.committed_index - self._index >= s.max_batch_entries
         ):
             return
         self.rounds_gathered += 1
@@ -332,6 +345,8 @@ class DispatcherThread:
             txns.reload(self._store.transaction_values())
 
     def _dispatch(self, entries: list[Entry]) -> None:
+        if _STAMP is not None:
+            _STAMP("dispatch.start", entries[-1].index)
         pending = PendingState(self._store)
         outputs: list[DispatchOutput] = []
         for entry in entries:
@@ -361,3 +376,5 @@ class DispatcherThread:
                 listener(progress)
             except Exception:
                 log.exception("broker.dispatch_listener_failed index=%d", progress.dispatched_index)
+        if _STAMP is not None:
+            _STAMP("dispatch.end", progress.dispatched_index)

@@ -53,7 +53,7 @@ from raftmq.broker.topics import TopicProcessor
 from raftmq.broker.transaction import TxnSettings
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.broker.wakeups import LoopWaker
-from raftmq.common import record_batch, stored_batch
+from raftmq.common import record_batch, stored_batch, timeline
 from raftmq.common.errors import (
     BrokerUnavailableError,
     DiskPressureError,
@@ -76,6 +76,7 @@ from raftmq.raftlog.record import Chunk, CommitResult, Committed, LogStatus, Rol
 from raftmq.raftlog.storage_health import StorageHealth
 
 log = logging.getLogger("broker.node")
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 def _monotonic_ms() -> int:
@@ -135,7 +136,8 @@ class BrokerNode:
         dispatcher = Dispatcher(transactions=self.transactions)
         if dispatcher_settings is None:
             dispatcher_settings = DispatcherSettings(
-                follower_round_ms=settings.follower_dispatch_round_ms
+                follower_round_ms=settings.follower_dispatch_round_ms,
+                leader_round_ms=settings.leader_dispatch_round_ms,
             )
         self.dispatcher = DispatcherThread(
             rlog,
@@ -149,6 +151,10 @@ class BrokerNode:
             is_leader=rlog.is_leader,
         )
         rlog.add_role_listener(self._on_role_change)  # (it tells the dispatcher)
+        # A request waiting for its dispatched outcome ends a gathered round, and none is
+        # gathered while one waits (a leader gathers too: its placed sends wait on no index).
+        self.outcomes.on_wait = self.dispatcher.hurry
+        self.dispatcher.add_readers(lambda: self.outcomes.waiting)
         # Offsets by the leader (issue 29): placed just before proposal, answered at commit.
         self.leader_offsets = LeaderOffsets(
             store,
@@ -565,11 +571,15 @@ class BrokerNode:
         commits = self._loop_commits.get(waker)
         if commits is None:
             commits = self._loop_commits.setdefault(waker, _LoopCommits(waker))
+        if _STAMP is not None:
+            _STAMP("node.submit", len(payloads))
         refused = self.rlog.submit_to(commits, payloads, [(req, k) for k in range(len(payloads))])
         for k, r in enumerate(refused):
             if r is not None:
                 req.put(k, r, waker)
         await _wait_for(req.future, timeout_s)  # never cancels what it waits on
+        if _STAMP is not None:
+            _STAMP("node.resumed", len(payloads))
         results: list[ChunkOutcome | RaftMQError] = []
         dispatched: list[tuple[int, Committed, asyncio.Future[ChunkOutcome]]] = []
         for k, (payload, c) in enumerate(zip(payloads, req.results, strict=True)):
@@ -758,7 +768,12 @@ def build_broker_node(settings: BrokerSettings) -> BrokerNode:
     try:
         cfg = settings.raft_config()
         # The store's dispatched entries were committed: readable at once after a restart.
-        rlog = NativeLog(cfg, health=health, applied_hint=store.dispatched_index)
+        rlog = NativeLog(
+            cfg,
+            health=health,
+            applied_hint=store.dispatched_index,
+            stamp=timeline.process_stamp(),
+        )
     except BaseException:
         store.close()
         raise

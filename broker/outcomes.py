@@ -45,10 +45,19 @@ class OutcomeBook:
         # release(): every request waiting at that moment ends with this error, once.
         self._release_gen = 0
         self._released: BaseException | None = None
+        # Called (outside the lock) when a request starts waiting for an entry not dispatched
+        # yet: the dispatcher's hurry(), which ends a gathered round.
+        self.on_wait: Callable[[], None] | None = None
 
     @property
     def pending_callbacks(self) -> int:
         return self._callback_count
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for an outcome now (threads and callbacks): while there are any,
+        the dispatcher gathers no round (DispatcherThread.add_readers)."""
+        return len(self._waiters) + self._callback_count
 
     def record(self, progress: DispatchProgress) -> None:
         with self._lock:
@@ -115,8 +124,14 @@ class OutcomeBook:
                     raise RuntimeError(f"{self._callback_count} outcome callbacks pending")
                 self._callbacks.setdefault(raft_index, []).append((slot, callback))
                 self._callback_count += 1
-                return
-            outcomes = self._by_index.get(raft_index)
+                waits = True
+            else:
+                waits = False
+                outcomes = self._by_index.get(raft_index)
+        if waits:
+            if self.on_wait is not None:
+                self.on_wait()
+            return
         if failed is not None:
             callback(None, failed)
             return
@@ -140,6 +155,8 @@ class OutcomeBook:
                 event = self._waiters.get(raft_index)
                 if event is None:
                     event = self._waiters[raft_index] = threading.Event()
+            if self.on_wait is not None:
+                self.on_wait()
             left = deadline - time.monotonic()
             if left <= 0 or not event.wait(left):
                 with self._lock:

@@ -130,6 +130,14 @@ class BrokerSettings(QuotaSettings):
         "long, sharing each round's fixed CPU; a pull, a held pull or its election ends a "
         "round at once; 0: each entry at once",
     )
+    leader_dispatch_round_ms: int = setting(
+        default=20,
+        unit="ms",
+        doc="the leader indexes committed entries in rounds of at most this long while no "
+        "reader and no request waits on its index (a send whose offsets it placed is answered "
+        "at its commit); a pull, a held pull or a request waiting for its indexed outcome ends "
+        "a round at once; 0: each entry at once",
+    )
     default_queue_nums: int = setting(
         default=8, unit="queues", doc="read and write queues of an auto-created topic"
     )
@@ -345,8 +353,11 @@ class BrokerSettings(QuotaSettings):
             )
         if self.stats_retention_ms < 0:
             raise ValueError("stats_retention_ms must be >= 0 (0 = reports off)")
-        if self.follower_dispatch_round_ms < 0:
-            raise ValueError("follower_dispatch_round_ms must be >= 0 (0 = each entry at once)")
+        if self.follower_dispatch_round_ms < 0 or self.leader_dispatch_round_ms < 0:
+            raise ValueError(
+                "follower_dispatch_round_ms and leader_dispatch_round_ms must be >= 0 "
+                "(0 = each entry at once)"
+            )
         if self.retention_ms < 0 or self.retention_bytes < 0 or self.max_store_bytes < 0:
             raise ValueError("retention_ms, retention_bytes and max_store_bytes must be >= 0")
         if not 0.0 < self.disk_max_used_ratio <= 1.0:

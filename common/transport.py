@@ -18,7 +18,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, NamedTuple, TypeVar, cast
 
-from raftmq.common import errors
+from raftmq.common import errors, timeline
 from raftmq.common.fair_share import FairShare, ShareLimits, client_host
 from raftmq.common.frame import (
     AUTH_HMAC_SHA1,
@@ -55,6 +55,7 @@ _RESPONSE_OVERHEAD = 6  # kind, flags, request id
 # Pooled whole-frame buffers per server: 128 requests of 512 KiB in flight, or 8 of 8 MiB.
 DEFAULT_FRAME_BUFFER_BYTES = 64 * 1024 * 1024
 _DISCARD = bytearray(4096)  # a closed connection's reads land here, unread
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 class RequestContext(NamedTuple):
@@ -385,6 +386,8 @@ class _ServerConn(asyncio.BufferedProtocol):
         if self._closed:
             return
         self._last_rx = self._loop.time()
+        if _STAMP is not None:
+            _STAMP("server.read", nbytes)
         try:
             frames = self._decoder.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -554,7 +557,9 @@ class _ServerConn(asyncio.BufferedProtocol):
             self._reading = False
             transport.pause_reading()
 
-    # -- writing (answers finished in one loop iteration leave in one writelines)
+    # -- writing: a loop iteration's first answer leaves at once, the rest of the iteration's
+    # answers in one writelines at its end (a lone answer does not wait a loop turn, in which
+    # another thread of the broker may take the GIL: bench/w2_timeline.py)
 
     def _send(self, kind: Kind, request_id: int, payload: BytesLike | Parts) -> None:
         if self._closed:
@@ -562,6 +567,7 @@ class _ServerConn(asyncio.BufferedProtocol):
         frame_into(self._out, kind, request_id, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self._loop.call_soon(self._flush)
 
     def _send_error(self, request_id: int, exc: errors.RaftMQError) -> None:
@@ -577,8 +583,13 @@ class _ServerConn(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
+            if _STAMP is not None:  # before the write: the reader may run before it returns
+                _STAMP("server.write", len(out))
             self._transport.writelines(out)
 
     # -- ending
@@ -1103,6 +1114,8 @@ class _ClientConn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_rx = self.loop.time()
+        if _STAMP is not None:
+            _STAMP("client.read", len(data))
         try:
             frames = self._decoder.feed(data)
         except ProtocolError as exc:
@@ -1237,22 +1250,31 @@ class _ClientConn(asyncio.Protocol):
             self._send(Kind.PING, self._ping_seq)
         self._schedule_keepalive()
 
-    # -- writing: requests made in one loop iteration leave in one writelines (nats.py's flusher)
+    # -- writing: a loop iteration's first request leaves at once, the rest of the iteration's
+    # requests in one writelines at its end (nats.py's flusher; a lone synchronous send does
+    # not wait a loop turn: bench/w2_timeline.py)
 
     def send_request(self, rid: int, method: int, payload: Payload) -> None:
         request_into(self._out, rid, method, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self.loop.call_soon(self._flush)
 
     def _send(self, kind: Kind, rid: int, payload: bytes = b"") -> None:
         frame_into(self._out, kind, rid, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            self._write_out()
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
         out, self._out = self._out, []
         if out and self._transport is not None and not self._transport.is_closing():
+            if _STAMP is not None:  # before the write: the reader may run before it returns
+                _STAMP("client.write", len(out))
             self._transport.writelines(out)

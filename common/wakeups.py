@@ -11,6 +11,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from raftmq.common import timeline
+
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
+
 
 class LoopWaker:
     """`set_result` / `set_exception` from any thread. Completions queue up; the first one after
@@ -92,6 +96,8 @@ class LoopWaker:
 
     def _drain(self) -> None:
         self._loop_thread = threading.get_ident()
+        if _STAMP is not None:
+            _STAMP("waker.drain", len(self._ready))
         with self._lock:
             self._scheduled = False
         ready = self._ready

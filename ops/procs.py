@@ -33,17 +33,23 @@ POLL_INTERVAL_S = 0.05
 
 # The admin's keys for [security.auth] (common/auth.py), kept off the children's command lines,
 # and the switch to the pure-Python twins (common/stored_batch.py, raftlog/compiled.py), which a
-# whole process tree takes or none of it: not a setting of any one role.
+# whole process tree takes or none of it: not a setting of any one role; so does the timeline's
+# stamp directory (common/timeline.py), which a benchmark sets for every process it starts.
 PASSED_ENV = frozenset(
-    {"RAFTMQ_ADMIN_ACCESS_KEY", "RAFTMQ_ADMIN_SECRET_KEY", "RAFTMQ_NO_EXTENSIONS"}
+    {
+        "RAFTMQ_ADMIN_ACCESS_KEY",
+        "RAFTMQ_ADMIN_SECRET_KEY",
+        "RAFTMQ_NO_EXTENSIONS",
+        "RAFTMQ_TIMELINE",
+    }
 )
 
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The parent's environment without RAFTMQ_* settings (a child takes its settings from its
     flags, and its secrets from the variables its ProcessSpec names), except PASSED_ENV (the
-    admin's keys, what the README's secure recipe exports, and RAFTMQ_NO_EXTENSIONS), with
-    CODE_ROOT first on PYTHONPATH and unbuffered output for its log."""
+    admin's keys, what the README's secure recipe exports, RAFTMQ_NO_EXTENSIONS and
+    RAFTMQ_TIMELINE), with CODE_ROOT first on PYTHONPATH and unbuffered output for its log."""
     env = {
         k: v
         for k, v in (base if base is not None else os.environ).items()

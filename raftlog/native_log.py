@@ -47,6 +47,7 @@ from raftmq.raftlog.record import (
     LogStatus,
     RoleChange,
     Stamper,
+    TimelineStamp,
 )
 from raftmq.raftlog.record import Role as LogRole
 from raftmq.raftlog.scrubber import Scrubber
@@ -130,10 +131,13 @@ class NativeLog:
         on_role_change: RoleListener | None = None,
         health: StorageHealth | None = None,
         applied_hint: int = 0,
+        stamp: TimelineStamp | None = None,
     ) -> None:
         """applied_hint: what the state machine applied before a restart (committed, so read at
-        once; entries past the journal's end are not)."""
+        once; entries past the journal's end are not). stamp: the process's timeline, called at
+        each hop of an entry (record.TimelineStamp); None stamps nothing."""
         self.cfg = cfg
+        self._stamp = stamp
         self.health = health if health is not None else StorageHealth(cfg.node_id)
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._journal = SegmentJournal(
@@ -148,7 +152,6 @@ class NativeLog:
         self._listeners: list[RoleListener] = [on_role_change] if on_role_change else []
         self._closed = False
         self._lock = threading.Lock()  # guards _pending_bytes and _inbox (callers and the loop)
-        self._pending: deque[_Submission] = deque()  # loop only
         self._inbox: deque[_Submission] = deque()  # submitted, not yet taken by the loop
         self._inbox_woken = False  # a _take_inbox is scheduled
         self._pending_bytes = 0
@@ -207,6 +210,7 @@ class NativeLog:
             self._on_role,
             self._on_tick,
             applied_hint,
+            self._stamp,
         )
         self._node = node  # before start(): its first tick and role change come back here
         try:
@@ -291,22 +295,24 @@ class NativeLog:
     # ---- the loop: group commit and completions ------------------------------------------------
 
     def _take_inbox(self) -> None:
+        """Propose everything submitted since the last take, now. Group commit is the inbox:
+        what other threads submit while the loop is busy waits there and is taken whole. (A
+        loop turn between the take and the proposal batched nothing more: a submission from
+        another thread lands in the inbox, behind the proposal's callback, and it cost the
+        W2 send a turn and a hand-off of the GIL; bench/w2_timeline.py.)"""
         with self._lock:
-            batch, self._inbox = self._inbox, deque()
+            pending, self._inbox = self._inbox, deque()
             self._inbox_woken = False
-        first = not self._pending
-        self._pending.extend(batch)
-        if first:
-            self._loop.call_soon(self._propose_pending)  # whatever else arrives this turn joins
+        if self._stamp is not None:
+            self._stamp("raft.inbox", len(pending))
+        if pending:
+            self._propose(pending)
 
-    def _propose_pending(self) -> None:
-        if not self._pending:
-            return
+    def _propose(self, pending: deque[_Submission]) -> None:
         max_bytes, max_chunks = self.cfg.batch_max_bytes, self.cfg.max_chunks_per_entry
         entries: list[list[_Submission]] = []
         chunks: list[list[Chunk]] = []  # each entry's payloads, made once for stamp and encode
         sizes: list[int] = []
-        pending = self._pending
         while pending:
             group: list[_Submission] = []
             payloads: list[Chunk] = []
@@ -329,6 +335,8 @@ class NativeLog:
                 core = self._node.core
                 stamper(core.term, core.log.last_index + 1, chunks)
             first, term = self._node.propose([entry_codec.encode_data(c) for c in chunks])
+            if self._stamp is not None:
+                self._stamp("raft.propose", first + len(chunks) - 1)
         except Exception as exc:  # NotLeaderError, or the stamper's: nothing was proposed
             if not isinstance(exc, NotLeaderError):
                 log.exception("raft.stamper_failed node=%s", self.cfg.node_id)
@@ -343,7 +351,7 @@ class NativeLog:
         inflight = self._inflight
         for k, g in enumerate(entries):
             inflight[first + k] = _InFlight(term, g, sizes[k], deadline)
-        # The batch is whole (the inbox was taken a turn ago) and its waiters are registered
+        # The batch is whole (the inbox taken at once) and its waiters are registered
         # (whatever Ready commits it must find them): persist and send it now, not a turn later.
         self._node.ready_now()
 
@@ -374,6 +382,8 @@ class NativeLog:
         if released:
             self._release_bytes(released)
         if done is not None:  # the answers' wake-up before the dispatcher's, as the futures had
+            if self._stamp is not None:
+                self._stamp("raft.commit", entries[-1].index)
             done.deliver()
         with self._applied_cond:
             self._applied = entries[-1].index
@@ -406,8 +416,7 @@ class NativeLog:
     def _fail_all(self, inflight_exc: RaftLogError, pending_exc: RaftLogError) -> None:
         inflight, self._inflight = list(self._inflight.values()), {}
         with self._lock:
-            inbox, self._inbox = list(self._inbox), deque()
-        pending, self._pending = [*self._pending, *inbox], deque()
+            pending, self._inbox = list(self._inbox), deque()
         failed = _Done()  # every waiting proposal answered, each waiter in one call
         for e in inflight:
             self._release_bytes(e.size_bytes)

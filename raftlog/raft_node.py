@@ -29,10 +29,17 @@ from raftmq.raftlog.errors import CorruptJournalError, RaftLogError
 from raftmq.raftlog.frame_reader import FrameReader, FrameTooLargeError
 from raftmq.raftlog.journal import SegmentJournal
 from raftmq.raftlog.raft_core import RaftConfig, RaftCore, Role
-from raftmq.raftlog.raft_messages import AppendResponse, Entry, HardState, Message, Ready
+from raftmq.raftlog.raft_messages import (
+    AppendEntries,
+    AppendResponse,
+    Entry,
+    HardState,
+    Message,
+    Ready,
+)
 from raftmq.raftlog.raft_storage import JournalStorage
 from raftmq.raftlog.record import Role as LogRole
-from raftmq.raftlog.record import RoleChange
+from raftmq.raftlog.record import RoleChange, TimelineStamp
 from raftmq.raftlog.snapshot import Snapshot
 from raftmq.raftlog.storage_health import StorageHealth
 
@@ -334,8 +341,10 @@ class RaftNodeShell:
         on_role: Callable[[RoleChange], None],
         on_tick: Callable[[], None] | None = None,
         applied_hint: int = 0,
+        stamp: TimelineStamp | None = None,
     ) -> None:
         self.cfg = cfg
+        self._stamp = stamp  # the process's timeline (bench/w2_timeline.py); None: off
         self.id = cfg.node_id
         self.storage = storage
         self.health = health
@@ -569,7 +578,8 @@ class RaftNodeShell:
         from one source at a time: the stream from a follower's leader (after each socket read)
         and the leader's batch of proposals. It saves a loop turn per entry, and in a broker
         every turn may hand the GIL to the dispatcher or the data thread and wait for it back.
-        Inputs from several sources (the leader's acks) keep sharing one Ready per turn."""
+        Inputs from several sources (the leader's acks) keep sharing one Ready per turn, but for
+        the read whose acks advance the commit index: its Ready answers the committed sends."""
         handle = self._ready_handle
         if self._scheduled and handle is not None:
             handle.cancel()
@@ -587,6 +597,8 @@ class RaftNodeShell:
             log.exception("raft.ready_failed node=%s", self.id)
             return
         self._busy = True
+        if self._stamp is not None and rd.leader_messages:  # before the writes (as each below)
+            self._stamp("raft.appends_out", rd.entries[-1].index if rd.entries else 0)
         self._send(rd.leader_messages)  # promise nothing about our disk: may leave at once
         self._persist_and_finish(rd)
 
@@ -637,6 +649,8 @@ class RaftNodeShell:
             else:  # the state machine swaps its state, then has the log reset
                 self.install_snapshot(snap, lambda: st.install(snap))
         st.write(rd.entries)
+        if self._stamp is not None and rd.entries:
+            self._stamp("raft.journal", rd.entries[-1].index)
         durable = self.core.durable_hard_state
         hs = rd.hard_state
         now = time.monotonic()
@@ -677,10 +691,14 @@ class RaftNodeShell:
         except OSError as exc:
             self._persist_failed(rd, exc)
             return
+        if self._stamp is not None:
+            self._stamp("raft.synced", rd.entries[-1].index if rd.entries else 0)
         self.health.succeeded("raft persist", time.monotonic())
         self._finish(rd)
 
     def _finish(self, rd: Ready) -> None:
+        if self._stamp is not None and rd.messages:
+            self._stamp_sent(self._stamp, rd.messages)
         self._send(rd.messages)
         if rd.committed:
             self.applied = rd.committed[-1].index
@@ -704,6 +722,13 @@ class RaftNodeShell:
                 link.queue(m)
         for link in links.values():
             link.flush()
+
+    @staticmethod
+    def _stamp_sent(stamp: TimelineStamp, msgs: tuple[Message, ...]) -> None:
+        """A Ready's acks (what a follower's entries wait for) on the timeline."""
+        for m in msgs:
+            if isinstance(m, AppendResponse) and m.success:
+                stamp("raft.ack_out", m.next_index - 1)
 
     def _report_role(self) -> None:
         c = self.core
@@ -853,6 +878,12 @@ class RaftNodeShell:
 
     def receive(self, sender: str, m: raft_codec.Frame) -> None:
         """One message from an accepted peer."""
+        stamp = self._stamp
+        if stamp is not None:
+            if isinstance(m, AppendEntries) and m.entries:
+                stamp("raft.append_in", m.entries[-1].index)
+            elif isinstance(m, AppendResponse) and m.success:
+                stamp("raft.ack_in", m.next_index - 1)
         if isinstance(m, raft_codec.FetchRecord):
             self._answer_fetch(sender, m.index)
         elif isinstance(m, raft_codec.RecordCopy):
@@ -887,9 +918,14 @@ class _Inbound:
         self._node.receive(self._sender, raft_codec.decode(body, self._sender, self._node.id))
 
     def on_read(self) -> None:
-        """After one socket read's frames: a follower handles its leader's input at once."""
+        """After one socket read's frames: a follower handles its leader's input at once, and
+        so does a leader whose commit index the read's acks advanced (the Ready that answers
+        the committed sends, without a loop turn and a hand-off of the GIL first: the W2
+        send's timeline, bench/w2_timeline.py). Acks that commit nothing new keep sharing one
+        Ready per turn."""
         node = self._node
-        if node.core.role is not Role.LEADER:
+        core = node.core
+        if core.role is not Role.LEADER or core.commit > core.applied:
             node.ready_now()
 
     def hello_overdue(self) -> None:

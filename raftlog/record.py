@@ -79,6 +79,12 @@ Chunk = bytes | bytearray | memoryview
 # those submissions.
 Stamper = Callable[[int, int, Sequence[Sequence[Chunk]]], None]
 
+# A timeline's stamp (the broker's common/timeline.py, for bench/w2_timeline.py): called with
+# (point, value) on the loop thread at each hop of an entry through the node (inbox, propose,
+# journal write, each send and receive, commit); it stores a tuple and never blocks. None, as
+# in production, stamps nothing.
+TimelineStamp = Callable[[str, int], None]
+
 
 # What submit_to reports per chunk: where it committed, or the typed error it ended with.
 CommitResult = Committed | RaftLogError

@@ -45,7 +45,7 @@ from raftmq.client.producer.retry import (
 from raftmq.client.queue_selector import FaultTable, PublishQueues, select_queue
 from raftmq.client.routes import RouteCache, monotonic_ms
 from raftmq.client.scheduler import Scheduler
-from raftmq.common import stored_batch, stored_send
+from raftmq.common import stored_batch, stored_send, timeline
 from raftmq.common.data_api import DataMethod
 from raftmq.common.errors import (
     BrokerUnavailableError,
@@ -70,6 +70,7 @@ log = logging.getLogger("raftmq.producer")
 
 FRAME_MAX_BATCHES = 1024  # queue batches in one SEND_BATCHES frame
 FRAME_MAX_BYTES = 4 << 20  # message bytes in one frame (the broker takes 8 MiB frames)
+_STAMP = timeline.process_stamp()  # None unless RAFTMQ_TIMELINE is set (bench/w2_timeline.py)
 
 
 @dataclass(slots=True)
@@ -383,6 +384,8 @@ class Sender:
 
     def _post(self, data_address: str, req: Request) -> None:
         """Queue `req` for `data_address`'s next frame; the first one in wakes the loop."""
+        if _STAMP is not None:
+            _STAMP("sdk.post", req.batch.count)
         if data_address in self._single_sends:
             self._send_single(data_address, req)
             return
@@ -403,6 +406,8 @@ class Sender:
 
     def _flush(self, data_address: str) -> None:
         """Loop thread: seal every batch waiting for `data_address` and send them as frames."""
+        if _STAMP is not None:
+            _STAMP("sdk.flush", 0)
         if self._frames_out.get(data_address, 0) >= self.config.max_inflight_requests:
             return  # the outbox waits (and its open batches fill): the next answer flushes it
         with self._outbox_lock:

@@ -6,6 +6,7 @@ offsets, queries, and the leader gate (a readiness latch per leader term)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from raftmq.broker.produce import SendOutcome
 from raftmq.broker.pull import PullResult, PullStatus
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.store import MessageStore
+from raftmq.broker.wakeups import LoopWaker
 from raftmq.common import record_batch, stored_batch
 from raftmq.common.errors import (
     InvalidArgumentError,
@@ -455,6 +457,59 @@ def test_a_deposed_leader_stops_waiting_at_the_gate(node: BrokerNode, log: Memor
     with pytest.raises(NotLeaderError) as info:
         send(node, "T", 0)
     assert done.is_set() and info.value.leader_hint == PEER_ADDRESS
+
+
+# ---- a leader's gathered dispatch rounds --------------------------------------------------------
+
+LEADER_GATHERING = DispatcherSettings(poll_timeout_ms=10, leader_round_ms=60_000)
+
+
+@pytest.fixture
+def gathering_leader(tmp_path: Path, log: MemoryLog) -> Iterator[BrokerNode]:
+    store = MessageStore(tmp_path / "store", map_size_bytes=64 << 20)
+    n = BrokerNode(
+        settings(tmp_path),
+        log,
+        store,
+        leader_ready_wait_s=0.5,
+        dispatcher_settings=LEADER_GATHERING,
+    )
+    n.start()
+    yield n
+    n.close()
+
+
+def test_a_leader_gathers_behind_placed_sends_and_a_request_waiting_for_its_outcome_ends_the_round(
+    gathering_leader: BrokerNode, log: MemoryLog
+) -> None:
+    """A send whose offsets the leader placed is answered at its commit, so the leader indexes
+    it in a round (60 s here); a write answered once indexed (a topic, an offset commit: a
+    thread in OutcomeBook.wait, or a data loop's callback) ends the round at once."""
+    n = gathering_leader
+    t0 = time.monotonic()
+    n.topic_admin.create_topic(TopicConfig("L", 2, 2))  # waits for its dispatched outcome
+    assert time.monotonic() - t0 < 2
+    _, sent = send(n, "L", 0, 2)  # answered at its commit, the index behind it
+    time.sleep(0.2)
+    assert [o.queue_offset for o in sent] == [0, 1]
+    assert n.dispatcher.dispatched_index < log.committed_index
+    assert n.dispatcher.rounds_gathered >= 1
+    t0 = time.monotonic()
+    n.offsets.commit_offsets("g", [("L", 0, 2)])
+    assert time.monotonic() - t0 < 2
+    assert n.dispatcher.dispatched_index == log.committed_index
+    send(n, "L", 1)
+    time.sleep(0.2)
+    change = record_batch.encode(TopicConfigChange(TopicOp.UPDATE, TopicConfig("L", 4, 4)))
+
+    async def on_a_loop() -> None:  # the data server's way: a callback, no thread waits
+        waker = LoopWaker(asyncio.get_running_loop())
+        await n.replicate_async([change], 5, waker)
+
+    t0 = time.monotonic()
+    asyncio.run(on_a_loop())
+    assert time.monotonic() - t0 < 2
+    assert n.topic("L") == TopicConfig("L", 4, 4)
 
 
 # ---- a follower's gathered dispatch rounds ------------------------------------------------------
