@@ -1,8 +1,9 @@
 """The pure-Python twin of the stored batch codec (versions 2 and 3), and the types both
-implementations return (BatchHeader, BatchLimits, BatchMessage): import `raftmq.common.stored_batch`, which picks this or
-the compiled `_stored_batch_c` at import. Never a Python object per message on the server side;
-decoders raise only MalformedBatchError (never IndexError or struct.error). Little-endian; strings
-utf-8. The C extension must give the same bytes, values and errors (tests run both).
+implementations return (BatchHeader, BatchLimits, BatchMessage): import
+`raftmq.common.stored_batch`, which picks this or the compiled `_stored_batch_c` at import. Never
+a Python object per message on the server side; decoders raise only MalformedBatchError (never
+IndexError or struct.error). Little-endian; strings utf-8. The C extension must give the same
+bytes, values and errors (tests run both).
 
 The layout is in stored_batch's docstring (and docs/design.md, "Stored batch format v2" and
 "Stored batch v3: compact record heads").
