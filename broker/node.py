@@ -24,7 +24,7 @@ from typing import Any
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.delivery_loop import DeliveryLoop
-from raftmq.broker.dispatch import STORED_V2, Dispatcher
+from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import (
     DispatcherStoppedError,
@@ -491,7 +491,7 @@ class BrokerNode:
         placed is Appended there once its entry commits, without waiting for its dispatch
         (every replica's dispatcher checks the offset and stops on a disagreement). None: the
         dispatcher decides (offsets left to it, or another chunk)."""
-        if payload[:2] != STORED_V2:
+        if not stored_batch.is_stored(payload):
             return None
         base = stored_batch.placed_offset(payload)
         if base is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -382,15 +381,10 @@ def encode_stored(
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:
     """No message body over max_body. A batch whose whole record area fits max_body holds none
-    (O(1), every W1 and batch-API batch); only a larger one has its record heads read."""
-    area = header.total_bytes - header.records_at
-    if area - stored_batch.RECORD_HEAD_BYTES <= max_body:
+    (O(1), every W1 and batch-API batch); only a larger one has its record heads read (either
+    version's, through the codec: the heads are checked against the offsets table there)."""
+    if header.total_bytes - header.records_at <= max_body:
         return
-    at, unpack = header.records_at, _BODY_LEN.unpack_from
-    for offset in stored_batch.message_offsets(batch, header).tolist():
-        size = unpack(batch, at + offset)[0]
-        if size > max_body:
-            raise MessageTooLargeError.for_size(size, max_body)
-
-
-_BODY_LEN = struct.Struct("<I")  # a v2 record head starts with its body length
+    for m in stored_batch.iter_messages(batch, verify=False):
+        if m.body_size > max_body:
+            raise MessageTooLargeError.for_size(m.body_size, max_body)

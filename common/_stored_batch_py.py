@@ -402,9 +402,9 @@ def encode_bodies(
                 "a message field does not fit the stored batch format: a born timestamp is "
                 "not a 64-bit integer"
             )
-        if base is None:
+        if base is None and len(bodies):  # the first message's, as encode_batch takes it
             base = born_ms
-        prefix = b"\0" + uvarint(_zigzag(born_ms - base))
+        prefix = b"\0" + uvarint(_zigzag(born_ms - (base or 0)))
         for body in bodies:
             if not isinstance(body, bytes):
                 raise TypeError(f"a body must be bytes, not {type(body).__name__}")

@@ -37,7 +37,6 @@ from raftmq.common import stored_batch
 from raftmq.common.filter.tag import TagFilter
 from raftmq.common.message import POSITION_HEX, msg_id_prefix
 from raftmq.common.pb import broker_pb2
-from raftmq.common.produce_chunk import is_stored_v2
 from raftmq.common.record_batch import MalformedBatchError
 
 # `key` is the message's first business key: RocketMQ keys are strings, and `keys` holds them all.
@@ -167,7 +166,7 @@ def pull_parts(
         if positions[0] >= limit:
             break  # the answer is in queue-offset order: the rest is past the end too
         chunk = b.chunk  # (a protobuf bytes field is copied at each access)
-        if not is_stored_v2(chunk):
+        if not stored_batch.is_stored(chunk):
             v1.append(b)
             continue
         decode_v1()
