@@ -158,39 +158,45 @@ static int read_head(const unsigned char *d, int64_t pos, int64_t end, int versi
     if (pos >= end) return HEAD_OVERRUN;
     unsigned attrs = d[pos++];
     if (attrs & ~(unsigned)V3_ATTRS) return HEAD_BAD;
-    uint64_t zz, v, w;
-    int rc;
-    if ((rc = get_uvarint(d, &pos, end, &zz)) != HEAD_OK) return rc;
-    if ((rc = get_uvarint(d, &pos, end, &v)) != HEAD_OK) return rc;
-    if (v > U32_MAX) return HEAD_BAD;
-    h->body_len = (uint32_t)v;
+    /* every varint first (the twin's order), then the fields' ranges */
+    int n = 2 + (attrs & V3_FLAG ? 1 : 0) + (attrs & V3_TAG ? 1 : 0) + (attrs & V3_KEYS ? 2 : 0) +
+            (attrs & V3_PROPS ? 1 : 0);
+    uint64_t vals[7];
+    for (int i = 0; i < n; i++) {
+        if (pos < end && d[pos] < 0x80) { /* one byte: nearly every field of a small message */
+            vals[i] = d[pos++];
+            continue;
+        }
+        int rc = get_uvarint(d, &pos, end, &vals[i]);
+        if (rc != HEAD_OK) return rc;
+    }
+    uint64_t zz = vals[0];
+    int bad = vals[1] > U32_MAX, k = 2;
+    h->body_len = (uint32_t)vals[1];
     h->flag = 0;
     h->tag_len = NO_TAG;
     h->n_keys = 0;
     h->keys_len = h->props_len = 0;
     if (attrs & V3_FLAG) {
-        if ((rc = get_uvarint(d, &pos, end, &v)) != HEAD_OK) return rc;
-        int64_t f = unzigzag(v);
-        if (f < INT32_MIN || f > INT32_MAX) return HEAD_BAD;
+        int64_t f = unzigzag(vals[k++]);
+        bad |= f < INT32_MIN || f > INT32_MAX;
         h->flag = (int32_t)f;
     }
     if (attrs & V3_TAG) {
-        if ((rc = get_uvarint(d, &pos, end, &v)) != HEAD_OK) return rc;
-        if (v >= NO_TAG) return HEAD_BAD;
-        h->tag_len = (unsigned)v;
+        bad |= vals[k] >= NO_TAG;
+        h->tag_len = (unsigned)vals[k++];
     }
     if (attrs & V3_KEYS) {
-        if ((rc = get_uvarint(d, &pos, end, &v)) != HEAD_OK) return rc;
-        if ((rc = get_uvarint(d, &pos, end, &w)) != HEAD_OK) return rc;
-        if (v > U16_MAX || w > U32_MAX) return HEAD_BAD;
-        h->n_keys = (unsigned)v;
-        h->keys_len = (uint32_t)w;
+        bad |= vals[k] > U16_MAX || vals[k + 1] > U32_MAX;
+        h->n_keys = (unsigned)vals[k];
+        h->keys_len = (uint32_t)vals[k + 1];
+        k += 2;
     }
     if (attrs & V3_PROPS) {
-        if ((rc = get_uvarint(d, &pos, end, &v)) != HEAD_OK) return rc;
-        if (v > U32_MAX) return HEAD_BAD;
-        h->props_len = (uint32_t)v;
+        bad |= vals[k] > U32_MAX;
+        h->props_len = (uint32_t)vals[k];
     }
+    if (bad) return HEAD_BAD;
     h->born = (int64_t)((uint64_t)born_base + (uint64_t)unzigzag(zz));
     *at = pos;
     return HEAD_OK;

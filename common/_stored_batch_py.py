@@ -969,53 +969,69 @@ class _HeadBad(Exception):
     """A v3 record head's attributes or a varint are not what a writer makes."""
 
 
-def _read_uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """An unsigned LEB128 varint at data[pos:end] (at most 10 bytes, < 2**64); where it ends."""
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise _HeadOverrun
-        b = data[pos]
-        pos += 1
-        if shift == 63 and b > 1:
-            raise _HeadBad
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
+# How many varints a v3 record head holds after its attributes, by the attributes: the born
+# delta and the body length, then the flag, the tag length, key count and keys length, and the
+# properties length, each when its bit is set.
+_V3_VARINTS = [2 + (a & 1) + (a >> 1 & 1) + 2 * (a >> 2 & 1) + (a >> 3 & 1) for a in range(16)]
 
 
 def _v3_head(data: bytes, pos: int, end: int, base: int) -> tuple[Head, int]:
     """A v3 record head at data[pos:end] as v2's seven fields (the born time absolute), and
-    where the record's fields start. Raises _HeadOverrun or _HeadBad."""
+    where the record's fields start. Raises _HeadOverrun or _HeadBad. Every varint is read
+    first (unsigned LEB128, at most 10 bytes, < 2**64), then the fields' ranges are checked,
+    in the C codec's order."""
     if pos >= end:
         raise _HeadOverrun
     attrs = data[pos]
     if attrs & ~_V3_ATTRS:
         raise _HeadBad
-    zz, pos = _read_uvarint(data, pos + 1, end)
-    body_len, pos = _read_uvarint(data, pos, end)
-    if body_len > _U32_MAX:
-        raise _HeadBad
+    pos += 1
+    values: list[int] = []
+    add = values.append
+    for _ in range(_V3_VARINTS[attrs]):
+        if pos >= end:
+            raise _HeadOverrun
+        b = data[pos]
+        pos += 1
+        if b < 0x80:  # nearly every field of a small message: one byte
+            add(b)
+            continue
+        value, shift = b & 0x7F, 7
+        while True:
+            if pos >= end:
+                raise _HeadOverrun
+            b = data[pos]
+            pos += 1
+            if shift == 63 and b > 1:
+                raise _HeadBad
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        add(value)
+    zz, body_len = values[0], values[1]
+    bad = body_len > _U32_MAX
     flag, tag_len, n_keys, keys_len, props_len = 0, NO_TAG, 0, 0, 0
-    if attrs & _V3_FLAG:
-        z, pos = _read_uvarint(data, pos, end)
-        flag = (z >> 1) ^ -(z & 1)
-        if not -(1 << 31) <= flag < 1 << 31:
-            raise _HeadBad
-    if attrs & _V3_TAG:
-        tag_len, pos = _read_uvarint(data, pos, end)
-        if tag_len >= NO_TAG:
-            raise _HeadBad
-    if attrs & _V3_KEYS:
-        n_keys, pos = _read_uvarint(data, pos, end)
-        keys_len, pos = _read_uvarint(data, pos, end)
-        if n_keys > _U16_MAX or keys_len > _U32_MAX:
-            raise _HeadBad
-    if attrs & _V3_PROPS:
-        props_len, pos = _read_uvarint(data, pos, end)
-        if props_len > _U32_MAX:
-            raise _HeadBad
+    if attrs:
+        at = 2
+        if attrs & _V3_FLAG:
+            z = values[at]
+            flag = (z >> 1) ^ -(z & 1)
+            bad = bad or not -(1 << 31) <= flag < 1 << 31
+            at += 1
+        if attrs & _V3_TAG:
+            tag_len = values[at]
+            bad = bad or tag_len >= NO_TAG
+            at += 1
+        if attrs & _V3_KEYS:
+            n_keys, keys_len = values[at], values[at + 1]
+            bad = bad or n_keys > _U16_MAX or keys_len > _U32_MAX
+            at += 2
+        if attrs & _V3_PROPS:
+            props_len = values[at]
+            bad = bad or props_len > _U32_MAX
+    if bad:
+        raise _HeadBad
     born = ((base + ((zz >> 1) ^ -(zz & 1)) + (1 << 63)) & _M64) - (1 << 63)
     return (body_len, flag, born, tag_len, n_keys, keys_len, props_len), pos
 

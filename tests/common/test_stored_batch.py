@@ -955,3 +955,61 @@ def test_a_flag_this_version_does_not_know_is_refused_as_a_newer_format(
     with pytest.raises(MalformedBatchError) as not_newer:
         sb.check_batch(older)
     assert not isinstance(not_newer.value, UnsupportedBatchError)
+
+
+# ---- v3's compact record heads -----------------------------------------------------------------
+
+
+def test_v3_is_v2_without_the_tag_hashes_and_with_compact_heads(sb: ModuleType) -> None:
+    """Bare 100-byte bodies of one run: per message the offsets table's 4 bytes and a 3-byte
+    head (attributes, born delta, body length), against v2's 8 + 4 + 28; no tag-hash table
+    (flag 0x10) while no message has a tag, the table back as soon as one has."""
+    bodies = [bytes([i]) * 100 for i in range(50)]
+    v2 = sb.encode_bodies(TOPIC, 1, [(1_700_000_000_000, bodies)], None, "h")
+    v3 = sb.encode_bodies(TOPIC, 1, [(1_700_000_000_000, bodies)], None, "h", 3)
+    h2, h3 = sb.check_batch(v2), sb.check_batch(v3)
+    assert (h2.version, h3.version) == (2, 3)
+    assert len(v2) - h2.tables_at == 50 * (8 + 4 + 28 + 100)
+    assert len(v3) - h3.tables_at == 50 * (4 + 3 + 100)
+    assert struct.unpack_from("<H", v3, 32)[0] & 0x10 and not h3.has_tag_hashes
+    assert h3.born_base_ms == 1_700_000_000_000 and sb.tag_hashes(v3).tolist() == [0] * 50
+    assert [m.body for m in sb.iter_messages(v3)] == bodies
+    tagged = [Message(TOPIC, b"x"), Message(TOPIC, b"y", "TagA")]
+    t3 = sb.encode_batch(TOPIC, 1, tagged, None, "", 3)
+    assert sb.read_header(t3).has_tag_hashes
+    assert sb.tag_hashes(t3).tolist() == [0, tag_hash("TagA")]
+
+
+@pytest.mark.parametrize(
+    ("head", "error"),
+    [
+        (b"\x10\x00\x01", "its head is malformed"),  # an attribute bit no writer sets
+        (b"\x00" + b"\x80" * 9 + b"\x02" + b"\x01", "its head is malformed"),  # past 64 bits
+        (b"\x00\x00\x80\x80\x80\x80\x10", "its head is malformed"),  # a body over 4 GiB
+        (b"\x02\x00\x01\xff\xff\x03", "its head is malformed"),  # a tag of 65535 bytes
+        (b"\x00\x00\x80", "is too short"),  # the body length runs past the record
+    ],
+)
+def test_a_bad_v3_record_head_is_refused_alike_in_both(head: bytes, error: str) -> None:
+    py, c = _needs_both()
+    raw = bytearray(py.encode_batch(TOPIC, 1, [Message(TOPIC, b"z")], None, "", 3))
+    h = py.read_header(raw)
+    buf = raw[: h.records_at] + head + b"z" * (head[-1] != 0x80)
+    struct.pack_into("<I", buf, 4, len(buf))
+    fix_body_crc(buf)
+    with pytest.raises(MalformedBatchError, match=error):
+        list(py.iter_messages(buf))
+    assert _reads(c, bytes(buf)) == _reads(py, bytes(buf))
+
+
+def test_damaged_v3_heads_read_alike_in_both() -> None:
+    """Every byte of the first records' heads set to values that matter to a varint."""
+    py, c = _needs_both()
+    raw = small_batch(py, 3)
+    at = py.read_header(raw).records_at
+    for i in range(at, min(at + 16, len(raw))):
+        for value in (0x00, 0x01, 0x0F, 0x7F, 0x80, 0xFF):
+            buf = bytearray(raw)
+            buf[i] = value
+            fix_body_crc(buf)
+            assert _reads(c, buf) == _reads(py, buf), (i, value)
