@@ -91,7 +91,7 @@ def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 @dataclass(frozen=True, slots=True)
 class StoredPart:
-    """The chosen messages of one v2 stored batch, their per-message columns read (`raw`: key,
+    """The chosen messages of one stored batch, their per-message columns read (`raw`: key,
     value, tags, keys, properties, position, born time in ms) but not yet finished: the columns
     every message of the batch shares and the compute kernels wait for `combine`, which does
     them once over all the parts handed to Spark together (a kernel call costs about as much
@@ -144,9 +144,9 @@ def pull_parts(
     tag_filter: TagFilter,
 ) -> list[Part]:
     """A raw pull answer of one queue as parts for `combine`, in offset order, cut at
-    `end_offset`. A v2 stored batch becomes columns in one codec call (stored_batch.columns: no
+    `end_offset`. A stored batch becomes columns in one codec call (stored_batch.columns: no
     Python object per row); consecutive v1 record batches take the row-by-row slow path
-    together, `tag_filter` applied there (a v2 part is filtered by `combine`)."""
+    together, `tag_filter` applied there (a stored one is filtered by `combine`)."""
     parts: list[Part] = []
     v1: list[broker_pb2.RawBatch] = []  # consecutive v1 batches, decoded together
 
@@ -216,7 +216,7 @@ def _stored_part(
     broker_group: str,
     queue_id: int,
 ) -> StoredPart:
-    """The chosen messages of one v2 stored batch, read into Arrow arrays from the codec's
+    """The chosen messages of one stored batch (v2 or v3), read into Arrow arrays from the codec's
     buffers (no copy, no kernel)."""
     c = stored_batch.columns(chunk, positions)
     h = c.header
