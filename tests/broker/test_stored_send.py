@@ -469,7 +469,8 @@ def _every_produce_chunk_is_v2(chunks: dict[tuple[int, int], bytes], dead_letter
 
 def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     """Producer.send_batch_future / AsyncProducer.send_batch_future: one future for many
-    messages, the results in order on contiguous offsets of one queue, stored as v2 batches."""
+    messages, the results in order on contiguous offsets of one queue, stored as encoded, in
+    v3 once the connection's HELLO answer said the group accepts it."""
     queue = QueueRef(TOPIC, GROUP, 0)
     before = env.max_offset(0)
     bodies = [f"bulk-{i}".encode() for i in range(300)]
@@ -499,9 +500,10 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     assert [m.message.body for m in decode_batches(tail.batches, GROUP, 0)][:5] == [
         b"few-%d" % i for i in range(5)
     ]
+    # sent on a connection whose HELLO answer said the group accepts v3
+    assert tail.batches[0].chunk[1] == stored_batch.VERSION
     out = env.pull(env.leader, 0, before, raw=True)
     assert {b.chunk[1] for b in out.batches} <= {stored_batch.OLDEST_VERSION, stored_batch.VERSION}
-    assert out.batches[-1].chunk[1] == stored_batch.VERSION
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
 
 
