@@ -13,13 +13,15 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from raftmq.client.consumer_pull import PullConsumer
 from raftmq.client.messages import OutgoingMessage, ReceivedMessage, SendResult
 from raftmq.client.producer import PLAIN_SEND, Producer, QueueSelector, SendOptions
-from raftmq.client.producer.outcome import LoopSlot
-from raftmq.common.errors import QueueFullError
+from raftmq.client.producer.outcome import LoopPart, LoopSlot
+from raftmq.client.producer.sender import Bodies
+from raftmq.common.errors import QueueFullError, RaftMQError
 from raftmq.common.types import QueueRef
 from raftmq.common.wakeups import LoopWaker
 
@@ -37,7 +39,13 @@ class AsyncProducer:
     send; one loop per producer, so make it inside the loop that uses it): frames are written
     and answers read there, and results complete their futures there, with no thread between.
     Only retries, linger deadlines and route look-ups of failures use the producer's timer
-    thread. Close it (`async with`) before its loop ends."""
+    thread. Close it (`async with`) before its loop ends.
+
+    A plain send (bytes, no tag, keys, properties, key or selector) costs per message a few
+    checks, one future and two appends: the plain sends of one loop turn to one queue are
+    handed to the sender as one item at the turn's end (issue 24), encoded with the batch
+    call's one codec call. Every other call of this producer hands them over first, so the
+    order of its sends to a queue is the order of its calls."""
 
     def __init__(self, namesrv_addresses: str | Sequence[str], **kwargs: Any) -> None:
         self.producer = Producer(namesrv_addresses, **kwargs)
@@ -48,6 +56,15 @@ class AsyncProducer:
         # id(queue) -> (queue, its options): a send that names only its queue reuses one
         # SendOptions (a frozen object with checks, ~1 us to build) instead of one per message
         self._queue_options: dict[int, tuple[QueueRef, SendOptions]] = {}
+        # this loop turn's plain sends, one open chunk per (queue, movable), in arrival order
+        self._chunks: list[_Chunk] = []
+        self._open: dict[tuple[QueueRef, bool], _Chunk] = {}
+        self._gathered_messages = self._gathered_bytes = 0
+        self._hand_over_due = False
+        producer = self.producer
+        self._max_body = producer._max_message_bytes
+        self._chunk_messages = producer._batch_max_messages
+        self._chunk_bytes = producer._batch_max_bytes
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -140,7 +157,6 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         if waker is None or self._loop is not loop:
             waker = self._bind(loop)
-        out: asyncio.Future[SendResult] = loop.create_future()
         if (
             tags is None
             and keys == ()
@@ -148,13 +164,90 @@ class AsyncProducer:
             and sharding_key is None
             and queue_selector is None
         ):
-            # a plain body: no options object to build and check
+            if type(body) is bytes and 0 < len(body) <= self._max_body:
+                gathered = self._gather(topic, body, queue, loop)
+                if gathered is not None:
+                    return gathered
+            # a plain body the fast path does not take (its error, a full buffer, closed)
             options = PLAIN_SEND if queue is None else self._options_of(queue)
         else:
             options = SendOptions(tags, keys, properties, sharding_key, queue_selector, queue)
+        self._hand_over()  # this turn's plain sends first: the calls' order is kept
+        out: asyncio.Future[SendResult] = loop.create_future()
         # The outcome goes straight to `out`, on this loop (no Future per message).
         self.producer._send_into(topic, body, options, LoopSlot(waker, out))
         return out
+
+    def _gather(
+        self, topic: str, body: bytes, queue: QueueRef | None, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[SendResult] | None:
+        """Buffer a plain send for this turn's hand-over; None when the usual path must take it
+        (a closed producer, a full buffer, a wrong topic or queue: errors said there)."""
+        if type(topic) is not str:
+            return None
+        producer = self.producer
+        size = len(body)
+        sender = producer._sender
+        if sender.closed or not sender.has_room(
+            self._gathered_messages + 1, self._gathered_bytes + size
+        ):
+            return None
+        if queue is None:
+            target = producer._choose_queue(topic, PLAIN_SEND)
+        elif queue.topic == topic:
+            target = queue
+            producer._topics_ok.check(topic)
+        else:
+            return None
+        movable = queue is None
+        chunk = self._open.get((target, movable))
+        if (
+            chunk is None
+            or len(chunk.bodies) >= self._chunk_messages
+            or chunk.size + size > self._chunk_bytes
+        ):
+            chunk = _Chunk(target, movable, time.time_ns() // 1_000_000)
+            self._open[(target, movable)] = chunk
+            self._chunks.append(chunk)
+            if not self._hand_over_due:
+                self._hand_over_due = True
+                loop.call_soon(self._hand_over)
+        out: asyncio.Future[SendResult] = loop.create_future()
+        chunk.bodies.append(body)
+        chunk.outs.append(out)
+        chunk.size += size
+        self._gathered_messages += 1
+        self._gathered_bytes += size
+        return out
+
+    def _hand_over(self) -> None:
+        """The turn's plain sends to the sender, one item per chunk; an item the sender refuses
+        (its buffer filled meanwhile from another thread, or it closed) fails its messages."""
+        self._hand_over_due = False
+        chunks = self._chunks
+        if not chunks:
+            return
+        self._chunks, self._open = [], {}
+        self._gathered_messages = self._gathered_bytes = 0
+        waker = self._waker
+        assert waker is not None  # bound by the send that gathered
+        producer = self.producer
+        host = producer._host
+        for c in chunks:
+            item = Bodies(
+                c.target.topic,
+                c.bodies,
+                c.born_ms,
+                host,
+                LoopPart(waker, c.outs),
+                c.size,
+                len(c.bodies),
+                movable=c.movable,
+            )
+            try:
+                producer._sender.enqueue(c.target, [item])
+            except RaftMQError as exc:
+                item.future.set_exception(exc)
 
     def _options_of(self, queue: QueueRef) -> SendOptions:
         """The options of a plain send to `queue`, made (and checked) once per queue object."""
@@ -180,6 +273,7 @@ class AsyncProducer:
         sequence of results in order)."""
         waker = self._bind(asyncio.get_running_loop())
         out: asyncio.Future[Sequence[SendResult]] = waker.loop.create_future()
+        self._hand_over()  # this turn's plain sends first: the calls' order is kept
         fut = self.producer.send_batch_future(
             topic, messages, sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
@@ -195,10 +289,12 @@ class AsyncProducer:
         return out
 
     async def flush(self, timeout_s: float | None = None) -> bool:
+        self._hand_over()
         # A worker thread waits; this loop stays free to read the answers that end the wait.
         return await asyncio.to_thread(self.producer.flush, timeout_s)
 
     async def close(self) -> None:
+        self._hand_over()  # sent, not dropped: close() lets what is buffered go out first
         await asyncio.to_thread(self.producer.close)
 
     async def __aenter__(self) -> AsyncProducer:
@@ -206,6 +302,18 @@ class AsyncProducer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Plain sends of one loop turn to one queue, in order, at most one batch's worth."""
+
+    target: QueueRef
+    movable: bool  # none of them chose its queue
+    born_ms: int
+    bodies: list[bytes] = field(default_factory=list)
+    outs: list[asyncio.Future[SendResult]] = field(default_factory=list)
+    size: int = 0
 
 
 class AsyncPullConsumer:

@@ -19,7 +19,16 @@ from typing import Protocol
 from raftmq.client.messages import SendResult, SendResults
 from raftmq.common.wakeups import LoopWaker
 
-__all__ = ["LoopSlot", "Outcome", "Part", "PartsOutcome", "Settled", "Slot"]
+__all__ = [
+    "LoopPart",
+    "LoopSlot",
+    "Outcome",
+    "Part",
+    "PartsOutcome",
+    "RunOutcome",
+    "Settled",
+    "Slot",
+]
 
 
 class Outcome(Protocol):
@@ -187,3 +196,46 @@ class Part:
     def results(self) -> Sequence[SendResult]:
         """What the part was set with (empty after an error)."""
         return self._results
+
+
+class LoopPart:
+    """The outcomes of the asyncio face's plain sends gathered into one buffered item (one per
+    queue per loop turn, client/aio.py): set once with the results of all its messages, each
+    posted to its own asyncio future through the loop's LoopWaker; an error fails them all."""
+
+    __slots__ = ("_done", "_error", "_outs", "_results", "_waker")
+
+    def __init__(self, waker: LoopWaker, outs: list[asyncio.Future[SendResult]]) -> None:
+        self._waker, self._outs = waker, outs
+        self._done = False
+        self._results: Sequence[SendResult] = ()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_results(self, results: Sequence[SendResult]) -> None:
+        if self._done:
+            return
+        self._done, self._results = True, results
+        post = self._waker.set_result
+        for k, out in enumerate(self._outs):
+            post(out, results[k])
+
+    def set_exception(self, error: BaseException) -> None:
+        if self._done:
+            return
+        self._done, self._error = True, error
+        post = self._waker.set_exception
+        for out in self._outs:
+            post(out, error)
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def results(self) -> Sequence[SendResult]:
+        """What the part was set with (empty after an error)."""
+        return self._results
+
+
+RunOutcome = Part | LoopPart  # the outcome of a buffered item of bare bodies (sender.Bodies)

@@ -35,7 +35,7 @@ from raftmq.client import data_pool
 from raftmq.client.accumulator import Accumulator, Batch
 from raftmq.client.data_pool import DataPool, no_data_address
 from raftmq.client.messages import SendResult, StoredRun
-from raftmq.client.producer.outcome import Outcome, Part, Settled
+from raftmq.client.producer.outcome import Outcome, RunOutcome, Settled
 from raftmq.client.producer.retry import (
     Next,
     after_failure,
@@ -94,16 +94,20 @@ class Bodies:
     """A batch-first call's bare bodies, or one part of them: ONE buffered item for all its
     messages (issue 24), which take `count` consecutive sequences and are encoded together by
     stored_batch.encode_bodies, with no Message, outcome or result object per message. The
-    Producer cut the call into parts that each fit a batch, so an item is never split."""
+    Producer cut the call into parts that each fit a batch, so an item is never split. The
+    asyncio face's plain sends of one loop turn to one queue travel as one too (client/aio.py),
+    each message with its own future behind the item's LoopPart."""
 
     topic: str
     bodies: Sequence[bytes]
     born_ms: int
     host: str
-    future: Part
+    future: RunOutcome
     size: int
     count: int
-    movable: ClassVar[bool] = False  # a batch call's messages stay in their queue together
+    # A batch call's messages stay in their queue together; the asyncio face's gathered plain
+    # sends may move to another group when none of them chose its queue (as each alone could).
+    movable: bool = False
     v1_only: ClassVar[bool] = False
     deadline: float = 0.0
 
@@ -239,6 +243,16 @@ class Sender:
             self._scheduler.call_later(self.config.linger_s, lambda: self._linger_due(target))
         if appended.batch is not None:
             self._issue(self._request(appended.batch))
+
+    def has_room(self, count: int, size: int) -> bool:
+        """Whether `count` more messages of `size` bytes fit under the buffer's bounds now (an
+        empty buffer's exception for one oversized request aside), read without the lock:
+        advice for a caller that buffers on its own first; enqueue decides."""
+        acc = self._acc
+        return (
+            acc.buffered_messages + count <= acc.max_buffered_messages
+            and acc.buffered_bytes + size <= acc.max_buffered_bytes
+        )
 
     def _wait_for_room(self, count: int, size: int) -> None:
         """Under the lock: wait up to max_block_s until `count` messages of `size` bytes fit,

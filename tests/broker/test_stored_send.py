@@ -564,6 +564,38 @@ def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
     assert producer.producer._sender.closed
 
 
+def test_the_asyncio_producer_gathers_a_turns_plain_sends_and_keeps_the_calls_order(
+    env: Env,
+) -> None:
+    """AsyncProducer's plain sends of one loop turn to one queue leave as one buffered item
+    (issue 24: per message a future and two appends, per batch one codec call); a send that
+    is not plain (tags) in the same turn hands them over first, so the queue's offsets follow
+    the calls' order, and each future gets its own message's result."""
+    queue = QueueRef(TOPIC, GROUP, 7)
+    before = env.max_offset(7)
+
+    async def run() -> tuple[list[SendResult], int]:
+        async with AsyncProducer(env.cluster.namesrv) as p:
+            await p.send(TOPIC, b"warm", queue=queue)  # route and connection known
+            sent0 = p.producer._sender.messages_sent
+            futs = [p.send_future(TOPIC, b"a%d" % i, queue=queue) for i in range(20)]
+            futs.append(p.send_future(TOPIC, b"tagged", tags="t", queue=queue))
+            futs += [p.send_future(TOPIC, b"b%d" % i, queue=queue) for i in range(20)]
+            # nothing has left yet: the turn's plain sends wait for its end, in the producer
+            assert p.producer._sender.messages_sent == sent0
+            results = list(await asyncio.gather(*futs))
+            return results, p.producer._sender.batches_sent
+
+    results, _ = asyncio.run(run())
+    offsets = [r.queue_offset for r in results]
+    assert offsets == list(range(before + 1, before + 42)), offsets
+    out = env.pull(env.leader, 7, before + 1, raw=True)
+    bodies = [m.message.body for m in decode_batches(out.batches, GROUP, 7)]
+    want = [b"a%d" % i for i in range(20)] + [b"tagged"] + [b"b%d" % i for i in range(20)]
+    assert bodies[:41] == want
+    assert len({r.msg_id for r in results}) == 41
+
+
 @given(st.data())
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
