@@ -450,7 +450,7 @@ class _Head:
     def of(
         cls, topic: str, n: int, producer: ProducerSequence | None, born_host: str, version: int
     ) -> _Head:
-        if version not in (2, 3):
+        if type(version) is not int or version not in (2, 3):
             raise ValueError(f"stored batch version {version} is not one this raftmq writes")
         if n == 0:
             raise ValueError("a stored batch carries at least one message")

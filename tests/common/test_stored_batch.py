@@ -1013,3 +1013,13 @@ def test_damaged_v3_heads_read_alike_in_both() -> None:
             buf[i] = value
             fix_body_crc(buf)
             assert _reads(c, buf) == _reads(py, buf), (i, value)
+
+
+def test_only_versions_2_and_3_are_written_alike_in_both() -> None:
+    py, c = _needs_both()
+    args = (TOPIC, 0, [Message(TOPIC, b"x")], None, "")
+    for version in (1, 4, 3.0, True, "3", None):
+        want = _outcome(py.encode_batch, *args, version)
+        assert want[0] == "error" and "is not one this raftmq writes" in str(want[2])
+        assert _outcome(c.encode_batch, *args, version) == want
+        assert _outcome(c.encode_bodies, TOPIC, 0, [(1, [b"x"])], None, "", version) == want
