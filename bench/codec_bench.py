@@ -1,11 +1,13 @@
 """The stored batch codec, compiled against its pure-Python twin (common/stored_batch.py, issue
 24): per message, encode on the client, the leader's check + stamp, a replica's verify, and the
 client's decode (message objects, then bodies read). W1's shape (8 x 1 KiB per queue batch) and
-the batch call's (512 x 1 KiB, 512 x 100 B). One JSON line per result, appended to
+the batch call's (512 x 1 KiB, 512 x 100 B), in each stored batch version asked for (v3's
+compact record heads against v2's, issue 24 bar 4); the bare bodies' encoder (encode_bodies,
+the batch call's) for the plain shapes. One JSON line per result, appended to
 bench/results/codec.jsonl; best of several runs in one process, no I/O: compare the two
-implementations within one run (ratios), not figures across runs.
+implementations and the versions within one run (ratios), not figures across runs.
 
-Run: `.venv/bin/python bench/codec_bench.py [--repeats 20]`
+Run: `.venv/bin/python bench/codec_bench.py [--repeats 20] [--versions 2,3]`
 """
 
 from __future__ import annotations
@@ -55,12 +57,23 @@ def make(n: int, body_bytes: int, shape: str) -> list[Message]:
     ]
 
 
-def run(sb: ModuleType, n: int, body_bytes: int, shape: str, repeats: int) -> dict[str, Any]:
+def run(
+    sb: ModuleType, n: int, body_bytes: int, shape: str, repeats: int, version: int
+) -> dict[str, Any]:
     msgs = make(n, body_bytes, shape)
     producer = ProducerSequence("producer-1", 0)
     inner = max(1, 4096 // n)
-    raw = sb.encode_batch(TOPIC, 3, msgs, producer, HOST)
-    encode_us = best_us(lambda: sb.encode_batch(TOPIC, 3, msgs, producer, HOST), repeats, inner)
+    raw = sb.encode_batch(TOPIC, 3, msgs, producer, HOST, version)
+    encode_us = best_us(
+        lambda: sb.encode_batch(TOPIC, 3, msgs, producer, HOST, version), repeats, inner
+    )
+    bodies_rec: dict[str, Any] = {}
+    if shape == "plain":
+        runs = [(1, [m.body for m in msgs])]
+        bodies_us = best_us(
+            lambda: sb.encode_bodies(TOPIC, 3, runs, producer, HOST, version), repeats, inner
+        )
+        bodies_rec = {"encode_bodies_us_per_msg": round(bodies_us / n, 4)}
     buf = bytearray(raw)
 
     def check_and_stamp() -> None:
@@ -77,11 +90,13 @@ def run(sb: ModuleType, n: int, body_bytes: int, shape: str, repeats: int) -> di
     return {
         "bench": "codec",
         "implementation": sb.__name__.rsplit("_", 1)[-1],
+        "version": version,
         "messages": n,
         "body_bytes": body_bytes,
         "shape": shape,
         "batch_bytes": len(raw),
         "encode_us_per_msg": round(encode_us / n, 4),
+        **bodies_rec,
         "check_stamp_us_per_msg": round(check_stamp_us / n, 4),
         "verify_stamped_us_per_msg": round(verify_us / n, 4),
         "decode_objects_us_per_msg": round(objects_us / n, 4),
@@ -92,7 +107,9 @@ def run(sb: ModuleType, n: int, body_bytes: int, shape: str, repeats: int) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--versions", default="2,3", help="stored batch versions, in turn")
     args = parser.parse_args()
+    versions = [int(v) for v in args.versions.split(",")]
     common = {
         "python": platform.python_version(),
         "cores": os.cpu_count(),
@@ -102,8 +119,10 @@ def main() -> None:
     found = implementations()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with RESULTS.open("a") as out:
-        for n, size, shape in SHAPES:
-            recs = {name: run(sb, n, size, shape, args.repeats) for name, sb in found.items()}
+        for (n, size, shape), version in ((s, v) for s in SHAPES for v in versions):
+            recs = {
+                name: run(sb, n, size, shape, args.repeats, version) for name, sb in found.items()
+            }
             if "c" in recs:  # the twin's time over C's, per operation
                 py, c = recs["python"], recs["c"]
                 recs["c"]["speedup_vs_python"] = {

@@ -6,7 +6,7 @@ tests. Nothing here does I/O or holds state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -47,6 +47,11 @@ class CommitLog(CommittedLog, Protocol):
         ...
 
     def is_leader(self) -> bool: ...
+
+    def peer_features(self) -> Mapping[str, int]:
+        """Peer raft address -> the byte its latest hello said (RaftLogConfig.hello_features:
+        the stored batch version it reads; broker/batch_version.py)."""
+        ...
 
     def status(self) -> LogStatus: ...
 

@@ -105,6 +105,7 @@ class DataServer:
             idle_timeout_s=s.data_idle_timeout_ms / 1000,
             ssl=tls.server_ssl(),
             authenticate=self.guard.authenticate_hello if self.guard is not None else None,
+            batch_version=self.node.batch_version,  # what the SDK encodes in (issue 24 bar 4)
         )
         io.run(self._server.start(host, port), timeout_s=10)
         advertised = self.node.me.address.rpartition(":")[0] if host in _WILDCARD_HOSTS else host

@@ -86,7 +86,6 @@ from raftmq.common.topic_config import TopicConfig, validate_topic_config
 from raftmq.raftlog.record import Entry
 
 MAX_SEQUENCE = (1 << 64) - 1
-STORED_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))  # a v2 chunk's kind and version bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,9 +420,9 @@ class Dispatcher:
 
     def _produce_of(self, chunk: bytes) -> Callable[[_EntryWork, int, int, bytes], None] | None:
         """The hot path's indexer of a produce chunk (issue 14: index columns, no Message object
-        per message): v1 from stores written before the v2 stored batch, v2 as the producer sent
-        it; None for any other chunk."""
-        if chunk[:2] == STORED_V2:  # what every producer writes now: tested first
+        per message): v1 from stores written before the v2 stored batch, v2 and v3 as the
+        producer sent them; None for any other chunk."""
+        if stored_batch.is_stored(chunk):  # what every producer writes now: tested first
             return self._produce_v2
         if is_produce_v1(chunk):
             return self._produce

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from raftmq.broker.dispatch import STORED_V2, Refused, next_producer_state, window_verdict
+from raftmq.broker.dispatch import Refused, next_producer_state, window_verdict
 from raftmq.broker.rows import BatchOrigin, ProducerState, QueueHead
 from raftmq.broker.txn_apply import TxnApplier
 from raftmq.common import stored_batch
@@ -112,7 +112,7 @@ class LeaderOffsets:
         if not chunk:
             self._unsettle(index)
             return
-        if chunk[:2] != STORED_V2:
+        if not stored_batch.is_stored(chunk):
             if chunk[0] not in _NEUTRAL_KINDS:
                 self._unsettle(index)
             return

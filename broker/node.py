@@ -21,10 +21,11 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from raftmq.broker.batch_version import accepted_version, reads_version
 from raftmq.broker.commit_log import CommitLog
 from raftmq.broker.consumer_registry import ConsumerRegistry
 from raftmq.broker.delivery_loop import DeliveryLoop
-from raftmq.broker.dispatch import STORED_V2, Dispatcher
+from raftmq.broker.dispatch import Dispatcher
 from raftmq.broker.dispatcher_thread import DispatcherSettings, DispatcherThread, DispatchProgress
 from raftmq.broker.errors import (
     DispatcherStoppedError,
@@ -114,6 +115,7 @@ class BrokerNode:
         self.group = settings.broker_group
         self.members = settings.member_list
         self._by_raft = {m.raft_address: m for m in self.members}
+        self._reads_version = reads_version()  # what the Raft hello tells the peers
         self.limits = MessageLimits(max_message_bytes=settings.max_message_bytes)
         self.delay_policy = settings.delay_policy()
         self.store = store
@@ -327,6 +329,13 @@ class BrokerNode:
             return self.me
         return self.member_for_raft(leader)
 
+    def batch_version(self) -> int:
+        """The newest stored batch version this group writes and accepts from producers now:
+        the oldest any member reads (broker/batch_version.py). Per call O(members)."""
+        me = self.me.node_id
+        peers = (m.raft_address for m in self.members if m.node_id != me)
+        return accepted_version(self._reads_version, self.rlog.peer_features(), peers)
+
     def term(self) -> int:
         """The log's current term (what an answer names)."""
         return self.rlog.leadership()[1]
@@ -497,7 +506,7 @@ class BrokerNode:
         placed is Appended there once its entry commits, without waiting for its dispatch
         (every replica's dispatcher checks the offset and stops on a disagreement). None: the
         dispatcher decides (offsets left to it, or another chunk)."""
-        if payload[:2] != STORED_V2:
+        if not stored_batch.is_stored(payload):
             return None
         base = stored_batch.placed_offset(payload)
         if base is None:

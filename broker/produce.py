@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from raftmq.common.errors import (
     MessageTooLargeError,
     OutOfOrderSequenceError,
     PermissionDeniedError,
+    UnsupportedError,
 )
 from raftmq.common.message import (
     Message,
@@ -46,6 +46,7 @@ from raftmq.common.message import (
 )
 from raftmq.common.record_batch import ProducerSequence
 from raftmq.common.stored_batch import BatchHeader
+from raftmq.common.stored_send import BATCH_VERSION_DETAIL
 
 if TYPE_CHECKING:
     from raftmq.broker.node import BrokerNode
@@ -206,7 +207,10 @@ class SendProcessor:
         now_ms = _now_ms()
         if scheduled:  # InvalidDelayError (the caller's) before anything is replicated
             messages = delivery.stamp_due(messages, now_ms, self._node.delay_policy)
-        payload = encode_stored(topic, queue_id, messages, producer, now_ms, scheduled=scheduled)
+        payload = encode_stored(
+            topic, queue_id, messages, producer, now_ms, self._node.batch_version(),
+            scheduled=scheduled,
+        )  # fmt: skip
         timeout_s = min(timeout_ms or settings.send_timeout_ms, settings.send_timeout_ms) / 1000
         return PreparedSend(queue_id, payload, len(messages), timeout_s)
 
@@ -223,8 +227,12 @@ class SendProcessor:
         its header (topic, producer id, born host, leader gate, permission, queue) and the
         message sizes. What is inside a record (utf-8 of tags, keys and properties, property
         limits, reserved names) is the producer SDK's check; readers refuse a bad record
-        (docs/design.md, "Stored batch format v2"). Delayed and half messages never come here."""
+        (docs/design.md, "Stored batch format v2"). Delayed and half messages never come here.
+        A batch of a version some member of the group does not read yet is refused whole
+        (UnsupportedError naming the version to send), before anything is stamped."""
         topic, queue_id, limits = header.topic, header.queue_id, self._node.limits
+        if header.version > stored_batch.OLDEST_VERSION:
+            check_batch_version(header.version, self._node.batch_version(), self._node.group)
         self._valid_topics.check(topic)
         if len(header.born_host.encode("utf-8")) > limits.max_born_host_bytes:
             raise InvalidArgumentError(
@@ -353,24 +361,39 @@ def check_accepts_sends(settings: BrokerSettings, group: str) -> None:
         )
 
 
+def check_batch_version(version: int, accepted: int, group: str) -> None:
+    """The mixed-version guard (docs/design.md, "Stored batch v3: compact record heads"): a
+    stored batch of a version past what every member of the group reads is refused, with the
+    version to send instead in the details (the SDK re-encodes its batch and sends it again)."""
+    if version > accepted:
+        raise UnsupportedError(
+            f"broker group {group} does not accept stored batch version {version} yet: a "
+            f"member of the group reads only up to version {accepted} (upgrade every member "
+            f"to the same raftmq); send version {accepted}",
+            details={BATCH_VERSION_DETAIL: str(accepted)},
+        )
+
+
 def encode_stored(
     topic: str,
     queue_id: int,
     messages: Sequence[Message],
     producer: ProducerSequence | None,
     now_ms: int,
+    version: int,
     *,
     scheduled: bool = False,
 ) -> bytearray:
     """The broker's own write of checked messages (a send it encodes itself: older producers'
-    SEND_BATCHES and SEND_MESSAGE, delayed sends, send-backs, half messages) as a v2 stored
-    batch stamped as the SEND_STORED path stamps one, so the servers write one format (issue
-    24). The batch carries one born host: the first one a message names. `scheduled`: a
-    delayed send, whose records carry the due times the leader stamped (delivery.stamp_due)."""
+    SEND_BATCHES and SEND_MESSAGE, delayed sends, send-backs, half messages) as a stored batch
+    of `version` (the group's: BrokerNode.batch_version) stamped as the SEND_STORED path stamps
+    one, so the servers write one format (issue 24). The batch carries one born host: the first
+    one a message names. `scheduled`: a delayed send, whose records carry the due times the
+    leader stamped (delivery.stamp_due)."""
     born_host = next((m.born_host for m in messages if m.born_host), "")
     try:
         payload = bytearray(
-            stored_batch.encode_batch(topic, queue_id, messages, producer, born_host)
+            stored_batch.encode_batch(topic, queue_id, messages, producer, born_host, version)
         )
     except ValueError as exc:
         raise InvalidArgumentError(f"cannot encode the messages: {exc}") from exc
@@ -382,15 +405,10 @@ def encode_stored(
 
 def _check_sizes(batch: memoryview, header: BatchHeader, max_body: int) -> None:
     """No message body over max_body. A batch whose whole record area fits max_body holds none
-    (O(1), every W1 and batch-API batch); only a larger one has its record heads read."""
-    area = header.total_bytes - header.records_at
-    if area - stored_batch.RECORD_HEAD_BYTES <= max_body:
+    (O(1), every W1 and batch-API batch); only a larger one has its record heads read (either
+    version's, through the codec: the heads are checked against the offsets table there)."""
+    if header.total_bytes - header.records_at <= max_body:
         return
-    at, unpack = header.records_at, _BODY_LEN.unpack_from
-    for offset in stored_batch.message_offsets(batch, header).tolist():
-        size = unpack(batch, at + offset)[0]
-        if size > max_body:
-            raise MessageTooLargeError.for_size(size, max_body)
-
-
-_BODY_LEN = struct.Struct("<I")  # a v2 record head starts with its body length
+    for m in stored_batch.iter_messages(batch, verify=False):
+        if m.body_size > max_body:
+            raise MessageTooLargeError.for_size(m.body_size, max_body)

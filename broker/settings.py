@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
+from raftmq.broker.batch_version import reads_version
 from raftmq.common import tls
 from raftmq.common.auth import check_auth_settings
 from raftmq.common.delay import DEFAULT_DELAY_LEVELS_TEXT, DEFAULT_MAX_DELAY_MS, DelayPolicy
@@ -435,6 +436,7 @@ class BrokerSettings(QuotaSettings):
             ),
             password=self.raft_password or tls.raft_password(),
             tls=None if peer_ssl is None else PeerTls(*peer_ssl),
+            hello_features=reads_version(),  # broker/batch_version.py
         )
 
 

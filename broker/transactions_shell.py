@@ -249,6 +249,7 @@ class TransactionShell:
             (half,),
             ProducerSequence(HALF_PRODUCER_ID, 0),
             _now_ms(),
+            self.node.batch_version(),
         )
         return PreparedHalf(payload, prepared.queue_id, prepared.timeout_s)
 

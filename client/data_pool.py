@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from raftmq.common import tls
+from raftmq.common import stored_batch, tls
 from raftmq.common.auth import Credentials
 from raftmq.common.auth_client import client_signer
 from raftmq.common.data_api import PAYLOADS, DataMethod
@@ -169,6 +169,23 @@ class DataPool:
             log.info("data_pool.evicted address=%s", old.address)
             asyncio.run_coroutine_threadsafe(old.close(), loop)
         return fc
+
+    def batch_version(self, data_address: str) -> int:
+        """The stored batch version to encode a batch for `data_address` in: what its latest
+        HELLO answer said its broker group accepts (common/frame.server_hello), never past what
+        this SDK writes; the oldest before an answer, or from a server of before."""
+        with self._lock:
+            fc = self._clients.get(data_address)
+        said = fc.batch_version if fc is not None else 0
+        return min(said, stored_batch.VERSION) if said else stored_batch.OLDEST_VERSION
+
+    def lower_batch_version(self, data_address: str, version: int) -> None:
+        """A batch was refused for its version: encode in `version` for `data_address` until
+        its next HELLO answer says otherwise."""
+        with self._lock:
+            fc = self._clients.get(data_address)
+        if fc is not None:
+            fc.batch_version = max(stored_batch.OLDEST_VERSION, version)
 
     def submit_raw(
         self, data_address: str, method: DataMethod, payload: Payload, timeout_s: float

@@ -1,4 +1,4 @@
-/* The compiled twin of common/_stored_batch_py.py: the v2 stored batch's encode, checks, stamp and
+/* The compiled twin of common/_stored_batch_py.py: the stored batch's (v2 and v3) encode, checks, stamp and
  * the client's per-message decode, with the same names, signatures, bytes, values and errors
  * (tests/common/test_stored_batch.py runs both and compares them). It never trusts a length
  * before checking it against the buffer, and raises MalformedBatchError for every bad batch.
@@ -17,7 +17,16 @@
 #define FIXED_HEADER_BYTES 64
 #define RECORD_HEAD_BYTES 28
 #define KIND_PRODUCE 1
-#define VERSION 2
+#define VERSION 3        /* the newest version read (the twin's VERSION) */
+#define OLDEST_VERSION 2 /* still read everywhere */
+#define V3_HEADER_BYTES 72 /* v3: v2's fixed header, then the born base (i64) at 64 */
+#define V3_MIN_RECORD 3
+/* v3 record head attributes: which optional fields follow the born delta and body length */
+#define V3_FLAG 0x01
+#define V3_TAG 0x02
+#define V3_KEYS 0x04
+#define V3_PROPS 0x08
+#define V3_ATTRS (V3_FLAG | V3_TAG | V3_KEYS | V3_PROPS)
 #define STATE_PRODUCED 0
 #define STATE_STAMPED 1
 #define STATE_PLACED 2 /* stamped, and the base offset is the leader's (common/_stored_batch_py.py) */
@@ -29,6 +38,9 @@
 /* A delayed send's batch (the broker's own write, _stored_batch_py.mark_scheduled). */
 #define SCHEDULED 0x0008
 #define KNOWN_FLAGS (HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS | SCHEDULED)
+/* v3 only: no message has a tag, and the tag-hash table is left out (every hash 0) */
+#define NO_TAG_HASHES 0x0010
+#define KNOWN_FLAGS_V3 (KNOWN_FLAGS | NO_TAG_HASHES)
 #define NO_TAG 0xFFFF
 #define U16_MAX 0xFFFFu
 #define U32_MAX 0xFFFFFFFFu
@@ -49,10 +61,10 @@ static PyObject *TagHashFn; /* common.filter.tag.tag_hash */
 static PyTypeObject *BatchHeaderType, *BatchMessageType, *ProducerSequenceType, *MessageType;
 
 enum { H_TOPIC, H_QUEUE_ID, H_COUNT, H_PRODUCER, H_BORN_HOST, H_STAMPED, H_BASE_OFFSET, H_STORE_MS,
-       H_TOTAL_BYTES, H_TABLES_AT, H_RECORDS_AT, H_N };
+       H_TOTAL_BYTES, H_TABLES_AT, H_RECORDS_AT, H_VERSION, H_BORN_BASE, H_N };
 static const char *HeaderFields[H_N] = {
     "topic", "queue_id", "count", "producer", "born_host", "stamped", "base_offset",
-    "store_timestamp_ms", "total_bytes", "tables_at", "records_at"};
+    "store_timestamp_ms", "total_bytes", "tables_at", "records_at", "version", "born_base_ms"};
 static Py_ssize_t HeaderSlots[H_N];
 
 enum { P_PRODUCER_ID, P_FIRST_SEQUENCE, P_STRICT, P_N };
@@ -78,6 +90,124 @@ static inline uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 
 static inline void wr16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
 static inline void wr32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void wr64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* ---- v3 record heads: varints (the twin's _uvarint, _zigzag, _v3_head) ----------------------- */
+
+/* v as an unsigned LEB128 varint at out (when not NULL); its length in bytes. */
+static int put_uvarint(unsigned char *out, uint64_t v)
+{
+    int n = 0;
+    while (v >= 0x80) {
+        if (out != NULL) out[n] = (unsigned char)((v & 0x7F) | 0x80);
+        n++;
+        v >>= 7;
+    }
+    if (out != NULL) out[n] = (unsigned char)v;
+    return n + 1;
+}
+
+static inline uint64_t zigzag(int64_t d) { return ((uint64_t)d << 1) ^ (uint64_t)(d >> 63); }
+static inline int64_t unzigzag(uint64_t z) { return (int64_t)((z >> 1) ^ (~(z & 1) + 1)); }
+
+/* A record head, either version's, as the twin's seven fields (born time absolute). */
+typedef struct {
+    uint32_t body_len, keys_len, props_len;
+    int32_t flag;
+    int64_t born;
+    unsigned tag_len, n_keys;
+} RecHead;
+
+enum { HEAD_OK = 0, HEAD_OVERRUN = 1, HEAD_BAD = 2 };
+
+static int get_uvarint(const unsigned char *d, int64_t *pos, int64_t end, uint64_t *out)
+{
+    uint64_t v = 0;
+    int shift = 0;
+    for (;;) {
+        if (*pos >= end) return HEAD_OVERRUN;
+        unsigned b = d[(*pos)++];
+        if (shift == 63 && b > 1) return HEAD_BAD;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            *out = v;
+            return HEAD_OK;
+        }
+        shift += 7;
+    }
+}
+
+/* The head of the record at d[pos:end]: HEAD_OK with *at where its fields (tag, keys,
+ * properties, body) start, or HEAD_OVERRUN / HEAD_BAD; the same checks, in the same order, as
+ * the twin's _v3_head (v3) or its struct unpack (v2). */
+static int read_head(const unsigned char *d, int64_t pos, int64_t end, int version,
+                     int64_t born_base, RecHead *h, int64_t *at)
+{
+    if (version == OLDEST_VERSION) {
+        if (pos + RECORD_HEAD_BYTES > end) return HEAD_OVERRUN;
+        const unsigned char *p = d + pos;
+        h->body_len = rd32(p);
+        h->flag = (int32_t)rd32(p + 4);
+        h->born = (int64_t)rd64(p + 8);
+        h->tag_len = rd16(p + 16);
+        h->n_keys = rd16(p + 18);
+        h->keys_len = rd32(p + 20);
+        h->props_len = rd32(p + 24);
+        *at = pos + RECORD_HEAD_BYTES;
+        return HEAD_OK;
+    }
+    if (pos >= end) return HEAD_OVERRUN;
+    unsigned attrs = d[pos++];
+    if (attrs & ~(unsigned)V3_ATTRS) return HEAD_BAD;
+    /* every varint first (the twin's order), then the fields' ranges */
+    int n = 2 + (attrs & V3_FLAG ? 1 : 0) + (attrs & V3_TAG ? 1 : 0) + (attrs & V3_KEYS ? 2 : 0) +
+            (attrs & V3_PROPS ? 1 : 0);
+    uint64_t vals[7];
+    for (int i = 0; i < n; i++) {
+        if (pos < end && d[pos] < 0x80) { /* one byte: nearly every field of a small message */
+            vals[i] = d[pos++];
+            continue;
+        }
+        int rc = get_uvarint(d, &pos, end, &vals[i]);
+        if (rc != HEAD_OK) return rc;
+    }
+    uint64_t zz = vals[0];
+    int bad = vals[1] > U32_MAX, k = 2;
+    h->body_len = (uint32_t)vals[1];
+    h->flag = 0;
+    h->tag_len = NO_TAG;
+    h->n_keys = 0;
+    h->keys_len = h->props_len = 0;
+    if (attrs & V3_FLAG) {
+        int64_t f = unzigzag(vals[k++]);
+        bad |= f < INT32_MIN || f > INT32_MAX;
+        h->flag = (int32_t)f;
+    }
+    if (attrs & V3_TAG) {
+        bad |= vals[k] >= NO_TAG;
+        h->tag_len = (unsigned)vals[k++];
+    }
+    if (attrs & V3_KEYS) {
+        bad |= vals[k] > U16_MAX || vals[k + 1] > U32_MAX;
+        h->n_keys = (unsigned)vals[k];
+        h->keys_len = (uint32_t)vals[k + 1];
+        k += 2;
+    }
+    if (attrs & V3_PROPS) {
+        bad |= vals[k] > U32_MAX;
+        h->props_len = (uint32_t)vals[k];
+    }
+    if (bad) return HEAD_BAD;
+    h->born = (int64_t)((uint64_t)born_base + (uint64_t)unzigzag(zz));
+    *at = pos;
+    return HEAD_OK;
+}
+
+/* The bytes a record spans from its head's start, given the head ended at `at`. */
+static inline int64_t record_size(const RecHead *h, int64_t pos, int64_t at)
+{
+    return (at - pos) + (int64_t)h->body_len + h->keys_len + h->props_len +
+           (h->tag_len == NO_TAG ? 0 : h->tag_len);
+}
 
 static PyObject *malformed(const char *fmt, ...)
 {
@@ -415,20 +545,47 @@ static PyObject *changed(void)
     return NULL;
 }
 
+/* A message's v3 record head at out (when not NULL), its born time a delta from born_base;
+ * its length (the twin's _encode_v3 head). */
+static int v3_head(const MsgInfo *mi, int64_t born_base, unsigned char *out)
+{
+    Py_ssize_t n_keys = PySequence_Fast_GET_SIZE(mi->keys);
+    unsigned attrs = (mi->flag ? V3_FLAG : 0) | (mi->tag_n >= 0 ? V3_TAG : 0) |
+                     (n_keys ? V3_KEYS : 0) | (mi->props_len ? V3_PROPS : 0);
+    int n = 1;
+    if (out != NULL) out[0] = (unsigned char)attrs;
+#define PUT(v) n += put_uvarint(out != NULL ? out + n : NULL, (v))
+    PUT(zigzag((int64_t)((uint64_t)mi->born - (uint64_t)born_base)));
+    PUT((uint64_t)mi->body.len);
+    if (attrs & V3_FLAG) PUT(zigzag(mi->flag));
+    if (attrs & V3_TAG) PUT((uint64_t)mi->tag_n);
+    if (attrs & V3_KEYS) {
+        PUT((uint64_t)n_keys);
+        PUT(mi->keys_len);
+    }
+    if (attrs & V3_PROPS) PUT(mi->props_len);
+#undef PUT
+    return n;
+}
+
 /* Pass two: one record at `out`, exactly mi->size bytes (re-walks the keys and properties, and
  * refuses if they no longer give the sizes pass one measured). */
-static int write_record(const MsgInfo *mi, unsigned char *out)
+static int write_record(const MsgInfo *mi, unsigned char *out, int version, int64_t born_base)
 {
     unsigned char *p = out, *end = out + mi->size;
     Py_ssize_t n_keys = PySequence_Fast_GET_SIZE(mi->keys);
-    wr32(p, (uint32_t)mi->body.len);
-    wr32(p + 4, (uint32_t)mi->flag);
-    wr64(p + 8, (uint64_t)mi->born);
-    wr16(p + 16, mi->tag_n < 0 ? NO_TAG : (uint16_t)mi->tag_n);
-    wr16(p + 18, (uint16_t)n_keys);
-    wr32(p + 20, (uint32_t)mi->keys_len);
-    wr32(p + 24, (uint32_t)mi->props_len);
-    p += RECORD_HEAD_BYTES;
+    if (version == OLDEST_VERSION) {
+        wr32(p, (uint32_t)mi->body.len);
+        wr32(p + 4, (uint32_t)mi->flag);
+        wr64(p + 8, (uint64_t)mi->born);
+        wr16(p + 16, mi->tag_n < 0 ? NO_TAG : (uint16_t)mi->tag_n);
+        wr16(p + 18, (uint16_t)n_keys);
+        wr32(p + 20, (uint32_t)mi->keys_len);
+        wr32(p + 24, (uint32_t)mi->props_len);
+        p += RECORD_HEAD_BYTES;
+    } else {
+        p += v3_head(mi, born_base, p);
+    }
     if (mi->tag_n > 0) {
         memcpy(p, mi->tag_p, (size_t)mi->tag_n);
         p += mi->tag_n;
@@ -495,6 +652,7 @@ typedef struct {
     uint16_t flags;
     uint64_t header_len;
     unsigned long long qid, base_seq;
+    int version;
 } Head;
 
 static void head_release(Head *h)
@@ -504,10 +662,23 @@ static void head_release(Head *h)
     Py_XDECREF(h->seq_obj);
 }
 
-/* The twin's _Head.of: the count's range, the strings and the producer, in its order. */
-static int head_parse(Head *h, PyObject *topic, Py_ssize_t n, PyObject *producer, PyObject *host)
+/* The twin's _Head.of: the version, the count's range, the strings and the producer, in its
+ * order. `version` NULL: OLDEST_VERSION. */
+static int head_parse(Head *h, PyObject *topic, Py_ssize_t n, PyObject *producer, PyObject *host,
+                      PyObject *version)
 {
     memset(h, 0, sizeof *h);
+    h->version = OLDEST_VERSION;
+    if (version != NULL) {
+        long v = PyLong_CheckExact(version) ? PyLong_AsLong(version) : -1;
+        if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+        if (v != 2 && v != 3) {
+            PyErr_Format(PyExc_ValueError,
+                         "stored batch version %S is not one this raftmq writes", version);
+            return -1;
+        }
+        h->version = (int)v;
+    }
     if (host == NULL && (host = h->empty = PyUnicode_FromStringAndSize("", 0)) == NULL) return -1;
     if (n == 0) {
         PyErr_SetString(PyExc_ValueError, "a stored batch carries at least one message");
@@ -537,7 +708,8 @@ static int head_parse(Head *h, PyObject *topic, Py_ssize_t n, PyObject *producer
         if (is_strict) h->flags |= STRICT_SEQUENCE;
     }
     uint64_t strings = (uint64_t)h->topic_n + (uint64_t)h->pid_n + (uint64_t)h->host_n;
-    h->header_len = (FIXED_HEADER_BYTES + strings + 7) & ~(uint64_t)7;
+    uint64_t fixed = h->version == OLDEST_VERSION ? FIXED_HEADER_BYTES : V3_HEADER_BYTES;
+    h->header_len = (fixed + strings + 7) & ~(uint64_t)7;
     if (h->header_len > U16_MAX) {
         PyErr_Format(PyExc_ValueError,
                      "topic, producer id and born host take %llu bytes; too long",
@@ -581,13 +753,14 @@ static int head_check(Head *h, PyObject *queue_id, uint64_t total)
     return 0;
 }
 
-/* The header of a batch of `n` messages and `total` bytes into `out` (its body CRC left 0). */
+/* The header of a batch of `n` messages and `total` bytes into `out` (its body CRC left 0);
+ * born_base: v3's. */
 static void head_write(const Head *h, unsigned char *out, uint64_t total, uint32_t n,
-                       uint16_t more_flags)
+                       uint16_t more_flags, int64_t born_base)
 {
     memset(out, 0, (size_t)h->header_len);
     out[0] = KIND_PRODUCE;
-    out[1] = VERSION;
+    out[1] = (unsigned char)h->version;
     out[2] = STATE_PRODUCED;
     wr32(out + 4, (uint32_t)total);
     wr16(out + 32, (uint16_t)(h->flags | more_flags));
@@ -598,9 +771,14 @@ static void head_write(const Head *h, unsigned char *out, uint64_t total, uint32
     wr16(out + 56, (uint16_t)h->topic_n);
     wr16(out + 58, (uint16_t)h->pid_n);
     wr16(out + 60, (uint16_t)h->host_n);
-    memcpy(out + FIXED_HEADER_BYTES, h->topic_p, (size_t)h->topic_n);
-    memcpy(out + FIXED_HEADER_BYTES + h->topic_n, h->pid_p, (size_t)h->pid_n);
-    memcpy(out + FIXED_HEADER_BYTES + h->topic_n + h->pid_n, h->host_p, (size_t)h->host_n);
+    unsigned char *at = out + FIXED_HEADER_BYTES;
+    if (h->version != OLDEST_VERSION) {
+        wr64(at, (uint64_t)born_base);
+        at = out + V3_HEADER_BYTES;
+    }
+    memcpy(at, h->topic_p, (size_t)h->topic_n);
+    memcpy(at + h->topic_n, h->pid_p, (size_t)h->pid_n);
+    memcpy(at + h->topic_n + h->pid_n, h->host_p, (size_t)h->host_n);
 }
 
 /* The body CRC of a whole encoded batch, written in place; -1 with the error set. */
@@ -614,10 +792,11 @@ static int seal_body(unsigned char *out, uint64_t total)
 
 static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"topic", "queue_id", "messages", "producer", "born_host", NULL};
-    PyObject *topic, *queue_id, *messages, *producer = Py_None, *host = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:encode_batch", kwlist, &topic,
-                                     &queue_id, &messages, &producer, &host))
+    static char *kwlist[] = {"topic",     "queue_id", "messages", "producer",
+                             "born_host", "version",  NULL};
+    PyObject *topic, *queue_id, *messages, *producer = Py_None, *host = NULL, *version = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOO:encode_batch", kwlist, &topic,
+                                     &queue_id, &messages, &producer, &host, &version))
         return NULL;
     PyObject *cache = NULL, *result = NULL, *fast = NULL;
     MsgInfo *infos = NULL;
@@ -628,7 +807,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
     fast = PySequence_Fast(messages, "messages must be a sequence");
     if (fast == NULL) goto done;
     n = PySequence_Fast_GET_SIZE(fast);
-    if (head_parse(&h, topic, n, producer, host) < 0) goto done;
+    if (head_parse(&h, topic, n, producer, host, version) < 0) goto done;
     infos = PyMem_Calloc((size_t)n, sizeof(MsgInfo));
     if (infos == NULL) {
         PyErr_NoMemory();
@@ -637,32 +816,41 @@ static PyObject *encode_batch(PyObject *self, PyObject *args, PyObject *kwargs)
     PyObject **items = PySequence_Fast_ITEMS(fast);
     PyObject *last_tag = NULL;
     uint64_t last_code = 0, pos = 0;
-    uint16_t key_flag = 0;
+    uint16_t more_flags = 0;
+    int any_tag = 0, v3 = h.version != OLDEST_VERSION;
+    int64_t born_base = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (measure(items[i], topic, host != NULL ? host : h.empty, &infos[i], &cache, &last_tag,
                     &last_code) < 0)
             goto done;
+        if (i == 0) born_base = infos[0].born;
+        if (v3) /* measure counted v2's fixed head */
+            infos[i].size += (uint64_t)v3_head(&infos[i], born_base, NULL) - RECORD_HEAD_BYTES;
         if (pos > U32_MAX) {
             does_not_fit("the messages exceed the offsets table's 4 GiB");
             goto done;
         }
         pos += infos[i].size;
-        if (PySequence_Fast_GET_SIZE(infos[i].keys) > 0) key_flag = HAS_KEYS;
+        if (PySequence_Fast_GET_SIZE(infos[i].keys) > 0) more_flags |= HAS_KEYS;
+        if (infos[i].tag_n >= 0) any_tag = 1;
     }
-    uint64_t total = h.header_len + 12 * (uint64_t)n + pos;
+    int with_hashes = !v3 || any_tag;
+    if (!with_hashes) more_flags |= NO_TAG_HASHES;
+    uint64_t total = h.header_len + (with_hashes ? 12 : 4) * (uint64_t)n + pos;
     if (head_check(&h, queue_id, total) < 0) goto done;
 
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-    head_write(&h, out, total, (uint32_t)n, key_flag);
-    unsigned char *hashes = out + h.header_len, *offsets = hashes + 8 * (uint64_t)n;
+    head_write(&h, out, total, (uint32_t)n, more_flags, born_base);
+    unsigned char *hashes = out + h.header_len;
+    unsigned char *offsets = hashes + (with_hashes ? 8 * (uint64_t)n : 0);
     unsigned char *records = offsets + 4 * (uint64_t)n;
     pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        wr64(hashes + 8 * i, infos[i].code);
+        if (with_hashes) wr64(hashes + 8 * i, infos[i].code);
         wr32(offsets + 4 * i, (uint32_t)pos);
-        if (write_record(&infos[i], records + pos) < 0) {
+        if (write_record(&infos[i], records + pos, h.version, born_base) < 0) {
             Py_CLEAR(result);
             goto done;
         }
@@ -681,10 +869,11 @@ done:
  * message a record head and one copy of the body (the batch-first call, issue 24). */
 static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"topic", "queue_id", "runs", "producer", "born_host", NULL};
-    PyObject *topic, *queue_id, *runs, *producer = Py_None, *host = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OO:encode_bodies", kwlist, &topic,
-                                     &queue_id, &runs, &producer, &host))
+    static char *kwlist[] = {"topic",     "queue_id", "runs", "producer",
+                             "born_host", "version",  NULL};
+    PyObject *topic, *queue_id, *runs, *producer = Py_None, *host = NULL, *version = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|OOO:encode_bodies", kwlist, &topic,
+                                     &queue_id, &runs, &producer, &host, &version))
         return NULL;
     PyObject *fast = NULL, *result = NULL;
     PyObject **bodies = NULL; /* each run's bodies as a PySequence_Fast, owned */
@@ -712,7 +901,10 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
         if (bodies[r] == NULL) goto done;
         n += PySequence_Fast_GET_SIZE(bodies[r]);
     }
-    if (head_parse(&h, topic, n, producer, host) < 0) goto done;
+    if (head_parse(&h, topic, n, producer, host, version) < 0) goto done;
+    int v3 = h.version != OLDEST_VERSION;
+    int64_t born_base = 0; /* the first message's born time, as encode_batch takes it */
+    int have_base = 0;
     uint64_t pos = 0;
     for (Py_ssize_t r = 0; r < n_runs; r++) {
         PyObject *ms = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(fast, r), 0);
@@ -723,6 +915,15 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
         born[r] = (int64_t)v;
+        if (!have_base && PySequence_Fast_GET_SIZE(bodies[r]) > 0) {
+            born_base = born[r];
+            have_base = 1;
+        }
+        /* v3: attributes 0 and the run's born delta, shared by its heads, then the length */
+        uint64_t prefix =
+            v3 ? 1 + (uint64_t)put_uvarint(
+                         NULL, zigzag((int64_t)((uint64_t)born[r] - (uint64_t)born_base)))
+               : 0;
         PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
         for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++) {
             if (!PyBytes_Check(items[i])) {
@@ -735,27 +936,43 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
                 does_not_fit("a body exceeds 4 GiB");
                 goto done;
             }
-            pos += RECORD_HEAD_BYTES + len;
+            pos += (v3 ? prefix + (uint64_t)put_uvarint(NULL, len) : RECORD_HEAD_BYTES) + len;
         }
     }
-    uint64_t total = h.header_len + 12 * (uint64_t)n + pos;
+    /* v3 leaves the tag-hash table out (no tag here); v2 has it, all 0 */
+    uint64_t hashes_len = v3 ? 0 : 8 * (uint64_t)n;
+    uint64_t total = h.header_len + hashes_len + 4 * (uint64_t)n + pos;
     if (head_check(&h, queue_id, total) < 0) goto done;
 
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
-    head_write(&h, out, total, (uint32_t)n, 0);
-    unsigned char *hashes = out + h.header_len, *offsets = hashes + 8 * (uint64_t)n;
+    head_write(&h, out, total, (uint32_t)n, v3 ? NO_TAG_HASHES : 0, born_base);
+    unsigned char *hashes = out + h.header_len, *offsets = hashes + hashes_len;
     unsigned char *records = offsets + 4 * (uint64_t)n;
-    memset(hashes, 0, 8 * (size_t)n); /* no tag: hash 0, as encode_batch gives */
+    memset(hashes, 0, (size_t)hashes_len); /* no tag: hash 0, as encode_batch gives */
     pos = 0;
     Py_ssize_t m = 0;
     for (Py_ssize_t r = 0; r < n_runs; r++) {
         PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
+        unsigned char prefix[11];
+        int prefix_n = 0;
+        if (v3) {
+            prefix[0] = 0;
+            prefix_n = 1 + put_uvarint(
+                               prefix + 1, zigzag((int64_t)((uint64_t)born[r] - (uint64_t)born_base)));
+        }
         for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++, m++) {
             Py_ssize_t len = PyBytes_GET_SIZE(items[i]);
             unsigned char *rec = records + pos;
             wr32(offsets + 4 * m, (uint32_t)pos);
+            if (v3) {
+                memcpy(rec, prefix, (size_t)prefix_n);
+                int head_n = prefix_n + put_uvarint(rec + prefix_n, (uint64_t)len);
+                memcpy(rec + head_n, PyBytes_AS_STRING(items[i]), (size_t)len);
+                pos += (uint64_t)head_n + (uint64_t)len;
+                continue;
+            }
             wr32(rec, (uint32_t)len);         /* body length */
             wr32(rec + 4, 0);                 /* flag */
             wr64(rec + 8, (uint64_t)born[r]); /* born timestamp ms */
@@ -822,8 +1039,19 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     if (version > VERSION)
         return unsupported("stored batch version %u is newer than this raftmq reads (%d); "
                            "upgrade raftmq where the batch is read", version, VERSION);
-    if (version != VERSION)
-        return malformed("stored batch version %u is not supported (%d)", version, VERSION);
+    if (version < OLDEST_VERSION)
+        return malformed("stored batch version %u is not supported (%d..%d)", version,
+                         OLDEST_VERSION, VERSION);
+    unsigned strings_at = FIXED_HEADER_BYTES, known = KNOWN_FLAGS;
+    int64_t min_record = RECORD_HEAD_BYTES;
+    if (version == 3) {
+        strings_at = V3_HEADER_BYTES;
+        known = KNOWN_FLAGS_V3;
+        min_record = V3_MIN_RECORD;
+        if (size < V3_HEADER_BYTES)
+            return malformed("batch of %zd bytes is shorter than its %d-byte header", size,
+                             V3_HEADER_BYTES);
+    }
     if ((Py_ssize_t)total != size)
         return malformed("total length %u but the batch has %zd bytes", (unsigned)total, size);
     if (state == STATE_PRODUCED) {
@@ -855,21 +1083,22 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     }
     if (reserved0 || reserved1 || reserved2)
         return malformed("reserved header fields are not zero");
-    if (flags & ~(unsigned)KNOWN_FLAGS)
+    if (flags & ~known)
         return unsupported("stored batch flags 0x%x include 0x%x, unknown to this raftmq "
                            "(it reads 0x%x); upgrade raftmq where the batch is read",
-                           flags, flags & ~(unsigned)KNOWN_FLAGS, (unsigned)KNOWN_FLAGS);
+                           flags, flags & ~known, known);
     int has_producer = (flags & HAS_PRODUCER) != 0;
     if (has_producer != (pid_len > 0) || (!has_producer && (base_seq || flags & STRICT_SEQUENCE)))
         return malformed("producer flag, producer id length and base sequence disagree");
-    unsigned strings_end = FIXED_HEADER_BYTES + topic_len + pid_len + host_len;
+    unsigned strings_end = strings_at + topic_len + pid_len + host_len;
     if (header_len != ((strings_end + 7) & ~7u))
         return malformed("header length %u does not match its strings (%u bytes)", header_len,
                          strings_end);
     if (count == 0) return malformed("message count is 0");
-    int64_t records_at = (int64_t)header_len + 12 * (int64_t)count;
+    int64_t records_at =
+        (int64_t)header_len + ((flags & NO_TAG_HASHES) ? 4 : 12) * (int64_t)count;
     int64_t area = (int64_t)size - records_at;
-    if (area < (int64_t)count * RECORD_HEAD_BYTES)
+    if (area < (int64_t)count * min_record)
         return malformed(
             "message count %u does not fit a %zd-byte batch with header length %u",
             (unsigned)count, size, header_len);
@@ -877,7 +1106,7 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
         if (mv[i]) return malformed("header padding is not zero");
     }
     PyObject *v[H_N] = {NULL};
-    const unsigned char *at = mv + FIXED_HEADER_BYTES;
+    const unsigned char *at = mv + strings_at;
     if ((v[H_TOPIC] = decode_header_str(at, topic_len)) == NULL) goto fail;
     at += topic_len;
     if (has_producer) {
@@ -893,7 +1122,7 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     at += pid_len;
     if ((v[H_BORN_HOST] = decode_header_str(at, host_len)) == NULL) goto fail;
     if (table) {
-        const unsigned char *offs = mv + header_len + 8 * (int64_t)count;
+        const unsigned char *offs = mv + records_at - 4 * (int64_t)count;
         uint32_t first = rd32(offs);
         if (first != 0) {
             malformed("message offsets: the first is %u, not 0", (unsigned)first);
@@ -907,7 +1136,7 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
             prev = o;
         }
         uint32_t last = rd32(offs + 4 * ((size_t)count - 1));
-        if ((int64_t)last > area - RECORD_HEAD_BYTES || !increasing) {
+        if ((int64_t)last > area - min_record || !increasing) {
             malformed("message offsets are not increasing or overrun the batch's message area");
             goto fail;
         }
@@ -920,6 +1149,8 @@ static PyObject *parse(const unsigned char *mv, Py_ssize_t size, int stamped, in
     v[H_TOTAL_BYTES] = PyLong_FromSsize_t(size);
     v[H_TABLES_AT] = PyLong_FromUnsignedLong(header_len);
     v[H_RECORDS_AT] = PyLong_FromLongLong(records_at);
+    v[H_VERSION] = PyLong_FromLong((long)version);
+    v[H_BORN_BASE] = PyLong_FromLongLong(version == 3 ? (int64_t)rd64(mv + FIXED_HEADER_BYTES) : 0);
     return fill(BatchHeaderType, HeaderSlots, v, H_N);
 fail:
     for (int i = 0; i < H_N; i++) Py_XDECREF(v[i]);
@@ -1117,10 +1348,17 @@ static PyObject *table_view(PyObject *args, PyObject *kwargs, const char *name, 
     PyObject *r = NULL;
     if (header_int(h, "tables_at", &tables_at) == 0 && header_int(h, "count", &count) == 0 &&
         header_int(h, "records_at", &records_at) == 0) {
-        if (hashes)
+        if (hashes && records_at - tables_at != 12 * count) { /* no table: every hash 0 */
+            PyObject *zeros = PyObject_CallFunction((PyObject *)&PyBytes_Type, "L", 8 * count);
+            if (zeros != NULL) {
+                r = view_of(zeros, 0, 8 * count, "Q");
+                Py_DECREF(zeros);
+            }
+        } else if (hashes) {
             r = view_of(buf, tables_at, tables_at + 8 * count, "Q");
-        else
-            r = view_of(buf, tables_at + 8 * count, records_at, "I");
+        } else {
+            r = view_of(buf, records_at - 4 * count, records_at, "I");
+        }
     }
     Py_DECREF(h);
     return r;
@@ -1156,7 +1394,7 @@ static PyObject *slice_from(PyObject *self, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "message %R is not in a batch of %lld", k_obj, count);
         goto done;
     }
-    long long at = tables_at + 8 * count + 4 * k;
+    long long at = records_at - 4 * (count - k);
     Py_buffer view;
     if (PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE) < 0) goto done;
     if (at < 0 || at + 4 > view.len) {
@@ -1174,25 +1412,39 @@ done:
 
 /* ---- lazy client decoding -------------------------------------------------------------------- */
 
-/* One BatchMessage over data[pos:end] (the twin's _make): the record head checked against the
- * span; its fields decoded on access by the twin's properties. */
-static PyObject *make_message(PyObject *header, PyObject *data, int64_t pos, int64_t end,
-                              PyObject *offset, uint64_t code)
+/* The head of the record at d[pos:end] checked against the span (the twin's _record_head):
+ * 0, or -1 with the twin's MalformedBatchError naming `offset`. */
+static int checked_head(const unsigned char *d, int64_t pos, int64_t end, int version,
+                        int64_t born_base, PyObject *offset, RecHead *h, int64_t *at)
 {
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data) + pos;
-    if (pos + RECORD_HEAD_BYTES > end) {
+    int rc = read_head(d, pos, end, version, born_base, h, at);
+    if (rc == HEAD_OVERRUN) {
         malformed("record of message at queue offset %S is too short", offset);
-        Py_DECREF(offset);
-        return NULL;
+        return -1;
     }
-    uint32_t body_len = rd32(p), keys_len = rd32(p + 20), props_len = rd32(p + 24);
-    unsigned tag_len = rd16(p + 16);
-    int64_t size = RECORD_HEAD_BYTES + (int64_t)body_len + keys_len + props_len +
-                   (tag_len == NO_TAG ? 0 : tag_len);
+    if (rc == HEAD_BAD) {
+        malformed("record of message at queue offset %S: its head is malformed", offset);
+        return -1;
+    }
+    int64_t size = record_size(h, pos, *at);
     if (pos + size != end) {
         malformed("record of message at queue offset %S: its lengths give %lld bytes, the "
                   "offsets table %lld",
                   offset, (long long)size, (long long)(end - pos));
+        return -1;
+    }
+    return 0;
+}
+
+/* One BatchMessage over data[pos:end] (the twin's _make): the record head checked against the
+ * span; its fields decoded on access by the twin's properties. */
+static PyObject *make_message(PyObject *header, PyObject *data, int64_t pos, int64_t end,
+                              PyObject *offset, uint64_t code, int version, int64_t born_base)
+{
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(data);
+    RecHead rh;
+    int64_t at;
+    if (checked_head(d, pos, end, version, born_base, offset, &rh, &at) < 0) {
         Py_DECREF(offset);
         return NULL;
     }
@@ -1202,13 +1454,13 @@ static PyObject *make_message(PyObject *header, PyObject *data, int64_t pos, int
         return NULL;
     }
     PyObject *items[7] = {
-        PyLong_FromUnsignedLong(body_len),
-        PyLong_FromLong((int32_t)rd32(p + 4)),
-        PyLong_FromLongLong((int64_t)rd64(p + 8)),
-        PyLong_FromUnsignedLong(tag_len),
-        PyLong_FromUnsignedLong(rd16(p + 18)),
-        PyLong_FromUnsignedLong(keys_len),
-        PyLong_FromUnsignedLong(props_len),
+        PyLong_FromUnsignedLong(rh.body_len),
+        PyLong_FromLong(rh.flag),
+        PyLong_FromLongLong(rh.born),
+        PyLong_FromUnsignedLong(rh.tag_len),
+        PyLong_FromUnsignedLong(rh.n_keys),
+        PyLong_FromUnsignedLong(rh.keys_len),
+        PyLong_FromUnsignedLong(rh.props_len),
     };
     for (int i = 0; i < 7; i++) {
         if (items[i] == NULL) {
@@ -1224,7 +1476,7 @@ static PyObject *make_message(PyObject *header, PyObject *data, int64_t pos, int
     v[B_DATA] = Py_NewRef(data);
     v[B_END] = PyLong_FromLongLong(end);
     v[B_HEAD] = head;
-    v[B_POS] = PyLong_FromLongLong(pos);
+    v[B_POS] = PyLong_FromLongLong(at);
     v[B_QUEUE_OFFSET] = offset;
     v[B_TAG_HASH] = PyLong_FromUnsignedLongLong(code);
     return fill(BatchMessageType, MessageSlots, v, B_N);
@@ -1267,7 +1519,8 @@ typedef struct {
     PyObject *header;
     PyObject *data; /* bytes */
     Offsets offsets;
-    int64_t tables_at, records_at, total, count, next;
+    int64_t tables_at, records_at, total, count, next, born_base;
+    int version, has_hashes;
 } MessageIter;
 
 static void message_iter_dealloc(MessageIter *it)
@@ -1292,13 +1545,14 @@ static PyObject *message_iter_next(MessageIter *it)
     if (it->next >= it->count) return NULL;
     int64_t i = it->next++;
     const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(it->data);
-    const unsigned char *offs = d + it->tables_at + 8 * it->count;
+    const unsigned char *offs = d + it->records_at - 4 * it->count;
     int64_t start = it->records_at + rd32(offs + 4 * i);
     int64_t stop = i + 1 < it->count ? it->records_at + rd32(offs + 4 * (i + 1)) : it->total;
     PyObject *offset = offsets_at(&it->offsets, i);
     if (offset == NULL) return NULL;
     return make_message(it->header, it->data, start, stop, offset,
-                        rd64(d + it->tables_at + 8 * i));
+                        it->has_hashes ? rd64(d + it->tables_at + 8 * i) : 0, it->version,
+                        it->born_base);
 }
 
 static PyTypeObject MessageIterType = {
@@ -1354,7 +1608,10 @@ static PyObject *iter_messages(PyObject *self, PyObject *args, PyObject *kwargs)
     it->offsets.base = NULL;
     it->tables_at = rd16(d + 34);
     it->count = count;
-    it->records_at = it->tables_at + 12 * count;
+    it->version = d[1];
+    it->has_hashes = !(rd16(d + 32) & NO_TAG_HASHES);
+    it->born_base = it->version == OLDEST_VERSION ? 0 : (int64_t)rd64(d + FIXED_HEADER_BYTES);
+    it->records_at = it->tables_at + (it->has_hashes ? 12 : 4) * count;
     it->total = size;
     it->next = first;
     PyObject_GC_Track(it);
@@ -1384,8 +1641,9 @@ typedef struct {
     PyObject *first;
     PyObject *data; /* bytes, from the first next() */
     Offsets offsets;
-    int64_t pos, made, remaining;
+    int64_t pos, made, remaining, born_base;
     int state; /* 0 not started, 1 walking, 2 finished */
+    int version;
 } RecordIter;
 
 static void record_iter_dealloc(RecordIter *it)
@@ -1433,6 +1691,12 @@ static PyObject *record_iter_next(RecordIter *it)
                          PyBytes_GET_SIZE(it->data) / RECORD_HEAD_BYTES + 1) < 0)
             return NULL;
         it->remaining = count - first;
+        long long version, born_base;
+        if (header_int(it->header, "version", &version) < 0 ||
+            header_int(it->header, "born_base_ms", &born_base) < 0)
+            return NULL;
+        it->version = version == OLDEST_VERSION ? OLDEST_VERSION : 3;
+        it->born_base = born_base;
         it->state = 1;
     }
     const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(it->data);
@@ -1446,16 +1710,18 @@ static PyObject *record_iter_next(RecordIter *it)
     it->state = 2; /* until this record is made */
     if (it->remaining <= 0)
         return malformed("%lld bytes after the batch's last record", (long long)(size - pos));
-    if (pos + RECORD_HEAD_BYTES > size)
+    RecHead rh;
+    int64_t at;
+    int rc = read_head(d, pos, size, it->version, it->born_base, &rh, &at);
+    if (rc == HEAD_OVERRUN)
         return malformed("record head at byte %lld overruns the slice", (long long)pos);
-    const unsigned char *p = d + pos;
-    unsigned tag_len = rd16(p + 16);
-    int64_t end = pos + RECORD_HEAD_BYTES + (int64_t)rd32(p) + rd32(p + 20) + rd32(p + 24) +
-                  (tag_len == NO_TAG ? 0 : tag_len);
+    if (rc == HEAD_BAD) return malformed("record head at byte %lld is malformed", (long long)pos);
+    int64_t end = pos + record_size(&rh, pos, at);
     if (end > size) return malformed("record at byte %lld overruns the slice", (long long)pos);
     PyObject *offset = offsets_at(&it->offsets, it->made);
     if (offset == NULL) return NULL;
-    PyObject *m = make_message(it->header, it->data, pos, end, offset, 0);
+    PyObject *m = make_message(it->header, it->data, pos, end, offset, 0, it->version,
+                               it->born_base);
     if (m == NULL) return NULL;
     it->state = 1;
     it->pos = end;
@@ -1551,26 +1817,22 @@ typedef struct {
 
 /* The checking pass over one record (the twin's loop body, in its order); adds its sizes. */
 static int check_record(const unsigned char *d, int64_t pos, int64_t end, uint64_t base,
-                        int64_t p, ColumnSizes *z)
+                        int64_t p, ColumnSizes *z, int version, int64_t born_base)
 {
-    if (pos + RECORD_HEAD_BYTES > end)
-        return column_error("record of message at queue offset %S is too short", base, p);
-    const unsigned char *h = d + pos;
-    uint32_t body_len = rd32(h), keys_len = rd32(h + 20), props_len = rd32(h + 24);
-    unsigned tag_len = rd16(h + 16), n_keys = rd16(h + 18);
-    int64_t size = RECORD_HEAD_BYTES + (int64_t)body_len + keys_len + props_len +
-                   (tag_len == NO_TAG ? 0 : tag_len);
-    if (pos + size != end) {
+    RecHead rh;
+    int64_t at;
+    int rc = read_head(d, pos, end, version, born_base, &rh, &at);
+    if (rc != HEAD_OK || pos + record_size(&rh, pos, at) != end) {
+        /* the error texts are make_message's (an object for the offset only then) */
         PyObject *o = offset_obj(base, p);
         if (o != NULL) {
-            malformed("record of message at queue offset %S: its lengths give %lld bytes, the "
-                      "offsets table %lld",
-                      o, (long long)size, (long long)(end - pos));
+            checked_head(d, pos, end, version, born_base, o, &rh, &at);
             Py_DECREF(o);
         }
         return -1;
     }
-    int64_t at = pos + RECORD_HEAD_BYTES;
+    uint32_t body_len = rh.body_len, keys_len = rh.keys_len, props_len = rh.props_len;
+    unsigned tag_len = rh.tag_len, n_keys = rh.n_keys;
     if (tag_len != NO_TAG) {
         if (utf8_ok(d + at, tag_len, "tag") < 0) return -1;
         z->tag += tag_len;
@@ -1696,8 +1958,10 @@ static PyObject *columns(PyObject *self, PyObject *args, PyObject *kwargs)
     if ((seq = PySequence_Fast(positions, "positions must be a sequence of ints")) == NULL)
         goto done;
     int64_t count = rd32(d + COUNT_AT), tables_at = rd16(d + 34);
-    int64_t records_at = tables_at + 12 * count;
-    const unsigned char *ends = d + tables_at + 8 * count;
+    int version = d[1];
+    int64_t born_base = version == OLDEST_VERSION ? 0 : (int64_t)rd64(d + FIXED_HEADER_BYTES);
+    int64_t records_at = tables_at + ((rd16(d + 32) & NO_TAG_HASHES) ? 4 : 12) * count;
+    const unsigned char *ends = d + records_at - 4 * count;
     uint64_t base = rd64(d + STAMP_AT);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -1721,7 +1985,7 @@ static PyObject *columns(PyObject *self, PyObject *args, PyObject *kwargs)
         prev = p;
         int64_t pos = records_at + rd32(ends + 4 * p);
         int64_t end = p + 1 < count ? records_at + rd32(ends + 4 * (p + 1)) : size;
-        if (check_record(d, pos, end, base, p, &z) < 0) goto done;
+        if (check_record(d, pos, end, base, p, &z, version, born_base) < 0) goto done;
         ps[i] = p;
     }
     int64_t biggest = z.body;
@@ -1757,11 +2021,12 @@ static PyObject *columns(PyObject *self, PyObject *args, PyObject *kwargs)
         int64_t p = ps[i];
         int64_t pos = records_at + rd32(ends + 4 * p);
         int64_t end = p + 1 < count ? records_at + rd32(ends + 4 * (p + 1)) : size;
-        const unsigned char *h = d + pos;
-        uint32_t body_len = rd32(h), props_len = rd32(h + 24);
-        unsigned tag_len = rd16(h + 16), n_keys = rd16(h + 18);
-        memcpy(&bm[i], h + 8, 8);
-        int64_t at = pos + RECORD_HEAD_BYTES;
+        RecHead rh;
+        int64_t at;
+        read_head(d, pos, end, version, born_base, &rh, &at);
+        uint32_t body_len = rh.body_len, props_len = rh.props_len;
+        unsigned tag_len = rh.tag_len, n_keys = rh.n_keys;
+        bm[i] = rh.born;
         if (tag_len != NO_TAG) {
             tv[i >> 3] |= (unsigned char)(1u << (i & 7));
             column_add(&cols[C_TAG], d + at, tag_len);

@@ -17,6 +17,7 @@ def encode_batch(
     messages: Sequence[Message],
     producer: ProducerSequence | None = None,
     born_host: str = "",
+    version: int = 2,
 ) -> bytes: ...
 def encode_bodies(
     topic: str,
@@ -24,6 +25,7 @@ def encode_bodies(
     runs: Sequence[tuple[int, Sequence[bytes]]],
     producer: ProducerSequence | None = None,
     born_host: str = "",
+    version: int = 2,
 ) -> bytes: ...
 def check_batch(buf: Bytes, limits: BatchLimits = ...) -> BatchHeader: ...
 def verify_stamped(buf: Bytes) -> BatchHeader: ...

@@ -1,10 +1,12 @@
-"""The pure-Python twin of the v2 stored batch codec, and the types both implementations return
-(BatchHeader, BatchLimits, BatchMessage): import `raftmq.common.stored_batch`, which picks this or
-the compiled `_stored_batch_c` at import. Never a Python object per message on the server side;
-decoders raise only MalformedBatchError (never IndexError or struct.error). Little-endian; strings
-utf-8. The C extension must give the same bytes, values and errors (tests run both).
+"""The pure-Python twin of the stored batch codec (versions 2 and 3), and the types both
+implementations return (BatchHeader, BatchLimits, BatchMessage): import
+`raftmq.common.stored_batch`, which picks this or the compiled `_stored_batch_c` at import. Never
+a Python object per message on the server side; decoders raise only MalformedBatchError (never
+IndexError or struct.error). Little-endian; strings utf-8. The C extension must give the same
+bytes, values and errors (tests run both).
 
-The layout is in stored_batch's docstring (and docs/design.md, "Stored batch format v2").
+The layout is in stored_batch's docstring (and docs/design.md, "Stored batch format v2" and
+"Stored batch v3: compact record heads").
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from raftmq.common.record_batch import (
 
 __all__ = [
     "FIXED_HEADER_BYTES",
+    "OLDEST_VERSION",
     "RECORD_HEAD_BYTES",
+    "V3_HEADER_BYTES",
     "VERSION",
     "BatchColumns",
     "BatchHeader",
@@ -47,6 +51,7 @@ __all__ = [
     "has_keys",
     "index_columns",
     "is_scheduled",
+    "is_stored",
     "iter_messages",
     "iter_records",
     "mark_scheduled",
@@ -63,7 +68,11 @@ __all__ = [
 Bytes = bytes | bytearray | memoryview
 
 KIND_PRODUCE = 1
-VERSION = 2
+# The newest version this raftmq reads; it writes it only where its whole group reads it
+# (docs/design.md, "Stored batch v3: compact record heads"), else OLDEST_VERSION, which every
+# raftmq since the stored batch reads.
+VERSION = 3
+OLDEST_VERSION = 2
 STATE_PRODUCED = 0
 STATE_STAMPED = 1
 # Stamped, and the base offset slot holds the leader's queue offset (issue 29): every replica's
@@ -80,6 +89,10 @@ HAS_KEYS = 0x0004
 # each record by the leader), not their queue. Only the broker writes it (mark_scheduled).
 SCHEDULED = 0x0008
 _KNOWN_FLAGS = HAS_PRODUCER | STRICT_SEQUENCE | HAS_KEYS | SCHEDULED
+# v3 only: no message of the batch has a tag, and the tag-hash table is left out (every hash is
+# 0, what tag_hash's absence gives); the offsets table follows the header.
+NO_TAG_HASHES = 0x0010
+_KNOWN_FLAGS_V3 = _KNOWN_FLAGS | NO_TAG_HASHES
 _FLAGS_AT = 32
 
 # kind, version, state, reserved, total length, stamp CRC, body CRC, base offset, store ms,
@@ -87,6 +100,9 @@ _FLAGS_AT = 32
 # reserved
 _FIXED = struct.Struct("<BBBBIIIQqHHIIIQHHHH")
 FIXED_HEADER_BYTES = _FIXED.size  # 64
+# v3's fixed header: v2's, then the batch's born base (i64 ms) at 64; the strings follow at 72.
+V3_HEADER_BYTES = FIXED_HEADER_BYTES + 8
+_BORN_BASE = struct.Struct("<q")
 _STAMP_CRC_AT = 8
 _BODY_CRC_AT = 12
 _BODY_AT = 32  # the body CRC covers [32, total)
@@ -100,6 +116,12 @@ _COUNT_AT = 40
 # body length, flag, born ms, tag length, key count, keys length, properties length
 _RECORD = struct.Struct("<IiqHHII")
 RECORD_HEAD_BYTES = _RECORD.size  # 28
+# A v3 record head: attributes (u8), the born time as a zigzag varint delta from the batch's
+# born base, the body length as a varint, then only the fields the attributes name, as varints.
+_V3_FLAG, _V3_TAG, _V3_KEYS, _V3_PROPS = 0x01, 0x02, 0x04, 0x08
+_V3_ATTRS = _V3_FLAG | _V3_TAG | _V3_KEYS | _V3_PROPS
+V3_MIN_RECORD = 3  # attributes, a one-byte delta, a one-byte body length
+_M64 = (1 << 64) - 1
 _U16 = struct.Struct("<H")
 _PROP = struct.Struct("<HI")
 NO_TAG = 0xFFFF
@@ -139,8 +161,15 @@ class BatchHeader:
     base_offset: int  # 0 until stamped
     store_timestamp_ms: int  # 0 until stamped
     total_bytes: int
-    tables_at: int  # H: where the tag hashes start
-    records_at: int  # A: where the message records start
+    tables_at: int  # H: where the tables start (tag hashes, absent in a v3 batch of no tag)
+    records_at: int  # A: where the message records start; the offsets table ends here
+    version: int  # 2 or 3
+    born_base_ms: int  # v3: what each record's born time is a delta from; 0 in v2
+
+    @property
+    def has_tag_hashes(self) -> bool:
+        """Whether the tag-hash table is there (always in v2): else every hash is 0."""
+        return self.records_at - self.tables_at == 12 * self.count
 
     @property
     def next_offset(self) -> int:
@@ -157,12 +186,16 @@ def encode_batch(
     messages: Sequence[Message],
     producer: ProducerSequence | None = None,
     born_host: str = "",
+    version: int = OLDEST_VERSION,
 ) -> bytes:
     """The stored bytes of one queue's batch, unstamped, with its body CRC. Every message's topic
     must be `topic` and its born_host "" or `born_host` (the batch carries one). Raises ValueError
-    for values the format cannot carry (validate messages first: this only checks ranges)."""
+    for values the format cannot carry (validate messages first: this only checks ranges).
+    `version` 3 only where every reader of the batch reads it (the group's accepted version)."""
     n = len(messages)
-    head = _Head.of(topic, n, producer, born_host)
+    head = _Head.of(topic, n, producer, born_host, version)
+    if version == 3:
+        return _encode_v3(head, queue_id, messages, born_host)
     hashes = array("Q")
     offsets = array("I")
     parts: list[bytes] = []
@@ -222,33 +255,160 @@ def encode_batch(
     return head.join(queue_id, HAS_KEYS if any_keys else 0, hashes, offsets, b"".join(parts))
 
 
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
+def _uvarint(v: int) -> bytes:
+    """v (0 <= v < 2**64) as an unsigned LEB128 varint (protobuf's and Kafka's)."""
+    if v < 0x80:
+        return _SMALL[v]
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _zigzag(d: int) -> int:
+    """A signed 64-bit value (wrapped to it) as zigzag: small magnitudes give small varints."""
+    d = ((d + (1 << 63)) & _M64) - (1 << 63)
+    return ((d << 1) ^ (d >> 63)) & _M64
+
+
+def _does_not_fit(what: str) -> ValueError:
+    return ValueError(f"a message field does not fit the stored batch format: {what}")
+
+
+def _encode_v3(head: _Head, queue_id: int, messages: Sequence[Message], born_host: str) -> bytes:
+    """encode_batch's v3 records: compact heads, the tag-hash table only if a message has a tag.
+    The same checks as v2's, in the same order (the C codec follows them)."""
+    topic = head.topic_str
+    hashes = array("Q")
+    offsets = array("I")
+    parts: list[bytes] = []
+    append, add_hash, add_offset = parts.append, hashes.append, offsets.append
+    pack_u16, pack_prop, uvarint = _U16.pack, _PROP.pack, _uvarint
+    tag_cache: dict[str, tuple[bytes, int]] = {}
+    pos = 0
+    any_keys = any_tag = False
+    base: int | None = None
+    last_born: int | None = None
+    born_b = b""
+    try:
+        for m in messages:
+            if m.topic != topic:
+                raise ValueError(f"message for topic {m.topic!r} in a batch for topic {topic!r}")
+            if m.born_host and m.born_host != born_host:
+                raise ValueError(f"message born on {m.born_host!r} in a batch from {born_host!r}")
+            tags = m.tags
+            if tags is None:
+                tag_b, code = b"", 0
+            else:
+                cached = tag_cache.get(tags)
+                if cached is None:
+                    tb = tags.encode("utf-8")
+                    if len(tb) >= NO_TAG:
+                        raise ValueError(f"tag of {len(tb)} bytes is too long")
+                    cached = tag_cache[tags] = (tb, tag_hash(tags))
+                tag_b, code = cached
+                any_tag = True
+            at = len(parts)
+            append(b"")  # the record head, once the key and property bytes are known
+            append(tag_b)
+            keys_len = props_len = 0
+            if m.keys:
+                any_keys = True
+            for key in m.keys:
+                kb = key.encode("utf-8")
+                append(pack_u16(len(kb)))
+                append(kb)
+                keys_len += 2 + len(kb)
+            for name, value in m.properties.items():
+                nb, vb = name.encode("utf-8"), value.encode("utf-8")
+                append(pack_prop(len(nb), len(vb)))
+                append(nb)
+                append(vb)
+                props_len += 6 + len(nb) + len(vb)
+            body = m.body
+            append(body)
+            n_keys, flag, born = len(m.keys), m.flag, m.born_timestamp_ms
+            if len(body) > _U32_MAX:
+                raise _does_not_fit("a body exceeds 4 GiB")
+            if not isinstance(flag, int) or not -(1 << 31) <= flag < 1 << 31:
+                raise _does_not_fit("the flag is not a 32-bit signed int")
+            if not isinstance(born, int) or not _I64_MIN <= born <= _I64_MAX:
+                raise _does_not_fit("the born timestamp is not a 64-bit signed int")
+            if n_keys > _U16_MAX or keys_len > _U32_MAX or props_len > _U32_MAX:
+                raise _does_not_fit("more than 65535 keys, or keys or properties over 4 GiB")
+            if base is None:
+                base = born
+            if born != last_born:  # messages of a batch share born times: encode each once
+                last_born, born_b = born, uvarint(_zigzag(born - base))
+            attrs = 0
+            tail = b""
+            if flag:
+                attrs |= _V3_FLAG
+                tail += uvarint(_zigzag(flag))
+            if tags is not None:
+                attrs |= _V3_TAG
+                tail += uvarint(len(tag_b))
+            if n_keys:
+                attrs |= _V3_KEYS
+                tail += uvarint(n_keys) + uvarint(keys_len)
+            if props_len:
+                attrs |= _V3_PROPS
+                tail += uvarint(props_len)
+            rec_head = _SMALL[attrs] + born_b + uvarint(len(body)) + tail
+            parts[at] = rec_head
+            add_hash(code)
+            add_offset(pos)
+            pos += len(rec_head) + len(tag_b) + keys_len + props_len + len(body)
+    except (struct.error, OverflowError) as exc:
+        raise ValueError(f"a message field does not fit the stored batch format: {exc}") from exc
+    if not _LITTLE:
+        hashes.byteswap()
+        offsets.byteswap()
+    more = (HAS_KEYS if any_keys else 0) | (0 if any_tag else NO_TAG_HASHES)
+    return head.join(
+        queue_id, more, hashes if any_tag else b"", offsets, b"".join(parts), base or 0
+    )
+
+
 def encode_bodies(
     topic: str,
     queue_id: int,
     runs: Sequence[tuple[int, Sequence[bytes]]],
     producer: ProducerSequence | None = None,
     born_host: str = "",
+    version: int = OLDEST_VERSION,
 ) -> bytes:
     """The bytes encode_batch gives for messages without tag, keys or properties: `runs` are
     (born timestamp ms, bodies) in order, every body a message of `topic` born on `born_host`
     (the batch-first call's bare bodies, issue 24). Per message a record head and the body: no
-    Message object. The caller checked the bodies (bytes, not empty, within the size limit)."""
+    Message object. The caller checked the bodies (bytes, not empty, within the size limit).
+    In v3 a run's record heads share their first bytes (attributes 0, the born delta)."""
     n = 0
     for run in runs:
         if type(run) is not tuple or len(run) != 2:
             raise TypeError("each run must be a (born ms, bodies) tuple")
         n += len(run[1])
-    head = _Head.of(topic, n, producer, born_host)
+    head = _Head.of(topic, n, producer, born_host, version)
+    v3 = version == 3
     offsets = array("I")
     parts: list[bytes] = []
-    append, add_offset, pack_record = parts.append, offsets.append, _RECORD.pack
+    append, add_offset, pack_record, uvarint = parts.append, offsets.append, _RECORD.pack, _uvarint
     pos = 0
+    base: int | None = None
     for born_ms, bodies in runs:
         if not isinstance(born_ms, int) or not _I64_MIN <= born_ms <= _I64_MAX:
             raise ValueError(
                 "a message field does not fit the stored batch format: a born timestamp is "
                 "not a 64-bit integer"
             )
+        if base is None and len(bodies):  # the first message's, as encode_batch takes it
+            base = born_ms
+        prefix = b"\0" + uvarint(_zigzag(born_ms - (base or 0)))
         for body in bodies:
             if not isinstance(body, bytes):
                 raise TypeError(f"a body must be bytes, not {type(body).__name__}")
@@ -256,12 +416,19 @@ def encode_bodies(
                 raise ValueError(
                     "a message field does not fit the stored batch format: a body exceeds 4 GiB"
                 )
-            append(pack_record(len(body), 0, born_ms, NO_TAG, 0, 0, 0))
+            rec_head = (
+                prefix + uvarint(len(body))
+                if v3
+                else pack_record(len(body), 0, born_ms, NO_TAG, 0, 0, 0)
+            )
+            append(rec_head)
             append(body)
             add_offset(pos)
-            pos += RECORD_HEAD_BYTES + len(body)
+            pos += len(rec_head) + len(body)
     if not _LITTLE:
         offsets.byteswap()
+    if v3:
+        return head.join(queue_id, NO_TAG_HASHES, b"", offsets, b"".join(parts), base or 0)
     return head.join(queue_id, 0, bytes(8 * n), offsets, b"".join(parts))
 
 
@@ -269,6 +436,7 @@ def encode_bodies(
 class _Head:
     """What a batch's header says besides its messages: checked once, packed by join()."""
 
+    topic_str: str
     topic: bytes
     producer_id: bytes
     born_host: bytes
@@ -276,9 +444,14 @@ class _Head:
     flags: int
     header_len: int
     count: int
+    version: int
 
     @classmethod
-    def of(cls, topic: str, n: int, producer: ProducerSequence | None, born_host: str) -> _Head:
+    def of(
+        cls, topic: str, n: int, producer: ProducerSequence | None, born_host: str, version: int
+    ) -> _Head:
+        if type(version) is not int or version not in (2, 3):
+            raise ValueError(f"stored batch version {version} is not one this raftmq writes")
         if n == 0:
             raise ValueError("a stored batch carries at least one message")
         if n > _U32_MAX:
@@ -295,10 +468,11 @@ class _Head:
         else:
             pid_b, base_seq, flags = b"", 0, 0
         strings = len(topic_b) + len(pid_b) + len(host_b)
-        header_len = (FIXED_HEADER_BYTES + strings + 7) & ~7
+        fixed = FIXED_HEADER_BYTES if version == 2 else V3_HEADER_BYTES
+        header_len = (fixed + strings + 7) & ~7
         if header_len > _U16_MAX:
             raise ValueError(f"topic, producer id and born host take {strings} bytes; too long")
-        return cls(topic_b, pid_b, host_b, base_seq, flags, header_len, n)
+        return cls(topic, topic_b, pid_b, host_b, base_seq, flags, header_len, n, version)
 
     def join(
         self,
@@ -307,21 +481,27 @@ class _Head:
         hashes: Bytes | array[int],
         offsets: Bytes | array[int],
         records: bytes,
+        born_base: int = 0,
     ) -> bytes:
-        """The whole batch: this header, then the tables and records, with its body CRC."""
+        """The whole batch: this header, then the tables and records, with its body CRC.
+        `hashes` empty: a v3 batch without the tag-hash table (NO_TAG_HASHES in more_flags)."""
         n, header_len, base_seq = self.count, self.header_len, self.base_sequence
-        total = header_len + 12 * n + len(records)
+        tables = (8 * n if len(hashes) else 0) + 4 * n
+        total = header_len + tables + len(records)
         if total > _U32_MAX:
             raise ValueError(f"batch of {total} bytes exceeds the format's 4 GiB")
         if not 0 <= queue_id <= _U32_MAX or not 0 <= base_seq <= _U64_MAX:
             raise ValueError(f"queue id {queue_id} or base sequence {base_seq} out of range")
         head = bytearray(header_len)
         _FIXED.pack_into(
-            head, 0, KIND_PRODUCE, VERSION, STATE_PRODUCED, 0, total, 0, 0, 0, 0,
+            head, 0, KIND_PRODUCE, self.version, STATE_PRODUCED, 0, total, 0, 0, 0, 0,
             self.flags | more_flags, header_len, queue_id, n, 0, base_seq, len(self.topic),
             len(self.producer_id), len(self.born_host), 0,
         )  # fmt: skip
         at = FIXED_HEADER_BYTES
+        if self.version == 3:
+            _BORN_BASE.pack_into(head, at, born_base)
+            at = V3_HEADER_BYTES
         for s in (self.topic, self.producer_id, self.born_host):
             head[at : at + len(s)] = s
             at += len(s)
@@ -393,8 +573,17 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
             f"stored batch version {version} is newer than this raftmq reads ({VERSION}); "
             "upgrade raftmq where the batch is read"
         )
-    if version != VERSION:
-        raise MalformedBatchError(f"stored batch version {version} is not supported ({VERSION})")
+    if version < OLDEST_VERSION:
+        raise MalformedBatchError(
+            f"stored batch version {version} is not supported ({OLDEST_VERSION}..{VERSION})"
+        )
+    strings_at, known, min_record = FIXED_HEADER_BYTES, _KNOWN_FLAGS, RECORD_HEAD_BYTES
+    if version == 3:
+        strings_at, known, min_record = V3_HEADER_BYTES, _KNOWN_FLAGS_V3, V3_MIN_RECORD
+        if size < V3_HEADER_BYTES:
+            raise MalformedBatchError(
+                f"batch of {size} bytes is shorter than its {V3_HEADER_BYTES}-byte header"
+            )
     if total != size:
         raise MalformedBatchError(f"total length {total} but the batch has {size} bytes")
     if state == STATE_PRODUCED:
@@ -421,27 +610,27 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
             )
     if reserved0 or reserved1 or reserved2:
         raise MalformedBatchError("reserved header fields are not zero")
-    if flags & ~_KNOWN_FLAGS:
+    if flags & ~known:
         # a newer writer's flag changes what the bytes mean: refuse rather than misread
         raise UnsupportedBatchError(
-            f"stored batch flags {flags:#x} include {flags & ~_KNOWN_FLAGS:#x}, unknown to this "
-            f"raftmq (it reads {_KNOWN_FLAGS:#x}); upgrade raftmq where the batch is read"
+            f"stored batch flags {flags:#x} include {flags & ~known:#x}, unknown to this "
+            f"raftmq (it reads {known:#x}); upgrade raftmq where the batch is read"
         )
     has_producer = bool(flags & HAS_PRODUCER)
     if has_producer != (pid_len > 0) or (
         not has_producer and (base_seq or flags & STRICT_SEQUENCE)
     ):
         raise MalformedBatchError("producer flag, producer id length and base sequence disagree")
-    strings_end = FIXED_HEADER_BYTES + topic_len + pid_len + host_len
+    strings_end = strings_at + topic_len + pid_len + host_len
     if header_len != (strings_end + 7) & ~7:
         raise MalformedBatchError(
             f"header length {header_len} does not match its strings ({strings_end} bytes)"
         )
     if count == 0:
         raise MalformedBatchError("message count is 0")
-    records_at = header_len + 12 * count
+    records_at = header_len + (4 if flags & NO_TAG_HASHES else 12) * count
     area = size - records_at
-    if area < count * RECORD_HEAD_BYTES:
+    if area < count * min_record:
         raise MalformedBatchError(
             f"message count {count} does not fit a {size}-byte batch with header length "
             f"{header_len}"
@@ -449,7 +638,7 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
     if header_len > strings_end and any(mv[strings_end:header_len]):
         raise MalformedBatchError("header padding is not zero")
     try:
-        at = FIXED_HEADER_BYTES
+        at = strings_at
         topic = str(mv[at : at + topic_len], "utf-8")
         at += topic_len
         producer = None
@@ -462,20 +651,21 @@ def _parse(buf: Bytes, stamped: bool | None, table: bool = True) -> BatchHeader:
     except UnicodeDecodeError as exc:
         raise MalformedBatchError(f"invalid utf-8 in the batch header: {exc}") from exc
     if table:
-        _check_offsets(_u32s(mv[header_len + 8 * count : records_at]).tolist(), area)
+        _check_offsets(_u32s(mv[records_at - 4 * count : records_at]).tolist(), area, min_record)
+    born_base = _BORN_BASE.unpack_from(mv, FIXED_HEADER_BYTES)[0] if version == 3 else 0
     return BatchHeader(
         topic, queue_id, count, producer, born_host, state != STATE_PRODUCED, base, store_ms,
-        size, header_len, records_at,
+        size, header_len, records_at, version, born_base,
     )  # fmt: skip
 
 
-def _check_offsets(offs: list[int], area: int) -> None:
+def _check_offsets(offs: list[int], area: int, min_record: int) -> None:
     # Non-decreasing, from 0, the last record's head inside the area: sorted() of a sorted list
     # is n - 1 C comparisons (~5 ns a message). That each record spans at least its head and
     # exactly its own lengths is checked by readers when they make a message object.
     if offs[0] != 0:
         raise MalformedBatchError(f"message offsets: the first is {offs[0]}, not 0")
-    if offs[-1] > area - RECORD_HEAD_BYTES or sorted(offs) != offs:
+    if offs[-1] > area - min_record or sorted(offs) != offs:
         raise MalformedBatchError(
             "message offsets are not increasing or overrun the batch's message area"
         )
@@ -512,6 +702,15 @@ def stamp(buf: bytearray | memoryview, base_offset: int, store_ms: int) -> None:
 
 
 # ---- per-batch reads for the index and pulls (O(1) each) ---------------------------------------
+
+
+_STORED_PREFIXES = (bytes((KIND_PRODUCE, OLDEST_VERSION)), bytes((KIND_PRODUCE, VERSION)))
+
+
+def is_stored(chunk: Bytes) -> bool:
+    """A stored batch of a version this raftmq reads (2 or 3), by its kind and version bytes:
+    how the journal's readers tell it from v1's record batches."""
+    return chunk[:2] in _STORED_PREFIXES
 
 
 def batch_count(buf: Bytes) -> int:
@@ -580,13 +779,16 @@ def tag_hashes(buf: Bytes, header: BatchHeader | None = None) -> memoryview:
     """The batch's packed tag hashes (u64 each, common.filter.tag.tag_hash): the dispatcher's
     index row keeps them as they are (`.tobytes()`), a filter reads them as ints."""
     h = read_header(buf) if header is None else header
+    if not h.has_tag_hashes:
+        return memoryview(bytes(8 * h.count)).cast("Q")
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
     return _u64s(mv[h.tables_at : h.tables_at + 8 * h.count])
 
 
 @functools.lru_cache(maxsize=256)  # batch sizes repeat (the producers' batch limits): bounded
-def _tables(count: int) -> tuple[struct.Struct, struct.Struct]:
-    return struct.Struct(f"<{count}Q"), struct.Struct(f"<{count}I")
+def _tables(count: int) -> tuple[struct.Struct, struct.Struct, tuple[int, ...]]:
+    """The two tables' unpackers, and the hashes of a batch without its tag-hash table."""
+    return struct.Struct(f"<{count}Q"), struct.Struct(f"<{count}I"), (0,) * count
 
 
 def index_columns(
@@ -597,9 +799,12 @@ def index_columns(
     batch checked or verified already. Two struct unpacks, no memoryview per column (the
     dispatcher's per-batch call: tag_hashes and message_offsets cost ~4 us more each)."""
     n, tables_at, records_at = header.count, header.tables_at, header.records_at
-    tags_of, offsets_of = _tables(n)
-    tags: tuple[int, ...] = tags_of.unpack_from(buf, tables_at)
-    offsets: tuple[int, ...] = offsets_of.unpack_from(buf, tables_at + 8 * n)
+    tags_of, offsets_of, no_tags = _tables(n)
+    offsets_at = records_at - 4 * n
+    tags: tuple[int, ...] = (
+        tags_of.unpack_from(buf, tables_at) if offsets_at != tables_at else no_tags
+    )
+    offsets: tuple[int, ...] = offsets_of.unpack_from(buf, offsets_at)
     area = header.total_bytes - records_at
     if n == 1:  # the common batch (W2's): no map
         return (records_at + offsets[0],), (area - offsets[0],), tags
@@ -612,7 +817,7 @@ def message_offsets(buf: Bytes, header: BatchHeader | None = None) -> memoryview
     """Each message's record offset from the start of the message area (u32 each)."""
     h = read_header(buf) if header is None else header
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
-    return _u32s(mv[h.tables_at + 8 * h.count : h.records_at])
+    return _u32s(mv[h.records_at - 4 * h.count : h.records_at])
 
 
 def slice_from(buf: Bytes, k: int, header: BatchHeader | None = None) -> memoryview:
@@ -622,7 +827,7 @@ def slice_from(buf: Bytes, k: int, header: BatchHeader | None = None) -> memoryv
     h = read_header(buf) if header is None else header
     if not 0 <= k < h.count:
         raise ValueError(f"message {k} is not in a batch of {h.count}")
-    at = h.tables_at + 8 * h.count + 4 * k
+    at = h.records_at - 4 * (h.count - k)
     start = h.records_at + _U32.unpack_from(buf, at)[0]
     mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf.cast("B")
     return mv[start : h.total_bytes]
@@ -641,8 +846,10 @@ class BatchMessage:
     _batch: BatchHeader
     _data: bytes
     _end: int
+    # body length, flag, born ms, tag length (NO_TAG: none), key count, keys and properties
+    # lengths: either version's record head, decoded
     _head: tuple[int, int, int, int, int, int, int]
-    _pos: int
+    _pos: int  # where the record's tag (its fields after the head) starts
     queue_offset: int
     tag_hash: int  # what the index row holds; 0 when unknown (records decoded from a slice)
 
@@ -675,11 +882,16 @@ class BatchMessage:
         return self._data[self._end - self._head[0] : self._end]
 
     @property
+    def body_size(self) -> int:
+        """The body's length in bytes, without copying it."""
+        return self._head[0]
+
+    @property
     def tags(self) -> str | None:
         tag_len = self._head[3]
         if tag_len == NO_TAG:
             return None
-        at = self._pos + RECORD_HEAD_BYTES
+        at = self._pos
         return _utf8(self._data[at : at + tag_len], "tag")
 
     @property
@@ -688,7 +900,7 @@ class BatchMessage:
         if not n_keys:
             return ()
         data = self._data
-        at = self._pos + RECORD_HEAD_BYTES + (0 if tag_len == NO_TAG else tag_len)
+        at = self._pos + (0 if tag_len == NO_TAG else tag_len)
         end = at + keys_len
         keys = []
         for _ in range(n_keys):
@@ -711,7 +923,7 @@ class BatchMessage:
         if not props_len:
             return props
         data = self._data
-        at = self._pos + RECORD_HEAD_BYTES + (0 if tag_len == NO_TAG else tag_len) + keys_len
+        at = self._pos + (0 if tag_len == NO_TAG else tag_len) + keys_len
         end = at + props_len
         while at < end:
             if at + 6 > end:
@@ -750,10 +962,137 @@ def _utf8(raw: bytes, what: str) -> str:
 _new = object.__new__
 _unpack_record = _RECORD.unpack_from
 
+Head = tuple[int, int, int, int, int, int, int]
+
+
+class _HeadOverrun(Exception):
+    """A v3 record head runs past the bytes it must fit in."""
+
+
+class _HeadBad(Exception):
+    """A v3 record head's attributes or a varint are not what a writer makes."""
+
+
+# How many varints a v3 record head holds after its attributes, by the attributes: the born
+# delta and the body length, then the flag, the tag length, key count and keys length, and the
+# properties length, each when its bit is set.
+_V3_VARINTS = [2 + (a & 1) + (a >> 1 & 1) + 2 * (a >> 2 & 1) + (a >> 3 & 1) for a in range(16)]
+
+
+def _v3_head(data: bytes, pos: int, end: int, base: int) -> tuple[Head, int]:
+    """A v3 record head at data[pos:end] as v2's seven fields (the born time absolute), and
+    where the record's fields start. Raises _HeadOverrun or _HeadBad. Every varint is read
+    first (unsigned LEB128, at most 10 bytes, < 2**64), then the fields' ranges are checked,
+    in the C codec's order."""
+    if pos + 4 <= end and not data[pos] and data[pos + 1] < 0x80:
+        # A plain message (no flag, tag, keys or properties) born within 63 ms of the batch's
+        # first, its body under 16 KiB: what the general loop below gives, without it.
+        zz, b = data[pos + 1], data[pos + 2]
+        if b < 0x80 or data[pos + 3] < 0x80:
+            body_len, at = (b, pos + 3) if b < 0x80 else ((b & 0x7F) | data[pos + 3] << 7, pos + 4)
+            born = ((base + ((zz >> 1) ^ -(zz & 1)) + (1 << 63)) & _M64) - (1 << 63)
+            return (body_len, 0, born, NO_TAG, 0, 0, 0), at
+    if pos >= end:
+        raise _HeadOverrun
+    attrs = data[pos]
+    if attrs & ~_V3_ATTRS:
+        raise _HeadBad
+    pos += 1
+    values: list[int] = []
+    add = values.append
+    for _ in range(_V3_VARINTS[attrs]):
+        if pos >= end:
+            raise _HeadOverrun
+        b = data[pos]
+        pos += 1
+        if b < 0x80:  # nearly every field of a small message: one byte
+            add(b)
+            continue
+        value, shift = b & 0x7F, 7
+        while True:
+            if pos >= end:
+                raise _HeadOverrun
+            b = data[pos]
+            pos += 1
+            if shift == 63 and b > 1:
+                raise _HeadBad
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        add(value)
+    zz, body_len = values[0], values[1]
+    bad = body_len > _U32_MAX
+    flag, tag_len, n_keys, keys_len, props_len = 0, NO_TAG, 0, 0, 0
+    if attrs:
+        at = 2
+        if attrs & _V3_FLAG:
+            z = values[at]
+            flag = (z >> 1) ^ -(z & 1)
+            bad = bad or not -(1 << 31) <= flag < 1 << 31
+            at += 1
+        if attrs & _V3_TAG:
+            tag_len = values[at]
+            bad = bad or tag_len >= NO_TAG
+            at += 1
+        if attrs & _V3_KEYS:
+            n_keys, keys_len = values[at], values[at + 1]
+            bad = bad or n_keys > _U16_MAX or keys_len > _U32_MAX
+            at += 2
+        if attrs & _V3_PROPS:
+            props_len = values[at]
+            bad = bad or props_len > _U32_MAX
+    if bad:
+        raise _HeadBad
+    born = ((base + ((zz >> 1) ^ -(zz & 1)) + (1 << 63)) & _M64) - (1 << 63)
+    return (body_len, flag, born, tag_len, n_keys, keys_len, props_len), pos
+
+
+def _record_head(
+    header: BatchHeader, data: bytes, pos: int, end: int, offset: int
+) -> tuple[Head, int]:
+    """The head of the record at data[pos:end] (end: the offsets table's), checked against the
+    span: its seven fields and where its fields start."""
+    if header.version == 2:
+        if pos + RECORD_HEAD_BYTES > end:
+            raise MalformedBatchError(f"record of message at queue offset {offset} is too short")
+        head = _unpack_record(data, pos)
+        at = pos + RECORD_HEAD_BYTES
+    else:
+        try:
+            head, at = _v3_head(data, pos, end, header.born_base_ms)
+        except _HeadOverrun:
+            raise MalformedBatchError(
+                f"record of message at queue offset {offset} is too short"
+            ) from None
+        except _HeadBad:
+            raise MalformedBatchError(
+                f"record of message at queue offset {offset}: its head is malformed"
+            ) from None
+    tag_len = head[3]
+    size = at - pos + head[0] + head[5] + head[6] + (0 if tag_len == NO_TAG else tag_len)
+    if pos + size != end:
+        raise MalformedBatchError(
+            f"record of message at queue offset {offset}: its lengths give {size} bytes, "
+            f"the offsets table {end - pos}"
+        )
+    return head, at
+
 
 def _make(
     header: BatchHeader, data: bytes, pos: int, end: int, offset: int, code: int
 ) -> BatchMessage:
+    if header.version != 2:
+        head, at = _record_head(header, data, pos, end, offset)
+        m3: BatchMessage = _new(BatchMessage)
+        m3._batch = header
+        m3._data = data
+        m3._pos = at
+        m3._end = end
+        m3._head = head
+        m3.queue_offset = offset
+        m3.tag_hash = code
+        return m3
     if pos + RECORD_HEAD_BYTES > end:
         raise MalformedBatchError(f"record of message at queue offset {offset} is too short")
     head = _unpack_record(data, pos)
@@ -767,7 +1106,7 @@ def _make(
     m: BatchMessage = _new(BatchMessage)
     m._batch = header
     m._data = data
-    m._pos = pos
+    m._pos = pos + RECORD_HEAD_BYTES
     m._end = end
     m._head = head
     m.queue_offset = offset
@@ -789,9 +1128,9 @@ def iter_messages(buf: Bytes, first: int = 0, *, verify: bool = True) -> Iterato
     if not 0 <= first <= count:
         raise ValueError(f"message {first} is not in a batch of {count}")
     mv = memoryview(data)
-    at = header.tables_at
-    codes = _u64s(mv[at : at + 8 * count]).tolist()
-    ends = _u32s(mv[at + 8 * count : header.records_at]).tolist()
+    at, records_at = header.tables_at, header.records_at
+    codes = _u64s(mv[at : at + 8 * count]).tolist() if header.has_tag_hashes else [0] * count
+    ends = _u32s(mv[records_at - 4 * count : records_at]).tolist()
     starts = list(map(operator.add, ends[first:], repeat(header.records_at)))
     stops = starts[1:]
     stops.append(header.total_bytes)
@@ -810,14 +1149,25 @@ def iter_records(records: Bytes, header: BatchHeader, first: int) -> Iterator[Ba
     pos = 0
     offset = header.base_offset + first
     remaining = header.count - first
+    v3 = header.version != 2
     while pos < size:
         if remaining <= 0:
             raise MalformedBatchError(f"{size - pos} bytes after the batch's last record")
-        if pos + RECORD_HEAD_BYTES > size:
-            raise MalformedBatchError(f"record head at byte {pos} overruns the slice")
-        body_len, _, _, tag_len, _, keys_len, props_len = _unpack_record(data, pos)
-        end = pos + RECORD_HEAD_BYTES + body_len + keys_len + props_len
-        end += 0 if tag_len == NO_TAG else tag_len
+        if v3:
+            try:
+                (body_len, _, _, tag_len, _, keys_len, props_len), end = _v3_head(
+                    data, pos, size, header.born_base_ms
+                )
+            except _HeadOverrun:
+                raise MalformedBatchError(f"record head at byte {pos} overruns the slice") from None
+            except _HeadBad:
+                raise MalformedBatchError(f"record head at byte {pos} is malformed") from None
+        else:
+            if pos + RECORD_HEAD_BYTES > size:
+                raise MalformedBatchError(f"record head at byte {pos} overruns the slice")
+            body_len, _, _, tag_len, _, keys_len, props_len = _unpack_record(data, pos)
+            end = pos + RECORD_HEAD_BYTES
+        end += body_len + keys_len + props_len + (0 if tag_len == NO_TAG else tag_len)
         if end > size:
             raise MalformedBatchError(f"record at byte {pos} overruns the slice")
         yield _make(header, data, pos, end, offset, 0)
@@ -904,7 +1254,7 @@ def columns(buf: Bytes, positions: Sequence[int], *, verify: bool = True) -> Bat
         header = verify_stamped(data)
     count, records_at, base = header.count, header.records_at, header.base_offset
     mv = memoryview(data)
-    ends = _u32s(mv[header.tables_at + 8 * count : records_at]).tolist()
+    ends = _u32s(mv[records_at - 4 * count : records_at]).tolist()
     ends.append(header.total_bytes - records_at)
     chosen = array("q")
     born = array("q")
@@ -922,17 +1272,8 @@ def columns(buf: Bytes, positions: Sequence[int], *, verify: bool = True) -> Bat
             raise MalformedBatchError(f"positions are not ascending: {p} after {prev}")
         prev = p
         pos, end, offset = records_at + ends[p], records_at + ends[p + 1], base + p
-        if pos + RECORD_HEAD_BYTES > end:
-            raise MalformedBatchError(f"record of message at queue offset {offset} is too short")
-        body_len, _, born_ms, tag_len, n_keys, keys_len, props_len = _unpack_record(data, pos)
-        size = RECORD_HEAD_BYTES + body_len + keys_len + props_len
-        size += 0 if tag_len == NO_TAG else tag_len
-        if pos + size != end:
-            raise MalformedBatchError(
-                f"record of message at queue offset {offset}: its lengths give {size} bytes, "
-                f"the offsets table {end - pos}"
-            )
-        at = pos + RECORD_HEAD_BYTES
+        head, at = _record_head(header, data, pos, end, offset)
+        body_len, _, born_ms, tag_len, n_keys, keys_len, props_len = head
         if tag_len == NO_TAG:
             tag_bits.append(False)
             tag.add(b"")

@@ -15,6 +15,7 @@ Wire layout (all integers little-endian, like the stored record batches):
     GOAWAY   body = common_pb2.ErrorDetail (why),  request_id = the last request id accepted
     HELLO    body = "RMQF" | u16 version | u16 reserved (0) | u32 max_frame_bytes
                     | u16 auth_method (0 = none) | u16 auth_len | auth bytes
+                    (a server's answer: auth_method 0, and auth bytes its notes, server_hello)
 
 The first frame on a connection, in each direction, is HELLO: the client speaks first, the server
 answers with its own HELLO (or GOAWAY and a close). A decoder that expects HELLO checks the first
@@ -136,6 +137,22 @@ class Hello:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     auth_method: int = AUTH_NONE  # AUTH_NONE or AUTH_HMAC_SHA1 (signed, common/auth.py)
     auth: bytes = b""
+
+
+# A server's HELLO answer authenticates nothing (the client's HELLO does), and clients of before
+# read nothing of its auth fields; so the answer carries the server's notes there: u8 the newest
+# stored batch version (common/stored_batch.py) its broker group accepts in SEND_STORED, which
+# the SDK encodes in. No notes (a server of before): 0, that is the oldest version.
+def server_hello(max_frame_bytes: int, batch_version: int) -> Hello:
+    """The server's HELLO answer with its notes (batch_version 0: none)."""
+    return Hello(
+        max_frame_bytes=max_frame_bytes, auth=bytes((batch_version,)) * (batch_version > 0)
+    )
+
+
+def batch_version_of(hello: Hello) -> int:
+    """The stored batch version a server's HELLO answer says its group accepts; 0: not said."""
+    return hello.auth[0] if hello.auth else 0
 
 
 # ---- decoding -----------------------------------------------------------------------------------

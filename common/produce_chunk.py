@@ -1,6 +1,6 @@
 """A stored produce chunk of either format, for readers that name messages by position: the
 broker's MessageReader (pulls, queries) and the SDK's raw pull answers. v1 chunks are the record
-batches of common/record_batch.py, v2 the stored batches of common/stored_batch.py (issue 24);
+batches of common/record_batch.py, v2 and v3 the stored batches of common/stored_batch.py;
 journals hold both. Decodes only the messages asked for; raises only MalformedBatchError.
 """
 
@@ -20,21 +20,18 @@ from raftmq.common.record_batch import (
 )
 from raftmq.common.stored_batch import BatchHeader
 
-__all__ = ["ChunkHeader", "is_stored_v2", "messages_at", "read_header", "records_at"]
+__all__ = ["ChunkHeader", "messages_at", "read_header", "records_at"]
 
 ChunkHeader = ProduceHeader | BatchHeader
-_V2 = bytes((Kind.PRODUCE, stored_batch.VERSION))
-
-
-def is_stored_v2(chunk: bytes) -> bool:
-    """A v2 stored batch (its kind and version bytes)."""
-    return chunk[:2] == _V2
+_PRODUCE = bytes((Kind.PRODUCE,))
+_NEWEST = bytes((stored_batch.VERSION,))
 
 
 def read_header(chunk: bytes) -> ChunkHeader:
     """The chunk's header (topic, queue id, count): O(1) but for its strings. A produce chunk
-    of a version past 2 goes to the v2 reader, which names it a newer format."""
-    if is_stored_v2(chunk) or (chunk[:1] == _V2[:1] and chunk[1:2] > _V2[1:2]):
+    of a version past the newest read goes to the stored batch reader, which names it a newer
+    format."""
+    if stored_batch.is_stored(chunk) or (chunk[:1] == _PRODUCE and chunk[1:2] > _NEWEST):
         return stored_batch.read_header(chunk)
     return decode_produce_header(chunk)
 
@@ -62,7 +59,7 @@ def messages_at(
 def records_at(
     chunk: bytes, header: BatchHeader, positions: Sequence[int], *, verify: bool = False
 ) -> list[stored_batch.BatchMessage]:
-    """The records at `positions` (ascending) of a v2 batch, as BatchMessage objects whose
+    """The records at `positions` (ascending) of a stored batch, as BatchMessage objects whose
     fields decode when read (the record heads are checked here); `verify`: the CRCs first."""
     if not positions:
         return []

@@ -1,8 +1,9 @@
-"""The v2 stored batch codec: the bytes a producer encodes once per queue batch, the leader checks
-with whole-batch operations and stamps in place, and the journal, the index and pulls carry
-unchanged. This module only picks the implementation at import: the compiled `_stored_batch_c`
-when it was built, else the pure-Python twin `_stored_batch_py` (the same names, signatures, bytes,
-values and errors); `RAFTMQ_NO_EXTENSIONS=1` forces the twin. `IMPLEMENTATION` says which is used.
+"""The stored batch codec (versions 2 and 3): the bytes a producer encodes once per queue batch,
+the leader checks with whole-batch operations and stamps in place, and the journal, the index and
+pulls carry unchanged. This module only picks the implementation at import: the compiled
+`_stored_batch_c` when it was built, else the pure-Python twin `_stored_batch_py` (the same names,
+signatures, bytes, values and errors); `RAFTMQ_NO_EXTENSIONS=1` forces the twin.
+`IMPLEMENTATION` says which is used.
 
 Layout (docs/design.md, "Stored batch format v2"):
 
@@ -46,6 +47,19 @@ over bytes 0..32 except itself, so a stamped batch read back from the journal is
 end by two CRC calls. CRC-32C (Castagnoli, as Kafka's record batches) from the `crc32c` package:
 hardware instructions where the CPU has them, zero-copy on any buffer, the GIL released on large
 buffers.
+Version 3 (docs/design.md, "Stored batch v3: compact record heads") is v2 but for three things:
+- the fixed header is 72 bytes: at 64 the batch's born base (i64 ms, the first message's born
+  time); the strings start at 72 (H = 72 + strings, rounded up to 8);
+- flag 0x10 (NO_TAG_HASHES, v3 only): no message has a tag, and the tag-hash table is left out
+  (every hash 0); the offsets table starts at H, the records at H + 4n;
+- a record head is: attributes (u8: 0x1 flag, 0x2 tag, 0x4 keys, 0x8 properties; other bits
+  refused), the born time as a zigzag varint delta from the born base, the body length as a
+  varint, then as varints only what the attributes name: the flag (zigzag), the tag length, the
+  key count and keys length, the properties length (unsigned LEB128, at most 10 bytes). The tag,
+  keys, properties and body follow as in v2. A plain message's head is 3 bytes (v2: 28).
+Every reader reads both versions; writers write 3 only where every member of the group reads it
+(broker/batch_version.py; `encode_batch`/`encode_bodies` take the version, 2 by default).
+
 Tag hashes are u64, not u32: they are the repository's 64-bit tag_hash, which ConsumeQueue rows
 and TagFilter.matches_hash compare. The leader cannot check them against the tags without
 walking messages; a wrong hash only misfilters its own producer's messages, and consumers
@@ -62,8 +76,10 @@ from raftmq.common._stored_batch_py import (
     DEFAULT_LIMITS,
     FIXED_HEADER_BYTES,
     NO_TAG,
+    OLDEST_VERSION,
     RECORD_HEAD_BYTES,
     STATE_STAMPED,
+    V3_HEADER_BYTES,
     VERSION,
     BatchColumns,
     BatchHeader,
@@ -74,6 +90,7 @@ from raftmq.common._stored_batch_py import (
     has_keys,
     index_columns,
     is_scheduled,
+    is_stored,
     mark_scheduled,
     place_offset,
     placed_offset,
@@ -84,8 +101,10 @@ __all__ = [
     "FIXED_HEADER_BYTES",
     "IMPLEMENTATION",
     "NO_TAG",
+    "OLDEST_VERSION",
     "RECORD_HEAD_BYTES",
     "STATE_STAMPED",
+    "V3_HEADER_BYTES",
     "VERSION",
     "BatchColumns",
     "BatchHeader",
@@ -102,6 +121,7 @@ __all__ = [
     "implementations",
     "index_columns",
     "is_scheduled",
+    "is_stored",
     "iter_messages",
     "iter_records",
     "mark_scheduled",

@@ -26,6 +26,7 @@ from raftmq.common.pb import common_pb2
 from raftmq.common.record_batch import MalformedBatchError
 
 __all__ = [
+    "BATCH_VERSION_DETAIL",
     "BatchAnswer",
     "StoredSendAnswer",
     "decode_answer",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 VERSION = 1
+# A batch refused for its stored batch version (UnsupportedError) names the version its broker
+# group accepts in this detail: the producer re-encodes the batch in it and sends it again.
+BATCH_VERSION_DETAIL = "stored_batch_version"
 _REQUEST = struct.Struct("<HHI")
 _LEN = struct.Struct("<I")
 _ANSWER = struct.Struct("<HHIq")

@@ -36,12 +36,14 @@ from raftmq.common.frame import (
     Parts,
     Payload,
     ProtocolError,
+    batch_version_of,
     decode_error,
     decode_hello,
     encode_hello,
     error_body,
     frame_into,
     request_into,
+    server_hello,
 )
 
 _log = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ class FrameServer:
         idle_timeout_s: float = 30.0,
         ssl: ssl_lib.SSLContext | None = None,
         authenticate: Callable[[int, bytes], str] | None = None,
+        batch_version: Callable[[], int] | None = None,
     ) -> None:
         if max_inflight_per_conn < 1:
             raise ValueError("max_inflight_per_conn must be >= 1")
@@ -178,6 +181,9 @@ class FrameServer:
         # (auth_method, auth) of a client's HELLO -> the principal, or a RaftMQError that refuses
         # the connection (common/auth_guard.py; issue 19). None: auth is off.
         self._authenticate = authenticate
+        # The stored batch version the served broker group accepts now, told in each HELLO
+        # answer (frame.server_hello); None: not a broker's data port, nothing to tell.
+        self._batch_version = batch_version
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: set[_ServerConn] = set()
@@ -467,7 +473,9 @@ class _ServerConn(asyncio.BufferedProtocol):
             )
             return
         self._peer_max_frame = hello.max_frame_bytes
-        self._send_raw(encode_hello(Hello(max_frame_bytes=self._srv.max_frame_bytes)))
+        srv = self._srv
+        version = srv._batch_version() if srv._batch_version is not None else 0
+        self._send_raw(encode_hello(server_hello(srv.max_frame_bytes, version)))
 
     def _on_request(self, frame: Frame) -> None:
         self._last_request_id = frame.request_id
@@ -768,6 +776,9 @@ class FrameClient:
         self._held: list[tuple[int, Payload, float, _AnyFuture]] = []
         self._held_task: asyncio.Task[None] | None = None
         self.late_answers = 0  # answers that came after their call timed out (dropped)
+        # The stored batch version the server's latest HELLO answer said its group accepts (0:
+        # not said, or not connected yet); the producer lowers it when a batch is refused.
+        self.batch_version = 0
 
     @property
     def pending_calls(self) -> int:
@@ -1158,6 +1169,7 @@ class _ClientConn(asyncio.Protocol):
                 self.hello.set_exception(errors.BrokerUnavailableError(f"bad HELLO: {exc.message}"))
             return
         self.peer_max_frame = hello.max_frame_bytes
+        self._client.batch_version = batch_version_of(hello)
         self.ready = True
         if not self.hello.done():
             self.hello.set_result(hello)

@@ -72,6 +72,10 @@ class RaftLogConfig:
     # and the address it listens on when that differs from node_id (a NAT, a relay in a test).
     tls: PeerTls | None = None
     listen: str = ""
+    # A byte this node tells its peers in each connection's hello (raft_node.hello_nonce), and
+    # they keep (NativeLog.peer_features): the broker's newest stored batch version it reads,
+    # so a leader writes a format only once every member reads it. 0 = says nothing.
+    hello_features: int = 0
 
     def __post_init__(self) -> None:
         if self.node_id in self.peers:

@@ -12,7 +12,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 
 from raftmq.raftlog.errors import (
@@ -264,6 +264,10 @@ class MemoryLog:
                     return False
                 self._cond.wait(left)
         return True
+
+    def peer_features(self) -> Mapping[str, int]:
+        """No peers: nobody to hear from."""
+        return {}
 
     def leadership(self) -> tuple[Role, int, str | None]:
         with self._cond:

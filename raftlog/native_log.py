@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -591,6 +591,11 @@ class NativeLog:
             self._applied_cond.notify_all()
 
     # ---- leadership and status -----------------------------------------------------------------
+
+    def peer_features(self) -> Mapping[str, int]:
+        """Peer raft address -> the byte its latest hello said (RaftLogConfig.hello_features;
+        0: nothing, a node of before); a peer not heard from since this node started is absent."""
+        return self._node.peer_features
 
     def is_leader(self) -> bool:
         return self._node.core.role is Role.LEADER

@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -96,6 +96,30 @@ class _Outbox:
     frames: deque[tuple[list[bytes], int]]
     nbytes: int = 0
     dropped: int = 0
+
+
+# What a node tells its peers about itself (RaftLogConfig.hello_features) rides in its hello's
+# nonce, the one field every node since the first takes as opaque bytes (a new field would make
+# a node of before refuse the hello): 8 random bytes, this mark, the byte. The nonce still
+# differs per connection (64 random bits: what the sealer and the proof need), and a node of
+# before, whose nonce is 16 random bytes, carries the mark by chance once in 2**56 connections.
+_FEATURES_MARK = b"rmqfeat"
+
+
+def hello_nonce(features: int) -> bytes:
+    """A fresh hello nonce carrying `features` (0..255; 0: a plain random nonce)."""
+    if not features:
+        return os.urandom(raft_codec.NONCE_BYTES)
+    random_part = raft_codec.NONCE_BYTES - len(_FEATURES_MARK) - 1
+    return os.urandom(random_part) + _FEATURES_MARK + bytes((features,))
+
+
+def features_of(nonce: bytes) -> int:
+    """The byte a peer's hello nonce carries; 0 when it says nothing (a node of before)."""
+    at = raft_codec.NONCE_BYTES - len(_FEATURES_MARK) - 1
+    if len(nonce) == raft_codec.NONCE_BYTES and nonce[at:-1] == _FEATURES_MARK:
+        return nonce[-1]
+    return 0
 
 
 class PeerLink:
@@ -255,7 +279,7 @@ class PeerLink:
             await asyncio.sleep(retry_s)
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
-        nonce = os.urandom(raft_codec.NONCE_BYTES)
+        nonce = hello_nonce(self.cfg.hello_features)
         key, mode = self.key, self.mode
         proof = b""
         sealer = None
@@ -352,6 +376,9 @@ class RaftNodeShell:
         # Under TLS the password admits a peer (a proof in its hello) and TLS protects the
         # frames; without TLS it seals every frame (design.md, "Raft over TLS").
         self.mode = raft_codec.hello_mode(self.key, cfg.tls is not None)
+        # peer -> the byte its latest hello said (features_of); replaced whole on each change,
+        # so another thread reads a consistent mapping without a lock.
+        self.peer_features: Mapping[str, int] = {}
         self._on_committed = on_committed
         self._on_role = on_role
         self._on_tick = on_tick
@@ -874,6 +901,9 @@ class RaftNodeShell:
         opener = None
         if self.key is not None and h.mode == raft_codec.SEALED:
             opener = raft_codec.Sealer(self.key, h.nonce)
+        said = features_of(h.nonce)
+        if self.peer_features.get(sender) != said:
+            self.peer_features = {**self.peer_features, sender: said}
         return sender, opener
 
     def receive(self, sender: str, m: raft_codec.Frame) -> None:

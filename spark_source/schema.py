@@ -37,7 +37,6 @@ from raftmq.common import stored_batch
 from raftmq.common.filter.tag import TagFilter
 from raftmq.common.message import POSITION_HEX, msg_id_prefix
 from raftmq.common.pb import broker_pb2
-from raftmq.common.produce_chunk import is_stored_v2
 from raftmq.common.record_batch import MalformedBatchError
 
 # `key` is the message's first business key: RocketMQ keys are strings, and `keys` holds them all.
@@ -92,7 +91,7 @@ def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 @dataclass(frozen=True, slots=True)
 class StoredPart:
-    """The chosen messages of one v2 stored batch, their per-message columns read (`raw`: key,
+    """The chosen messages of one stored batch, their per-message columns read (`raw`: key,
     value, tags, keys, properties, position, born time in ms) but not yet finished: the columns
     every message of the batch shares and the compute kernels wait for `combine`, which does
     them once over all the parts handed to Spark together (a kernel call costs about as much
@@ -145,9 +144,9 @@ def pull_parts(
     tag_filter: TagFilter,
 ) -> list[Part]:
     """A raw pull answer of one queue as parts for `combine`, in offset order, cut at
-    `end_offset`. A v2 stored batch becomes columns in one codec call (stored_batch.columns: no
+    `end_offset`. A stored batch becomes columns in one codec call (stored_batch.columns: no
     Python object per row); consecutive v1 record batches take the row-by-row slow path
-    together, `tag_filter` applied there (a v2 part is filtered by `combine`)."""
+    together, `tag_filter` applied there (a stored one is filtered by `combine`)."""
     parts: list[Part] = []
     v1: list[broker_pb2.RawBatch] = []  # consecutive v1 batches, decoded together
 
@@ -167,7 +166,7 @@ def pull_parts(
         if positions[0] >= limit:
             break  # the answer is in queue-offset order: the rest is past the end too
         chunk = b.chunk  # (a protobuf bytes field is copied at each access)
-        if not is_stored_v2(chunk):
+        if not stored_batch.is_stored(chunk):
             v1.append(b)
             continue
         decode_v1()
@@ -217,7 +216,7 @@ def _stored_part(
     broker_group: str,
     queue_id: int,
 ) -> StoredPart:
-    """The chosen messages of one v2 stored batch, read into Arrow arrays from the codec's
+    """The chosen messages of one stored batch (v2 or v3), read into Arrow arrays from the codec's
     buffers (no copy, no kernel)."""
     c = stored_batch.columns(chunk, positions)
     h = c.header

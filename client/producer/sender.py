@@ -63,7 +63,7 @@ from raftmq.common.frame import error_from_detail
 from raftmq.common.message import Message, msg_id_prefix
 from raftmq.common.pb import broker_pb2, common_pb2
 from raftmq.common.record_batch import MalformedBatchError, ProducerSequence
-from raftmq.common.stored_send import BatchAnswer
+from raftmq.common.stored_send import BATCH_VERSION_DETAIL, BatchAnswer
 from raftmq.common.types import QueueRef
 
 log = logging.getLogger("raftmq.producer")
@@ -366,8 +366,9 @@ class Sender:
             strict_sequence=idempotent and not self._acc.is_oldest(req.batch),
         )
 
-    def _stored(self, req: Request, strict: bool) -> bytes:
-        """The batch as a v2 stored batch: encoded once, stored on every node as these bytes."""
+    def _stored(self, req: Request, strict: bool, version: int) -> bytes:
+        """The batch as a stored batch of `version` (the one its leader's group accepts, as
+        the data pool heard it): encoded once, stored on every node as these bytes."""
         items = req.items
         producer = None
         if self.config.idempotent:
@@ -376,9 +377,12 @@ class Sender:
         bodies = [it for it in items if isinstance(it, Bodies)]
         if len(bodies) == len(items):  # the batch-first call's bodies: no Message per body
             runs = [(it.born_ms, it.bodies) for it in bodies]
-            return stored_batch.encode_bodies(topic, queue_id, runs, producer, bodies[0].host)
+            return stored_batch.encode_bodies(
+                topic, queue_id, runs, producer, bodies[0].host, version
+            )
         messages = _messages(items)
-        return stored_batch.encode_batch(topic, queue_id, messages, producer, messages[0].born_host)
+        host = messages[0].born_host
+        return stored_batch.encode_batch(topic, queue_id, messages, producer, host, version)
 
     # ---- the framed path: one SEND_BATCHES frame per leader per flush ---------------------------
 
@@ -450,12 +454,13 @@ class Sender:
                 size += req.batch.size_bytes
         now = time.monotonic()
         timeout_ms = int(self.config.request_timeout_s * 1000)
+        version = self._data.batch_version(data_address) if stored else 0
         for batch_reqs, stricts in stored:  # encoded outside the lock: per batch, one call
             encoded: list[bytes] = []
             sendable: list[Request] = []
             for req, strict in zip(batch_reqs, stricts, strict=True):
                 try:
-                    encoded.append(self._stored(req, strict))
+                    encoded.append(self._stored(req, strict, version))
                     sendable.append(req)
                 except ValueError as exc:  # a field the format cannot carry: never sent
                     self._finish(req, InvalidArgumentError(f"cannot encode the batch: {exc}"))
@@ -531,7 +536,16 @@ class Sender:
         self.throttle_ms += answer.throttle_ms
         for req, r in zip(reqs, answer.results, strict=True):
             if r.error is not None:
-                self._frame_failed(req, error_from_detail(r.error))
+                refused = error_from_detail(r.error)
+                accepted = refused.details.get(BATCH_VERSION_DETAIL, "")
+                if isinstance(refused, UnsupportedError) and accepted.isdigit():
+                    # A member of the group does not read the version this batch was encoded
+                    # in (it was refused whole, nothing stored): again, in the one it accepts.
+                    log.info("producer.batch_version address=%s version=%s", data_address, accepted)
+                    self._data.lower_batch_version(data_address, int(accepted))
+                    self._post(data_address, req)
+                    continue
+                self._frame_failed(req, refused)
             else:
                 self._answered_batch(req, r, group or req.queue.broker_group)
 

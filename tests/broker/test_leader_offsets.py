@@ -206,7 +206,7 @@ class Placing(RuleBasedStateMachine):
         index = len(self.log) + 1
         self.book.place(self.term, index, self.state.dispatched_index, 0, [chunks])
         for slot, chunk in enumerate(chunks):
-            if chunk[:2] == bytes((1, 2)):
+            if stored_batch.is_stored(chunk):
                 base = stored_batch.placed_offset(chunk)
                 if base is not None:
                     self.placed[index, slot] = base

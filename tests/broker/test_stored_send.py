@@ -288,7 +288,10 @@ def test_the_sdk_producer_sends_v2_and_the_consumer_reads_it(env: Env) -> None:
         ]
     assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]
     out = env.pull(env.leader, 5, 0, raw=True)
-    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}  # every batch is v2
+    # Every batch is a stored batch; the SDK encodes v3 once its connection's HELLO said the
+    # group accepts it (so the last ones at least: the first may have left before the answer).
+    assert {b.chunk[1] for b in out.batches} <= {stored_batch.OLDEST_VERSION, stored_batch.VERSION}
+    assert out.batches[-1].chunk[1] == stored_batch.VERSION
     with PullConsumer(env.cluster.namesrv, "cg-sdk", start_from=StartFrom.EARLIEST) as consumer:
         consumer.assign([queue])
         got: list[bytes] = []
@@ -363,10 +366,7 @@ def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> 
     for p in procs:
         p.stop()
     chunks = [_journal_chunks(cluster.tmp / p.name) for p in procs]
-    v2_chunks = [
-        {k: c for k, c in node.items() if c[:2] == bytes((1, stored_batch.VERSION))}
-        for node in chunks
-    ]
+    v2_chunks = [{k: c for k, c in node.items() if stored_batch.is_stored(c)} for node in chunks]
     assert len(v2_chunks[0]) >= 8  # every v2 batch of this module
     assert v2_chunks[0] == v2_chunks[1] == v2_chunks[2]
     assert chunks[0] == chunks[1] == chunks[2]  # and every other chunk alike
@@ -395,7 +395,8 @@ def test_journals_hold_the_same_bytes_and_every_broker_write_is_v2(env: Env) -> 
 
     out_raw = wait_until(both, 60, "a pull after the restart")
     assert isinstance(out_raw, broker_pb2.PullMessageResponse)
-    assert [b.chunk[1] for b in out_raw.batches] == [stored_batch.VERSION] * 2
+    assert all(stored_batch.is_stored(b.chunk) for b in out_raw.batches)
+    assert len(out_raw.batches) == 2
     assert stored_batch.is_scheduled(out_raw.batches[0].chunk)
     got = decode_batches(out_raw.batches, GROUP, 6)
     assert [(m.message.body, m.queue_offset) for m in got] == [
@@ -456,7 +457,7 @@ def _every_produce_chunk_is_v2(chunks: dict[tuple[int, int], bytes], dead_letter
     """Every produce chunk in a journal is a v2 stored batch (issue 24): the delayed send's
     flagged scheduled, the half message marked with the broker's producer id."""
     produce = [c for c in chunks.values() if c[0] == Kind.PRODUCE]
-    assert [c for c in produce if c[1] != stored_batch.VERSION] == []
+    assert [c for c in produce if not stored_batch.is_stored(c)] == []
     v2 = [stored_batch.verify_stamped(c) for c in produce]
     scheduled = [h for c, h in zip(produce, v2, strict=True) if stored_batch.is_scheduled(c)]
     assert [(h.topic, h.queue_id, h.count) for h in scheduled] == [(TOPIC, 6, 1)]
@@ -468,7 +469,8 @@ def _every_produce_chunk_is_v2(chunks: dict[tuple[int, int], bytes], dead_letter
 
 def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     """Producer.send_batch_future / AsyncProducer.send_batch_future: one future for many
-    messages, the results in order on contiguous offsets of one queue, stored as v2 batches."""
+    messages, the results in order on contiguous offsets of one queue, stored as encoded, in
+    v3 once the connection's HELLO answer said the group accepts it."""
     queue = QueueRef(TOPIC, GROUP, 0)
     before = env.max_offset(0)
     bodies = [f"bulk-{i}".encode() for i in range(300)]
@@ -498,8 +500,10 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     assert [m.message.body for m in decode_batches(tail.batches, GROUP, 0)][:5] == [
         b"few-%d" % i for i in range(5)
     ]
+    # sent on a connection whose HELLO answer said the group accepts v3
+    assert tail.batches[0].chunk[1] == stored_batch.VERSION
     out = env.pull(env.leader, 0, before, raw=True)
-    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert {b.chunk[1] for b in out.batches} <= {stored_batch.OLDEST_VERSION, stored_batch.VERSION}
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
 
 
@@ -544,7 +548,7 @@ def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
     results, producer = asyncio.run(run())
     assert sorted(r.queue_offset for r in results) == list(range(before, before + 49))
     out = env.pull(env.leader, 6, before, raw=True)
-    assert {b.chunk[1] for b in out.batches} == {stored_batch.VERSION}
+    assert {b.chunk[1] for b in out.batches} <= {stored_batch.OLDEST_VERSION, stored_batch.VERSION}
     assert not [t for t in threading.enumerate() if t.name == "raftmq-producer-data"]
 
     async def on(p: AsyncProducer) -> SendResult:

@@ -1,6 +1,7 @@
-"""The v2 stored batch, run against both implementations (the C extension and the pure-Python
-twin): round trips, every corruption and truncation refused with MalformedBatchError only,
-stamping, slicing and tag hashes; then the two compared, byte for byte and error for error."""
+"""The stored batch (v2 and v3), run against both implementations (the C extension and the
+pure-Python twin): round trips, every corruption and truncation refused with MalformedBatchError
+only, stamping, slicing and tag hashes; then the two compared, byte for byte and error for error.
+The generated batches are of either version (batch_args draws it)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ u32 = st.integers(0, (1 << 32) - 1)
 u64 = st.integers(0, (1 << 64) - 1)
 i64 = st.integers(-(1 << 63), (1 << 63) - 1)
 TOPIC = "Orders"
-Args = tuple[str, int, list[Message], ProducerSequence | None, str]
+Args = tuple[str, int, list[Message], ProducerSequence | None, str, int]
+versions = st.sampled_from([2, 3])
 
 
 def messages(topic: str, host: str) -> st.SearchStrategy[list[Message]]:
@@ -79,12 +81,13 @@ def messages(topic: str, host: str) -> st.SearchStrategy[list[Message]]:
 
 @st.composite
 def batch_args(draw: st.DrawFn) -> Args:
-    """What encode_batch takes: a topic, a queue, messages, a producer and a born host."""
+    """What encode_batch takes: a topic, a queue, messages, a producer, a born host and the
+    stored batch version."""
     topic = draw(text)
     host = draw(text)
     msgs = draw(messages(topic, host))
     producer = draw(st.none() | st.builds(ProducerSequence, text.filter(bool), u64, st.booleans()))
-    return topic, draw(u32), msgs, producer, host
+    return topic, draw(u32), msgs, producer, host, draw(versions)
 
 
 def full(m: Message, host: str) -> Message:
@@ -101,13 +104,14 @@ def fix_body_crc(buf: bytearray) -> None:
     struct.pack_into("<I", buf, 12, crc32c(memoryview(buf)[32:]))
 
 
-def small_batch(sb: ModuleType) -> bytes:
+def small_batch(sb: ModuleType, version: int = 2) -> bytes:
     msgs = [
         Message(TOPIC, b"body-0", "TagA", ("k1",), {"p": "v"}, 1, 10),
         Message(TOPIC, b"", None),
         Message(TOPIC, "ü€𝄞".encode(), "", ("", "ключ"), {"": "", "名": "值"}, -1, -5),
     ]
-    raw: bytes = sb.encode_batch(TOPIC, 7, msgs, ProducerSequence("prod-1", 41), "10.0.0.7:4011")
+    producer = ProducerSequence("prod-1", 41)
+    raw: bytes = sb.encode_batch(TOPIC, 7, msgs, producer, "10.0.0.7:4011", version)
     return raw
 
 
@@ -151,16 +155,18 @@ def test_the_crc_is_crc32c(sb: ModuleType) -> None:
 def test_round_trip_before_and_after_stamping(
     sb: ModuleType, args: Args, base: int, store_ms: int
 ) -> None:
-    topic, queue_id, msgs, producer, host = args
+    topic, queue_id, msgs, producer, host, version = args
     raw = sb.encode_batch(*args)
     h = sb.check_batch(raw)
-    assert (h.topic, h.queue_id, h.count, h.producer, h.born_host) == (
+    assert (h.topic, h.queue_id, h.count, h.producer, h.born_host, h.version) == (
         topic,
         queue_id,
         len(msgs),
         producer,
         host,
+        version,
     )
+    assert raw[1] == version
     assert not h.stamped and h.base_offset == 0 and h.store_timestamp_ms == 0
     assert h.total_bytes == len(raw) and sb.batch_count(raw) == len(msgs)
     want = [full(m, host) for m in msgs]
@@ -295,7 +301,7 @@ Runs = list[tuple[int, list[bytes]]]
 
 
 @st.composite
-def bodies_args(draw: st.DrawFn) -> tuple[str, int, Runs, ProducerSequence | None, str]:
+def bodies_args(draw: st.DrawFn) -> tuple[str, int, Runs, ProducerSequence | None, str, int]:
     """What encode_bodies takes: (born ms, bodies) runs, some of them empty."""
     runs = draw(
         st.lists(
@@ -305,25 +311,25 @@ def bodies_args(draw: st.DrawFn) -> tuple[str, int, Runs, ProducerSequence | Non
         ).filter(lambda rs: any(bodies for _, bodies in rs))
     )
     producer = draw(st.none() | st.builds(ProducerSequence, text.filter(bool), u64, st.booleans()))
-    return draw(text), draw(u32), runs, producer, draw(text)
+    return draw(text), draw(u32), runs, producer, draw(text), draw(versions)
 
 
 @given(args=bodies_args())
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
 def test_bare_bodies_encode_as_plain_messages(
-    sb: ModuleType, args: tuple[str, int, Runs, ProducerSequence | None, str]
+    sb: ModuleType, args: tuple[str, int, Runs, ProducerSequence | None, str, int]
 ) -> None:
     """encode_bodies (the batch-first call's encoder, no Message per body) gives the bytes of
     encode_batch over the same bodies as messages without tag, keys or properties, and they
     decode back to those bodies and born times."""
-    topic, queue_id, runs, producer, host = args
+    topic, queue_id, runs, producer, host, version = args
     msgs = [
         Message(topic, body, born_timestamp_ms=ms, born_host=host)
         for ms, bodies in runs
         for body in bodies
     ]
-    raw = sb.encode_bodies(topic, queue_id, runs, producer, host)
-    assert raw == sb.encode_batch(topic, queue_id, msgs, producer, host)
+    raw = sb.encode_bodies(topic, queue_id, runs, producer, host, version)
+    assert raw == sb.encode_batch(topic, queue_id, msgs, producer, host, version)
     got = [(m.body, m.born_timestamp_ms) for m in sb.iter_messages(raw)]
     assert got == [(m.body, m.born_timestamp_ms) for m in msgs]
 
@@ -346,8 +352,9 @@ def test_bare_bodies_the_format_cannot_carry(sb: ModuleType, runs: object, error
 # ---- corruption, truncation, garbage -----------------------------------------------------------
 
 
-def test_every_single_byte_corruption_is_detected(sb: ModuleType) -> None:
-    raw = small_batch(sb)
+@pytest.mark.parametrize("version", [2, 3])
+def test_every_single_byte_corruption_is_detected(sb: ModuleType, version: int) -> None:
+    raw = small_batch(sb, version)
     stamped = bytearray(raw)
     sb.stamp(stamped, 1000, 1_700_000_000_000)
     for i in range(len(raw)):
@@ -694,7 +701,8 @@ def loose_batch_args(draw: st.DrawFn) -> Args:
         st.none()
         | st.builds(ProducerSequence, text, st.integers(-(1 << 64), 1 << 65), st.booleans())
     )
-    return topic, draw(st.integers(-(1 << 33), 1 << 33)), msgs, producer, host
+    version = draw(st.sampled_from([2, 3, 3, 1, 4]))
+    return topic, draw(st.integers(-(1 << 33), 1 << 33)), msgs, producer, host, version
 
 
 @given(args=loose_batch_args() | batch_args())
@@ -722,7 +730,7 @@ def damaged(draw: st.DrawFn) -> bytes | bytearray:
         "anywhere": (0, len(buf)),
         "header": (0, h.tables_at),
         "tables": (h.tables_at, h.records_at),
-        "record head": (h.records_at, h.records_at + RECORD_HEAD_BYTES),
+        "record head": (h.records_at, min(h.records_at + RECORD_HEAD_BYTES, len(buf))),
     }
     for _ in range(draw(st.integers(0, 4))):
         lo, hi = regions[draw(st.sampled_from(sorted(regions)))]
@@ -733,7 +741,7 @@ def damaged(draw: st.DrawFn) -> bytes | bytearray:
             else (draw(st.integers(0, 255)))
         )
     if h.count > 1 and draw(st.integers(0, 99)) < 30:  # one table entry copied over another
-        table = h.tables_at + 8 * h.count
+        table = h.records_at - 4 * h.count
         i = draw(st.integers(0, h.count - 1))
         j = h.count - 1 if draw(st.booleans()) else draw(st.integers(0, h.count - 1))
         buf[table + 4 * i : table + 4 * i + 4] = buf[table + 4 * j : table + 4 * j + 4]
@@ -903,13 +911,17 @@ def _with_flags(raw: bytes, extra: int) -> bytearray:
     return buf
 
 
-def test_a_flag_this_version_does_not_know_is_refused_as_a_newer_format(sb: ModuleType) -> None:
+@pytest.mark.parametrize(("version", "known"), [(2, 0xF), (3, 0x1F)])
+def test_a_flag_this_version_does_not_know_is_refused_as_a_newer_format(
+    sb: ModuleType, version: int, known: int
+) -> None:
     """The mixed-version guard (issue 24): a header flag unknown here changes what the bytes mean
     (as 0x8, scheduled, did for readers before it), so every reader, the client's too, refuses
     the batch with UnsupportedBatchError naming the flag and saying to upgrade, never reads it
-    as a batch it knows; unknown versions the same. Every bit past the known ones."""
-    raw = small_batch(sb)
-    for bit in range(4, 16):
+    as a batch it knows; unknown versions the same. Every bit past the known ones (v3 knows
+    one more, NO_TAG_HASHES; in a v2 batch it is unknown)."""
+    raw = small_batch(sb, version)
+    for bit in range(known.bit_length(), 16):
         unstamped = _with_flags(raw, 1 << bit)
         stamped_buf = bytearray(unstamped)
         sb.stamp(stamped_buf, 9, 5)  # the stamp reads no flags; every reader below does
@@ -925,19 +937,89 @@ def test_a_flag_this_version_does_not_know_is_refused_as_a_newer_format(sb: Modu
         for read in readers:
             with pytest.raises(UnsupportedBatchError) as caught:
                 read(stamped)
-            assert f"include {1 << bit:#x}, unknown to this raftmq (it reads 0xf)" in str(caught)
+            assert f"include {1 << bit:#x}, unknown to this raftmq (it reads {known:#x})" in str(
+                caught
+            )
             assert "upgrade raftmq where the batch is read" in str(caught)
     newer = bytearray(raw)
-    newer[1] = 3
+    newer[1] = 4
     for read_newer in (
         lambda: sb.check_batch(newer),
         lambda: sb.read_header(newer),
         lambda: produce_chunk.read_header(bytes(newer)),
     ):
-        with pytest.raises(UnsupportedBatchError, match=r"version 3 is newer .*upgrade raftmq"):
+        with pytest.raises(UnsupportedBatchError, match=r"version 4 is newer .*upgrade raftmq"):
             read_newer()
     older = bytearray(raw)
-    older[1] = 0  # not a newer format: a plain refusal
+    older[1] = 1  # not a newer format: a plain refusal
     with pytest.raises(MalformedBatchError) as not_newer:
         sb.check_batch(older)
     assert not isinstance(not_newer.value, UnsupportedBatchError)
+
+
+# ---- v3's compact record heads -----------------------------------------------------------------
+
+
+def test_v3_is_v2_without_the_tag_hashes_and_with_compact_heads(sb: ModuleType) -> None:
+    """Bare 100-byte bodies of one run: per message the offsets table's 4 bytes and a 3-byte
+    head (attributes, born delta, body length), against v2's 8 + 4 + 28; no tag-hash table
+    (flag 0x10) while no message has a tag, the table back as soon as one has."""
+    bodies = [bytes([i]) * 100 for i in range(50)]
+    v2 = sb.encode_bodies(TOPIC, 1, [(1_700_000_000_000, bodies)], None, "h")
+    v3 = sb.encode_bodies(TOPIC, 1, [(1_700_000_000_000, bodies)], None, "h", 3)
+    h2, h3 = sb.check_batch(v2), sb.check_batch(v3)
+    assert (h2.version, h3.version) == (2, 3)
+    assert len(v2) - h2.tables_at == 50 * (8 + 4 + 28 + 100)
+    assert len(v3) - h3.tables_at == 50 * (4 + 3 + 100)
+    assert struct.unpack_from("<H", v3, 32)[0] & 0x10 and not h3.has_tag_hashes
+    assert h3.born_base_ms == 1_700_000_000_000 and sb.tag_hashes(v3).tolist() == [0] * 50
+    assert [m.body for m in sb.iter_messages(v3)] == bodies
+    tagged = [Message(TOPIC, b"x"), Message(TOPIC, b"y", "TagA")]
+    t3 = sb.encode_batch(TOPIC, 1, tagged, None, "", 3)
+    assert sb.read_header(t3).has_tag_hashes
+    assert sb.tag_hashes(t3).tolist() == [0, tag_hash("TagA")]
+
+
+@pytest.mark.parametrize(
+    ("head", "error"),
+    [
+        (b"\x10\x00\x01", "its head is malformed"),  # an attribute bit no writer sets
+        (b"\x00" + b"\x80" * 9 + b"\x02" + b"\x01", "its head is malformed"),  # past 64 bits
+        (b"\x00\x00\x80\x80\x80\x80\x10", "its head is malformed"),  # a body over 4 GiB
+        (b"\x02\x00\x01\xff\xff\x03", "its head is malformed"),  # a tag of 65535 bytes
+        (b"\x00\x00\x80", "is too short"),  # the body length runs past the record
+    ],
+)
+def test_a_bad_v3_record_head_is_refused_alike_in_both(head: bytes, error: str) -> None:
+    py, c = _needs_both()
+    raw = bytearray(py.encode_batch(TOPIC, 1, [Message(TOPIC, b"z")], None, "", 3))
+    h = py.read_header(raw)
+    buf = raw[: h.records_at] + head + b"z" * (head[-1] != 0x80)
+    struct.pack_into("<I", buf, 4, len(buf))
+    fix_body_crc(buf)
+    with pytest.raises(MalformedBatchError, match=error):
+        list(py.iter_messages(buf))
+    assert _reads(c, bytes(buf)) == _reads(py, bytes(buf))
+
+
+def test_damaged_v3_heads_read_alike_in_both() -> None:
+    """Every byte of the first records' heads set to values that matter to a varint."""
+    py, c = _needs_both()
+    raw = small_batch(py, 3)
+    at = py.read_header(raw).records_at
+    for i in range(at, min(at + 16, len(raw))):
+        for value in (0x00, 0x01, 0x0F, 0x7F, 0x80, 0xFF):
+            buf = bytearray(raw)
+            buf[i] = value
+            fix_body_crc(buf)
+            assert _reads(c, buf) == _reads(py, buf), (i, value)
+
+
+def test_only_versions_2_and_3_are_written_alike_in_both() -> None:
+    py, c = _needs_both()
+    args = (TOPIC, 0, [Message(TOPIC, b"x")], None, "")
+    for version in (1, 4, 3.0, True, "3", None):
+        want = _outcome(py.encode_batch, *args, version)
+        assert want[0] == "error" and "is not one this raftmq writes" in str(want[2])
+        assert _outcome(c.encode_batch, *args, version) == want
+        assert _outcome(c.encode_bodies, TOPIC, 0, [(1, [b"x"])], None, "", version) == want

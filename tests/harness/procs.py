@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,9 @@ class Proc:
     popen: subprocess.Popen[str] | None = None
     started_line: str = ""
     restarts: int = field(default=0)
+    # Set in this process's environment over the test's (RAFTMQ_ ones included): how a test
+    # plays one node of an older raftmq (broker/batch_version.py READS_ENV).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -40,6 +43,7 @@ class Proc:
             k: v for k, v in os.environ.items() if not k.startswith("RAFTMQ_") or k in PASSED_ENV
         }
         env["PYTHONPATH"] = str(ROOT)
+        env.update(self.env)
         with open(self.log, "a") as err:
             self.popen = subprocess.Popen(
                 [sys.executable, *self.argv],
@@ -197,7 +201,9 @@ def start_cluster(
     groups: Sequence[str] = ("broker-a", "broker-b"),
     namesrvs: int = 2,
     broker_args: Sequence[str] = (),
+    broker_env: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Cluster:
+    """`broker_env`: a broker process's own environment by its name ("broker-a-n2")."""
     ports = free_ports(namesrvs + 9 * len(groups))
     ns_ports, rest = ports[:namesrvs], ports[namesrvs:]
     ns_procs = [
@@ -210,6 +216,8 @@ def start_cluster(
         chunk = rest[9 * i : 9 * i + 9]
         gl = GroupLayout(g, chunk[:3], chunk[3:6], chunk[6:])
         layout[g] = (gl, broker_procs(tmp, gl, addrs, broker_args))
+        for p in layout[g][1]:
+            p.env.update((broker_env or {}).get(p.name, {}))
     cluster = Cluster(tmp, ns_procs, addrs, layout)
     try:
         for p in ns_procs:
