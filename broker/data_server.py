@@ -25,7 +25,7 @@ from raftmq.broker.held_pulls import HeldPulls, HoldTimers
 from raftmq.broker.node import BrokerNode
 from raftmq.broker.pop import pop_handlers
 from raftmq.broker.produce import BatchStored, PreparedSend
-from raftmq.broker.pull import PullResult, PullSteps, PullWait, WaitDispatched
+from raftmq.broker.pull import INDEX_CATCHUP_MS, PullResult, PullSteps, PullWait, WaitDispatched
 from raftmq.broker.settings import BrokerSettings
 from raftmq.broker.transactions_data import TXN_METHODS, transaction_handlers
 from raftmq.broker.transactions_shell import TransactionShell
@@ -189,7 +189,7 @@ class DataServer:
             if indexed:
                 index = requests.index_catch_up(node)
                 if index is not None:
-                    await self._wait(WaitDispatched(index, requests.INDEX_CATCHUP_MS))
+                    await self._wait(WaitDispatched(index, INDEX_CATCHUP_MS))
             return fn(node, req).SerializeToString()
 
         handle.__qualname__ = f"DataServer.{fn.__name__}"

@@ -83,8 +83,9 @@ class WaitDispatched:
     wait_ms: int
 
 
-# At most this long a follower read waits for the node's index to reach its commit point.
-FOLLOWER_CATCH_UP_MS = 1000
+# At most this long a read (a pull, queue bounds, a search by time) waits for the node's
+# index to reach its commit point; a node still behind then answers what it has.
+INDEX_CATCHUP_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,14 +238,14 @@ class PullProcessor:
             )
         if queue_id < 0:
             raise InvalidArgumentError(f"queue id {queue_id} is negative")
-        if allow_follower_read and not node.rlog.is_leader():
-            # A follower indexes in rounds (follower_dispatch_round_ms): a read first lets its
-            # index reach what this node had committed when the read came (the wait ends the
-            # round at once), so a topic or a message committed before it is seen.
-            committed = node.rlog.committed_index
-            if node.dispatcher.dispatched_index < committed:
-                left_ms = int((deadline - time.monotonic()) * 1000)
-                yield WaitDispatched(committed, max(0, min(left_ms, FOLLOWER_CATCH_UP_MS)))
+        # Every node indexes in rounds (follower_/leader_dispatch_round_ms) and a leader answers
+        # a send at its commit, before indexing it: a read first lets the index reach what this
+        # node had committed when the read came (the wait ends a gathered round at once), so a
+        # topic or a message acknowledged before it is seen (a consumer reads its writes).
+        committed = node.rlog.committed_index
+        if node.dispatcher.dispatched_index < committed:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            yield WaitDispatched(committed, max(0, min(left_ms, INDEX_CATCHUP_MS)))
         self._topics.readable_topic(topic, queue_id)
         try:
             sql_filter = compile_filter(expression) if sql else None

@@ -247,9 +247,6 @@ def query_offset(
     return broker_pb2.QueryOffsetResponse(offset=offset)
 
 
-INDEX_CATCHUP_MS = 1_000  # a read of queue bounds or times waits this long for the index
-
-
 def index_catch_up(node: BrokerNode) -> int | None:
     """The index a read of queue bounds or times waits to have dispatched first, or None. A send
     is answered at its commit, before this node indexes it (issue 29): the bounds then count

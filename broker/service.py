@@ -19,6 +19,7 @@ import grpc
 from raftmq.broker import live_settings, requests
 from raftmq.broker.convert import stored_to_pb, topic_from_pb, topic_to_pb
 from raftmq.broker.node import BrokerNode
+from raftmq.broker.pull import INDEX_CATCHUP_MS
 from raftmq.broker.time_query import Cursor
 from raftmq.common.auth_guard import CALLER
 from raftmq.common.errors import InvalidArgumentError, RequestTimeoutError, rpc_errors
@@ -236,7 +237,7 @@ class BrokerService(broker_pb2_grpc.BrokerServicer):
         commit, before this node indexes it (issue 29), so they wait (bounded) for the index."""
         index = requests.index_catch_up(self.node)
         if index is not None:  # bounded; a node still behind then answers what it has
-            self.node.wait_dispatched(index, requests.INDEX_CATCHUP_MS / 1000)
+            self.node.wait_dispatched(index, INDEX_CATCHUP_MS / 1000)
 
     @rpc_errors
     def ResetOffsetsToTimestamp(
