@@ -69,6 +69,7 @@ from raftmq.common._stored_batch_py import (
     BatchHeader,
     BatchLimits,
     BatchMessage,
+    BodyColumn,
     MalformedBatchError,
     UnsupportedBatchError,
     has_keys,
@@ -91,9 +92,11 @@ __all__ = [
     "BatchHeader",
     "BatchLimits",
     "BatchMessage",
+    "BodyColumn",
     "MalformedBatchError",
     "UnsupportedBatchError",
     "batch_count",
+    "body_sizes",
     "check_batch",
     "columns",
     "encode_batch",
@@ -142,6 +145,7 @@ try:
         raise ImportError(f"{NO_EXTENSIONS_ENV} is set")
     from raftmq.common._stored_batch_c import (
         batch_count,
+        body_sizes,
         check_batch,
         columns,
         encode_batch,
@@ -160,6 +164,7 @@ try:
 except ImportError:
     from raftmq.common._stored_batch_py import (
         batch_count,
+        body_sizes,
         check_batch,
         columns,
         encode_batch,
