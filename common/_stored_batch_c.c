@@ -788,8 +788,11 @@ static inline int column_body(const Run *r, Py_ssize_t row, int32_t *start, int3
 static PyObject *body_sizes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames)
 {
-    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0)) {
-        PyErr_SetString(PyExc_TypeError, "body_sizes() takes one column");
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (!((nargs == 1 && nkw == 0) ||
+          (nargs == 0 && nkw == 1 &&
+           PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "column") == 0))) {
+        PyErr_SetString(PyExc_TypeError, "body_sizes() takes exactly one argument, column");
         return NULL;
     }
     Run r;
@@ -892,7 +895,7 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             pos += RECORD_HEAD_BYTES + len;
         }
     }
-    uint64_t total = h.header_len + 12 * (uint64_t)n + pos;
+    uint64_t total = h.header_len + 12 * (uint64_t)n + pos, records_bytes = pos;
     if (head_check(&h, queue_id, total) < 0) goto done;
 
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
@@ -908,7 +911,6 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
         Run *b = &bodies[r];
         Py_ssize_t k = b->fast != NULL ? PySequence_Fast_GET_SIZE(b->fast) : b->count;
         PyObject **items = b->fast != NULL ? PySequence_Fast_ITEMS(b->fast) : NULL;
-        const unsigned char *o = (const unsigned char *)b->offs.buf;
         const unsigned char *data = (const unsigned char *)b->data.buf;
         for (Py_ssize_t i = 0, row = b->start; i < k; i++, m++, row += b->step) {
             const unsigned char *body;
@@ -916,9 +918,15 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             if (items != NULL) {
                 len = PyBytes_GET_SIZE(items[i]);
                 body = (const unsigned char *)PyBytes_AS_STRING(items[i]);
-            } else { /* checked in the pass above, and buffers do not move while held */
-                int32_t s = (int32_t)rd32(o + 4 * row);
-                len = (Py_ssize_t)((int32_t)rd32(o + 4 * (row + 1)) - s);
+            } else { /* checked again: a writable buffer may have changed since */
+                int32_t s, e;
+                if (column_body(b, row, &s, &e) < 0 ||
+                    pos + RECORD_HEAD_BYTES + (uint64_t)(e - s) > records_bytes) {
+                    if (!PyErr_Occurred()) changed();
+                    Py_CLEAR(result);
+                    goto done;
+                }
+                len = (Py_ssize_t)(e - s);
                 body = data + s;
             }
             unsigned char *rec = records + pos;
