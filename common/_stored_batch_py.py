@@ -300,8 +300,7 @@ def body_sizes(column: BodyColumn) -> tuple[int, int, int]:
         total += n
         if smallest < 0 or n < smallest:
             smallest = n
-        if n > biggest:
-            biggest = n
+        biggest = max(biggest, n)
     return total, max(smallest, 0), biggest
 
 
