@@ -189,6 +189,64 @@ def synthetic_batch(spark: Any, rows: int, batch_rows: int) -> float:
     return rows / (time.monotonic() - started)
 
 
+def _proc_table() -> dict[int, tuple[int, float, str]]:
+    """Every process's (parent pid, CPU seconds of itself and its reaped children, command line),
+    from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[int, float, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name: state, ppid..
+        cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick  # utime stime cutime cstime
+        out[int(entry)] = (int(fields[1]), cpu, cmd)
+    return out
+
+
+def cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of this bench and its descendants, by kind: the brokers, the
+    NameServer, Spark's JVM, Spark's Python workers (its daemon and the workers it forks) and
+    this process (the driver, which also ran the cluster's set-up)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out = {"brokers": 0.0, "namesrv": 0.0, "jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        _, cpu, cmd = table.get(pid, (0, 0.0, ""))
+        if pid == os.getpid():
+            kind = "driver"
+        elif "raftmq.broker" in cmd:
+            kind = "brokers"
+        elif "raftmq.namesrv" in cmd:
+            kind = "namesrv"
+        elif "java" in cmd.split(" ", 1)[0]:
+            kind = "jvm"
+        elif "pyspark" in cmd:
+            kind = "python_workers"
+        else:
+            continue
+        # A process's cutime counts its reaped children, which are not walked again here.
+        out[kind] += cpu
+    return out
+
+
+def cpu_during(fn: Any, *args: Any) -> tuple[float, dict[str, float]]:
+    """fn(*args)'s result and each kind's CPU seconds while it ran."""
+    before = cpu_by_process()
+    result = fn(*args)
+    after = cpu_by_process()
+    return result, {k: round(after[k] - before[k], 2) for k in after}
+
+
 def session() -> Any:
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
@@ -513,11 +571,20 @@ def source_cases(
     runs: list[float] = []
     inline: list[float] = []  # readAheadBatches 0: what the read-ahead thread buys
     ceiling: dict[int, list[float]] = {b: [] for b in args.synthetic_batch_rows}
+    cpu: dict[str, list[dict[str, float]]] = {"source": [], "synthetic": []}
+    cpu_batch = 8192 if 8192 in args.synthetic_batch_rows else args.synthetic_batch_rows[0]
     for _ in range(3):
-        runs.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows))
+        rate, used = cpu_during(
+            source_batch, spark, cluster.namesrv_address, "bench-src", args.rows
+        )
+        runs.append(rate)
+        cpu["source"].append(used)
         inline.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows, 0))
         for b in args.synthetic_batch_rows:
-            ceiling[b].append(synthetic_batch(spark, args.rows, b))
+            rate, used = cpu_during(synthetic_batch, spark, args.rows, b)
+            ceiling[b].append(rate)
+            if b == cpu_batch:
+                cpu["synthetic"].append(used)
     best_ceiling = max(max(v) for v in ceiling.values())
     emit(
         results,
@@ -532,6 +599,9 @@ def source_cases(
                 str(b): [round(r) for r in v] for b, v in ceiling.items()
             },
             "ratio_to_synthetic": round(max(runs) / best_ceiling, 2),
+            # CPU seconds by process kind during each read (read-ahead 2; the synthetic at
+            # 8 192-row batches, if run): where a read's two cores went.
+            "cpu_s_by_process": cpu,
             "target_rows_per_s": 150_000,
             "target_ratio": 0.8,
         },

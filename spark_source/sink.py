@@ -131,6 +131,7 @@ class SinkRows:
     and properties where the DataFrame has those columns."""
 
     values: pa.Array
+    sizes: memoryview  # each body's size, Arrow's int32 lengths
     bodies: list[bytes] | None  # as bytes, for rows that are not bare
     topics: list[str] | None
     keys: list[str | None] | None
@@ -162,6 +163,7 @@ class SinkRows:
         bare = not {"key", "tags", "properties"} & set(names)
         return cls(
             values,
+            _sizes(values),
             None if bare else values.to_pylist(),
             topics,
             keys,
@@ -177,15 +179,16 @@ class SinkRows:
         picked by a range: no copy, no object per row; by a list, as for a `topic` column: one
         `take`), else one OutgoingMessage per row."""
         if self.bodies is not None:
-            bodies = pick(self.bodies, positions)
-            return self._messages(bodies, positions), [len(b) for b in bodies]
-        values = self.values
+            return self._messages(pick(self.bodies, positions), positions), pick(
+                self.sizes, positions
+            )
+        values, sizes = self.values, self.sizes
         if not isinstance(positions, range):
             values = values.take(pa.array(positions, pa.int64()))
+            sizes = _sizes(values)
             positions = range(len(values))
         _, offsets, data = values.buffers()
         at = values.offset
-        sizes = memoryview(pc.binary_length(values).buffers()[1]).cast("B").cast("i")
         rows = range(at + positions.start, at + positions.stop, positions.step)
         return BodyColumn(offsets, data, rows), sizes[
             positions.start : positions.stop : positions.step
@@ -203,6 +206,12 @@ class SinkRows:
             )
             for body, key, tag, prop in zip(bodies, keys, tags, props, strict=True)
         ]
+
+
+def _sizes(values: pa.Array) -> memoryview:
+    """A binary array's body sizes as ints, without an object per row (Arrow's lengths)."""
+    lengths = pc.binary_length(values)  # a new array: no offset, no nulls (bodies are checked)
+    return memoryview(lengths.buffers()[1]).cast("B").cast("i")[: len(values)]
 
 
 def _utf8(column: pa.Array, name: str, first_row: int) -> pa.Array:
