@@ -382,15 +382,27 @@ def sink(
     df.limit(8_000).write.format("raftmq_discard").mode("append").save()
     sink_runs: list[float] = []
     ceiling: list[float] = []
-    for run in range(runs):
+    cpu: dict[str, list[dict[str, float]]] = {"sink": [], "discard": []}
+
+    def write(run: int) -> float:
         started = time.monotonic()
         df.write.format("raftmq").option("nameServer", ns).option("topic", topic).option(
             "writeId", f"bench-{run}"
         ).mode("append").save()
-        sink_runs.append(rows / (time.monotonic() - started))
+        return rows / (time.monotonic() - started)
+
+    def discard() -> float:
         started = time.monotonic()
         df.write.format("raftmq_discard").mode("append").save()
-        ceiling.append(rows / (time.monotonic() - started))
+        return rows / (time.monotonic() - started)
+
+    for run in range(runs):
+        rate, used = cpu_during(write, run)
+        sink_runs.append(rate)
+        cpu["sink"].append(used)
+        rate, used = cpu_during(discard)
+        ceiling.append(rate)
+        cpu["discard"].append(used)
     stored = sum(cluster.bounds(topic, g, q)[1] for g in GROUPS for q in range(QUEUES))
     assert stored == rows * runs, f"the sink stored {stored} of {rows * runs} rows"
     # A re-run under a used writeId stores nothing (the exactly-once protocol at full size).
@@ -405,6 +417,8 @@ def sink(
         "rows_per_s_runs": [round(r) for r in sink_runs],
         "discard_rows_per_s_runs": [round(r) for r in ceiling],
         "ratio_to_discard": round(max(sink_runs) / max(ceiling), 2),
+        # CPU seconds by process kind during each write: the steadier figure on a busy machine.
+        "cpu_s_by_process": cpu,
         "rerun_stored": again - stored,
         "target_rows_per_s": 100_000,
     }
