@@ -190,8 +190,7 @@ def synthetic_batch(spark: Any, rows: int, batch_rows: int) -> float:
 
 
 def _proc_table() -> dict[int, tuple[int, float, str]]:
-    """Every process's (parent pid, CPU seconds of itself and its reaped children, command line),
-    from /proc (Linux)."""
+    """Every process's (parent pid, its own CPU seconds, command line), from /proc (Linux)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[int, float, str]] = {}
     for entry in os.listdir("/proc"):
@@ -203,48 +202,69 @@ def _proc_table() -> dict[int, tuple[int, float, str]]:
         except OSError:  # gone meanwhile
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name: state, ppid..
-        cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick  # utime stime cutime cstime
-        out[int(entry)] = (int(fields[1]), cpu, cmd)
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmd)
     return out
 
 
-def cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far of this bench and its descendants, by kind: the brokers, the
-    NameServer, Spark's JVM, Spark's Python workers (its daemon and the workers it forks) and
-    this process (the driver, which also ran the cluster's set-up)."""
-    table = _proc_table()
+def _kind(pid: int, cmd: str) -> str | None:
+    if pid == os.getpid():
+        return "driver"
+    if "raftmq.broker" in cmd:
+        return "brokers"
+    if "raftmq.namesrv" in cmd:
+        return "namesrv"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    if "pyspark" in cmd:
+        return "python_workers"
+    return None
+
+
+def _descendants(table: dict[int, tuple[int, float, str]]) -> dict[int, tuple[str, float]]:
+    """This process and its descendants: (kind, own CPU seconds) of those of a known kind."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    out = {"brokers": 0.0, "namesrv": 0.0, "jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    out: dict[int, tuple[str, float]] = {}
     todo = [os.getpid()]
     while todo:
         pid = todo.pop()
         todo += children.get(pid, [])
         _, cpu, cmd = table.get(pid, (0, 0.0, ""))
-        if pid == os.getpid():
-            kind = "driver"
-        elif "raftmq.broker" in cmd:
-            kind = "brokers"
-        elif "raftmq.namesrv" in cmd:
-            kind = "namesrv"
-        elif "java" in cmd.split(" ", 1)[0]:
-            kind = "jvm"
-        elif "pyspark" in cmd:
-            kind = "python_workers"
-        else:
-            continue
-        # A process's cutime counts its reaped children, which are not walked again here.
-        out[kind] += cpu
+        kind = _kind(pid, cmd)
+        if kind is not None:
+            out[pid] = (kind, cpu)
     return out
 
 
-def cpu_during(fn: Any, *args: Any) -> tuple[float, dict[str, float]]:
-    """fn(*args)'s result and each kind's CPU seconds while it ran."""
-    before = cpu_by_process()
-    result = fn(*args)
-    after = cpu_by_process()
-    return result, {k: round(after[k] - before[k], 2) for k in after}
+def cpu_during(fn: Any, *args: Any) -> tuple[Any, dict[str, float]]:
+    """fn(*args)'s result and the CPU seconds each kind of process (the brokers, the
+    NameServer, Spark's JVM, Spark's Python workers, this driver) used while it ran. Sampled
+    every 0.2 s (a worker that exits between samples loses at most its last 0.2 s; one born
+    during the run counts from 0), each process's own time only (no double count through a
+    parent's reaped children)."""
+    import threading
+
+    first = _descendants(_proc_table())
+    last = dict(first)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            last.update(_descendants(_proc_table()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn(*args)
+    finally:
+        done.set()
+        sampler.join()
+    last.update(_descendants(_proc_table()))
+    used = {"brokers": 0.0, "namesrv": 0.0, "jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    for pid, (kind, cpu) in last.items():
+        used[kind] += cpu - first.get(pid, (kind, 0.0))[1]
+    return result, {k: round(v, 2) for k, v in used.items()}
 
 
 def session() -> Any:
