@@ -189,6 +189,84 @@ def synthetic_batch(spark: Any, rows: int, batch_rows: int) -> float:
     return rows / (time.monotonic() - started)
 
 
+def _proc_table() -> dict[int, tuple[int, float, str]]:
+    """Every process's (parent pid, its own CPU seconds, command line), from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[int, float, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name: state, ppid..
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, cmd)
+    return out
+
+
+def _kind(pid: int, cmd: str) -> str | None:
+    if pid == os.getpid():
+        return "driver"
+    if "raftmq.broker" in cmd:
+        return "brokers"
+    if "raftmq.namesrv" in cmd:
+        return "namesrv"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    if "pyspark" in cmd:
+        return "python_workers"
+    return None
+
+
+def _descendants(table: dict[int, tuple[int, float, str]]) -> dict[int, tuple[str, float]]:
+    """This process and its descendants: (kind, own CPU seconds) of those of a known kind."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, tuple[str, float]] = {}
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        _, cpu, cmd = table.get(pid, (0, 0.0, ""))
+        kind = _kind(pid, cmd)
+        if kind is not None:
+            out[pid] = (kind, cpu)
+    return out
+
+
+def cpu_during(fn: Any, *args: Any) -> tuple[Any, dict[str, float]]:
+    """fn(*args)'s result and the CPU seconds each kind of process (the brokers, the
+    NameServer, Spark's JVM, Spark's Python workers, this driver) used while it ran. Sampled
+    every 0.2 s (a worker that exits between samples loses at most its last 0.2 s; one born
+    during the run counts from 0), each process's own time only (no double count through a
+    parent's reaped children)."""
+    import threading
+
+    first = _descendants(_proc_table())
+    last = dict(first)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            last.update(_descendants(_proc_table()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn(*args)
+    finally:
+        done.set()
+        sampler.join()
+    last.update(_descendants(_proc_table()))
+    used = {"brokers": 0.0, "namesrv": 0.0, "jvm": 0.0, "python_workers": 0.0, "driver": 0.0}
+    for pid, (kind, cpu) in last.items():
+        used[kind] += cpu - first.get(pid, (kind, 0.0))[1]
+    return result, {k: round(v, 2) for k, v in used.items()}
+
+
 def session() -> Any:
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
@@ -324,15 +402,27 @@ def sink(
     df.limit(8_000).write.format("raftmq_discard").mode("append").save()
     sink_runs: list[float] = []
     ceiling: list[float] = []
-    for run in range(runs):
+    cpu: dict[str, list[dict[str, float]]] = {"sink": [], "discard": []}
+
+    def write(run: int) -> float:
         started = time.monotonic()
         df.write.format("raftmq").option("nameServer", ns).option("topic", topic).option(
             "writeId", f"bench-{run}"
         ).mode("append").save()
-        sink_runs.append(rows / (time.monotonic() - started))
+        return rows / (time.monotonic() - started)
+
+    def discard() -> float:
         started = time.monotonic()
         df.write.format("raftmq_discard").mode("append").save()
-        ceiling.append(rows / (time.monotonic() - started))
+        return rows / (time.monotonic() - started)
+
+    for run in range(runs):
+        rate, used = cpu_during(write, run)
+        sink_runs.append(rate)
+        cpu["sink"].append(used)
+        rate, used = cpu_during(discard)
+        ceiling.append(rate)
+        cpu["discard"].append(used)
     stored = sum(cluster.bounds(topic, g, q)[1] for g in GROUPS for q in range(QUEUES))
     assert stored == rows * runs, f"the sink stored {stored} of {rows * runs} rows"
     # A re-run under a used writeId stores nothing (the exactly-once protocol at full size).
@@ -347,6 +437,8 @@ def sink(
         "rows_per_s_runs": [round(r) for r in sink_runs],
         "discard_rows_per_s_runs": [round(r) for r in ceiling],
         "ratio_to_discard": round(max(sink_runs) / max(ceiling), 2),
+        # CPU seconds by process kind during each write: the steadier figure on a busy machine.
+        "cpu_s_by_process": cpu,
         "rerun_stored": again - stored,
         "target_rows_per_s": 100_000,
     }
@@ -513,11 +605,20 @@ def source_cases(
     runs: list[float] = []
     inline: list[float] = []  # readAheadBatches 0: what the read-ahead thread buys
     ceiling: dict[int, list[float]] = {b: [] for b in args.synthetic_batch_rows}
+    cpu: dict[str, list[dict[str, float]]] = {"source": [], "synthetic": []}
+    cpu_batch = 8192 if 8192 in args.synthetic_batch_rows else args.synthetic_batch_rows[0]
     for _ in range(3):
-        runs.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows))
+        rate, used = cpu_during(
+            source_batch, spark, cluster.namesrv_address, "bench-src", args.rows
+        )
+        runs.append(rate)
+        cpu["source"].append(used)
         inline.append(source_batch(spark, cluster.namesrv_address, "bench-src", args.rows, 0))
         for b in args.synthetic_batch_rows:
-            ceiling[b].append(synthetic_batch(spark, args.rows, b))
+            rate, used = cpu_during(synthetic_batch, spark, args.rows, b)
+            ceiling[b].append(rate)
+            if b == cpu_batch:
+                cpu["synthetic"].append(used)
     best_ceiling = max(max(v) for v in ceiling.values())
     emit(
         results,
@@ -532,6 +633,9 @@ def source_cases(
                 str(b): [round(r) for r in v] for b, v in ceiling.items()
             },
             "ratio_to_synthetic": round(max(runs) / best_ceiling, 2),
+            # CPU seconds by process kind during each read (read-ahead 2; the synthetic at
+            # 8 192-row batches, if run): where a read's two cores went.
+            "cpu_s_by_process": cpu,
             "target_rows_per_s": 150_000,
             "target_ratio": 0.8,
         },

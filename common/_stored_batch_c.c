@@ -865,8 +865,146 @@ done:
     return result;
 }
 
-/* encode_batch of messages without tag, keys or properties, from (born ms, bodies) runs: per
- * message a record head and one copy of the body (the batch-first call, issue 24). */
+/* ---- bodies as an Arrow column (the twin's BodyColumn) ---------------------------------------- */
+
+static PyObject *BodyColumnType; /* the twin's dataclass */
+
+/* One run of encode_bodies: a PySequence_Fast of bytes, or a body column's buffers and rows. */
+typedef struct {
+    PyObject *fast;
+    Py_buffer offs, data;
+    int has_offs, has_data;
+    Py_ssize_t start, step, count; /* the column's rows */
+    Py_ssize_t n_offs;
+} Run;
+
+static void run_release(Run *r)
+{
+    Py_XDECREF(r->fast);
+    if (r->has_offs) PyBuffer_Release(&r->offs);
+    if (r->has_data) PyBuffer_Release(&r->data);
+    r->fast = NULL;
+    r->has_offs = r->has_data = 0;
+}
+
+/* The twin's _column_rows: a BodyColumn's rows, an ascending range from 0 on. */
+static int column_rows(PyObject *col, Run *r)
+{
+    PyObject *rows = PyObject_GetAttrString(col, "rows");
+    if (rows == NULL) return -1;
+    int ok = Py_IS_TYPE(rows, &PyRange_Type);
+    Py_ssize_t v[3] = {0, 0, 0};
+    static const char *names[3] = {"start", "step", "stop"};
+    for (int i = 0; ok && i < 3; i++) {
+        PyObject *x = PyObject_GetAttrString(rows, names[i]);
+        if (x == NULL) {
+            Py_DECREF(rows);
+            return -1;
+        }
+        v[i] = PyLong_AsSsize_t(x);
+        Py_DECREF(x);
+        if (v[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(rows);
+            return -1;
+        }
+    }
+    Py_ssize_t count = ok ? PyObject_Size(rows) : 0;
+    if (count < 0) {
+        Py_DECREF(rows);
+        return -1;
+    }
+    if (!ok || v[1] < 1 || (count > 0 && v[0] < 0)) {
+        PyErr_Format(PyExc_ValueError,
+                     "a body column's rows must be an ascending range from 0 on, not %R", rows);
+        Py_DECREF(rows);
+        return -1;
+    }
+    Py_DECREF(rows);
+    r->start = v[0];
+    r->step = v[1];
+    r->count = count;
+    return 0;
+}
+
+/* The twin's _column_buffers: the offsets (a whole number of int32) and the data, and the last
+ * row within the offsets. */
+static int column_buffers(PyObject *col, Run *r)
+{
+    PyObject *o = PyObject_GetAttrString(col, "offsets");
+    if (o == NULL) return -1;
+    int rc = PyObject_GetBuffer(o, &r->offs, PyBUF_SIMPLE);
+    Py_DECREF(o);
+    if (rc < 0) return -1;
+    r->has_offs = 1;
+    if (r->offs.len % 4) {
+        PyErr_Format(PyExc_ValueError,
+                     "a body column's offsets take %zd bytes, not a multiple of 4", r->offs.len);
+        return -1;
+    }
+    r->n_offs = r->offs.len / 4;
+    if (r->count > 0) {
+        Py_ssize_t last = r->start + (r->count - 1) * r->step;
+        if (last + 1 >= r->n_offs) {
+            PyErr_Format(PyExc_ValueError, "a body column's row %zd is past its %zd offsets",
+                         last, r->n_offs);
+            return -1;
+        }
+    }
+    PyObject *d = PyObject_GetAttrString(col, "data");
+    if (d == NULL) return -1;
+    rc = PyObject_GetBuffer(d, &r->data, PyBUF_SIMPLE);
+    Py_DECREF(d);
+    if (rc < 0) return -1;
+    r->has_data = 1;
+    return 0;
+}
+
+/* The twin's _column_body: row's body [*start, *end) within the data. */
+static inline int column_body(const Run *r, Py_ssize_t row, int32_t *start, int32_t *end)
+{
+    const unsigned char *o = (const unsigned char *)r->offs.buf;
+    *start = (int32_t)rd32(o + 4 * row);
+    *end = (int32_t)rd32(o + 4 * (row + 1));
+    if (*start < 0 || *start > *end || (Py_ssize_t)*end > r->data.len) {
+        PyErr_Format(PyExc_ValueError, "a body column's row %zd spans %d..%d, outside its %zd bytes",
+                     row, (int)*start, (int)*end, r->data.len);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *body_sizes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (!((nargs == 1 && nkw == 0) ||
+          (nargs == 0 && nkw == 1 &&
+           PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "column") == 0))) {
+        PyErr_SetString(PyExc_TypeError, "body_sizes() takes exactly one argument, column");
+        return NULL;
+    }
+    Run r;
+    memset(&r, 0, sizeof r);
+    PyObject *out = NULL;
+    if (column_rows(args[0], &r) < 0 || column_buffers(args[0], &r) < 0) goto done;
+    long long total = 0, smallest = -1, biggest = 0;
+    for (Py_ssize_t k = 0, row = r.start; k < r.count; k++, row += r.step) {
+        int32_t a, b;
+        if (column_body(&r, row, &a, &b) < 0) goto done;
+        long long n = (long long)b - a;
+        total += n;
+        if (smallest < 0 || n < smallest) smallest = n;
+        if (n > biggest) biggest = n;
+    }
+    out = Py_BuildValue("(LLL)", total, smallest < 0 ? 0LL : smallest, biggest);
+done:
+    run_release(&r);
+    return out;
+}
+
+/* encode_batch of messages without tag, keys or properties, from (born ms, bodies) runs, bodies
+ * bytes or a body column: per message a record head and one copy of the body (the batch-first
+ * call, issue 24; the Spark sink's columns, issue 28). */
 static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"topic",     "queue_id", "runs", "producer",
@@ -876,7 +1014,7 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
                                      &queue_id, &runs, &producer, &host, &version))
         return NULL;
     PyObject *fast = NULL, *result = NULL;
-    PyObject **bodies = NULL; /* each run's bodies as a PySequence_Fast, owned */
+    Run *bodies = NULL; /* each run's bodies */
     int64_t *born = NULL;
     Py_ssize_t n_runs = 0, n = 0;
     Head h;
@@ -885,7 +1023,7 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
     fast = PySequence_Fast(runs, "runs must be a sequence");
     if (fast == NULL) goto done;
     n_runs = PySequence_Fast_GET_SIZE(fast);
-    bodies = PyMem_Calloc((size_t)(n_runs ? n_runs : 1), sizeof(PyObject *));
+    bodies = PyMem_Calloc((size_t)(n_runs ? n_runs : 1), sizeof(Run));
     born = PyMem_Calloc((size_t)(n_runs ? n_runs : 1), sizeof(int64_t));
     if (bodies == NULL || born == NULL) {
         PyErr_NoMemory();
@@ -893,13 +1031,21 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     for (Py_ssize_t r = 0; r < n_runs; r++) {
         PyObject *run = PySequence_Fast_GET_ITEM(fast, r);
-        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
+        if (!PyTuple_CheckExact(run) || PyTuple_GET_SIZE(run) != 2) {
             PyErr_SetString(PyExc_TypeError, "each run must be a (born ms, bodies) tuple");
             goto done;
         }
-        bodies[r] = PySequence_Fast(PyTuple_GET_ITEM(run, 1), "a run's bodies must be a sequence");
-        if (bodies[r] == NULL) goto done;
-        n += PySequence_Fast_GET_SIZE(bodies[r]);
+        PyObject *b = PyTuple_GET_ITEM(run, 1);
+        int is_col = PyObject_IsInstance(b, BodyColumnType);
+        if (is_col < 0) goto done;
+        if (is_col) {
+            if (column_rows(b, &bodies[r]) < 0) goto done;
+            n += bodies[r].count;
+            continue;
+        }
+        bodies[r].fast = PySequence_Fast(b, "a run's bodies must be a sequence");
+        if (bodies[r].fast == NULL) goto done;
+        n += PySequence_Fast_GET_SIZE(bodies[r].fast);
     }
     if (head_parse(&h, topic, n, producer, host, version) < 0) goto done;
     int v3 = h.version != OLDEST_VERSION;
@@ -907,7 +1053,8 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
     int have_base = 0;
     uint64_t pos = 0;
     for (Py_ssize_t r = 0; r < n_runs; r++) {
-        PyObject *ms = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(fast, r), 0);
+        PyObject *run = PySequence_Fast_GET_ITEM(fast, r);
+        PyObject *ms = PyTuple_GET_ITEM(run, 0);
         int overflow = 0;
         long long v = PyLong_Check(ms) ? PyLong_AsLongLongAndOverflow(ms, &overflow) : 0;
         if (!PyLong_Check(ms) || overflow) {
@@ -915,7 +1062,9 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             goto done;
         }
         born[r] = (int64_t)v;
-        if (!have_base && PySequence_Fast_GET_SIZE(bodies[r]) > 0) {
+        Run *b = &bodies[r];
+        Py_ssize_t run_n = b->fast != NULL ? PySequence_Fast_GET_SIZE(b->fast) : b->count;
+        if (!have_base && run_n > 0) {
             born_base = born[r];
             have_base = 1;
         }
@@ -924,8 +1073,18 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             v3 ? 1 + (uint64_t)put_uvarint(
                          NULL, zigzag((int64_t)((uint64_t)born[r] - (uint64_t)born_base)))
                : 0;
-        PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
-        for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++) {
+        if (b->fast == NULL) {
+            if (column_buffers(PyTuple_GET_ITEM(run, 1), b) < 0) goto done;
+            for (Py_ssize_t k = 0, row = b->start; k < b->count; k++, row += b->step) {
+                int32_t s, e;
+                if (column_body(b, row, &s, &e) < 0) goto done;
+                uint64_t len = (uint64_t)(e - s);
+                pos += (v3 ? prefix + (uint64_t)put_uvarint(NULL, len) : RECORD_HEAD_BYTES) + len;
+            }
+            continue;
+        }
+        PyObject **items = PySequence_Fast_ITEMS(b->fast);
+        for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(b->fast); i < k; i++) {
             if (!PyBytes_Check(items[i])) {
                 PyErr_Format(PyExc_TypeError, "a body must be bytes, not %.100s",
                              Py_TYPE(items[i])->tp_name);
@@ -941,7 +1100,7 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     /* v3 leaves the tag-hash table out (no tag here); v2 has it, all 0 */
     uint64_t hashes_len = v3 ? 0 : 8 * (uint64_t)n;
-    uint64_t total = h.header_len + hashes_len + 4 * (uint64_t)n + pos;
+    uint64_t total = h.header_len + hashes_len + 4 * (uint64_t)n + pos, records_bytes = pos;
     if (head_check(&h, queue_id, total) < 0) goto done;
 
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
@@ -954,7 +1113,10 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
     pos = 0;
     Py_ssize_t m = 0;
     for (Py_ssize_t r = 0; r < n_runs; r++) {
-        PyObject **items = PySequence_Fast_ITEMS(bodies[r]);
+        Run *b = &bodies[r];
+        Py_ssize_t k = b->fast != NULL ? PySequence_Fast_GET_SIZE(b->fast) : b->count;
+        PyObject **items = b->fast != NULL ? PySequence_Fast_ITEMS(b->fast) : NULL;
+        const unsigned char *data = (const unsigned char *)b->data.buf;
         unsigned char prefix[11];
         int prefix_n = 0;
         if (v3) {
@@ -962,14 +1124,35 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             prefix_n = 1 + put_uvarint(
                                prefix + 1, zigzag((int64_t)((uint64_t)born[r] - (uint64_t)born_base)));
         }
-        for (Py_ssize_t i = 0, k = PySequence_Fast_GET_SIZE(bodies[r]); i < k; i++, m++) {
-            Py_ssize_t len = PyBytes_GET_SIZE(items[i]);
+        for (Py_ssize_t i = 0, row = b->start; i < k; i++, m++, row += b->step) {
+            const unsigned char *body;
+            Py_ssize_t len;
+            if (items != NULL) {
+                len = PyBytes_GET_SIZE(items[i]);
+                body = (const unsigned char *)PyBytes_AS_STRING(items[i]);
+            } else { /* checked again: a writable buffer may have changed since */
+                int32_t s = 0, e = 0;
+                uint64_t need = 0;
+                if (column_body(b, row, &s, &e) == 0) {
+                    uint64_t blen = (uint64_t)(e - s);
+                    need = (v3 ? (uint64_t)prefix_n + (uint64_t)put_uvarint(NULL, blen)
+                               : RECORD_HEAD_BYTES) +
+                           blen;
+                }
+                if (PyErr_Occurred() || pos + need > records_bytes) {
+                    if (!PyErr_Occurred()) changed();
+                    Py_CLEAR(result);
+                    goto done;
+                }
+                len = (Py_ssize_t)(e - s);
+                body = data + s;
+            }
             unsigned char *rec = records + pos;
             wr32(offsets + 4 * m, (uint32_t)pos);
             if (v3) {
                 memcpy(rec, prefix, (size_t)prefix_n);
                 int head_n = prefix_n + put_uvarint(rec + prefix_n, (uint64_t)len);
-                memcpy(rec + head_n, PyBytes_AS_STRING(items[i]), (size_t)len);
+                memcpy(rec + head_n, body, (size_t)len);
                 pos += (uint64_t)head_n + (uint64_t)len;
                 continue;
             }
@@ -980,14 +1163,14 @@ static PyObject *encode_bodies(PyObject *self, PyObject *args, PyObject *kwargs)
             wr16(rec + 18, 0); /* key count */
             wr32(rec + 20, 0); /* keys length */
             wr32(rec + 24, 0); /* properties length */
-            memcpy(rec + RECORD_HEAD_BYTES, PyBytes_AS_STRING(items[i]), (size_t)len);
+            memcpy(rec + RECORD_HEAD_BYTES, body, (size_t)len);
             pos += RECORD_HEAD_BYTES + (uint64_t)len;
         }
     }
     if (seal_body(out, total) < 0) Py_CLEAR(result);
 done:
     if (bodies != NULL) {
-        for (Py_ssize_t r = 0; r < n_runs; r++) Py_XDECREF(bodies[r]);
+        for (Py_ssize_t r = 0; r < n_runs; r++) run_release(&bodies[r]);
         PyMem_Free(bodies);
     }
     PyMem_Free(born);
@@ -2086,6 +2269,8 @@ static PyMethodDef methods[] = {
      "The stored bytes of one queue's batch, unstamped, with its body CRC."},
     {"encode_bodies", (PyCFunction)(void (*)(void))encode_bodies, METH_VARARGS | METH_KEYWORDS,
      "encode_batch of bare bodies, from (born ms, bodies) runs."},
+    {"body_sizes", (PyCFunction)(void (*)(void))body_sizes, METH_FASTCALL | METH_KEYWORDS,
+     "(total, smallest, biggest) body bytes of a body column's rows."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_VARARGS | METH_KEYWORDS,
      "The leader's check of a batch as produced."},
     {"verify_stamped", (PyCFunction)(void (*)(void))verify_stamped, METH_FASTCALL | METH_KEYWORDS,
@@ -2140,7 +2325,8 @@ PyMODINIT_FUNC PyInit__stored_batch_c(void)
              take(twin, "tag_hash", &TagHashFn) || take(twin, "BatchHeader", &types[0]) ||
              take(twin, "BatchMessage", &types[1]) ||
              take(twin, "ProducerSequence", &types[2]) || take(twin, "Message", &types[3]) ||
-             take(twin, "BatchColumns", &BatchColumnsType);
+             take(twin, "BatchColumns", &BatchColumnsType) ||
+             take(twin, "BodyColumn", &BodyColumnType);
     Py_DECREF(twin);
     if (rc) return NULL;
     for (int i = 0; i < 4; i++) {

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, overload
 
 from crc32c import crc32c
 
@@ -41,9 +41,11 @@ __all__ = [
     "BatchHeader",
     "BatchLimits",
     "BatchMessage",
+    "BodyColumn",
     "MalformedBatchError",
     "UnsupportedBatchError",
     "batch_count",
+    "body_sizes",
     "check_batch",
     "columns",
     "encode_batch",
@@ -64,6 +66,9 @@ __all__ = [
     "tag_hashes",
     "verify_stamped",
 ]
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 Bytes = bytes | bytearray | memoryview
 
@@ -375,6 +380,83 @@ def _encode_v3(head: _Head, queue_id: int, messages: Sequence[Message], born_hos
     )
 
 
+@dataclass(frozen=True, slots=True)
+class BodyColumn(Sequence[bytes]):
+    """Message bodies laid out as an Arrow binary column, encoded without a Python object per
+    body (the Spark sink, issue 28): `data` holds the bodies back to back and `offsets` is the
+    column's int32 offsets buffer (native order, as Arrow's), row i's body being
+    data[offsets[i] : offsets[i + 1]]; the messages are the rows of `rows`, in that order. Both
+    are taken as buffers (pyarrow's Buffer, bytes, ...), never copied here. A slice is the column
+    of the sliced rows; an index gives that body's bytes. The codec checks the offsets where it
+    reads them (encode_bodies, body_sizes): a ValueError for a row past the offsets or a body
+    outside `data`."""
+
+    offsets: Buffer
+    data: Buffer
+    rows: range
+
+    def __post_init__(self) -> None:
+        _column_rows(self)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> BodyColumn: ...
+    def __getitem__(self, i: int | slice) -> bytes | BodyColumn:
+        if isinstance(i, slice):
+            return BodyColumn(self.offsets, self.data, self.rows[i])
+        row = self.rows[i]
+        offs, data = _column_buffers(self, range(row, row + 1))
+        start, end = _column_body(offs, data, row)
+        return bytes(data[start:end])
+
+
+def _column_rows(col: BodyColumn) -> range:
+    rows = col.rows
+    if type(rows) is not range or rows.step < 1 or (rows and rows.start < 0):
+        raise ValueError(f"a body column's rows must be an ascending range from 0 on, not {rows!r}")
+    return rows
+
+
+def _column_buffers(col: BodyColumn, rows: range) -> tuple[memoryview, memoryview]:
+    """The column's offsets as ints and its data as bytes, checked against `rows`' last row."""
+    raw = memoryview(col.offsets).cast("B")
+    if len(raw) % 4:
+        raise ValueError(f"a body column's offsets take {len(raw)} bytes, not a multiple of 4")
+    offs = raw.cast("i")
+    if rows and rows[-1] + 1 >= len(offs):
+        raise ValueError(f"a body column's row {rows[-1]} is past its {len(offs)} offsets")
+    return offs, memoryview(col.data).cast("B")
+
+
+def _column_body(offs: memoryview, data: memoryview, row: int) -> tuple[int, int]:
+    start, end = offs[row], offs[row + 1]
+    if not 0 <= start <= end <= len(data):
+        raise ValueError(
+            f"a body column's row {row} spans {start}..{end}, outside its {len(data)} bytes"
+        )
+    return start, end
+
+
+def body_sizes(column: BodyColumn) -> tuple[int, int, int]:
+    """(total, smallest, biggest) body bytes of the column's rows ((0, 0, 0) for none), with
+    encode_bodies' checks of the column: what a caller cuts and checks a call by."""
+    rows = _column_rows(column)
+    offs, data = _column_buffers(column, rows)
+    total, smallest, biggest = 0, -1, 0
+    for row in rows:
+        start, end = _column_body(offs, data, row)
+        n = end - start
+        total += n
+        if smallest < 0 or n < smallest:
+            smallest = n
+        biggest = max(biggest, n)
+    return total, max(smallest, 0), biggest
+
+
 def encode_bodies(
     topic: str,
     queue_id: int,
@@ -385,18 +467,20 @@ def encode_bodies(
 ) -> bytes:
     """The bytes encode_batch gives for messages without tag, keys or properties: `runs` are
     (born timestamp ms, bodies) in order, every body a message of `topic` born on `born_host`
-    (the batch-first call's bare bodies, issue 24). Per message a record head and the body: no
-    Message object. The caller checked the bodies (bytes, not empty, within the size limit).
-    In v3 a run's record heads share their first bytes (attributes 0, the born delta)."""
+    (the batch-first call's bare bodies, issue 24). Bodies are a sequence of bytes or a
+    BodyColumn (read from its buffers). Per message a record head and the body: no Message
+    object. The caller checked the bodies (not empty, within the size limit). In v3 a run's
+    record heads share their first bytes (attributes 0, the born delta)."""
     n = 0
     for run in runs:
         if type(run) is not tuple or len(run) != 2:
             raise TypeError("each run must be a (born ms, bodies) tuple")
-        n += len(run[1])
+        bodies = run[1]
+        n += len(_column_rows(bodies)) if isinstance(bodies, BodyColumn) else len(bodies)
     head = _Head.of(topic, n, producer, born_host, version)
     v3 = version == 3
     offsets = array("I")
-    parts: list[bytes] = []
+    parts: list[Bytes] = []
     append, add_offset, pack_record, uvarint = parts.append, offsets.append, _RECORD.pack, _uvarint
     pos = 0
     base: int | None = None
@@ -409,6 +493,20 @@ def encode_bodies(
         if base is None and len(bodies):  # the first message's, as encode_batch takes it
             base = born_ms
         prefix = b"\0" + uvarint(_zigzag(born_ms - (base or 0)))
+        if isinstance(bodies, BodyColumn):
+            offs, data = _column_buffers(bodies, bodies.rows)
+            for row in bodies.rows:
+                start, end = _column_body(offs, data, row)
+                col_head = (
+                    prefix + uvarint(end - start)
+                    if v3
+                    else pack_record(end - start, 0, born_ms, NO_TAG, 0, 0, 0)
+                )
+                append(col_head)
+                append(data[start:end])
+                add_offset(pos)
+                pos += len(col_head) + end - start
+            continue
         for body in bodies:
             if not isinstance(body, bytes):
                 raise TypeError(f"a body must be bytes, not {type(body).__name__}")

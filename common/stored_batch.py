@@ -85,6 +85,7 @@ from raftmq.common._stored_batch_py import (
     BatchHeader,
     BatchLimits,
     BatchMessage,
+    BodyColumn,
     MalformedBatchError,
     UnsupportedBatchError,
     has_keys,
@@ -110,9 +111,11 @@ __all__ = [
     "BatchHeader",
     "BatchLimits",
     "BatchMessage",
+    "BodyColumn",
     "MalformedBatchError",
     "UnsupportedBatchError",
     "batch_count",
+    "body_sizes",
     "check_batch",
     "columns",
     "encode_batch",
@@ -162,6 +165,7 @@ try:
         raise ImportError(f"{NO_EXTENSIONS_ENV} is set")
     from raftmq.common._stored_batch_c import (
         batch_count,
+        body_sizes,
         check_batch,
         columns,
         encode_batch,
@@ -180,6 +184,7 @@ try:
 except ImportError:
     from raftmq.common._stored_batch_py import (
         batch_count,
+        body_sizes,
         check_batch,
         columns,
         encode_batch,

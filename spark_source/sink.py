@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import cast
 
 try:
     import pyarrow as pa
@@ -35,6 +36,7 @@ from raftmq.client.producer import Producer
 from raftmq.client.queue_selector import PublishQueues
 from raftmq.client.routes import ChannelPool, RouteCache
 from raftmq.common.malloc_policy import keep_freed_memory
+from raftmq.common.stored_batch import BodyColumn
 from raftmq.spark_source import cluster
 from raftmq.spark_source.options import TOPIC, SinkOptions, parse_sink_options
 from raftmq.spark_source.sink_plan import (
@@ -124,12 +126,13 @@ def _first(mask: pa.Array) -> int:
 
 @dataclass(frozen=True, slots=True)
 class SinkRows:
-    """One Spark batch's rows as the SDK takes them, checked whole before any is sent: bodies
-    and their sizes, and per row the topic (None: the `topic` option), key, tags and properties
-    where the DataFrame has those columns."""
+    """One Spark batch's rows as the SDK takes them, checked whole before any is sent: the
+    bodies (a binary Arrow array), and per row the topic (None: the `topic` option), key, tags
+    and properties where the DataFrame has those columns."""
 
-    bodies: list[bytes]
-    sizes: list[int]
+    values: pa.Array
+    sizes: memoryview  # each body's size, Arrow's int32 lengths
+    bodies: list[bytes] | None  # as bytes, for rows that are not bare
     topics: list[str] | None
     keys: list[str | None] | None
     tags: list[str | None] | None
@@ -137,15 +140,15 @@ class SinkRows:
 
     @classmethod
     def of(cls, batch: pa.RecordBatch, opts: SinkOptions, first_row: int) -> SinkRows:
-        """Arrow columns to lists in C (no Python per row here); a null body, a missing topic
-        or a key that is not UTF-8 names its row (counted from the task's first row)."""
+        """Checks on whole columns (no Python per row here); a null body, a missing topic or a
+        key that is not UTF-8 names its row (counted from the task's first row)."""
         names = batch.schema.names
         values = batch.column("value")
         if values.null_count:
             row = first_row + _first(pc.is_null(values))
             raise SinkSchemaError(f"row {row}: `value` is null; the raftmq sink needs a body")
-        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
-            values = values.cast(pa.binary())  # the same buffers: UTF-8 text is its bytes
+        if not pa.types.is_binary(values.type):
+            values = values.cast(pa.binary())  # a string's buffers: UTF-8 text is its bytes
         topics = None
         if opts.topic is None:
             col = batch.column("topic")
@@ -157,30 +160,58 @@ class SinkRows:
         keys = None
         if "key" in names:
             keys = _utf8(batch.column("key"), "key", first_row).to_pylist()
+        bare = not {"key", "tags", "properties"} & set(names)
         return cls(
-            values.to_pylist(),
-            pc.binary_length(values).to_pylist(),
+            values,
+            _sizes(values),
+            None if bare else values.to_pylist(),
             topics,
             keys,
             batch.column("tags").to_pylist() if "tags" in names else None,
             batch.column("properties").to_pylist() if "properties" in names else None,
         )
 
-    def messages(self) -> list[bytes] | list[OutgoingMessage]:
-        """What the SDK's batch call takes: the bodies themselves when there is nothing else
-        to send (no Python object per row), else one OutgoingMessage per row."""
-        if self.keys is None and self.tags is None and self.properties is None:
-            return self.bodies
-        n = len(self.bodies)
-        keys = self.keys or [None] * n
-        tags = self.tags or [None] * n
-        props = self.properties or [None] * n
+    def pick(
+        self, positions: Sequence[int]
+    ) -> tuple[BodyColumn | Sequence[OutgoingMessage], Sequence[int]]:
+        """The rows at `positions` as the chunker takes them (a sequence it slices) and their
+        body sizes: rows of nothing but a body as one BodyColumn over the batch's buffers (rows
+        picked by a range: no copy, no object per row; by a list, as for a `topic` column: one
+        `take`), else one OutgoingMessage per row."""
+        if self.bodies is not None:
+            return self._messages(pick(self.bodies, positions), positions), pick(
+                self.sizes, positions
+            )
+        values, sizes = self.values, self.sizes
+        if not isinstance(positions, range):
+            values = values.take(pa.array(positions, pa.int64()))
+            sizes = _sizes(values)
+            positions = range(len(values))
+        _, offsets, data = values.buffers()
+        at = values.offset
+        rows = range(at + positions.start, at + positions.stop, positions.step)
+        return BodyColumn(offsets, data, rows), sizes[
+            positions.start : positions.stop : positions.step
+        ]
+
+    def _messages(self, bodies: Sequence[bytes], positions: Sequence[int]) -> list[OutgoingMessage]:
+        """One OutgoingMessage per row (rows with keys, tags or properties)."""
+        n = len(self.values)
+        keys = pick(self.keys or [None] * n, positions)
+        tags = pick(self.tags or [None] * n, positions)
+        props = pick(self.properties or [None] * n, positions)
         return [
             OutgoingMessage(
                 body, tags=tag or None, keys=(key,) if key else (), properties=dict(prop or ())
             )
-            for body, key, tag, prop in zip(self.bodies, keys, tags, props, strict=True)
+            for body, key, tag, prop in zip(bodies, keys, tags, props, strict=True)
         ]
+
+
+def _sizes(values: pa.Array) -> memoryview:
+    """A binary array's body sizes as ints, without an object per row (Arrow's lengths)."""
+    lengths = pc.binary_length(values)  # a new array: no offset, no nulls (bodies are checked)
+    return memoryview(lengths.buffers()[1]).cast("B").cast("i")[: len(values)]
 
 
 def _utf8(column: pa.Array, name: str, first_row: int) -> pa.Array:
@@ -279,16 +310,13 @@ def write_partition(
             if not batch.num_rows:
                 continue
             rows = SinkRows.of(batch, opts, row)
-            items = rows.messages()
             for topic, positions in _by_topic(rows, opts.topic):
                 queues = queues_of(topic)
                 for qi, mine in rows_per_queue(
                     len(queues.queues), rows.keys, partition_id, row, positions
                 ):
-                    chunks = chunker.extend(
-                        queues.queues[qi], pick(items, mine), pick(rows.sizes, mine)
-                    )
-                    for chunk in chunks:
+                    items, sizes = rows.pick(mine)
+                    for chunk in chunker.extend(queues.queues[qi], items, sizes):
                         _hand(producer, window, chunk)
             row += batch.num_rows
         for chunk in chunker.flush():
@@ -303,7 +331,7 @@ def _by_topic(rows: SinkRows, topic_option: str | None) -> list[tuple[str, Seque
     """The batch's row positions per topic, in row order (the option wins over the column)."""
     if topic_option is not None or rows.topics is None:
         assert topic_option is not None  # SinkRows.of checked the topic column otherwise
-        return [(topic_option, range(len(rows.bodies)))]
+        return [(topic_option, range(len(rows.values)))]
     groups: dict[str, list[int]] = {}
     for p, topic in enumerate(rows.topics):
         groups.setdefault(topic, []).append(p)
@@ -311,7 +339,10 @@ def _by_topic(rows: SinkRows, topic_option: str | None) -> list[tuple[str, Seque
 
 
 def _hand(producer: Producer, window: _Window, chunk: Chunk[bytes | OutgoingMessage]) -> None:
-    fut = producer.send_batch_future(chunk.queue.topic, chunk.items, queue=chunk.queue)
+    """One chunk, one call, one future (a chunk of bare bodies as its BodyColumn pieces)."""
+    columns = [p for p in chunk.pieces if isinstance(p, BodyColumn)]
+    messages = columns if columns else cast(tuple[OutgoingMessage, ...], chunk.items)
+    fut = producer.send_batch_future(chunk.queue.topic, messages, queue=chunk.queue)
     window.add(fut, chunk.size_bytes)
 
 

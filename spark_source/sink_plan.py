@@ -114,20 +114,29 @@ def pick(values: Sequence[T], positions: Sequence[int]) -> Sequence[T]:
 
 @dataclass(frozen=True, slots=True)
 class Chunk(Generic[T]):
-    """Messages for one queue carrying sequences first_sequence .. first_sequence + len - 1."""
+    """Messages for one queue carrying sequences first_sequence .. first_sequence + count - 1:
+    `pieces` are slices of the sequences given to SequenceChunker.extend (a chunk may span
+    Spark batches), never copied item by item."""
 
     queue: QueueRef
     first_sequence: int
-    items: tuple[T, ...]
+    pieces: tuple[Sequence[T], ...]
     size_bytes: int
+    count: int
+
+    @property
+    def items(self) -> tuple[T, ...]:
+        """The messages one by one (a Python step per message: tests and the messages path)."""
+        return tuple(item for piece in self.pieces for item in piece)
 
 
 @dataclass(slots=True)
 class _Buffer(Generic[T]):
     next_sequence: int = 0
-    items: list[T] = field(default_factory=list)
+    pieces: list[Sequence[T]] = field(default_factory=list)
+    count: int = 0
     size_bytes: int = 0
-    biggest: int = 0  # at least the largest size among `items`
+    biggest: int = 0  # at least the largest size among the pending messages
 
 
 class SequenceChunker(Generic[T]):
@@ -137,7 +146,9 @@ class SequenceChunker(Generic[T]):
     `max_messages`; so the same messages in the same order always give the same chunks. It is
     the SDK accumulator's rule with the same limits: handed to the Producer whole, every chunk
     but a queue's last is full, so the Producer sends each as exactly one request whatever
-    the timing, several per queue in flight (tests/spark/test_planning.py checks both)."""
+    the timing, several per queue in flight (tests/spark/test_planning.py checks both).
+    Items are only sliced, never iterated: a BodyColumn (bodies in Arrow's buffers) is cut
+    into BodyColumns."""
 
     def __init__(
         self, *, max_messages: int = MAX_CHUNK_MESSAGES, max_bytes: int = MAX_CHUNK_BYTES
@@ -153,63 +164,71 @@ class SequenceChunker(Generic[T]):
     ) -> list[Chunk[T]]:
         """Buffer `items` (in order, with their sizes) for `queue`; the chunks that closed. One
         call per queue and Spark batch; a Python step per row only where sizes may cut."""
-        if len(items) != len(sizes_bytes):
+        n = len(items)
+        if n != len(sizes_bytes):
             raise ValueError("one size per item")
         buf = self._buffers.get(queue)
         if buf is None:
             buf = self._buffers[queue] = _Buffer()
         out: list[Chunk[T]] = []
         max_messages, max_bytes = self.max_messages, self.max_bytes
-        pending, size = buf.items, buf.size_bytes
+        pending, count, size = buf.pieces, buf.count, buf.size_bytes
         biggest = max(buf.biggest, max(sizes_bytes, default=0))
+        start = 0  # where the piece of `items` still open starts
         if biggest * max_messages <= max_bytes:
             # No chunk can pass max_bytes before it holds max_messages (each of its items is at
             # most `biggest`): the rule below cuts by count alone, here by slices.
-            at, room = 0, max_messages - len(pending)
-            while len(items) - at >= room:
-                pending = [*pending, *items[at : at + room]]
-                size += sum(sizes_bytes[at : at + room])
-                out.append(self._cut(queue, buf, pending, size))
-                pending, size = [], 0
-                at, room = at + room, max_messages
-            pending = [*pending, *items[at:]]
-            size += sum(sizes_bytes[at:])
-            buf.items, buf.size_bytes = pending, size
-            buf.biggest = biggest if pending else 0  # (an upper bound of what is pending)
-            return out
-        for item, item_size in zip(items, sizes_bytes, strict=True):
-            if pending and size + item_size > max_bytes:
-                out.append(self._cut(queue, buf, pending, size))
-                pending, size = [], 0
-            pending.append(item)
-            size += item_size
-            if len(pending) >= max_messages:
-                out.append(self._cut(queue, buf, pending, size))
-                pending, size = [], 0
-        buf.items, buf.size_bytes = pending, size
-        buf.biggest = biggest if pending else 0
+            room = max_messages - count
+            while n - start >= room:
+                size += sum(sizes_bytes[start : start + room])
+                pending = [*pending, items[start : start + room]]
+                out.append(self._cut(queue, buf, pending, max_messages, size))
+                pending, count, size = [], 0, 0
+                start, room = start + room, max_messages
+            size += sum(sizes_bytes[start:])
+            count += n - start
+        else:
+            for i, item_size in enumerate(sizes_bytes):
+                if count and size + item_size > max_bytes:
+                    if i > start:
+                        pending = [*pending, items[start:i]]
+                    out.append(self._cut(queue, buf, pending, count, size))
+                    pending, count, size, start = [], 0, 0, i
+                count += 1
+                size += item_size
+                if count >= max_messages:
+                    pending = [*pending, items[start : i + 1]]
+                    out.append(self._cut(queue, buf, pending, count, size))
+                    pending, count, size, start = [], 0, 0, i + 1
+        if start < n:
+            pending = [*pending, items[start:]]
+        buf.pieces, buf.count, buf.size_bytes = pending, count, size
+        buf.biggest = biggest if pending else 0  # (an upper bound of what is pending)
         return out
 
     def flush(self) -> Iterator[Chunk[T]]:
         """The chunks still open, in queue order."""
         for queue in sorted(self._buffers):
             buf = self._buffers[queue]
-            if buf.items:
+            if buf.count:
                 yield self._close(queue, buf)
 
     def sequences_used(self) -> dict[QueueRef, int]:
         return {q: b.next_sequence for q, b in self._buffers.items()}
 
     @staticmethod
-    def _cut(queue: QueueRef, buf: _Buffer[T], items: list[T], size_bytes: int) -> Chunk[T]:
-        chunk = Chunk(queue, buf.next_sequence, tuple(items), size_bytes)
-        buf.next_sequence += len(items)
+    def _cut(
+        queue: QueueRef, buf: _Buffer[T], pieces: list[Sequence[T]], count: int, size_bytes: int
+    ) -> Chunk[T]:
+        chunk = Chunk(queue, buf.next_sequence, tuple(pieces), size_bytes, count)
+        buf.next_sequence += count
         return chunk
 
     @classmethod
     def _close(cls, queue: QueueRef, buf: _Buffer[T]) -> Chunk[T]:
-        chunk = cls._cut(queue, buf, buf.items, buf.size_bytes)
-        buf.items = []
+        chunk = cls._cut(queue, buf, buf.pieces, buf.count, buf.size_bytes)
+        buf.pieces = []
+        buf.count = 0
         buf.size_bytes = 0
         buf.biggest = 0
         return chunk

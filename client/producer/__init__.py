@@ -33,7 +33,7 @@ from raftmq.client.producer.sender import Bodies, Item, Pending, Sender, SenderC
 from raftmq.client.queue_selector import PublishQueues, select_by_key
 from raftmq.client.routes import ChannelPool, RouteCache, monotonic_ms
 from raftmq.client.trace import TraceSender, default_client_id, sends_hook
-from raftmq.common import tls
+from raftmq.common import stored_batch, tls
 from raftmq.common.arguments import checked
 from raftmq.common.auth import Credentials
 from raftmq.common.delay import (
@@ -61,6 +61,7 @@ from raftmq.common.message import (
     validate_producer_id,
     validate_topic,
 )
+from raftmq.common.stored_batch import BodyColumn
 from raftmq.common.types import QueueRef
 
 __all__ = ["Producer", "QueueSelector", "SendCallback", "SendOptions"]
@@ -357,7 +358,7 @@ class Producer:
     def send_batch_future(
         self,
         topic: str,
-        messages: Sequence[OutgoingMessage | bytes],
+        messages: Sequence[OutgoingMessage | bytes] | Sequence[BodyColumn],
         *,
         sharding_key: str | None = None,
         queue_selector: QueueSelector | None = None,
@@ -370,28 +371,34 @@ class Producer:
         batch_max_messages (or batch_max_bytes) go in several requests of the same queue.
 
         Bare `bytes` bodies are the fast form (issue 24): the call's bodies travel as one
-        buffered item per request, encoded in one call, answered per request."""
+        buffered item per request, encoded in one call, answered per request. BodyColumns
+        (bodies in an Arrow binary column's buffers, the Spark sink's form) are the same
+        without a bytes object per body: each stands for its rows, in order, and is read from
+        its buffers when its request is encoded (do not change them before the future is
+        done)."""
         placement = SendOptions(
             sharding_key=sharding_key, queue_selector=queue_selector, queue=queue
         )
-        fut = self._enqueue_bodies(topic, messages, placement)
-        if fut is not None:
-            return fut
-        outcome = PartsOutcome(len(messages))
-        if not messages:
+        kinds = set(map(type, messages))
+        if kinds == {BodyColumn}:
+            return self._enqueue_columns(topic, cast(Sequence[BodyColumn], messages), placement)
+        if BodyColumn in kinds:
+            raise InvalidArgumentError("a batch call takes BodyColumns alone, not among messages")
+        bare = cast(Sequence[OutgoingMessage | bytes], messages)
+        if kinds == {bytes}:
+            return self._enqueue_bodies(topic, cast(Sequence[bytes], bare), placement)
+        outcome = PartsOutcome(len(bare))
+        if not bare:
             return outcome.future
-        self._enqueue_together(topic, messages, outcome.slots(), placement)
+        self._enqueue_together(topic, bare, outcome.slots(), placement)
         return outcome.future
 
     def _enqueue_bodies(
-        self, topic: str, messages: Sequence[OutgoingMessage | bytes], placement: SendOptions
-    ) -> Future[Sequence[SendResult]] | None:
+        self, topic: str, messages: Sequence[bytes], placement: SendOptions
+    ) -> Future[Sequence[SendResult]]:
         """The batch call of bare bodies: checked as a list (type, size, not empty: C loops,
         no Python step per body), cut into parts that each fit one request, and buffered as
-        one item per part. None if some message is not exactly `bytes` (the general path then
-        checks and converts each, with its own errors)."""
-        if not messages or set(map(type, messages)) != {bytes}:
-            return None
+        one item per part."""
         if self._sender.closed:
             raise InvalidArgumentError("the producer is closed")
         # A snapshot (one copy of the references): the bodies are encoded when their request
@@ -412,6 +419,46 @@ class Producer:
             chunk = bodies if hi - lo == len(bodies) else bodies[lo:hi]
             items.append(Bodies(topic, chunk, born_ms, self._host, part, size, hi - lo))
         self._sender.enqueue(target, items)
+        return outcome.future
+
+    def _enqueue_columns(
+        self, topic: str, columns: Sequence[BodyColumn], placement: SendOptions
+    ) -> Future[Sequence[SendResult]]:
+        """_enqueue_bodies for body columns: the columns' offsets checked in C (no object per
+        body), the call cut into parts that each fit one request (a part may span columns: one
+        buffered item per column piece, all handed over at once, so a part that fits one request
+        is sent as one)."""
+        if self._sender.closed:
+            raise InvalidArgumentError("the producer is closed")
+        runs = [c for c in columns if len(c)]
+        if not runs:
+            return PartsOutcome(0).future
+        measured = [stored_batch.body_sizes(c) for c in runs]  # (total, smallest, biggest)
+        if min(m[1] for m in measured) == 0:
+            at = next(i for i, b in enumerate(b for c in runs for b in c) if not b)
+            raise InvalidMessageError(f"message body is empty (message {at})")
+        biggest = max(m[2] for m in measured)
+        if biggest > self._max_message_bytes:
+            raise MessageTooLargeError.for_size(biggest, self._max_message_bytes)
+        count, total = sum(map(len, runs)), sum(m[0] for m in measured)
+        if count <= self._batch_max_messages and total <= self._batch_max_bytes:
+            cuts = [(0, count, total)]
+        else:  # the uncommon call past one request: its sizes, one Python step per body
+            cuts = _cut([len(b) for c in runs for b in c], self._batch_max_messages,
+                        self._batch_max_bytes)  # fmt: skip
+        if len(cuts) == 1:
+            pieces = [[(c, m[0]) for c, m in zip(runs, measured, strict=True)]]
+        else:
+            pieces = [_pieces(runs, lo, hi) for lo, hi, _ in cuts]
+        outcome = PartsOutcome(sum(map(len, pieces)))
+        futures = iter(outcome.parts())
+        born_ms = time.time_ns() // 1_000_000  # one clock read for the whole call
+        items: list[Item] = [
+            Bodies(topic, col, born_ms, self._host, next(futures), size, len(col))
+            for part in pieces
+            for col, size in part
+        ]
+        self._sender.enqueue(self._choose_queue(topic, placement), items)
         return outcome.future
 
     def _enqueue_together(
@@ -692,6 +739,19 @@ def _cut(sizes: list[int], max_messages: int, max_bytes: int) -> list[tuple[int,
         size += n
     cuts.append((lo, len(sizes), size))
     return cuts
+
+
+def _pieces(runs: Sequence[BodyColumn], lo: int, hi: int) -> list[tuple[BodyColumn, int]]:
+    """Messages lo..hi of the columns laid end to end, as (column piece, its body bytes)."""
+    out: list[tuple[BodyColumn, int]] = []
+    at = 0
+    for col in runs:
+        a, b = max(lo - at, 0), min(hi - at, len(col))
+        if a < b:
+            piece = col[a:b]
+            out.append((piece, stored_batch.body_sizes(piece)[0]))
+        at += len(col)
+    return out
 
 
 def _callback_adapter(cb: SendCallback) -> Callable[[Future[SendResult]], None]:

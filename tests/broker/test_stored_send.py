@@ -507,6 +507,39 @@ def test_the_batch_first_call_has_one_future_per_batch(env: Env) -> None:
     assert [m.message.body for m in decode_batches(out.batches, GROUP, 0)] == bodies[:64]
 
 
+def _column(bodies: list[bytes], rows: range) -> stored_batch.BodyColumn:
+    """`bodies` in an Arrow binary column's layout (int32 offsets, the data)."""
+    ends = [0]
+    for b in bodies:
+        ends.append(ends[-1] + len(b))
+    return stored_batch.BodyColumn(struct.pack(f"={len(ends)}i", *ends), b"".join(bodies), rows)
+
+
+def test_the_batch_call_takes_body_columns(env: Env) -> None:
+    """BodyColumns (the Spark sink's bodies, read from Arrow's buffers): a call of two columns,
+    one of strided rows, past batch_max_messages (parts that span the columns) is stored in
+    order on contiguous offsets of its queue; an empty body is refused naming its message, and a
+    column among other messages is refused."""
+    queue = QueueRef(TOPIC, GROUP, 1)
+    before = env.max_offset(1)
+    first = [f"col-{i}".encode() for i in range(100)]
+    second = [f"odd-{i}".encode() for i in range(200)]
+    cols = [_column(first, range(100)), _column(second, range(1, 200, 2))]
+    want = first + second[1::2]
+    with Producer(env.cluster.namesrv, idempotent=True, batch_max_messages=64) as producer:
+        results = producer.send_batch_future(TOPIC, cols, queue=queue).result(30)
+        assert [r.queue_offset for r in results] == list(range(before, before + 200))
+        with pytest.raises(InvalidArgumentError, match=r"body is empty \(message 2\)"):
+            producer.send_batch_future(TOPIC, [_column([b"a", b"b", b"c", b"", b"d"], range(1, 5))])
+        with pytest.raises(InvalidArgumentError, match="BodyColumns alone"):
+            producer.send_batch_future(TOPIC, [b"x", cols[0]])  # type: ignore[list-item]
+    got: list[bytes] = []
+    while len(got) < 200:
+        out = env.pull(env.leader, 1, before + len(got), raw=True)
+        got += [m.message.body for m in decode_batches(out.batches, GROUP, 1)]
+    assert got[:200] == want
+
+
 def test_the_asyncio_producer_runs_on_the_callers_loop(env: Env) -> None:
     """AsyncProducer on the caller's own loop (issue 24): SEND_STORED frames written and
     answered there, no I/O thread of the producer's, every future completed on the loop without

@@ -1023,3 +1023,117 @@ def test_only_versions_2_and_3_are_written_alike_in_both() -> None:
         assert want[0] == "error" and "is not one this raftmq writes" in str(want[2])
         assert _outcome(c.encode_batch, *args, version) == want
         assert _outcome(c.encode_bodies, TOPIC, 0, [(1, [b"x"])], None, "", version) == want
+
+
+# ---- bodies as an Arrow column (the Spark sink, issue 28) --------------------------------------
+
+
+def _column_of(bodies: list[bytes], rows: range) -> stored_batch.BodyColumn:
+    """`bodies` laid out as Arrow lays out a binary column: int32 offsets and the data."""
+    ends = [0]
+    for b in bodies:
+        ends.append(ends[-1] + len(b))
+    offsets = struct.pack(f"={len(ends)}i", *ends)
+    return stored_batch.BodyColumn(offsets, b"".join(bodies), rows)
+
+
+@st.composite
+def column_runs(draw: st.DrawFn) -> tuple[list[tuple[int, object]], Runs]:
+    """encode_bodies' runs, some as body columns (any ascending rows of a column, step > 1
+    too), with the same runs as lists of bytes."""
+    runs: list[tuple[int, object]] = []
+    plain: Runs = []
+    for _ in range(draw(st.integers(1, 4))):
+        ms = draw(i64)
+        bodies = draw(st.lists(st.binary(min_size=1, max_size=40), max_size=8))
+        if draw(st.booleans()):
+            start = draw(st.integers(0, len(bodies)))
+            rows = range(start, draw(st.integers(start, len(bodies))), draw(st.integers(1, 3)))
+            runs.append((ms, _column_of(bodies, rows)))
+            plain.append((ms, [bodies[r] for r in rows]))
+        else:
+            runs.append((ms, bodies))
+            plain.append((ms, bodies))
+    return runs, plain
+
+
+@given(runs=column_runs(), producer=st.none() | st.builds(ProducerSequence, st.just("p"), u64))
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+def test_a_body_column_encodes_as_its_bodies(
+    sb: ModuleType, runs: tuple[list[tuple[int, object]], Runs], producer: ProducerSequence | None
+) -> None:
+    """A BodyColumn run gives the bytes of the same bodies as a list, strided rows included, in
+    both versions, and body_sizes their total, smallest and biggest."""
+    columns, plain = runs
+    for version in (2, 3):
+        want = _outcome(sb.encode_bodies, TOPIC, 3, plain, producer, "h", version)
+        assert _outcome(sb.encode_bodies, TOPIC, 3, columns, producer, "h", version) == want
+    for (_, col), (_, bodies) in zip(columns, plain, strict=True):
+        if isinstance(col, stored_batch.BodyColumn):
+            sizes = [len(b) for b in bodies] or [0]
+            assert sb.body_sizes(col) == (sum(sizes), min(sizes), max(sizes))
+            assert list(col) == bodies
+
+
+@st.composite
+def loose_columns(draw: st.DrawFn) -> stored_batch.BodyColumn:
+    """Body columns whose offsets lie: any int32s (negative, descending, past the data), a byte
+    length not a multiple of 4, rows past the offsets."""
+    ends = draw(st.lists(st.integers(-(1 << 31), (1 << 31) - 1) | st.integers(0, 20), max_size=8))
+    offsets = struct.pack(f"={len(ends)}i", *ends) + bytes(draw(st.sampled_from([0, 0, 0, 1, 3])))
+    start = draw(st.integers(0, 10))
+    rows = range(start, draw(st.integers(start, 12)), draw(st.integers(1, 3)))
+    return stored_batch.BodyColumn(offsets, draw(st.binary(max_size=20)), rows)
+
+
+@given(col=loose_columns())
+@settings(max_examples=300, deadline=None)
+def test_the_extension_reads_body_columns_as_the_twin(col: stored_batch.BodyColumn) -> None:
+    """The same bytes or the same errors, naming the same row; the C code never reads outside
+    the buffers (a lying offset is a ValueError, not a crash)."""
+    py, c = _needs_both()
+    assert _outcome(c.body_sizes, col) == _outcome(py.body_sizes, col)
+    runs = [(1, [b"x"]), (2, col)]
+    for v in (2, 3):
+        want = _outcome(py.encode_bodies, TOPIC, 0, runs, None, "", v)
+        assert _outcome(c.encode_bodies, TOPIC, 0, runs, None, "", v) == want
+    assert _outcome(c.body_sizes, column=col) == _outcome(py.body_sizes, column=col)
+
+
+def test_a_body_column_refuses_rows_it_cannot_read(sb: ModuleType) -> None:
+    col = _column_of([b"ab", b"c"], range(2))
+    with pytest.raises(ValueError, match="rows must be an ascending range"):
+        stored_batch.BodyColumn(col.offsets, col.data, range(2, 0, -1))
+    with pytest.raises(ValueError, match="row 2 is past its 3 offsets"):
+        sb.body_sizes(stored_batch.BodyColumn(col.offsets, col.data, range(3)))
+    short = stored_batch.BodyColumn(col.offsets, b"ab", range(2))
+    with pytest.raises(ValueError, match=r"row 1 spans 2\.\.3, outside its 2 bytes"):
+        sb.encode_bodies(TOPIC, 0, [(1, short)])
+    assert col[1:] == stored_batch.BodyColumn(col.offsets, col.data, range(1, 2))
+    assert col[-1] == b"c"
+
+
+def test_body_columns_encode_without_leaking() -> None:
+    import gc
+
+    _, c = _needs_both()
+    col = _column_of([bytes(100)] * 64, range(64))
+    bad = stored_batch.BodyColumn(col.offsets, b"", range(64))
+
+    def once() -> None:
+        c.encode_bodies(TOPIC, 1, [(1, col), (2, col[::3])], ProducerSequence("p", 1), "h")
+        c.body_sizes(col)
+        for fn in (lambda: c.encode_bodies(TOPIC, 1, [(1, bad)]), lambda: c.body_sizes(bad)):
+            with pytest.raises(ValueError):
+                fn()
+
+    for _ in range(50):
+        once()
+    gc.collect()
+    before = len(gc.get_objects()), sys.getallocatedblocks()
+    for _ in range(500):
+        once()
+    gc.collect()
+    after = len(gc.get_objects()), sys.getallocatedblocks()
+    assert after[0] - before[0] < 50, (before, after)
+    assert after[1] - before[1] < 2000, (before, after)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from raftmq.client.accumulator import Accumulator, Batch
 from raftmq.client.queue_selector import PublishQueues, select_by_key
+from raftmq.common.stored_batch import BodyColumn
 from raftmq.common.types import QueueRef
 from raftmq.spark_source import offsets as oj
 from raftmq.spark_source.options import (
@@ -447,6 +450,39 @@ def _chunks_of(rows: list[tuple[int, int]], cuts: list[int]) -> list[Chunk[int]]
     return out
 
 
+def _same(c: Chunk[Any]) -> tuple[object, ...]:
+    assert c.count == len(c.items)
+    return (c.queue, c.first_sequence, c.items, c.size_bytes)
+
+
+@given(sized_rows, st.lists(st.integers(0, 200), max_size=6))
+def test_a_body_column_is_cut_into_body_columns(
+    rows: list[tuple[int, int]], cuts: list[int]
+) -> None:
+    """Bodies given as BodyColumns (the sink's bare rows, sizes a memoryview as Arrow's
+    lengths) are cut as the same bodies in lists, into pieces that are BodyColumns over the
+    same buffers: no body is copied or made an object."""
+    bodies = [bytes([n % 251]) * size for n, (_, size) in enumerate(rows)]
+    ends = [0, *itertools.accumulate(len(b) for b in bodies)]
+    offsets, data = struct.pack(f"={len(ends)}i", *ends), b"".join(bodies)
+    lengths = memoryview(struct.pack(f"={len(bodies)}i", *map(len, bodies))).cast("i")
+    queue = PUB.queues[0]
+    as_lists: SequenceChunker[bytes] = SequenceChunker(max_messages=7, max_bytes=1000)
+    as_columns: SequenceChunker[bytes] = SequenceChunker(max_messages=7, max_bytes=1000)
+    got: list[Chunk[bytes]] = []
+    want: list[Chunk[bytes]] = []
+    edges = sorted({0, len(rows), *(c for c in cuts if 0 < c < len(rows))})
+    for lo, hi in itertools.pairwise(edges):
+        want += as_lists.extend(queue, bodies[lo:hi], [len(b) for b in bodies[lo:hi]])
+        col = BodyColumn(offsets, data, range(lo, hi))
+        got += as_columns.extend(queue, col, lengths[lo:hi])
+    want += as_lists.flush()
+    got += as_columns.flush()
+    assert [_same(c) for c in got] == [_same(c) for c in want]
+    for c in got:
+        assert all(isinstance(p, BodyColumn) and p.data is data for p in c.pieces)
+
+
 def test_chunks_close_by_bytes_just_past_the_count_rule() -> None:
     """At 7 x 142 = 994 bytes a chunk closes by count; at 7 x 143 = 1001 the 7th row would pass
     1000 bytes, so it starts the next chunk (the fast path by count must not take it)."""
@@ -462,9 +498,11 @@ def test_chunks_have_consecutive_sequences_and_replay_identically(
     rows: list[tuple[int, int]], cuts: list[int]
 ) -> None:
     chunks = _chunks_of(rows, cuts)
-    # A replay may see the task's rows in other Spark batches: the chunks are the same.
+    # A replay may see the task's rows in other Spark batches: the chunks are the same (their
+    # pieces are the slices of the batches they came from).
     by_queue = sorted(chunks, key=lambda c: (c.queue, c.first_sequence))
-    assert by_queue == sorted(_chunks_of(rows, []), key=lambda c: (c.queue, c.first_sequence))
+    replay = sorted(_chunks_of(rows, []), key=lambda c: (c.queue, c.first_sequence))
+    assert [_same(c) for c in by_queue] == [_same(c) for c in replay]
     per_queue: dict[QueueRef, list[int]] = {}
     for c in chunks:
         assert 1 <= len(c.items) <= 7
