@@ -163,17 +163,20 @@ class PartsOutcome:
             self.future.set_result(SendResults(self._runs))
 
 
-class Part:
-    """One part's outcome inside a PartsOutcome: set once, with the results of all its messages
-    (a lazy `StoredRun`, or a list from an older broker's per-message answer) or an error."""
+class _RunOnce:
+    """The outcome of a run of messages (one buffered item of bare bodies), set once with the
+    results of all of them (a lazy `StoredRun`, or a list from an older broker's per-message
+    answer) or an error. Subclasses say where it goes (`_deliver`)."""
 
-    __slots__ = ("_done", "_error", "_i", "_outcome", "_results")
+    __slots__ = ("_done", "_error", "_results")
 
-    def __init__(self, outcome: PartsOutcome, i: int) -> None:
-        self._outcome, self._i = outcome, i
+    def __init__(self) -> None:
         self._done = False
         self._results: Sequence[SendResult] = ()
         self._error: BaseException | None = None
+
+    def _deliver(self, results: Sequence[SendResult], error: BaseException | None) -> None:
+        raise NotImplementedError
 
     def done(self) -> bool:
         return self._done
@@ -182,60 +185,55 @@ class Part:
         if self._done:
             return
         self._done, self._results = True, results
-        self._outcome._settle(self._i, results, None)
+        self._deliver(results, None)
 
     def set_exception(self, error: BaseException) -> None:
         if self._done:
             return
         self._done, self._error = True, error
-        self._outcome._settle(self._i, (), error)
+        self._deliver((), error)
 
     def exception(self) -> BaseException | None:
         return self._error
 
     def results(self) -> Sequence[SendResult]:
-        """What the part was set with (empty after an error)."""
+        """What the run was set with (empty after an error)."""
         return self._results
 
 
-class LoopPart:
-    """The outcomes of the asyncio face's plain sends gathered into one buffered item (one per
-    queue per loop turn, client/aio.py): set once with the results of all its messages, each
-    posted to its own asyncio future through the loop's LoopWaker; an error fails them all."""
+class Part(_RunOnce):
+    """One part's outcome inside a PartsOutcome (the batch call's one future)."""
 
-    __slots__ = ("_done", "_error", "_outs", "_results", "_waker")
+    __slots__ = ("_i", "_outcome")
+
+    def __init__(self, outcome: PartsOutcome, i: int) -> None:
+        super().__init__()
+        self._outcome, self._i = outcome, i
+
+    def _deliver(self, results: Sequence[SendResult], error: BaseException | None) -> None:
+        self._outcome._settle(self._i, results, error)
+
+
+class LoopPart(_RunOnce):
+    """The outcomes of the asyncio face's plain sends gathered into one buffered item (one per
+    queue per loop turn, client/aio.py): each message's result posted to its own asyncio future
+    through the loop's LoopWaker; an error fails them all."""
+
+    __slots__ = ("_outs", "_waker")
 
     def __init__(self, waker: LoopWaker, outs: list[asyncio.Future[SendResult]]) -> None:
+        super().__init__()
         self._waker, self._outs = waker, outs
-        self._done = False
-        self._results: Sequence[SendResult] = ()
-        self._error: BaseException | None = None
 
-    def done(self) -> bool:
-        return self._done
-
-    def set_results(self, results: Sequence[SendResult]) -> None:
-        if self._done:
+    def _deliver(self, results: Sequence[SendResult], error: BaseException | None) -> None:
+        if error is not None:
+            post_error = self._waker.set_exception
+            for out in self._outs:
+                post_error(out, error)
             return
-        self._done, self._results = True, results
         post = self._waker.set_result
         for k, out in enumerate(self._outs):
             post(out, results[k])
-
-    def set_exception(self, error: BaseException) -> None:
-        if self._done:
-            return
-        self._done, self._error = True, error
-        post = self._waker.set_exception
-        for out in self._outs:
-            post(out, error)
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def results(self) -> Sequence[SendResult]:
-        """What the part was set with (empty after an error)."""
-        return self._results
 
 
 RunOutcome = Part | LoopPart  # the outcome of a buffered item of bare bodies (sender.Bodies)
